@@ -1,0 +1,1 @@
+"""tilefold.ir layer."""

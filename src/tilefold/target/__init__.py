@@ -1,0 +1,1 @@
+"""tilefold.target layer."""
