@@ -1,0 +1,54 @@
+"""Structural ops: constants and block terminators."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilefold import dtypes
+from tilefold.ir.opdef import Attr, OpDef, register
+from tilefold.ir.types import TensorType
+
+
+@register
+class Constant(OpDef):
+    """A literal tensor. `%c = constant() {value = dense<f32[2] [1.0, 2.0]>} : f32[2]`"""
+
+    name = "constant"
+    attributes = {"value": Attr("dense")}
+
+    @classmethod
+    def infer(cls, types, attrs):
+        value: np.ndarray = attrs["value"]
+        return [TensorType.of(dtypes.dtype(value.dtype), value.shape)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        return attrs["value"]
+
+
+@register
+class Return(OpDef):
+    """Ends a function, naming its results. `return(%y)`"""
+
+    name = "return"
+    operands = ("*values",)
+    traits = frozenset({"terminator"})
+    results = 0
+
+    @classmethod
+    def infer(cls, types, attrs):
+        return []
+
+
+@register
+class Yield(OpDef):
+    """Ends a region, naming the values it produces. `yield(%z)`"""
+
+    name = "yield"
+    operands = ("*values",)
+    traits = frozenset({"terminator"})
+    results = 0
+
+    @classmethod
+    def infer(cls, types, attrs):
+        return []

@@ -1,0 +1,62 @@
+"""Matrix multiplication with NumPy's matmul semantics, transpose flags and batch broadcasting."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilefold import dtypes
+from tilefold.errors import ShapeError
+from tilefold.ir.opdef import Attr, OpDef, register
+from tilefold.ir.ops.common import evaluate, same_dtype
+from tilefold.ir.shapes import broadcast_shapes
+from tilefold.ir.types import TensorType
+
+
+def _swap_last(shape):
+    return (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
+
+
+@register
+class Matmul(OpDef):
+    """`a @ b` as np.matmul: [..., M, K] @ [..., K, N] -> [..., M, N], batch dims broadcast.
+
+    A 1-D `a` is a row vector and a 1-D `b` a column vector (the unit dim is dropped).
+    `transpose_a`/`transpose_b` swap the last two dims of a rank >= 2 operand first.
+    Integer operands accumulate in i32 (i64 for i64). `%c = matmul(%a, %b) : f32[8,16]`
+    """
+
+    name = "matmul"
+    operands = ("a", "b")
+    attributes = {"transpose_a": Attr("bool", False), "transpose_b": Attr("bool", False)}
+
+    @classmethod
+    def infer(cls, types, attrs):
+        a, b = types
+        dt = same_dtype("matmul", types)
+        sa = _swap_last(a.shape) if attrs["transpose_a"] else a.shape
+        sb = _swap_last(b.shape) if attrs["transpose_b"] else b.shape
+        if not sa or not sb:
+            raise ShapeError(f"matmul: operands must have rank >= 1, got {a} and {b}")
+        ma = (1, *sa) if len(sa) == 1 else sa
+        mb = (*sb, 1) if len(sb) == 1 else sb
+        if ma[-1] != mb[-2]:
+            raise ShapeError(
+                f"matmul: contraction dims differ: {a} @ {b} "
+                f"(K = {ma[-1]} vs {mb[-2]}); transpose or reshape an operand"
+            )
+        batch = broadcast_shapes("matmul", ma[:-2], mb[:-2])
+        shape = (*batch, *([ma[-2]] if len(sa) > 1 else []), *([mb[-1]] if len(sb) > 1 else []))
+        out = dtypes.i64 if dt == dtypes.i64 else dtypes.i32 if dt.is_integer else dt
+        return [TensorType(tuple(shape), out)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        a, b = args
+        if attrs["transpose_a"] and a.ndim >= 2:
+            a = np.swapaxes(a, -1, -2)
+        if attrs["transpose_b"] and b.ndim >= 2:
+            b = np.swapaxes(b, -1, -2)
+        dt = dtypes.dtype(a.dtype)
+        out = dtypes.i64 if dt == dtypes.i64 else dtypes.i32 if dt.is_integer else dt
+        acc = np.int64 if dt.is_integer else np.float64
+        return evaluate(lambda x, y: np.matmul(x.astype(acc), y.astype(acc)), [a, b], out)

@@ -1,0 +1,109 @@
+"""Reductions over axes (sum, max, min, mean) and the softmax family."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilefold import dtypes
+from tilefold.errors import ShapeError
+from tilefold.ir.opdef import Attr, OpDef, register
+from tilefold.ir.ops.common import evaluate, require_float
+from tilefold.ir.shapes import normalize_axes, normalize_axis
+from tilefold.ir.types import TensorType
+
+
+class Reduce(OpDef):
+    """Base of `%y = NAME(%x) {axes = [1], keepdims = false} : T`; no `axes` reduces all."""
+
+    operands = ("x",)
+    attributes = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
+    traits = frozenset({"pure", "reduction"})
+    identity_free = False  # max/min have no identity: reducing an empty axis is an error
+
+    @staticmethod
+    def fn(x, axis, keepdims):
+        raise NotImplementedError
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        axes = normalize_axes(cls.name, attrs["axes"], x.rank)
+        if cls.identity_free and any(x.shape[a] == 0 for a in axes):
+            raise ShapeError(f"{cls.name}: cannot reduce the empty axis of {x}")
+        if attrs["keepdims"]:
+            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        return [TensorType(shape, x.dtype)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        (x,) = args
+        axes = normalize_axes(cls.name, attrs["axes"], x.ndim)
+        return evaluate(
+            lambda v: cls.fn(v, axis=axes, keepdims=attrs["keepdims"]), args, dtypes.dtype(x.dtype)
+        )
+
+
+def reduction(name: str, fn, doc: str, identity_free: bool = False) -> type[OpDef]:
+    cls = type(
+        name.title().replace("_", ""),
+        (Reduce,),
+        {"name": name, "fn": staticmethod(fn), "identity_free": identity_free, "__doc__": doc},
+    )
+    return register(cls)
+
+
+reduction("reduce_sum", np.sum, "sum over `axes`; empty axes sum to 0")
+reduction("reduce_max", np.max, "maximum over `axes`; NaN propagates", identity_free=True)
+reduction("reduce_min", np.min, "minimum over `axes`; NaN propagates", identity_free=True)
+reduction("reduce_mean", np.mean, "arithmetic mean over `axes`")
+
+
+def _softmax(x, axis):
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax(x, axis):
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+class SoftmaxFamily(OpDef):
+    operands = ("x",)
+    attributes = {"axis": Attr("int", -1)}
+    traits = frozenset({"pure", "reduction"})
+
+    @staticmethod
+    def fn(x, axis):
+        raise NotImplementedError
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        require_float(cls.name, x)
+        normalize_axis(cls.name, attrs["axis"], x.rank)
+        return [x.without_layout()]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        axis = normalize_axis(cls.name, attrs["axis"], args[0].ndim)
+        return evaluate(lambda v: cls.fn(v, axis), args, dtypes.dtype(args[0].dtype))
+
+
+@register
+class Softmax(SoftmaxFamily):
+    """exp(x - max) / sum(exp(x - max)) along `axis`. `%y = softmax(%x) {axis = 1} : f32[2,8]`"""
+
+    name = "softmax"
+    fn = staticmethod(_softmax)
+
+
+@register
+class LogSoftmax(SoftmaxFamily):
+    """log(softmax(x)) along `axis`, computed without forming softmax (no log(0) underflow)."""
+
+    name = "log_softmax"
+    fn = staticmethod(_log_softmax)

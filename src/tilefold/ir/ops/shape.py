@@ -1,0 +1,241 @@
+"""Layout ops: reshape, transpose, slice, concat, broadcast_to, expand_dims, squeeze, gather."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilefold.errors import DTypeError, ShapeError
+from tilefold.ir.opdef import Attr, OpDef, register
+from tilefold.ir.ops.common import same_dtype
+from tilefold.ir.shapes import broadcast_shapes, normalize_axes, normalize_axis, resolve_reshape
+from tilefold.ir.types import SymDim, TensorType
+
+LAYOUT = frozenset({"pure", "layout"})
+END = 2**63 - 1  # a slice stop meaning "to the end of the axis"
+
+
+def _shape_text(shape) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
+@register
+class Reshape(OpDef):
+    """Same elements, new shape (row-major order); one size may be -1.
+
+    `%y = reshape(%x) {shape = [?b,12,64]} : f32[?b,12,64]`
+    """
+
+    name = "reshape"
+    operands = ("x",)
+    attributes = {"shape": Attr("shape")}
+    traits = LAYOUT
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        return [TensorType(resolve_reshape("reshape", x.shape, attrs["shape"]), x.dtype)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        return np.reshape(args[0], attrs["shape"])
+
+
+@register
+class Transpose(OpDef):
+    """Permute axes: result axis i is input axis perm[i]. `%y = transpose(%x) {perm = [1,0]}`"""
+
+    name = "transpose"
+    operands = ("x",)
+    attributes = {"perm": Attr("ints")}
+    traits = LAYOUT
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        perm = attrs["perm"]
+        if sorted(perm) != list(range(x.rank)):
+            raise ShapeError(f"transpose: perm {list(perm)} is not a permutation of {x.rank} axes")
+        return [TensorType(tuple(x.shape[p] for p in perm), x.dtype)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        return np.transpose(args[0], attrs["perm"])
+
+
+@register
+class Slice(OpDef):
+    """Python slicing per axis: x[starts[i]:stops[i]:steps[i]], clamped like NumPy.
+
+    A stop of 9223372036854775807 means "to the end". Symbolic dims can only be kept whole.
+    `%y = slice(%x) {starts = [0,1], stops = [4,9223372036854775807], steps = [1,2]}`
+    """
+
+    name = "slice"
+    operands = ("x",)
+    attributes = {"starts": Attr("ints"), "stops": Attr("ints"), "steps": Attr("ints")}
+    traits = LAYOUT
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
+        if not len(starts) == len(stops) == len(steps) == x.rank:
+            raise ShapeError(f"slice: starts/stops/steps need {x.rank} entries each for {x}")
+        shape = []
+        for d, start, stop, step in zip(x.shape, starts, stops, steps):
+            if step == 0:
+                raise ShapeError("slice: a step cannot be 0")
+            if isinstance(d, SymDim):
+                if (start, stop, step) != (0, END, 1):
+                    raise ShapeError(f"slice: symbolic dim {d} of {x} can only be kept whole")
+                shape.append(d)
+            else:
+                shape.append(len(range(*slice(start, stop, step).indices(d))))
+        return [TensorType(tuple(shape), x.dtype)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        index = tuple(
+            slice(a, b, c) for a, b, c in zip(attrs["starts"], attrs["stops"], attrs["steps"])
+        )
+        return args[0][index]
+
+
+@register
+class Concat(OpDef):
+    """Join tensors along `axis`; other dims must agree. `%z = concat(%x, %y) {axis = 0}`"""
+
+    name = "concat"
+    operands = ("*inputs",)
+    attributes = {"axis": Attr("int", 0)}
+    traits = LAYOUT
+
+    @classmethod
+    def infer(cls, types, attrs):
+        if not types:
+            raise ShapeError("concat: needs at least one operand")
+        dt = same_dtype("concat", types)
+        rank = types[0].rank
+        axis = normalize_axis("concat", attrs["axis"], rank)
+        if any(t.rank != rank for t in types):
+            raise ShapeError(f"concat: operands differ in rank: {', '.join(map(str, types))}")
+        for i in range(rank):
+            if i != axis and len({t.shape[i] for t in types}) > 1:
+                raise ShapeError(
+                    f"concat: dim {i} differs: {', '.join(map(str, types))}; only axis "
+                    f"{axis} may differ"
+                )
+        sizes = [t.shape[axis] for t in types]
+        if any(isinstance(s, SymDim) for s in sizes) and len(sizes) > 1:
+            raise ShapeError(f"concat: cannot join along symbolic dims {sizes}")
+        total = sum(sizes) if len(sizes) > 1 else sizes[0]
+        shape = list(types[0].shape)
+        shape[axis] = total
+        return [TensorType(tuple(shape), dt)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        return np.concatenate(args, axis=attrs["axis"])
+
+
+@register
+class BroadcastTo(OpDef):
+    """Repeat unit dims (and add leading ones) up to `shape`, as np.broadcast_to."""
+
+    name = "broadcast_to"
+    operands = ("x",)
+    attributes = {"shape": Attr("shape")}
+    traits = LAYOUT
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        shape = tuple(attrs["shape"])
+        if broadcast_shapes("broadcast_to", x.shape, shape) != shape:
+            raise ShapeError(
+                f"broadcast_to: {x} does not broadcast to {_shape_text(shape)} without "
+                "changing the target"
+            )
+        return [TensorType(shape, x.dtype)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        return np.broadcast_to(args[0], attrs["shape"]).copy()
+
+
+@register
+class ExpandDims(OpDef):
+    """Insert unit dims so that they sit at `axes` of the result."""
+
+    name = "expand_dims"
+    operands = ("x",)
+    attributes = {"axes": Attr("ints")}
+    traits = LAYOUT
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        rank = x.rank + len(attrs["axes"])
+        axes = normalize_axes("expand_dims", attrs["axes"], rank)
+        rest = iter(x.shape)
+        return [TensorType(tuple(1 if i in axes else next(rest) for i in range(rank)), x.dtype)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        return np.expand_dims(args[0], tuple(attrs["axes"]))
+
+
+@register
+class Squeeze(OpDef):
+    """Drop the unit dims at `axes`."""
+
+    name = "squeeze"
+    operands = ("x",)
+    attributes = {"axes": Attr("ints")}
+    traits = LAYOUT
+
+    @classmethod
+    def infer(cls, types, attrs):
+        (x,) = types
+        axes = normalize_axes("squeeze", attrs["axes"], x.rank)
+        if any(x.shape[a] != 1 for a in axes):
+            raise ShapeError(f"squeeze: axes {list(attrs['axes'])} of {x} are not all 1")
+        return [TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        return np.squeeze(args[0], tuple(attrs["axes"]))
+
+
+@register
+class Gather(OpDef):
+    """np.take(x, indices, axis): embedding lookup is gather on axis 0.
+
+    Out-of-range indices are an error at run time (negative ones count from the end).
+    `%e = gather(%table, %ids) {axis = 0} : f32[8,128,384]`
+    """
+
+    name = "gather"
+    operands = ("x", "indices")
+    attributes = {"axis": Attr("int", 0)}
+
+    @classmethod
+    def infer(cls, types, attrs):
+        x, idx = types
+        if not idx.dtype.is_integer:
+            raise DTypeError(f"gather: indices must be integers, got {idx}")
+        axis = normalize_axis("gather", attrs["axis"], x.rank)
+        return [TensorType((*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]), x.dtype)]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        x, idx = args
+        axis = normalize_axis("gather", attrs["axis"], x.ndim)
+        size = x.shape[axis]
+        if idx.size and (idx.min() < -size or idx.max() >= size):
+            raise ShapeError(
+                f"gather: index out of range [{-size}, {size}) for axis {axis} of shape "
+                f"{list(x.shape)} (got {idx.min()}..{idx.max()})"
+            )
+        return np.take(x, idx.astype(np.int64), axis=axis)
+

@@ -1,0 +1,375 @@
+"""Parses the textual IR (see printer.py for the grammar by example) into a Module.
+
+Errors are `ParseError`s pointing at the line and column, with the offending line and a caret.
+`//` starts a comment, so lit test files parse as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tilefold import dtypes
+from tilefold.errors import Location, ParseError
+from tilefold.ir.core import Block, Function, Module, Operation, Value
+from tilefold.ir.opdef import OPS, Attr, OpDef
+from tilefold.ir.printer import decode_scalars
+from tilefold.ir.types import SymDim, TensorType
+
+_NAME = r"[A-Za-z0-9_.$-]+"
+_TOKEN = re.compile(
+    rf"""
+    (?P<space>[ \t\r]+|//[^\n]*)
+  | (?P<newline>\n)
+  | (?P<value>%{_NAME})
+  | (?P<symbol>@{_NAME})
+  | (?P<sym>\?[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<string>"(?:[^"\\\n]|\\.)*")
+  | (?P<hex>0x[0-9A-Fa-f]*)
+  | (?P<number>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf\b)|nan\b)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<punct>->|[(){{}}\[\]<>,:=])
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass
+class Token:
+    kind: str
+    text: str
+    line: int
+    col: int
+
+
+def tokenize(text: str, file: str) -> list[Token]:
+    tokens, line, start, pos = [], 1, 0, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            loc = Location(file, line, pos - start + 1)
+            raise ParseError(f"unexpected character {text[pos]!r}", loc, text)
+        kind = m.lastgroup
+        if kind == "newline":
+            line, start = line + 1, m.end()
+        elif kind != "space":
+            tokens.append(Token(kind, m.group(), line, pos - start + 1))
+        pos = m.end()
+    tokens.append(Token("eof", "", line, pos - start + 1))
+    return tokens
+
+
+class Parser:
+    """A recursive-descent parser over the token list, one method per grammar rule."""
+
+    def __init__(self, text: str, file: str, resource_dir: Path | None):
+        self.text = text
+        self.file = file
+        self.resource_dir = resource_dir
+        self.tokens = tokenize(text, file)
+        self.pos = 0
+        self.scope: dict[str, Value] = {}
+
+    # -- token helpers -----------------------------------------------------------------------
+
+    @property
+    def tok(self) -> Token:
+        return self.tokens[self.pos]
+
+    def loc(self, tok: Token | None = None) -> Location:
+        tok = tok or self.tok
+        return Location(self.file, tok.line, tok.col)
+
+    def error(self, message: str, tok: Token | None = None) -> ParseError:
+        return ParseError(message, self.loc(tok), self.text)
+
+    def next(self) -> Token:
+        tok = self.tok
+        self.pos += 1
+        return tok
+
+    def at(self, text: str) -> bool:
+        return self.tok.text == text and self.tok.kind in ("punct", "ident")
+
+    def accept(self, text: str) -> bool:
+        if self.at(text):
+            self.pos += 1
+            return True
+        return False
+
+    def expect(self, text: str, what: str = "") -> Token:
+        if not self.at(text):
+            found = self.tok.text or "end of input"
+            raise self.error(f"expected '{text}'{' ' + what if what else ''}, found '{found}'")
+        return self.next()
+
+    def expect_kind(self, kind: str, what: str) -> Token:
+        if self.tok.kind != kind:
+            raise self.error(f"expected {what}, found '{self.tok.text or 'end of input'}'")
+        return self.next()
+
+    def comma_list(self, close: str, item):
+        items = []
+        if not self.accept(close):
+            items.append(item())
+            while self.accept(","):
+                items.append(item())
+            self.expect(close)
+        return items
+
+    # -- types -------------------------------------------------------------------------------
+
+    def dtype(self) -> dtypes.DType:
+        tok = self.expect_kind("ident", "a dtype")
+        try:
+            return dtypes.dtype(tok.text)
+        except Exception:
+            raise self.error(f"unknown dtype '{tok.text}'", tok) from None
+
+    def dim(self):
+        tok = self.next()
+        if tok.kind == "sym":
+            return SymDim(tok.text[1:])
+        if tok.kind == "number" and re.fullmatch(r"-?\d+", tok.text):
+            return int(tok.text)
+        raise self.error(f"expected a dimension (an integer or ?name), found '{tok.text}'", tok)
+
+    def type(self) -> TensorType:
+        dt = self.dtype()
+        self.expect("[", "after the dtype of a tensor type")
+        shape = self.comma_list("]", self.dim)
+        if any(isinstance(d, int) and d < 0 for d in shape):
+            raise self.error("tensor dimensions cannot be negative")
+        strides = None
+        if self.accept("{"):
+            strides = [int(self.expect_kind("number", "a stride").text)]
+            while self.accept(","):
+                strides.append(int(self.expect_kind("number", "a stride").text))
+            self.expect("}")
+            if len(strides) != len(shape):
+                raise self.error(f"{len(strides)} strides given for a rank-{len(shape)} type")
+        return TensorType(tuple(shape), dt, None if strides is None else tuple(strides))
+
+    def result_types(self) -> list[TensorType]:
+        if self.accept("("):
+            return self.comma_list(")", self.type)
+        return [self.type()]
+
+    # -- attributes --------------------------------------------------------------------------
+
+    def literal(self):
+        tok = self.next()
+        if tok.kind == "number":
+            text = tok.text
+            return float(text) if re.search(r"[.eEn]", text) else int(text)
+        if tok.kind == "ident" and tok.text in ("true", "false"):
+            return tok.text == "true"
+        if tok.kind == "string":
+            return json.loads(tok.text)
+        if tok.kind == "sym":
+            return SymDim(tok.text[1:])
+        if tok.kind == "ident" and tok.text == "dense":
+            return self.dense(tok)
+        if tok.kind == "ident":
+            return tok.text
+        if tok.text == "[":
+            return self.comma_list("]", self.literal)
+        raise self.error(f"expected an attribute value, found '{tok.text}'", tok)
+
+    def dense(self, start: Token) -> np.ndarray:
+        self.expect("<")
+        t = self.type()
+        dt = t.dtype
+        if not t.is_static:
+            raise self.error("a dense constant needs a static shape", start)
+        count = t.num_elements
+        tok = self.tok
+        if self.accept("splat"):
+            flat = decode_scalars([self.scalar_text()], dt).repeat(count)
+        elif self.accept("["):
+            flat = decode_scalars(self.comma_list("]", self.scalar_text), dt)
+        elif self.accept("file"):
+            name = json.loads(self.expect_kind("string", "a resource file name").text)
+            flat = self.resource(name, tok, dt)
+        else:
+            raw = self.expect_kind("hex", "splat, [values], file or 0x hex data").text[2:]
+            try:
+                flat = np.frombuffer(bytes.fromhex(raw), dtype=dt.np_dtype)
+            except ValueError:
+                raise self.error("malformed hex data in a dense constant", tok) from None
+        self.expect(">")
+        if flat.size != count:
+            raise self.error(f"dense constant of type {t} holds {flat.size} elements", tok)
+        return flat.reshape(t.shape).copy()
+
+    def scalar_text(self) -> str:
+        tok = self.next()
+        if tok.kind == "number" or tok.text in ("true", "false"):
+            return tok.text
+        raise self.error(f"expected a number, found '{tok.text}'", tok)
+
+    def resource(self, name: str, tok: Token, dt: dtypes.DType) -> np.ndarray:
+        if self.resource_dir is None:
+            raise self.error(f"constant refers to file {name!r}; pass resource_dir", tok)
+        path = self.resource_dir / name
+        if "/" in name or ".." in name or not path.is_file():
+            raise self.error(f"resource file {str(path)!r} not found", tok)
+        raw = path.read_bytes()
+        if len(raw) % dt.itemsize:
+            raise self.error(f"resource file {str(path)!r} is truncated", tok)
+        return np.frombuffer(raw, dtype=dt.np_dtype)
+
+    def attr_dict(self, opdef: type[OpDef]) -> dict:
+        attrs: dict = {}
+        if not self.at("{"):
+            return attrs
+        self.next()
+        while not self.accept("}"):
+            key_tok = self.expect_kind("ident", "an attribute name")
+            spec: Attr | None = opdef.attributes.get(key_tok.text)
+            if spec is None:
+                known = ", ".join(opdef.attributes) or "none"
+                raise self.error(
+                    f"'{opdef.name}' has no attribute '{key_tok.text}' (it has: {known})", key_tok
+                )
+            if key_tok.text in attrs:
+                raise self.error(f"attribute '{key_tok.text}' given twice", key_tok)
+            self.expect("=")
+            value_tok = self.tok
+            value = self.literal()
+            try:
+                attrs[key_tok.text] = spec.normalize(value)
+            except TypeError as exc:
+                raise self.error(f"attribute '{key_tok.text}': {exc}", value_tok) from None
+            if not self.at("}"):
+                self.expect(",", "between attributes")
+        return attrs
+
+    # -- structure ---------------------------------------------------------------------------
+
+    def define(self, tok: Token, type: TensorType) -> Value:
+        name = tok.text[1:]
+        if name in self.scope:
+            raise self.error(f"redefinition of value %{name}", tok)
+        value = Value(type, name, None, 0)
+        self.scope[name] = value
+        return value
+
+    def use(self) -> Value:
+        tok = self.expect_kind("value", "a value (%name)")
+        value = self.scope.get(tok.text[1:])
+        if value is None:
+            raise self.error(f"use of undefined value {tok.text}", tok)
+        return value
+
+    def typed_arg(self) -> tuple[Token, TensorType]:
+        tok = self.expect_kind("value", "an argument name (%name)")
+        self.expect(":")
+        return tok, self.type()
+
+    def location(self) -> Location | None:
+        if not self.accept("loc"):
+            return None
+        self.expect("(")
+        file = json.loads(self.expect_kind("string", "a file name").text)
+        self.expect(":")
+        line = int(self.expect_kind("number", "a line number").text)
+        self.expect(":")
+        col = int(self.expect_kind("number", "a column number").text)
+        self.expect(")")
+        return Location(file, line, col)
+
+    def operation(self) -> Operation:
+        start = self.tok
+        result_toks = []
+        if self.tok.kind == "value":
+            result_toks.append(self.next())
+            while self.accept(","):
+                result_toks.append(self.expect_kind("value", "a result name"))
+            self.expect("=")
+        name_tok = self.expect_kind("ident", "an op name")
+        opdef = OPS.get(name_tok.text)
+        if opdef is None:
+            raise self.error(f"unknown op '{name_tok.text}'", name_tok)
+        self.expect("(", f"after op name '{name_tok.text}'")
+        operands = self.comma_list(")", self.use)
+        attrs = self.attr_dict(opdef)
+        types = self.result_types() if self.accept(":") else []
+        if len(types) != len(result_toks):
+            raise self.error(
+                f"'{opdef.name}' names {len(result_toks)} results but lists {len(types)} types",
+                start,
+            )
+        regions = []
+        while self.accept("region"):
+            self.expect("(")
+            args = self.comma_list(")", self.typed_arg)
+            block = Block([self.define(tok, t) for tok, t in args])
+            self.body(block)
+            regions.append(block)
+        op = Operation(opdef, operands, attrs, types, [t.text[1:] for t in result_toks], regions)
+        for tok, result in zip(result_toks, op.results):
+            if tok.text[1:] in self.scope:
+                raise self.error(f"redefinition of value {tok.text}", tok)
+            self.scope[result.name] = result
+        op.loc = self.location()
+        op.text_loc = self.loc(name_tok)
+        return op
+
+    def body(self, block: Block) -> None:
+        self.expect("{")
+        while not self.accept("}"):
+            if self.tok.kind == "eof":
+                raise self.error("unexpected end of input: missing '}'")
+            block.append(self.operation())
+
+    def function(self) -> Function:
+        start = self.expect("func")
+        name = self.expect_kind("symbol", "a function name (@name)").text[1:]
+        self.scope = {}
+        self.expect("(")
+        args = self.comma_list(")", self.typed_arg)
+        self.expect("->")
+        self.expect("(")
+        results = self.comma_list(")", self.type)
+        fn = Function(name, [self.define(tok, t) for tok, t in args], results)
+        fn.loc = self.location()
+        fn.text_loc = self.loc(start)
+        self.body(fn.body)
+        return fn
+
+    def module(self) -> Module:
+        module = Module()
+        braced = self.accept("module")
+        if braced:
+            if self.tok.kind == "symbol":
+                module.name = self.next().text[1:]
+            self.expect("{")
+        while self.at("func"):
+            tok = self.tok
+            fn = self.function()
+            if fn.name in module.functions:
+                raise self.error(f"redefinition of function @{fn.name}", tok)
+            module.add(fn)
+        if braced:
+            self.expect("}", "to close the module")
+        if self.tok.kind != "eof":
+            raise self.error(f"expected 'func' or end of input, found '{self.tok.text}'")
+        module.source_text, module.source_name = self.text, self.file
+        return module
+
+
+def parse_module(
+    text: str, file: str = "<string>", resource_dir: str | Path | None = None
+) -> Module:
+    """Parse IR text. `resource_dir` is where `dense<... file "x.bin">` constants live."""
+    return Parser(text, file, Path(resource_dir) if resource_dir is not None else None).module()
+
+
+def parse_file(path: str | Path, resource_dir: str | Path | None = None) -> Module:
+    path = Path(path)
+    return parse_module(path.read_text(), str(path), resource_dir)

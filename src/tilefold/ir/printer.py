@@ -1,0 +1,194 @@
+"""The textual IR: prints a module so that `parse(print(m))` prints back identically.
+
+    module @example {
+      func @main(%x: f32[?b,4], %w: f32[4,4]) -> (f32[?b,4]) {
+        %0 = matmul(%x, %w) : f32[?b,4] loc("model.py":3:8)
+        %1 = gelu(%0) {approximate = "tanh"} : f32[?b,4]
+        return(%1)
+      }
+    }
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilefold import dtypes
+from tilefold.errors import Location
+from tilefold.ir.core import Block, Function, Module, Operation, Value
+from tilefold.ir.opdef import Attr
+from tilefold.ir.types import TensorType
+
+INDENT = "  "
+DECIMAL_LIMIT = 16  # constants with at most this many finite elements print as decimals
+FILE_LIMIT = 4096  # with a resource dir, constants above this many bytes go to side files
+
+
+def format_float(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return repr(float(value))
+
+
+def format_scalar(value: Any, dt: dtypes.DType) -> str:
+    """The shortest decimal that reads back to the same element of dtype `dt`."""
+    if dt.kind == "bool":
+        return "true" if value else "false"
+    if dt.is_integer:
+        return str(int(value))
+    return str(np.asarray(value, dtype=dt.np_dtype)[()])
+
+
+def decode_scalars(texts: list[str], dt: dtypes.DType) -> np.ndarray:
+    """Inverse of `format_scalar` for a flat list of element texts."""
+    if dt.kind == "bool":
+        return np.array([t == "true" for t in texts], dtype=np.bool_)
+    if dt.is_integer:
+        return np.array([int(t) for t in texts]).astype(dt.np_dtype)
+    return np.array([float(t) for t in texts], dtype=np.float64).astype(dt.np_dtype)
+
+
+class Printer:
+    """Accumulates text; `resource_dir` (optional) receives large constants as side files."""
+
+    def __init__(self, resource_dir: str | Path | None = None, file_limit: int = FILE_LIMIT):
+        self.lines: list[str] = []
+        self.resource_dir = Path(resource_dir) if resource_dir is not None else None
+        self.file_limit = file_limit
+
+    # -- attributes --------------------------------------------------------------------------
+
+    def dense(self, value: np.ndarray) -> str:
+        dt = dtypes.dtype(value.dtype)
+        head = str(TensorType.of(dt, value.shape))
+        flat = np.ascontiguousarray(value).reshape(-1)
+        raw = flat.tobytes()
+        if self.resource_dir is not None and len(raw) > self.file_limit:
+            name = hashlib.sha256(head.encode() + raw).hexdigest()[:16] + ".bin"
+            self.resource_dir.mkdir(parents=True, exist_ok=True)
+            path = self.resource_dir / name
+            if not path.exists():
+                path.write_bytes(raw)
+            return f'dense<{head} file "{name}">'
+        if flat.size > 1:
+            rows = np.frombuffer(raw, np.uint8).reshape(flat.size, -1)
+            text = format_scalar(flat[0], dt)
+            if (rows == rows[0]).all() and self._exact([text], flat[:1], dt):
+                return f"dense<{head} splat {text}>"
+        if flat.size <= DECIMAL_LIMIT:
+            texts = [format_scalar(v, dt) for v in flat]
+            if self._exact(texts, flat, dt):
+                return f"dense<{head} [{', '.join(texts)}]>"
+        return f"dense<{head} 0x{raw.hex().upper()}>"
+
+    @staticmethod
+    def _exact(texts: list[str], flat: np.ndarray, dt: dtypes.DType) -> bool:
+        if dt.is_float and not np.all(np.isfinite(flat.astype(np.float64))):
+            return False
+        return decode_scalars(texts, dt).tobytes() == flat.tobytes()
+
+    def attr(self, spec: Attr, value: Any) -> str:
+        if spec.kind == "bool":
+            return "true" if value else "false"
+        if spec.kind == "int":
+            return str(value)
+        if spec.kind == "float":
+            return format_float(value)
+        if spec.kind == "str":
+            return json.dumps(value)
+        if spec.kind in ("ints", "shape"):
+            return "[" + ", ".join(str(v) for v in value) + "]"
+        if spec.kind == "dtype":
+            return str(value)
+        return self.dense(value)
+
+    def attr_dict(self, op: Operation) -> str:
+        items = []
+        for key, spec in op.opdef.attributes.items():
+            if key not in op.attrs:
+                continue
+            value = op.attrs[key]
+            if not spec.required and _same(value, spec.default):
+                continue
+            items.append(f"{key} = {self.attr(spec, value)}")
+        return " {" + ", ".join(items) + "}" if items else ""
+
+    # -- structure ---------------------------------------------------------------------------
+
+    @staticmethod
+    def loc(loc: Location | None) -> str:
+        return f" loc({json.dumps(loc.file)}:{loc.line}:{loc.col})" if loc else ""
+
+    @staticmethod
+    def args(values: list[Value]) -> str:
+        return ", ".join(f"%{v.name}: {v.type}" for v in values)
+
+    @staticmethod
+    def types(types: list[TensorType]) -> str:
+        return str(types[0]) if len(types) == 1 else "(" + ", ".join(map(str, types)) + ")"
+
+    def op(self, op: Operation, depth: int) -> None:
+        pad = INDENT * depth
+        lhs = ", ".join(f"%{r.name}" for r in op.results)
+        text = f"{pad}{lhs + ' = ' if lhs else ''}{op.name}("
+        text += ", ".join(f"%{v.name}" for v in op.operands) + ")"
+        text += self.attr_dict(op)
+        if op.results:
+            text += " : " + self.types([r.type for r in op.results])
+        if not op.regions:
+            self.lines.append(text + self.loc(op.loc))
+            return
+        for region in op.regions:
+            self.lines.append(f"{text} region ({self.args(region.args)}) {{")
+            self.block(region, depth + 1)
+            text = f"{pad}}}"
+        self.lines.append(text + self.loc(op.loc))
+
+    def block(self, block: Block, depth: int) -> None:
+        for op in block.ops:
+            self.op(op, depth)
+
+    def function(self, fn: Function, depth: int) -> None:
+        pad = INDENT * depth
+        results = ", ".join(map(str, fn.result_types))
+        self.lines.append(
+            f"{pad}func @{fn.name}({self.args(fn.args)}) -> ({results}){self.loc(fn.loc)} {{"
+        )
+        self.block(fn.body, depth + 1)
+        self.lines.append(f"{pad}}}")
+
+    def module(self, module: Module) -> str:
+        name = f" @{module.name}" if module.name else ""
+        self.lines.append(f"module{name} {{")
+        for fn in module.functions.values():
+            self.function(fn, 1)
+        self.lines.append("}")
+        return "\n".join(self.lines) + "\n"
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return False
+    return type(a) is type(b) and a == b
+
+
+def print_module(
+    module: Module, resource_dir: str | Path | None = None, file_limit: int = FILE_LIMIT
+) -> str:
+    """The module's text. With `resource_dir`, constants over `file_limit` bytes become files."""
+    return Printer(resource_dir, file_limit).module(module)
+
+
+def print_op(op: Operation) -> str:
+    """One op's line (regions included), for diagnostics and logs."""
+    printer = Printer()
+    printer.op(op, 0)
+    return "\n".join(printer.lines)
