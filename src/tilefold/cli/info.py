@@ -1,0 +1,59 @@
+"""`tilefold info`: what this host is, as tilefold sees it, and the versions it runs with."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+import llvmlite
+import ml_dtypes
+import numpy as np
+
+from tilefold import __version__
+from tilefold.target import cache_dir, host_target, named_target
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("info", help="describe the host (CPU, ISA features, caches, versions)")
+    p.add_argument("--target", default="host", help="describe a named target instead")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=handle)
+
+
+def _kib(n: int) -> str:
+    return f"{n // 1024} KiB" if n < 1 << 20 else f"{n / (1 << 20):g} MiB"
+
+
+def describe(target_name: str) -> dict:
+    from tilefold.runtime import num_threads
+
+    target = host_target() if target_name == "host" else named_target(target_name)
+    return {
+        "target": target.name,
+        "arch": target.arch,
+        "triple": target.triple,
+        "llvm cpu": target.cpu,
+        "vector": f"{target.vector_bits}-bit x {target.vector_registers} registers",
+        "features": " ".join(sorted(target.features)),
+        "family": " -> ".join(target.family),
+        "caches": f"L1d {_kib(target.l1d_bytes)}, L2 {_kib(target.l2_bytes)}, "
+        f"L3 {_kib(target.l3_bytes)}",
+        "cores": target.cores,
+        "threads": num_threads(),
+        "cache dir": str(cache_dir()),
+        "versions": f"tilefold {__version__}, Python {platform.python_version()}, "
+        f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, "
+        f"llvmlite {llvmlite.__version__}",
+    }
+
+
+def handle(args: argparse.Namespace) -> int:
+    facts = describe(args.target)
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    width = max(map(len, facts))
+    for key, value in facts.items():
+        print(f"{key:>{width}}: {value}")
+    return 0
