@@ -1,0 +1,33 @@
+"""Cache blocking MC/KC/NC derived from a target's caches and its micro-kernel (BLIS's context)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tilefold.codegen.gemm.registry import MicroKernel
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Block sizes in elements; MC a multiple of MR, NC of NR. Frozen: override with `with_`."""
+
+    mc: int
+    kc: int
+    nc: int
+
+    def with_(self, **changes: int) -> Blocking:
+        return replace(self, **changes)
+
+
+def _round_down(x: int, unit: int) -> int:
+    return max(unit, x // unit * unit)
+
+
+def derive_blocking(target, kernel: MicroKernel, itemsize: int = 4) -> Blocking:
+    """Sizes from the caches: a B micro-panel (KC x NR) fills about half of L1 (it is reused by
+    every A micro-panel), the packed A block (MC x KC) about half of L2, the packed B block
+    (KC x NC) a share of L3 large enough that A is re-packed rarely."""
+    kc = _round_down(target.l1d_bytes // 2 // (kernel.nr * itemsize), 16)
+    mc = _round_down(target.l2_bytes // 2 // (kc * itemsize), kernel.mr)
+    nc = _round_down(min(target.l3_bytes // 4, 8 << 20) // (kc * itemsize), kernel.nr)
+    return Blocking(mc=mc, kc=kc, nc=nc)

@@ -1,0 +1,228 @@
+"""The ISA-blind GEMM driver in LLVM IR: thread split, the five BLIS loops, edge dispatch.
+
+`tf_gemm(params, A, B, C, workspace)` (A, B, C: NumPy array objects, or raw data pointers when
+`params[DATA_OFFSET]` is -1) computes, for every batch entry, C (+)= A @ B on the
+sub-blocks that `tilefold_parallel` hands each thread. Shapes, strides, blocking and the split
+are run-time values in `params` (see `Param`), so one compiled module serves every shape.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+from tilefold.codegen.gemm.microkernel import UKERNEL_TYPE
+from tilefold.codegen.gemm.packing import emit_pack_a, emit_pack_b
+from tilefold.codegen.gemm.registry import MicroKernel
+
+_FP = u.f32.as_pointer()
+_I64P = u.i64.as_pointer()
+ENTRY = "tf_gemm"
+PACK_B = "tf_pack_b"
+WORKER_TYPE = ir.FunctionType(u.void, [u.i8.as_pointer(), u.i32, u.i32])
+PARALLEL_TYPE = ir.FunctionType(u.void, [WORKER_TYPE.as_pointer(), u.i8.as_pointer(), u.i32])
+
+
+class Param(enum.IntEnum):
+    """Slots of the int64 parameter block that a plan fills once per (shape, strides)."""
+
+    M = 0
+    N = 1
+    K = 2
+    RSA = 3
+    CSA = 4
+    RSB = 5
+    CSB = 6
+    RSC = 7
+    BETA = 8
+    BATCH = 9
+    TM = 10
+    TN = 11
+    THREADS = 12
+    BMODE = 13
+    OFFSETS = 14
+    WS_PER_THREAD = 15
+    MC = 16
+    KC = 17
+    NC = 18
+    DATA_OFFSET = 19  # byte offset of the data pointer in a NumPy array object; -1: raw pointers
+
+
+class BMode(enum.IntEnum):
+    """Where B micro-panels come from."""
+
+    PACK = 0  # packed per (KC, NC) block into the workspace
+    PREPACKED = 1  # packed once by `prepack`, the full-K panel layout
+    DIRECT = 2  # read in place (unit column stride); a panel ending inside a vector is packed
+
+
+def emit_gemm(module: ir.Module, kernel: MicroKernel) -> ir.Function:
+    """Add `tf_gemm` and everything it calls for `kernel` to `module`."""
+    table = _kernel_table(module, kernel)
+    pack_a = emit_pack_a(module, kernel.m_sizes)
+    pack_b = emit_pack_b(module, kernel.nr, kernel.lanes, PACK_B)
+    block = _emit_block(module, kernel, table, pack_a, pack_b)
+    worker = _emit_worker(module, kernel, block)
+    return _emit_entry(module, worker)
+
+
+def _kernel_table(module: ir.Module, kernel: MicroKernel) -> ir.GlobalVariable:
+    """[row-size index][nv-1] -> micro-kernel variant, so edges cost one indirect call."""
+    fns = [kernel.generator(module, kernel.spec(mr, nv))
+           for mr in kernel.m_sizes for nv in range(1, kernel.nv + 1)]
+    ptr = UKERNEL_TYPE.as_pointer()
+    arr = ir.ArrayType(ptr, len(fns))
+    table = ir.GlobalVariable(module, arr, "tf_uk_table")
+    table.global_constant = True
+    table.linkage = "internal"
+    table.initializer = ir.Constant(arr, fns)
+    return table
+
+
+_BLOCK_ARGS = ("m0", "m1", "n0", "n1", "k", "a", "rsa", "csa", "b", "rsb", "csb", "c", "rsc",
+               "beta", "bmode", "mc_blk", "kc_blk", "nc_blk", "ws")
+
+
+def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
+    """The five loops over C[m0:m1, n0:n1] for one thread (its own packing buffers in `ws`)."""
+    i64 = u.i64
+    types = [i64] * 5 + [_FP, i64, i64, _FP, i64, i64, _FP, i64, u.i32, i64, i64, i64, i64, _FP]
+    fn = ir.Function(module, ir.FunctionType(u.void, types), name="tf_gemm_block")
+    fn.linkage = "internal"
+    for arg, name in zip(fn.args, _BLOCK_ARGS, strict=True):
+        arg.name = name
+    (m0, m1, n0, n1, k, a, rsa, csa, bm, rsb, csb, c, rsc, beta, bmode, mcb, kcb, ncb,
+     ws) = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vl, nr_max = kernel.lanes, kernel.nr
+    ap = ws
+    bp = u.gep(b, ws, b.mul(mcb, kcb))
+    is_pack = b.icmp_signed("==", bmode, u.const(BMode.PACK))
+    is_pre = b.icmp_signed("==", bmode, u.const(BMode.PREPACKED))
+    is_direct = b.icmp_signed("==", bmode, u.const(BMode.DIRECT))
+    with u.for_range(b, n0, n1, ncb, "jc") as jc:
+        nc = u.smin(b, ncb, b.sub(n1, jc))
+        with u.for_range(b, u.const(0), k, kcb, "pc") as pc:
+            kc = u.smin(b, kcb, b.sub(k, pc))
+            beta_eff = b.select(b.icmp_signed("==", pc, u.const(0)), beta, u.const(1, u.i32))
+            b_blk = u.gep(b, bm, b.add(b.mul(pc, rsb), b.mul(jc, csb)))
+            with b.if_then(is_pack):
+                b.call(pack_b, [kc, nc, b_blk, rsb, csb, bp])
+            with u.for_range(b, m0, m1, mcb, "ic") as ic:
+                mc = u.smin(b, mcb, b.sub(m1, ic))
+                b.call(pack_a, [mc, kc, u.gep(b, a, b.add(b.mul(ic, rsa), b.mul(pc, csa))),
+                                rsa, csa, ap])
+                c_blk = u.gep(b, c, b.add(b.mul(ic, rsc), jc))
+                with u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
+                    nr = u.smin(b, u.const(nr_max), b.sub(nc, jr))
+                    nv = b.sdiv(b.add(nr, u.const(vl - 1)), u.const(vl))
+                    nlast = b.sub(nr, b.mul(b.sub(nv, u.const(1)), u.const(vl)))
+                    w = b.mul(nv, u.const(vl))
+                    panel_packed = u.gep(b, bp, b.mul(jr, kc))
+                    panel_pre = u.gep(b, bm, b.add(b.mul(b.add(jc, jr), k), b.mul(pc, w)))
+                    panel_direct = u.gep(b, b_blk, jr)
+                    in_place = b.and_(is_direct, b.icmp_signed("==", nlast, u.const(vl)))
+                    with b.if_then(b.and_(is_direct, b.not_(in_place))):
+                        b.call(pack_b, [kc, nr, panel_direct, rsb, csb, bp])
+                    panel = b.select(is_pre, panel_pre,
+                                     b.select(in_place, panel_direct,
+                                              b.select(is_direct, bp, panel_packed)))
+                    ldb = b.select(in_place, rsb, w)
+                    with u.for_chunks(b, u.const(0), mc, kernel.m_sizes, "ir") as (ir_, mr):
+                        row = u.const(len(kernel.m_sizes) - 1)
+                        for pos, size in reversed(list(enumerate(kernel.m_sizes[:-1]))):
+                            row = b.select(b.icmp_signed("==", mr, u.const(size)), u.const(pos),
+                                           row)
+                        idx = b.add(b.mul(row, u.const(kernel.nv)), b.sub(nv, u.const(1)))
+                        slot = b.gep(table, [u.const(0, u.i32), b.trunc(idx, u.i32)])
+                        uk = b.load(slot)
+                        b.call(uk, [kc, u.gep(b, ap, b.mul(ir_, kc)), panel, ldb,
+                                    u.gep(b, c_blk, b.add(b.mul(ir_, rsc), jr)), rsc,
+                                    beta_eff, nlast])
+    b.ret_void()
+    return fn
+
+
+def _split(b: ir.IRBuilder, extent, parts, index, unit: int):
+    """Start of part `index` of `parts` over `extent`, in whole units of `unit` elements."""
+    units = b.sdiv(b.add(extent, u.const(unit - 1)), u.const(unit))
+    start = b.mul(b.sdiv(b.mul(units, index), parts), u.const(unit))
+    return u.smin(b, start, extent)
+
+
+def _emit_worker(module, kernel, block) -> ir.Function:
+    """Thread body: its share of the (batch x TM x TN) grid of sub-blocks."""
+    fn = ir.Function(module, WORKER_TYPE, name="tf_gemm_worker")
+    fn.linkage = "internal"
+    ctx, tid, nth = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fields = b.bitcast(ctx, u.i64.as_pointer())
+    params = b.inttoptr(b.load(u.gep(b, fields, 0)), _I64P)
+    a, bm, c, ws = (b.inttoptr(b.load(u.gep(b, fields, i)), _FP) for i in range(1, 5))
+
+    def p(slot: Param):
+        return b.load(u.gep(b, params, int(slot)))
+
+    m, n, k = p(Param.M), p(Param.N), p(Param.K)
+    tm, tn = p(Param.TM), p(Param.TN)
+    tid64, nth64 = b.sext(tid, u.i64), b.sext(nth, u.i64)
+    units = b.mul(p(Param.BATCH), b.mul(tm, tn))
+    u0 = b.sdiv(b.mul(units, tid64), nth64)
+    u1 = b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64)
+    offsets = b.inttoptr(p(Param.OFFSETS), _I64P)
+    my_ws = u.gep(b, ws, b.mul(tid64, p(Param.WS_PER_THREAD)))
+    beta = b.trunc(p(Param.BETA), u.i32)
+    with u.for_range(b, u0, u1, 1, "unit") as unit:
+        grid = b.mul(tm, tn)
+        bi = b.sdiv(unit, grid)
+        r = b.srem(unit, grid)
+        ti, tj = b.sdiv(r, tn), b.srem(r, tn)
+        m0 = _split(b, m, tm, ti, kernel.mr)
+        m1 = _split(b, m, tm, b.add(ti, u.const(1)), kernel.mr)
+        n0 = _split(b, n, tn, tj, kernel.nr)
+        n1 = _split(b, n, tn, b.add(tj, u.const(1)), kernel.nr)
+        off = u.gep(b, offsets, b.mul(bi, u.const(3)))
+        a_i, b_i, c_i = (u.gep(b, base, b.load(u.gep(b, off, j)))
+                         for j, base in enumerate((a, bm, c)))
+        b.call(block, [m0, m1, n0, n1, k, a_i, p(Param.RSA), p(Param.CSA), b_i, p(Param.RSB),
+                       p(Param.CSB), c_i, p(Param.RSC), beta, p(Param.BMODE), p(Param.MC),
+                       p(Param.KC), p(Param.NC), my_ws])
+    b.ret_void()
+    return fn
+
+
+def _emit_entry(module, worker) -> ir.Function:
+    """`tf_gemm(params, A, B, C, ws)`: one native call runs the whole (batched) GEMM.
+
+    Reading the data pointers out of the array objects here saves ≈ 1 µs per operand over
+    `ndarray.ctypes.data` in Python."""
+    i8p = u.i8.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(u.void, [_I64P, i8p, i8p, i8p, _FP]), name=ENTRY)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    params = fn.args[0]
+    ctx = b.alloca(ir.ArrayType(u.i64, 5), name="ctx")
+    slots = b.bitcast(ctx, u.i64.as_pointer())
+    offset = b.load(u.gep(b, params, int(Param.DATA_OFFSET)))
+    objects = b.icmp_signed(">=", offset, u.const(0))
+    for i, arg in enumerate(fn.args):
+        if i in (1, 2, 3):
+            with b.if_else(objects) as (from_object, raw):
+                with from_object:
+                    field = b.bitcast(b.gep(arg, [offset]), u.i64.as_pointer())
+                    b.store(b.load(field), u.gep(b, slots, i))
+                with raw:
+                    b.store(b.ptrtoint(arg, u.i64), u.gep(b, slots, i))
+        else:
+            b.store(b.ptrtoint(arg, u.i64), u.gep(b, slots, i))
+    threads = b.trunc(b.load(u.gep(b, fn.args[0], int(Param.THREADS))), u.i32)
+    ctx8 = b.bitcast(ctx, u.i8.as_pointer())
+    with b.if_else(b.icmp_signed("<=", threads, u.const(1, u.i32))) as (single, many):
+        with single:
+            b.call(worker, [ctx8, u.const(0, u.i32), u.const(1, u.i32)])
+        with many:
+            par = u.intrinsic(module, "tilefold_parallel", u.void, list(PARALLEL_TYPE.args))
+            b.call(par, [worker, ctx8, threads])
+    b.ret_void()
+    return fn

@@ -1,0 +1,138 @@
+"""The register-tile micro-kernel generator: C[mr, nv*VL] (+)= A_panel @ B_panel over kc steps.
+
+One generator serves every ISA: the ISA-specific parts are the vector width, how an element of A
+reaches all lanes (a broadcast load on x86, `fmla` by element on NEON) and the tile shape, all
+chosen by the registry entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+
+# Signature shared by every variant, so the driver can call any of them through one table.
+UKERNEL_TYPE = ir.FunctionType(
+    u.void, [u.i64, u.f32.as_pointer(), u.f32.as_pointer(), u.i64, u.f32.as_pointer(), u.i64,
+             u.i32, u.i64])
+UKERNEL_ARGS = ("kc", "a", "b", "ldb", "c", "ldc", "beta", "nlast")
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    """One variant: `mr` rows by `nv` vectors of `lanes` floats.
+
+    `a_lanes` > 1 selects NEON-style A access (load `a_lanes` elements, use them by lane).
+    """
+
+    mr: int
+    nv: int
+    lanes: int
+    unroll: int = 4
+    a_lanes: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"tf_uk_{self.mr}x{self.nv}x{self.lanes}"
+
+
+def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
+    """Add the variant `spec` to `module`; packed A holds `mr` floats per k, B `ldb` per k."""
+    fn = ir.Function(module, UKERNEL_TYPE, name=spec.name)
+    fn.linkage = "internal"
+    for arg, name in zip(fn.args, UKERNEL_ARGS, strict=True):
+        arg.name = name
+    kc, a, b_ptr, ldb, c, ldc, beta, nlast = fn.args
+    for p in (a, b_ptr, c):
+        p.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vl, vty = spec.lanes, u.vec(u.f32, spec.lanes)
+    for i in range(spec.mr):
+        u.prefetch(b, u.gep(b, c, b.mul(u.const(i), ldc)), write=True)
+    zero = ir.Constant(vty, [0.0] * vl)
+    accs = [[zero] * spec.nv for _ in range(spec.mr)]
+
+    def step(accs, ap, bp):
+        """One k step: nv loads of B, mr broadcasts of A, mr*nv FMAs."""
+        bv = [b.load(u.vptr(b, u.gep(b, bp, v * vl), vl), align=4) for v in range(spec.nv)]
+        out = []
+        for i in range(spec.mr):
+            if spec.a_lanes > 1:
+                base = i - i % spec.a_lanes
+                if i % spec.a_lanes == 0:
+                    n = min(spec.a_lanes, spec.mr - base)
+                    chunk = b.load(u.vptr(b, u.gep(b, ap, base), n), align=4)
+                av = u.lane_splat(b, chunk, i % spec.a_lanes)
+                if n != vl:
+                    av = b.shuffle_vector(av, ir.Constant(av.type, None),
+                                          ir.Constant(u.vec(u.i32, vl), [0] * vl))
+            else:
+                av = u.splat(b, b.load(u.gep(b, ap, i), align=4), vl)
+            out.append([u.fma(b, av, bv[v], accs[i][v]) for v in range(spec.nv)])
+        return out, u.gep(b, ap, spec.mr), b.gep(bp, [ldb], inbounds=True)
+
+    accs = _k_loop(b, kc, spec, accs, a, b_ptr, step)
+    _epilogue(b, spec, accs, c, ldc, beta, nlast)
+    return fn
+
+
+def _k_loop(b, kc, spec, accs, a, bp, step):
+    """Unrolled main loop plus a remainder loop, accumulators carried in phis (registers)."""
+    flat = [x for row in accs for x in row]
+    n_main = b.mul(b.sdiv(kc, u.const(spec.unroll)), u.const(spec.unroll))
+    for label, stop, unroll in (("main", n_main, spec.unroll), ("rest", kc, 1)):
+        pre = b.block
+        head = b.append_basic_block(f"{label}.head")
+        body = b.append_basic_block(f"{label}.body")
+        done = b.append_basic_block(f"{label}.done")
+        start_k = u.const(0) if label == "main" else n_main
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(u.i64, "k")
+        pa = b.phi(a.type, "pa")
+        pb = b.phi(bp.type, "pb")
+        phis = [b.phi(x.type) for x in flat]
+        for phi, init in zip(phis, flat, strict=True):
+            phi.add_incoming(init, pre)
+        k.add_incoming(start_k, pre)
+        pa.add_incoming(a, pre)
+        pb.add_incoming(bp, pre)
+        b.cbranch(b.icmp_signed("<", k, stop), body, done)
+        b.position_at_end(body)
+        cur = [phis[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
+        ca, cb = pa, pb
+        for _ in range(unroll):
+            cur, ca, cb = step(cur, ca, cb)
+        new = [x for row in cur for x in row]
+        for phi, val in zip(phis, new, strict=True):
+            phi.add_incoming(val, b.block)
+        k.add_incoming(b.add(k, u.const(unroll)), b.block)
+        pa.add_incoming(ca, b.block)
+        pb.add_incoming(cb, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        flat, a, bp = list(phis), pa, pb
+    return [flat[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
+
+
+def _epilogue(b, spec, accs, c, ldc, beta, nlast):
+    """Write the tile. C is read through a mask that is empty when beta=0 (so garbage in C never
+    leaks), and the last vector's lanes past `nlast` are neither read nor written."""
+    vl = spec.lanes
+    all_lanes = ir.Constant(u.vec(u.i1, vl), [1] * vl)
+    last = u.lane_mask(b, nlast, vl)
+    keep = u.splat(b, b.icmp_signed("!=", beta, u.const(0, u.i32)), vl)
+    for i in range(spec.mr):
+        row = u.gep(b, c, b.mul(u.const(i), ldc))
+        for v in range(spec.nv):
+            ptr = u.vptr(b, u.gep(b, row, v * vl), vl)
+            store_mask = last if v == spec.nv - 1 else all_lanes
+            old = u.masked_load(b, ptr, b.and_(store_mask, keep), vl)
+            val = b.fadd(accs[i][v], old)
+            if v == spec.nv - 1:
+                u.masked_store(b, val, ptr, store_mask)
+            else:
+                b.store(val, ptr, align=4)
+    b.ret_void()

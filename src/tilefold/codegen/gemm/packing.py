@@ -1,0 +1,107 @@
+"""ISA-blind packing of A and B blocks into micro-panels, from any element strides.
+
+Packed A: panels of MR rows, k-major (`mr` floats per k); the last rows form smaller panels of the
+kernel's tail heights (7 = 4 + 2 + 1), so no row is padded.
+Packed B: panels of NR columns, k-major (`w` floats per k, `w` = the panel's width rounded up
+to whole vectors, the padding lanes zeroed); this is also the layout `prepack` produces.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+
+_FP = u.f32.as_pointer()
+PACK_TYPE = ir.FunctionType(u.void, [u.i64, u.i64, _FP, u.i64, u.i64, _FP])
+
+
+def _new(module: ir.Module, name: str, arg_names: tuple[str, ...]) -> tuple[ir.Function, ...]:
+    fn = ir.Function(module, PACK_TYPE, name=name)
+    for arg, n in zip(fn.args, arg_names, strict=True):
+        arg.name = n
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+def emit_pack_a(module: ir.Module, m_sizes: tuple[int, ...], name: str = "tf_pack_a"):
+    """pack_a(mc, kc, A, rsa, csa, dst): A[mc, kc] -> panels of `m_sizes` rows."""
+    fn, b = _new(module, name, ("mc", "kc", "src", "rs", "cs", "dst"))
+    mc, kc, src, rs, cs, dst = fn.args
+    mr_max = m_sizes[0]
+    with u.for_chunks(b, u.const(0), mc, m_sizes, "ir") as (ir_, mr):
+        d = u.gep(b, dst, b.mul(ir_, kc))
+        s = u.gep(b, src, b.mul(ir_, rs))
+        full = b.icmp_signed("==", mr, u.const(mr_max))
+        with b.if_else(full) as (then, other):
+            with then:
+                _pack_a_full(b, mr_max, kc, s, rs, cs, d)
+            with other, u.for_range(b, u.const(0), kc, 1, "k") as k:
+                sk = u.gep(b, s, b.mul(k, cs))
+                dk = u.gep(b, d, b.mul(k, mr))
+                with u.for_range(b, u.const(0), mr, 1, "i") as i:
+                    b.store(b.load(u.gep(b, sk, b.mul(i, rs)), align=4), u.gep(b, dk, i),
+                            align=4)
+    b.ret_void()
+    return fn
+
+
+def _pack_a_full(b, mr_max, kc, s, rs, cs, d):
+    """A full panel: one vector store per k; a vector load when A's columns are contiguous."""
+    vty = u.vec(u.f32, mr_max)
+    with b.if_else(b.icmp_signed("==", rs, u.const(1))) as (contiguous, strided):
+        with contiguous, u.for_range(b, u.const(0), kc, 1, "k") as k:
+            val = b.load(u.vptr(b, u.gep(b, s, b.mul(k, cs)), mr_max), align=4)
+            b.store(val, u.vptr(b, u.gep(b, d, b.mul(k, u.const(mr_max))), mr_max), align=4)
+        with strided:
+            rows = [u.gep(b, s, b.mul(u.const(i), rs)) for i in range(mr_max)]
+            with u.for_range(b, u.const(0), kc, 1, "k") as k:
+                off = b.mul(k, cs)
+                val = ir.Constant(vty, None)
+                for i, row in enumerate(rows):
+                    x = b.load(u.gep(b, row, off), align=4)
+                    val = b.insert_element(val, x, u.const(i, u.i32))
+                b.store(val, u.vptr(b, u.gep(b, d, b.mul(k, u.const(mr_max))), mr_max),
+                        align=4)
+
+
+def emit_pack_b(module: ir.Module, nr_max: int, lanes: int, name: str = "tf_pack_b"):
+    """pack_b(kc, nc, B, rsb, csb, dst): B[kc, nc] -> NR-column panels, vector-padded."""
+    fn, b = _new(module, name, ("kc", "nc", "src", "rs", "cs", "dst"))
+    kc, nc, src, rs, cs, dst = fn.args
+    nv_max = nr_max // lanes
+    with u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
+        nr = u.smin(b, u.const(nr_max), b.sub(nc, jr))
+        nv = b.sdiv(b.add(nr, u.const(lanes - 1)), u.const(lanes))
+        w = b.mul(nv, u.const(lanes))
+        d = u.gep(b, dst, b.mul(jr, kc))
+        s = u.gep(b, src, b.mul(jr, cs))
+        with b.if_else(b.icmp_signed("==", cs, u.const(1))) as (rows, strided):
+            with rows:
+                full = b.icmp_signed("==", nr, u.const(nr_max))
+                with b.if_else(full) as (then, other):
+                    with then, u.for_range(b, u.const(0), kc, 1, "k") as k:
+                        sk = u.gep(b, s, b.mul(k, rs))
+                        dk = u.gep(b, d, b.mul(k, u.const(nr_max)))
+                        for v in range(nv_max):
+                            x = b.load(u.vptr(b, u.gep(b, sk, v * lanes), lanes), align=4)
+                            b.store(x, u.vptr(b, u.gep(b, dk, v * lanes), lanes), align=4)
+                    with other, u.for_range(b, u.const(0), kc, 1, "k") as k:
+                        sk = u.gep(b, s, b.mul(k, rs))
+                        dk = u.gep(b, d, b.mul(k, w))
+                        with u.for_range(b, u.const(0), nv, 1, "v") as v:
+                            j = b.mul(v, u.const(lanes))
+                            mask = u.lane_mask(b, b.sub(nr, j), lanes)
+                            x = u.masked_load(b, u.vptr(b, u.gep(b, sk, j), lanes), mask, lanes)
+                            b.store(x, u.vptr(b, u.gep(b, dk, j), lanes), align=4)
+            with strided:
+                with u.for_range(b, u.const(0), nr, 1, "j") as j:
+                    sj = u.gep(b, s, b.mul(j, cs))
+                    with u.for_range(b, u.const(0), kc, 1, "k") as k:
+                        x = b.load(u.gep(b, sj, b.mul(k, rs)), align=4)
+                        b.store(x, u.gep(b, d, b.add(b.mul(k, w), j)), align=4)
+                zero = ir.Constant(u.f32, 0.0)
+                with u.for_range(b, nr, w, 1, "jpad") as j, \
+                        u.for_range(b, u.const(0), kc, 1, "k") as k:
+                    b.store(zero, u.gep(b, d, b.add(b.mul(k, w), j)), align=4)
+    b.ret_void()
+    return fn

@@ -1,0 +1,166 @@
+"""Per-(shape, strides) execution plans: everything decided once, so a call is one ctypes call."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+
+import numpy as np
+
+from tilefold.codegen.gemm.blocking import Blocking, derive_blocking
+from tilefold.codegen.gemm.driver import BMode, Param
+from tilefold.codegen.gemm.module import GemmModule
+
+_ALIGN = 64
+# Below this many flops a second thread costs more (wake-up, split) than it saves.
+PARALLEL_MIN_FLOPS = 2_000_000
+
+
+def _data_offset() -> int:
+    """Where CPython/NumPy keep an array's data pointer inside the object, or -1 if unknown."""
+    probe = np.arange(4, dtype=np.float32)[::-1]
+    offset = 2 * ctypes.sizeof(ctypes.c_void_p)  # after PyObject_HEAD
+    found = ctypes.c_void_p.from_address(id(probe) + offset).value
+    return offset if found == probe.ctypes.data else -1
+
+
+DATA_OFFSET = _data_offset()
+
+
+class _Workspace(threading.local):
+    """Packing buffers, one per calling thread so concurrent matmuls never share them."""
+
+    def __init__(self):
+        self.buf = np.empty(0, np.uint8)
+        self.ptr = 0
+
+    def get(self, nbytes: int) -> int:
+        if self.buf.nbytes < nbytes + _ALIGN:
+            self.buf = np.empty(nbytes + _ALIGN, np.uint8)
+            base = self.buf.ctypes.data
+            self.ptr = base + (-base) % _ALIGN
+        return self.ptr
+
+
+_workspace = _Workspace()
+
+
+def _balanced(extent: int, block: int, unit: int) -> int:
+    """A block size <= `block` (in whole `unit`s) that splits `extent` into equal-ish blocks."""
+    if extent <= 0:
+        return unit
+    nblocks = math.ceil(extent / block)
+    return min(block, math.ceil(math.ceil(extent / nblocks) / unit) * unit)
+
+
+class GemmPlan:
+    """A ready-to-run (batched) GEMM of fixed shapes and strides; call `run(a, b, c)`."""
+
+    def __init__(self, module: GemmModule, m: int, n: int, k: int, strides: tuple[int, ...],
+                 offsets: np.ndarray, beta: int, threads: int, bmode: BMode,
+                 blocking: Blocking | None = None):
+        kern = module.kernel
+        blk = blocking or derive_blocking(module.target, kern)
+        batch = len(offsets)
+        threads = max(1, threads if 2 * m * n * k * batch >= PARALLEL_MIN_FLOPS else 1)
+        tm, tn = self._split(m, n, batch, threads, kern.mr, kern.nr)
+        mc = _balanced(math.ceil(m / tm), blk.mc, kern.mr)
+        kc = _balanced(k, blk.kc, 4)
+        nc = _balanced(math.ceil(n / tn), blk.nc, kern.nr)
+        ws_floats = mc * kc + kc * min(nc, math.ceil(n / kern.lanes) * kern.lanes) + 16
+        ws_floats = math.ceil(ws_floats / 16) * 16
+        self.threads = threads
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        p = np.zeros(len(Param), np.int64)
+        rsa, csa, rsb, csb, rsc = strides
+        values = {Param.M: m, Param.N: n, Param.K: k, Param.RSA: rsa, Param.CSA: csa,
+                  Param.RSB: rsb, Param.CSB: csb, Param.RSC: rsc, Param.BETA: beta,
+                  Param.BATCH: batch, Param.TM: tm, Param.TN: tn, Param.THREADS: threads,
+                  Param.BMODE: bmode, Param.OFFSETS: self.offsets.ctypes.data,
+                  Param.WS_PER_THREAD: ws_floats, Param.MC: mc, Param.KC: kc, Param.NC: nc,
+                  Param.DATA_OFFSET: DATA_OFFSET}
+        for slot, value in values.items():
+            p[slot] = value
+        self.params = p
+        self.blocking = Blocking(mc, kc, nc)
+        self.split = (tm, tn)
+        self.ws_bytes = ws_floats * 4 * threads
+        self._params_ptr = p.ctypes.data
+        self._entry = module.entry_objects if DATA_OFFSET >= 0 else module.entry
+
+    @staticmethod
+    def _split(m: int, n: int, batch: int, threads: int, mr: int, nr: int) -> tuple[int, int]:
+        """Threads over batch entries first, then over the dimension with more register tiles
+        (splitting M duplicates B packing, splitting N duplicates A packing)."""
+        if batch >= threads or threads == 1:
+            return 1, 1
+        per = max(1, threads // batch)
+        if math.ceil(m / mr) >= math.ceil(n / nr):
+            return per, 1
+        return 1, per
+
+    def run(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+        """C (+)= A @ B. The caller guarantees the shapes, strides and dtypes the plan was made for."""
+        ws = _workspace.get(self.ws_bytes)
+        if DATA_OFFSET >= 0:
+            self._entry(self._params_ptr, a, b, c, ws)
+        else:
+            self._entry(self._params_ptr, a.ctypes.data, b.ctypes.data, c.ctypes.data, ws)
+
+
+def _batch_offsets(batch_shape, *arrays_and_strides) -> np.ndarray:
+    """[batch, 3] element offsets of each batch entry in A, B, C (broadcast dims: stride 0)."""
+    if not batch_shape:
+        return np.zeros((1, 3), np.int64)
+    idx = np.indices(batch_shape).reshape(len(batch_shape), -1)
+    cols = []
+    for shape, strides in arrays_and_strides:
+        lead = len(batch_shape) - len(shape)
+        off = np.zeros(idx.shape[1], np.int64)
+        for d, (size, stride) in enumerate(zip(shape, strides, strict=True)):
+            if size != 1:
+                off += idx[lead + d] * stride
+        cols.append(off)
+    return np.stack(cols, axis=1)
+
+
+def choose_bmode(m: int, n: int, csb: int, kernel) -> BMode:
+    """Read B in place when few row panels would reuse a packed copy and its rows are unit-stride."""
+    if csb == 1 and m <= DIRECT_B_MAX_M and n >= kernel.nr:
+        return BMode.DIRECT
+    return BMode.PACK
+
+
+# Up to this many rows of C, packing B costs more than it saves (each panel is used M/MR times).
+DIRECT_B_MAX_M = 16
+
+
+def make_plan(module: GemmModule, a: np.ndarray, b, c: np.ndarray, beta: int, threads: int,
+              blocking: Blocking | None = None, bmode: BMode | None = None) -> GemmPlan:
+    """Plan C (+)= A @ B for arrays of these shapes and strides (batch dims broadcast).
+
+    `b` is an ndarray or a `PackedMatrix`; `c` must have a unit column stride."""
+    from tilefold.codegen.gemm.prepack import PackedMatrix
+
+    m, k = a.shape[-2:]
+    n = c.shape[-1]
+    el = a.itemsize
+
+    def es(x):
+        return tuple(s // el for s in x.strides)
+
+    sa, sc = es(a), es(c)
+    batch_shape = c.shape[:-2]
+    if isinstance(b, PackedMatrix):
+        sb, b_batch = (0, 0), ((), ())
+        bmode = BMode.PREPACKED
+    else:
+        sb = es(b)
+        b_batch = (b.shape[:-2], sb[:-2])
+        if bmode is None:
+            bmode = choose_bmode(m, n, sb[-1], module.kernel)
+    offsets = _batch_offsets(batch_shape, (a.shape[:-2], sa[:-2]), b_batch,
+                             (c.shape[:-2], sc[:-2]))
+    strides = (sa[-2], sa[-1], sb[-2], sb[-1], sc[-2])
+    return GemmPlan(module, m, n, k, strides, offsets, beta, threads, bmode, blocking)

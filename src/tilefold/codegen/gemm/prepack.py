@@ -1,0 +1,32 @@
+"""Pre-packed constant B operands (weights): packed once into the micro-kernel's panel layout."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilefold.codegen.gemm.module import GemmModule
+
+
+class PackedMatrix:
+    """B[K, N] packed into NR-column, full-K panels for one GEMM module; use as matmul's `b`.
+
+    Packing is the GEMM's own B packing run once with KC = K and NC = N. It holds a copy:
+    later writes to the source array are not seen."""
+
+    def __init__(self, b: np.ndarray, module: GemmModule):
+        k, n = b.shape
+        kern = module.kernel
+        self.module = module
+        self.shape = (k, n)
+        self.dtype = b.dtype
+        self.ndim = 2
+        full, rest = divmod(n, kern.nr)
+        padded = full * kern.nr + -(-rest // kern.lanes) * kern.lanes
+        self.data = np.empty(max(1, padded * k), np.float32)
+        el = b.itemsize
+        if k and n:
+            module.pack_b(k, n, b.ctypes.data, b.strides[0] // el, b.strides[1] // el,
+                          self.data.ctypes.data)
+
+    def __repr__(self) -> str:
+        return f"PackedMatrix(shape={self.shape}, kernel={self.module.kernel.name})"

@@ -1,0 +1,74 @@
+"""The micro-kernel registry: register tiles per ISA as data, chosen by walking a target's family.
+
+Adding an ISA is adding an entry here (BLIS's `config_registry` and per-architecture tables);
+the driver, packing and blocking never look at the ISA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from tilefold.codegen.gemm.microkernel import TileSpec, emit_microkernel
+from tilefold.errors import UnsupportedError
+
+
+@dataclass(frozen=True)
+class MicroKernel:
+    """A register tile C[MR, NR] for one ISA: shape, needs, and the generator that emits it.
+
+    `family` is the target family this entry serves (a target's family chain is walked in order);
+    `a_lanes` > 1 means A elements are used by lane (NEON `fmla v, v, v.s[i]`).
+    """
+
+    name: str
+    family: str
+    dtype: str
+    mr: int
+    nr: int
+    lanes: int
+    features: frozenset[str]
+    unroll: int = 4
+    a_lanes: int = 1
+    generator: Callable[[ir.Module, TileSpec], ir.Function] = emit_microkernel
+
+    @property
+    def nv(self) -> int:
+        return self.nr // self.lanes
+
+    @property
+    def m_sizes(self) -> tuple[int, ...]:
+        """Row counts that have a variant: MR, then powers of two below it (tails split 7=4+2+1)."""
+        return (self.mr, *(p for p in (8, 4, 2, 1) if p < self.mr))
+
+    def spec(self, mr: int, nv: int) -> TileSpec:
+        return TileSpec(mr, nv, self.lanes, self.unroll, self.a_lanes)
+
+
+MICROKERNELS: tuple[MicroKernel, ...] = (
+    MicroKernel("avx512_8x48", "x86-64-v4", "f32", 8, 48, 16, frozenset({"avx512f"})),
+    MicroKernel("avx2_6x16", "x86-64-v3", "f32", 6, 16, 8, frozenset({"avx2", "fma"})),
+    MicroKernel("neon_8x12", "aarch64", "f32", 8, 12, 4, frozenset({"neon"}), a_lanes=4),
+    MicroKernel("generic_4x8", "generic", "f32", 4, 8, 4, frozenset()),
+)
+
+
+def select_microkernel(target, dtype: str = "f32") -> MicroKernel:
+    """First entry along the target's family chain whose features the target has."""
+    for family in target.family:
+        for entry in MICROKERNELS:
+            if entry.family == family and entry.dtype == dtype and target.has(*entry.features):
+                return entry
+    raise UnsupportedError(
+        f"no {dtype} GEMM micro-kernel for target {target.name} (family {target.family}); "
+        "register one in tilefold.codegen.gemm.registry or use the 'generic' target")
+
+
+def microkernel_named(name: str) -> MicroKernel:
+    for entry in MICROKERNELS:
+        if entry.name == name:
+            return entry
+    raise UnsupportedError(f"no micro-kernel named {name!r}; known: "
+                           + ", ".join(e.name for e in MICROKERNELS))

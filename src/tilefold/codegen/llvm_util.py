@@ -1,0 +1,147 @@
+"""Small llvmlite IR-builder helpers shared by code generators: loops, intrinsics, vectors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+i1 = ir.IntType(1)
+i8 = ir.IntType(8)
+i32 = ir.IntType(32)
+i64 = ir.IntType(64)
+f32 = ir.FloatType()
+void = ir.VoidType()
+
+
+def const(value: int, ty: ir.Type = i64) -> ir.Constant:
+    return ir.Constant(ty, value)
+
+
+def vec(ty: ir.Type, lanes: int) -> ir.VectorType:
+    return ir.VectorType(ty, lanes)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, start, stop, step=1, name: str = "i") -> Iterator[ir.Value]:
+    """`for (i = start; i < stop; i += step)` with a phi induction variable (no allocas)."""
+    start = start if isinstance(start, ir.Value) else const(start)
+    stop = stop if isinstance(stop, ir.Value) else const(stop)
+    step = step if isinstance(step, ir.Value) else const(step, stop.type)
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.done")
+    b.branch(head)
+    b.position_at_end(head)
+    idx = b.phi(stop.type, name=name)
+    idx.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", idx, stop), body, done)
+    b.position_at_end(body)
+    yield idx
+    nxt = b.add(idx, step, name=f"{name}.next")
+    idx.add_incoming(nxt, b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+@contextmanager
+def for_chunks(b: ir.IRBuilder, start, stop, sizes: tuple[int, ...], name: str = "i"):
+    """Walk [start, stop) in chunks, each the largest of `sizes` (descending, ending in 1) that
+    fits; yields (index, chunk) so tails need a few fixed-size code paths instead of padding."""
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.done")
+    b.branch(head)
+    b.position_at_end(head)
+    idx = b.phi(stop.type, name=name)
+    idx.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", idx, stop), body, done)
+    b.position_at_end(body)
+    left = b.sub(stop, idx)
+    chunk = const(sizes[-1], stop.type)
+    for size in reversed(sizes[:-1]):
+        chunk = b.select(b.icmp_signed(">=", left, const(size, stop.type)),
+                         const(size, stop.type), chunk)
+    yield idx, chunk
+    idx.add_incoming(b.add(idx, chunk, name=f"{name}.next"), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def smin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def smax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed(">", x, y), x, y)
+
+
+def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    """Declare (once) an LLVM intrinsic or external function in `module`."""
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, ir.FunctionType(ret, args), name=name)
+
+
+def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
+    """x*y + acc with one rounding (`llvm.fma.*`), which lowers to the target's vector FMA."""
+    ty = x.type
+    suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
+    fn = intrinsic(b.module, f"llvm.fma.{suffix}", ty, [ty, ty, ty])
+    return b.call(fn, [x, y, acc])
+
+
+def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
+    """Broadcast a scalar to every lane (folds into `{1toN}` memory operands on AVX-512)."""
+    ty = vec(scalar.type, lanes)
+    one = b.insert_element(ir.Constant(ty, None), scalar, const(0, i32))
+    return b.shuffle_vector(one, ir.Constant(ty, None), ir.Constant(vec(i32, lanes), [0] * lanes))
+
+
+def lane_splat(b: ir.IRBuilder, vector: ir.Value, lane: int) -> ir.Value:
+    """Broadcast one lane of a vector (folds into NEON's `fmla ... v.s[lane]`)."""
+    n = vector.type.count
+    return b.shuffle_vector(vector, ir.Constant(vector.type, None),
+                            ir.Constant(vec(i32, n), [lane] * n))
+
+
+def lane_mask(b: ir.IRBuilder, count: ir.Value, lanes: int) -> ir.Value:
+    """<lanes x i1> with the first `count` lanes set."""
+    iota = ir.Constant(vec(i32, lanes), list(range(lanes)))
+    return b.icmp_signed("<", iota, splat(b, b.trunc(count, i32) if count.type != i32 else count,
+                                           lanes))
+
+
+def masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, lanes: int) -> ir.Value:
+    """Load the lanes of `mask` from `ptr` (a pointer to <lanes x float>), zeros elsewhere."""
+    ty = vec(f32, lanes)
+    fn = intrinsic(b.module, f"llvm.masked.load.v{lanes}f32.p0", ty,
+                   [ty.as_pointer(), i32, vec(i1, lanes), ty])
+    return b.call(fn, [ptr, const(4, i32), mask, ir.Constant(ty, [0.0] * lanes)])
+
+
+def masked_store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
+    """Store the lanes of `mask` of `value` to `ptr`; memory under other lanes is not touched."""
+    ty = value.type
+    fn = intrinsic(b.module, f"llvm.masked.store.v{ty.count}f32.p0", void,
+                   [ty, ty.as_pointer(), i32, vec(i1, ty.count)])
+    b.call(fn, [value, ptr, const(4, i32), mask])
+
+
+def prefetch(b: ir.IRBuilder, ptr: ir.Value, write: bool = False, locality: int = 3) -> None:
+    p8 = b.bitcast(ptr, i8.as_pointer())
+    fn = intrinsic(b.module, "llvm.prefetch.p0", void, [i8.as_pointer(), i32, i32, i32])
+    b.call(fn, [p8, const(int(write), i32), const(locality, i32), const(1, i32)])
+
+
+def gep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value | int) -> ir.Value:
+    offset = offset if isinstance(offset, ir.Value) else const(offset)
+    return b.gep(ptr, [offset], inbounds=True)
+
+
+def vptr(b: ir.IRBuilder, ptr: ir.Value, lanes: int) -> ir.Value:
+    """View a float pointer as a pointer to <lanes x float>."""
+    return b.bitcast(ptr, vec(f32, lanes).as_pointer())
