@@ -1,1 +1,17 @@
-"""tilefold.target layer."""
+"""What the hardware is: ISA features, registers, caches and measured peaks, detected or named."""
+
+from tilefold.target.host import hardware_fingerprint, host_target, named_target
+from tilefold.target.machine import target_machine
+from tilefold.target.paths import cache_dir
+from tilefold.target.table import target_names
+from tilefold.target.target import Target
+
+__all__ = [
+    "Target",
+    "cache_dir",
+    "hardware_fingerprint",
+    "host_target",
+    "named_target",
+    "target_machine",
+    "target_names",
+]

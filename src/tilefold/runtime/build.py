@@ -1,0 +1,58 @@
+"""Builds a `CompiledModule` from IR: in-process memo, then the disk cache, then LLVM codegen."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from tilefold.runtime import kernel_cache
+from tilefold.runtime.codegen import compile_object
+from tilefold.runtime.compiled_module import CompiledModule
+from tilefold.target import Target
+
+log = logging.getLogger("tilefold.kernels")
+_memo: dict[str, CompiledModule] = {}
+_memo_lock = threading.Lock()
+
+
+def build_module(llvm_ir: str, target: Target, *, name: str, opt_level: int = 0) -> CompiledModule:
+    """The module for (IR, target, opt level), compiled at most once per machine.
+
+    A disk hit links the cached object directly, so a warm process never runs LLVM codegen.
+    """
+    key = kernel_cache.cache_key(llvm_ir, target, opt_level)
+    with _memo_lock:
+        cached = _memo.get(key)
+        if cached is not None:
+            return cached
+        start = time.perf_counter()
+        entry = kernel_cache.load(key)
+        from_cache = entry is not None
+        if entry is None:
+            code = compile_object(llvm_ir, target, name=name, opt_level=opt_level)
+            entry = kernel_cache.CacheEntry(
+                name, code.data, code.exports, time.perf_counter() - start
+            )
+            kernel_cache.store(key, entry, target)
+        module = CompiledModule(
+            name=name,
+            target=target,
+            key=key,
+            object_code=entry.data,
+            exports=entry.exports,
+            compile_seconds=time.perf_counter() - start,
+            from_cache=from_cache,
+        )
+        _memo[key] = module
+    if from_cache:
+        log.info("kernel %s: loaded from cache in %.2f ms", name, module.compile_seconds * 1e3)
+    else:
+        log.info(
+            "kernel %s: compiled for %s in %.1f ms (%d bytes)",
+            name,
+            target.name,
+            module.compile_seconds * 1e3,
+            len(entry.data),
+        )
+    return module

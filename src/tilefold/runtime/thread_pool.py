@@ -1,0 +1,146 @@
+"""The Python handle on the native worker pool: sizing, start-up, shutdown, and region costs."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from tilefold.errors import UnsupportedError
+from tilefold.runtime.build import build_module
+from tilefold.runtime.compiled_module import CompiledModule
+from tilefold.runtime.jit import register_runtime_symbol
+from tilefold.runtime.pool_ir import MAX_THREADS, pool_ir
+from tilefold.target import host_target
+
+# Native entry points other generated modules may `declare` and call.
+RUNTIME_SYMBOLS = ("tilefold_parallel", "tilefold_barrier", "tilefold_pool_size")
+_DEFAULT_SPIN_US = 2000
+
+
+def _positive_env(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UnsupportedError(
+            f"{name}={text!r} is not a positive integer; set e.g. 2, or unset it"
+        )
+    return value
+
+
+def num_threads() -> int:
+    """$TILEFOLD_NUM_THREADS, else the CPUs this process may run on."""
+    return min(_positive_env("TILEFOLD_NUM_THREADS", len(os.sched_getaffinity(0))), MAX_THREADS)
+
+
+@dataclass(frozen=True)
+class RegionCost:
+    """Microseconds per empty parallel region, from generated code and from a ctypes call."""
+
+    nthreads: int
+    native_us: float
+    ctypes_us: float
+
+
+class ThreadPool:
+    """Workers 1..size-1 waiting natively; the calling thread always runs tid 0.
+
+    Workers spin for $TILEFOLD_SPIN_US (default 2000) after each region, then sleep on a futex;
+    each is pinned to its own CPU unless TILEFOLD_PIN=0 (unpinned spin/sleep pairs stall on VMs).
+    """
+
+    def __init__(self, size: int):
+        target = host_target()
+        self.module: CompiledModule = build_module(
+            pool_ir(target.arch), target, name="tilefold_pool"
+        )
+        self._parallel = self.module.function(
+            "tilefold_parallel", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32
+        )
+        self._bench = self.module.function(
+            "tilefold_bench_regions", ctypes.c_int64, ctypes.c_int32, ctypes.c_int64
+        )
+        if _key_created.get(self.module.key) is None:
+            rc = self.module.function("tilefold_pool_init", ctypes.c_int32)()
+            if rc != 0:
+                raise UnsupportedError(f"pthread_key_create failed ({rc}); too many thread keys")
+            _key_created[self.module.key] = True
+        cpus = self._worker_cpus(size)
+        spin_ns = _positive_env("TILEFOLD_SPIN_US", _DEFAULT_SPIN_US) * 1000
+        start = self.module.function(
+            "tilefold_pool_start", ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64
+        )
+        self.size: int = start(size, ctypes.addressof(cpus), spin_ns)
+        for symbol in RUNTIME_SYMBOLS:
+            register_runtime_symbol(symbol, self.module.address(symbol))
+
+    @staticmethod
+    def _worker_cpus(size: int) -> ctypes.Array:
+        allowed = sorted(os.sched_getaffinity(0))
+        pin = os.environ.get("TILEFOLD_PIN", "1") != "0"
+        cpus = (ctypes.c_int32 * size)(*([-1] * size))
+        for tid in range(1, size):
+            cpu = allowed[tid % len(allowed)]
+            cpus[tid] = cpu if pin and cpu < 1024 else -1
+        return cpus
+
+    def run(self, fn_address: int, ctx_address: int, nthreads: int) -> None:
+        """Run fn(ctx, tid, n) for tid in 0..n-1 and return when all are done (n is clamped)."""
+        self._parallel(fn_address, ctx_address, nthreads)
+
+    def region_cost(self, nthreads: int = 2, repeats: int = 2000) -> RegionCost:
+        """Measure an empty region while warm: from native code, and through ctypes."""
+        empty = self.module.address("tilefold_empty_region")
+        for _ in range(100):
+            self._parallel(empty, None, nthreads)
+        native_ns = self._bench(nthreads, repeats)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            self._parallel(empty, None, nthreads)
+        ctypes_s = time.perf_counter() - start
+        return RegionCost(nthreads, native_ns / repeats / 1e3, ctypes_s / repeats * 1e6)
+
+    def shutdown(self) -> None:
+        """Stop and join the workers; later regions run on the caller alone."""
+        self.module.function("tilefold_pool_stop", None)()
+        self.size = 1
+
+    def _forget_after_fork(self) -> None:
+        self.module.function("tilefold_pool_forget", None)()
+        self.size = 1
+
+
+_key_created: dict[str, bool] = {}
+_pool: ThreadPool | None = None
+_pool_lock = threading.Lock()
+
+
+def thread_pool() -> ThreadPool:
+    """The process's pool, started on first use with `num_threads()` threads."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPool(num_threads())
+            atexit.register(_pool.shutdown)
+        return _pool
+
+
+def _after_fork_in_child() -> None:
+    """The child has no workers: regions run serially until thread_pool() restarts them."""
+    global _pool, _pool_lock
+    _pool_lock = threading.Lock()
+    if _pool is not None:
+        _pool._forget_after_fork()
+        atexit.unregister(_pool.shutdown)
+        _pool = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,39 @@
+"""Turns a `Target` into an llvmlite `TargetMachine` (every LLVM backend, for cross assembly)."""
+
+from __future__ import annotations
+
+import functools
+
+import llvmlite.binding as llvm
+
+from tilefold.errors import UnsupportedError
+from tilefold.target.target import Target
+
+
+@functools.cache
+def _init_backends() -> None:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    llvm.initialize_native_asmparser()
+
+
+def target_machine(target: Target, *, jit: bool = False) -> llvm.TargetMachine:
+    """A fresh machine for `target` at codegen -O3 (a JIT engine takes ownership of its own).
+
+    JIT code uses the large code model so relocations reach anywhere in the address space.
+    """
+    _init_backends()
+    try:
+        llvm_target = llvm.Target.from_triple(target.triple)
+    except RuntimeError as exc:
+        raise UnsupportedError(
+            f"this llvmlite has no backend for {target.triple} ({target.name}): {exc}"
+        ) from exc
+    return llvm_target.create_target_machine(
+        cpu=target.cpu,
+        features=target.llvm_features(),
+        opt=3,
+        reloc="default",
+        codemodel="jitdefault" if jit else "default",
+        jit=jit,
+    )
