@@ -115,7 +115,9 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
                 b.call(pack_a, [mc, kc, u.gep(b, a, b.add(b.mul(ic, rsa), b.mul(pc, csa))),
                                 rsa, csa, ap])
                 c_blk = u.gep(b, c, b.add(b.mul(ic, rsc), jc))
-                with u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
+
+                def panel_of(jr):
+                    """B micro-panel `jr` of this block: (pointer, floats per k, nv, nlast)."""
                     nr = u.smin(b, u.const(nr_max), b.sub(nc, jr))
                     nv = b.sdiv(b.add(nr, u.const(vl - 1)), u.const(vl))
                     nlast = b.sub(nr, b.mul(b.sub(nv, u.const(1)), u.const(vl)))
@@ -129,18 +131,28 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
                     panel = b.select(is_pre, panel_pre,
                                      b.select(in_place, panel_direct,
                                               b.select(is_direct, bp, panel_packed)))
-                    ldb = b.select(in_place, rsb, w)
-                    with u.for_chunks(b, u.const(0), mc, kernel.m_sizes, "ir") as (ir_, mr):
-                        row = u.const(len(kernel.m_sizes) - 1)
-                        for pos, size in reversed(list(enumerate(kernel.m_sizes[:-1]))):
-                            row = b.select(b.icmp_signed("==", mr, u.const(size)), u.const(pos),
-                                           row)
-                        idx = b.add(b.mul(row, u.const(kernel.nv)), b.sub(nv, u.const(1)))
-                        slot = b.gep(table, [u.const(0, u.i32), b.trunc(idx, u.i32)])
-                        uk = b.load(slot)
-                        b.call(uk, [kc, u.gep(b, ap, b.mul(ir_, kc)), panel, ldb,
-                                    u.gep(b, c_blk, b.add(b.mul(ir_, rsc), jr)), rsc,
-                                    beta_eff, nlast])
+                    return panel, b.select(in_place, rsb, w), nv, nlast
+
+                def tile(jr, ir_, mr, panel):
+                    ptr, ldb, nv, nlast = panel
+                    row = u.const(len(kernel.m_sizes) - 1)
+                    for pos, size in reversed(list(enumerate(kernel.m_sizes[:-1]))):
+                        row = b.select(b.icmp_signed("==", mr, u.const(size)), u.const(pos), row)
+                    idx = b.add(b.mul(row, u.const(kernel.nv)), b.sub(nv, u.const(1)))
+                    uk = b.load(b.gep(table, [u.const(0, u.i32), b.trunc(idx, u.i32)]))
+                    b.call(uk, [kc, u.gep(b, ap, b.mul(ir_, kc)), ptr, ldb,
+                                u.gep(b, c_blk, b.add(b.mul(ir_, rsc), jr)), rsc, beta_eff,
+                                nlast])
+
+                if kernel.a_in_l1:
+                    with u.for_chunks(b, u.const(0), mc, kernel.m_sizes, "ir") as (ir_, mr), \
+                            u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
+                        tile(jr, ir_, mr, panel_of(jr))
+                else:
+                    with u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
+                        panel = panel_of(jr)
+                        with u.for_chunks(b, u.const(0), mc, kernel.m_sizes, "ir") as (ir_, mr):
+                            tile(jr, ir_, mr, panel)
     b.ret_void()
     return fn
 

@@ -8,9 +8,10 @@ import logging
 
 from llvmlite import ir
 
-from tilefold.codegen.gemm import _shim as runtime
 from tilefold.codegen.gemm.driver import ENTRY, PACK_B, emit_gemm
 from tilefold.codegen.gemm.registry import MicroKernel, select_microkernel
+from tilefold.runtime import compile_llvm_ir, thread_pool
+from tilefold.target import host_target
 
 log = logging.getLogger("tilefold.kernels")
 _P = ctypes.c_void_p
@@ -30,7 +31,9 @@ class GemmModule:
     def __init__(self, target, kernel: MicroKernel):
         self.target = target
         self.kernel = kernel
-        self.compiled = runtime.compile_llvm_ir(gemm_ir(target, kernel), target,
+        if target.is_host():
+            thread_pool()  # provides `tilefold_parallel` (llvmlite quotes the name in the IR)
+        self.compiled = compile_llvm_ir(gemm_ir(target, kernel), target,
                                                 name=f"gemm_{kernel.name}")
         self.entry = self.compiled.function(ENTRY, None, _P, _P, _P, _P, _P)
         obj = ctypes.py_object
@@ -45,5 +48,5 @@ class GemmModule:
 @functools.cache
 def gemm_module(target=None, kernel: MicroKernel | None = None) -> GemmModule:
     """The (process-wide, cached) GEMM module for `target` (default: the host)."""
-    target = target or runtime.host_target()
+    target = target or host_target()
     return GemmModule(target, kernel or select_microkernel(target))

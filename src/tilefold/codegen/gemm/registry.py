@@ -21,6 +21,8 @@ class MicroKernel:
 
     `family` is the target family this entry serves (a target's family chain is walked in order);
     `a_lanes` > 1 means A elements are used by lane (NEON `fmla v, v, v.s[i]`).
+    `a_in_l1` swaps the two innermost loops: each A micro-panel stays in L1 while B micro-panels
+    stream from L2 (for tiles whose B micro-panel is too wide to keep in L1 at a good KC).
     """
 
     name: str
@@ -32,6 +34,7 @@ class MicroKernel:
     features: frozenset[str]
     unroll: int = 4
     a_lanes: int = 1
+    a_in_l1: bool = False
     generator: Callable[[ir.Module, TileSpec], ir.Function] = emit_microkernel
 
     @property
@@ -48,9 +51,9 @@ class MicroKernel:
 
 
 MICROKERNELS: tuple[MicroKernel, ...] = (
-    MicroKernel("avx512_8x48", "x86-64-v4", "f32", 8, 48, 16, frozenset({"avx512f"})),
+    MicroKernel("avx512_8x48", "x86-64-v4", "f32", 8, 48, 16, frozenset({"avx512f"}), a_in_l1=True),
     MicroKernel("avx2_6x16", "x86-64-v3", "f32", 6, 16, 8, frozenset({"avx2", "fma"})),
-    MicroKernel("neon_8x12", "aarch64", "f32", 8, 12, 4, frozenset({"neon"}), a_lanes=4),
+    MicroKernel("neon_8x12", "armv8-a", "f32", 8, 12, 4, frozenset({"neon"}), a_lanes=4),
     MicroKernel("generic_4x8", "generic", "f32", 4, 8, 4, frozenset()),
 )
 
