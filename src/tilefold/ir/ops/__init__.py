@@ -1,5 +1,7 @@
 """The op declarations; importing this package registers every op."""
 
 from tilefold.ir.ops import control, elementwise, linalg, nn, reduce, shape
+from tilefold.ir.ops import fusion as fusion  # the fused-region op of the fusion pass
 
 __all__ = ["control", "elementwise", "linalg", "nn", "reduce", "shape"]
+from tilefold.ir.ops import quant as quant  # quantize, dequantize
