@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
 from tilefold.errors import CompileError
 from tilefold.target import Target, target_machine
+from tilefold.target.machine import LLVM_LOCK
 
-# llvmlite parses into one global LLVM context, which is not thread-safe.
-LLVM_LOCK = threading.RLock()
 _HIDDEN_LINKAGES = {llvm.Linkage.internal, llvm.Linkage.private}
 _codegen_runs = 0
 

@@ -8,8 +8,8 @@ import itertools
 import llvmlite.binding as llvm
 
 from tilefold.errors import CompileError
-from tilefold.runtime.codegen import LLVM_LOCK
 from tilefold.target import host_target, target_machine
+from tilefold.target.machine import LLVM_LOCK
 
 _runtime_symbols: dict[str, int] = {}
 _library_ids = itertools.count()

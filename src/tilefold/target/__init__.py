@@ -3,6 +3,7 @@
 from tilefold.target.host import hardware_fingerprint, host_target, named_target
 from tilefold.target.machine import target_machine
 from tilefold.target.paths import cache_dir
+from tilefold.target.peaks import measured_bandwidth_gbps, measured_peak_gflops
 from tilefold.target.table import target_names
 from tilefold.target.target import Target
 
@@ -11,6 +12,8 @@ __all__ = [
     "cache_dir",
     "hardware_fingerprint",
     "host_target",
+    "measured_bandwidth_gbps",
+    "measured_peak_gflops",
     "named_target",
     "target_machine",
     "target_names",

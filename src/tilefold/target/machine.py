@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import llvmlite.binding as llvm
 
 from tilefold.errors import UnsupportedError
 from tilefold.target.target import Target
+
+# llvmlite parses into one global LLVM context, which is not thread-safe: hold this around
+# every parse, optimization, codegen and JIT link in the process.
+LLVM_LOCK = threading.RLock()
 
 
 @functools.cache

@@ -1,0 +1,195 @@
+"""Measured machine ceilings (multiply-accumulate peaks, read bandwidth), cached per machine."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from tilefold.errors import UnsupportedError
+from tilefold.target.host import hardware_fingerprint, host_target
+from tilefold.target.paths import cache_dir
+from tilefold.target.probe_jit import probe_function
+from tilefold.target.probes import fma_probe_ir, probe_kind, read_probe_ir
+from tilefold.target.target import Target
+
+log = logging.getLogger("tilefold.target")
+_PROBE_SECONDS = 0.05
+_DTYPE_ALIASES = {
+    "f32": "f32",
+    "float32": "f32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "int8": "int8",
+    "i8": "int8",
+    "u8": "int8",
+}
+_memory: dict[str, float] = {}
+_file_lock = threading.Lock()
+
+
+def _peaks_path() -> Path:
+    return cache_dir() / "peaks.json"
+
+
+def _load_all() -> dict:
+    try:
+        data = json.loads(_peaks_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _remember(key: str, value: float) -> None:
+    """Merge one figure into peaks.json (atomic replace; a lost race only costs a re-probe)."""
+    _memory[key] = value
+    path = _peaks_path()
+    with _file_lock:
+        data = _load_all()
+        data.setdefault(hardware_fingerprint(), {})[key] = value
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(
+                "w", dir=path.parent, prefix=".peaks.", suffix=".tmp", delete=False
+            ) as tmp:
+                json.dump(data, tmp, indent=1, sort_keys=True)
+            os.replace(tmp.name, path)
+        except OSError as exc:
+            log.warning("cannot record measured peaks in %s (%s)", path, exc)
+            with contextlib.suppress(OSError, NameError):
+                os.unlink(tmp.name)
+
+
+def _recall(key: str) -> float | None:
+    if key in _memory:
+        return _memory[key]
+    value = _load_all().get(hardware_fingerprint(), {}).get(key)
+    if isinstance(value, (int, float)) and value > 0:
+        _memory[key] = float(value)
+        return float(value)
+    return None
+
+
+def _on_threads(work: Callable[[int], float], threads: int) -> list[float]:
+    """Run work(index) on `threads` threads pinned to distinct CPUs; returns each one's seconds.
+
+    ctypes releases the GIL, so the native probes run truly in parallel.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    start = threading.Barrier(threads)
+    seconds = [0.0] * threads
+
+    def runner(index: int) -> None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {cpus[index % len(cpus)]})  # this thread only
+        start.wait()
+        seconds[index] = work(index)
+
+    pool = [threading.Thread(target=runner, args=(i,)) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return seconds
+
+
+def _check_threads(threads: int) -> int:
+    if threads < 1:
+        raise UnsupportedError(f"threads={threads}: measure with at least one thread")
+    return threads
+
+
+def measured_peak_gflops(
+    target: Target | None = None, dtype: str = "f32", threads: int = 1, *, refresh: bool = False
+) -> float:
+    """Multiply-accumulate throughput in GFLOP/s (GOP/s for int8) from a register-only probe.
+
+    The probe runs independent accumulator chains of the target's widest vector FMA (f32),
+    `vdpbf16ps` (bf16) or `vpdpbusd` (int8) for ~50 ms a thread; results are cached on disk by
+    hardware fingerprint. `target` defaults to the host; narrowed hosts measure their own ISA.
+    """
+    target = target or host_target()
+    kind_name = _DTYPE_ALIASES.get(getattr(dtype, "name", dtype))
+    if kind_name is None:
+        raise UnsupportedError(f"no peak probe for dtype {dtype!r}; use f32, bf16 or int8")
+    threads = _check_threads(threads)
+    key = f"peak {kind_name} {target.cpu} {target.vector_bits}b x{threads}"
+    cached = None if refresh else _recall(key)
+    if cached is not None:
+        return cached
+    kind = probe_kind(target, kind_name)
+    accumulators = max(8, target.vector_registers - 8)
+    probe = probe_function(
+        fma_probe_ir(kind, accumulators),
+        target,
+        "probe",
+        None,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    )
+    inputs = np.full(2 * 64, 0.001, np.float32)  # also valid bytes for bf16/int8 operands
+    if kind_name == "int8":
+        inputs = np.ones(2 * 256, np.int8)
+    out = np.zeros(64, np.float32)
+
+    def timed(iters: int) -> float:
+        start = time.perf_counter()
+        probe(iters, inputs.ctypes.data, out.ctypes.data)
+        return time.perf_counter() - start
+
+    calibration = 20_000
+    spent = min(timed(calibration) for _ in range(2))
+    iters = max(calibration, int(calibration * _PROBE_SECONDS / max(spent, 1e-9)))
+    ops = iters * accumulators * kind.ops_per_call
+    best = min(max(_on_threads(lambda _: timed(iters), threads)) for _ in range(3))
+    gflops = ops * threads / best / 1e9
+    log.info("measured %s: %.1f G/s", key, gflops)
+    _remember(key, gflops)
+    return gflops
+
+
+def _stream_bytes() -> int:
+    """512 MiB (well past any last-level cache we meet), at most 1/8 of physical memory."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 8 << 30
+    return min(512 << 20, memory // 8)
+
+
+def measured_bandwidth_gbps(threads: int = 1, *, refresh: bool = False) -> float:
+    """Read-stream bandwidth from memory in GB/s (1e9 bytes/s), `threads` threads, cached."""
+    threads = _check_threads(threads)
+    key = f"read-bandwidth x{threads}"
+    cached = None if refresh else _recall(key)
+    if cached is not None:
+        return cached
+    target = host_target()
+    read = probe_function(
+        read_probe_ir(target), target, "read", ctypes.c_float, ctypes.c_void_p, ctypes.c_int64
+    )
+    block = target.vector_bits // 8 * 8  # bytes per loop iteration: 8 vectors
+    nbytes = _stream_bytes() // (block * threads) * block * threads
+    data = np.ones(nbytes // 4, np.float32)  # touched, so pages exist before timing
+    share = nbytes // threads
+
+    def timed(index: int) -> float:
+        start = time.perf_counter()
+        read(data.ctypes.data + index * share, share // block)
+        return time.perf_counter() - start
+
+    best = min(max(_on_threads(timed, threads)) for _ in range(3))
+    gbps = nbytes / best / 1e9
+    log.info("measured %s: %.1f GB/s", key, gbps)
+    _remember(key, gbps)
+    return gbps

@@ -1,0 +1,143 @@
+"""LLVM IR of the throughput probes behind measured peaks: FMA-class loops and a read stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tilefold.errors import UnsupportedError
+from tilefold.target.target import Target
+
+
+@dataclass(frozen=True)
+class ProbeKind:
+    """One multiply-accumulate instruction to saturate, and what a single call of it is worth."""
+
+    acc_type: str  # the accumulator vector type
+    operand_type: str  # the multiplicand vector type
+    call: str  # the intrinsic call, with {acc}, {a}, {b} holes
+    declaration: str
+    ops_per_call: int  # FLOPs (or integer OPs) one call performs
+
+
+def probe_kind(target: Target, dtype: str) -> ProbeKind:
+    """The widest multiply-accumulate of `dtype` that `target` has."""
+    bits = target.vector_bits
+    if dtype == "f32":
+        lanes = bits // 32
+        vec = f"<{lanes} x float>"
+        name = f"llvm.fmuladd.v{lanes}f32"  # one FMA where the ISA has it, else mul + add
+        return ProbeKind(
+            vec,
+            vec,
+            f"call {vec} @{name}({vec} {{a}}, {vec} {{b}}, {vec} {{acc}})",
+            f"declare {vec} @{name}({vec}, {vec}, {vec})",
+            2 * lanes,
+        )
+    if dtype == "bf16" and target.has("avx512bf16") and bits >= 256:
+        lanes = bits // 32
+        acc, pair = f"<{lanes} x float>", f"<{2 * lanes} x bfloat>"
+        name = f"llvm.x86.avx512bf16.dpbf16ps.{bits}"
+        return ProbeKind(
+            acc,
+            pair,
+            f"call {acc} @{name}({acc} {{acc}}, {pair} {{a}}, {pair} {{b}})",
+            f"declare {acc} @{name}({acc}, {pair}, {pair})",
+            4 * lanes,
+        )
+    vnni_256 = target.has("avxvnni") or target.has("avx512vnni", "avx512vl")
+    vnni = target.has("avx512vnni") if bits == 512 else bits == 256 and vnni_256
+    if dtype == "int8" and vnni:
+        lanes = bits // 32
+        acc, quad = f"<{lanes} x i32>", f"<{4 * lanes} x i8>"
+        name = f"llvm.x86.avx512.vpdpbusd.{bits}"
+        return ProbeKind(
+            acc,
+            quad,
+            f"call {acc} @{name}({acc} {{acc}}, {quad} {{a}}, {quad} {{b}})",
+            f"declare {acc} @{name}({acc}, {quad}, {quad})",
+            8 * lanes,
+        )
+    raise UnsupportedError(
+        f"no {dtype} multiply-accumulate probe for {target.name} ({bits}-bit SIMD); "
+        "f32 works everywhere, bf16 needs avx512bf16, int8 needs avx512vnni or avxvnni"
+    )
+
+
+def fma_probe_ir(kind: ProbeKind, accumulators: int) -> str:
+    """`void @probe(i64 iters, ptr inputs, ptr out)`: `accumulators` independent chains a loop.
+
+    `inputs` holds two operand vectors; the accumulators' sum is stored to `out` so the loop
+    stays live. Each iteration performs `accumulators` calls of `kind`.
+    """
+    acc_t, op_t = kind.acc_type, kind.operand_type
+    phis, calls, sums = [], [], []
+    for k in range(accumulators):
+        phis.append(f"  %acc{k} = phi {acc_t} [ zeroinitializer, %entry ], [ %next{k}, %loop ]")
+        call = kind.call.format(acc=f"%acc{k}", a="%a", b="%b")
+        calls.append(f"  %next{k} = {call}")
+    total = "%next0"
+    for k in range(1, accumulators):
+        sums.append(
+            f"  %sum{k} = {'fadd' if 'float' in acc_t else 'add'} {acc_t} {total}, %next{k}"
+        )
+        total = f"%sum{k}"
+    body = "\n".join(phis + calls)
+    reduce = "\n".join(sums)
+    return f"""
+{kind.declaration}
+
+define void @probe(i64 %iters, ptr %inputs, ptr %out) {{
+entry:
+  %a = load {op_t}, ptr %inputs, align 4
+  %b.ptr = getelementptr {op_t}, ptr %inputs, i64 1
+  %b = load {op_t}, ptr %b.ptr, align 4
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
+{body}
+  %i.next = add i64 %i, 1
+  %more = icmp ult i64 %i.next, %iters
+  br i1 %more, label %loop, label %exit
+exit:
+{reduce}
+  store {acc_t} {total}, ptr %out, align 4
+  ret void
+}}
+"""
+
+
+def read_probe_ir(target: Target, unroll: int = 8) -> str:
+    """`float @read(ptr data, i64 blocks)`: sums `blocks` × `unroll` vectors (a read stream)."""
+    lanes = target.vector_bits // 32
+    vec = f"<{lanes} x float>"
+    phis, loads, adds = [], [], []
+    for k in range(unroll):
+        phis.append(f"  %acc{k} = phi {vec} [ zeroinitializer, %entry ], [ %next{k}, %loop ]")
+        loads.append(f"  %p{k} = getelementptr {vec}, ptr %block, i64 {k}")
+        loads.append(f"  %v{k} = load {vec}, ptr %p{k}, align 4")
+        adds.append(f"  %next{k} = fadd {vec} %acc{k}, %v{k}")
+    total, sums = "%next0", []
+    for k in range(1, unroll):
+        sums.append(f"  %sum{k} = fadd {vec} {total}, %next{k}")
+        total = f"%sum{k}"
+    body = "\n".join(loads + adds)
+    phi_lines = "\n".join(phis)
+    return f"""
+define float @read(ptr %data, i64 %blocks) {{
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
+{phi_lines}
+  %offset = mul i64 %i, {unroll}
+  %block = getelementptr {vec}, ptr %data, i64 %offset
+{body}
+  %i.next = add i64 %i, 1
+  %more = icmp ult i64 %i.next, %blocks
+  br i1 %more, label %loop, label %exit
+exit:
+{chr(10).join(sums)}
+  %lane = extractelement {vec} {total}, i64 0
+  ret float %lane
+}}
+"""
