@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,8 @@ from tilefold.ir.types import TensorType
 
 if TYPE_CHECKING:
     from tilefold.ir.opdef import OpDef
+
+NAME = re.compile(r"[A-Za-z0-9_.$-]+")  # value, function and module names, as the text spells them
 
 
 class Value:
@@ -54,7 +57,8 @@ class Operation:
         self.operands = list(operands)
         self.attrs = dict(attrs)
         self.results = [
-            Value(t, n, self, i) for i, (t, n) in enumerate(zip(result_types, result_names))
+            Value(t, n, self, i)
+            for i, (t, n) in enumerate(zip(result_types, result_names, strict=True))
         ]
         self.regions = list(regions or [])
         for region in self.regions:
@@ -81,6 +85,11 @@ class Operation:
         if key in self.attrs:
             return self.attrs[key]
         return self.opdef.attributes[key].default
+
+    def erase(self) -> None:
+        """Remove this op from its block; its results must be unused by then."""
+        assert self.parent is not None, f"{self.name} is not in a block"
+        self.parent.remove(self)
 
     def walk(self) -> Iterator[Operation]:
         """This op, then every op nested in its regions, in order."""
@@ -116,6 +125,11 @@ class Block:
         op.parent = self
         self.ops.insert(index, op)
         return op
+
+    def remove(self, op: Operation) -> None:
+        """Take `op` out of this block (ValueError if it is not there)."""
+        self.ops.remove(op)
+        op.parent = None
 
     @property
     def terminator(self) -> Operation | None:

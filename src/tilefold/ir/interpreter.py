@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tilefold import dtypes
-from tilefold.errors import DTypeError, ShapeError
+from tilefold.errors import DTypeError, ShapeError, TilefoldError
 from tilefold.ir.core import Block, Function, Module, Value
 from tilefold.ir.types import SymDim, TensorType
 
@@ -20,14 +20,18 @@ def bind_symbols(fn: Function, args: Sequence[np.ndarray]) -> dict[str, int]:
     if len(args) != len(fn.args):
         raise ShapeError(f"@{fn.name} takes {len(fn.args)} inputs, got {len(args)}")
     bindings: dict[str, int] = {}
-    for param, arg in zip(fn.args, args):
+    for param, arg in zip(fn.args, args, strict=True):
         t = param.type
         where = f"@{fn.name} input %{param.name}"
-        if dtypes.dtype(arg.dtype) != t.dtype:
-            raise DTypeError(f"{where} expects {t}, got an array of {arg.dtype}")
+        try:
+            given = dtypes.dtype(arg.dtype)
+        except DTypeError:
+            given = None
+        if given != t.dtype:
+            raise DTypeError(f"{where} expects {t}, got an array of {arg.dtype}; convert it first")
         if arg.ndim != t.rank:
             raise ShapeError(f"{where} expects {t}, got shape {list(arg.shape)}")
-        for d, size in zip(t.shape, arg.shape):
+        for d, size in zip(t.shape, arg.shape, strict=True):
             if isinstance(d, SymDim):
                 if bindings.setdefault(d.name, size) != size:
                     raise ShapeError(
@@ -39,8 +43,17 @@ def bind_symbols(fn: Function, args: Sequence[np.ndarray]) -> dict[str, int]:
 
 
 def _bind_attrs(attrs: dict, bindings: dict[str, int]) -> dict:
+    """Attributes with symbolic dims (e.g. a reshape's target shape) replaced by their sizes."""
+
+    def size(d):
+        if not isinstance(d, SymDim):
+            return d
+        if d.name not in bindings:
+            raise ShapeError(f"?{d.name} is not bound by any input; run verify() first")
+        return bindings[d.name]
+
     return {
-        k: tuple(bindings[d.name] if isinstance(d, SymDim) else d for d in v)
+        k: tuple(map(size, v))
         if isinstance(v, tuple) and any(isinstance(d, SymDim) for d in v)
         else v
         for k, v in attrs.items()
@@ -53,37 +66,44 @@ def _run_block(block: Block, env: dict[Value, np.ndarray], bindings: dict[str, i
         if op.has_trait("terminator"):
             return args
         attrs = _bind_attrs(op.opdef.full_attrs(op.attrs), bindings)
-        if op.regions:
-            out = op.opdef.reference(args, attrs, lambda region, xs: run_region(region, xs))
-        else:
-            out = op.opdef.reference(args, attrs)
+        out = op.opdef.reference_op(args, attrs, op.regions, run_region)
         outs = list(out) if isinstance(out, list | tuple) else [out]
-        for result, value in zip(op.results, outs):
+        for result, value in zip(op.results, outs, strict=True):
             env[result] = _check(np.asarray(value), result.type.bind(bindings), op.name)
     raise AssertionError("block without terminator")
 
 
 def _check(value: np.ndarray, t: TensorType, op: str) -> np.ndarray:
-    want_shape = tuple(d if isinstance(d, int) else -1 for d in t.shape)
-    ok = value.ndim == t.rank and all(w in (-1, s) for w, s in zip(want_shape, value.shape))
+    """A reference result must have the result type: anything else is a bug in the op."""
+    ok = value.ndim == t.rank and all(
+        isinstance(d, SymDim) or d == s for d, s in zip(t.shape, value.shape, strict=False)
+    )
     assert ok and value.dtype == t.dtype.np_dtype, f"{op} reference gave {value.shape} for {t}"
     return value
 
 
 def run_region(region: Block, args: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Evaluate a region (e.g. a fused group's body) on arrays bound to its arguments."""
-    env = dict(zip(region.args, args))
+    env = dict(zip(region.args, args, strict=True))
     return _run_block(region, env, {})
 
 
 def interpret(
-    module: Module | Function, *args: np.ndarray, function: str = "main"
+    module: Module | Function, *args: np.ndarray, function: str | None = None
 ) -> list[np.ndarray]:
-    """Run `function` of `module` on `args`; returns the list of outputs."""
-    fn = module if isinstance(module, Function) else module.functions.get(function)
-    if fn is None:
-        raise ShapeError(f"module has no function @{function}")
+    """Run a function on `args` and return its outputs.
+
+    `function` defaults to @main, or to the module's only function.
+    """
+    if isinstance(module, Function):
+        fn = module
+    else:
+        only = next(iter(module.functions)) if len(module.functions) == 1 else "main"
+        fn = module.functions.get(function or only)
+        if fn is None:
+            known = ", ".join(f"@{name}" for name in module.functions) or "none"
+            raise TilefoldError(f"module has no function @{function or only} (it has: {known})")
     arrays = [np.asarray(a) for a in args]
     bindings = bind_symbols(fn, arrays)
-    env = dict(zip(fn.args, arrays))
+    env = dict(zip(fn.args, arrays, strict=True))
     return _run_block(fn.body, env, bindings)

@@ -7,15 +7,21 @@ reference interpreter all read these declarations; none of them knows individual
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from numbers import Integral, Real
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from tilefold.dtypes import DType
 from tilefold.dtypes import dtype as to_dtype
-from tilefold.errors import TilefoldError
-from tilefold.ir.types import TensorType, dim
+from tilefold.errors import DTypeError, TilefoldError, VerificationError
+from tilefold.ir.types import SymDim, TensorType, dim
+
+if TYPE_CHECKING:
+    from tilefold.ir.core import Block
 
 REQUIRED = object()
 
@@ -41,9 +47,11 @@ class Attr:
 
     def normalize(self, value: Any) -> Any:
         """Coerce a Python value to this attribute's canonical form or raise TypeError."""
-        if self.kind == "int" and not isinstance(value, bool):
-            return int(_exact_int(value))
-        if self.kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        if value is None and self.default is None:
+            return None
+        if self.kind == "int" and _is_int(value):
+            return int(value)
+        if self.kind == "float" and isinstance(value, Real) and not isinstance(value, bool):
             return float(value)
         if self.kind == "bool" and isinstance(value, bool | np.bool_):
             return bool(value)
@@ -51,21 +59,43 @@ class Attr:
             if self.choices and value not in self.choices:
                 raise TypeError(f"expected one of {', '.join(self.choices)}, got {value!r}")
             return value
-        if self.kind == "ints" and isinstance(value, list | tuple):
-            return tuple(int(_exact_int(v)) for v in value)
-        if self.kind == "shape" and isinstance(value, list | tuple):
+        if self.kind == "ints" and isinstance(value, list | tuple) and all(map(_is_int, value)):
+            return tuple(int(v) for v in value)
+        if self.kind == "shape" and isinstance(value, list | tuple) and all(map(_is_dim, value)):
             return tuple(dim(v) for v in value)
         if self.kind == "dtype" and isinstance(value, str | DType):
-            return to_dtype(value)
+            try:
+                return to_dtype(value)
+            except DTypeError as exc:
+                raise TypeError(exc.message) from None
         if self.kind == "dense" and isinstance(value, np.ndarray):
             return value
-        raise TypeError(f"expected a {self.kind} attribute, got {value!r}")
+        raise TypeError(f"expected {_KIND_TEXT[self.kind]}, got {value!r}")
 
 
-def _exact_int(value: Any) -> int:
-    if isinstance(value, bool) or not float(value).is_integer():
-        raise TypeError(f"expected an integer, got {value!r}")
-    return int(value)
+_KIND_TEXT = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "ints": "a list of integers",
+    "shape": "a list of dims (integers or ?name)",
+    "dtype": "a dtype name",
+    "dense": "a dense<...> constant",
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool | np.bool_)
+
+
+def _is_dim(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, str | SymDim)
+
+
+def attr_table(**specs: Attr) -> Mapping[str, Attr]:
+    """An op's attribute table, read-only so that no op can change a family's shared table."""
+    return MappingProxyType(specs)
 
 
 class OpDef:
@@ -78,7 +108,7 @@ class OpDef:
 
     name: ClassVar[str]
     operands: ClassVar[tuple[str, ...]] = ()
-    attributes: ClassVar[dict[str, Attr]] = {}
+    attributes: ClassVar[Mapping[str, Attr]] = attr_table()
     traits: ClassVar[frozenset[str]] = frozenset({"pure"})
     results: ClassVar[int] = 1
     regions: ClassVar[int] = 0
@@ -101,11 +131,59 @@ class OpDef:
         raise NotImplementedError(f"{cls.name} has no reference implementation")
 
     @classmethod
+    def infer_op(
+        cls, types: list[TensorType], attrs: dict[str, Any], regions: Sequence[Block]
+    ) -> list[TensorType]:
+        """Result types of one op instance; an op whose regions decide them overrides this."""
+        return cls.infer(types, attrs)
+
+    @classmethod
+    def reference_op(
+        cls,
+        args: list[np.ndarray],
+        attrs: dict[str, Any],
+        regions: Sequence[Block],
+        run_region: Callable[[Block, list[np.ndarray]], list[np.ndarray]],
+    ) -> Any:
+        """The meaning of one op instance; an op with regions overrides this and evaluates them
+        with `run_region(block, arrays)`."""
+        if regions:  # region ops declared before reference_op existed take run_region directly
+            return cls.reference(args, attrs, run_region)
+        return cls.reference(args, attrs)
+
+    @classmethod
     def full_attrs(cls, attrs: dict[str, Any]) -> dict[str, Any]:
         """Attributes with declared defaults filled in."""
         full = {k: spec.default for k, spec in cls.attributes.items() if not spec.required}
         full.update(attrs)
         return full
+
+    @classmethod
+    def check_signature(cls, operand_count: int, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Check operand count and attributes (names, presence, kinds); return them normalized.
+
+        The verifier and the builder both call this, so an op is misused the same way everywhere.
+        """
+        lo, hi = cls.arity()
+        if operand_count < lo or (hi is not None and operand_count > hi):
+            want = f"{lo}" if lo == hi else f"at least {lo}"
+            raise VerificationError(f"'{cls.name}' takes {want} operands, got {operand_count}")
+        unknown = sorted(set(attrs) - set(cls.attributes))
+        if unknown:
+            known = ", ".join(cls.attributes) or "none"
+            raise VerificationError(
+                f"'{cls.name}' has no attribute(s) {', '.join(unknown)} (it has: {known})"
+            )
+        missing = [k for k, s in cls.attributes.items() if s.required and k not in attrs]
+        if missing:
+            raise VerificationError(f"'{cls.name}' is missing attribute(s) {', '.join(missing)}")
+        normalized = {}
+        for key, value in attrs.items():
+            try:
+                normalized[key] = cls.attributes[key].normalize(value)
+            except TypeError as exc:
+                raise VerificationError(f"'{cls.name}' attribute '{key}': {exc}") from None
+        return normalized
 
 
 OPS: dict[str, type[OpDef]] = {}
@@ -121,4 +199,3 @@ def register(cls: type[OpDef]) -> type[OpDef]:
 
 def lookup(name: str) -> type[OpDef] | None:
     return OPS.get(name)
-

@@ -15,18 +15,18 @@ import numpy as np
 
 from tilefold import dtypes
 from tilefold.errors import Location, ParseError
-from tilefold.ir.core import Block, Function, Module, Operation, Value
+from tilefold.ir.core import NAME, Block, Function, Module, Operation, Value
 from tilefold.ir.opdef import OPS, Attr, OpDef
+from tilefold.ir.ops.common import int_range
 from tilefold.ir.printer import decode_scalars
 from tilefold.ir.types import SymDim, TensorType
 
-_NAME = r"[A-Za-z0-9_.$-]+"
 _TOKEN = re.compile(
     rf"""
     (?P<space>[ \t\r]+|//[^\n]*)
   | (?P<newline>\n)
-  | (?P<value>%{_NAME})
-  | (?P<symbol>@{_NAME})
+  | (?P<value>%{NAME.pattern})
+  | (?P<symbol>@{NAME.pattern})
   | (?P<sym>\?[A-Za-z_][A-Za-z0-9_]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*")
   | (?P<hex>0x[0-9A-Fa-f]*)
@@ -52,7 +52,10 @@ def tokenize(text: str, file: str) -> list[Token]:
         m = _TOKEN.match(text, pos)
         if m is None:
             loc = Location(file, line, pos - start + 1)
-            raise ParseError(f"unexpected character {text[pos]!r}", loc, text)
+            what = (
+                "unterminated string" if text[pos] == '"' else f"unexpected character {text[pos]!r}"
+            )
+            raise ParseError(what, loc, text)
         kind = m.lastgroup
         if kind == "newline":
             line, start = line + 1, m.end()
@@ -112,6 +115,14 @@ class Parser:
             raise self.error(f"expected {what}, found '{self.tok.text or 'end of input'}'")
         return self.next()
 
+    def integer(self, what: str) -> int:
+        tok = self.next()
+        if tok.kind != "number" or not re.fullmatch(r"-?\d+", tok.text):
+            raise self.error(
+                f"expected {what} (an integer), found '{tok.text or 'end of input'}'", tok
+            )
+        return int(tok.text)
+
     def comma_list(self, close: str, item):
         items = []
         if not self.accept(close):
@@ -131,27 +142,26 @@ class Parser:
             raise self.error(f"unknown dtype '{tok.text}'", tok) from None
 
     def dim(self):
-        tok = self.next()
-        if tok.kind == "sym":
-            return SymDim(tok.text[1:])
-        if tok.kind == "number" and re.fullmatch(r"-?\d+", tok.text):
-            return int(tok.text)
-        raise self.error(f"expected a dimension (an integer or ?name), found '{tok.text}'", tok)
+        if self.tok.kind == "sym":
+            return SymDim(self.next().text[1:])
+        tok = self.tok
+        size = self.integer("a dimension")
+        if size < 0:
+            raise self.error("tensor dimensions cannot be negative", tok)
+        return size
 
     def type(self) -> TensorType:
         dt = self.dtype()
         self.expect("[", "after the dtype of a tensor type")
         shape = self.comma_list("]", self.dim)
-        if any(isinstance(d, int) and d < 0 for d in shape):
-            raise self.error("tensor dimensions cannot be negative")
         strides = None
-        if self.accept("{"):
-            strides = [int(self.expect_kind("number", "a stride").text)]
-            while self.accept(","):
-                strides.append(int(self.expect_kind("number", "a stride").text))
-            self.expect("}")
+        if self.at("{"):
+            brace = self.next()
+            strides = self.comma_list("}", lambda: self.integer("a stride"))
             if len(strides) != len(shape):
-                raise self.error(f"{len(strides)} strides given for a rank-{len(shape)} type")
+                raise self.error(
+                    f"{len(strides)} strides given for a rank-{len(shape)} type", brace
+                )
         return TensorType(tuple(shape), dt, None if strides is None else tuple(strides))
 
     def result_types(self) -> list[TensorType]:
@@ -189,9 +199,9 @@ class Parser:
         count = t.num_elements
         tok = self.tok
         if self.accept("splat"):
-            flat = decode_scalars([self.scalar_text()], dt).repeat(count)
+            flat = decode_scalars([self.scalar_text(dt)], dt).repeat(count)
         elif self.accept("["):
-            flat = decode_scalars(self.comma_list("]", self.scalar_text), dt)
+            flat = decode_scalars(self.comma_list("]", lambda: self.scalar_text(dt)), dt)
         elif self.accept("file"):
             name = json.loads(self.expect_kind("string", "a resource file name").text)
             flat = self.resource(name, tok, dt)
@@ -206,11 +216,21 @@ class Parser:
             raise self.error(f"dense constant of type {t} holds {flat.size} elements", tok)
         return flat.reshape(t.shape).copy()
 
-    def scalar_text(self) -> str:
+    def scalar_text(self, dt: dtypes.DType) -> str:
+        """One element's text, checked to denote a value of `dt`."""
         tok = self.next()
-        if tok.kind == "number" or tok.text in ("true", "false"):
-            return tok.text
-        raise self.error(f"expected a number, found '{tok.text}'", tok)
+        if dt.kind == "bool":
+            ok = tok.text in ("true", "false")
+        elif dt.is_integer:
+            lo, hi = int_range(dt)
+            ok = bool(re.fullmatch(r"-?\d+", tok.text)) and lo <= int(tok.text) <= hi
+        else:
+            ok = tok.kind == "number"
+        if not ok:
+            raise self.error(
+                f"expected an element of {dt}, found '{tok.text or 'end of input'}'", tok
+            )
+        return tok.text
 
     def resource(self, name: str, tok: Token, dt: dtypes.DType) -> np.ndarray:
         if self.resource_dir is None:
@@ -277,9 +297,9 @@ class Parser:
         self.expect("(")
         file = json.loads(self.expect_kind("string", "a file name").text)
         self.expect(":")
-        line = int(self.expect_kind("number", "a line number").text)
+        line = self.integer("a line number")
         self.expect(":")
-        col = int(self.expect_kind("number", "a column number").text)
+        col = self.integer("a column number")
         self.expect(")")
         return Location(file, line, col)
 
@@ -312,7 +332,7 @@ class Parser:
             self.body(block)
             regions.append(block)
         op = Operation(opdef, operands, attrs, types, [t.text[1:] for t in result_toks], regions)
-        for tok, result in zip(result_toks, op.results):
+        for tok, result in zip(result_toks, op.results, strict=True):
             if tok.text[1:] in self.scope:
                 raise self.error(f"redefinition of value {tok.text}", tok)
             self.scope[result.name] = result

@@ -1,12 +1,12 @@
 """The textual IR: prints a module so that `parse(print(m))` prints back identically.
 
-    module @example {
-      func @main(%x: f32[?b,4], %w: f32[4,4]) -> (f32[?b,4]) {
-        %0 = matmul(%x, %w) : f32[?b,4] loc("model.py":3:8)
-        %1 = gelu(%0) {approximate = "tanh"} : f32[?b,4]
-        return(%1)
-      }
-    }
+module @example {
+  func @main(%x: f32[?b,4], %w: f32[4,4]) -> (f32[?b,4]) {
+    %0 = matmul(%x, %w) : f32[?b,4] loc("model.py":3:8)
+    %1 = gelu(%0) {approximate = "tanh"} : f32[?b,4]
+    return(%1)
+  }
+}
 """
 
 from __future__ import annotations
@@ -91,8 +91,7 @@ class Printer:
 
     @staticmethod
     def _exact(texts: list[str], flat: np.ndarray, dt: dtypes.DType) -> bool:
-        if dt.is_float and not np.all(np.isfinite(flat.astype(np.float64))):
-            return False
+        """Whether the decimal texts read back bit-exactly (-0.0 and inf do; NaN payloads not)."""
         return decode_scalars(texts, dt).tobytes() == flat.tobytes()
 
     def attr(self, spec: Attr, value: Any) -> str:
@@ -111,14 +110,15 @@ class Printer:
         return self.dense(value)
 
     def attr_dict(self, op: Operation) -> str:
+        """`{k = v, ...}` in declaration order; a value that prints as its default is left out."""
         items = []
         for key, spec in op.opdef.attributes.items():
-            if key not in op.attrs:
+            value = op.attrs.get(key)
+            if value is None:
                 continue
-            value = op.attrs[key]
-            if not spec.required and _same(value, spec.default):
-                continue
-            items.append(f"{key} = {self.attr(spec, value)}")
+            text = self.attr(spec, value)
+            if spec.default is None or spec.required or text != self.attr(spec, spec.default):
+                items.append(f"{key} = {text}")
         return " {" + ", ".join(items) + "}" if items else ""
 
     # -- structure ---------------------------------------------------------------------------
@@ -172,12 +172,6 @@ class Printer:
             self.function(fn, 1)
         self.lines.append("}")
         return "\n".join(self.lines) + "\n"
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return False
-    return type(a) is type(b) and a == b
 
 
 def print_module(

@@ -28,9 +28,10 @@ def broadcast_shapes(op: str, *shapes: Sequence[Dim]) -> tuple[Dim, ...]:
 
 
 def normalize_axis(op: str, axis: int, rank: int) -> int:
-    if not -rank <= axis < max(rank, 1):
+    """`axis` in [0, rank); negative axes count from the end, as in NumPy."""
+    if not -rank <= axis < rank:
         raise ShapeError(f"{op}: axis {axis} is out of range for rank {rank}")
-    return axis % rank if rank else 0
+    return axis % rank
 
 
 def normalize_axes(op: str, axes: Sequence[int] | None, rank: int) -> tuple[int, ...]:

@@ -1,12 +1,16 @@
-"""Tensor types: a shape of static or named symbolic dims, an element dtype, and optional strides."""
+"""Tensor types: a shape of static or named symbolic dims, an element dtype, optional strides."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from tilefold.dtypes import DType
 from tilefold.dtypes import dtype as to_dtype
+from tilefold.errors import ShapeError
+
+SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -14,6 +18,10 @@ class SymDim:
     """A dimension known only by name until run time, e.g. `?batch`."""
 
     name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not SYMBOL.fullmatch(self.name):
+            raise ShapeError(f"symbolic dim name {self.name!r} is not an identifier")
 
     def __str__(self) -> str:
         return f"?{self.name}"
@@ -41,6 +49,13 @@ class TensorType:
     shape: tuple[Dim, ...]
     dtype: DType
     strides: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for d in self.shape:
+            if not isinstance(d, SymDim) and (type(d) is not int or d < 0):
+                raise ShapeError(f"bad dimension {d!r} in a tensor type: use an int >= 0 or ?name")
+        if self.strides is not None and len(self.strides) != len(self.shape):
+            raise ShapeError(f"{len(self.strides)} strides given for a rank-{len(self.shape)} type")
 
     @staticmethod
     def of(dtype: str | DType, shape=(), strides=None) -> TensorType:
@@ -79,9 +94,7 @@ class TensorType:
 
     def bind(self, bindings: dict[str, int]) -> TensorType:
         """Replace symbolic dims that `bindings` names with their sizes."""
-        shape = tuple(
-            bindings.get(d.name, d) if isinstance(d, SymDim) else d for d in self.shape
-        )
+        shape = tuple(bindings.get(d.name, d) if isinstance(d, SymDim) else d for d in self.shape)
         return TensorType(shape, self.dtype, self.strides)
 
     def __str__(self) -> str:

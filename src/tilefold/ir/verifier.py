@@ -3,45 +3,63 @@
 from __future__ import annotations
 
 from tilefold.errors import TilefoldError, VerificationError
-from tilefold.ir.core import Block, Function, Module, Operation, Value
+from tilefold.ir.core import NAME, Block, Function, Module, Operation, Value
 from tilefold.ir.printer import print_op
 
 
 class Verifier:
+    """Walks a module once; the first broken rule raises, located at the op that breaks it."""
+
     def __init__(self, module: Module):
         self.module = module
 
-    def fail(self, message: str, op: Operation | Function | None = None) -> VerificationError:
-        loc = getattr(op, "text_loc", None)
-        text = self.module.source_text if loc is not None else None
-        if loc is None and isinstance(op, Operation):
-            message += f"\n  in: {print_op(op).splitlines()[0].strip()}"
-        return VerificationError(message, loc, text)
+    def fail(self, message: str, where: Operation | Function | None = None) -> VerificationError:
+        """An error at `where`'s text location, else its source `loc`, else quoting the op."""
+        loc = getattr(where, "text_loc", None)
+        if loc is not None:
+            return VerificationError(message, loc, self.module.source_text)
+        if isinstance(where, Operation):
+            message += f"\n  in: {print_op(where).splitlines()[0].strip()}"
+        return VerificationError(message, getattr(where, "loc", None))
 
     def module_(self) -> None:
-        for fn in self.module.functions.values():
+        if self.module.name is not None and not NAME.fullmatch(self.module.name):
+            raise self.fail(f"module name @{self.module.name} is not a valid name")
+        for name, fn in self.module.functions.items():
+            if name != fn.name or not NAME.fullmatch(fn.name):
+                raise self.fail(f"function name @{fn.name} is not a valid name", fn)
             self.function(fn)
 
     def function(self, fn: Function) -> None:
-        names: set[str] = set()
-        self.block(fn.body, set(), names, "return", fn)
+        symbols = set().union(*(arg.type.symbols for arg in fn.args))
+        self.block(fn.body, set(), set(), symbols, "return", fn)
         ret = fn.return_op
         got = [v.type for v in ret.operands]
         if got != fn.result_types:
             shown = ", ".join(map(str, got))
             declared = ", ".join(map(str, fn.result_types))
-            raise self.fail(
-                f"@{fn.name} returns ({shown}) but declares ({declared})", ret
-            )
+            raise self.fail(f"@{fn.name} returns ({shown}) but declares ({declared})", ret)
 
-    def define(self, value: Value, names: set[str], where) -> None:
+    def define(self, value: Value, names: set[str], where: Operation | Function) -> None:
+        if not NAME.fullmatch(value.name):
+            raise self.fail(f"value name %{value.name} is not a valid name", where)
         if value.name in names:
             raise self.fail(f"value %{value.name} is defined twice", where)
         names.add(value.name)
 
-    def block(self, block: Block, visible: set[Value], names: set[str], term: str, owner) -> None:
-        """Check `block`; `visible` are the values its ops may use (dominance in straight line)."""
+    def block(
+        self,
+        block: Block,
+        visible: set[Value],
+        names: set[str],
+        symbols: set[str],
+        term: str,
+        owner: Operation | Function,
+    ) -> None:
+        """Check `block`; `visible` are the values its ops may use (dominance in straight line),
+        `symbols` the symbolic dims its arguments define."""
         visible = set(visible)
+        symbols = symbols.union(*(arg.type.symbols for arg in block.args))
         for arg in block.args:
             self.define(arg, names, owner)
             visible.add(arg)
@@ -58,30 +76,21 @@ class Verifier:
                         "outside its region)",
                         op,
                     )
-            self.operation(op, names)
+            self.operation(op, symbols)
             for region in op.regions:
-                self.block(region, set(), names, "yield", op)
+                self.block(region, set(), names, symbols, "yield", op)
             for result in op.results:
                 self.define(result, names, op)
                 visible.add(result)
 
-    def operation(self, op: Operation, names: set[str]) -> None:
+    def operation(self, op: Operation, symbols: set[str]) -> None:
         opdef = op.opdef
-        lo, hi = opdef.arity()
-        n = len(op.operands)
-        if n < lo or (hi is not None and n > hi):
-            want = f"{lo}" if lo == hi else f"at least {lo}"
-            raise self.fail(f"'{op.name}' takes {want} operands, got {n}", op)
-        missing = [k for k, s in opdef.attributes.items() if s.required and k not in op.attrs]
-        if missing:
-            raise self.fail(f"'{op.name}' is missing attribute(s) {', '.join(missing)}", op)
-        unknown = set(op.attrs) - set(opdef.attributes)
-        if unknown:
-            raise self.fail(f"'{op.name}' has no attribute(s) {', '.join(sorted(unknown))}", op)
-        if len(op.regions) != opdef.regions:
-            raise self.fail(f"'{op.name}' needs {opdef.regions} region(s)", op)
         try:
-            inferred = opdef.infer([v.type for v in op.operands], opdef.full_attrs(op.attrs))
+            attrs = opdef.check_signature(len(op.operands), op.attrs)
+            if len(op.regions) != opdef.regions:
+                raise VerificationError(f"'{op.name}' needs {opdef.regions} region(s)")
+            types = [v.type for v in op.operands]
+            inferred = opdef.infer_op(types, opdef.full_attrs(attrs), op.regions)
         except TilefoldError as exc:
             raise self.fail(exc.message, op) from None
         declared = [r.type for r in op.results]
@@ -91,6 +100,13 @@ class Verifier:
                 f"inferred {', '.join(map(str, inferred))}",
                 op,
             )
+        for t in declared:
+            unbound = sorted(t.symbols - symbols)
+            if unbound:
+                raise self.fail(
+                    f"'{op.name}' result {t} uses ?{unbound[0]}, which no argument type defines",
+                    op,
+                )
 
 
 def verify(module: Module) -> Module:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tilefold import dtypes
-from tilefold.ir.opdef import Attr, OpDef, register
+from tilefold.ir.opdef import Attr, OpDef, attr_table, register
 from tilefold.ir.types import TensorType
 
 
@@ -14,7 +14,7 @@ class Constant(OpDef):
     """A literal tensor. `%c = constant() {value = dense<f32[2] [1.0, 2.0]>} : f32[2]`"""
 
     name = "constant"
-    attributes = {"value": Attr("dense")}
+    attributes = attr_table(value=Attr("dense"))
 
     @classmethod
     def infer(cls, types, attrs):

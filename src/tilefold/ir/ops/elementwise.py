@@ -8,16 +8,12 @@ import numpy as np
 
 from tilefold import dtypes
 from tilefold.errors import DTypeError
-from tilefold.ir.opdef import Attr, OpDef, register
-from tilefold.ir.ops.common import evaluate, require_float, same_dtype
+from tilefold.ir.opdef import Attr, OpDef, attr_table, register
+from tilefold.ir.ops.common import evaluate, int_range, require, round_to, same_dtype, widen
 from tilefold.ir.shapes import broadcast_shapes
 from tilefold.ir.types import TensorType
 
-_erf = np.frompyfunc(math.erf, 1, 1)
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    return _erf(x).astype(x.dtype)
+erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 class Unary(OpDef):
@@ -25,7 +21,7 @@ class Unary(OpDef):
 
     operands = ("x",)
     traits = frozenset({"pure", "elementwise"})
-    float_only = True
+    accepts = "float"  # operand kinds, see common._ACCEPTS
 
     @staticmethod
     def fn(x):
@@ -34,8 +30,7 @@ class Unary(OpDef):
     @classmethod
     def infer(cls, types, attrs):
         (x,) = types
-        if cls.float_only:
-            require_float(cls.name, x)
+        require(cls.name, x, cls.accepts)
         return [x.without_layout()]
 
     @classmethod
@@ -43,7 +38,7 @@ class Unary(OpDef):
         return evaluate(lambda x: cls.fn(x, **attrs), args, dtypes.dtype(args[0].dtype))
 
 
-def unary(name: str, fn, doc: str, float_only: bool = True, **attributes: Attr) -> type[OpDef]:
+def unary(name: str, fn, doc: str, accepts: str = "float", **specs: Attr) -> type[OpDef]:
     """Declare and register a unary elementwise op in one line."""
     cls = type(
         name.title().replace("_", ""),
@@ -51,8 +46,8 @@ def unary(name: str, fn, doc: str, float_only: bool = True, **attributes: Attr) 
         {
             "name": name,
             "fn": staticmethod(fn),
-            "float_only": float_only,
-            "attributes": attributes,
+            "accepts": accepts,
+            "attributes": attr_table(**specs),
             "__doc__": doc,
         },
     )
@@ -65,8 +60,8 @@ def _gelu(x, approximate="none"):
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
-unary("neg", np.negative, "-x", float_only=False)
-unary("abs", np.abs, "|x|", float_only=False)
+unary("neg", np.negative, "-x; integers wrap", accepts="numeric")
+unary("abs", np.abs, "|x|; abs of the most negative integer wraps to itself", accepts="numeric")
 unary("exp", np.exp, "e**x")
 unary("log", np.log, "natural logarithm; log(0) = -inf, log(x<0) = nan")
 unary("sqrt", np.sqrt, "square root; nan for x < 0")
@@ -75,7 +70,7 @@ unary("reciprocal", lambda x: 1 / x, "1/x")
 unary("tanh", np.tanh, "hyperbolic tangent")
 unary("erf", erf, "the error function")
 unary("sigmoid", lambda x: 1 / (1 + np.exp(-x)), "1/(1+e**-x)")
-unary("relu", lambda x: np.maximum(x, 0), "max(x, 0); NaN stays NaN", float_only=False)
+unary("relu", lambda x: np.maximum(x, 0), "max(x, 0); NaN stays NaN", accepts="numeric")
 unary("silu", lambda x: x / (1 + np.exp(-x)), "x*sigmoid(x)")
 unary("sin", np.sin, "sine")
 unary("cos", np.cos, "cosine")
@@ -83,7 +78,7 @@ unary("floor", np.floor, "round toward -inf")
 unary(
     "gelu",
     _gelu,
-    "x*Phi(x) (`approximate = \"none\"`, with erf) or its tanh approximation",
+    'x*Phi(x) (`approximate = "none"`, with erf) or its tanh approximation',
     approximate=Attr("str", "none", choices=("none", "tanh")),
 )
 
@@ -93,6 +88,7 @@ class Binary(OpDef):
 
     operands = ("x", "y")
     traits = frozenset({"pure", "elementwise"})
+    accepts = "numeric"  # operand kinds, see common._ACCEPTS
     result_dtype: dtypes.DType | None = None  # None: the operands' dtype
 
     @staticmethod
@@ -102,6 +98,7 @@ class Binary(OpDef):
     @classmethod
     def infer(cls, types, attrs):
         dt = same_dtype(cls.name, types)
+        require(cls.name, types[0], cls.accepts)
         shape = broadcast_shapes(cls.name, *(t.shape for t in types))
         return [TensorType(shape, cls.result_dtype or dt)]
 
@@ -111,7 +108,7 @@ class Binary(OpDef):
         return evaluate(cls.fn, args, out)
 
 
-def binary(name: str, fn, doc: str, traits=(), result_dtype=None) -> type[OpDef]:
+def binary(name: str, fn, doc: str, traits=(), accepts="numeric", result_dtype=None):
     """Declare and register a binary elementwise op in one line."""
     cls = type(
         name.title().replace("_", ""),
@@ -120,6 +117,7 @@ def binary(name: str, fn, doc: str, traits=(), result_dtype=None) -> type[OpDef]
             "name": name,
             "fn": staticmethod(fn),
             "traits": Binary.traits | set(traits),
+            "accepts": accepts,
             "result_dtype": result_dtype,
             "__doc__": doc,
         },
@@ -128,28 +126,40 @@ def binary(name: str, fn, doc: str, traits=(), result_dtype=None) -> type[OpDef]
 
 
 def _divide(x, y):
-    if np.issubdtype(x.dtype, np.integer):
-        # C-style division, truncating toward zero; x / 0 gives 0.
-        q = np.abs(x) // np.where(y == 0, 1, np.abs(y))
-        return np.where(y == 0, 0, q * np.sign(x) * np.sign(y))
-    return x / y
+    if x.dtype.kind != "i":
+        return x / y
+    # C-style division truncating toward zero (floor division corrected); x / 0 gives 0.
+    safe = np.where(y == 0, 1, y)
+    q = x // safe
+    q = q + ((x % safe != 0) & ((x < 0) != (safe < 0)))
+    return np.where(y == 0, 0, q)
+
+
+def _power(x, y):
+    if x.dtype.kind != "i":
+        return np.power(x, y)
+    # An integer to a negative power truncates 1 / x**-y: 0 unless |x| = 1 (and 0 for x = 0).
+    negative = y < 0
+    inverse = np.where(x == 1, 1, np.where(x == -1, 1 - 2 * (y % 2), 0))
+    return np.where(negative, inverse, np.power(x, np.where(negative, 0, y)))
 
 
 binary("add", np.add, "x + y", traits={"commutative"})
 binary("sub", np.subtract, "x - y")
 binary("mul", np.multiply, "x * y", traits={"commutative"})
-binary("div", _divide, "x / y; integers truncate toward zero")
+binary("div", _divide, "x / y; integers truncate toward zero and x / 0 is 0")
 binary("max", np.maximum, "elementwise maximum; NaN propagates", traits={"commutative"})
 binary("min", np.minimum, "elementwise minimum; NaN propagates", traits={"commutative"})
-binary("pow", np.power, "x ** y")
-binary("eq", np.equal, "x == y", traits={"commutative"}, result_dtype=dtypes.boolean)
-binary("ne", np.not_equal, "x != y", traits={"commutative"}, result_dtype=dtypes.boolean)
-binary("lt", np.less, "x < y", result_dtype=dtypes.boolean)
-binary("le", np.less_equal, "x <= y", result_dtype=dtypes.boolean)
-binary("gt", np.greater, "x > y", result_dtype=dtypes.boolean)
-binary("ge", np.greater_equal, "x >= y", result_dtype=dtypes.boolean)
-binary("and", np.logical_and, "logical and of bools", traits={"commutative"})
-binary("or", np.logical_or, "logical or of bools", traits={"commutative"})
+binary("pow", _power, "x ** y; for integers a negative y truncates (0 unless |x| = 1)")
+_COMPARE = {"accepts": "any", "result_dtype": dtypes.boolean}
+binary("eq", np.equal, "x == y", traits={"commutative"}, **_COMPARE)
+binary("ne", np.not_equal, "x != y", traits={"commutative"}, **_COMPARE)
+binary("lt", np.less, "x < y", **_COMPARE)
+binary("le", np.less_equal, "x <= y", **_COMPARE)
+binary("gt", np.greater, "x > y", **_COMPARE)
+binary("ge", np.greater_equal, "x >= y", **_COMPARE)
+binary("and", np.logical_and, "logical and of bools", traits={"commutative"}, accepts="bool")
+binary("or", np.logical_or, "logical or of bools", traits={"commutative"}, accepts="bool")
 
 
 @register
@@ -175,15 +185,17 @@ class Where(OpDef):
 
 @register
 class Cast(OpDef):
-    """Convert to `dtype`: floats round to nearest even; float->int truncates and saturates
-    (NaN -> 0).
+    """Convert to `dtype`, as PyTorch's `.to()` but saturating.
 
+    To a float: round to nearest even, once (fp8e4m3 turns out-of-range values into NaN, fp4e2m1
+    saturates, as ml_dtypes does). Float to integer: truncate toward zero, saturate at the
+    integer's range, NaN -> 0. Integer to integer: wrap. To bool: x != 0.
     `%y = cast(%x) {dtype = bf16} : bf16[4]`
     """
 
     name = "cast"
     operands = ("x",)
-    attributes = {"dtype": Attr("dtype")}
+    attributes = attr_table(dtype=Attr("dtype"))
     traits = frozenset({"pure", "elementwise"})
 
     @classmethod
@@ -193,11 +205,13 @@ class Cast(OpDef):
     @classmethod
     def reference(cls, args, attrs):
         (x,) = args
-        target: dtypes.DType = attrs["dtype"]
-        if dtypes.dtype(x.dtype).is_float and target.is_integer:
+        source, target = dtypes.dtype(x.dtype), attrs["dtype"]
+        if target.is_float and source.kind != "bool":
+            return round_to(widen(x).astype(np.float64), target)
+        if source.is_float and target.is_integer:
+            lo, hi = int_range(target)
             with np.errstate(all="ignore"):
-                x = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
-                info = np.iinfo(target.np_dtype) if target.bits >= 8 else None
-                if info is not None:
-                    x = np.clip(x, info.min, info.max)
+                w = widen(x)
+                t = np.trunc(np.where(np.isnan(w), 0.0, w))
+                x = np.where(t >= float(hi), hi, np.where(t <= lo, lo, t.astype(np.int64)))
         return np.asarray(x).astype(target.np_dtype)

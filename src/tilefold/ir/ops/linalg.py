@@ -6,14 +6,21 @@ import numpy as np
 
 from tilefold import dtypes
 from tilefold.errors import ShapeError
-from tilefold.ir.opdef import Attr, OpDef, register
-from tilefold.ir.ops.common import evaluate, same_dtype
+from tilefold.ir.opdef import Attr, OpDef, attr_table, register
+from tilefold.ir.ops.common import evaluate, require, same_dtype
 from tilefold.ir.shapes import broadcast_shapes
 from tilefold.ir.types import TensorType
 
 
 def _swap_last(shape):
     return (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
+
+
+def _result_dtype(dt: dtypes.DType) -> dtypes.DType:
+    """Integers accumulate and return in i32 (i64 for i64); floats keep their dtype."""
+    if dt.is_integer:
+        return dtypes.i64 if dt == dtypes.i64 else dtypes.i32
+    return dt
 
 
 @register
@@ -27,12 +34,13 @@ class Matmul(OpDef):
 
     name = "matmul"
     operands = ("a", "b")
-    attributes = {"transpose_a": Attr("bool", False), "transpose_b": Attr("bool", False)}
+    attributes = attr_table(transpose_a=Attr("bool", False), transpose_b=Attr("bool", False))
 
     @classmethod
     def infer(cls, types, attrs):
         a, b = types
         dt = same_dtype("matmul", types)
+        require("matmul", a, "numeric")
         sa = _swap_last(a.shape) if attrs["transpose_a"] else a.shape
         sb = _swap_last(b.shape) if attrs["transpose_b"] else b.shape
         if not sa or not sb:
@@ -46,8 +54,7 @@ class Matmul(OpDef):
             )
         batch = broadcast_shapes("matmul", ma[:-2], mb[:-2])
         shape = (*batch, *([ma[-2]] if len(sa) > 1 else []), *([mb[-1]] if len(sb) > 1 else []))
-        out = dtypes.i64 if dt == dtypes.i64 else dtypes.i32 if dt.is_integer else dt
-        return [TensorType(tuple(shape), out)]
+        return [TensorType(tuple(shape), _result_dtype(dt))]
 
     @classmethod
     def reference(cls, args, attrs):
@@ -56,7 +63,4 @@ class Matmul(OpDef):
             a = np.swapaxes(a, -1, -2)
         if attrs["transpose_b"] and b.ndim >= 2:
             b = np.swapaxes(b, -1, -2)
-        dt = dtypes.dtype(a.dtype)
-        out = dtypes.i64 if dt == dtypes.i64 else dtypes.i32 if dt.is_integer else dt
-        acc = np.int64 if dt.is_integer else np.float64
-        return evaluate(lambda x, y: np.matmul(x.astype(acc), y.astype(acc)), [a, b], out)
+        return evaluate(np.matmul, [a, b], _result_dtype(dtypes.dtype(a.dtype)))

@@ -6,22 +6,21 @@ import numpy as np
 
 from tilefold import dtypes
 from tilefold.errors import ShapeError
-from tilefold.ir.opdef import Attr, OpDef, register
-from tilefold.ir.ops.common import evaluate, require_float, same_dtype
+from tilefold.ir.opdef import Attr, OpDef, attr_table, register
+from tilefold.ir.ops.common import evaluate, require, same_dtype
 from tilefold.ir.shapes import normalize_axis
-from tilefold.ir.types import TensorType
 
 
 class Norm(OpDef):
     """Normalizes x over axes [axis, rank); the affine operands have the shape of those axes."""
 
-    attributes = {"axis": Attr("int", -1), "eps": Attr("float", 1e-5)}
+    attributes = attr_table(axis=Attr("int", -1), eps=Attr("float", 1e-5))
     traits = frozenset({"pure", "reduction"})
 
     @classmethod
     def infer(cls, types, attrs):
         x, *affine = types
-        require_float(cls.name, x)
+        require(cls.name, x, "float")
         same_dtype(cls.name, types)
         axis = normalize_axis(cls.name, attrs["axis"], x.rank)
         for t in affine:

@@ -6,8 +6,8 @@ import numpy as np
 
 from tilefold import dtypes
 from tilefold.errors import ShapeError
-from tilefold.ir.opdef import Attr, OpDef, register
-from tilefold.ir.ops.common import evaluate, require_float
+from tilefold.ir.opdef import Attr, OpDef, attr_table, register
+from tilefold.ir.ops.common import evaluate, require
 from tilefold.ir.shapes import normalize_axes, normalize_axis
 from tilefold.ir.types import TensorType
 
@@ -16,8 +16,9 @@ class Reduce(OpDef):
     """Base of `%y = NAME(%x) {axes = [1], keepdims = false} : T`; no `axes` reduces all."""
 
     operands = ("x",)
-    attributes = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
+    attributes = attr_table(axes=Attr("ints", None), keepdims=Attr("bool", False))
     traits = frozenset({"pure", "reduction"})
+    accepts = "numeric"  # operand kinds, see common._ACCEPTS
     identity_free = False  # max/min have no identity: reducing an empty axis is an error
 
     @staticmethod
@@ -27,6 +28,7 @@ class Reduce(OpDef):
     @classmethod
     def infer(cls, types, attrs):
         (x,) = types
+        require(cls.name, x, cls.accepts)
         axes = normalize_axes(cls.name, attrs["axes"], x.rank)
         if cls.identity_free and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{cls.name}: cannot reduce the empty axis of {x}")
@@ -45,19 +47,26 @@ class Reduce(OpDef):
         )
 
 
-def reduction(name: str, fn, doc: str, identity_free: bool = False) -> type[OpDef]:
+def reduction(name: str, fn, doc: str, accepts="numeric", identity_free=False) -> type[OpDef]:
+    """Declare and register a reduction in one line."""
     cls = type(
         name.title().replace("_", ""),
         (Reduce,),
-        {"name": name, "fn": staticmethod(fn), "identity_free": identity_free, "__doc__": doc},
+        {
+            "name": name,
+            "fn": staticmethod(fn),
+            "accepts": accepts,
+            "identity_free": identity_free,
+            "__doc__": doc,
+        },
     )
     return register(cls)
 
 
-reduction("reduce_sum", np.sum, "sum over `axes`; empty axes sum to 0")
+reduction("reduce_sum", np.sum, "sum over `axes`; empty axes sum to 0; integers wrap")
 reduction("reduce_max", np.max, "maximum over `axes`; NaN propagates", identity_free=True)
 reduction("reduce_min", np.min, "minimum over `axes`; NaN propagates", identity_free=True)
-reduction("reduce_mean", np.mean, "arithmetic mean over `axes`")
+reduction("reduce_mean", np.mean, "arithmetic mean over `axes`; empty axes give NaN", "float")
 
 
 def _softmax(x, axis):
@@ -72,8 +81,10 @@ def _log_softmax(x, axis):
 
 
 class SoftmaxFamily(OpDef):
+    """Base of softmax and log_softmax: normalize along one `axis`, same shape and dtype."""
+
     operands = ("x",)
-    attributes = {"axis": Attr("int", -1)}
+    attributes = attr_table(axis=Attr("int", -1))
     traits = frozenset({"pure", "reduction"})
 
     @staticmethod
@@ -83,7 +94,7 @@ class SoftmaxFamily(OpDef):
     @classmethod
     def infer(cls, types, attrs):
         (x,) = types
-        require_float(cls.name, x)
+        require(cls.name, x, "float")
         normalize_axis(cls.name, attrs["axis"], x.rank)
         return [x.without_layout()]
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from tilefold.errors import DTypeError, ShapeError
-from tilefold.ir.opdef import Attr, OpDef, register
+from tilefold.ir.opdef import Attr, OpDef, attr_table, register
 from tilefold.ir.ops.common import same_dtype
 from tilefold.ir.shapes import broadcast_shapes, normalize_axes, normalize_axis, resolve_reshape
 from tilefold.ir.types import SymDim, TensorType
 
 LAYOUT = frozenset({"pure", "layout"})
 END = 2**63 - 1  # a slice stop meaning "to the end of the axis"
+BEGIN = -(2**63)  # a slice stop meaning "to the beginning" (with a negative step)
+WHOLE = ((0, END, 1), (-1, BEGIN, -1))  # the (start, stop, step) that keep a symbolic dim whole
 
 
 def _shape_text(shape) -> str:
@@ -27,7 +29,7 @@ class Reshape(OpDef):
 
     name = "reshape"
     operands = ("x",)
-    attributes = {"shape": Attr("shape")}
+    attributes = attr_table(shape=Attr("shape"))
     traits = LAYOUT
 
     @classmethod
@@ -46,7 +48,7 @@ class Transpose(OpDef):
 
     name = "transpose"
     operands = ("x",)
-    attributes = {"perm": Attr("ints")}
+    attributes = attr_table(perm=Attr("ints"))
     traits = LAYOUT
 
     @classmethod
@@ -66,13 +68,14 @@ class Transpose(OpDef):
 class Slice(OpDef):
     """Python slicing per axis: x[starts[i]:stops[i]:steps[i]], clamped like NumPy.
 
-    A stop of 9223372036854775807 means "to the end". Symbolic dims can only be kept whole.
+    A stop of 9223372036854775807 means "to the end", -9223372036854775808 "to the beginning".
+    Symbolic dims can only be kept whole (`[0:END:1]`) or reversed (`[-1:BEGIN:-1]`).
     `%y = slice(%x) {starts = [0,1], stops = [4,9223372036854775807], steps = [1,2]}`
     """
 
     name = "slice"
     operands = ("x",)
-    attributes = {"starts": Attr("ints"), "stops": Attr("ints"), "steps": Attr("ints")}
+    attributes = attr_table(starts=Attr("ints"), stops=Attr("ints"), steps=Attr("ints"))
     traits = LAYOUT
 
     @classmethod
@@ -82,12 +85,14 @@ class Slice(OpDef):
         if not len(starts) == len(stops) == len(steps) == x.rank:
             raise ShapeError(f"slice: starts/stops/steps need {x.rank} entries each for {x}")
         shape = []
-        for d, start, stop, step in zip(x.shape, starts, stops, steps):
+        for d, start, stop, step in zip(x.shape, starts, stops, steps, strict=True):
             if step == 0:
                 raise ShapeError("slice: a step cannot be 0")
             if isinstance(d, SymDim):
-                if (start, stop, step) != (0, END, 1):
-                    raise ShapeError(f"slice: symbolic dim {d} of {x} can only be kept whole")
+                if (start, stop, step) not in WHOLE:
+                    raise ShapeError(
+                        f"slice: symbolic dim {d} of {x} can only be kept whole or reversed"
+                    )
                 shape.append(d)
             else:
                 shape.append(len(range(*slice(start, stop, step).indices(d))))
@@ -96,7 +101,8 @@ class Slice(OpDef):
     @classmethod
     def reference(cls, args, attrs):
         index = tuple(
-            slice(a, b, c) for a, b, c in zip(attrs["starts"], attrs["stops"], attrs["steps"])
+            slice(a, b, c)
+            for a, b, c in zip(attrs["starts"], attrs["stops"], attrs["steps"], strict=True)
         )
         return args[0][index]
 
@@ -107,7 +113,7 @@ class Concat(OpDef):
 
     name = "concat"
     operands = ("*inputs",)
-    attributes = {"axis": Attr("int", 0)}
+    attributes = attr_table(axis=Attr("int", 0))
     traits = LAYOUT
 
     @classmethod
@@ -144,7 +150,7 @@ class BroadcastTo(OpDef):
 
     name = "broadcast_to"
     operands = ("x",)
-    attributes = {"shape": Attr("shape")}
+    attributes = attr_table(shape=Attr("shape"))
     traits = LAYOUT
 
     @classmethod
@@ -169,7 +175,7 @@ class ExpandDims(OpDef):
 
     name = "expand_dims"
     operands = ("x",)
-    attributes = {"axes": Attr("ints")}
+    attributes = attr_table(axes=Attr("ints"))
     traits = LAYOUT
 
     @classmethod
@@ -191,7 +197,7 @@ class Squeeze(OpDef):
 
     name = "squeeze"
     operands = ("x",)
-    attributes = {"axes": Attr("ints")}
+    attributes = attr_table(axes=Attr("ints"))
     traits = LAYOUT
 
     @classmethod
@@ -217,7 +223,7 @@ class Gather(OpDef):
 
     name = "gather"
     operands = ("x", "indices")
-    attributes = {"axis": Attr("int", 0)}
+    attributes = attr_table(axis=Attr("int", 0))
 
     @classmethod
     def infer(cls, types, attrs):
@@ -225,11 +231,11 @@ class Gather(OpDef):
         if not idx.dtype.is_integer:
             raise DTypeError(f"gather: indices must be integers, got {idx}")
         axis = normalize_axis("gather", attrs["axis"], x.rank)
-        return [TensorType((*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]), x.dtype)]
+        return [TensorType((*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]), x.dtype)]
 
     @classmethod
     def reference(cls, args, attrs):
-        x, idx = args
+        x, idx = args[0], args[1].astype(np.int64)
         axis = normalize_axis("gather", attrs["axis"], x.ndim)
         size = x.shape[axis]
         if idx.size and (idx.min() < -size or idx.max() >= size):
@@ -237,5 +243,4 @@ class Gather(OpDef):
                 f"gather: index out of range [{-size}, {size}) for axis {axis} of shape "
                 f"{list(x.shape)} (got {idx.min()}..{idx.max()})"
             )
-        return np.take(x, idx.astype(np.int64), axis=axis)
-
+        return np.take(x, idx, axis=axis)
