@@ -4,4 +4,6 @@ from tilefold.ir.ops import control, elementwise, linalg, nn, reduce, shape
 from tilefold.ir.ops import fusion as fusion  # the fused-region op of the fusion pass
 
 __all__ = ["control", "elementwise", "linalg", "nn", "reduce", "shape"]
+from tilefold.ir.ops import attention as attention  # scaled_dot_product_attention
+from tilefold.ir.ops import index as index  # arange, advanced index
 from tilefold.ir.ops import quant as quant  # quantize, dequantize

@@ -1,0 +1,95 @@
+"""Scaled dot-product attention kept as one op, so that it can compile to one fused kernel."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tilefold import dtypes
+from tilefold.errors import DTypeError, ShapeError
+from tilefold.ir.opdef import Attr, OpDef, attr_table, register
+from tilefold.ir.ops.common import evaluate, require, same_dtype
+from tilefold.ir.shapes import broadcast_shapes
+from tilefold.ir.types import TensorType
+
+
+@register
+class ScaledDotProductAttention(OpDef):
+    """softmax(q @ k^T * scale + mask) @ v, as torch's `scaled_dot_product_attention`.
+
+    q [..., H, L, E], k [..., Hk, S, E], v [..., Hk, S, Ev] -> [..., H, L, Ev]. The optional
+    `mask` broadcasts to [..., H, L, S]: a bool mask keeps the True positions, a float mask is
+    added to the scores. `is_causal` keeps key j <= query i (top-left aligned). `scale` defaults
+    to 1/sqrt(E). `enable_gqa` lets H be a multiple of Hk (each key/value head serves H/Hk query
+    heads). A query row with every key masked gives zeros, as PyTorch does.
+    `%o = scaled_dot_product_attention(%q, %k, %v, %m) {scale = 0.125} : f32[?b,12,?s,64]`
+    """
+
+    name = "scaled_dot_product_attention"
+    operands = ("q", "k", "v", "*mask")
+    attributes = attr_table(
+        is_causal=Attr("bool", False),
+        scale=Attr("float", None, doc="None means 1/sqrt(E)"),
+        enable_gqa=Attr("bool", False),
+    )
+
+    @classmethod
+    def infer(cls, types, attrs):
+        q, k, v, *masks = types
+        name = cls.name
+        require(name, q, "float")
+        dt = same_dtype(name, [q, k, v])
+        if len(masks) > 1:
+            raise ShapeError(f"{name}: takes at most one mask, got {len(masks)}")
+        if not q.rank == k.rank == v.rank or q.rank < 2:
+            raise ShapeError(f"{name}: q, k, v need one rank >= 2, got {q}, {k}, {v}")
+        if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+            raise ShapeError(
+                f"{name}: q/k feature dims or k/v sequence dims differ: {q}, {k}, {v}"
+            )
+        if k.shape[:-2] != v.shape[:-2]:
+            raise ShapeError(f"{name}: k and v batch dims differ: {k}, {v}")
+        batch = cls._batch(q, k, attrs["enable_gqa"])
+        if masks:
+            (m,) = masks
+            if m.dtype != dtypes.boolean and m.dtype != dt:
+                raise DTypeError(f"{name}: mask must be bool or {dt}, got {m}")
+            scores = (*batch, q.shape[-2], k.shape[-2])
+            if broadcast_shapes(name, m.shape, scores) != scores:
+                raise ShapeError(f"{name}: mask {m} does not broadcast to the scores {scores}")
+        return [TensorType((*batch, q.shape[-2], v.shape[-1]), dt)]
+
+    @staticmethod
+    def _batch(q: TensorType, k: TensorType, gqa: bool) -> tuple:
+        name = ScaledDotProductAttention.name
+        if not gqa or q.rank < 3:
+            return broadcast_shapes(name, q.shape[:-2], k.shape[:-2])
+        hq, hk = q.shape[-3], k.shape[-3]
+        if not (isinstance(hq, int) and isinstance(hk, int) and hk and hq % hk == 0):
+            raise ShapeError(f"{name}: with enable_gqa, {hq} query heads need a multiple of {hk}")
+        return (*broadcast_shapes(name, q.shape[:-3], k.shape[:-3]), hq)
+
+    @classmethod
+    def reference(cls, args, attrs):
+        def fn(q, k, v, *mask):
+            if attrs["enable_gqa"] and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+                rep = q.shape[-3] // k.shape[-3]
+                k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
+            scale = attrs["scale"]
+            scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+            scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+            keep = np.ones(scores.shape[-2:], dtype=bool)
+            if attrs["is_causal"]:
+                keep = np.tril(keep)
+            if mask and args[3].dtype == np.bool_:
+                keep = keep & mask[0]
+            elif mask:
+                scores = scores + mask[0]
+            scores = np.where(keep, scores, -np.inf)
+            top = np.max(scores, axis=-1, keepdims=True)
+            e = np.exp(scores - np.where(np.isfinite(top), top, 0))
+            total = np.sum(e, axis=-1, keepdims=True)
+            return np.matmul(np.where(total > 0, e / np.where(total > 0, total, 1), 0), v)
+
+        return evaluate(fn, args, dtypes.dtype(args[0].dtype))
