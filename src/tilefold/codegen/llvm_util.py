@@ -46,6 +46,46 @@ def for_range(b: ir.IRBuilder, start, stop, step=1, name: str = "i") -> Iterator
     b.position_at_end(done)
 
 
+class Carried:
+    """Loop-carried values of `for_range_carry`: read `values`, set `next`; `result` after."""
+
+    def __init__(self, index: ir.Value, values: list[ir.Value]):
+        self.index = index
+        self.values = values
+        self.next: list[ir.Value] = values
+        self.result: list[ir.Value] = values
+
+
+@contextmanager
+def for_range_carry(b: ir.IRBuilder, start, stop, step, inits: list[ir.Value],
+                    name: str = "i") -> Iterator[Carried]:
+    """`for_range` whose body updates values kept in phis (registers) across iterations."""
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.done")
+    step = step if isinstance(step, ir.Value) else const(step, stop.type)
+    b.branch(head)
+    b.position_at_end(head)
+    idx = b.phi(stop.type, name=name)
+    idx.add_incoming(start, pre)
+    phis = []
+    for init in inits:
+        phi = b.phi(init.type)
+        phi.add_incoming(init, pre)
+        phis.append(phi)
+    b.cbranch(b.icmp_signed("<", idx, stop), body, done)
+    b.position_at_end(body)
+    loop = Carried(idx, phis)
+    yield loop
+    for phi, value in zip(phis, loop.next, strict=True):
+        phi.add_incoming(value, b.block)
+    idx.add_incoming(b.add(idx, step, name=f"{name}.next"), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+    loop.result = phis
+
+
 @contextmanager
 def for_chunks(b: ir.IRBuilder, start, stop, sizes: tuple[int, ...], name: str = "i"):
     """Walk [start, stop) in chunks, each the largest of `sizes` (descending, ending in 1) that

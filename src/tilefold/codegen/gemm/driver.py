@@ -65,7 +65,7 @@ def emit_gemm(module: ir.Module, kernel: MicroKernel) -> ir.Function:
     pack_b = emit_pack_b(module, kernel.nr, kernel.lanes, PACK_B)
     block = _emit_block(module, kernel, table, pack_a, pack_b)
     worker = _emit_worker(module, kernel, block)
-    return _emit_entry(module, worker)
+    return emit_entry(module, worker, ENTRY, Param.DATA_OFFSET, Param.THREADS)
 
 
 def _kernel_table(module: ir.Module, kernel: MicroKernel) -> ir.GlobalVariable:
@@ -205,18 +205,19 @@ def _emit_worker(module, kernel, block) -> ir.Function:
     return fn
 
 
-def _emit_entry(module, worker) -> ir.Function:
-    """`tf_gemm(params, A, B, C, ws)`: one native call runs the whole (batched) GEMM.
+def emit_entry(module, worker, name: str, offset_slot: int, threads_slot: int) -> ir.Function:
+    """`name(params, X, Y, Z, ws)`: one native call runs `worker` on `params[threads_slot]`
+    threads with ctx = [params, X, Y, Z, ws] (data pointers).
 
-    Reading the data pointers out of the array objects here saves ≈ 1 µs per operand over
-    `ndarray.ctypes.data` in Python."""
+    X, Y, Z are NumPy array objects whose data pointers are read here (≈ 1 µs per operand less
+    than `ndarray.ctypes.data` in Python), or raw pointers when `params[offset_slot]` is -1."""
     i8p = u.i8.as_pointer()
-    fn = ir.Function(module, ir.FunctionType(u.void, [_I64P, i8p, i8p, i8p, _FP]), name=ENTRY)
+    fn = ir.Function(module, ir.FunctionType(u.void, [_I64P, i8p, i8p, i8p, _FP]), name=name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     params = fn.args[0]
     ctx = b.alloca(ir.ArrayType(u.i64, 5), name="ctx")
     slots = b.bitcast(ctx, u.i64.as_pointer())
-    offset = b.load(u.gep(b, params, int(Param.DATA_OFFSET)))
+    offset = b.load(u.gep(b, params, int(offset_slot)))
     objects = b.icmp_signed(">=", offset, u.const(0))
     for i, arg in enumerate(fn.args):
         if i in (1, 2, 3):
@@ -228,7 +229,7 @@ def _emit_entry(module, worker) -> ir.Function:
                     b.store(b.ptrtoint(arg, u.i64), u.gep(b, slots, i))
         else:
             b.store(b.ptrtoint(arg, u.i64), u.gep(b, slots, i))
-    threads = b.trunc(b.load(u.gep(b, fn.args[0], int(Param.THREADS))), u.i32)
+    threads = b.trunc(b.load(u.gep(b, params, int(threads_slot))), u.i32)
     ctx8 = b.bitcast(ctx, u.i8.as_pointer())
     with b.if_else(b.icmp_signed("<=", threads, u.const(1, u.i32))) as (single, many):
         with single:

@@ -9,6 +9,7 @@ import logging
 from llvmlite import ir
 
 from tilefold.codegen.gemm.driver import ENTRY, PACK_B, emit_gemm
+from tilefold.codegen.gemm.gemv import GEMV_ENTRY, emit_gemv
 from tilefold.codegen.gemm.registry import MicroKernel, select_microkernel
 from tilefold.runtime import compile_llvm_ir, thread_pool
 from tilefold.target import host_target
@@ -22,6 +23,7 @@ def gemm_ir(target, kernel: MicroKernel) -> str:
     module = ir.Module(name=f"tf_gemm_{kernel.name}")
     module.triple = target.triple
     emit_gemm(module, kernel)
+    emit_gemv(module, kernel.lanes)
     return str(module)
 
 
@@ -38,6 +40,8 @@ class GemmModule:
         self.entry = self.compiled.function(ENTRY, None, _P, _P, _P, _P, _P)
         obj = ctypes.py_object
         self.entry_objects = self.compiled.function(ENTRY, None, _P, obj, obj, obj, _P)
+        self.gemv = self.compiled.function(GEMV_ENTRY, None, _P, _P, _P, _P, _P)
+        self.gemv_objects = self.compiled.function(GEMV_ENTRY, None, _P, obj, obj, obj, _P)
         i64 = ctypes.c_int64
         self.pack_b = self.compiled.function(PACK_B, None, i64, i64, _P, i64, i64, _P)
         log.info("gemm module %s for %s: %.1f ms%s", kernel.name, target.name,

@@ -10,6 +10,7 @@ import numpy as np
 
 from tilefold.codegen.gemm.blocking import Blocking, derive_blocking
 from tilefold.codegen.gemm.driver import BMode, Param
+from tilefold.codegen.gemm.gemv import GemvMode, GemvParam
 from tilefold.codegen.gemm.module import GemmModule
 
 _ALIGN = 64
@@ -54,8 +55,30 @@ def _balanced(extent: int, block: int, unit: int) -> int:
     return min(block, math.ceil(math.ceil(extent / nblocks) / unit) * unit)
 
 
-class GemmPlan:
-    """A ready-to-run (batched) GEMM of fixed shapes and strides; call `run(a, b, c)`."""
+class _Plan:
+    """Holds a filled parameter block and runs the module entry on three operands."""
+
+    ws_bytes = 0
+
+    def __init__(self, entry_objects, entry_raw, values: dict[int, int], size: int):
+        p = np.zeros(size, np.int64)
+        for slot, value in values.items():
+            p[slot] = value
+        self.params = p
+        self._params_ptr = p.ctypes.data
+        self._entry = entry_objects if DATA_OFFSET >= 0 else entry_raw
+
+    def run(self, x: np.ndarray, y: np.ndarray, z: np.ndarray) -> None:
+        """One native call. The caller guarantees the shapes, strides and dtypes planned for."""
+        ws = _workspace.get(self.ws_bytes)
+        if DATA_OFFSET >= 0:
+            self._entry(self._params_ptr, x, y, z, ws)
+        else:
+            self._entry(self._params_ptr, x.ctypes.data, y.ctypes.data, z.ctypes.data, ws)
+
+
+class GemmPlan(_Plan):
+    """A ready-to-run (batched) GEMM of fixed shapes and strides; `run(a, b, c)`."""
 
     def __init__(self, module: GemmModule, m: int, n: int, k: int, strides: tuple[int, ...],
                  offsets: np.ndarray, beta: int, threads: int, bmode: BMode,
@@ -70,9 +93,7 @@ class GemmPlan:
         nc = _balanced(math.ceil(n / tn), blk.nc, kern.nr)
         ws_floats = mc * kc + kc * min(nc, math.ceil(n / kern.lanes) * kern.lanes) + 16
         ws_floats = math.ceil(ws_floats / 16) * 16
-        self.threads = threads
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-        p = np.zeros(len(Param), np.int64)
         rsa, csa, rsb, csb, rsc = strides
         values = {Param.M: m, Param.N: n, Param.K: k, Param.RSA: rsa, Param.CSA: csa,
                   Param.RSB: rsb, Param.CSB: csb, Param.RSC: rsc, Param.BETA: beta,
@@ -80,14 +101,12 @@ class GemmPlan:
                   Param.BMODE: bmode, Param.OFFSETS: self.offsets.ctypes.data,
                   Param.WS_PER_THREAD: ws_floats, Param.MC: mc, Param.KC: kc, Param.NC: nc,
                   Param.DATA_OFFSET: DATA_OFFSET}
-        for slot, value in values.items():
-            p[slot] = value
-        self.params = p
+        super().__init__(module.entry_objects, module.entry, values, len(Param))
+        self.threads = threads
+        self.bmode = bmode
         self.blocking = Blocking(mc, kc, nc)
         self.split = (tm, tn)
         self.ws_bytes = ws_floats * 4 * threads
-        self._params_ptr = p.ctypes.data
-        self._entry = module.entry_objects if DATA_OFFSET >= 0 else module.entry
 
     @staticmethod
     def _split(m: int, n: int, batch: int, threads: int, mr: int, nr: int) -> tuple[int, int]:
@@ -100,13 +119,30 @@ class GemmPlan:
             return per, 1
         return 1, per
 
-    def run(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
-        """C (+)= A @ B. The caller guarantees the shapes, strides and dtypes the plan was made for."""
-        ws = _workspace.get(self.ws_bytes)
-        if DATA_OFFSET >= 0:
-            self._entry(self._params_ptr, a, b, c, ws)
+    def __call__(self, a: np.ndarray, b, c: np.ndarray) -> None:
+        self.run(a, b, c)
+
+
+class GemvPlan(_Plan):
+    """y (+)= W x for a GEMM with M = 1 or N = 1; `__call__(a, b, c)` maps the operands."""
+
+    def __init__(self, module: GemmModule, n_out: int, k: int, ldw: int, incx: int, incy: int,
+                 beta: int, threads: int, mode: GemvMode, w_is_a: bool):
+        threads = max(1, threads if 2 * n_out * k >= PARALLEL_MIN_FLOPS else 1)
+        values = {GemvParam.N_OUT: n_out, GemvParam.K: k, GemvParam.LDW: ldw,
+                  GemvParam.INC_X: incx, GemvParam.INC_Y: incy, GemvParam.BETA: beta,
+                  GemvParam.THREADS: threads, GemvParam.MODE: mode,
+                  GemvParam.DATA_OFFSET: DATA_OFFSET}
+        super().__init__(module.gemv_objects, module.gemv, values, len(GemvParam))
+        self.threads = threads
+        self.mode = mode
+        self.w_is_a = w_is_a
+
+    def __call__(self, a: np.ndarray, b, c: np.ndarray) -> None:
+        if self.w_is_a:
+            self.run(b, a, c)
         else:
-            self._entry(self._params_ptr, a.ctypes.data, b.ctypes.data, c.ctypes.data, ws)
+            self.run(a, b, c)
 
 
 def _batch_offsets(batch_shape, *arrays_and_strides) -> np.ndarray:
@@ -136,11 +172,28 @@ def choose_bmode(m: int, n: int, csb: int, kernel) -> BMode:
 DIRECT_B_MAX_M = 16
 
 
-def make_plan(module: GemmModule, a: np.ndarray, b, c: np.ndarray, beta: int, threads: int,
-              blocking: Blocking | None = None, bmode: BMode | None = None) -> GemmPlan:
-    """Plan C (+)= A @ B for arrays of these shapes and strides (batch dims broadcast).
+def _gemv_plan(module, m, n, k, sa, sb, sc, beta, threads) -> GemvPlan | None:
+    """A matrix-vector plan when one of M, N is 1 and the matrix is contiguous one way."""
+    (rsa, csa), (rsb, csb), (rsc, csc) = sa, sb, sc
+    if m == 1:  # y[j] = sum_k B[k, j] x[k], x = A's row, y = C's row
+        if csb == 1:
+            return GemvPlan(module, n, k, rsb, csa, csc, beta, threads, GemvMode.AXPY, False)
+        if rsb == 1 and csa == 1:
+            return GemvPlan(module, n, k, csb, csa, csc, beta, threads, GemvMode.DOT, False)
+    elif n == 1:  # y[i] = sum_k A[i, k] x[k], x = B's column, y = C's column
+        if csa == 1 and rsb == 1:
+            return GemvPlan(module, m, k, rsa, rsb, rsc, beta, threads, GemvMode.DOT, True)
+        if rsa == 1 and rsc == 1:
+            return GemvPlan(module, m, k, csa, rsb, rsc, beta, threads, GemvMode.AXPY, True)
+    return None
 
-    `b` is an ndarray or a `PackedMatrix`; `c` must have a unit column stride."""
+
+def make_plan(module: GemmModule, a: np.ndarray, b, c: np.ndarray, beta: int, threads: int,
+              blocking: Blocking | None = None, bmode: BMode | None = None):
+    """Plan C (+)= A @ B for arrays of these shapes and strides (batch dims broadcast); the plan
+    is called as `plan(a, b, c)` with `b` as given (an ndarray or a `PackedMatrix`'s data).
+
+    `c` must have a unit column stride."""
     from tilefold.codegen.gemm.prepack import PackedMatrix
 
     m, k = a.shape[-2:]
@@ -152,7 +205,13 @@ def make_plan(module: GemmModule, a: np.ndarray, b, c: np.ndarray, beta: int, th
 
     sa, sc = es(a), es(c)
     batch_shape = c.shape[:-2]
-    if isinstance(b, PackedMatrix):
+    packed = isinstance(b, PackedMatrix)
+    if (not packed and math.prod(batch_shape) == 1 and (m == 1 or n == 1) and bmode is None
+            and blocking is None):
+        gemv = _gemv_plan(module, m, n, k, sa[-2:], es(b)[-2:], sc[-2:], beta, threads)
+        if gemv is not None:
+            return gemv
+    if packed:
         sb, b_batch = (0, 0), ((), ())
         bmode = BMode.PREPACKED
     else:

@@ -1,0 +1,163 @@
+"""Bandwidth-bound matrix-vector products (GEMM with M = 1 or N = 1), in LLVM IR.
+
+y[i] (+)= sum_k W(i, k) x[k] in one of two forms, by which way W is contiguous:
+`dot` (rows of W contiguous along k: vector dot products, four rows sharing each x load) and
+`axpy` (W(i, k) = W[k * ldw + i], contiguous along i: y chunks kept in registers over all k).
+Both split the outputs i over threads; every load of W is used once, so they run at memory speed.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
+
+_FP = u.f32.as_pointer()
+GEMV_ENTRY = "tf_gemv"
+DOT_ROWS = 4
+AXPY_VECTORS = 8
+
+
+class GemvParam(enum.IntEnum):
+    """Slots of the int64 parameter block of `tf_gemv`."""
+
+    N_OUT = 0
+    K = 1
+    LDW = 2
+    INC_X = 3
+    INC_Y = 4
+    BETA = 5
+    THREADS = 6
+    MODE = 7
+    DATA_OFFSET = 8
+
+
+class GemvMode(enum.IntEnum):
+    DOT = 0
+    AXPY = 1
+
+
+def emit_gemv(module: ir.Module, lanes: int) -> ir.Function:
+    """Add `tf_gemv(params, x, W, y, ws)` for vectors of `lanes` floats."""
+    dot = _emit_dot(module, lanes)
+    axpy = _emit_axpy(module, lanes)
+    worker = ir.Function(module, WORKER_TYPE, name="tf_gemv_worker")
+    worker.linkage = "internal"
+    ctx, tid, nth = worker.args
+    b = ir.IRBuilder(worker.append_basic_block("entry"))
+    fields = b.bitcast(ctx, u.i64.as_pointer())
+    params = b.inttoptr(b.load(u.gep(b, fields, 0)), u.i64.as_pointer())
+    x, w, y = (b.inttoptr(b.load(u.gep(b, fields, i)), _FP) for i in (1, 2, 3))
+
+    def p(slot):
+        return b.load(u.gep(b, params, int(slot)))
+
+    n_out = p(GemvParam.N_OUT)
+    unit = lanes * AXPY_VECTORS
+    units = b.sdiv(b.add(n_out, u.const(unit - 1)), u.const(unit))
+    tid64, nth64 = b.sext(tid, u.i64), b.sext(nth, u.i64)
+    i0 = u.smin(b, b.mul(b.sdiv(b.mul(units, tid64), nth64), u.const(unit)), n_out)
+    i1 = u.smin(b, b.mul(b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64), u.const(unit)),
+                n_out)
+    args = [i0, i1, p(GemvParam.K), w, p(GemvParam.LDW), x, p(GemvParam.INC_X), y,
+            p(GemvParam.INC_Y), b.trunc(p(GemvParam.BETA), u.i32)]
+    is_dot = b.icmp_signed("==", p(GemvParam.MODE), u.const(GemvMode.DOT))
+    with b.if_else(is_dot) as (then, other):
+        with then:
+            b.call(dot, args)
+        with other:
+            b.call(axpy, args)
+    b.ret_void()
+    return emit_entry(module, worker, GEMV_ENTRY, GemvParam.DATA_OFFSET, GemvParam.THREADS)
+
+
+_ARGS = ("i0", "i1", "k", "w", "ldw", "x", "incx", "y", "incy", "beta")
+_TYPES = [u.i64, u.i64, u.i64, _FP, u.i64, _FP, u.i64, _FP, u.i64, u.i32]
+
+
+def _new(module, name):
+    fn = ir.Function(module, ir.FunctionType(u.void, _TYPES), name=name)
+    fn.linkage = "internal"
+    for arg, n in zip(fn.args, _ARGS, strict=True):
+        arg.name = n
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+def _finish(b, acc, ptr, beta):
+    """y = acc (beta 0: y is never read) or y + acc."""
+    keep = b.icmp_signed("!=", beta, u.const(0, u.i32))
+    with b.if_then(keep):
+        b.store(b.fadd(b.load(ptr, align=4), acc), ptr, align=4)
+    with b.if_then(b.not_(keep)):
+        b.store(acc, ptr, align=4)
+
+
+def _hsum(b, v):
+    fn = u.intrinsic(b.module, f"llvm.vector.reduce.fadd.v{v.type.count}f32", u.f32,
+                     [u.f32, v.type])
+    return b.call(fn, [ir.Constant(u.f32, 0.0), v], fastmath=("reassoc",))
+
+
+def _emit_dot(module, lanes):
+    """Rows i of W contiguous along k (W(i, k) = W[i * ldw + k]); x must be contiguous."""
+    fn, b = _new(module, "tf_gemv_dot")
+    i0, i1, k, w, ldw, x, _incx, y, incy, beta = fn.args
+    zero = ir.Constant(u.vec(u.f32, lanes), [0.0] * lanes)
+    with u.for_chunks(b, i0, i1, (DOT_ROWS, 1), "i") as (i, rows):
+        four = b.icmp_signed("==", rows, u.const(DOT_ROWS))
+        with b.if_else(four) as (block, single):
+            for count, branch in ((DOT_ROWS, block), (1, single)):
+                with branch:
+                    ptrs = [u.gep(b, w, b.mul(b.add(i, u.const(r)), ldw)) for r in range(count)]
+                    with u.for_range_carry(b, u.const(0), k, lanes, [zero] * count, "kv") as lp:
+                        kv = lp.index
+                        mask = u.lane_mask(b, u.smin(b, b.sub(k, kv), u.const(lanes)), lanes)
+                        xv = u.masked_load(b, u.vptr(b, u.gep(b, x, kv), lanes), mask, lanes)
+                        lp.next = [
+                            u.fma(b, u.masked_load(b, u.vptr(b, u.gep(b, ptr, kv), lanes), mask,
+                                                   lanes), xv, acc)
+                            for ptr, acc in zip(ptrs, lp.values, strict=True)]
+                    for r, acc in enumerate(lp.result):
+                        out = u.gep(b, y, b.mul(b.add(i, u.const(r)), incy))
+                        _finish(b, _hsum(b, acc), out, beta)
+    b.ret_void()
+    return fn
+
+
+def _emit_axpy(module, lanes):
+    """W(i, k) = W[k * ldw + i], contiguous along i; y must be contiguous (incy = 1).
+
+    Chunks of AXPY_VECTORS vectors of y live in registers over all k; rows ahead are prefetched
+    because successive k rows are `ldw` apart, too far for the hardware prefetcher."""
+    fn, b = _new(module, "tf_gemv_axpy")
+    i0, i1, k, w, ldw, x, incx, y, _incy, beta = fn.args
+    nvec = AXPY_VECTORS
+    zero = ir.Constant(u.vec(u.f32, lanes), [0.0] * lanes)
+    chunk = lanes * nvec
+    with u.for_range(b, i0, i1, chunk, "i") as i:
+        left = b.sub(i1, i)
+        masks = [u.lane_mask(b, u.smax(b, u.smin(b, b.sub(left, u.const(v * lanes)),
+                                                    u.const(lanes)), u.const(0)), lanes)
+                 for v in range(nvec)]
+        base = u.gep(b, w, i)
+        with u.for_range_carry(b, u.const(0), k, 1, [zero] * nvec, "k") as lp:
+            kk = lp.index
+            row = u.gep(b, base, b.mul(kk, ldw))
+            ahead = b.gep(row, [b.mul(u.const(8), ldw)])  # may point past W: prefetch only
+            for v in range(0, nvec, 16 // lanes or 1):
+                u.prefetch(b, b.gep(ahead, [u.const(v * lanes)]), locality=0)
+            xs = u.splat(b, b.load(u.gep(b, x, b.mul(kk, incx)), align=4), lanes)
+            lp.next = [
+                u.fma(b, u.masked_load(b, u.vptr(b, u.gep(b, row, v * lanes), lanes), masks[v],
+                                       lanes), xs, acc)
+                for v, acc in enumerate(lp.values)]
+        keep = u.splat(b, b.icmp_signed("!=", beta, u.const(0, u.i32)), lanes)
+        for v, acc in enumerate(lp.result):
+            ptr = u.vptr(b, u.gep(b, y, b.add(i, u.const(v * lanes))), lanes)
+            old = u.masked_load(b, ptr, b.and_(masks[v], keep), lanes)
+            u.masked_store(b, b.fadd(acc, old), ptr, masks[v])
+    b.ret_void()
+    return fn

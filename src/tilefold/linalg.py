@@ -1,0 +1,192 @@
+"""NumPy-level linear algebra on tilefold's generated kernels: `matmul` and `prepack`.
+
+`matmul` follows `np.matmul` (1-D operands, broadcast batch dims, `out=`). float32 runs the
+compiled BLIS-shaped GEMM; other dtypes run NumPy's matmul (the extern method) with a logged
+note. Every check happens before native code runs, so bad input raises a `TilefoldError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from tilefold.codegen.gemm.module import gemm_module
+from tilefold.codegen.gemm.plan import make_plan
+from tilefold.codegen.gemm.prepack import PackedMatrix
+from tilefold.errors import DTypeError, ShapeError, UnsupportedError
+from tilefold.runtime import thread_pool
+
+__all__ = ["PackedMatrix", "matmul", "prepack"]
+
+log = logging.getLogger("tilefold.kernels")
+_F32 = np.dtype(np.float32)
+_plans: dict[tuple, object] = {}
+_MAX_PLANS = 4096
+_noted: set[tuple[str, str]] = set()
+
+
+def prepack(b: np.ndarray) -> PackedMatrix:
+    """Pack a constant float32 B[K, N] (weights) once for the host's GEMM; pass it as matmul's
+    `b` to skip B packing on every call."""
+    b = np.asarray(b)
+    if b.ndim != 2:
+        raise ShapeError(f"prepack: B must be 2-D [K, N], got shape {b.shape}; "
+                         "pre-pack each matrix of a batch separately")
+    if b.dtype != _F32:
+        raise DTypeError(f"prepack: B must be float32, got {b.dtype}; convert with "
+                         ".astype(np.float32) (other dtypes have no packed kernel yet)")
+    return PackedMatrix(b if b.flags.aligned else np.ascontiguousarray(b), gemm_module())
+
+
+def matmul(a, b, out: np.ndarray | None = None, *, threads: int | None = None) -> np.ndarray:
+    """`np.matmul(a, b, out=out)` on tilefold kernels; `threads` defaults to the runtime's
+    ($TILEFOLD_NUM_THREADS, else every allowed CPU)."""
+    packed = isinstance(b, PackedMatrix)
+    a = a if isinstance(a, np.ndarray) else np.asarray(a)
+    if not packed:
+        b = b if isinstance(b, np.ndarray) else np.asarray(b)
+    if a.dtype != _F32 or b.dtype != _F32:
+        return _extern(a, b, out, packed)
+    if not a.flags.aligned:  # strides or address not in whole float32 steps
+        a = np.ascontiguousarray(a)
+    if not packed and not b.flags.aligned:
+        b = np.ascontiguousarray(b)
+    if threads is None:
+        threads = thread_pool().size
+    key = (a.shape, a.strides, b.shape, b.strides if not packed else id(b),
+           None if out is None else (out.shape, out.strides, out.dtype), threads)
+    entry = _plans.get(key)
+    if entry is None:
+        entry = _plan(a, b, out, threads, packed)
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = entry
+    plan, out_shape, a_shape, b_shape, c_shape, k = entry
+    if out is None:
+        out = _allocate(out_shape, a, b)
+    elif _overlaps(out, a) or (not packed and _overlaps(out, b)):
+        raise UnsupportedError(
+            f"matmul: out (shape {out.shape}) shares memory with an input; NumPy would buffer, "
+            "tilefold does not: pass a fresh out array or none")
+    if plan is None:  # empty result, or K == 0
+        if out.size and k == 0:
+            out[...] = 0
+        return out
+    c = out.reshape(c_shape) if out.shape != c_shape else out
+    if plan == "copy":  # out's layout is not one the kernel writes: compute, then copy
+        c[...] = matmul(a, b, threads=threads).reshape(c_shape)
+        return out
+    av = a.reshape(a_shape) if a.shape != a_shape else a
+    if packed:
+        plan(av, b.data, c)
+    else:
+        plan(av, b.reshape(b_shape) if b.shape != b_shape else b, c)
+    return out
+
+
+def _extern(a, b, out, packed: bool) -> np.ndarray:
+    """Dtypes without a compiled kernel run NumPy's matmul, noted once per dtype pair."""
+    if packed:
+        raise DTypeError(f"matmul: A is {a.dtype} but B is a pre-packed float32 matrix; "
+                         "convert A with .astype(np.float32)")
+    if not all(x.dtype.kind in "biufc" for x in (a, b)):
+        raise DTypeError(f"matmul: no kernel for dtypes {a.dtype} @ {b.dtype}; "
+                         "use numeric arrays (float32 is compiled)")
+    pair = (str(a.dtype), str(b.dtype))
+    if pair not in _noted:
+        _noted.add(pair)
+        log.info("matmul %s @ %s: no compiled kernel, running NumPy's matmul (extern)", *pair)
+    _check_shapes(a, b)
+    try:
+        return np.matmul(a, b, out=out)
+    except (TypeError, ValueError) as e:
+        raise DTypeError(f"matmul: {e}; out must have the result's shape and a dtype the "
+                         f"result ({np.result_type(a, b)}) can be cast to") from e
+
+
+def _check_shapes(a, b) -> tuple[int, ...]:
+    """np.matmul's shape rules; returns the broadcast batch shape."""
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul: operands must have at least 1 dimension, got shapes "
+                         f"{a.shape} and {b.shape}; use * for scalars")
+    ka = a.shape[-1]
+    kb = b.shape[-2] if b.ndim >= 2 else b.shape[0]
+    if ka != kb:
+        raise ShapeError(f"matmul: A {a.shape} @ B {b.shape}: contraction sizes differ "
+                         f"({ka} != {kb}); A's last dim must equal B's second-to-last")
+    try:
+        return np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ShapeError(f"matmul: A {a.shape} @ B {b.shape}: batch dims {a.shape[:-2]} and "
+                         f"{b.shape[:-2]} do not broadcast") from None
+
+
+def _plan(a, b, out, threads: int, packed: bool):
+    """Validate once per (shapes, strides, out layout, threads); returns the cached entry."""
+    batch = _check_shapes(a, b)
+    m = a.shape[-2] if a.ndim >= 2 else 1
+    n = b.shape[-1] if b.ndim >= 2 else 1
+    k = a.shape[-1]
+    out_shape = (*batch, *((m,) if a.ndim >= 2 else ()), *((n,) if b.ndim >= 2 else ()))
+    c_shape = (*batch, m, n)
+    a_shape = a.shape if a.ndim >= 2 else (1, k)
+    b_shape = b.shape if b.ndim >= 2 else (k, 1)
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise DTypeError(f"matmul: out must be a NumPy array, got {type(out).__name__}")
+        if out.shape != out_shape:
+            raise ShapeError(f"matmul: A {a.shape} @ B {b.shape} gives shape {out_shape}, but "
+                             f"out has shape {out.shape}; allocate out with the result's shape")
+        if out.dtype != _F32:
+            raise DTypeError(f"matmul: out must be float32 like the result, got {out.dtype}")
+        if not out.flags.writeable:
+            raise UnsupportedError("matmul: out is read-only; pass a writeable array")
+    if m * n * math.prod(batch) == 0 or k == 0:
+        return None, out_shape, a_shape, b_shape, c_shape, k
+    if out is None:
+        c = _Layout(c_shape, _contiguous_strides(c_shape))
+    else:
+        c = out.reshape(c_shape) if out.shape != c_shape else out
+        if c.strides[-1] != 4 or not c.flags.aligned:
+            return "copy", out_shape, a_shape, b_shape, c_shape, k
+    a2 = a.reshape(a_shape) if a.shape != a_shape else a
+    if packed:
+        if b.module is not gemm_module():
+            raise UnsupportedError(f"matmul: {b!r} was packed for another target; re-pack it")
+        b2 = b
+    else:
+        b2 = b.reshape(b_shape) if b.shape != b_shape else b
+    plan = make_plan(gemm_module(), a2, b2, c, 0, threads)
+    return plan, out_shape, a_shape, b_shape, c_shape, k
+
+
+class _Layout:
+    """Shape and strides of a result not allocated yet (all a plan needs to know of C)."""
+
+    def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...]):
+        self.shape = shape
+        self.strides = strides
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 4
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _overlaps(out: np.ndarray, x: np.ndarray) -> bool:
+    return np.may_share_memory(out, x) and np.shares_memory(out, x, max_work=10_000)
+
+
+def _allocate(shape, a, b) -> np.ndarray:
+    try:
+        return np.empty(shape, np.float32)
+    except (MemoryError, ValueError) as e:
+        nbytes = 4 * math.prod(shape)
+        raise ShapeError(f"matmul: A {a.shape} @ B {b.shape} needs a result of shape {shape} "
+                         f"({nbytes / 2**30:.1f} GiB), which cannot be allocated; split the "
+                         "product or pass a preallocated out") from e
