@@ -1,0 +1,107 @@
+"""Decoding weight codes to f32 vectors in registers: one rule per code kind, chosen per target.
+
+A decoder turns the bytes of one k-pair of a column panel (L lanes) into two f32 vectors (codes
+k and k+1). Values may come out scaled by a power of two (`factor` undoes it, once per group):
+minifloats are decoded by moving their bits into an f32 and rebiasing the exponent later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+
+# 4-bit code -> value, indexed by the nibble (low 4 bits).
+NIBBLE_TABLES = {
+    "i4": np.array([v - 16 if v > 7 else v for v in range(16)], np.float32),
+    "fp4e2m1": np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32),
+}
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """How codes of dtype `code` become f32 lanes; `nibbles` codes pack two per byte."""
+
+    code: str
+    method: str  # "lut" (vpermps), "sext4", "minifloat", "int"
+    nibbles: bool
+    factor: float = 1.0
+
+    @property
+    def bytes_per_pair(self) -> int:
+        """Bytes per lane holding codes k and k+1."""
+        return 1 if self.nibbles else 2
+
+
+def choose_decoder(code: str, target) -> Decoder:
+    """The fastest decoder the target supports for `code` (i4, fp4e2m1, fp8e4m3, i8, u8)."""
+    nibbles = code in NIBBLE_TABLES
+    if nibbles and target.has("avx512f"):
+        return Decoder(code, "lut", True)
+    if code == "i4":
+        return Decoder(code, "sext4", True)
+    if code == "fp4e2m1":
+        return Decoder(code, "minifloat", True, 2.0**126)
+    if code == "fp8e4m3":
+        return Decoder(code, "minifloat", False, 2.0**120)
+    return Decoder(code, "int", False)
+
+
+def _i32(b, value, lanes):
+    return ir.Constant(u.vec(u.i32, lanes), [value] * lanes)
+
+
+def _minifloat_bits(b, x, code: str, lanes: int):
+    """f32 bits of a minifloat code held in the low bits of each i32 lane (x: sign-extended for
+    fp8, a bare nibble for fp4): sign to bit 31, exponent|mantissa below f32's exponent field."""
+    if code == "fp8e4m3":
+        bits = b.and_(b.shl(x, _i32(b, 20, lanes)), _i32(b, 0x87F00000 - (1 << 32), lanes))
+    else:
+        mag = b.shl(b.and_(x, _i32(b, 7, lanes)), _i32(b, 22, lanes))
+        sign = b.shl(b.and_(x, _i32(b, 8, lanes)), _i32(b, 28, lanes))
+        bits = b.or_(mag, sign)
+    return b.bitcast(bits, u.vec(u.f32, lanes))
+
+
+def _one(b: ir.IRBuilder, dec: Decoder, x, lanes: int, lut):
+    """One vector of f32 values from codes in the low bits of the i32 lanes of `x`."""
+    if dec.method == "lut":
+        fn = u.intrinsic(b.module, "llvm.x86.avx512.permvar.sf.512", u.vec(u.f32, 16),
+                         [u.vec(u.f32, 16), u.vec(u.i32, 16)])
+        return b.call(fn, [lut, x])
+    if dec.method == "sext4":
+        nib = b.and_(x, _i32(b, 15, lanes))
+        return b.sitofp(b.sub(b.xor(nib, _i32(b, 8, lanes)), _i32(b, 8, lanes)),
+                        u.vec(u.f32, lanes))
+    if dec.method == "minifloat":
+        return _minifloat_bits(b, x, dec.code, lanes)
+    return b.sitofp(x, u.vec(u.f32, lanes))
+
+
+def lut_constant(dec: Decoder):
+    """The vpermps table operand, or None when the decoder needs none."""
+    if dec.method != "lut":
+        return None
+    return ir.Constant(u.vec(u.f32, 16), [float(v) for v in NIBBLE_TABLES[dec.code]])
+
+
+def decode_pair(b: ir.IRBuilder, dec: Decoder, ptr, lanes: int, lut):
+    """(codes k, codes k+1) as f32 vectors from the `bytes_per_pair * lanes` bytes at `ptr`."""
+    byte_vec = u.vec(u.i8, lanes)
+    i32v = u.vec(u.i32, lanes)
+    signed = dec.code in ("i8", "fp8e4m3")
+
+    def load(offset):
+        p = b.bitcast(u.gep(b, ptr, offset), byte_vec.as_pointer())
+        raw = b.load(p, align=1)
+        return b.sext(raw, i32v) if signed else b.zext(raw, i32v)
+
+    if dec.nibbles:
+        both = load(0)
+        return (_one(b, dec, both, lanes, lut),
+                _one(b, dec, b.lshr(both, _i32(b, 4, lanes)), lanes, lut))
+    return _one(b, dec, load(0), lanes, lut), _one(b, dec, load(lanes), lanes, lut)

@@ -1,0 +1,125 @@
+"""Running weight-only GEMV/skinny GEMM: kernel panel layouts of a quantized weight, plans."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+
+import numpy as np
+
+from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
+from tilefold.codegen.lowp.decode import choose_decoder
+from tilefold.codegen.lowp.wgemv import ENTRY, WgemvSpec, WParam, wgemv_ir
+from tilefold.errors import UnsupportedError
+from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
+from tilefold.target import Target, host_target
+
+# Panels per tile by rows per pass: enough independent FMA chains (2 * mt * nv >= 8) to hide
+# latency, few enough accumulators to stay in registers.
+_TILES = ((1, 4), (2, 2), (4, 1), (8, 1))
+PANEL_PAD = 4  # panels are padded to a multiple of the widest tile
+_P = ctypes.c_void_p
+# Below this many weight bytes a second thread costs more than it saves.
+PARALLEL_MIN_BYTES = 1 << 18
+
+
+def tile_for(m: int) -> tuple[int, int]:
+    """(rows per pass, panels per tile) for M rows."""
+    return next(t for t in _TILES if m <= t[0]) if m <= 8 else _TILES[-1]
+
+
+class PanelLayout:
+    """A [K, N] weight's codes in column panels of `lanes`, k-pairs interleaved per lane, plus
+    scales and zero-point corrections as [panels, groups, lanes] f32 (panels padded)."""
+
+    def __init__(self, qt, lanes: int):
+        codes = np.moveaxis(qt.codes(), qt.axis, 0)
+        if codes.ndim != 2:
+            raise UnsupportedError(
+                f"weight-only matmul takes a 2-D weight, got shape {list(qt.shape)}; "
+                "reshape it to [K, N] (or [N, K] with axis=1)")
+        k, n = codes.shape
+        group = qt.group_size
+        if k % 2 or group % 2:
+            raise UnsupportedError(
+                f"weight-only kernels step k in pairs: K = {k} and group {group} must be even; "
+                "quantize with an even group_size or pad K")
+        self.k, self.n, self.group, self.lanes = k, n, group, lanes
+        self.groups = k // group
+        panels = math.ceil(n / lanes)
+        self.panels = math.ceil(panels / PANEL_PAD) * PANEL_PAD
+        npad = self.panels * lanes
+        bits = codes.view(np.uint8)
+        if qt.format.bits == 4:
+            bits = bits & 0x0F
+        full = np.zeros((k, npad), np.uint8)
+        full[:, :n] = bits
+        pairs = full.reshape(k // 2, 2, self.panels, lanes)
+        if qt.format.bits == 4:
+            self.codes = np.ascontiguousarray(
+                (pairs[:, 0] | (pairs[:, 1] << 4)).transpose(1, 0, 2))
+        else:
+            self.codes = np.ascontiguousarray(pairs.transpose(2, 0, 1, 3))
+        self.scale = self._per_column(qt, qt.scale, 1.0)
+        self.zcorr = None
+        if qt.zero_point is not None:
+            zc = -qt.zero_point.astype(np.float64) * qt.scale.astype(np.float64)
+            self.zcorr = self._per_column(qt, zc.astype(np.float32), 0.0)
+        self.code = qt.code.name
+
+    def _per_column(self, qt, values: np.ndarray, pad: float) -> np.ndarray:
+        """[groups, N'] blockwise values -> [panels, groups, lanes]."""
+        v = np.moveaxis(values, qt.axis, 0)
+        v = np.repeat(v, self.n // v.shape[1], axis=1)
+        full = np.full((self.groups, self.panels * self.lanes), pad, np.float32)
+        full[:, :self.n] = v
+        return np.ascontiguousarray(full.reshape(self.groups, self.panels, self.lanes)
+                                    .transpose(1, 0, 2))
+
+
+def panel_layout(qt, lanes: int) -> PanelLayout:
+    """The weight's panel layout for `lanes`, built once and kept on the QuantizedTensor."""
+    key = ("panels", lanes)
+    if key not in qt.kernel_layouts:
+        qt.kernel_layouts[key] = PanelLayout(qt, lanes)
+    return qt.kernel_layouts[key]
+
+
+@functools.cache
+def _module(spec: WgemvSpec, target: Target):
+    thread_pool()  # `tilefold_parallel` must exist before the module links
+    compiled = compile_llvm_ir(wgemv_ir(spec, target), target, name=spec.name)
+    return (compiled.function(ENTRY, None, _P, ctypes.py_object, ctypes.py_object,
+                              ctypes.py_object, _P),
+            compiled.function(ENTRY, None, _P, _P, _P, _P, _P))
+
+
+def weight_only_matmul(x: np.ndarray, qt, target: Target | None = None,
+                       threads: int | None = None) -> np.ndarray:
+    """x[M, K] (f32, C-contiguous) @ dequantize(qt) -> f32[M, N], decoding in registers."""
+    target = target or host_target()
+    lanes = 16 if target.has("avx512f") else 8
+    layout = panel_layout(qt, lanes)
+    m, k = x.shape
+    mt, nv = tile_for(m)
+    spec = WgemvSpec(choose_decoder(layout.code, target), lanes, layout.group, mt, nv,
+                     layout.zcorr is not None)
+    entry_objects, entry_raw = _module(spec, target)
+    units = layout.panels // nv
+    if threads is None:
+        threads = num_threads() if layout.codes.nbytes >= PARALLEL_MIN_BYTES else 1
+    y = np.empty((m, layout.panels * lanes), np.float32)
+    sx = np.zeros(1, np.float32)
+    if layout.zcorr is not None:
+        sx = np.ascontiguousarray(x.reshape(m, layout.groups, layout.group).sum(-1,
+                                                                                dtype=np.float32))
+    zc = layout.zcorr if layout.zcorr is not None else layout.scale
+    values = {WParam.M: m, WParam.K: k, WParam.LDX: x.strides[0] // 4,
+              WParam.LDY: y.strides[0] // 4, WParam.UNITS: units,
+              WParam.GROUPS: layout.groups, WParam.THREADS: max(1, min(threads, units)),
+              WParam.SCALE: layout.scale.ctypes.data, WParam.ZCORR: zc.ctypes.data,
+              WParam.SX: sx.ctypes.data, WParam.DATA_OFFSET: DATA_OFFSET}
+    plan = _Plan(entry_objects, entry_raw, values, len(WParam))
+    plan.run(x, layout.codes, y)
+    return y[:, :layout.n]
