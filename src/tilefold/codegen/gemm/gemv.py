@@ -2,7 +2,7 @@
 
 y[i] (+)= sum_k W(i, k) x[k] in one of two forms, by which way W is contiguous:
 `dot` (rows of W contiguous along k: vector dot products, four rows sharing each x load) and
-`axpy` (W(i, k) = W[k * ldw + i], contiguous along i: y chunks kept in registers over all k).
+`axpy` (W(i, k) = W[k * ldw + i], contiguous along i: rank-8 updates of y, held in L1).
 Both split the outputs i over threads; every load of W is used once, so they run at memory speed.
 """
 
@@ -18,7 +18,7 @@ from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
 _FP = u.f32.as_pointer()
 GEMV_ENTRY = "tf_gemv"
 DOT_ROWS = 4
-AXPY_VECTORS = 8
+AXPY_ROWS = 8
 
 
 class GemvParam(enum.IntEnum):
@@ -56,7 +56,7 @@ def emit_gemv(module: ir.Module, lanes: int) -> ir.Function:
         return b.load(u.gep(b, params, int(slot)))
 
     n_out = p(GemvParam.N_OUT)
-    unit = lanes * AXPY_VECTORS
+    unit = lanes * 4
     units = b.sdiv(b.add(n_out, u.const(unit - 1)), u.const(unit))
     tid64, nth64 = b.sext(tid, u.i64), b.sext(nth, u.i64)
     i0 = u.smin(b, b.mul(b.sdiv(b.mul(units, tid64), nth64), u.const(unit)), n_out)
@@ -130,34 +130,30 @@ def _emit_dot(module, lanes):
 def _emit_axpy(module, lanes):
     """W(i, k) = W[k * ldw + i], contiguous along i; y must be contiguous (incy = 1).
 
-    Chunks of AXPY_VECTORS vectors of y live in registers over all k; rows ahead are prefetched
-    because successive k rows are `ldw` apart, too far for the hardware prefetcher."""
+    Rank-AXPY_ROWS updates of y: each pass reads AXPY_ROWS rows of W as sequential streams (the
+    hardware prefetcher's best case) and y, this thread's slice, stays in L1 between passes."""
     fn, b = _new(module, "tf_gemv_axpy")
     i0, i1, k, w, ldw, x, incx, y, _incy, beta = fn.args
-    nvec = AXPY_VECTORS
-    zero = ir.Constant(u.vec(u.f32, lanes), [0.0] * lanes)
-    chunk = lanes * nvec
-    with u.for_range(b, i0, i1, chunk, "i") as i:
-        left = b.sub(i1, i)
-        masks = [u.lane_mask(b, u.smax(b, u.smin(b, b.sub(left, u.const(v * lanes)),
-                                                    u.const(lanes)), u.const(0)), lanes)
-                 for v in range(nvec)]
-        base = u.gep(b, w, i)
-        with u.for_range_carry(b, u.const(0), k, 1, [zero] * nvec, "k") as lp:
-            kk = lp.index
-            row = u.gep(b, base, b.mul(kk, ldw))
-            ahead = b.gep(row, [b.mul(u.const(8), ldw)])  # may point past W: prefetch only
-            for v in range(0, nvec, 16 // lanes or 1):
-                u.prefetch(b, b.gep(ahead, [u.const(v * lanes)]), locality=0)
-            xs = u.splat(b, b.load(u.gep(b, x, b.mul(kk, incx)), align=4), lanes)
-            lp.next = [
-                u.fma(b, u.masked_load(b, u.vptr(b, u.gep(b, row, v * lanes), lanes), masks[v],
-                                       lanes), xs, acc)
-                for v, acc in enumerate(lp.values)]
-        keep = u.splat(b, b.icmp_signed("!=", beta, u.const(0, u.i32)), lanes)
-        for v, acc in enumerate(lp.result):
-            ptr = u.vptr(b, u.gep(b, y, b.add(i, u.const(v * lanes))), lanes)
-            old = u.masked_load(b, ptr, b.and_(masks[v], keep), lanes)
-            u.masked_store(b, b.fadd(acc, old), ptr, masks[v])
+    rows = AXPY_ROWS
+    keep_y = b.icmp_signed("!=", beta, u.const(0, u.i32))
+    with u.for_range(b, u.const(0), k, rows, "kb") as kb:
+        count = u.smin(b, u.const(rows), b.sub(k, kb))
+        valid = [b.icmp_signed("<", u.const(t), count) for t in range(rows)]
+        safe = [b.select(valid[t], b.add(kb, u.const(t)), kb) for t in range(rows)]
+        zero = ir.Constant(u.f32, 0.0)
+        xs = [u.splat(b, b.select(valid[t], b.load(u.gep(b, x, b.mul(safe[t], incx)), align=4),
+                                  zero), lanes) for t in range(rows)]
+        row_ptrs = [u.gep(b, w, b.mul(safe[t], ldw)) for t in range(rows)]
+        read_y = u.splat(b, b.or_(keep_y, b.icmp_signed(">", kb, u.const(0))), lanes)
+        with u.for_range(b, i0, i1, lanes, "i") as i:
+            mask = u.lane_mask(b, u.smin(b, b.sub(i1, i), u.const(lanes)), lanes)
+            yp = u.vptr(b, u.gep(b, y, i), lanes)
+            acc = u.masked_load(b, yp, b.and_(mask, read_y), lanes)
+            for t in range(rows):
+                row_mask = b.and_(mask, u.splat(b, valid[t], lanes))
+                wv = u.masked_load(b, u.vptr(b, u.gep(b, row_ptrs[t], i), lanes), row_mask,
+                                   lanes)
+                acc = u.fma(b, wv, xs[t], acc)
+            u.masked_store(b, acc, yp, mask)
     b.ret_void()
     return fn
