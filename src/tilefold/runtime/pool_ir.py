@@ -13,6 +13,9 @@ from string import Template
 from tilefold.errors import UnsupportedError
 
 MAX_THREADS = 512
+# After this long spinning, a waiter also yields its CPU (the thread it waits for may be queued
+# behind it when the machine is oversubscribed).
+_YIELD_AFTER_NS = 50_000
 _NTHREADS_BITS = 10
 
 # Per architecture: the futex syscall number and the spin-wait hint instruction.
@@ -47,6 +50,7 @@ declare ptr @pthread_getspecific(i32)
 declare i32 @pthread_setspecific(i32, ptr)
 declare i32 @sched_setaffinity(i32, i64, ptr)
 declare i32 @clock_gettime(i32, ptr)
+declare i32 @sched_yield()
 declare i64 @syscall(i64, ...)
 $pause_decl
 
@@ -89,13 +93,14 @@ done:
 }
 
 ; Waits until *addr != old: spins with a pause hint for tf_spin_ns, then sleeps on a futex.
+; Past $yield_ns of spinning it also yields, in case the awaited thread shares this CPU.
 define internal i32 @tf_wait_change(ptr %addr, i32 %old, ptr %sleepers) {
 entry:
   %window = load i64, ptr @tf_spin_ns, align 8
   %start = call i64 @tf_now()
   br label %spin
 spin:
-  %i = phi i32 [ 0, %entry ], [ %i.next, %pause ], [ %i.next, %clock ]
+  %i = phi i32 [ 0, %entry ], [ %i.next, %pause ], [ %i.next, %patience ], [ %i.next, %yield ]
   %seen = load atomic i32, ptr %addr acquire, align 4
   %changed = icmp ne i32 %seen, %old
   br i1 %changed, label %out, label %pause
@@ -109,7 +114,13 @@ clock:
   %now = call i64 @tf_now()
   %spent = sub i64 %now, %start
   %over = icmp sgt i64 %spent, %window
-  br i1 %over, label %sleep, label %spin
+  br i1 %over, label %sleep, label %patience
+patience:
+  %long = icmp sgt i64 %spent, $yield_ns
+  br i1 %long, label %yield, label %spin
+yield:
+  %yielded = call i32 @sched_yield()
+  br label %spin
 sleep:
   %s.inc = atomicrmw add ptr %sleepers, i32 1 seq_cst
   br label %recheck
@@ -430,6 +441,7 @@ def pool_ir(arch: str) -> str:
         max=MAX_THREADS,
         bits=_NTHREADS_BITS,
         mask=(1 << _NTHREADS_BITS) - 1,
+        yield_ns=_YIELD_AFTER_NS,
         sys_futex=sys_futex,
         pause_decl=pause_decl,
         pause_call=pause_call,

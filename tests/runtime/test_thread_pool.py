@@ -1,0 +1,180 @@
+"""The native worker pool: each tid once, correct sums, barriers, nesting, no deadlocks."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pool_kernels as pk
+import pytest
+
+from tilefold.errors import UnsupportedError
+from tilefold.runtime import num_threads, thread_pool
+
+
+@pytest.fixture(scope="module")
+def kernels() -> pk.PoolKernels:
+    return pk.load()
+
+
+def within(seconds: float, fn, *args) -> None:
+    """Run fn(*args) on a helper thread; a hang fails the test instead of the whole suite."""
+    errors: list[BaseException] = []
+
+    def target():
+        try:
+            fn(*args)
+        except BaseException as exc:
+            errors.append(exc)
+
+    helper = threading.Thread(target=target, daemon=True)
+    helper.start()
+    helper.join(seconds)
+    if helper.is_alive():
+        pytest.fail(f"still running after {seconds} s: deadlock")
+    if errors:
+        raise errors[0]
+
+
+def expected_threads(n: int) -> int:
+    return max(1, min(n, thread_pool().size))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 64])
+def test_every_tid_runs_exactly_once(kernels, n):
+    rec = pk.record()
+    within(10, kernels.count, rec.ctypes.data, n)
+    used = expected_threads(n)
+    assert (rec[pk.RUNS : pk.RUNS + used] == 1).all()
+    assert rec[pk.RUNS + used : pk.SEEN_N].sum() == 0
+    assert (rec[pk.SEEN_N : pk.SEEN_N + used] == used).all()
+
+
+def test_partitioned_sums_add_up(kernels):
+    rec, data = pk.record(), np.arange(100_003, dtype=np.int64)
+    ctx = pk.context(rec.ctypes.data, data.ctypes.data, data.size)
+    within(10, kernels.sum, ctx.ctypes.data, num_threads())
+    assert rec[pk.SUM_SLOTS : pk.SUM_SLOTS + 64].sum() == data.sum()
+
+
+def test_barrier_separates_phases(kernels):
+    rec, slots = pk.record(), np.full(64, -1, np.int64)
+    ctx = pk.context(rec.ctypes.data, slots.ctypes.data, 2000)
+    within(30, kernels.phases, ctx.ctypes.data, num_threads())
+    assert rec[pk.ERRORS] == 0
+
+
+def test_nested_regions_run_serially_and_their_barriers_pass(kernels):
+    rec = pk.record()
+    within(10, kernels.nested, rec.ctypes.data, 2)
+    outer = expected_threads(2)
+    assert (rec[pk.RUNS : pk.RUNS + outer] == 1).all()
+    inner = rec[pk.NESTED :]
+    assert inner[pk.RUNS] == outer and inner[pk.RUNS + 1 : pk.SEEN_N].sum() == 0
+    assert inner[pk.SEEN_N] == 1  # each nested region ran as one thread
+
+
+def test_python_side_run_and_region_cost(kernels):
+    rec = pk.record()
+    within(10, thread_pool().run, kernels.count_body_address, rec.ctypes.data, 2)
+    assert (rec[: expected_threads(2)] == 1).all()
+    cost = thread_pool().region_cost(2, repeats=200)
+    assert cost.native_us > 0 and cost.ctypes_us > 0
+
+
+def test_pool_size_is_visible_to_generated_code(kernels):
+    assert kernels.pool_size() == thread_pool().size == num_threads()
+
+
+def test_num_threads_reads_the_environment(monkeypatch):
+    monkeypatch.delenv("TILEFOLD_NUM_THREADS", raising=False)
+    assert num_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("TILEFOLD_NUM_THREADS", "3")
+    assert num_threads() == 3
+    monkeypatch.setenv("TILEFOLD_NUM_THREADS", "many")
+    with pytest.raises(UnsupportedError, match="TILEFOLD_NUM_THREADS"):
+        num_threads()
+
+
+def test_thread_count_from_the_environment_sizes_the_pool(run_python):
+    out = run_python(
+        """
+        import pool_kernels as pk
+        from tilefold.runtime import num_threads, thread_pool
+        kernels = pk.load()
+        rec = pk.record()
+        kernels.count(rec.ctypes.data, 8)
+        print(num_threads(), thread_pool().size, kernels.pool_size(), rec[:4].tolist())
+        """,
+        env={"TILEFOLD_NUM_THREADS": "3"},
+    )
+    assert out.strip().split(maxsplit=3) == ["3", "3", "3", "[1, 1, 1, 0]"]
+
+
+STRESS = """
+    import threading
+    import numpy as np
+    import pool_kernels as pk
+    from tilefold.runtime import num_threads
+    kernels = pk.load()
+    n = num_threads()
+    rec = pk.record()
+    for _ in range(2000):
+        kernels.count(rec.ctypes.data, n)
+    assert (rec[:n] == 2000).all(), rec[:n]
+
+    def phases():
+        rec, slots = pk.record(), np.zeros(64, np.int64)
+        ctx = pk.context(rec.ctypes.data, slots.ctypes.data, 20)
+        for _ in range(100):
+            kernels.phases(ctx.ctypes.data, n)
+            kernels.nested(rec.ctypes.data, n)
+        assert rec[pk.ERRORS] == 0
+        assert (rec[:n] == 100).all()
+
+    workers = [threading.Thread(target=phases) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"TILEFOLD_NUM_THREADS": "4", "TILEFOLD_SPIN_US": "1"},  # oversubscribed, futex paths
+    ],
+    ids=["default", "oversubscribed-sleeping"],
+)
+def test_many_regions_from_several_python_threads(run_python, env):
+    assert run_python(STRESS, env=env, timeout=90).strip() == "ok"
+
+
+def test_shutdown_and_fork_leave_regions_working(run_python):
+    out = run_python(
+        """
+        import os
+        import pool_kernels as pk
+        from tilefold.runtime import thread_pool
+        kernels = pk.load()
+        pid = os.fork()
+        if pid == 0:
+            rec = pk.record()
+            kernels.count(rec.ctypes.data, 2)  # no workers in the child: runs serially
+            serial = int(rec[:2].sum())
+            thread_pool()  # restarts workers
+            kernels.count(rec.ctypes.data, 2)
+            os._exit(0 if (serial, int(rec[:2].sum())) == (1, 3) else 1)
+        _, status = os.waitpid(pid, 0)
+        thread_pool().shutdown()
+        rec = pk.record()
+        kernels.count(rec.ctypes.data, 2)
+        print(os.waitstatus_to_exitcode(status), rec[:2].tolist())
+        """,
+        env={"TILEFOLD_NUM_THREADS": "2"},
+    )
+    assert out.strip() == "0 [1, 0]"

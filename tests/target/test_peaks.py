@@ -1,0 +1,58 @@
+"""Measured peaks: the probes run, give positive figures, and are reused from disk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tilefold.target.peaks as peaks
+from tilefold.errors import UnsupportedError
+from tilefold.target import (
+    cache_dir,
+    hardware_fingerprint,
+    host_target,
+    measured_bandwidth_gbps,
+    measured_peak_gflops,
+    named_target,
+)
+from tilefold.target.probes import probe_kind
+
+
+def test_f32_peak_is_measured_then_recalled_from_disk():
+    first = measured_peak_gflops(dtype="f32")
+    assert first > 0.1
+    recorded = json.loads((cache_dir() / "peaks.json").read_text())[hardware_fingerprint()]
+    assert first in recorded.values()
+    peaks._memory.clear()
+    assert measured_peak_gflops(dtype="f32") == first
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_narrow_type_peaks_where_the_host_has_them(dtype):
+    try:
+        probe_kind(host_target(), dtype)
+    except UnsupportedError:
+        pytest.skip(f"host has no {dtype} multiply-accumulate")
+    assert measured_peak_gflops(dtype=dtype) > 0.1
+
+
+def test_probe_kinds_pick_the_right_instructions():
+    assert "dpbf16ps.512" in probe_kind(named_target("znver4"), "bf16").call
+    assert "vpdpbusd.512" in probe_kind(named_target("znver4"), "int8").call
+    assert "v8f32" in probe_kind(named_target("x86-64-v3"), "f32").call
+    with pytest.raises(UnsupportedError, match="avx512bf16"):
+        probe_kind(named_target("x86-64-v3"), "bf16")
+
+
+def test_peaks_of_foreign_targets_and_unknown_dtypes_are_refused():
+    foreign = "apple-m1" if host_target().arch == "x86_64" else "znver4"
+    with pytest.raises(UnsupportedError):
+        measured_peak_gflops(named_target(foreign))
+    with pytest.raises(UnsupportedError, match="dtype"):
+        measured_peak_gflops(dtype="f64")
+
+
+def test_read_bandwidth_is_positive(monkeypatch):
+    monkeypatch.setattr(peaks, "_stream_bytes", lambda: 16 << 20)
+    assert measured_bandwidth_gbps(refresh=True) > 0.1
