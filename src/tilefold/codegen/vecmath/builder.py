@@ -1,0 +1,110 @@
+"""`MathBuilder`: f32 math in LLVM IR that reads the same for scalars and any vector width."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from llvmlite import ir
+
+from tilefold.codegen.llvm_util import intrinsic
+
+F32 = ir.FloatType()
+I32 = ir.IntType(32)
+
+
+def f32(value: float) -> float:
+    """`value` rounded to the nearest f32, for constants that must be exact in the IR."""
+    return float(np.float32(value))
+
+
+def split(value: float) -> tuple[float, float]:
+    """`value` as hi + lo, both f32: hi is the nearest f32, lo the rest (for extra precision)."""
+    hi = f32(value)
+    return hi, f32(value - hi)
+
+
+class MathBuilder:
+    """Emits f32 math on values of one type: `float` or `<N x float>`.
+
+    Polynomials use `llvm.fmuladd` (fused where the target has FMA, else mul + add); `fma`
+    is the exact fused form used for error-free products, which needs FMA hardware to be fast.
+    """
+
+    def __init__(self, b: ir.IRBuilder, ty: ir.Type):
+        self.b = b
+        self.ty = ty
+        lanes = ty.count if isinstance(ty, ir.VectorType) else None
+        self.ity = I32 if lanes is None else ir.VectorType(I32, lanes)
+        self._suffix = "f32" if lanes is None else f"v{lanes}f32"
+
+    def c(self, value: float) -> ir.Constant:
+        if isinstance(self.ty, ir.VectorType):
+            return ir.Constant(self.ty, [f32(value)] * self.ty.count)
+        return ir.Constant(self.ty, f32(value))
+
+    def ic(self, value: int) -> ir.Constant:
+        if isinstance(self.ity, ir.VectorType):
+            return ir.Constant(self.ity, [value] * self.ity.count)
+        return ir.Constant(self.ity, value)
+
+    def _call(self, name: str, *args: ir.Value) -> ir.Value:
+        fn = intrinsic(self.b.module, f"llvm.{name}.{self._suffix}", self.ty, [self.ty] * len(args))
+        return self.b.call(fn, list(args))
+
+    def mad(self, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+        """x*y + z, fused when the target can."""
+        return self._call("fmuladd", x, y, z)
+
+    def fma(self, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+        """x*y + z with one rounding (exact error terms need this)."""
+        return self._call("fma", x, y, z)
+
+    def poly(self, x: ir.Value, coeffs: Sequence[float]) -> ir.Value:
+        """c0 + c1*x + ... + cn*x**n by Horner's rule; `coeffs` low order first."""
+        acc = self.c(coeffs[-1])
+        for coeff in reversed(coeffs[:-1]):
+            acc = self.mad(acc, x, self.c(coeff))
+        return acc
+
+    def abs(self, x: ir.Value) -> ir.Value:
+        return self._call("fabs", x)
+
+    def copysign(self, magnitude: ir.Value, sign: ir.Value) -> ir.Value:
+        return self._call("copysign", magnitude, sign)
+
+    def sqrt(self, x: ir.Value) -> ir.Value:
+        return self._call("sqrt", x)
+
+    def cmp(self, op: str, x: ir.Value, y: ir.Value) -> ir.Value:
+        """Ordered comparison (false when either side is NaN); "uno" tests for NaN."""
+        if op == "uno":
+            return self.b.fcmp_unordered("uno", x, y)
+        return self.b.fcmp_ordered(op, x, y)
+
+    def select(self, cond: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.select(cond, x, y)
+
+    def clamp(self, x: ir.Value, lo: float, hi: float) -> ir.Value:
+        """x limited to [lo, hi]; NaN stays NaN."""
+        x = self.select(self.cmp("<", x, self.c(lo)), self.c(lo), x)
+        return self.select(self.cmp(">", x, self.c(hi)), self.c(hi), x)
+
+    def bits(self, x: ir.Value) -> ir.Value:
+        return self.b.bitcast(x, self.ity)
+
+    def floats(self, i: ir.Value) -> ir.Value:
+        return self.b.bitcast(i, self.ty)
+
+    def two_prod(self, x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """x*y exactly, as hi + lo."""
+        hi = self.b.fmul(x, y)
+        return hi, self.fma(x, y, self.b.fneg(hi))
+
+    def two_sum(self, x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """x+y exactly, as hi + lo (Knuth's branch-free TwoSum)."""
+        b = self.b
+        hi = b.fadd(x, y)
+        yy = b.fsub(hi, x)
+        lo = b.fadd(b.fsub(x, b.fsub(hi, yy)), b.fsub(y, yy))
+        return hi, lo
