@@ -53,6 +53,8 @@ def matmul(a, b, out: np.ndarray | None = None, *, threads: int | None = None) -
         a = np.ascontiguousarray(a)
     if not packed and not b.flags.aligned:
         b = np.ascontiguousarray(b)
+    if out is not None and not isinstance(out, np.ndarray):
+        raise DTypeError(f"matmul: out must be a NumPy array, got {type(out).__name__}")
     if threads is None:
         threads = thread_pool().size
     key = (a.shape, a.strides, b.shape, b.strides if not packed else id(b),
@@ -66,6 +68,8 @@ def matmul(a, b, out: np.ndarray | None = None, *, threads: int | None = None) -
     plan, out_shape, a_shape, b_shape, c_shape, k = entry
     if out is None:
         out = _allocate(out_shape, a, b)
+    elif not out.flags.writeable:
+        raise UnsupportedError("matmul: out is read-only; pass a writeable array")
     elif _overlaps(out, a) or (not packed and _overlaps(out, b)):
         raise UnsupportedError(
             f"matmul: out (shape {out.shape}) shares memory with an input; NumPy would buffer, "
@@ -134,15 +138,11 @@ def _plan(a, b, out, threads: int, packed: bool):
     a_shape = a.shape if a.ndim >= 2 else (1, k)
     b_shape = b.shape if b.ndim >= 2 else (k, 1)
     if out is not None:
-        if not isinstance(out, np.ndarray):
-            raise DTypeError(f"matmul: out must be a NumPy array, got {type(out).__name__}")
         if out.shape != out_shape:
             raise ShapeError(f"matmul: A {a.shape} @ B {b.shape} gives shape {out_shape}, but "
                              f"out has shape {out.shape}; allocate out with the result's shape")
         if out.dtype != _F32:
             raise DTypeError(f"matmul: out must be float32 like the result, got {out.dtype}")
-        if not out.flags.writeable:
-            raise UnsupportedError("matmul: out is read-only; pass a writeable array")
     if m * n * math.prod(batch) == 0 or k == 0:
         return None, out_shape, a_shape, b_shape, c_shape, k
     if out is None:
