@@ -1,1 +1,77 @@
-"""tilefold.strategy layer."""
+"""The kernel framework: methods compete per fused group on a cost model, tuning and a database.
+
+    ctx = context()                      # the host, its measured ceilings, the thread count
+    decision = decide(Problem.of(op, shapes), ctx, TuningDB(), tune_budget())
+    decision.kernel.run(*inputs, *outputs)
+
+A method is a `Method` subclass registered with `register_method`; the five families are
+hand-written, auto-codegen, building blocks, LTO and extern (DESIGN.md, "The kernel framework").
+"""
+
+from __future__ import annotations
+
+from tilefold.strategy.autotune import tune_budget
+from tilefold.strategy.cost import machine_for
+from tilefold.strategy.method import (
+    FAMILIES,
+    METHODS,
+    Candidate,
+    Context,
+    Kernel,
+    Method,
+    Rejection,
+    register_method,
+    unregister_method,
+)
+from tilefold.strategy.problem import Problem
+from tilefold.strategy.select import Decision, decide
+from tilefold.strategy.tuning_db import TuningDB
+
+
+def builtin_methods() -> list[Method]:
+    """One instance of every method tilefold ships, in family order."""
+    from tilefold.strategy.methods.autocodegen import KernelCodegen
+    from tilefold.strategy.methods.blocks import GemmEpilogue
+    from tilefold.strategy.methods.extern import NumpyExtern, TorchExtern
+    from tilefold.strategy.methods.handwritten import ExpertSoftmax
+    from tilefold.strategy.methods.lto import RowLibrary
+
+    return [ExpertSoftmax(), KernelCodegen(), GemmEpilogue(), RowLibrary(), TorchExtern(),
+            NumpyExtern()]
+
+
+def register_builtin_methods() -> None:
+    """Register the shipped methods once (later calls are no-ops)."""
+    for method in builtin_methods():
+        if method.name not in METHODS:
+            register_method(method)
+
+
+def context(target=None, threads: int | None = None) -> Context:
+    """The host (or `target`) with its measured ceilings, for `threads` threads."""
+    from tilefold.runtime import num_threads
+    from tilefold.target import host_target
+
+    target = target or host_target()
+    return Context(target, machine_for(target, threads or num_threads()))
+
+
+__all__ = [
+    "FAMILIES",
+    "METHODS",
+    "Candidate",
+    "Context",
+    "Decision",
+    "Kernel",
+    "Method",
+    "Problem",
+    "Rejection",
+    "TuningDB",
+    "builtin_methods",
+    "context",
+    "decide",
+    "register_builtin_methods",
+    "register_method",
+    "tune_budget",
+    "unregister_method",
+]

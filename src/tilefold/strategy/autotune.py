@@ -1,0 +1,99 @@
+"""Timing candidates on the real machine within a budget, with a progress bar.
+
+`TILEFOLD_TUNE`: unset or 0 = cost model only; 1 = tune with the default budget; a number =
+that many seconds for one compile. A candidate that fails to build, crashes or computes a
+wrong answer scores `inf` with its reason (Triton's autotuner habit) and never wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+
+from tilefold.errors import TilefoldError
+from tilefold.strategy.problem import Problem
+
+log = logging.getLogger("tilefold.tuning")
+DEFAULT_BUDGET_S = 20.0
+TOP_K = 3
+
+
+def tune_budget() -> float | None:
+    """Seconds of tuning allowed per compile, or None when tuning is off."""
+    text = os.environ.get("TILEFOLD_TUNE", "0").strip() or "0"
+    try:
+        value = float(text)
+    except ValueError:
+        raise TilefoldError(f"TILEFOLD_TUNE={text!r}: use 0 (off), 1 (on) or a number of "
+                            "seconds") from None
+    if value <= 0:
+        return None
+    return DEFAULT_BUDGET_S if value == 1 else value
+
+
+def random_inputs(problem: Problem, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for v, t in zip(problem.inputs, problem.in_types(), strict=True):
+        if v in problem.constants:
+            arrays.append(np.ascontiguousarray(problem.constants[v]))
+        elif t.dtype.is_float:
+            arrays.append(rng.standard_normal(t.shape).astype(t.dtype.np_dtype))
+        elif str(t.dtype) == "bool":
+            arrays.append(rng.integers(0, 2, t.shape).astype(np.bool_))
+        else:
+            arrays.append(rng.integers(0, 4, t.shape).astype(t.dtype.np_dtype))
+    return arrays
+
+
+def empty_outputs(problem: Problem) -> list[np.ndarray]:
+    return [np.full(t.shape, np.nan if t.dtype.is_float else 0, t.dtype.np_dtype)
+            for t in problem.out_types()]
+
+
+def measure(run: Callable[..., None], arrays: list[np.ndarray], seconds: float) -> float:
+    """Median seconds per call after one warm-up, over at least 3 calls or `seconds`."""
+    run(*arrays)
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 50):
+        start = time.perf_counter()
+        run(*arrays)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def agrees(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
+    """Outputs match the extern reference up to f32 rounding of a reordered computation."""
+    for g, w in zip(got, want, strict=True):
+        if g.dtype.kind != "f":
+            if not np.array_equal(g, w):
+                return False
+            continue
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        scale = max(1.0, float(np.nanmax(np.abs(w64))) if w64.size else 1.0)
+        if not np.allclose(g64, w64, rtol=1e-3, atol=1e-4 * scale, equal_nan=True):
+            return False
+    return True
+
+
+def progress(items: Iterable, total: int, desc: str) -> Iterator:
+    """tqdm (or rich) when installed, else one plain line per item on a terminal."""
+    try:
+        from tqdm import tqdm
+
+        yield from tqdm(items, total=total, desc=desc, leave=False, file=sys.stderr)
+        return
+    except ImportError:
+        pass
+    for i, item in enumerate(items):
+        if sys.stderr.isatty():
+            print(f"\r[tilefold] {desc}: {i + 1}/{total}", end="", file=sys.stderr, flush=True)
+        yield item
+    if sys.stderr.isatty() and total:
+        print(file=sys.stderr)

@@ -1,0 +1,97 @@
+"""The cost model: a roofline over the target's measured peaks, plus a per-method term.
+
+Estimates only rank candidates and pick the few worth timing; they never decide correctness.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from tilefold.strategy.problem import Problem
+
+# Flops charged per element for ops that are more than one instruction.
+_OP_FLOPS = {
+    "exp": 12, "log": 16, "tanh": 20, "erf": 20, "sigmoid": 16, "silu": 17, "gelu": 24,
+    "pow": 30, "rsqrt": 4, "sqrt": 4, "div": 4, "softmax": 18, "log_softmax": 22,
+    "layer_norm": 8, "rms_norm": 5, "sin": 20, "cos": 20,
+}
+CACHE_SPEEDUP = ((1, 4.0), (2, 2.0))  # (cache level, bandwidth multiple) when the data fits there
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Ceilings of the machine a kernel will run on, for `threads` threads."""
+
+    gflops: float
+    gbps: float
+    threads: int
+    l2_bytes: int
+    l3_bytes: int
+    call_s: float = 3e-6  # one kernel call from Python (ctypes, argument checks)
+    numpy_op_s: float = 6e-6  # one NumPy/PyTorch call, dispatch and allocation
+
+    def bandwidth(self, nbytes: float) -> float:
+        """Bytes per second for a working set of `nbytes` (faster when it stays in cache)."""
+        for level, speedup in CACHE_SPEEDUP:
+            size = self.l2_bytes * self.threads if level == 1 else self.l3_bytes
+            if nbytes <= size:
+                return self.gbps * 1e9 * speedup
+        return self.gbps * 1e9
+
+
+@functools.cache
+def machine_for(target, threads: int) -> Machine:
+    """The measured ceilings of `target` (the host), cached on disk by `tilefold.target`."""
+    from tilefold.target import measured_bandwidth_gbps, measured_peak_gflops
+
+    return Machine(
+        gflops=measured_peak_gflops(target, "f32", threads),
+        gbps=measured_bandwidth_gbps(threads),
+        threads=threads,
+        l2_bytes=target.l2_bytes,
+        l3_bytes=target.l3_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a problem costs at minimum: flops, bytes moved once, and bytes moved op by op."""
+
+    flops: float
+    bytes_fused: float
+    bytes_unfused: float
+    gemm_flops: float
+
+
+def work(problem: Problem) -> Work:
+    flops = gemm = 0.0
+    unfused = 0.0
+    for op in problem.body:
+        if op.name == "matmul":
+            out = problem.shape(op.results[0])
+            k = problem.shape(op.operands[0])[-1 if not op.attr("transpose_a") else -2]
+            gemm += 2.0 * _prod(out) * k
+        else:
+            flops += _OP_FLOPS.get(op.name, 1) * _prod(problem.shape(op.results[0]))
+        unfused += sum(_nbytes(problem, v) for v in (*op.operands, *op.results))
+    fused = sum(_nbytes(problem, v) for v in (*problem.inputs, *problem.outputs))
+    return Work(flops + gemm, fused, unfused, gemm)
+
+
+def roofline(flops: float, nbytes: float, m: Machine, compute_eff: float = 1.0,
+             memory_eff: float = 1.0) -> float:
+    """Seconds at the better-bound of compute and memory, scaled by achieved efficiencies."""
+    return max(flops / (m.gflops * 1e9 * compute_eff), nbytes / (m.bandwidth(nbytes) * memory_eff))
+
+
+def _prod(shape) -> float:
+    out = 1.0
+    for d in shape:
+        out *= d
+    return out
+
+
+def _nbytes(problem: Problem, v) -> float:
+    t = problem.types[v]
+    return _prod(t.shape) * max(1, t.dtype.bits // 8)

@@ -1,0 +1,1 @@
+"""Generated native kernels: the row-kernel calling convention, row programs, expert kernels."""

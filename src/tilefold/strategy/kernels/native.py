@@ -1,0 +1,98 @@
+"""The calling convention of tilefold's generated row kernels, and loading them as `Kernel`s.
+
+`entry(PyObject *a0, ..., PyObject *an)`: the arguments are NumPy arrays (inputs, then
+outputs); their data pointers are read at `DATA_OFFSET` inside the native code, so a call costs
+one ctypes dispatch. The entry stores the pointers in a context array and runs
+`worker(ctx, tid, nthreads)` on the runtime's pool (`tilefold_parallel`) or inline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+from tilefold.codegen.gemm.driver import PARALLEL_TYPE, WORKER_TYPE
+from tilefold.codegen.gemm.plan import DATA_OFFSET
+from tilefold.errors import UnsupportedError
+from tilefold.strategy.method import Kernel
+
+FP = u.f32.as_pointer()
+# Below this many bytes touched a second thread costs more (wake-up) than it saves.
+PARALLEL_MIN_BYTES = 256 * 1024
+
+
+def threads_for(nbytes: int, threads: int) -> int:
+    return threads if nbytes >= PARALLEL_MIN_BYTES else 1
+
+
+def row_range(b: ir.IRBuilder, rows: int, tid: ir.Value, nth: ir.Value) -> tuple:
+    """This thread's rows [r0, r1) of `rows`, split evenly."""
+    t, n = b.sext(tid, u.i64), b.sext(nth, u.i64)
+    r0 = b.sdiv(b.mul(u.const(rows), t), n)
+    r1 = b.sdiv(b.mul(u.const(rows), b.add(t, u.const(1))), n)
+    return r0, r1
+
+
+def emit_row_kernel(module: ir.Module, name: str, nargs: int, rows: int, threads: int,
+                    body: Callable[[ir.IRBuilder, list[ir.Value], ir.Value, Any], None],
+                    setup: Callable[[ir.IRBuilder], Any] = lambda b: None) -> None:
+    """Add `name(a0..an)` running `body(builder, data_pointers, row, state)` for every row;
+    `state = setup(builder)` is made once per thread (e.g. row buffers on its stack)."""
+    if DATA_OFFSET < 0:
+        raise UnsupportedError("this Python keeps NumPy data pointers where tilefold cannot read "
+                               "them; native kernels are unavailable (extern still works)")
+    worker = ir.Function(module, WORKER_TYPE, name=f"{name}_worker")
+    worker.linkage = "internal"
+    ctx, tid, nth = worker.args
+    b = ir.IRBuilder(worker.append_basic_block("entry"))
+    slots = b.bitcast(ctx, u.i64.as_pointer())
+    ptrs = [b.inttoptr(b.load(u.gep(b, slots, i)), FP, name=f"p{i}") for i in range(nargs)]
+    state = setup(b)
+    r0, r1 = row_range(b, rows, tid, nth)
+    with u.for_range(b, r0, r1, name="row") as row:
+        body(b, ptrs, row, state)
+    b.ret_void()
+
+    i8p = u.i8.as_pointer()
+    entry = ir.Function(module, ir.FunctionType(u.void, [i8p] * nargs), name=name)
+    b = ir.IRBuilder(entry.append_basic_block("entry"))
+    ctx_array = b.alloca(ir.ArrayType(u.i64, nargs), name="ctx")
+    slots = b.bitcast(ctx_array, u.i64.as_pointer())
+    for i, obj in enumerate(entry.args):
+        field = b.bitcast(b.gep(obj, [u.const(DATA_OFFSET)]), u.i64.as_pointer())
+        b.store(b.load(field), u.gep(b, slots, i))
+    ctx8 = b.bitcast(ctx_array, i8p)
+    if threads > 1:
+        par = u.intrinsic(module, "tilefold_parallel", u.void, list(PARALLEL_TYPE.args))
+        b.call(par, [worker, ctx8, u.const(threads, u.i32)])
+    else:
+        b.call(worker, [ctx8, u.const(0, u.i32), u.const(1, u.i32)])
+    b.ret_void()
+
+
+def kernel_name(prefix: str, problem) -> str:
+    """A symbol stable across processes (so the disk cache hits) for `problem`'s kernel."""
+    text = f"{problem.signature}|{problem.shapes}"
+    return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def new_module(name: str, target) -> ir.Module:
+    module = ir.Module(name=name)
+    module.triple = target.triple
+    return module
+
+
+def load_kernel(llvm_ir: str, target, name: str, nargs: int, opt_level: int = 0) -> Kernel:
+    """Compile (or fetch from the disk cache) and wrap `name(a0..an)` as a `Kernel`."""
+    from tilefold.runtime import compile_llvm_ir, emit_assembly, thread_pool
+
+    if "tilefold_parallel" in llvm_ir and target.is_host():
+        thread_pool()  # llvmlite quotes the name, which compile_llvm_ir's check misses
+    compiled = compile_llvm_ir(llvm_ir, target, name=name, opt_level=opt_level)
+    fn = compiled.function(name, None, *([ctypes.py_object] * nargs))
+    return Kernel(fn, llvm_ir, lambda: emit_assembly(llvm_ir, target, opt_level=opt_level))

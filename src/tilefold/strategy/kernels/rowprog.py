@@ -1,0 +1,336 @@
+"""Row programs: elementwise ops and last-axis reductions over the rows of an [R, N] space.
+
+The generated-epilogue engine of the building-blocks method (bias, activation, residual,
+scaling, softmax/layer_norm rows of a GEMM's C). Ops are lowered to primitives; a primitive
+that needs a row reduction's result runs in a later pass (stage) over the row, and vector
+values crossing stages are kept in a per-thread row buffer. Each stage is one vectorized loop
+with a masked tail, so C is read once from cache per stage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+from tilefold.codegen.vecmath import MATH_FUNCTIONS, MathBuilder
+from tilefold.ir import Operation, Value
+from tilefold.strategy.problem import Problem
+
+BINARY = {"add", "sub", "mul", "div", "max", "min"}
+UNARY = {"neg", "abs", "relu", "sqrt", "reciprocal", *MATH_FUNCTIONS}
+REDUCE = {"reduce_sum": "rsum", "reduce_max": "rmax", "reduce_min": "rmin", "reduce_mean": "rsum"}
+IDENTITY = {"rsum": 0.0, "rmax": -math.inf, "rmin": math.inf}
+MAX_ROW_BUFFERS = 4
+
+
+class NotARowProgram(Exception):
+    """The ops do not fit a row program; the message says why (shown by `explain`)."""
+
+
+@dataclass
+class Prim:
+    op: str
+    args: tuple[int, ...]
+    const: float = 0.0
+
+
+@dataclass
+class Program:
+    """Primitives over numbered values; `sources[i]` says how input value i is loaded."""
+
+    rows: int
+    n: int
+    prims: dict[int, Prim] = field(default_factory=dict)
+    sources: dict[int, tuple[int, int, bool]] = field(default_factory=dict)  # arg, stride, vec
+    vec: dict[int, bool] = field(default_factory=dict)
+    outputs: list[tuple[int, int]] = field(default_factory=list)  # (value, arg index)
+    count: int = 0
+
+    def new(self, vec: bool) -> int:
+        self.count += 1
+        self.vec[self.count] = vec
+        return self.count
+
+    def prim(self, op: str, *args: int, const: float = 0.0) -> int:
+        vec = op not in IDENTITY and any(self.vec[a] for a in args)
+        out = self.new(vec)
+        self.prims[out] = Prim(op, args, const)
+        return out
+
+    def constant(self, value: float) -> int:
+        return self.prim("const", const=value)
+
+
+def build_program(problem: Problem, ops: list[Operation], inputs: list[Value],
+                  outputs: list[Value], domain: tuple[int, ...]) -> Program:
+    """Lower `ops` (reading `inputs`, writing `outputs`) to a row program over `domain`."""
+    if not domain or domain[-1] < 2:
+        raise NotARowProgram(f"space {list(domain)} has rows of fewer than 2 elements")
+    prog = Program(math.prod(domain[:-1]), domain[-1])
+    ids: dict[Value, int] = {}
+    for index, v in enumerate(inputs):
+        stride, vec = _layout(problem.shape(v), domain)
+        _check_f32(problem, v)
+        ids[v] = prog.new(vec)
+        prog.sources[ids[v]] = (index, stride, vec)
+    for op in ops:
+        _check_f32(problem, op.results[0])
+        ids[op.results[0]] = _lower(prog, op, [ids[v] for v in op.operands], problem, domain)
+    for index, v in enumerate(outputs, start=len(inputs)):
+        stride, vec = _layout(problem.shape(v), domain)
+        if vec != prog.vec[ids[v]] or stride == 0:
+            raise NotARowProgram(f"output %{v.name} {list(problem.shape(v))} is not a row value")
+        prog.outputs.append((ids[v], index))
+    return prog
+
+
+def _check_f32(problem: Problem, v: Value) -> None:
+    if str(problem.types[v].dtype) != "f32":
+        raise NotARowProgram(f"%{v.name} is {problem.types[v].dtype}; row programs are f32")
+
+
+def _layout(shape: tuple[int, ...], domain: tuple[int, ...]) -> tuple[int, bool]:
+    """(row stride in elements, varies along the row) of a tensor broadcast over `domain`."""
+    if len(shape) > len(domain):
+        raise NotARowProgram(f"shape {list(shape)} has more dims than the space {list(domain)}")
+    padded = (1,) * (len(domain) - len(shape)) + tuple(shape)
+    lead, last = padded[:-1], padded[-1]
+    reduced = len(shape) == len(domain) - 1 and tuple(shape) == domain[:-1]
+    if reduced:
+        return 1, False
+    vec = last == domain[-1]
+    if lead == domain[:-1]:
+        return (domain[-1] if vec else 1), vec
+    if all(d == 1 for d in lead):
+        return 0, vec
+    raise NotARowProgram(f"operand shape {list(shape)} broadcasts over {list(domain)} in a way "
+                         "row programs do not load (only full rows, one row, or one per row)")
+
+
+def _lower(prog: Program, op: Operation, args: list[int], problem: Problem,
+           domain: tuple[int, ...]) -> int:
+    name = op.name
+    inv_n = 1.0 / domain[-1]
+    if name in BINARY:
+        return prog.prim(name, *args)
+    if name == "gelu":
+        return prog.prim("gelu_tanh" if op.attr("approximate") == "tanh" else "gelu", *args)
+    if name in UNARY:
+        return prog.prim(name, *args)
+    if name == "cast" and str(op.attr("dtype")) == "f32":
+        return args[0]
+    rank = len(problem.shape(op.operands[0]))
+    if name in REDUCE:
+        axes = list(range(rank)) if op.attr("axes") is None else [a % rank for a in op.attr("axes")]
+        if axes != [rank - 1]:
+            raise NotARowProgram(f"{name} over axes {axes} is not a last-axis reduction")
+        out = prog.prim(REDUCE[name], args[0])
+        return prog.prim("mul", out, prog.constant(inv_n)) if name == "reduce_mean" else out
+    if name in ("softmax", "log_softmax") and op.attr("axis") % rank == rank - 1:
+        (x,) = args
+        shifted = prog.prim("sub", x, prog.prim("rmax", x))
+        e = prog.prim("exp", shifted)
+        total = prog.prim("rsum", e)
+        if name == "softmax":
+            return prog.prim("div", e, total)
+        return prog.prim("sub", shifted, prog.prim("log", total))
+    if name in ("layer_norm", "rms_norm") and op.attr("axis") % rank == rank - 1:
+        x, w, *bias = args
+        eps = prog.constant(op.attr("eps"))
+        if name == "layer_norm":
+            x = prog.prim("sub", x, prog.prim("mul", prog.prim("rsum", x), prog.constant(inv_n)))
+        var = prog.prim("mul", prog.prim("rsum", prog.prim("mul", x, x)), prog.constant(inv_n))
+        y = prog.prim("mul", prog.prim("mul", x, prog.prim("rsqrt", prog.prim("add", var, eps))),
+                      w)
+        return prog.prim("add", y, bias[0]) if bias else y
+    raise NotARowProgram(f"'{name}' has no row-program lowering")
+
+
+class Emitter:
+    """Emits a `Program` as the per-row body of a row kernel (see `native.emit_row_kernel`)."""
+
+    def __init__(self, prog: Program, lanes: int):
+        self.p = prog
+        self.lanes = lanes
+        self.stage: dict[int, int] = {}
+        for i in sorted(prog.vec):
+            prim = prog.prims.get(i)
+            deps = [self.stage[a] for a in prim.args] if prim else []
+            self.stage[i] = max(deps, default=0) + (1 if prim and prim.op in IDENTITY else 0)
+        self.stages = max(self.stage.values(), default=0) + 1
+        self.kept = sorted(
+            i for i in prog.prims if prog.vec[i]
+            and any(self._use_stage(j) > self.stage[i] for j, q in prog.prims.items()
+                    if i in q.args)
+        )
+        if len(self.kept) > MAX_ROW_BUFFERS:
+            raise NotARowProgram(f"{len(self.kept)} row values cross reductions "
+                                 f"(limit {MAX_ROW_BUFFERS})")
+
+    def _use_stage(self, i: int) -> int:
+        """The stage whose loop evaluates prim `i` (a reduction finishes one stage later)."""
+        return self.stage[i] - (1 if self.p.prims[i].op in IDENTITY else 0)
+
+    def emit(self, b: ir.IRBuilder, ptrs: list[ir.Value], row: ir.Value,
+             buffers: dict[int, ir.Value]) -> None:
+        scalars: dict[int, ir.Value] = {}
+        for stage in range(self.stages):
+            self._scalars(b, ptrs, row, stage, scalars)
+            reductions = [i for i, q in self.p.prims.items()
+                          if q.op in IDENTITY and self.stage[i] == stage + 1]
+            vec_ops = [i for i in self.p.prims if self.p.vec[i] and self.stage[i] == stage]
+            if not vec_ops and not reductions:
+                continue
+            self._stage_loops(b, ptrs, row, stage, scalars, buffers, reductions)
+        self._scalars(b, ptrs, row, self.stages, scalars)
+        for value, arg in self.p.outputs:
+            if not self.p.vec[value]:
+                b.store(scalars[value], u.gep(b, ptrs[arg], row))
+
+    def _scalars(self, b, ptrs, row, stage, scalars) -> None:
+        """Scalar (per-row) values that become computable at the start of `stage`."""
+        m = MathBuilder(b, u.f32)
+        for i in sorted(self.p.vec):
+            if self.p.vec[i] or i in scalars or self.stage[i] > stage:
+                continue
+            if i in self.p.sources:
+                arg, stride, _ = self.p.sources[i]
+                scalars[i] = b.load(u.gep(b, ptrs[arg], b.mul(row, u.const(stride))))
+            elif self.p.prims[i].op not in IDENTITY:
+                prim = self.p.prims[i]
+                scalars[i] = self._op(m, prim, [scalars[a] for a in prim.args])
+
+    def _stage_loops(self, b, ptrs, row, stage, scalars, buffers, reductions) -> None:
+        n, lanes = self.p.n, self.lanes
+        vty = u.vec(u.f32, lanes)
+        accs = {}
+        full = n - n % lanes
+        pre = b.block
+        head = b.append_basic_block(f"s{stage}.head")
+        body = b.append_basic_block(f"s{stage}.body")
+        done = b.append_basic_block(f"s{stage}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        j = b.phi(u.i64, name=f"j{stage}")
+        j.add_incoming(u.const(0), pre)
+        phis = {}
+        for r in reductions:
+            phis[r] = b.phi(vty)
+            phis[r].add_incoming(_splat_const(vty, IDENTITY[self.p.prims[r].op]), pre)
+        b.cbranch(b.icmp_signed("<", j, u.const(full)), body, done)
+        b.position_at_end(body)
+        new = self._iteration(b, ptrs, row, j, None, stage, scalars, buffers, reductions, phis)
+        nxt = b.add(j, u.const(lanes))
+        j.add_incoming(nxt, b.block)
+        for r in reductions:
+            phis[r].add_incoming(new[r], b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        accs = dict(phis)
+        if n % lanes:
+            mask = u.lane_mask(b, u.const(n % lanes), lanes)
+            accs = self._iteration(b, ptrs, row, u.const(full), mask, stage, scalars, buffers,
+                                   reductions, accs)
+        for r in reductions:
+            scalars[r] = _horizontal(b, self.p.prims[r].op, accs[r], lanes)
+
+    def _iteration(self, b, ptrs, row, j, mask, stage, scalars, buffers, reductions, accs):
+        m = MathBuilder(b, u.vec(u.f32, self.lanes))
+        values: dict[int, ir.Value] = {}
+
+        def get(i: int) -> ir.Value:
+            if i in values:
+                return values[i]
+            if not self.p.vec[i]:
+                values[i] = u.splat(b, scalars[i], self.lanes)
+            elif i in self.p.sources:
+                arg, stride, _ = self.p.sources[i]
+                values[i] = self._load(b, ptrs[arg], b.add(b.mul(row, u.const(stride)), j), mask)
+            elif self.stage[i] < stage:
+                values[i] = self._load(b, buffers[i], j, mask)
+            else:
+                prim = self.p.prims[i]
+                values[i] = self._op(m, prim, [get(a) for a in prim.args])
+            return values[i]
+
+        for i in sorted(self.p.prims):
+            if self.p.vec[i] and self.stage[i] == stage:
+                get(i)
+                if i in buffers:
+                    self._store(b, values[i], buffers[i], j, mask)
+        out = dict(accs)
+        for r in reductions:
+            prim = self.p.prims[r]
+            x = get(prim.args[0])
+            if mask is not None:
+                x = b.select(mask, x, _splat_const(x.type, IDENTITY[prim.op]))
+            out[r] = _combine(m, prim.op, accs[r], x)
+        for value, arg in self.p.outputs:
+            if self.p.vec[value] and self.stage[value] == stage:
+                offset = b.add(b.mul(row, u.const(self.p.n)), j)
+                self._store(b, get(value), ptrs[arg], offset, mask)
+        return out
+
+    def _load(self, b, base, offset, mask):
+        ptr = u.vptr(b, u.gep(b, base, offset), self.lanes)
+        if mask is None:
+            return b.load(ptr, align=4)
+        return u.masked_load(b, ptr, mask, self.lanes)
+
+    def _store(self, b, value, base, offset, mask):
+        ptr = u.vptr(b, u.gep(b, base, offset), self.lanes)
+        if mask is None:
+            b.store(value, ptr, align=4)
+        else:
+            u.masked_store(b, value, ptr, mask)
+
+    @staticmethod
+    def _op(m: MathBuilder, prim: Prim, args: list[ir.Value]) -> ir.Value:
+        b = m.b
+        op = prim.op
+        if op == "const":
+            return m.c(prim.const)
+        if op in ("add", "sub", "mul", "div"):
+            return getattr(b, {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}[op])(
+                *args)
+        if op in ("max", "min"):
+            return m._call("maximum" if op == "max" else "minimum", *args)
+        if op == "relu":
+            return m._call("maximum", args[0], m.c(0.0))
+        if op == "neg":
+            return b.fneg(args[0])
+        if op == "abs":
+            return m.abs(args[0])
+        if op == "sqrt":
+            return m.sqrt(args[0])
+        if op == "reciprocal":
+            return b.fdiv(m.c(1.0), args[0])
+        return MATH_FUNCTIONS[op](m, args[0])
+
+    def row_buffers(self, b: ir.IRBuilder) -> dict[int, ir.Value]:
+        """Per-thread row buffers for values that cross a reduction (allocated once)."""
+        return {i: b.bitcast(b.alloca(ir.ArrayType(u.f32, self.p.n), name=f"row{i}"), u.f32
+                             .as_pointer()) for i in self.kept}
+
+
+def _splat_const(ty: ir.VectorType, value: float) -> ir.Constant:
+    return ir.Constant(ty, [value] * ty.count)
+
+
+def _combine(m: MathBuilder, op: str, acc: ir.Value, x: ir.Value) -> ir.Value:
+    if op == "rsum":
+        return m.b.fadd(acc, x)
+    return m._call("maximum" if op == "rmax" else "minimum", acc, x)
+
+
+def _horizontal(b: ir.IRBuilder, op: str, acc: ir.Value, lanes: int) -> ir.Value:
+    vty = acc.type
+    if op == "rsum":
+        fn = u.intrinsic(b.module, f"llvm.vector.reduce.fadd.v{lanes}f32", u.f32, [u.f32, vty])
+        return b.call(fn, [ir.Constant(u.f32, 0.0), acc])
+    name = "fmaximum" if op == "rmax" else "fminimum"
+    fn = u.intrinsic(b.module, f"llvm.vector.reduce.{name}.v{lanes}f32", u.f32, [vty])
+    return b.call(fn, [acc])

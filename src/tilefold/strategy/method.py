@@ -1,0 +1,106 @@
+"""Kernel methods and their registry: each proposes candidates for a problem, or says why not.
+
+Adding a method is `register_method(MyMethod())`; the selector never names methods.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tilefold.errors import TilefoldError
+from tilefold.strategy.cost import Machine
+from tilefold.strategy.problem import Problem
+
+FAMILIES = ("hand-written", "auto-codegen", "building-blocks", "lto", "extern")
+
+
+class Kernel:
+    """A built implementation of one problem: `run(*inputs, *outputs)` fills the outputs.
+
+    `source` is the kernel's IR (LLVM IR for native code) for `explain --kernel-ir`; `asm`
+    returns the generated assembly when there is one.
+    """
+
+    def __init__(self, run: Callable[..., None], source: str = "", asm: Callable[[], str] | None
+                 = None):
+        self.run = run
+        self.source = source
+        self._asm = asm
+
+    def asm(self) -> str:
+        return self._asm() if self._asm is not None else ""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to implement a problem: its method, configuration, estimated seconds, builder."""
+
+    method: str
+    family: str
+    config: dict[str, Any]
+    estimate: float
+    build: Callable[[], Kernel] = field(compare=False, repr=False)
+    note: str = ""
+
+    @property
+    def key(self) -> str:
+        """Stable text naming method and configuration, as stored in the tuning database."""
+        return f"{self.method}{json.dumps(self.config, sort_keys=True, separators=(',', ':'))}"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A method that does not apply to a problem, and why."""
+
+    method: str
+    family: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """What methods may consult: the target, its ceilings and the thread count."""
+
+    target: Any
+    machine: Machine
+
+    @property
+    def threads(self) -> int:
+        return self.machine.threads
+
+
+class Method:
+    """Base of methods. Subclasses set `name` and `family` and implement `propose`."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
+        """Candidates for `problem`, or the reason this method does not apply."""
+        raise NotImplementedError
+
+    def candidate(self, config: dict[str, Any], estimate: float, build: Callable[[], Kernel],
+                  note: str = "") -> Candidate:
+        return Candidate(self.name, self.family, config, estimate, build, note)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    """Add a method; a name registered twice or an unknown family is an error."""
+    if method.family not in FAMILIES:
+        raise TilefoldError(f"method {method.name!r}: family {method.family!r} is not one of "
+                            f"{', '.join(FAMILIES)}")
+    if method.name in METHODS:
+        raise TilefoldError(f"a kernel method named {method.name!r} is registered already")
+    METHODS[method.name] = method
+    return method
+
+
+def unregister_method(name: str) -> None:
+    """Remove a method (tests and plug-ins that replace one)."""
+    METHODS.pop(name, None)

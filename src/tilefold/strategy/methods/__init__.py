@@ -1,0 +1,1 @@
+"""The built-in kernel methods, one family a file."""

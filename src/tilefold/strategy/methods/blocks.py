@@ -1,0 +1,151 @@
+"""Building blocks: the BLIS-shaped GEMM (hand-written micro-kernels) with a generated epilogue.
+
+Prologues become strided views (transposes) or broadcast batch dims the GEMM reads in place; a
+constant B is packed once. The epilogue (bias, activation, residual, scaling, row softmax or
+norms) is a row program run over C right after the GEMM, while C is still in cache. The GEMM
+has no in-register epilogue hook yet, so C makes one extra trip through the caches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilefold.ir import Operation, Value
+from tilefold.strategy.cost import roofline, work
+from tilefold.strategy.kernels.native import (
+    emit_row_kernel,
+    kernel_name,
+    load_kernel,
+    new_module,
+    threads_for,
+)
+from tilefold.strategy.kernels.rowprog import Emitter, NotARowProgram, build_program
+from tilefold.strategy.method import Kernel, Method
+from tilefold.strategy.problem import Problem
+
+VIEW_PROLOGUES = ("transpose", "broadcast_to", "expand_dims")
+GEMM_EFFICIENCY = 0.8
+
+
+def _view(op: Operation, problem: Problem):
+    attrs = problem.attrs(op)
+    if op.name == "transpose":
+        return lambda x: np.transpose(x, attrs["perm"])
+    if op.name == "expand_dims":
+        return lambda x: np.expand_dims(x, tuple(attrs["axes"]))
+    return lambda x: np.broadcast_to(x, attrs["shape"])
+
+
+class GemmEpilogue(Method):
+    name = "blocks.gemm"
+    family = "building-blocks"
+
+    def propose(self, problem, ctx):
+        matmuls = [op for op in problem.body if op.name == "matmul"]
+        if len(matmuls) != 1:
+            return "needs exactly one matmul in the group"
+        mm = matmuls[0]
+        if any(str(t.dtype) != "f32" for t in problem.in_types()):
+            return "the GEMM building blocks are f32 here (bf16/int8 micro-kernels not wired)"
+        at = problem.body.index(mm)
+        prologue, epilogue = problem.body[:at], problem.body[at + 1:]
+        bad = [op.name for op in prologue if op.name not in VIEW_PROLOGUES]
+        if bad:
+            return (f"prologue {', '.join(bad)} needs a packing-time conversion hook in the "
+                    "GEMM (not available)")
+        a_shape, b_shape = (problem.shape(v) for v in mm.operands)
+        if len(a_shape) < 2 or len(b_shape) < 2:
+            return "1-D matmul operands (GEMV) are for the LTO/GEMV kernels"
+        epi = None
+        if epilogue:
+            c = mm.results[0]
+            ins = [c, *dict.fromkeys(v for op in epilogue for v in op.operands
+                                     if v in problem.inputs)]
+            outs = [v for v in problem.outputs if v is not c]
+            try:
+                epi = (build_program(problem, list(epilogue), ins, outs, problem.shape(c)),
+                       ins, outs)
+            except NotARowProgram as exc:
+                return f"epilogue: {exc}"
+        w = work(problem)
+        c_bytes = 4 * float(np.prod(problem.shape(mm.results[0])))
+        estimate = (roofline(w.gemm_flops, w.bytes_fused, ctx.machine, GEMM_EFFICIENCY)
+                    + (roofline(w.flops - w.gemm_flops, 2 * c_bytes, ctx.machine, 0.5)
+                       if epi else 0.0) + ctx.machine.call_s * (2 if epi else 1))
+        prepack = mm.operands[1] in problem.constants and not mm.attr("transpose_b")
+        config = {"prepack": prepack, "epilogue": bool(epi)}
+        note = "epilogue as a row program over C" if epi else ""
+        return [self.candidate(config, estimate,
+                               lambda: build_gemm(problem, ctx, mm, prologue, epi, prepack),
+                               note)]
+
+
+def build_gemm(problem: Problem, ctx, mm: Operation, prologue, epi, prepack: bool) -> Kernel:
+    from tilefold.codegen.gemm.module import gemm_module
+    from tilefold.codegen.gemm.plan import make_plan
+    from tilefold.codegen.gemm.prepack import PackedMatrix
+
+    module = gemm_module(ctx.target)
+    views: dict[Value, tuple] = {v: (i, []) for i, v in enumerate(problem.inputs)}
+    for op in prologue:
+        index, chain = views[op.operands[0]]
+        views[op.results[0]] = (index, [*chain, _view(op, problem)])
+
+    def operand(v: Value, arrays) -> np.ndarray:
+        index, chain = views[v]
+        x = arrays[index]
+        for f in chain:
+            x = f(x)
+        return x
+
+    attrs = problem.attrs(mm)
+    a_val, b_val = mm.operands
+
+    def oriented(x, flag):
+        return x.swapaxes(-1, -2) if flag else x
+
+    c_val = mm.results[0]
+    c_shape = problem.shape(c_val)
+    n_in = len(problem.inputs)
+    c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
+    scratch = np.empty(c_shape, np.float32)
+    probe = [np.empty(t.shape, np.float32) for t in problem.in_types()]
+    a0 = oriented(operand(a_val, probe), attrs["transpose_a"])
+    b0 = oriented(operand(b_val, probe), attrs["transpose_b"])
+    packed = None
+    if prepack:
+        packed = PackedMatrix(np.ascontiguousarray(problem.constants[b_val]), module)
+    plan = make_plan(module, a0, packed if packed is not None else b0, scratch, 0, ctx.threads)
+    b_arg = packed.data if packed is not None else None
+    epi_kernel = _epilogue_kernel(problem, ctx, epi) if epi else None
+    ta, tb = attrs["transpose_a"], attrs["transpose_b"]
+    _, epi_ins, epi_outs = epi or (None, [], [])
+    # Where each epilogue argument comes from: -1 is C, else an index into the arrays.
+    picks = [-1 if v is c_val else problem.inputs.index(v) for v in epi_ins]
+    picks += [n_in + problem.outputs.index(v) for v in epi_outs]
+
+    def run(*arrays: np.ndarray) -> None:
+        c = arrays[n_in + c_out] if c_out is not None else scratch
+        a = oriented(operand(a_val, arrays), ta)
+        b = b_arg if b_arg is not None else oriented(operand(b_val, arrays), tb)
+        plan.run(a, b, c)
+        if epi_kernel is not None:
+            epi_kernel.run(*(c if i < 0 else arrays[i] for i in picks))
+
+    source = epi_kernel.source if epi_kernel else "// GEMM only"
+    return Kernel(run, f"// GEMM {module.kernel.name} + epilogue\n{source}",
+                  epi_kernel.asm if epi_kernel else None)
+
+
+def _epilogue_kernel(problem: Problem, ctx, epi) -> Kernel:
+    prog, ins, outs = epi
+    lanes = max(4, ctx.target.vector_bits // 32)
+    emitter = Emitter(prog, lanes)
+    name = kernel_name("tf_epilogue", problem)
+    module = new_module(name, ctx.target)
+    nbytes = 4 * prog.rows * prog.n * (len(ins) + len(outs))
+    emit_row_kernel(module, name, len(ins) + len(outs), prog.rows,
+                    threads_for(nbytes, ctx.threads),
+                    lambda b, ptrs, row, buffers: emitter.emit(b, ptrs, row, buffers),
+                    emitter.row_buffers)
+    return load_kernel(str(module), ctx.target, name, len(ins) + len(outs))

@@ -1,0 +1,163 @@
+"""Extern methods: run a group op by op through NumPy or PyTorch (always available: NumPy).
+
+Each op uses a library call in its own dtype when one has the reference's meaning, else the
+reference implementation itself, so an extern kernel is never wrong, only slower.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from tilefold.ir import Operation
+from tilefold.ir.interpreter import run_region
+from tilefold.strategy.cost import Work, roofline, work
+from tilefold.strategy.method import Context, Kernel, Method
+from tilefold.strategy.problem import Problem
+
+Fn = Callable[..., np.ndarray]
+
+
+def _axes(attrs: dict, rank: int):
+    return tuple(range(rank)) if attrs["axes"] is None else tuple(attrs["axes"])
+
+
+def _matmul(a, b, attrs, mm=np.matmul):
+    if attrs["transpose_a"] and a.ndim >= 2:
+        a = a.swapaxes(-1, -2)
+    if attrs["transpose_b"] and b.ndim >= 2:
+        b = b.swapaxes(-1, -2)
+    return mm(a, b)
+
+
+def _softmax(x, attrs):
+    e = np.exp(x - x.max(axis=attrs["axis"], keepdims=True))
+    return e / e.sum(axis=attrs["axis"], keepdims=True)
+
+
+def _reduce(fn):
+    return lambda x, attrs: fn(x, axis=_axes(attrs, x.ndim), keepdims=attrs["keepdims"])
+
+
+NUMPY: dict[str, Fn] = {
+    "matmul": _matmul,
+    "add": lambda x, y, attrs: np.add(x, y),
+    "sub": lambda x, y, attrs: np.subtract(x, y),
+    "mul": lambda x, y, attrs: np.multiply(x, y),
+    "max": lambda x, y, attrs: np.maximum(x, y),
+    "min": lambda x, y, attrs: np.minimum(x, y),
+    "neg": lambda x, attrs: np.negative(x),
+    "abs": lambda x, attrs: np.abs(x),
+    "exp": lambda x, attrs: np.exp(x),
+    "tanh": lambda x, attrs: np.tanh(x),
+    "sqrt": lambda x, attrs: np.sqrt(x),
+    "relu": lambda x, attrs: np.maximum(x, x.dtype.type(0)),
+    "reduce_sum": _reduce(np.sum),
+    "reduce_max": _reduce(np.max),
+    "reduce_min": _reduce(np.min),
+    "reduce_mean": _reduce(np.mean),
+    "softmax": _softmax,
+    "transpose": lambda x, attrs: np.transpose(x, attrs["perm"]),
+    "reshape": lambda x, attrs: np.reshape(x, attrs["shape"]),
+    "expand_dims": lambda x, attrs: np.expand_dims(x, tuple(attrs["axes"])),
+    "squeeze": lambda x, attrs: np.squeeze(x, tuple(attrs["axes"])),
+    "broadcast_to": lambda x, attrs: np.broadcast_to(x, attrs["shape"]),
+}
+LAYOUT = {"transpose", "reshape", "expand_dims", "squeeze", "broadcast_to"}
+
+
+@functools.cache
+def _torch_table() -> dict[str, Fn] | None:
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+
+    def wrap(fn):
+        def run(*args):
+            *arrays, attrs = args
+            out = fn(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays), attrs)
+            return out.numpy()
+        return run
+
+    return {
+        "matmul": wrap(lambda a, b, attrs: _matmul(a, b, attrs, torch.matmul)),
+        "gelu": wrap(lambda x, attrs: F.gelu(x, approximate=attrs["approximate"])),
+        "erf": wrap(lambda x, attrs: torch.erf(x)),
+        "sigmoid": wrap(lambda x, attrs: torch.sigmoid(x)),
+        "silu": wrap(lambda x, attrs: F.silu(x)),
+        "softmax": wrap(lambda x, attrs: torch.softmax(x, attrs["axis"])),
+        "log_softmax": wrap(lambda x, attrs: torch.log_softmax(x, attrs["axis"])),
+        "layer_norm": wrap(lambda x, w, b, attrs: F.layer_norm(
+            x, tuple(x.shape[attrs["axis"] % x.ndim:]), w, b, attrs["eps"])),
+    }
+
+
+def op_function(op: Operation, problem: Problem, table: dict[str, Fn]) -> Callable:
+    """A callable computing `op` on arrays: the library's version or the reference."""
+    attrs = problem.attrs(op)
+    fast = table.get(op.name)
+    # Library calls keep the dtype for floats; integer and bool math follows the reference.
+    same = all(problem.types[v].dtype == problem.types[op.results[0]].dtype and
+               problem.types[v].dtype.is_float for v in op.operands)
+    if fast is not None and (same or op.name in LAYOUT):
+        return lambda *args: fast(*args, attrs)
+    return lambda *args: op.opdef.reference_op(list(args), attrs, op.regions, run_region)
+
+
+def build_extern(problem: Problem, table: dict[str, Fn]) -> Kernel:
+    """A kernel running the body op by op; results are copied into the output arrays."""
+    steps = [(op_function(op, problem, table), op.operands, op.results) for op in problem.body]
+    inputs, outputs = problem.inputs, problem.outputs
+
+    def run(*arrays: np.ndarray) -> None:
+        env = dict(zip(inputs, arrays, strict=False))
+        for fn, operands, results in steps:
+            out = fn(*(env[v] for v in operands))
+            if len(results) == 1:
+                env[results[0]] = out
+            else:
+                env.update(zip(results, out, strict=True))
+        for v, array in zip(outputs, arrays[len(inputs):], strict=True):
+            np.copyto(array, env[v], casting="unsafe")
+
+    names = ", ".join(f"{op.name}" for op in problem.body)
+    return Kernel(run, f"// extern: {names}")
+
+
+def extern_estimate(w: Work, problem: Problem, ctx: Context, per_op: float) -> float:
+    """Op by op: every op reads and writes memory, plus one library call each."""
+    return roofline(w.flops, w.bytes_unfused, ctx.machine, 0.7, 0.6) + per_op * len(problem.body)
+
+
+class NumpyExtern(Method):
+    name = "extern.numpy"
+    family = "extern"
+
+    def propose(self, problem, ctx):
+        w = work(problem)
+        slow = [op.name for op in problem.body if op.name not in NUMPY]
+        note = f"reference implementation for {', '.join(slow)}" if slow else ""
+        # The f64 reference is ~20x slower than a library call per element.
+        penalty = 20 * sum(math.prod(problem.shape(op.results[0])) for op in problem.body
+                           if op.name not in NUMPY and op.results) * 1e-9
+        estimate = extern_estimate(w, problem, ctx, ctx.machine.numpy_op_s) + penalty
+        return [self.candidate({}, estimate, lambda: build_extern(problem, NUMPY), note)]
+
+
+class TorchExtern(Method):
+    name = "extern.torch"
+    family = "extern"
+
+    def propose(self, problem, ctx):
+        table = _torch_table()
+        if table is None:
+            return "PyTorch is not installed"
+        merged = {**NUMPY, **table}
+        w = work(problem)
+        estimate = extern_estimate(w, problem, ctx, 2 * ctx.machine.numpy_op_s)
+        return [self.candidate({}, estimate, lambda: build_extern(problem, merged))]

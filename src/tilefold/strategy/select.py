@@ -1,0 +1,135 @@
+"""Choosing an implementation per problem: tuning database, else measurement, else cost model.
+
+Every registered method is asked; the answer (`Decision`) keeps all candidates, every
+rejection with its reason, measured times and why the winner won, for `tilefold explain`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from tilefold.strategy import autotune
+from tilefold.strategy.method import METHODS, Candidate, Context, Kernel, Rejection
+from tilefold.strategy.problem import Problem, shape_bucket
+from tilefold.strategy.tuning_db import TuningDB, key_fields, key_of
+
+log = logging.getLogger("tilefold.tuning")
+
+
+@dataclass
+class Decision:
+    """What was considered for one problem and what won."""
+
+    problem: Problem
+    candidates: list[Candidate]
+    rejections: list[Rejection]
+    winner: Candidate | None = None
+    kernel: Kernel | None = None
+    measured: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    why: str = ""
+
+
+def propose_all(problem: Problem, ctx: Context) -> tuple[list[Candidate], list[Rejection]]:
+    """Ask every method; a method that raises is a rejection with the error, not a crash."""
+    candidates: list[Candidate] = []
+    rejections: list[Rejection] = []
+    for method in METHODS.values():
+        try:
+            answer = method.propose(problem, ctx)
+        except Exception as exc:  # a broken method must not break compilation
+            log.warning("method %s failed to propose for %s: %s", method.name,
+                        problem.describe(), exc)
+            answer = f"proposing failed: {type(exc).__name__}: {exc}"
+        if isinstance(answer, str):
+            rejections.append(Rejection(method.name, method.family, answer))
+        else:
+            candidates.extend(answer)
+    candidates.sort(key=lambda c: c.estimate)
+    return candidates, rejections
+
+
+def db_key(problem: Problem, ctx: Context) -> tuple[str, dict]:
+    fields = key_fields(problem.signature, [shape_bucket(s) for s in problem.shapes], ctx.threads)
+    return key_of(fields), fields
+
+
+def decide(problem: Problem, ctx: Context, db: TuningDB, budget: float | None) -> Decision:
+    """Pick and build the implementation of `problem` (never fails: extern always builds)."""
+    candidates, rejections = propose_all(problem, ctx)
+    decision = Decision(problem, candidates, rejections)
+    key, fields = db_key(problem, ctx)
+    entry = db.lookup(key)
+    if entry is not None:
+        decision.measured = {k: v for k, v in entry.get("timings", {}).items()
+                             if isinstance(v, int | float)}
+        for c in candidates:
+            if c.key == entry["winner"] and _build(decision, c):
+                decision.why = "fastest when measured (tuning database)"
+                return decision
+        log.info("tuning database winner %s unavailable for %s; choosing again", entry["winner"],
+                 problem.describe())
+    if budget is not None and len(candidates) > 1:
+        _tune(decision, ctx, budget)
+        if decision.winner is not None:
+            timings = {**decision.measured, **{k: math.inf for k in decision.failures}}
+            db.record(key, {**fields, "winner": decision.winner.key,
+                            "timings": {k: (v if math.isfinite(v) else "inf")
+                                        for k, v in timings.items()},
+                            "failures": decision.failures, "problem": problem.describe()})
+            return decision
+    for c in candidates:
+        if _build(decision, c):
+            decision.why = "lowest estimated cost (cost model; set TILEFOLD_TUNE=1 to measure)"
+            return decision
+    raise AssertionError("no candidate built, not even extern")
+
+
+def _build(decision: Decision, c: Candidate) -> bool:
+    try:
+        start = time.perf_counter()
+        decision.kernel = c.build()
+        log.info("built %s in %.1f ms", c.key, (time.perf_counter() - start) * 1e3)
+    except Exception as exc:  # a failing method falls back to the next candidate
+        decision.failures[c.key] = f"build failed: {type(exc).__name__}: {exc}"
+        log.warning("candidate %s for %s failed to build (%s); trying the next one", c.key,
+                    decision.problem.describe(), exc)
+        return False
+    decision.winner = c
+    return True
+
+
+def _tune(decision: Decision, ctx: Context, budget: float) -> None:
+    problem = decision.problem
+    extern = next((c for c in decision.candidates if c.family == "extern"), None)
+    top = decision.candidates[:autotune.TOP_K]
+    if extern is not None and extern not in top:
+        top.append(extern)
+    inputs = autotune.random_inputs(problem)
+    want = None
+    if extern is not None:
+        want = autotune.empty_outputs(problem)
+        extern.build().run(*inputs, *want)
+    best: tuple[float, Candidate, Kernel] | None = None
+    per = max(0.05, budget / max(1, len(top)) / 4)
+    for c in autotune.progress(top, len(top), f"tuning {' -> '.join(problem.names)}"):
+        try:
+            kernel = c.build()
+            outs = autotune.empty_outputs(problem)
+            kernel.run(*inputs, *outs)
+            if want is not None and not autotune.agrees(outs, want):
+                raise ValueError("wrong result against the extern reference")
+            seconds = autotune.measure(kernel.run, [*inputs, *outs], per)
+        except Exception as exc:  # scored inf, never fatal
+            decision.failures[c.key] = f"{type(exc).__name__}: {exc}"
+            log.warning("tuning: %s failed (%s); it scores inf", c.key, exc)
+            continue
+        decision.measured[c.key] = seconds
+        if best is None or seconds < best[0]:
+            best = (seconds, c, kernel)
+    if best is not None:
+        _, decision.winner, decision.kernel = best
+        decision.why = f"fastest of {len(decision.measured)} measured (tuned now)"

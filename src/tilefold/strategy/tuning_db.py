@@ -1,0 +1,145 @@
+"""The tuning database: measured winners per (machine, op signature, dtype, shape bucket).
+
+One human-readable JSON file, `$TILEFOLD_CACHE_DIR/tuning/db.json`:
+
+    {"schema": 1, "tilefold": "0.1.0",
+     "entries": {"<key>": {"fingerprint": ..., "signature": ..., "bucket": [[128, 768]],
+                           "winner": "handwritten.softmax{}", "timings": {...}, "env": {...}}}}
+
+Readers never lock: writers replace the file atomically (temp file + `os.replace`) under an
+exclusive lock on `db.lock`, re-reading inside it so that concurrent tuners merge, not clobber.
+A file that does not parse or has another schema is reported, set aside as `db.json.bad`, and
+rebuilt; an entry whose fields no longer hash to its key (edited) or that an older tilefold
+wrote (stale) is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tilefold import __version__
+from tilefold.target import cache_dir, hardware_fingerprint
+
+log = logging.getLogger("tilefold.tuning")
+SCHEMA = 1
+# Environment knobs that change what is fastest; they are part of every key.
+ENV_KNOBS = ("TILEFOLD_NUM_THREADS", "TILEFOLD_PIN", "TILEFOLD_SPIN_US")
+
+
+def env_knobs() -> dict[str, str]:
+    return {k: os.environ[k] for k in ENV_KNOBS if k in os.environ}
+
+
+KEY_FIELDS = ("fingerprint", "signature", "bucket", "threads", "tilefold", "env")
+
+
+def key_fields(signature: str, bucket: list, threads: int) -> dict[str, Any]:
+    """Everything a measurement depends on (Triton's autotuner cache key, in spirit)."""
+    return {
+        "fingerprint": hardware_fingerprint(),
+        "signature": signature,
+        "bucket": [list(b) for b in bucket],
+        "threads": threads,
+        "tilefold": __version__,
+        "env": env_knobs(),
+    }
+
+
+def key_of(fields: dict[str, Any]) -> str:
+    """The entry key: a hash of the key fields."""
+    text = json.dumps({k: fields[k] for k in KEY_FIELDS}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class TuningDB:
+    """The database file; `lookup` reads, `record` merges one entry in atomically."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or cache_dir() / "tuning" / "db.json"
+        self._cache: tuple[float, dict] | None = None
+
+    def _read(self) -> dict[str, Any]:
+        """The entries; a corrupt or foreign file is reported, set aside and treated as empty."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            log.warning("tuning database %s unreadable (%s); tuning afresh", self.path, exc)
+            return {}
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+                raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA}"
+                                 if isinstance(data, dict) else "not a JSON object")
+            entries = data["entries"]
+            if not isinstance(entries, dict):
+                raise ValueError("'entries' is not an object")
+        except (ValueError, KeyError) as exc:
+            log.warning("tuning database %s is corrupt or stale (%s); set aside as %s.bad and "
+                        "rebuilt", self.path, exc, self.path.name)
+            with contextlib.suppress(OSError):
+                os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
+            return {}
+        return {k: e for k, e in entries.items() if _valid(k, e)}
+
+    def entries(self) -> dict[str, Any]:
+        """All valid entries (re-read when the file changed)."""
+        try:
+            stamp = self.path.stat().st_mtime_ns
+        except OSError:
+            return {}
+        if self._cache is None or self._cache[0] != stamp:
+            self._cache = (stamp, self._read())
+        return self._cache[1]
+
+    def lookup(self, key: str) -> dict[str, Any] | None:
+        return self.entries().get(key)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def record(self, key: str, entry: dict[str, Any]) -> None:
+        """Merge `entry` under `key` (read-modify-write under the lock, atomic replace)."""
+        try:
+            with self._locked():
+                entries = self._read()
+                entries[key] = entry
+                body = {"schema": SCHEMA, "tilefold": __version__, "entries": entries}
+                with tempfile.NamedTemporaryFile(
+                    "w", dir=self.path.parent, prefix=".db.", suffix=".tmp", delete=False
+                ) as tmp:
+                    json.dump(body, tmp, indent=1, sort_keys=True)
+                    tmp.flush()
+                    os.fsync(tmp.fileno())
+                os.replace(tmp.name, self.path)
+        except OSError as exc:
+            log.warning("cannot record tuning result in %s (%s); it will be re-measured",
+                        self.path, exc)
+        self._cache = None
+
+
+def _valid(key: str, entry: Any) -> bool:
+    """Trusted only if its fields still hash to its key, it names a winner and is current."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("winner"), str):
+        return False
+    try:
+        return key_of(entry) == key and entry["tilefold"] == __version__
+    except (KeyError, TypeError):
+        return False
