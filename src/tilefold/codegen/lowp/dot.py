@@ -1,0 +1,93 @@
+"""Packed dot-product steps: acc[L] += sum over a k-group of A(broadcast) * B(per lane).
+
+A k-group is one 32-bit word per lane: two bf16 (`vdpbf16ps` order) or four 8-bit codes
+(`vpdpbusd` order: A unsigned, B signed). Each step exists as the ISA instruction and as a
+portable fallback with the same result (bf16 products are exact in f32; 8-bit products are
+widened to i16 and summed by `pmaddwd`, which never saturates, unlike `pmaddubsw`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+
+DotStep = Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value], ir.Value]
+
+
+def _vi(bits: int, lanes: int) -> ir.VectorType:
+    return u.vec(ir.IntType(bits), lanes)
+
+
+def _c(ty: ir.VectorType, value: int) -> ir.Constant:
+    return ir.Constant(ty, [value] * ty.count)
+
+
+class BFloat(ir.Type):
+    """LLVM's `bfloat` (llvmlite has no such type; the intrinsic takes <32 x bfloat>)."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BFloat)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+def dpbf16(b: ir.IRBuilder, acc, a, bv):
+    """`vdpbf16ps` (AVX512_BF16): a, bv are <16 x i32> of bf16 pairs."""
+    bf = ir.VectorType(BFloat(), 32)
+    fn = u.intrinsic(b.module, "llvm.x86.avx512bf16.dpbf16ps.512", acc.type,
+                     [acc.type, bf, bf])
+    return b.call(fn, [acc, b.bitcast(a, bf), b.bitcast(bv, bf)])
+
+
+def bf16_pairs_as_f32(b: ir.IRBuilder, x):
+    """(even, odd) f32 vectors of the bf16 pairs in i32 lanes: a bf16 is an f32's high half."""
+    fty = u.vec(u.f32, x.type.count)
+    even = b.bitcast(b.shl(x, _c(x.type, 16)), fty)
+    odd = b.bitcast(b.and_(x, _c(x.type, -65536)), fty)
+    return even, odd
+
+
+def dpbf16_fma(b: ir.IRBuilder, acc, a, bv):
+    """Portable bf16 pair dot: two f32 FMAs (exact products, so only the rounding order differs
+    from `vdpbf16ps`)."""
+    ae, ao = bf16_pairs_as_f32(b, a)
+    be, bo = bf16_pairs_as_f32(b, bv)
+    return u.fma(b, ao, bo, u.fma(b, ae, be, acc))
+
+
+def dpbusd(b: ir.IRBuilder, acc, a, bv):
+    """`vpdpbusd` (AVX512_VNNI): u8 quads of `a` times s8 quads of `bv`, summed into i32."""
+    lanes = acc.type.count
+    bytes_ty = _vi(8, 4 * lanes)
+    fn = u.intrinsic(b.module, f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", acc.type,
+                     [acc.type, bytes_ty, bytes_ty])
+    return b.call(fn, [acc, b.bitcast(a, bytes_ty), b.bitcast(bv, bytes_ty)])
+
+
+def dpbusd_pmaddwd(b: ir.IRBuilder, acc, a, bv):
+    """Portable u8 x s8 quad dot: split bytes into i16 lanes and `pmaddwd` twice (exact)."""
+    lanes = acc.type.count
+    w16 = _vi(16, 2 * lanes)
+    a16, b16 = b.bitcast(a, w16), b.bitcast(bv, w16)
+    a_lo = b.and_(a16, _c(w16, 0xFF))
+    a_hi = b.lshr(a16, _c(w16, 8))
+    b_lo = b.ashr(b.shl(b16, _c(w16, 8)), _c(w16, 8))
+    b_hi = b.ashr(b16, _c(w16, 8))
+    name = "llvm.x86.avx512.pmaddw.d.512" if lanes == 16 else "llvm.x86.avx2.pmadd.wd"
+    fn = u.intrinsic(b.module, name, acc.type, [w16, w16])
+    return b.add(acc, b.add(b.call(fn, [a_lo, b_lo]), b.call(fn, [a_hi, b_hi])))
+
+
+DOT_STEPS: dict[str, DotStep] = {
+    "dpbf16": dpbf16,
+    "dpbf16_fma": dpbf16_fma,
+    "dpbusd": dpbusd,
+    "dpbusd_pmaddwd": dpbusd_pmaddwd,
+}

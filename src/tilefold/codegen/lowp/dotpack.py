@@ -1,0 +1,121 @@
+"""Packing operands for the low-precision GEMM and running it: k-group words in panels, plans.
+
+A[M, K] becomes MR-row panels and B[K, N] NR-column panels, each holding one 32-bit word per
+(k-group, row or column): bf16 pairs for `vdpbf16ps`, 8-bit quads for `vpdpbusd` (K zero-padded
+to whole groups, rows and columns to whole panels). Signed 8-bit A is stored as A + 128 (u8)
+and the GEMM subtracts 128 * colsum(B) in its epilogue.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+
+import numpy as np
+
+from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
+from tilefold.codegen.lowp.dotgemm import ENTRY, DParam, dotgemm_ir
+from tilefold.codegen.lowp.kernels import DotKernel
+from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
+from tilefold.target import Target
+
+_P = ctypes.c_void_p
+# Below this many multiply-adds a second thread costs more than it saves.
+PARALLEL_MIN_MACS = 1 << 20
+
+
+def _words(x: np.ndarray, kgroup: int) -> np.ndarray:
+    """[R, K] of 8- or 16-bit codes -> [R, K/kgroup] uint32 words (K zero-padded)."""
+    bits = x.view(np.uint16 if x.itemsize == 2 else np.uint8)
+    rows, k = bits.shape
+    kg = math.ceil(k / kgroup) * kgroup
+    if kg != k:
+        bits = np.concatenate([bits, np.zeros((rows, kg - k), bits.dtype)], axis=1)
+    return np.ascontiguousarray(bits).view(np.uint32)
+
+
+def _panels(words: np.ndarray, unit: int) -> np.ndarray:
+    """[R, KG] words -> [ceil(R/unit), KG, unit] (rows zero-padded)."""
+    r, kg = words.shape
+    rp = math.ceil(r / unit) * unit
+    if rp != r:
+        words = np.concatenate([words, np.zeros((rp - r, kg), np.uint32)])
+    return np.ascontiguousarray(words.reshape(rp // unit, unit, kg).transpose(0, 2, 1))
+
+
+class PackedB:
+    """A constant B[K, N] packed once for one kernel (a weight), with its column sums."""
+
+    def __init__(self, b: np.ndarray, kernel: DotKernel):
+        self.kernel = kernel
+        self.k, self.n = b.shape
+        self.dtype = b.dtype
+        self.panels = _panels(_words(np.ascontiguousarray(b.T), kernel.kgroup), kernel.nr)
+        if kernel.dtype == "u8s8":
+            self.colsum = b.astype(np.int32).sum(axis=0, dtype=np.int32)
+
+
+def pack_a(a: np.ndarray, kernel: DotKernel) -> np.ndarray:
+    """A[M, K] as MR-row panels (signed 8-bit shifted to unsigned by +128)."""
+    if a.dtype == np.int8:
+        a = (a.view(np.uint8) ^ np.uint8(0x80))
+    return _panels(_words(np.ascontiguousarray(a), kernel.kgroup), kernel.mr)
+
+
+@functools.cache
+def _module(kernel: DotKernel, target: Target, dequant: bool):
+    thread_pool()  # `tilefold_parallel` must exist before the module links
+    compiled = compile_llvm_ir(dotgemm_ir(kernel, target, dequant), target,
+                               name=f"dotgemm_{kernel.name}{'_dq' if dequant else ''}")
+    obj = ctypes.py_object
+    return (compiled.function(ENTRY, None, _P, obj, obj, obj, _P),
+            compiled.function(ENTRY, None, _P, _P, _P, _P, _P))
+
+
+def _split(m: int, n: int, threads: int, kernel: DotKernel) -> tuple[int, int]:
+    """Threads over the dimension with more register tiles (one splits A, the other B)."""
+    if threads == 1:
+        return 1, 1
+    if math.ceil(n / kernel.nr) >= math.ceil(m / kernel.mr):
+        return 1, threads
+    return threads, 1
+
+
+def _round_down(x: int, unit: int) -> int:
+    return max(unit, x // unit * unit)
+
+
+def run_dotgemm(a: np.ndarray, pb: PackedB, target: Target, *, a_signed: bool = False,
+                dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                threads: int | None = None) -> np.ndarray:
+    """C = A @ B: f32 for bf16, i32 for 8-bit, or f32 with `dequant` = (row_scale[M],
+    col_scale[N], bias[N]) applied to the int32 sums."""
+    kernel = pb.kernel
+    m, n = a.shape[0], pb.n
+    ap = pack_a(a, kernel)
+    kg = ap.shape[1]
+    if threads is None:
+        threads = num_threads() if m * n * pb.k >= PARALLEL_MIN_MACS else 1
+    tm, tn = _split(m, n, threads, kernel)
+    kc = _round_down(target.l1d_bytes // 2 // (kernel.nr * 4), 16)
+    mc = _round_down(target.l2_bytes // 2 // (min(kc, kg) * 4), kernel.mr)
+    out_float = kernel.acc_is_float or dequant is not None
+    c = np.empty((m, n), np.float32 if out_float else np.int32)
+    keep = [ap]
+    comp = np.zeros(n, np.int32)
+    if kernel.dtype == "u8s8" and a_signed:
+        comp = (pb.colsum * 128).astype(np.int32)
+    keep.append(comp)
+    ptrs = {DParam.COMP: comp.ctypes.data}
+    if dequant is not None:
+        arrays = [np.ascontiguousarray(v, np.float32) for v in dequant]
+        keep += arrays
+        ptrs.update({DParam.ROW_SCALE: arrays[0].ctypes.data,
+                     DParam.COL_SCALE: arrays[1].ctypes.data, DParam.BIAS: arrays[2].ctypes.data})
+    entry_objects, entry_raw = _module(kernel, target, dequant is not None)
+    values = {DParam.M: m, DParam.N: n, DParam.KG: kg, DParam.LDC: n, DParam.MC: mc,
+              DParam.KC: kc, DParam.TM: tm, DParam.TN: tn, DParam.THREADS: tm * tn,
+              DParam.DATA_OFFSET: DATA_OFFSET, **ptrs}
+    _Plan(entry_objects, entry_raw, values, len(DParam)).run(ap, pb.panels, c)
+    return c
