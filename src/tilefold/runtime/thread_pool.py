@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ def num_threads() -> int:
 
 @dataclass(frozen=True)
 class RegionCost:
-    """Microseconds per empty parallel region, from generated code and from a ctypes call."""
+    """Median microseconds per empty parallel region, from generated code and via ctypes."""
 
     nthreads: int
     native_us: float
@@ -97,16 +98,21 @@ class ThreadPool:
         self._parallel(fn_address, ctx_address, nthreads)
 
     def region_cost(self, nthreads: int = 2, repeats: int = 2000) -> RegionCost:
-        """Measure an empty region while warm: from native code, and through ctypes."""
+        """Median cost of an empty region while warm: from native code, and through ctypes.
+
+        Medians (native: of batches of 50) keep preemption by other processes out of the figure.
+        """
         empty = self.module.address("tilefold_empty_region")
         for _ in range(100):
             self._parallel(empty, None, nthreads)
-        native_ns = self._bench(nthreads, repeats)
-        start = time.perf_counter()
+        batch = 50
+        native = [self._bench(nthreads, batch) / batch for _ in range(max(1, repeats // batch))]
+        calls = []
         for _ in range(repeats):
+            start = time.perf_counter_ns()
             self._parallel(empty, None, nthreads)
-        ctypes_s = time.perf_counter() - start
-        return RegionCost(nthreads, native_ns / repeats / 1e3, ctypes_s / repeats * 1e6)
+            calls.append(time.perf_counter_ns() - start)
+        return RegionCost(nthreads, statistics.median(native) / 1e3, statistics.median(calls) / 1e3)
 
     def shutdown(self) -> None:
         """Stop and join the workers; later regions run on the caller alone."""
