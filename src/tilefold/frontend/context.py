@@ -1,0 +1,173 @@
+"""The explicit context a lowering rule works through: values, sizes, types, and the builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from tilefold.dtypes import DType
+from tilefold.errors import TilefoldError
+from tilefold.frontend.lowering import NotApplicable
+from tilefold.frontend.symbolic import Composite, Size, Sizes
+from tilefold.frontend.tensors import to_dtype
+from tilefold.ir import Builder, Tensor
+from tilefold.ir.types import Dim
+
+
+@dataclass(frozen=True)
+class Merged:
+    """A tensor whose first `lead` dims PyTorch sees flattened into one symbolic size.
+
+    `x.view(-1, K)` of a `[?b,?s,K]` tensor has the size `?b*?s`, which the IR cannot name; the
+    converter keeps the unflattened tensor instead, and rules that only touch the trailing dims
+    (matmul rows, elementwise with trailing broadcasting) work on it directly.
+    """
+
+    tensor: Tensor
+    lead: int
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A value the IR does not compute (e.g. layer_norm's saved mean); using it is NotApplicable."""
+
+    reason: str
+
+
+class LoweringContext:
+    """What a rule sees: the node being lowered, the values computed so far and the builder."""
+
+    def __init__(self, builder: Builder, sizes: Sizes):
+        self.b = builder
+        self.sizes = sizes
+        self.env: dict[fx.Node, Any] = {}
+        self.node: fx.Node | None = None
+        self._scalars: dict[tuple, Tensor] = {}
+
+    # -- values ------------------------------------------------------------------------------
+
+    def value(self, arg: Any) -> Any:
+        """The lowered value of an FX argument (a node, a list of them, or a literal)."""
+        if isinstance(arg, fx.Node):
+            found = self.env[arg]
+            if isinstance(found, Unavailable):
+                raise NotApplicable(found.reason)
+            return found
+        if isinstance(arg, list | tuple):
+            return type(arg)(self.value(a) for a in arg)
+        return arg
+
+    def tensor(self, arg: Any) -> Tensor:
+        """The argument as an IR tensor; a flattened symbolic tensor cannot be one."""
+        found = self.value(arg)
+        if isinstance(found, Merged):
+            shape = self.meta(arg).shape
+            raise NotApplicable(f"the size {shape[0]} (a product of symbolic sizes) has no IR name")
+        if not isinstance(found, Tensor):
+            raise NotApplicable(f"expected a tensor, got {found!r}")
+        return found
+
+    def operand(self, arg: Any, dtype: DType) -> Tensor:
+        """A tensor argument cast to `dtype`, or a Python number as a scalar constant of it."""
+        if isinstance(arg, fx.Node):
+            return self.cast(self.tensor(arg), dtype)
+        if isinstance(arg, bool | int | float):
+            return self.scalar(arg, dtype)
+        raise NotApplicable(f"unsupported operand {arg!r}")
+
+    def scalar(self, value: bool | int | float, dtype: DType) -> Tensor:
+        """A 0-d constant (one per value and dtype in a graph)."""
+        key = (type(value), value, dtype.name)
+        if key not in self._scalars:
+            if dtype.is_integer and not float(value).is_integer():
+                raise NotApplicable(f"{value} is not an integer of {dtype}")
+            self._scalars[key] = self.b.constant(np.asarray(value).astype(dtype.np_dtype))
+        return self._scalars[key]
+
+    def cast(self, t: Tensor, dtype: DType) -> Tensor:
+        return t if t.dtype == dtype else self.op("cast", t, dtype=dtype)
+
+    def op(self, name: str, *operands: Any, **attrs: Any) -> Any:
+        """Append an IR op; a type error from the op (a case the rule missed) is NotApplicable."""
+        try:
+            return self.b.op(name, *operands, **attrs)
+        except TilefoldError as exc:
+            raise NotApplicable(f"{name}: {exc.message}") from None
+
+    # -- sizes and types ---------------------------------------------------------------------
+
+    def meta(self, arg: Any = None) -> Any:
+        """The FakeTensor (or SymInt, or tuple) PyTorch recorded for a node (default: current)."""
+        node = self.node if arg is None else arg
+        if not isinstance(node, fx.Node) or "val" not in node.meta:
+            raise NotApplicable(f"no shape information for {node}")
+        return node.meta["val"]
+
+    def out(self, index: int | None = None) -> torch.Tensor:
+        val = self.meta()
+        return val[index] if index is not None else val
+
+    def out_dtype(self, index: int | None = None) -> DType:
+        return self.dtype(self.out(index).dtype)
+
+    @staticmethod
+    def dtype(dt: torch.dtype) -> DType:
+        try:
+            return to_dtype(dt)
+        except TilefoldError as exc:
+            raise NotApplicable(exc.message) from None
+
+    def out_shape(self, index: int | None = None) -> tuple[Dim, ...]:
+        """The current node's result shape as IR dims (NotApplicable for a product of sizes)."""
+        return self.dims(self.out(index).shape)
+
+    def dims(self, shape: Any) -> tuple[Dim, ...]:
+        dims = tuple(self.size(d) for d in shape)
+        for d in dims:
+            if isinstance(d, Composite):
+                raise NotApplicable(f"the size {d} (a product of symbolic sizes) has no IR name")
+        return dims  # type: ignore[return-value]
+
+    def size(self, arg: Any) -> Size:
+        """An int argument (literal, SymInt or a node computing one) as a size."""
+        if isinstance(arg, fx.Node):
+            arg = self.meta(arg)
+        return self.sizes.size(arg)
+
+    def rank(self, arg: Any) -> int:
+        return self.meta(arg).dim()
+
+    # -- elementwise over flattened tensors --------------------------------------------------
+
+    def elementwise(self, fn: Any, args: list[Any], dtype: DType) -> Any:
+        """Apply `fn(*tensors)` to the arguments cast to `dtype` (numbers become scalars).
+
+        When an argument is `Merged`, the others must broadcast over its trailing dims only (a
+        bias, a scalar) or be merged the same way; the result is then merged too.
+        """
+        values = [self.value(a) if isinstance(a, fx.Node) else a for a in args]
+        merged = [v for v in values if isinstance(v, Merged)]
+        if not merged:
+            return fn(*(self.operand(a, dtype) for a in args))
+        first = merged[0]
+        lead_shape = first.tensor.shape[: first.lead]
+        logical_rank = first.tensor.ndim - first.lead + 1
+        tensors = []
+        for arg, v in zip(args, values, strict=True):
+            if isinstance(v, Merged):
+                same_lead = v.lead == first.lead and all(
+                    self.sizes.same(a, c)
+                    for a, c in zip(v.tensor.shape[: v.lead], lead_shape, strict=True)
+                )
+                if not same_lead:
+                    raise NotApplicable("operands are flattened from different shapes")
+                tensors.append(self.cast(v.tensor, dtype))
+            elif isinstance(arg, fx.Node) and self.rank(arg) >= logical_rank:
+                raise NotApplicable("an operand broadcasts over a flattened symbolic dim")
+            else:
+                tensors.append(self.operand(arg, dtype))
+        return Merged(fn(*tensors), first.lead)

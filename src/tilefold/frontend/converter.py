@@ -1,0 +1,221 @@
+"""Converts an ATen-level FX graph into a tilefold IR function by applying the lowering rules."""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from tilefold.errors import Location, UnsupportedError
+from tilefold.frontend import rules  # noqa: F401  (registers every lowering rule)
+from tilefold.frontend.context import LoweringContext, Merged, Unavailable
+from tilefold.frontend.lowering import NotApplicable, rule_for
+from tilefold.frontend.symbolic import Sizes
+from tilefold.frontend.tensors import to_numpy
+from tilefold.ir import Builder, Module, Tensor
+
+# How a placeholder enters the IR: a function argument named `name`, a constant, or a size.
+Input = tuple[str, Any]  # ("arg", name) | ("constant", tensor) | ("size", None)
+
+
+@dataclass
+class Converted:
+    """A lowered graph: the IR module, which placeholders are its arguments, and what failed."""
+
+    module: Module
+    arg_indices: list[int]  # placeholder positions passed to the IR function, in order
+    outputs: list[Any]  # per graph output: an IR result index, or a literal (None)
+    unsupported: dict[fx.Node, str] = field(default_factory=dict)  # node -> reason
+    lowered: dict[str, int] = field(default_factory=dict)  # ATen op -> count
+
+
+def is_size_node(node: fx.Node) -> bool:
+    """Nodes computing sizes (sym_size, SymInt arithmetic): evaluated from their recorded value."""
+    val = node.meta.get("val")
+    return node.op == "call_function" and isinstance(val, int | torch.SymInt | torch.SymBool)
+
+
+_NO_OPS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size"}
+
+
+def _is_no_op(node: fx.Node) -> bool:
+    name = getattr(node.target, "__name__", str(node.target))
+    return name.split(".")[0] in _NO_OPS
+
+
+def op_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _location(node: fx.Node) -> Location | None:
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    if not frames:
+        return None
+    file, line = frames[-1]
+    return Location(file.rsplit("/", 1)[-1], int(line), 1)
+
+
+def convert_graph(
+    graph: fx.Graph,
+    inputs: Callable[[int, fx.Node], Input],
+    *,
+    name: str = "main",
+    dim_names: dict[str, str] | None = None,
+    trial: bool = False,
+) -> Converted:
+    """Lower `graph` into one IR function.
+
+    `inputs(i, placeholder)` says how the i-th placeholder enters. Without `trial`, the first
+    node no rule lowers raises UnsupportedError naming every such node; with `trial`, such
+    nodes are recorded and their results become fresh function arguments, so that one pass
+    finds every unsupported node (the partitioner's question).
+    """
+    b = Builder(name)
+    ctx = LoweringContext(b, Sizes(dim_names))
+    result = Converted(b.module, [], [])
+    constants: dict[int, Tensor] = {}
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        kind, payload = inputs(i, node)
+        if kind == "size":
+            ctx.env[node] = ctx.size(node)
+        elif kind == "constant":
+            key = id(payload)
+            if key not in constants:
+                constants[key] = b.constant(to_numpy(payload))
+            ctx.env[node] = constants[key]
+        else:
+            ctx.env[node] = _argument(ctx, node, payload, result)
+            result.arg_indices.append(i)
+    outputs: list[Tensor] = []
+    for node in graph.nodes:
+        if node.op == "call_function":
+            ctx.node = node
+            b.loc = _location(node)
+            try:
+                ctx.env[node] = _lower(ctx, node)
+                key = op_name(node)
+                result.lowered[key] = result.lowered.get(key, 0) + 1
+            except NotApplicable as exc:
+                result.unsupported[node] = exc.reason
+                ctx.env[node] = _stand_in(ctx, node, result) if trial else None
+        elif node.op == "get_attr":
+            result.unsupported[node] = "get_attr nodes are not lowered"
+        elif node.op == "output":
+            outputs = _outputs(ctx, node, result)
+    if result.unsupported and not trial:
+        raise UnsupportedError(describe_unsupported(result.unsupported))
+    if not trial:
+        b.build(*outputs)
+    return result
+
+
+def _argument(ctx: LoweringContext, node: fx.Node, name: str, result: Converted) -> Tensor:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise UnsupportedError(f"input {node.name} is {type(val).__name__}, not a tensor")
+    try:
+        shape = ctx.dims(val.shape)
+        dtype = ctx.dtype(val.dtype)
+    except NotApplicable as exc:
+        raise UnsupportedError(f"input {node.name}: {exc.reason}") from None
+    return ctx.b.arg(_ident(name), dtype, shape)
+
+
+def _ident(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def _stand_in(ctx: LoweringContext, node: fx.Node, result: Converted) -> Any:
+    """In trial mode, an unsupported node's results enter as fresh arguments."""
+    val = node.meta.get("val")
+    vals = val if isinstance(val, list | tuple) else [val]
+    outs: list[Any] = []
+    for v in vals:
+        try:
+            outs.append(ctx.b.arg(ctx.b.function.fresh_name(f"{node.name}_"),
+                                  ctx.dtype(v.dtype), ctx.dims(v.shape)))
+        except (NotApplicable, AttributeError):
+            outs.append(Unavailable(f"{node.name} runs outside tilefold"))
+    return outs if isinstance(val, list | tuple) else outs[0]
+
+
+def _lower(ctx: LoweringContext, node: fx.Node) -> Any:
+    if _is_no_op(node):
+        return None
+    if is_size_node(node):
+        return ctx.size(node)
+    if node.target is operator.getitem:
+        return _getitem(ctx, *node.args)
+    rule = rule_for(node.target)
+    if rule is None:
+        raise NotApplicable(f"no lowering rule for {op_name(node)}")
+    value = rule.fn(ctx, *node.args, **node.kwargs)
+    _check(ctx, node, value)
+    return value
+
+
+def _getitem(ctx: LoweringContext, seq: Any, index: int) -> Any:
+    found = ctx.env[seq]
+    if not isinstance(found, list | tuple):
+        raise NotApplicable(f"getitem on {type(found).__name__}")
+    item = found[index]
+    if isinstance(item, Unavailable):
+        raise NotApplicable(item.reason)
+    return item
+
+
+def _check(ctx: LoweringContext, node: fx.Node, value: Any) -> None:
+    """A rule's result must have the type PyTorch recorded; a mismatch is NotApplicable."""
+    val = node.meta.get("val")
+    pairs = zip(value, val, strict=True) if isinstance(value, list | tuple) else [(value, val)]
+    for got, want in pairs:
+        if not isinstance(want, torch.Tensor) or isinstance(got, Unavailable):
+            continue
+        if isinstance(got, Merged):
+            shape = (ctx.sizes.product(got.tensor.shape[: got.lead]), *got.tensor.shape[got.lead:])
+            dtype = got.tensor.dtype
+        elif isinstance(got, Tensor):
+            shape, dtype = got.shape, got.dtype
+        else:
+            raise NotApplicable(f"rule returned {got!r} for a tensor")
+        ok = len(shape) == want.dim() and all(
+            ctx.sizes.same(a, w) for a, w in zip(shape, want.shape, strict=True)
+        )
+        if not ok or dtype != ctx.dtype(want.dtype):
+            raise NotApplicable(
+                f"lowered to {dtype}[{','.join(map(str, shape))}] but PyTorch computes "
+                f"{want.dtype} {list(want.shape)}"
+            )
+
+
+def _outputs(ctx: LoweringContext, node: fx.Node, result: Converted) -> list[Tensor]:
+    (out,) = node.args
+    items = list(out) if isinstance(out, list | tuple) else [out]
+    values: list[Tensor] = []
+    for item in items:
+        if item is None:
+            result.outputs.append(None)
+            continue
+        try:
+            values.append(ctx.tensor(item))
+        except NotApplicable as exc:
+            result.unsupported[item] = f"output: {exc.reason}"
+            return []
+        result.outputs.append(len(values) - 1)
+    return values
+
+
+def describe_unsupported(unsupported: dict[fx.Node, str]) -> str:
+    lines = [f"{len(unsupported)} node(s) cannot be lowered to tilefold IR:"]
+    lines += [f"  {op_name(n)} ({n.name}): {why}" for n, why in unsupported.items()]
+    return "\n".join(lines)

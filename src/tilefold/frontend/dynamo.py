@@ -1,0 +1,197 @@
+"""The `torch.compile(model, backend="tilefold")` backend: Dynamo graph -> ATen -> tilefold IR.
+
+Dynamo's graph is traced to ATen by AOTAutograd for inference. Nodes without a lowering rule are
+partitioned out and left to PyTorch; everything else is lowered into tilefold functions (one per
+partition). Parameters become IR constants, frozen at compile time and re-lowered if PyTorch
+reports that they were modified in place. A graph that needs autograd, or that tilefold cannot
+handle for any reason, runs eagerly with a log line instead of failing the user's program.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from tilefold.errors import TilefoldError
+from tilefold.frontend.converter import Input, convert_graph, is_size_node, op_name
+from tilefold.frontend.export import inference_decompositions
+from tilefold.frontend.preserved import preserve
+from tilefold.frontend.report import GraphReport, record
+from tilefold.frontend.runner import EXECUTOR, GraphRunner
+
+log = logging.getLogger("tilefold.frontend")
+NAME = "tilefold"
+
+
+def register() -> None:
+    """Register the backend by name unless torch.compile already knows it (e.g. via entry point)."""
+    from torch._dynamo.backends import registry
+
+    if NAME not in registry._COMPILER_FNS and registry._BACKENDS.get(NAME) is None:
+        registry.register_backend(backend, name=NAME)
+
+
+def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None = None):
+    """torch.compile entry: returns a callable running `gm` through tilefold where it can.
+
+    `options={"strict": True}` raises instead of falling back to eager (for tests).
+    """
+    strict = bool((options or {}).get("strict"))
+    graph = f"#{len(_GRAPHS)}"
+    _GRAPHS.append(graph)
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
+    ):
+        reason = (
+            "autograd is on (training, or inputs/weights that require grad): tilefold compiles "
+            "inference; run the model under torch.no_grad() or torch.inference_mode()"
+        )
+        return _eager(gm, graph, reason, strict)
+    preserve(gm)
+    frozen = {i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)}
+    report = GraphReport(graph, "tilefold", executor=EXECUTOR)
+    started = time.perf_counter()
+
+    def inference(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
+        report.trace_s = time.perf_counter() - started
+        try:
+            with unset_fake_temporarily():  # weights are read as real tensors
+                return _lower(aten_gm, example_inputs, frozen, report)
+        except (TilefoldError, NotImplementedError, KeyError, ValueError, TypeError) as exc:
+            if strict:
+                raise
+            report.mode, report.reason = "eager", f"{type(exc).__name__}: {exc}"
+            log.warning("tilefold: graph %s runs in PyTorch: %s", graph, report.reason)
+            return aten_gm.forward
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    compiler = aot_autograd(
+        fw_compiler=lambda g, i: make_boxed_func(inference(g, i)),
+        inference_compiler=lambda g, i: make_boxed_func(inference(g, i)),
+        decompositions=inference_decompositions(),
+    )
+    compiled = compiler(gm, example_inputs)
+    record(report)
+    return compiled
+
+
+_GRAPHS: list[str] = []
+
+
+def _eager(gm: fx.GraphModule, graph: str, reason: str, strict: bool) -> Callable:
+    if strict:
+        raise TilefoldError(reason)
+    log.warning("tilefold: graph %s runs in PyTorch: %s", graph, reason)
+    record(GraphReport(graph, "eager", reason=reason))
+    return gm.forward
+
+
+class _Supported(OperatorSupportBase):
+    """Nodes the trial lowering handled; size arithmetic stays with PyTorch (sizes are no IR
+    values, and a partition may only hand tensors back)."""
+
+    def __init__(self, unsupported: set[fx.Node]):
+        self.unsupported = unsupported
+
+    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
+        return (
+            node.op == "call_function" and node not in self.unsupported and not is_size_node(node)
+        )
+
+
+def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphReport):
+    """Lower the ATen graph whole, or its supported partitions; return the callable to run."""
+    started = time.perf_counter()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(real):
+        frozen = set()  # AOTAutograd reordered the inputs: keep every input an argument
+    index = {n: i for i, n in enumerate(placeholders)}
+
+    def top_inputs(i: int, node: fx.Node) -> Input:
+        return _input_kind(node, i, real, frozen)
+
+    trial = convert_graph(gm.graph, top_inputs, trial=True)
+    report.aten_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    report.lowered = dict(trial.lowered)
+    report.symbolic_dims = sorted({str(d) for a in trial.module["main"].args for d in a.type.shape
+                                   if not isinstance(d, int)})
+    if not trial.unsupported:
+        runner = _Frozen(lambda: GraphRunner(convert_graph(gm.graph, top_inputs)), real, frozen)
+        report.partitions = 1
+        report.convert_s = time.perf_counter() - started
+        return runner
+    for node, why in trial.unsupported.items():
+        report.fallback.setdefault(op_name(node), why)
+        log.info("tilefold: PyTorch runs %s (%s): %s", op_name(node), node.name, why)
+    report.fallback_nodes = len(trial.unsupported)
+    report.mode = "partitioned"
+    partitioner = CapabilityBasedPartitioner(
+        gm, _Supported(set(trial.unsupported)), allows_single_node_partition=True
+    )
+    fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+    for node in list(fused.graph.nodes):
+        if node.op == "call_module" and node.target.startswith("fused_"):
+            sub = fused.get_submodule(node.target)
+            outer = list(node.args)
+
+            def sub_inputs(i: int, ph: fx.Node, outer=outer) -> Input:
+                parent = outer[i]
+                if isinstance(parent, fx.Node) and parent in index:
+                    return _input_kind(parent, index[parent], real, frozen)
+                return _input_kind(ph, -1, real, set())
+
+            converted = convert_graph(sub.graph, sub_inputs)
+            single = not isinstance(next(iter(reversed(sub.graph.nodes))).args[0], tuple | list)
+            setattr(fused, node.target, _Partition(GraphRunner(converted), single))
+            report.partitions += 1
+    fused.recompile()
+    report.lowered = {k: v for k, v in report.lowered.items() if k not in report.fallback}
+    report.convert_s = time.perf_counter() - started
+    return fused.forward
+
+
+def _input_kind(node: fx.Node, i: int, real: list[Any], frozen: set[int]) -> Input:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return ("size", None)
+    if i in frozen:
+        return ("constant", real[i])
+    return ("arg", node.name)
+
+
+class _Partition(torch.nn.Module):
+    """A fused partition replaced by its tilefold runner."""
+
+    def __init__(self, runner: GraphRunner, single: bool):
+        super().__init__()
+        self.runner, self.single = runner, single
+
+    def forward(self, *args: Any) -> Any:
+        outs = self.runner(*args)
+        return outs[0] if self.single else tuple(outs)
+
+
+class _Frozen:
+    """A whole-graph runner whose constants are re-lowered when a frozen weight changes."""
+
+    def __init__(self, build: Callable[[], GraphRunner], real: list[Any], frozen: set[int]):
+        self.build = build
+        self.watch = [(i, real[i], real[i]._version) for i in sorted(frozen)]
+        self.runner = build()
+
+    def __call__(self, *args: Any) -> list[Any]:
+        if any(args[i] is not t or t._version != v for i, t, v in self.watch):
+            log.info("tilefold: a frozen weight changed; lowering the graph again")
+            self.watch = [(i, args[i], args[i]._version) for i, _, _ in self.watch]
+            self.runner = self.build()
+        return self.runner(*args)

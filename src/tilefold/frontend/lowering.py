@@ -1,0 +1,53 @@
+"""The ATen lowering registry: one rule per ATen overload, keyed by the overload, with a context.
+
+A rule is `fn(ctx, *args, **kwargs)` called with the FX node's own arguments. It builds IR through
+`ctx` and returns the node's value (a `Tensor`, a list for several results, a dim, or None). When
+it cannot lower this particular call (a dropout probability, an unsupported dtype, a shape the IR
+cannot name) it raises `NotApplicable` with a reason; the caller then runs that node with PyTorch
+(torch.compile) or reports it (torch.export).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tilefold.errors import TilefoldError
+
+
+class NotApplicable(Exception):
+    """A rule does not apply to this call; `reason` says why (shown by explain)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one ATen overload becomes tilefold IR."""
+
+    target: Any  # a torch OpOverload, or a Python callable such as operator.getitem
+    fn: Callable[..., Any]
+    summary: str
+
+
+RULES: dict[Any, Rule] = {}
+
+
+def lowering(*targets: Any, summary: str = "") -> Callable[[Callable], Callable]:
+    """Decorator registering `fn` as the rule for each of `targets`; a second rule is a bug."""
+
+    def add(fn: Callable) -> Callable:
+        for target in targets:
+            if target in RULES:
+                raise TilefoldError(f"two lowering rules for {target}: {RULES[target].fn} and {fn}")
+            RULES[target] = Rule(target, fn, summary or (fn.__doc__ or "").strip())
+        return fn
+
+    return add
+
+
+def rule_for(target: Any) -> Rule | None:
+    return RULES.get(target)

@@ -1,0 +1,57 @@
+"""What the frontend did with each graph (lowered ops, PyTorch fallbacks and why), for explain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GraphReport:
+    """One graph torch.compile handed to tilefold."""
+
+    graph: str
+    mode: str  # "tilefold" (whole graph), "partitioned", or "eager"
+    aten_nodes: int = 0
+    lowered: dict[str, int] = field(default_factory=dict)  # ATen op -> count run by tilefold
+    fallback: dict[str, str] = field(default_factory=dict)  # ATen op -> why PyTorch runs it
+    fallback_nodes: int = 0
+    partitions: int = 0
+    executor: str = ""
+    symbolic_dims: list[str] = field(default_factory=list)
+    trace_s: float = 0.0
+    convert_s: float = 0.0
+    reason: str = ""  # why the whole graph runs eagerly, when it does
+
+    def format(self) -> str:
+        head = f"graph {self.graph}: {self.mode}"
+        if self.mode == "eager":
+            return f"{head} ({self.reason})"
+        lines = [
+            f"{head}, {self.aten_nodes} ATen nodes, {sum(self.lowered.values())} lowered, "
+            f"{self.fallback_nodes} run by PyTorch in {self.partitions} tilefold partition(s); "
+            f"executor {self.executor}; trace {self.trace_s:.2f} s, lower {self.convert_s:.2f} s",
+        ]
+        if self.symbolic_dims:
+            lines.append(f"  symbolic dims: {', '.join(self.symbolic_dims)}")
+        for op, why in sorted(self.fallback.items()):
+            lines.append(f"  PyTorch runs {op}: {why}")
+        return "\n".join(lines)
+
+
+REPORTS: list[GraphReport] = []
+
+
+def record(report: GraphReport) -> GraphReport:
+    REPORTS.append(report)
+    return report
+
+
+def explain() -> str:
+    """Every graph compiled in this process: what tilefold ran and what it left to PyTorch."""
+    if not REPORTS:
+        return "no graph compiled with backend='tilefold' yet"
+    return "\n".join(r.format() for r in REPORTS)
+
+
+def reports() -> list[GraphReport]:
+    return list(REPORTS)

@@ -1,0 +1,210 @@
+"""Lowering rules for elementwise ATen ops: math, arithmetic, comparisons, where, casts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tilefold import dtypes
+from tilefold.frontend.context import LoweringContext
+from tilefold.frontend.lowering import NotApplicable, lowering
+
+aten = torch.ops.aten
+
+UNARY = {  # ATen overload -> tilefold op, same dtype in and out
+    aten.exp.default: "exp",
+    aten.log.default: "log",
+    aten.sqrt.default: "sqrt",
+    aten.rsqrt.default: "rsqrt",
+    aten.reciprocal.default: "reciprocal",
+    aten.tanh.default: "tanh",
+    aten.erf.default: "erf",
+    aten.sigmoid.default: "sigmoid",
+    aten.relu.default: "relu",
+    aten.silu.default: "silu",
+    aten.sin.default: "sin",
+    aten.cos.default: "cos",
+    aten.neg.default: "neg",
+    aten.abs.default: "abs",
+    aten.floor.default: "floor",
+}
+
+ARITHMETIC = {  # ATen overload -> tilefold op; operands cast to the result dtype first
+    aten.add.Tensor: "add",
+    aten.add.Scalar: "add",
+    aten.sub.Tensor: "sub",
+    aten.sub.Scalar: "sub",
+    aten.mul.Tensor: "mul",
+    aten.mul.Scalar: "mul",
+    aten.div.Tensor: "div",
+    aten.div.Scalar: "div",
+    aten.pow.Tensor_Scalar: "pow",
+    aten.pow.Tensor_Tensor: "pow",
+    aten.pow.Scalar: "pow",
+    aten.maximum.default: "max",
+    aten.minimum.default: "min",
+    aten.bitwise_and.Tensor: "and",
+    aten.logical_and.default: "and",
+    aten.bitwise_or.Tensor: "or",
+    aten.logical_or.default: "or",
+}
+
+COMPARISON = {  # ATen overload -> tilefold op; operands cast to their promoted dtype, bool out
+    aten.eq.Tensor: "eq",
+    aten.eq.Scalar: "eq",
+    aten.ne.Tensor: "ne",
+    aten.ne.Scalar: "ne",
+    aten.lt.Tensor: "lt",
+    aten.lt.Scalar: "lt",
+    aten.le.Tensor: "le",
+    aten.le.Scalar: "le",
+    aten.gt.Tensor: "gt",
+    aten.gt.Scalar: "gt",
+    aten.ge.Tensor: "ge",
+    aten.ge.Scalar: "ge",
+}
+
+IDENTITY = (  # no data change in a value-semantics IR
+    aten.clone.default,
+    aten.alias.default,
+    aten.contiguous.default,
+    aten.detach.default,
+    aten.lift_fresh_copy.default,
+)
+
+
+def _unary(name: str):
+    def rule(ctx: LoweringContext, x: Any) -> Any:
+        return ctx.elementwise(lambda t: ctx.op(name, t), [x], ctx.out_dtype())
+
+    rule.__doc__ = f"elementwise {name}"
+    return rule
+
+
+def _arithmetic(name: str):
+    def rule(ctx: LoweringContext, x: Any, y: Any, *, alpha: Any = 1) -> Any:
+        dtype = ctx.out_dtype()
+        if alpha == 1:
+            return ctx.elementwise(lambda a, b: ctx.op(name, a, b), [x, y], dtype)
+        if name not in ("add", "sub"):
+            raise NotApplicable(f"alpha={alpha} on {name}")
+        return ctx.elementwise(  # x + alpha * y
+            lambda a, b, c: ctx.op(name, a, ctx.op("mul", b, c)), [x, y, alpha], dtype
+        )
+
+    rule.__doc__ = f"elementwise {name}"
+    return rule
+
+
+def _comparison(name: str):
+    def rule(ctx: LoweringContext, x: Any, y: Any) -> Any:
+        return ctx.elementwise(lambda a, b: ctx.op(name, a, b), [x, y], promoted(ctx, x, y))
+
+    rule.__doc__ = f"comparison {name}"
+    return rule
+
+
+def promoted(ctx: LoweringContext, x: Any, y: Any) -> dtypes.DType:
+    """PyTorch's type promotion of a tensor with a tensor or a Python number."""
+    a, b = (ctx.meta(v) if isinstance(v, torch.fx.Node) else v for v in (x, y))
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        raise NotApplicable("an op on two Python numbers")
+    return ctx.dtype(torch.result_type(a, b) if isinstance(a, torch.Tensor)
+                     else torch.result_type(b, a))
+
+
+for _target, _name in UNARY.items():
+    lowering(_target)(_unary(_name))
+for _target, _name in ARITHMETIC.items():
+    lowering(_target)(_arithmetic(_name))
+for _target, _name in COMPARISON.items():
+    lowering(_target)(_comparison(_name))
+
+
+@lowering(*IDENTITY)
+def identity(ctx: LoweringContext, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """A copy or alias: the same value (the IR has value semantics)."""
+    return ctx.value(x)
+
+
+@lowering(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default)
+def to_dtype(ctx: LoweringContext, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """A dtype conversion (devices and layouts do not exist in the IR)."""
+    return ctx.elementwise(lambda t: t, [x], ctx.out_dtype())
+
+
+@lowering(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
+def where(ctx: LoweringContext, cond: Any, x: Any, y: Any) -> Any:
+    """cond ? x : y"""
+    dt = ctx.out_dtype()
+    return ctx.op("where", ctx.tensor(cond), ctx.operand(x, dt), ctx.operand(y, dt))
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(ctx: LoweringContext, x: Any, mask: Any, value: Any) -> Any:
+    """mask ? value : x"""
+    dt = ctx.out_dtype()
+    return ctx.op("where", ctx.tensor(mask), ctx.operand(value, dt), ctx.tensor(x))
+
+
+@lowering(aten.logical_not.default, aten.bitwise_not.default)
+def logical_not(ctx: LoweringContext, x: Any) -> Any:
+    """not x, as x == 0 (false)"""
+    t = ctx.tensor(x)
+    if ctx.out_dtype() != dtypes.boolean:
+        raise NotApplicable("bitwise not of integers")
+    return ctx.op("eq", t, ctx.scalar(0, t.dtype))
+
+
+@lowering(aten.gelu.default)
+def gelu(ctx: LoweringContext, x: Any, approximate: str = "none") -> Any:
+    """gelu, exact (erf) or tanh-approximated"""
+    return ctx.elementwise(
+        lambda t: ctx.op("gelu", t, approximate=approximate), [x], ctx.out_dtype()
+    )
+
+
+@lowering(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
+def clamp(ctx: LoweringContext, x: Any, min: Any = None, max: Any = None) -> Any:
+    """max(min(x, hi), lo); clamp_max passes its bound as the second argument"""
+    lo, hi = min, max
+    if ctx.node.target is aten.clamp_max.default:
+        lo, hi = None, min
+    dt = ctx.out_dtype()
+    t = ctx.cast(ctx.tensor(x), dt)
+    if hi is not None:
+        t = ctx.op("min", t, ctx.operand(hi, dt))
+    if lo is not None:
+        t = ctx.op("max", t, ctx.operand(lo, dt))
+    return t
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(ctx: LoweringContext, x: Any, y: Any, *, rounding_mode: str | None = None) -> Any:
+    """division with rounding: trunc (integer division) or floor (on floats)"""
+    dt = ctx.out_dtype()
+    q = ctx.op("div", ctx.operand(x, dt), ctx.operand(y, dt))
+    if rounding_mode is None or (rounding_mode == "trunc" and dt.is_integer):
+        return q
+    if rounding_mode == "floor" and dt.is_float:
+        return ctx.op("floor", q)
+    raise NotApplicable(f"rounding_mode={rounding_mode!r} on {dt}")
+
+
+@lowering(aten.rsub.Scalar, aten.rsub.Tensor)
+def rsub(ctx: LoweringContext, x: Any, y: Any, alpha: Any = 1) -> Any:
+    """y - alpha * x"""
+    dt = ctx.out_dtype()
+    t = ctx.operand(x, dt)
+    if alpha != 1:
+        t = ctx.op("mul", t, ctx.scalar(alpha, dt))
+    return ctx.op("sub", ctx.operand(y, dt), t)
+
+
+@lowering(aten.dropout.default)
+def dropout(ctx: LoweringContext, x: Any, p: float, train: bool) -> Any:
+    """dropout at inference is the identity"""
+    if train and p > 0:
+        raise NotApplicable("dropout in training mode")
+    return ctx.value(x)

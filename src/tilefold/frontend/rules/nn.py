@@ -1,0 +1,229 @@
+"""Lowering rules for compute ATen ops: matmuls, attention, normalization, softmax, reductions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tilefold.frontend.context import LoweringContext, Merged, Unavailable
+from tilefold.frontend.lowering import NotApplicable, lowering
+from tilefold.frontend.preserved import linear as _opaque_linear  # noqa: F401  (defines the ops)
+
+aten = torch.ops.aten
+SAVED = "a statistic saved for backward (not computed at inference)"
+
+
+# -- matrix products -----------------------------------------------------------------------
+
+
+@lowering(aten.mm.default)
+def mm(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    """a @ b; rows flattened from symbolic dims stay unflattened"""
+    return _rows_matmul(ctx, a, ctx.tensor(b))
+
+
+@lowering(aten.addmm.default)
+def addmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    """beta * bias + alpha * (a @ b)"""
+    if beta != 1 or alpha != 1:
+        raise NotApplicable(f"addmm with beta={beta}, alpha={alpha}")
+    return _add_bias(ctx, _rows_matmul(ctx, a, ctx.tensor(b)), bias)
+
+
+def _add_bias(ctx: LoweringContext, product: Any, bias: Any) -> Any:
+    t = product.tensor if isinstance(product, Merged) else product
+    out = ctx.op("add", t, ctx.cast(ctx.tensor(bias), t.dtype))
+    return Merged(out, product.lead) if isinstance(product, Merged) else out
+
+
+def _rows_matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    va = ctx.value(a)
+    if isinstance(va, Merged):
+        return Merged(ctx.op("matmul", va.tensor, b), va.lead)
+    return ctx.op("matmul", va, b)
+
+
+@lowering(aten.bmm.default)
+def bmm(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    """batched a @ b; batches flattened from the same symbolic dims stay unflattened"""
+    va, vb = ctx.value(a), ctx.value(b)
+    if isinstance(va, Merged) or isinstance(vb, Merged):
+        same = (
+            isinstance(va, Merged) and isinstance(vb, Merged) and va.lead == vb.lead
+            and all(ctx.sizes.same(x, y) for x, y in
+                    zip(va.tensor.shape[: va.lead], vb.tensor.shape[: vb.lead], strict=True))
+        )
+        if not same:
+            raise NotApplicable("bmm of batches flattened from different shapes")
+        return Merged(ctx.op("matmul", va.tensor, vb.tensor), va.lead)
+    return ctx.op("matmul", va, vb)
+
+
+@lowering(aten.matmul.default)
+def matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    """np.matmul semantics, as torch.matmul"""
+    return ctx.op("matmul", ctx.tensor(a), ctx.tensor(b))
+
+
+@lowering(aten.linear.default, torch.ops.tilefold.linear.default)
+def linear(ctx: LoweringContext, x: Any, weight: Any, bias: Any = None) -> Any:
+    """x @ weight^T + bias"""
+    product = _rows_matmul_t(ctx, x, ctx.tensor(weight))
+    return product if bias is None else _add_bias(ctx, product, bias)
+
+
+def _rows_matmul_t(ctx: LoweringContext, x: Any, w: Any) -> Any:
+    vx = ctx.value(x)
+    base = vx.tensor if isinstance(vx, Merged) else vx
+    out = ctx.op("matmul", base, w, transpose_b=True)
+    return Merged(out, vx.lead) if isinstance(vx, Merged) else out
+
+
+# -- attention -----------------------------------------------------------------------------
+
+
+@lowering(aten.scaled_dot_product_attention.default, torch.ops.tilefold.sdpa.default)
+def sdpa(
+    ctx: LoweringContext, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+    is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False,
+) -> Any:
+    """one scaled_dot_product_attention op (mask, causal, scale, grouped-query heads)"""
+    return _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+@lowering(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def sdpa_flash_cpu(
+    ctx: LoweringContext, q: Any, k: Any, v: Any, dropout_p: float = 0.0, is_causal: bool = False,
+    *, attn_mask: Any = None, scale: float | None = None,
+) -> list[Any]:
+    """the CPU flash-attention form AOTAutograd produces; its logsumexp is not computed"""
+    out = _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, False)
+    return [out, Unavailable(SAVED)]
+
+
+def _attention(ctx, q, k, v, mask, dropout_p, is_causal, scale, enable_gqa) -> Any:
+    if dropout_p:
+        raise NotApplicable(f"attention dropout p={dropout_p}")
+    ts = [ctx.tensor(q), ctx.tensor(k), ctx.tensor(v)]
+    if mask is not None:
+        m = ctx.tensor(mask)
+        ts.append(m if m.dtype.name == "bool" else ctx.cast(m, ts[0].dtype))
+    attrs: dict[str, Any] = {"is_causal": bool(is_causal), "enable_gqa": bool(enable_gqa)}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    return ctx.op("scaled_dot_product_attention", *ts, **attrs)
+
+
+# -- normalization and softmax -------------------------------------------------------------
+
+
+def _affine(ctx: LoweringContext, arg: Any, x: Any, ndims: int, fill: float) -> Any:
+    if arg is not None:
+        return ctx.cast(ctx.tensor(arg), x.dtype)
+    shape = tuple(x.shape[x.ndim - ndims:])
+    if not all(isinstance(d, int) for d in shape):
+        raise NotApplicable("normalization without weight over symbolic dims")
+    return ctx.b.constant(np.full(shape, fill, dtype=x.dtype.np_dtype))
+
+
+@lowering(aten.native_layer_norm.default)
+def native_layer_norm(ctx: LoweringContext, x, normalized_shape, weight, bias, eps) -> list:
+    """layer_norm; the saved mean and rstd are not computed"""
+    return [_layer_norm(ctx, x, normalized_shape, weight, bias, eps), Unavailable(SAVED),
+            Unavailable(SAVED)]
+
+
+@lowering(aten.layer_norm.default)
+def layer_norm(ctx: LoweringContext, x, normalized_shape, weight=None, bias=None, eps=1e-5,
+               cudnn_enable=True) -> Any:
+    """layer_norm over the trailing normalized_shape dims"""
+    return _layer_norm(ctx, x, normalized_shape, weight, bias, eps)
+
+
+def _layer_norm(ctx, x, normalized_shape, weight, bias, eps) -> Any:
+    t = ctx.tensor(x)
+    n = len(normalized_shape)
+    w, b = _affine(ctx, weight, t, n, 1.0), _affine(ctx, bias, t, n, 0.0)
+    return ctx.op("layer_norm", t, w, b, axis=-n, eps=float(eps))
+
+
+@lowering(aten.rms_norm.default)
+def rms_norm(ctx: LoweringContext, x, normalized_shape, weight=None, eps=None) -> Any:
+    """RMSNorm; eps None means the dtype's machine epsilon, as PyTorch"""
+    t = ctx.tensor(x)
+    n = len(normalized_shape)
+    eps = float(np.finfo(t.dtype.np_dtype).eps) if eps is None else float(eps)
+    return ctx.op("rms_norm", t, _affine(ctx, weight, t, n, 1.0), axis=-n, eps=eps)
+
+
+@lowering(aten._softmax.default, aten._log_softmax.default)
+def softmax_(ctx: LoweringContext, x: Any, dim: int, half_to_float: bool) -> Any:
+    """softmax / log_softmax along dim"""
+    name = "softmax" if ctx.node.target is aten._softmax.default else "log_softmax"
+    return _softmax(ctx, name, x, dim)
+
+
+@lowering(aten.softmax.int, aten.log_softmax.int)
+def softmax(ctx: LoweringContext, x: Any, dim: int, dtype: Any = None) -> Any:
+    """softmax / log_softmax along dim, optionally in another dtype"""
+    name = "softmax" if ctx.node.target is aten.softmax.int else "log_softmax"
+    return _softmax(ctx, name, x, dim)
+
+
+def _softmax(ctx: LoweringContext, name: str, x: Any, dim: int) -> Any:
+    vx = ctx.value(x)
+    rank = ctx.rank(x)
+    dim %= rank
+    if isinstance(vx, Merged):
+        if dim == 0:
+            raise NotApplicable(f"{name} over a merged symbolic dim")
+        t = ctx.cast(vx.tensor, ctx.out_dtype())
+        return Merged(ctx.op(name, t, axis=dim + vx.lead - 1), vx.lead)
+    return ctx.op(name, ctx.cast(ctx.tensor(x), ctx.out_dtype()), axis=dim)
+
+
+# -- reductions ----------------------------------------------------------------------------
+
+REDUCTIONS = {  # ATen overload -> tilefold op
+    aten.sum.dim_IntList: "reduce_sum",
+    aten.sum.default: "reduce_sum",
+    aten.mean.dim: "reduce_mean",
+    aten.mean.default: "reduce_mean",
+    aten.amax.default: "reduce_max",
+    aten.amin.default: "reduce_min",
+    aten.max.default: "reduce_max",
+    aten.min.default: "reduce_min",
+}
+
+
+def _reduction(name: str):
+    def rule(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False, *,
+             dtype: Any = None) -> Any:
+        t = ctx.cast(ctx.tensor(x), ctx.out_dtype())
+        axes = None if dim is None or list(dim) == [] else [d % max(t.ndim, 1) for d in dim]
+        return ctx.op(name, t, axes=axes, keepdims=bool(keepdim))
+
+    rule.__doc__ = f"{name} over dims"
+    return rule
+
+
+for _target, _name in REDUCTIONS.items():
+    lowering(_target)(_reduction(_name))
+
+
+@lowering(aten.linalg_vector_norm.default)
+def vector_norm(ctx: LoweringContext, x: Any, ord: float = 2, dim: Any = None,
+                keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """p-norm for p in {1, 2, inf} (F.normalize's norm)"""
+    t = ctx.cast(ctx.tensor(x), ctx.out_dtype())
+    axes = None if dim is None or list(dim) == [] else [d % t.ndim for d in dim]
+    if ord == 2:
+        return ctx.op("sqrt", ctx.op("reduce_sum", ctx.op("mul", t, t), axes=axes,
+                                     keepdims=bool(keepdim)))
+    if ord == 1:
+        return ctx.op("reduce_sum", ctx.op("abs", t), axes=axes, keepdims=bool(keepdim))
+    if ord == float("inf"):
+        return ctx.op("reduce_max", ctx.op("abs", t), axes=axes, keepdims=bool(keepdim))
+    raise NotApplicable(f"vector norm of order {ord}")

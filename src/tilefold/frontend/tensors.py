@@ -1,0 +1,48 @@
+"""PyTorch ⇄ tilefold values: dtype table and zero-copy-where-possible tensor/array conversion."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from tilefold import dtypes
+from tilefold.dtypes import DType
+from tilefold.errors import DTypeError
+
+DTYPES: dict[torch.dtype, DType] = {
+    torch.float64: dtypes.f64,
+    torch.float32: dtypes.f32,
+    torch.float16: dtypes.f16,
+    torch.bfloat16: dtypes.bf16,
+    torch.int64: dtypes.i64,
+    torch.int32: dtypes.i32,
+    torch.int8: dtypes.i8,
+    torch.uint8: dtypes.u8,
+    torch.bool: dtypes.boolean,
+}
+TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
+
+
+def to_dtype(dt: torch.dtype) -> DType:
+    found = DTYPES.get(dt)
+    if found is None:
+        raise DTypeError(f"PyTorch dtype {dt} has no tilefold equivalent")
+    return found
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """The tensor's data as a NumPy array (shares memory for CPU tensors; bf16 via a bit view)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    a = np.ascontiguousarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
