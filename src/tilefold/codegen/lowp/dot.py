@@ -1,6 +1,6 @@
 """Packed dot-product steps: acc[L] += sum over a k-group of A(broadcast) * B(per lane).
 
-A k-group is one 32-bit word per lane: two bf16 (`vdpbf16ps` order) or four 8-bit codes
+A k-group is one 32-bit word per lane: two bf16 or f16 (`vdpbf16ps` order) or four 8-bit codes
 (`vpdpbusd` order: A unsigned, B signed). Each step exists as the ISA instruction and as a
 portable fallback with the same result (bf16 products are exact in f32; 8-bit products are
 widened to i16 and summed by `pmaddwd`, which never saturates, unlike `pmaddubsw`).
@@ -62,6 +62,21 @@ def dpbf16_fma(b: ir.IRBuilder, acc, a, bv):
     return u.fma(b, ao, bo, u.fma(b, ae, be, acc))
 
 
+def dpf16_fma(b: ir.IRBuilder, acc, a, bv):
+    """f16 pair dot: `vcvtph2ps` (F16C / AVX-512) of the even and odd halves, two f32 FMAs."""
+    lanes = acc.type.count
+    halves = u.vec(ir.HalfType(), 2 * lanes)
+
+    def split(x):
+        h = b.bitcast(x, halves)
+        return [b.fpext(b.shuffle_vector(h, ir.Constant(halves, None), ir.Constant(
+            u.vec(u.i32, lanes), list(range(parity, 2 * lanes, 2)))), acc.type)
+            for parity in (0, 1)]
+
+    (ae, ao), (be, bo) = split(a), split(bv)
+    return u.fma(b, ao, bo, u.fma(b, ae, be, acc))
+
+
 def dpbusd(b: ir.IRBuilder, acc, a, bv):
     """`vpdpbusd` (AVX512_VNNI): u8 quads of `a` times s8 quads of `bv`, summed into i32."""
     lanes = acc.type.count
@@ -88,6 +103,7 @@ def dpbusd_pmaddwd(b: ir.IRBuilder, acc, a, bv):
 DOT_STEPS: dict[str, DotStep] = {
     "dpbf16": dpbf16,
     "dpbf16_fma": dpbf16_fma,
+    "dpf16_fma": dpf16_fma,
     "dpbusd": dpbusd,
     "dpbusd_pmaddwd": dpbusd_pmaddwd,
 }

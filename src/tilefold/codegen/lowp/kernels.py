@@ -18,7 +18,7 @@ class DotKernel:
 
     name: str
     family: str
-    dtype: str  # "bf16" (bf16 x bf16 -> f32) or "u8s8" (u8 x s8 -> i32)
+    dtype: str  # "bf16"/"f16" (x itself -> f32) or "u8s8" (u8 x s8 -> i32)
     mr: int
     nr: int
     lanes: int
@@ -32,7 +32,7 @@ class DotKernel:
 
     @property
     def acc_is_float(self) -> bool:
-        return self.dtype == "bf16"
+        return self.dtype != "u8s8"
 
 
 def _f(*names: str) -> frozenset[str]:
@@ -44,6 +44,9 @@ DOT_KERNELS: tuple[DotKernel, ...] = (
               _f("avx512f", "avx512bf16"), "dpbf16", 2),
     DotKernel("bf16_avx512_6x48", "x86-64-v4", "bf16", 6, 48, 16, _f("avx512f"), "dpbf16_fma", 2),
     DotKernel("bf16_avx2_4x16", "x86-64-v3", "bf16", 4, 16, 8, _f("avx2", "fma"), "dpbf16_fma", 2),
+    DotKernel("f16_avx512_6x48", "x86-64-v4", "f16", 6, 48, 16, _f("avx512f"), "dpf16_fma", 2),
+    DotKernel("f16_avx2_4x16", "x86-64-v3", "f16", 4, 16, 8, _f("avx2", "fma", "f16c"),
+              "dpf16_fma", 2),
     DotKernel("u8s8_avx512vnni_8x48", "x86-64-v4", "u8s8", 8, 48, 16,
               _f("avx512f", "avx512bw", "avx512vnni"), "dpbusd", 4),
     DotKernel("u8s8_avx512bw_6x32", "x86-64-v4", "u8s8", 6, 32, 16, _f("avx512bw"),

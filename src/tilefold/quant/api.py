@@ -1,0 +1,121 @@
+"""The public low-precision entry points: quantize, dequantize, and matmuls on quantized weights,
+bf16/f16 operands and 8-bit integers (what `tilefold.matmul` dispatches to)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tilefold.codegen.lowp.dotpack import PackedB, run_dotgemm
+from tilefold.codegen.lowp.kernels import DotKernel, select_dot_kernel
+from tilefold.codegen.lowp.weight_only import weight_only_matmul
+from tilefold.dtypes import DType
+from tilefold.dtypes import dtype as to_dtype
+from tilefold.errors import DTypeError, ShapeError
+from tilefold.quant.quantize import quantize
+from tilefold.quant.tensor import QuantizedTensor
+from tilefold.target import Target, host_target
+
+__all__ = ["QuantizedTensor", "dequantize", "matmul_lowp", "prepack_lowp", "quantize",
+           "quantized_matmul"]
+
+# (A dtype, B dtype) -> micro-kernel dtype; A signed 8-bit is shifted to unsigned.
+_KERNEL_DTYPES = {("bf16", "bf16"): "bf16", ("f16", "f16"): "f16", ("u8", "i8"): "u8s8",
+                  ("i8", "i8"): "u8s8"}
+
+
+def dequantize(qt: QuantizedTensor, dtype: str | DType = "f32") -> np.ndarray:
+    """The real values of `qt` as a `dtype` array (the IR's `dequantize`)."""
+    return qt.dequantize(dtype)
+
+
+def _as_rows(x: np.ndarray, k: int, what: str) -> tuple[np.ndarray, tuple[int, ...]]:
+    """x[..., K] as a C-contiguous [M, K] matrix and the leading shape to restore."""
+    if x.ndim == 0 or x.shape[-1] != k:
+        raise ShapeError(f"{what}: x has shape {list(x.shape)} but the contraction length is "
+                         f"{k}; x's last dim must equal it")
+    lead = x.shape[:-1]
+    return np.ascontiguousarray(x.reshape(-1, k)), lead
+
+
+def quantized_matmul(x, qw: QuantizedTensor, *, target: Target | None = None,
+                     threads: int | None = None) -> np.ndarray:
+    """x[..., K] (f32/bf16/f16) times the weight `qw`, contracting qw's quantization axis.
+
+    For a [K, N] weight quantized along axis 0 this is x @ dequantize(qw); for a [N, K] weight
+    along axis 1 (torch Linear) it is x @ dequantize(qw).T. Weights are decoded in registers,
+    never materialized; the result is f32[..., N].
+    """
+    if not isinstance(qw, QuantizedTensor):
+        raise DTypeError(f"quantized_matmul: qw must be a QuantizedTensor, got {type(qw)}; "
+                         "make one with tilefold.quantize(w, ...)")
+    if len(qw.shape) != 2:
+        raise ShapeError(f"quantized_matmul: the weight must be 2-D, got {list(qw.shape)}")
+    x = np.asarray(x)
+    if to_dtype(x.dtype).name not in ("f32", "bf16", "f16", "f64"):
+        raise DTypeError(f"quantized_matmul: activations must be float, got {x.dtype}; "
+                         "quantize both sides with matmul_lowp for integer math")
+    k = qw.shape[qw.axis]
+    rows, lead = _as_rows(x.astype(np.float32, copy=False), k, "quantized_matmul")
+    y = weight_only_matmul(rows, qw, target, threads)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def _kernel_for(a_dtype, b_dtype, target: Target) -> DotKernel:
+    a, b = to_dtype(a_dtype).name, to_dtype(b_dtype).name
+    kind = _KERNEL_DTYPES.get((a, b))
+    if kind is None:
+        pairs = ", ".join(f"{x} x {y}" for x, y in _KERNEL_DTYPES)
+        raise DTypeError(f"matmul_lowp: no kernel for {a} x {b}; supported: {pairs} "
+                         "(cast the operands, or use tilefold.matmul in f32)")
+    return select_dot_kernel(target, kind)
+
+
+def prepack_lowp(b: np.ndarray, a_dtype, *, target: Target | None = None) -> PackedB:
+    """Pack a constant B[K, N] once for `matmul_lowp` with A operands of `a_dtype`."""
+    target = target or host_target()
+    b = np.asarray(b)
+    if b.ndim != 2:
+        raise ShapeError(f"prepack_lowp: B must be 2-D, got shape {list(b.shape)}")
+    return PackedB(b, _kernel_for(a_dtype, b.dtype, target))
+
+
+def matmul_lowp(a, b, *, row_scale=None, col_scale=None, bias=None,
+                target: Target | None = None, threads: int | None = None) -> np.ndarray:
+    """a[..., K] @ b[K, N] for bf16 x bf16 and f16 x f16 (-> f32, f32 accumulation) and
+    u8/i8 x i8 (-> exact int32). With `col_scale` (and optional `row_scale`, `bias`) the 8-bit
+    product is dequantized in the kernel's epilogue: f32 = int32 * row_scale[m] *
+    col_scale[n] + bias[n]. `b` may be a `prepack_lowp` result.
+    """
+    target = target or host_target()
+    a = np.asarray(a)
+    if isinstance(b, PackedB):
+        packed = b
+        want = _kernel_for(a.dtype, b.dtype, target)
+        if packed.kernel != want:
+            raise DTypeError(f"matmul_lowp: B was packed for {packed.kernel.name}, this call "
+                             f"needs {want.name}; prepack it for this target and A dtype")
+    else:
+        b = np.asarray(b)
+        if b.ndim != 2:
+            raise ShapeError(f"matmul_lowp: B must be 2-D [K, N], got shape {list(b.shape)}")
+        packed = PackedB(b, _kernel_for(a.dtype, b.dtype, target))
+    rows, lead = _as_rows(a, packed.k, "matmul_lowp")
+    dequant = None
+    if col_scale is not None or row_scale is not None or bias is not None:
+        if packed.kernel.dtype != "u8s8":
+            raise DTypeError("matmul_lowp: scales and bias apply to 8-bit operands only")
+        m, n = rows.shape[0], packed.n
+        dequant = (_vector(row_scale, m, 1.0, "row_scale"),
+                   _vector(col_scale, n, 1.0, "col_scale"), _vector(bias, n, 0.0, "bias"))
+    c = run_dotgemm(rows, packed, target, a_signed=rows.dtype == np.int8, dequant=dequant,
+                    threads=threads)
+    return c.reshape(*lead, packed.n)
+
+
+def _vector(v, n: int, default: float, name: str) -> np.ndarray:
+    if v is None:
+        return np.full(n, default, np.float32)
+    v = np.broadcast_to(np.asarray(v, np.float32), (n,)) if np.ndim(v) <= 1 else None
+    if v is None:
+        raise ShapeError(f"matmul_lowp: {name} must be a scalar or a vector of length {n}")
+    return np.ascontiguousarray(v)
