@@ -16,7 +16,7 @@ from tilefold.target import (
     measured_peak_gflops,
     named_target,
 )
-from tilefold.target.probes import probe_kind
+from tilefold.target.probes import peak_probe, probe_kind
 
 
 def test_f32_peak_is_measured_then_recalled_from_disk():
@@ -28,10 +28,10 @@ def test_f32_peak_is_measured_then_recalled_from_disk():
     assert measured_peak_gflops(dtype="f32") == first
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("dtype", ["bf16", "int8", "amx-bf16", "amx-int8"])
 def test_narrow_type_peaks_where_the_host_has_them(dtype):
     try:
-        probe_kind(host_target(), dtype)
+        peak_probe(host_target(), dtype)
     except UnsupportedError:
         pytest.skip(f"host has no {dtype} multiply-accumulate")
     assert measured_peak_gflops(dtype=dtype) > 0.1
@@ -43,6 +43,9 @@ def test_probe_kinds_pick_the_right_instructions():
     assert "v8f32" in probe_kind(named_target("x86-64-v3"), "f32").call
     with pytest.raises(UnsupportedError, match="avx512bf16"):
         probe_kind(named_target("x86-64-v3"), "bf16")
+    assert "tdpbf16ps" in peak_probe(named_target("sapphirerapids"), "amx-bf16").ir
+    with pytest.raises(UnsupportedError, match="AMX"):
+        peak_probe(named_target("znver4"), "amx-int8")
 
 
 def test_peaks_of_foreign_targets_and_unknown_dtypes_are_refused():

@@ -35,6 +35,7 @@ def _engine() -> llvm.LLJIT:
     engine = llvm.create_lljit_compiler(
         target_machine(host_target(), jit=True), suppress_errors=True
     )
+    engine._owned = True  # llvmlite's flag for "never dispose": workers may run its code at exit
     return engine
 
 

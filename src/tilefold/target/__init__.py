@@ -1,5 +1,6 @@
 """What the hardware is: ISA features, registers, caches and measured peaks, detected or named."""
 
+from tilefold.target.amx import enable_amx
 from tilefold.target.host import hardware_fingerprint, host_target, named_target
 from tilefold.target.machine import target_machine
 from tilefold.target.paths import cache_dir
@@ -10,6 +11,7 @@ from tilefold.target.target import Target
 __all__ = [
     "Target",
     "cache_dir",
+    "enable_amx",
     "hardware_fingerprint",
     "host_target",
     "measured_bandwidth_gbps",

@@ -16,15 +16,18 @@ from pathlib import Path
 import numpy as np
 
 from tilefold.errors import UnsupportedError
+from tilefold.target.amx import enable_amx
 from tilefold.target.host import hardware_fingerprint, host_target
 from tilefold.target.paths import cache_dir
 from tilefold.target.probe_jit import probe_function
-from tilefold.target.probes import fma_probe_ir, probe_kind, read_probe_ir
+from tilefold.target.probes import peak_probe, read_probe_ir
 from tilefold.target.target import Target
 
 log = logging.getLogger("tilefold.target")
 _PROBE_SECONDS = 0.05
 _DTYPE_ALIASES = {
+    "amx-bf16": "amx-bf16",
+    "amx-int8": "amx-int8",
     "f32": "f32",
     "float32": "f32",
     "bf16": "bf16",
@@ -114,43 +117,39 @@ def measured_peak_gflops(
     """Multiply-accumulate throughput in GFLOP/s (GOP/s for int8) from a register-only probe.
 
     The probe runs independent accumulator chains of the target's widest vector FMA (f32),
-    `vdpbf16ps` (bf16) or `vpdpbusd` (int8) for ~50 ms a thread; results are cached on disk by
-    hardware fingerprint. `target` defaults to the host; narrowed hosts measure their own ISA.
+    `vdpbf16ps` (bf16) or `vpdpbusd` (int8), or four AMX tiles of `tdpbf16ps` (amx-bf16) or
+    `tdpbssd` (amx-int8), for ~50 ms a thread; results are cached on disk by hardware
+    fingerprint. `target` defaults to the host; narrowed hosts measure their own ISA.
     """
     target = target or host_target()
     kind_name = _DTYPE_ALIASES.get(getattr(dtype, "name", dtype))
     if kind_name is None:
-        raise UnsupportedError(f"no peak probe for dtype {dtype!r}; use f32, bf16 or int8")
+        raise UnsupportedError(
+            f"no peak probe for dtype {dtype!r}; use f32, bf16, int8, amx-bf16 or amx-int8"
+        )
     threads = _check_threads(threads)
     key = f"peak {kind_name} {target.cpu} {target.vector_bits}b x{threads}"
     cached = None if refresh else _recall(key)
     if cached is not None:
         return cached
-    kind = probe_kind(target, kind_name)
-    accumulators = max(8, target.vector_registers - 8)
-    probe = probe_function(
-        fma_probe_ir(kind, accumulators),
-        target,
-        "probe",
-        None,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
+    probe = peak_probe(target, kind_name)
+    if kind_name.startswith("amx") and not enable_amx():
+        raise UnsupportedError("this process may not use AMX (the kernel refused permission)")
+    run = probe_function(
+        probe.ir, target, "probe", None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
     )
-    inputs = np.full(2 * 64, 0.001, np.float32)  # also valid bytes for bf16/int8 operands
-    if kind_name == "int8":
-        inputs = np.ones(2 * 256, np.int8)
-    out = np.zeros(64, np.float32)
+    inputs = np.frombuffer(bytearray(probe.inputs), np.uint8)
+    out = np.zeros(probe.out_bytes, np.uint8)
 
     def timed(iters: int) -> float:
         start = time.perf_counter()
-        probe(iters, inputs.ctypes.data, out.ctypes.data)
+        run(iters, inputs.ctypes.data, out.ctypes.data)
         return time.perf_counter() - start
 
     calibration = 20_000
     spent = min(timed(calibration) for _ in range(2))
     iters = max(calibration, int(calibration * _PROBE_SECONDS / max(spent, 1e-9)))
-    ops = iters * accumulators * kind.ops_per_call
+    ops = iters * probe.ops_per_iteration
     best = min(max(_on_threads(lambda _: timed(iters), threads)) for _ in range(3))
     gflops = ops * threads / best / 1e9
     log.info("measured %s: %.1f G/s", key, gflops)

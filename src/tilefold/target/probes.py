@@ -1,8 +1,11 @@
-"""LLVM IR of the throughput probes behind measured peaks: FMA-class loops and a read stream."""
+"""LLVM IR of the throughput probes behind measured peaks: MAC loops, AMX tiles, a read stream."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
 
 from tilefold.errors import UnsupportedError
 from tilefold.target.target import Target
@@ -104,6 +107,109 @@ exit:
   ret void
 }}
 """
+
+
+_AMX_OPS = {
+    "amx-bf16": ("tdpbf16ps", "amx-bf16", 16 * 16 * 32 * 2),
+    "amx-int8": ("tdpbssd", "amx-int8", 16 * 16 * 64 * 2),
+}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A peak probe: IR defining `void @probe(i64 iters, ptr inputs, ptr out)` and its inputs."""
+
+    ir: str
+    ops_per_iteration: int
+    inputs: bytes
+    out_bytes: int
+
+
+def _operands(dtype: str, nbytes: int) -> bytes:
+    """Operand bytes that keep every product normal (no denormal slow paths), no overflow."""
+    if dtype == "f32":
+        return np.full(nbytes // 4, 1e-3, np.float32).tobytes()
+    if dtype == "bf16":
+        return np.full(nbytes // 2, 1e-3, ml_dtypes.bfloat16).tobytes()
+    return np.ones(nbytes, np.int8).tobytes()
+
+
+def amx_probe_ir(instruction: str) -> str:
+    """Four independent 16x16 accumulator tiles fed by two A and two B tiles, every iteration.
+
+    `inputs` = 64-byte tile config + A (16 x 64 bytes) + B (16 x 64 bytes); `out` gets the
+    four accumulators (4 x 1 KiB).
+    """
+    loads = "\n".join(
+        f"  call void @llvm.x86.tileloadd64(i8 {tile}, ptr %{src}, i64 64)"
+        for tile, src in ((4, "a"), (5, "a"), (6, "b"), (7, "b"))
+    )
+    zero = "\n".join(f"  call void @llvm.x86.tilezero(i8 {t})" for t in range(4))
+    dots = "\n".join(
+        f"  call void @llvm.x86.{instruction}(i8 {c}, i8 {a}, i8 {b})"
+        for c, a, b in ((0, 4, 6), (1, 4, 7), (2, 5, 6), (3, 5, 7))
+    )
+    stores = "\n".join(
+        f"  %c{t} = getelementptr i8, ptr %out, i64 {t * 1024}\n"
+        f"  call void @llvm.x86.tilestored64(i8 {t}, ptr %c{t}, i64 64)"
+        for t in range(4)
+    )
+    return f"""
+declare void @llvm.x86.ldtilecfg(ptr)
+declare void @llvm.x86.tilezero(i8 immarg)
+declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
+declare void @llvm.x86.{instruction}(i8 immarg, i8 immarg, i8 immarg)
+declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
+declare void @llvm.x86.tilerelease()
+
+define void @probe(i64 %iters, ptr %inputs, ptr %out) {{
+entry:
+  call void @llvm.x86.ldtilecfg(ptr %inputs)
+  %a = getelementptr i8, ptr %inputs, i64 64
+  %b = getelementptr i8, ptr %inputs, i64 1088
+{zero}
+{loads}
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
+{dots}
+  %i.next = add i64 %i, 1
+  %more = icmp ult i64 %i.next, %iters
+  br i1 %more, label %loop, label %exit
+exit:
+{stores}
+  call void @llvm.x86.tilerelease()
+  ret void
+}}
+"""
+
+
+def _tile_config() -> bytes:
+    config = np.zeros(64, np.uint8)
+    config[0] = 1  # palette 1
+    config[16:32].view(np.uint16)[:] = 64  # bytes per row, tiles 0-7
+    config[48:56] = 16  # rows, tiles 0-7
+    return config.tobytes()
+
+
+def peak_probe(target: Target, dtype: str) -> Probe:
+    """The probe for `dtype` on `target`: f32, bf16 and int8 vector MACs, or AMX tiles."""
+    if dtype in _AMX_OPS:
+        instruction, feature, ops = _AMX_OPS[dtype]
+        if not target.has("amx-tile", feature):
+            raise UnsupportedError(f"{target.name} has no {feature} (AMX) unit to measure")
+        operand = "bf16" if dtype == "amx-bf16" else "int8"
+        inputs = _tile_config() + _operands(operand, 2 * 1024)
+        return Probe(amx_probe_ir(instruction), 4 * ops, inputs, 4 * 1024)
+    kind = probe_kind(target, dtype)
+    accumulators = max(8, target.vector_registers - 8)
+    inputs = _operands(dtype, 2 * target.vector_bits // 8)
+    return Probe(
+        fma_probe_ir(kind, accumulators),
+        accumulators * kind.ops_per_call,
+        inputs,
+        target.vector_bits // 8,
+    )
 
 
 def read_probe_ir(target: Target, unroll: int = 8) -> str:
