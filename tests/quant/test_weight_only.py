@@ -1,0 +1,58 @@
+"""Weight-only matmul (int4/fp4/fp8/int8 codes decoded in registers) against the float64
+reference of the dequantized math, on the host kernels and every forced fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.quant.levels import LEVELS, target_for
+from tilefold.codegen.lowp.decode import choose_decoder
+from tilefold.quant import dequantize, quantize, quantized_matmul
+from tilefold.quant.accuracy import matmul_bound
+
+CASES = [("int4", {}), ("int4", {"symmetric": False}), ("fp4", {}), ("fp8", {}),
+         ("fp8", {"group_size": 32}), ("int8", {}), ("int8", {"symmetric": False})]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("fmt", "kw"), CASES)
+def test_matches_dequantized_reference(rng, level, fmt, kw):
+    target = target_for(level)
+    k, n = 192, 70
+    qw = quantize(rng.standard_normal((k, n)).astype(np.float32), fmt, **kw)
+    w = dequantize(qw, "f64")
+    for m in (1, 2, 5, 8, 11):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y = quantized_matmul(x, qw, target=target)
+        assert y.shape == (m, n) and y.dtype == np.float32
+        assert (np.abs(y - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
+
+
+def test_fallback_decoders_are_chosen_without_avx512():
+    v3 = target_for("x86-64-v3")
+    assert choose_decoder("i4", v3).method == "sext4"
+    assert choose_decoder("fp4e2m1", v3).method == "minifloat"
+    assert choose_decoder("i4", target_for("host")).method == "lut"
+
+
+def test_torch_layout_contracts_axis_one(rng):
+    w = rng.standard_normal((48, 256)).astype(np.float32)  # [N, K] like nn.Linear.weight
+    qw = quantize(w, "int4", group_size=64, axis=1)
+    x = rng.standard_normal((3, 4, 256)).astype(np.float32)
+    y = quantized_matmul(x, qw)
+    ref = x.astype(np.float64) @ dequantize(qw, "f64").T
+    assert y.shape == (3, 4, 48)
+    assert (np.abs(y - ref) <= matmul_bound(x, dequantize(qw, "f64").T)).all()
+
+
+def test_bf16_activations_and_threads_agree(rng):
+    import ml_dtypes
+
+    qw = quantize(rng.standard_normal((512, 300)).astype(np.float32), "int4")
+    x = rng.standard_normal((1, 512)).astype(ml_dtypes.bfloat16)
+    one = quantized_matmul(x, qw, threads=1)
+    two = quantized_matmul(x, qw, threads=2)
+    assert np.array_equal(one, two)
+    w = dequantize(qw, "f64")
+    assert (np.abs(one - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
