@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from tilefold.runtime import kernel_cache
 from tilefold.runtime.codegen import compile_object
 from tilefold.runtime.compiled_module import CompiledModule
 from tilefold.target import Target
+from tilefold.target.machine import LLVM_LOCK
 
 log = logging.getLogger("tilefold.kernels")
 _memo: dict[str, CompiledModule] = {}
-_memo_lock = threading.Lock()
 
 
 def build_module(llvm_ir: str, target: Target, *, name: str, opt_level: int = 0) -> CompiledModule:
@@ -22,7 +21,7 @@ def build_module(llvm_ir: str, target: Target, *, name: str, opt_level: int = 0)
     A disk hit links the cached object directly, so a warm process never runs LLVM codegen.
     """
     key = kernel_cache.cache_key(llvm_ir, target, opt_level)
-    with _memo_lock:
+    with LLVM_LOCK:
         cached = _memo.get(key)
         if cached is not None:
             return cached

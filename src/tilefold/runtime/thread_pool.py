@@ -22,24 +22,25 @@ RUNTIME_SYMBOLS = ("tilefold_parallel", "tilefold_barrier", "tilefold_pool_size"
 _DEFAULT_SPIN_US = 2000
 
 
-def _positive_env(name: str, default: int) -> int:
+def _env_int(name: str, default: int, minimum: int) -> int:
     text = os.environ.get(name, "").strip()
     if not text:
         return default
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
+        value = minimum - 1
+    if value < minimum:
         raise UnsupportedError(
-            f"{name}={text!r} is not a positive integer; set e.g. 2, or unset it"
+            f"{name}={text!r} is not an integer >= {minimum}; set e.g. 2, or unset it"
         )
     return value
 
 
 def num_threads() -> int:
     """$TILEFOLD_NUM_THREADS, else the CPUs this process may run on."""
-    return min(_positive_env("TILEFOLD_NUM_THREADS", len(os.sched_getaffinity(0))), MAX_THREADS)
+    default = len(os.sched_getaffinity(0))
+    return min(_env_int("TILEFOLD_NUM_THREADS", default, 1), MAX_THREADS)
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,12 @@ class ThreadPool:
                 raise UnsupportedError(f"pthread_key_create failed ({rc}); too many thread keys")
             _key_created[self.module.key] = True
         cpus = self._worker_cpus(size)
-        spin_ns = _positive_env("TILEFOLD_SPIN_US", _DEFAULT_SPIN_US) * 1000
+        spin_ns = _env_int("TILEFOLD_SPIN_US", _DEFAULT_SPIN_US, 0) * 1000
         start = self.module.function(
             "tilefold_pool_start", ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64
         )
         self.size: int = start(size, ctypes.addressof(cpus), spin_ns)
+        self.closed = False
         for symbol in RUNTIME_SYMBOLS:
             register_runtime_symbol(symbol, self.module.address(symbol))
 
@@ -115,9 +117,10 @@ class ThreadPool:
         return RegionCost(nthreads, statistics.median(native) / 1e3, statistics.median(calls) / 1e3)
 
     def shutdown(self) -> None:
-        """Stop and join the workers; later regions run on the caller alone."""
+        """Stop and join the workers; regions run on the caller alone until `thread_pool()`."""
         self.module.function("tilefold_pool_stop", None)()
         self.size = 1
+        self.closed = True
 
     def _forget_after_fork(self) -> None:
         self.module.function("tilefold_pool_forget", None)()
@@ -130,10 +133,10 @@ _pool_lock = threading.Lock()
 
 
 def thread_pool() -> ThreadPool:
-    """The process's pool, started on first use with `num_threads()` threads."""
+    """The process's pool, started on first use (or after a shutdown) with `num_threads()`."""
     global _pool
     with _pool_lock:
-        if _pool is None:
+        if _pool is None or _pool.closed:
             _pool = ThreadPool(num_threads())
             atexit.register(_pool.shutdown)
         return _pool

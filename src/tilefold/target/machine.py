@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 import llvmlite.binding as llvm
@@ -11,8 +12,12 @@ from tilefold.errors import UnsupportedError
 from tilefold.target.target import Target
 
 # llvmlite parses into one global LLVM context, which is not thread-safe: hold this around
-# every parse, optimization, codegen and JIT link in the process.
+# every parse, optimization, codegen and JIT link in the process. A fork waits for it, so a
+# child never inherits LLVM (or this lock) in the middle of a compile.
 LLVM_LOCK = threading.RLock()
+os.register_at_fork(
+    before=LLVM_LOCK.acquire, after_in_parent=LLVM_LOCK.release, after_in_child=LLVM_LOCK.release
+)
 
 
 @functools.cache
