@@ -64,7 +64,8 @@ def parse_shape(text: str) -> Shape:
     except ValueError:
         dims = []
     if len(dims) not in (3, 4) or min(dims) < 1:
-        raise SystemExit(f"bench gemm: bad --shape {text!r}; write MxNxK or BxMxNxK, e.g. 1024x1024x1024")
+        raise SystemExit(f"bench gemm: bad --shape {text!r}; write MxNxK or BxMxNxK, "
+                         "e.g. 1024x1024x1024")
     batch = dims[0] if len(dims) == 4 else 1
     m, n, k = dims[-3:]
     return Shape(text, batch, m, n, k)
@@ -110,7 +111,8 @@ def bench_shape(shape: Shape, threads: int, args, torch) -> Row:
     impls = {"tilefold": lambda: matmul(a, b, out=c_tf, threads=threads),
              "numpy": lambda: np.matmul(a, b, out=c_np)}
     if torch is not None:
-        ta, tb, tc = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(np.empty_like(c_tf))
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        tc = torch.from_numpy(np.empty_like(c_tf))
         impls["torch"] = lambda: torch.matmul(ta, tb, out=tc)
         torch.set_num_threads(threads)
     samples: dict[str, list[float]] = {name: [] for name in impls}
@@ -142,7 +144,8 @@ def print_table(rows: list[Row], peak: float, threads: int, out=sys.stdout) -> d
     ratios: dict[str, list[float]] = {p: [] for p in peers}
     for r in rows:
         s, tf = r.shape, r.gflops["tilefold"]
-        line = f"{s.name:<14}{s.batch:>4}{s.m:>6}{s.n:>6}{s.k:>6}{tf:>10.1f}{100 * tf / peak:>6.0f}%"
+        line = f"{s.name:<14}{s.batch:>4}{s.m:>6}{s.n:>6}{s.k:>6}{tf:>10.1f}"
+        line += f"{100 * tf / peak:>6.0f}%"
         line += "".join(f"{r.gflops[p]:>9.1f}" for p in peers)
         for p in peers:
             ratios[p].append(tf / r.gflops[p])
@@ -193,15 +196,15 @@ def run(args) -> int:
     torch = None if args.no_torch else _torch()
     module = gemm_module()
     kern = module.kernel
+    how = "loaded from cache" if module.compiled.from_cache else "compiled"
     print(f"tilefold GEMM: micro-kernel {kern.name} ({kern.mr}x{kern.nr}) on "
-          f"{module.target.name}; module {'loaded from cache' if module.compiled.from_cache else 'compiled'} "
-          f"in {module.compiled.compile_seconds * 1e3:.1f} ms")
+          f"{module.target.name}; module {how} in {module.compiled.compile_seconds * 1e3:.1f} ms")
     if torch is None:
         print("PyTorch not installed (or --no-torch): comparing with NumPy only")
     results: dict[int, list[Row]] = {}
     summary = {}
     for threads in counts:
-        peak = measured_peak_gflops(threads=threads)
+        peak = measured_peak_gflops(threads=threads, refresh=True)  # re-probe: we hold the lock
         rows = [bench_shape(s, threads, args, torch) for s in shapes]
         results[threads] = rows
         summary[threads] = {"peak_gflops": peak, "geomean": print_table(rows, peak, threads)}

@@ -46,15 +46,27 @@ def emit_pack_a(module: ir.Module, m_sizes: tuple[int, ...], name: str = "tf_pac
 
 
 def _pack_a_full(b, mr_max, kc, s, rs, cs, d):
-    """A full panel: one vector store per k; a vector load when A's columns are contiguous."""
+    """A full panel: one vector store per k; a vector load when A's columns are contiguous,
+    and for row-major A (power-of-two MR) blocks of 16 k-steps transposed in registers."""
     vty = u.vec(u.f32, mr_max)
+    row_major = b.icmp_signed("==", cs, u.const(1))
     with b.if_else(b.icmp_signed("==", rs, u.const(1))) as (contiguous, strided):
         with contiguous, u.for_range(b, u.const(0), kc, 1, "k") as k:
             val = b.load(u.vptr(b, u.gep(b, s, b.mul(k, cs)), mr_max), align=4)
             b.store(val, u.vptr(b, u.gep(b, d, b.mul(k, u.const(mr_max))), mr_max), align=4)
         with strided:
             rows = [u.gep(b, s, b.mul(u.const(i), rs)) for i in range(mr_max)]
-            with u.for_range(b, u.const(0), kc, 1, "k") as k:
+            k_done = u.const(0)
+            if mr_max & (mr_max - 1) == 0:
+                k_blocks = b.select(row_major, b.mul(b.sdiv(kc, u.const(_KT)), u.const(_KT)),
+                                    u.const(0))
+                with u.for_range(b, u.const(0), k_blocks, _KT, "kt") as kt:
+                    vals = [b.load(u.vptr(b, u.gep(b, row, kt), _KT), align=4) for row in rows]
+                    out = _interleave(b, vals)
+                    b.store(out, u.vptr(b, u.gep(b, d, b.mul(kt, u.const(mr_max))),
+                                        _KT * mr_max), align=4)
+                k_done = k_blocks
+            with u.for_range(b, k_done, kc, 1, "k") as k:
                 off = b.mul(k, cs)
                 val = ir.Constant(vty, None)
                 for i, row in enumerate(rows):
@@ -62,6 +74,27 @@ def _pack_a_full(b, mr_max, kc, s, rs, cs, d):
                     val = b.insert_element(val, x, u.const(i, u.i32))
                 b.store(val, u.vptr(b, u.gep(b, d, b.mul(k, u.const(mr_max))), mr_max),
                         align=4)
+
+
+_KT = 16  # k-steps per in-register transpose of a row-major A panel
+
+
+def _interleave(b, vals: list[ir.Value]) -> ir.Value:
+    """Rows r0..r(n-1) of `_KT` floats -> [r0[0], r1[0], ..., r(n-1)[0], r0[1], ...]: merge
+    pairs level by level, each level doubling the group of consecutive elements kept together."""
+    group = 1
+    while len(vals) > 1:
+        width = vals[0].type.count
+        mask = []
+        for start in range(0, width, group):
+            mask += list(range(start, start + group))
+            mask += list(range(width + start, width + start + group))
+        merged = []
+        for x, y in zip(vals[0::2], vals[1::2], strict=True):
+            merged.append(b.shuffle_vector(x, y, ir.Constant(u.vec(u.i32, 2 * width), mask)))
+        vals = merged
+        group *= 2
+    return vals[0]
 
 
 def emit_pack_b(module: ir.Module, nr_max: int, lanes: int, name: str = "tf_pack_b"):

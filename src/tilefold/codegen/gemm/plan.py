@@ -162,7 +162,7 @@ def _batch_offsets(batch_shape, *arrays_and_strides) -> np.ndarray:
 
 
 def choose_bmode(m: int, n: int, csb: int, kernel) -> BMode:
-    """Read B in place when few row panels would reuse a packed copy and its rows are unit-stride."""
+    """Read B in place when few row panels would reuse a packed copy and its rows are contiguous."""
     if csb == 1 and m <= DIRECT_B_MAX_M and n >= kernel.nr:
         return BMode.DIRECT
     return BMode.PACK
