@@ -25,7 +25,7 @@ def private_cache_dir(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def run_python():
-    """Run a Python snippet in a fresh interpreter (pool_kernels importable); returns stdout.
+    """Run Python code in a fresh interpreter (runtime_pool_kernels importable); return stdout.
 
     A deadlock shows up as a failed test after `timeout` seconds, never as a hung suite.
     """

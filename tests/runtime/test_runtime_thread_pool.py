@@ -6,8 +6,8 @@ import os
 import threading
 
 import numpy as np
-import pool_kernels as pk
 import pytest
+import runtime_pool_kernels as pk
 
 from tilefold.errors import UnsupportedError
 from tilefold.runtime import num_threads, thread_pool
@@ -93,14 +93,14 @@ def test_num_threads_reads_the_environment(monkeypatch):
     monkeypatch.setenv("TILEFOLD_NUM_THREADS", "3")
     assert num_threads() == 3
     monkeypatch.setenv("TILEFOLD_NUM_THREADS", "many")
-    with pytest.raises(UnsupportedError, match="TILEFOLD_NUM_THREADS=.many. is not an integer"):
+    with pytest.raises(UnsupportedError, match=r"TILEFOLD_NUM_THREADS='many' is not an integer"):
         num_threads()
 
 
 def test_thread_count_from_the_environment_sizes_the_pool(run_python):
     out = run_python(
         """
-        import pool_kernels as pk
+        import runtime_pool_kernels as pk
         from tilefold.runtime import num_threads, thread_pool
         kernels = pk.load()
         rec = pk.record()
@@ -115,7 +115,7 @@ def test_thread_count_from_the_environment_sizes_the_pool(run_python):
 STRESS = """
     import threading
     import numpy as np
-    import pool_kernels as pk
+    import runtime_pool_kernels as pk
     from tilefold.runtime import num_threads
     kernels = pk.load()
     n = num_threads()
@@ -158,7 +158,7 @@ def test_regions_work_after_fork_and_shutdown_and_the_pool_restarts(run_python):
     out = run_python(
         """
         import os
-        import pool_kernels as pk
+        import runtime_pool_kernels as pk
         from tilefold.runtime import thread_pool
         kernels = pk.load()
         pid = os.fork()

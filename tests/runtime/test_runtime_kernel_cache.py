@@ -34,7 +34,7 @@ def call_seven(ir: str):
 
 WARM_CHECK = """
     import ctypes, sys
-    import pool_kernels
+    import runtime_pool_kernels as pool_kernels
     from tilefold.runtime import codegen_runs, compile_llvm_ir
     from tilefold.target import host_target
     module = compile_llvm_ir(sys.argv[1], host_target(), name="seven")
@@ -100,8 +100,14 @@ def test_bad_entries_are_logged_and_rebuilt(how, caplog):
 
 def test_several_processes_fill_one_entry_at_once(tmp_path):
     ir = unique_ir()
-    script = (
-        "import sys; from test_kernel_cache import call_seven; print(call_seven(sys.argv[1])[1])"
+    script = textwrap.dedent(
+        """
+        import ctypes, sys
+        from tilefold.runtime import compile_llvm_ir
+        from tilefold.target import host_target
+        module = compile_llvm_ir(sys.argv[1], host_target(), name="seven")
+        print(module.function("seven", ctypes.c_int32)())
+        """
     )
     env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
     workers = [
