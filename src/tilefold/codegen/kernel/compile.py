@@ -1,0 +1,177 @@
+"""Compile a memory-bound group for a target; call it on NumPy arrays with a few µs overhead.
+
+Per call signature (shapes, strides, dtypes) a plan is made once: the layout (which picks or
+compiles a kernel), the packed `params` array, the thread count and the output shapes. A call
+is then one dict lookup, the output allocations and one ctypes call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilefold.codegen.kernel.emit import emit_kernel, param_layout
+from tilefold.codegen.kernel.from_graph import (
+    Group,
+    Layout,
+    analyze_group,
+    contiguous_layout,
+    make_layout,
+)
+from tilefold.codegen.kernel.ir import Kernel
+from tilefold.codegen.kernel.printer import print_kernel
+from tilefold.codegen.kernel.schedule import Schedule, choose_schedule
+from tilefold.ir import Block, Function, Value
+from tilefold.ir.interpreter import bind_symbols
+from tilefold.ir.types import SymDim
+from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
+from tilefold.target import Target, host_target
+
+OPT_LEVEL = 2  # loop-invariant address arithmetic and SROA of the accumulators need the pipeline
+
+
+def _array_data_offset() -> int:
+    """Where an ndarray object keeps its data pointer (16 on CPython: after the object
+    header); found by probing, so a differently laid out build is detected, not assumed."""
+    probe = np.empty(3, np.float32)
+    for offset in range(8, 129, 8):
+        if ctypes.c_void_p.from_address(id(probe) + offset).value == probe.ctypes.data:
+            return offset
+    raise RuntimeError("cannot find the data pointer in a NumPy array object")
+
+
+ARRAY_DATA_OFFSET = _array_data_offset()
+
+
+@dataclass
+class _Compiled:
+    kernel: Kernel
+    schedule: Schedule
+    llvm_ir: str
+    cfunc: object
+
+
+@dataclass
+class _Plan:
+    cfunc: object
+    consts: tuple[int, ...]
+    params: np.ndarray
+    params_ptr: int
+    outputs: tuple[tuple[tuple[int, ...], np.dtype], ...]
+    nthreads: int
+    copy_inputs: bool
+
+
+def lower_group(group: Function | Block, target: Target | None = None) -> tuple[Kernel, Schedule]:
+    """The kernel and schedule for `group` with row-major buffers (what `--print-ir` shows)."""
+    grp = analyze_group(group)
+    kernel = grp.kernel(contiguous_layout(grp))
+    return kernel, choose_schedule(kernel, target or host_target()).check(kernel)
+
+
+class CompiledGroup:
+    """A memory-bound group compiled for `target`; call it with the group's inputs."""
+
+    def __init__(self, group: Function | Block, target: Target | None = None):
+        self.target = target or host_target()
+        self.group: Group = analyze_group(group)
+        self.params: list[Value] = list(group.args)
+        self._compiled: dict[Layout, _Compiled] = {}
+        self._plans: dict[tuple, _Plan] = {}
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """The group's outputs for these inputs (checked against the signature first)."""
+        if not all(type(a) is np.ndarray for a in arrays):
+            arrays = tuple(np.asarray(a) for a in arrays)
+        plan = self._plans.get(tuple([(a.shape, a.strides, a.dtype) for a in arrays]))
+        if plan is None:
+            plan = self._plan(list(arrays))
+        if plan.copy_inputs:
+            arrays = tuple(np.ascontiguousarray(a) for a in arrays)
+        outs = [np.empty(shape, dtype) for shape, dtype in plan.outputs]
+        # ids of live arrays: the `.arrays` entry reads each one's data pointer
+        plan.cfunc(*map(id, arrays), *plan.consts, *map(id, outs), plan.params_ptr,
+                   plan.nthreads)
+        return outs
+
+    def kernel_text(self, *arrays: np.ndarray) -> str:
+        """The kernel IR and schedule that runs for these inputs (row-major when none)."""
+        if not arrays:
+            kernel = self.group.kernel(contiguous_layout(self.group))
+            return print_kernel(kernel, choose_schedule(kernel, self.target))
+        self(*arrays)
+        plan_key = tuple((a.shape, a.strides, a.dtype) for a in arrays)
+        compiled = next(c for c in self._compiled.values()
+                        if c.cfunc is self._plans[plan_key].cfunc)
+        return print_kernel(compiled.kernel, compiled.schedule)
+
+    def _kernel(self, layout: Layout) -> _Compiled:
+        compiled = self._compiled.get(layout)
+        if compiled is None:
+            kernel = self.group.kernel(layout)
+            schedule = choose_schedule(kernel, self.target).check(kernel)
+            llvm_ir = emit_kernel(kernel, schedule, ARRAY_DATA_OFFSET)
+            if schedule.parallel_axis is not None and self.target.is_host():
+                thread_pool()  # the module calls tilefold_parallel
+            module = compile_llvm_ir(llvm_ir, self.target, name=kernel.name, opt_level=OPT_LEVEL)
+            nbuf = len(kernel.buffers)
+            cfunc = module.function(f"{kernel.name}.arrays", None,
+                                    *[ctypes.c_void_p] * (nbuf + 1), ctypes.c_int32)
+            compiled = self._compiled[layout] = _Compiled(kernel, schedule, llvm_ir, cfunc)
+        return compiled
+
+    def _plan(self, arrays: list[np.ndarray]) -> _Plan:
+        grp = self.group
+        if len(arrays) != len(self.params):
+            raise TypeError(f"@{grp.name} takes {len(self.params)} inputs, got {len(arrays)}")
+        bindings = bind_symbols(_Signature(self.params, grp.name), arrays)
+        sizes = {c: d if isinstance(d, int) else bindings[d.name] for c, d in grp.sizes.items()}
+        copy = any(s % a.itemsize for a in arrays for s in a.strides)
+        strides: list[tuple[int, ...]] = []
+        inputs = [np.ascontiguousarray(a) if copy else a for a in arrays]
+        consts = [spec.value for spec in grp.buffers if spec.value is not None]
+        outputs = []
+        for v in grp.outputs.values():
+            shape = tuple(bindings[d.name] if isinstance(d, SymDim) else d for d in v.type.shape)
+            outputs.append((shape, v.type.dtype.np_dtype))
+        probes = inputs + consts + [np.empty(shape, dt) for shape, dt in outputs]
+        for a in probes:
+            strides.append(tuple(0 if n == 1 else s // a.itemsize
+                                 for n, s in zip(a.shape, a.strides, strict=True)))
+        layout, axis_sizes, axis_strides = make_layout(grp, sizes, strides)
+        compiled = self._kernel(layout)
+        kernel = compiled.kernel
+        values = {("size", a.name): n for a, n in zip(kernel.axes, axis_sizes, strict=True)}
+        for b, st in zip(kernel.buffers, axis_strides, strict=True):
+            for a, s in zip(kernel.axes, st, strict=True):
+                values[("stride", b.name, a.name)] = s
+        params = np.array([values[e] for e in param_layout(kernel)] or [0], np.int64)
+        plan = _Plan(compiled.cfunc, tuple(map(id, consts)), params,
+                     params.ctypes.data, tuple(outputs),
+                     self._threads(compiled.schedule, kernel, axis_sizes), copy)
+        self._plans[tuple([(a.shape, a.strides, a.dtype) for a in arrays])] = plan
+        return plan
+
+    def _threads(self, schedule: Schedule, kernel: Kernel, axis_sizes: list[int]) -> int:
+        if schedule.parallel_axis is None or not self.target.is_host():
+            return 1
+        total = int(np.prod(axis_sizes))
+        steps = axis_sizes[kernel.axis_index(schedule.parallel_axis)]
+        if schedule.parallel_axis == schedule.vector_axis:
+            steps //= schedule.vector_width * schedule.unroll
+        return max(1, min(num_threads(), total // schedule.min_elements_per_thread, steps))
+
+
+@dataclass
+class _Signature:
+    """What `bind_symbols` reads of a function: its parameters and name."""
+
+    args: list[Value]
+    name: str
+
+
+def compile_group(group: Function | Block, target: Target | None = None) -> CompiledGroup:
+    """Compile a memory-bound group (elementwise, reduce, softmax, norms) for `target`."""
+    return CompiledGroup(group, target)

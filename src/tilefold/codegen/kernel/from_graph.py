@@ -1,0 +1,440 @@
+"""Graph IR group -> kernel IR: elementwise, reduce, softmax and norm ops become one loop nest.
+
+`analyze_group` finds the group's iteration space once: every tensor dim joins an axis class
+(union-find over how ops align dims), reductions name the classes they reduce, and each value
+becomes an expression over buffers. `Group.kernel(layout)` then builds the loop nest for one
+concrete layout (sizes and strides known, size-1 axes dropped, compatible axes merged):
+
+    for outer axes:                          (parallel, or vector when contiguous: vertical)
+      for reduced axes reduce(level-1 ...)   (max for softmax, sum for mean)
+      for reduced axes reduce(level-2 ...)   (sum of exp(x - max), sum of (x - mean)**2)
+      for reduced axes { full-size stores }
+      reduced-size stores
+
+Values that do not vary inside a loop are hoisted to `Let`s before it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tilefold.codegen.kernel.ir import (
+    Axis,
+    Buffer,
+    Call,
+    Const,
+    Dim,
+    Expr,
+    Kernel,
+    Let,
+    Load,
+    Loop,
+    Reduction,
+    Ref,
+    Stmt,
+    Store,
+    verify_kernel,
+    walk_expr,
+)
+from tilefold.errors import UnsupportedError
+from tilefold.ir import Block, Function, Operation, Value
+from tilefold.ir.types import Dim as IRDim
+
+UNARY = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "erf", "sigmoid",
+         "relu", "silu", "sin", "cos", "floor"}
+BINARY = {"add", "sub", "mul", "div", "max", "min", "pow", "eq", "ne", "lt", "le", "gt", "ge",
+          "and", "or"}
+REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_mean": "sum"}
+KERNEL_DTYPES = {"f32", "bf16", "f16", "bool"}
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """A group input, hidden constant or output, and the axis class of each of its dims."""
+
+    name: str
+    dtype: str
+    classes: tuple[int | None, ...]  # None: a size-1 dim that broadcasts
+    output: bool
+    value: np.ndarray | None = None  # hidden constants
+
+
+@dataclass
+class Group:
+    """A memory-bound group analyzed once; `kernel` lowers it for one concrete layout."""
+
+    name: str
+    classes: list[int]  # axis classes in loop order
+    sizes: dict[int, IRDim]
+    reduced: frozenset[int]
+    buffers: list[BufferSpec]
+    outputs: dict[str, Value]  # output buffer -> value
+    exprs: dict[Value, Expr] = field(default_factory=dict)
+    reductions: list[tuple[Reduction, int, Operation]] = field(default_factory=list)
+    value_classes: dict[Value, tuple[int | None, ...]] = field(default_factory=dict)
+
+    def kernel(self, layout: Layout) -> Kernel:
+        return _build_kernel(self, layout)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One call's geometry: kernel axes (merged classes) and every buffer's strides on them."""
+
+    axes: tuple[tuple[int, ...], ...]  # classes merged into each kernel axis, outer first
+    reduced: tuple[bool, ...]
+    strides: tuple[tuple[int | None, ...], ...]  # per buffer, per axis (None: run time)
+
+    def axis_name(self, i: int) -> str:
+        return "r" + "_".join(map(str, self.axes[i])) if self.reduced[i] else \
+            "i" + "_".join(map(str, self.axes[i]))
+
+
+class _Classes:
+    """Union-find over (value, dim) pairs."""
+
+    def __init__(self) -> None:
+        self.parent: dict[tuple[Value, int], tuple[Value, int]] = {}
+
+    def find(self, key: tuple[Value, int]) -> tuple[Value, int]:
+        self.parent.setdefault(key, key)
+        while self.parent[key] != key:
+            self.parent[key] = self.parent[self.parent[key]]
+            key = self.parent[key]
+        return key
+
+    def union(self, a: tuple[Value, int], b: tuple[Value, int]) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def _is_one(d: IRDim) -> bool:
+    return isinstance(d, int) and d == 1
+
+
+def _group_parts(group: Function | Block) -> tuple[str, list[Value], list[Operation], list[Value]]:
+    if isinstance(group, Function):
+        return group.name, list(group.args), [op for op in group.ops if op is not
+                                              group.return_op], group.outputs
+    term = group.terminator
+    return "fused", list(group.args), [op for op in group.ops if op is not term], \
+        list(term.operands) if term is not None else []
+
+
+def _align(uf: _Classes, op: Operation) -> frozenset[tuple[Value, int]]:
+    """Join the dims `op` aligns; return the (input, dim) pairs it reduces over."""
+    out = op.results[0] if op.results else None
+    name = op.name
+    if name in UNARY or name in BINARY or name in ("where", "cast", "gelu", "broadcast_to"):
+        operands = op.operands[:1] if name == "broadcast_to" else op.operands
+        for x in operands:
+            shift = out.type.rank - x.type.rank
+            for j, d in enumerate(x.type.shape):
+                if not (_is_one(d) and not _is_one(out.type.shape[j + shift])):
+                    uf.union((x, j), (out, j + shift))
+        return frozenset()
+    if name in REDUCE:
+        x = op.operands[0]
+        axes = op.attr("axes")
+        axes = tuple(range(x.type.rank)) if axes is None else \
+            tuple(a % x.type.rank for a in axes)
+        kept = [j for j in range(x.type.rank) if j not in axes]
+        if op.attr("keepdims"):
+            for j in kept:
+                uf.union((x, j), (out, j))
+        else:
+            for k, j in enumerate(kept):
+                uf.union((x, j), (out, k))
+        return frozenset((x, j) for j in axes)
+    if name in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
+        x = op.operands[0]
+        for j in range(x.type.rank):
+            uf.union((x, j), (out, j))
+        first = op.attr("axis") % x.type.rank
+        axes = (first,) if name in ("softmax", "log_softmax") else range(first, x.type.rank)
+        for w in op.operands[1:]:
+            for k in range(w.type.rank):
+                uf.union((w, k), (x, first + k))
+        return frozenset((x, j) for j in axes)
+    if name in ("expand_dims", "squeeze"):
+        x = op.operands[0]
+        axes = {a % (out.type.rank if name == "expand_dims" else x.type.rank)
+                for a in op.attr("axes")}
+        big, small = (out, x) if name == "expand_dims" else (x, out)
+        kept = [j for j in range(big.type.rank) if j not in axes]
+        for k, j in enumerate(kept):
+            uf.union((big, j), (small, k))
+        return frozenset()
+    if name == "transpose":
+        for i, p in enumerate(op.attr("perm")):
+            uf.union((out, i), (op.operands[0], p))
+        return frozenset()
+    if name == "constant":
+        return frozenset()
+    raise UnsupportedError(f"op '{name}' cannot be part of a memory-bound kernel")
+
+
+def analyze_group(group: Function | Block) -> Group:
+    """The iteration space, reductions and per-value expressions of a memory-bound group."""
+    name, args, ops, outputs = _group_parts(group)
+    values = list(args) + [r for op in ops for r in op.results]
+    for v in values:
+        if v.type.dtype.name not in KERNEL_DTYPES:
+            raise UnsupportedError(
+                f"%{v.name}: {v.type} - kernels compute in f32 over f32/bf16/f16/bool data"
+            )
+    uf = _Classes()
+    reduced_pairs: list[frozenset] = []
+    for op in ops:
+        reduced_pairs.append(_align(uf, op))
+    roots: dict[tuple[Value, int], int] = {}
+    classes_of: dict[Value, tuple[int | None, ...]] = {}
+    sizes: dict[int, IRDim] = {}
+    for v in values:
+        cls = []
+        for j, d in enumerate(v.type.shape):
+            c = roots.setdefault(uf.find((v, j)), len(roots))
+            if not _is_one(d) or sizes.get(c) in (None, 1):
+                sizes[c] = d if not isinstance(sizes.get(c), int) or _is_one(sizes[c]) else sizes[c]
+            cls.append(c)
+        if len(set(cls)) != len(cls):
+            raise UnsupportedError(
+                f"%{v.name} is indexed along one axis by two of its dims (e.g. x + x.T); "
+                "materialize the transpose first"
+            )
+        classes_of[v] = tuple(cls)
+    reduced_sets = {frozenset(roots[uf.find(p)] for p in pairs) for pairs in reduced_pairs if pairs}
+    if len(reduced_sets) > 1:
+        raise UnsupportedError(
+            f"@{name} reduces over different axes ({len(reduced_sets)} sets); a kernel reduces "
+            "over one set of axes: split the group"
+        )
+    widest = max(values, key=lambda v: (len(set(classes_of[v])), values.index(v)))
+    order = list(classes_of[widest])
+    order += [c for c in range(len(roots)) if c not in order]
+    grp = Group(name, order, sizes, next(iter(reduced_sets), frozenset()), [], {},
+                value_classes=classes_of)
+    _build_exprs(grp, args, ops, outputs)
+    return grp
+
+
+def _buffer_classes(grp: Group, v: Value) -> tuple[int | None, ...]:
+    return tuple(None if _is_one(d) else c for d, c in zip(v.type.shape, grp.value_classes[v],
+                                                             strict=True))
+
+
+def _build_exprs(grp: Group, args: list[Value], ops: list[Operation], outputs: list[Value]) -> None:
+    ex = grp.exprs
+    for i, a in enumerate(args):
+        grp.buffers.append(BufferSpec(f"in{i}", a.type.dtype.name, _buffer_classes(grp, a), False))
+        ex[a] = Load(f"in{i}")
+    level: dict[str, int] = {}
+    count = [0]
+
+    def reduce(op: Operation, kind: str, value: Expr) -> Expr:
+        name = f"t{count[0]}"
+        count[0] += 1
+        refs = [level.get(e.name, 0) for e in walk_expr(value) if isinstance(e, Ref)]
+        lvl = 1 + max(refs, default=0)
+        level[name] = lvl
+        grp.reductions.append((Reduction(name, kind, value), lvl, op))
+        return Ref(name)
+
+    def call(op: str, *xs: Expr) -> Expr:
+        return Call(op, tuple(xs))
+
+    inv_n = Call("div", (Const(1.0), Ref("n")))
+    for op in ops:
+        xs = [ex[v] for v in op.operands]
+        out = op.results[0]
+        name = op.name
+        if name == "constant":
+            arr = np.asarray(op.attr("value"))
+            if arr.size and np.all(arr == arr.flat[0]) and arr.dtype != np.bool_:
+                ex[out] = Const(float(arr.flat[0]))
+            else:
+                buf = f"c{len(grp.buffers)}"
+                grp.buffers.append(BufferSpec(buf, out.type.dtype.name,
+                                              _buffer_classes(grp, out), False, arr))
+                ex[out] = Load(buf)
+        elif name in UNARY:
+            ex[out] = call(name, *xs)
+        elif name == "gelu":
+            ex[out] = call("gelu_tanh" if op.attr("approximate") == "tanh" else "gelu", *xs)
+        elif name in BINARY:
+            ex[out] = call(name, *xs)
+        elif name == "where":
+            ex[out] = call("select", *xs)
+        elif name == "cast":
+            src, dst = op.operands[0].type.dtype, op.attr("dtype")
+            if src.kind == "bool":
+                xs[0] = call("select", xs[0], Const(1.0), Const(0.0))
+            ex[out] = (call("ne", xs[0], Const(0.0)) if dst.kind == "bool"
+                       else call(f"round_{dst.name}", xs[0]) if dst.name in ("bf16", "f16")
+                       else xs[0])
+        elif name in ("expand_dims", "squeeze", "transpose", "broadcast_to"):
+            ex[out] = xs[0]
+        elif name in REDUCE:
+            r = reduce(op, REDUCE[name], xs[0])
+            ex[out] = call("mul", r, inv_n) if name == "reduce_mean" else r
+        elif name in ("softmax", "log_softmax"):
+            x = xs[0]
+            shifted = call("sub", x, reduce(op, "max", x))
+            total = reduce(op, "sum", call("exp", shifted))
+            ex[out] = (call("mul", call("exp", shifted), call("div", Const(1.0), total))
+                       if name == "softmax" else call("sub", shifted, call("log", total)))
+        elif name == "layer_norm":
+            x, w, b = xs
+            mean = call("mul", reduce(op, "sum", x), inv_n)
+            d = call("sub", x, mean)
+            var = call("mul", reduce(op, "sum", call("mul", d, d)), inv_n)
+            rstd = call("rsqrt", call("add", var, Const(op.attr("eps"))))
+            ex[out] = call("add", call("mul", call("mul", d, rstd), w), b)
+        elif name == "rms_norm":
+            x, w = xs
+            ms = call("mul", reduce(op, "sum", call("mul", x, x)), inv_n)
+            ex[out] = call("mul", call("mul", x, call("rsqrt", call("add", ms, Const(
+                op.attr("eps"))))), w)
+        else:
+            raise UnsupportedError(f"op '{name}' cannot be part of a memory-bound kernel")
+        if out.type.dtype.name in ("bf16", "f16") and name not in ("constant", "cast") and \
+                ex[out] != xs[0]:
+            ex[out] = call(f"round_{out.type.dtype.name}", ex[out])
+    for i, v in enumerate(outputs):
+        buf = f"out{i}"
+        grp.buffers.append(BufferSpec(buf, v.type.dtype.name, _buffer_classes(grp, v), True))
+        grp.outputs[buf] = v
+
+
+# --- lowering for one layout ------------------------------------------------------------
+def _subst(expr: Expr, names: dict[str, Expr]) -> Expr:
+    if isinstance(expr, Ref) and expr.name in names:
+        return names[expr.name]
+    if isinstance(expr, Call):
+        return Call(expr.op, tuple(_subst(a, names) for a in expr.args))
+    return expr
+
+
+class _Hoister:
+    """Pulls subexpressions that do not vary along a loop's axes out into `Let`s."""
+
+    def __init__(self, kernel_axes: tuple[Axis, ...], buffers: dict[str, Buffer]):
+        self.axes = [a.name for a in kernel_axes]
+        self.buffers = buffers
+        self.lets: dict[Expr, str] = {}
+
+    def varies(self, expr: Expr, loop_axes: set[str]) -> bool:
+        for e in walk_expr(expr):
+            if isinstance(e, Load):
+                strides = self.buffers[e.buffer].strides
+                if any(s != 0 and a in loop_axes for a, s in zip(self.axes, strides,
+                                                                 strict=True)):
+                    return True
+        return False
+
+    def hoist(self, expr: Expr, loop_axes: set[str], out: list[Stmt]) -> Expr:
+        if isinstance(expr, Const | Ref | Dim) or self.varies(expr, loop_axes):
+            if isinstance(expr, Call):
+                return Call(expr.op, tuple(self.hoist(a, loop_axes, out) for a in expr.args))
+            return expr
+        if expr not in self.lets:
+            self.lets[expr] = f"v{len(self.lets)}"
+            out.append(Let(self.lets[expr], expr))
+        return Ref(self.lets[expr])
+
+
+def _build_kernel(grp: Group, layout: Layout) -> Kernel:
+    axes = tuple(Axis(layout.axis_name(i)) for i in range(len(layout.axes)))
+    buffers = tuple(
+        Buffer(spec.name, spec.dtype, strides, spec.output)
+        for spec, strides in zip(grp.buffers, layout.strides, strict=True)
+    )
+    by_name = {b.name: b for b in buffers}
+    outer = tuple(a.name for a, red in zip(axes, layout.reduced, strict=True) if not red)
+    inner = tuple(a.name for a, red in zip(axes, layout.reduced, strict=True) if red)
+    n_expr: Expr = Const(1.0)
+    for a in inner:
+        n_expr = Dim(a) if n_expr == Const(1.0) else Call("mul", (n_expr, Dim(a)))
+    names = {"n": n_expr}
+    hoister = _Hoister(axes, by_name)
+    body: list[Stmt] = []
+    levels = sorted({lvl for _, lvl, _ in grp.reductions})
+    inner_set = set(inner)
+    for lvl in levels:
+        reds = tuple(
+            Reduction(r.name, r.op, hoister.hoist(_subst(r.value, names), inner_set, body))
+            for r, lv, _ in grp.reductions if lv == lvl
+        )
+        body.append(Loop(inner, (), reds))
+    full, partial = [], []
+    for buf, v in grp.outputs.items():
+        expr = _subst(grp.exprs[v], names)
+        varies = any(s != 0 and a in inner_set
+                     for a, s in zip((x.name for x in axes), by_name[buf].strides, strict=True))
+        (full if varies else partial).append((buf, expr))
+    if full:
+        stores = tuple(Store(buf, hoister.hoist(e, inner_set, body)) for buf, e in full)
+        body.append(Loop(inner, stores))
+    body.extend(Store(buf, hoister.hoist(e, set(), body)) for buf, e in partial)
+    stmts: tuple[Stmt, ...] = (Loop(outer, tuple(body)),) if outer else tuple(body)
+    return verify_kernel(Kernel(grp.name, axes, buffers, stmts))
+
+
+def contiguous_layout(grp: Group) -> Layout:
+    """The layout when every buffer is row-major (symbolic sizes taken as 2: not 1, merged
+    like any other size)."""
+    sizes = {c: d if isinstance(d, int) else 2 for c, d in grp.sizes.items()}
+    strides = []
+    for spec in grp.buffers:
+        shape = tuple(1 if c is None else sizes[c] for c in spec.classes)
+        strides.append(tuple(s // 4 for s in np.empty(shape, np.float32).strides))
+    return make_layout(grp, sizes, strides)[0]
+
+
+def make_layout(
+    grp: Group, sizes: dict[int, int], strides: list[tuple[int, ...]]
+) -> tuple[Layout, list[int], list[list[int]]]:
+    """Drop size-1 classes, merge neighbours every buffer walks as one, and put the axis most
+    buffers walk contiguously last within the outer and the reduced axes.
+
+    `strides` are in elements, per buffer per dim. Strides other than 0 and 1 become run-time
+    parameters (None) so that one compiled kernel serves every shape with the same pattern.
+    Returns the layout, each kernel axis' size and each buffer's stride per kernel axis.
+    """
+    live = [c for c in grp.classes if sizes[c] != 1]
+    per_buffer = []
+    for spec, st in zip(grp.buffers, strides, strict=True):
+        by_class = dict.fromkeys(live, 0)
+        for c, s in zip(spec.classes, st, strict=True):
+            if c is not None and c in by_class:
+                by_class[c] = s
+        per_buffer.append(by_class)
+    groups = []
+    for reduced in (False, True):
+        members = [c for c in live if (c in grp.reduced) == reduced]
+        merged: list[list[int]] = []
+        for c in members:
+            if merged and all(b[merged[-1][-1]] == b[c] * sizes[c] for b in per_buffer):
+                merged[-1].append(c)
+                for b in per_buffer:
+                    b[merged[-1][0]] = b[c]
+            else:
+                merged.append([c])
+        unit = [sum(b[m[0]] == 1 for b in per_buffer) for m in merged]
+        if merged:
+            best = max(range(len(merged)), key=lambda i: (unit[i], i))
+            merged.append(merged.pop(best))
+        groups += [(tuple(m), reduced) for m in merged]
+
+    def cls(s: int) -> int | None:
+        return s if s in (0, 1) else None
+
+    layout = Layout(
+        tuple(g for g, _ in groups),
+        tuple(r for _, r in groups),
+        tuple(tuple(cls(b[g[0]]) for g, _ in groups) for b in per_buffer),
+    )
+    axis_sizes = [math.prod(sizes[c] for c in g) for g, _ in groups]
+    return layout, axis_sizes, [[b[g[0]] for g, _ in groups] for b in per_buffer]

@@ -1,0 +1,73 @@
+"""How a kernel runs, kept apart from what it computes: vector axis and width, unrolling,
+threads. `choose_schedule` derives one from a kernel's strides and the target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tilefold.codegen.kernel.ir import Kernel, Loop
+from tilefold.errors import TilefoldError
+from tilefold.target import Target
+
+MIN_ELEMENTS_PER_THREAD = 32768  # below this a parallel region costs more than it saves
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """vector_axis runs `vector_width` lanes at a time, `unroll` vectors per step (so as many
+    independent accumulators for reductions along it), and a masked tail: loads and stores
+    never touch memory past the axis' end. Reductions along the vector axis combine lanes at
+    the end (horizontal); loops nested inside it accumulate whole vectors (vertical).
+    parallel_axis (the outermost loop's first axis) is split in contiguous blocks over threads
+    when a call has at least `min_elements_per_thread` elements per thread."""
+
+    vector_axis: str | None
+    vector_width: int = 1
+    unroll: int = 1
+    parallel_axis: str | None = None
+    min_elements_per_thread: int = MIN_ELEMENTS_PER_THREAD
+
+    def __str__(self) -> str:
+        parts = []
+        if self.vector_axis is not None:
+            parts.append(f"vector {self.vector_axis} x{self.vector_width} masked-tail")
+            parts.append(f"unroll {self.unroll}")
+        if self.parallel_axis is not None:
+            parts.append(f"parallel {self.parallel_axis} (>= {self.min_elements_per_thread}"
+                         " elements/thread)")
+        return ", ".join(parts) or "scalar"
+
+    def check(self, kernel: Kernel) -> Schedule:
+        """Legality: the vector axis is the last axis of its loop; parallel is outermost."""
+        if self.vector_axis is not None:
+            owner = [lp for lp in kernel.loops() if self.vector_axis in lp.axes]
+            if not owner or owner[0].axes[-1] != self.vector_axis or self.vector_width < 2:
+                raise TilefoldError(f"schedule: {self.vector_axis} cannot be vectorized here")
+        if self.parallel_axis is not None:
+            top = kernel.body[0] if len(kernel.body) == 1 else None
+            if not isinstance(top, Loop) or top.axes[0] != self.parallel_axis:
+                raise TilefoldError(f"schedule: {self.parallel_axis} is not the outermost axis")
+        return self
+
+
+def vector_lanes(target: Target) -> int:
+    """f32 lanes of the target's widest vector (4 for 128-bit generic x86 and NEON)."""
+    return max(target.vector_bits // 32, 4)
+
+
+def choose_schedule(kernel: Kernel, target: Target) -> Schedule:
+    """Vectorize the loop-innermost axis along which most buffers are contiguous (outputs
+    count double; ties go to the later axis), unroll to hide latency, and parallelize the
+    outermost axis."""
+    innermost = {lp.axes[-1] for lp in kernel.loops() if lp.axes}
+    if not innermost:
+        return Schedule(None)
+
+    def score(axis: str) -> tuple[int, int]:
+        unit = sum(1 + b.output for b in kernel.buffers if kernel.stride(b.name, axis) == 1)
+        return unit, kernel.axis_index(axis)
+
+    top = kernel.body[0] if len(kernel.body) == 1 and isinstance(kernel.body[0], Loop) else None
+    parallel = top.axes[0] if top is not None and top.axes else None
+    unroll = 4 if target.vector_registers >= 32 else 2
+    return Schedule(max(innermost, key=score), vector_lanes(target), unroll, parallel)
