@@ -1,0 +1,5 @@
+"""`python -m tilefold.passes`: the opt driver (see driver.py)."""
+
+from tilefold.passes.driver import main
+
+raise SystemExit(main())

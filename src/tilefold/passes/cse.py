@@ -1,0 +1,64 @@
+"""cse: common subexpression elimination of pure ops within each block.
+
+Two ops are the same expression when they have the same name, operands (in a canonical order
+for commutative ops), attributes (defaults filled in; constants compared by dtype, shape and
+bytes) and result types. The later op's results are replaced by the earlier one's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+from tilefold.ir import Block, Function, Operation, Value
+from tilefold.passes.base import Pass, Statistic
+from tilefold.passes.rewrite import Rewriter
+
+
+def attr_key(value: Any) -> Hashable:
+    """A hashable key equal exactly when two attribute values are the same bits."""
+    if isinstance(value, np.ndarray):
+        return ("dense", str(value.dtype), value.shape, np.ascontiguousarray(value).tobytes())
+    if isinstance(value, float):
+        return ("float", value.hex())  # keeps -0.0 and 0.0 apart
+    if isinstance(value, tuple):
+        return tuple(attr_key(v) for v in value)
+    return value
+
+
+class CSE(Pass):
+    name = "cse"
+    summary = "Replace pure ops that repeat an earlier op (same operands and attributes)"
+    statistics = (Statistic("num-cse", "ops replaced by an earlier identical op"),)
+
+    def run_on_function(self, fn: Function) -> None:
+        order = {v: i for i, v in enumerate(fn.values())}
+        self.run_on_block(fn.body, Rewriter(fn), order)
+
+    def run_on_block(self, block: Block, rewriter: Rewriter, order: dict[Value, int]) -> None:
+        seen: dict[Hashable, Operation] = {}
+        for op in list(block.ops):
+            for region in op.regions:
+                self.run_on_block(region, rewriter, order)
+            if not op.has_trait("pure") or op.regions:
+                continue
+            key = self.key(op, order)
+            first = seen.setdefault(key, op)
+            if first is not op:
+                rewriter.replace(op, first.results)
+                self.count("num-cse")
+
+    @staticmethod
+    def key(op: Operation, order: dict[Value, int]) -> Hashable:
+        operands = list(op.operands)
+        if op.has_trait("commutative"):
+            operands.sort(key=order.__getitem__)
+        attrs = op.opdef.full_attrs(op.attrs)
+        return (
+            op.name,
+            tuple(operands),
+            tuple((k, attr_key(attrs[k])) for k in sorted(attrs)),
+            tuple(r.type for r in op.results),
+        )
