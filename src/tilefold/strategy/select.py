@@ -17,6 +17,7 @@ from tilefold.strategy.problem import Problem, shape_bucket
 from tilefold.strategy.tuning_db import TuningDB, key_fields, key_of
 
 log = logging.getLogger("tilefold.tuning")
+TUNED = 0  # problems measured in this process (a warm tuning database keeps it at 0)
 
 
 @dataclass
@@ -103,6 +104,8 @@ def _build(decision: Decision, c: Candidate) -> bool:
 
 
 def _tune(decision: Decision, ctx: Context, budget: float) -> None:
+    global TUNED
+    TUNED += 1
     problem = decision.problem
     extern = next((c for c in decision.candidates if c.family == "extern"), None)
     top = decision.candidates[:autotune.TOP_K]

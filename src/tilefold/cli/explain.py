@@ -1,0 +1,84 @@
+"""`tilefold explain FILE`: per fused group, every method family's candidates, costs and winner."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+from tilefold.errors import TilefoldError
+from tilefold.strategy import FAMILIES, Decision
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="show how each fused group is implemented and why",
+        description="Fuse FILE, then list for each group the candidates of every kernel method "
+        "(or why a method does not apply), estimated and measured costs, and the winner.",
+    )
+    p.add_argument("file", help="an IR file (.tfir)")
+    p.add_argument("--function", default="main", help="function to explain (default: main)")
+    p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
+                   help="size of a symbolic dim, e.g. --bind batch=128 (default 128)")
+    p.add_argument("--tune", action="store_true", help="measure candidates now (TILEFOLD_TUNE=1)")
+    p.add_argument("--kernel-ir", action="store_true", help="print each winner's kernel IR")
+    p.add_argument("--asm", action="store_true", help="print each winner's assembly")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from tilefold.cli.run import parse_pairs
+    from tilefold.compiler import compile
+    from tilefold.ir import SymDim, parse_file
+
+    if args.tune:
+        os.environ["TILEFOLD_TUNE"] = "1"
+    try:
+        bindings = {k: int(v) for k, v in parse_pairs(args.bind, "--bind").items()}
+    except ValueError as exc:
+        raise TilefoldError(f"--bind sizes must be integers ({exc})") from None
+    module = parse_file(args.file)
+    graph = compile(module, function=args.function)
+    shapes = [tuple(bindings.get(d.name, 128) if isinstance(d, SymDim) else d
+                    for d in a.type.shape) for a in graph.function.args]
+    print(f"# tilefold explain {args.file} @{args.function} on "
+          + ", ".join(f"[{','.join(map(str, s))}]" for s in shapes))
+    for refusal in graph.refusals:
+        print(f"# fusion: {refusal}")
+    decisions = graph.decisions(*shapes)
+    for i, decision in enumerate(decisions, 1):
+        print()
+        print(format_decision(decision, i, len(decisions)))
+        if args.kernel_ir:
+            print(decision.kernel.source)
+        if args.asm:
+            print(decision.kernel.asm() or "// (no native code: extern)")
+    return 0
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return "inf" if not math.isfinite(seconds) else f"{seconds * 1e3:.3f} ms"
+
+
+def format_decision(d: Decision, index: int, total: int) -> str:
+    """The table `explain` prints for one group."""
+    p = d.problem
+    ins = ", ".join(str(t) for t in p.in_types())
+    lines = [f"group {index}/{total}: {' -> '.join(p.names)} ({p.kind}) on ({ins})",
+             f"  {'family':<16} {'method / config':<44} {'estimate':>10} {'measured':>10}  note"]
+    for family in FAMILIES:
+        rows = [c for c in d.candidates if c.family == family]
+        for c in rows:
+            mark = "*" if c is d.winner else " "
+            status = d.failures.get(c.key, c.note)
+            lines.append(f"{mark} {family:<16} {c.key:<44} {_ms(c.estimate):>10} "
+                         f"{_ms(d.measured.get(c.key)):>10}  {status}")
+        for r in (r for r in d.rejections if r.family == family):
+            lines.append(f"  {family:<16} {r.method:<44} {'-':>10} {'-':>10}  "
+                         f"not applicable: {r.reason}")
+    winner = d.winner.key if d.winner else "none"
+    lines.append(f"  winner: {winner}: {d.why}")
+    return "\n".join(lines)

@@ -1,0 +1,340 @@
+"""Fusion: groups ops into `fused` regions that one kernel each implements, and says why not.
+
+Two families (DESIGN.md, "Fusion"):
+- compute: a matmul, the layout/cast/dequantize ops feeding its operands (prologues) and the
+  elementwise ops and row reductions applied to its result (epilogues);
+- memory: chains of elementwise ops and reductions over one iteration space (softmax,
+  layer_norm, rms_norm, residual adds, ...).
+
+Every refused fusion is recorded with its reason (as Inductor's WhyNoFuse) in `refusals`, logged
+on `tilefold.passes` and shown by `tilefold explain`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from tilefold.ir import OPS, Block, Function, Operation, Value
+from tilefold.ir.shapes import normalize_axes, normalize_axis
+from tilefold.passes.base import Option, Pass, Statistic
+from tilefold.passes.registry import register_pass
+from tilefold.passes.rewrite import Rewriter
+
+log = logging.getLogger("tilefold.passes")
+
+COMPUTE_OPS = frozenset({"matmul"})
+# Ops folded into a GEMM operand: strides, broadcast batch dims, or a conversion at packing time.
+PROLOGUE_OPS = frozenset({"transpose", "broadcast_to", "expand_dims", "cast", "dequantize"})
+# Prologues that only reinterpret memory, so giving each consumer its own copy costs nothing.
+FREE_PROLOGUES = frozenset({"transpose", "broadcast_to", "expand_dims"})
+ROW_NORMS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A fusion that was considered and refused: the producer group, the consumer, why."""
+
+    producer: str
+    consumer: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"not fusing {self.consumer} into {self.producer}: {self.reason}"
+
+
+@dataclass
+class Group:
+    """Ops becoming one fused region, in program order."""
+
+    ops: list[Operation]
+    kind: str
+    domain: tuple = ()
+    axes: tuple[int, ...] | None = None  # reduction axes of the domain, once a reduction joined
+    members: set[Operation] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.members = set(self.ops)
+
+    def add(self, op: Operation) -> None:
+        self.ops.append(op)
+        self.members.add(op)
+
+    @property
+    def label(self) -> str:
+        return f"group of %{self.ops[0].results[0].name} ({self.kind})"
+
+    def inputs(self) -> list[Value]:
+        seen: list[Value] = []
+        for op in self.ops:
+            for v in op.operands:
+                if v.defining_op not in self.members and v not in seen:
+                    seen.append(v)
+        return seen
+
+
+def _describe(op: Operation) -> str:
+    return f"%{op.results[0].name} ({op.name})" if op.results else op.name
+
+
+def reduction_axes(op: Operation) -> tuple[int, ...]:
+    """The axes a reduction-family op reduces over, normalized for its operand's rank."""
+    rank = op.operands[0].type.rank
+    if op.name in ("layer_norm", "rms_norm"):
+        return tuple(range(normalize_axis(op.name, op.attr("axis"), rank), rank))
+    if op.name in ("softmax", "log_softmax"):
+        return (normalize_axis(op.name, op.attr("axis"), rank),)
+    return normalize_axes(op.name, op.attr("axes"), rank)
+
+
+def _reduced(domain: tuple, axes: tuple[int, ...]) -> set[tuple]:
+    """Shapes a value may have after reducing `axes` of `domain` (kept or dropped dims)."""
+    kept = tuple(1 if i in axes else d for i, d in enumerate(domain))
+    dropped = tuple(d for i, d in enumerate(domain) if i not in axes)
+    return {kept, dropped}
+
+
+class Planner:
+    """Partitions one function's ops into groups (legality rules in `why_not`)."""
+
+    def __init__(self, fn: Function, max_ops: int, max_inputs: int, max_row: int):
+        self.fn = fn
+        self.rewriter = Rewriter(fn)
+        self.max_ops = max_ops
+        self.max_inputs = max_inputs
+        self.max_row = max_row
+        self.group_of: dict[Operation, Group] = {}
+        self.groups: list[Group] = []
+        self.refusals: list[Refusal] = []
+        self.users = fn.uses()
+
+    def refuse(self, group: Group, op: Operation, reason: str) -> None:
+        refusal = Refusal(group.label, _describe(op), reason)
+        self.refusals.append(refusal)
+        log.info("fusion: %s", refusal)
+
+    def plan(self) -> list[Group]:
+        for op in self.fn.ops:
+            if op.name in COMPUTE_OPS:
+                self.start(op, "compute")
+                self.absorb_prologues(op)
+            elif op.has_trait("elementwise") or op.has_trait("reduction"):
+                self.join_or_start(op)
+            elif op.name not in ("constant", "return"):
+                reason = (
+                    "a layout op changes the iteration space; it runs as its own step"
+                    if op.has_trait("layout") else f"'{op.name}' is not fusible"
+                )
+                for group in self.producer_groups(op):
+                    self.refuse(group, op, reason)
+        return [g for g in self.groups if g.ops]
+
+    def start(self, op: Operation, kind: str) -> Group:
+        group = Group([op], kind, tuple(op.results[0].type.shape))
+        if op.has_trait("reduction"):
+            group.domain = tuple(op.operands[0].type.shape)
+            group.axes = reduction_axes(op)
+        self.groups.append(group)
+        self.group_of[op] = group
+        return group
+
+    def producer_groups(self, op: Operation) -> list[Group]:
+        """Groups defining `op`'s operands, compute groups first, latest first."""
+        found = []
+        for v in op.operands:
+            group = self.group_of.get(v.defining_op)
+            if group is not None and group not in found:
+                found.append(group)
+        return sorted(found, key=lambda g: (g.kind != "compute", -self.groups.index(g)))
+
+    def join_or_start(self, op: Operation) -> None:
+        for group in self.producer_groups(op):
+            reason = self.why_not(group, op)
+            if reason is None:
+                group.add(op)
+                self.group_of[op] = group
+                if op.has_trait("reduction"):
+                    group.axes = reduction_axes(op)
+                return
+            self.refuse(group, op, reason)
+        self.start(op, "memory")
+
+    def why_not(self, group: Group, op: Operation) -> str | None:
+        """Why `op` may not join `group` (None: it may)."""
+        if len(group.ops) >= self.max_ops:
+            return f"the group has reached the size limit of {self.max_ops} ops"
+        if len({*group.inputs(), *op.operands} - self.defined_in(group)) > self.max_inputs:
+            return f"the fused kernel would take more than {self.max_inputs} inputs"
+        reason = self.why_not_shapes(group, op)
+        if reason is not None:
+            return reason
+        for v in op.operands:
+            producer = v.defining_op
+            if producer not in group.members and self.depends_on(v, group):
+                return f"%{v.name} is computed from the group outside it: fusing makes a cycle"
+        return None
+
+    def why_not_shapes(self, group: Group, op: Operation) -> str | None:
+        shape = tuple(op.results[0].type.shape)
+        if op.has_trait("reduction"):
+            axes = reduction_axes(op)
+            source = tuple(op.operands[0].type.shape)
+            if op.operands[0].defining_op not in group.members:
+                return "the reduced operand comes from outside the group"
+            if source != group.domain:
+                return f"it reduces {_shape(source)}, not the group's space {_shape(group.domain)}"
+            if group.axes is not None and axes != group.axes:
+                return f"it reduces axes {list(axes)}, the group reduces {list(group.axes)}"
+            if group.kind == "compute":
+                if axes != (len(source) - 1,):
+                    return "a GEMM epilogue may reduce only the last axis (rows of C)"
+                if isinstance(source[-1], int) and source[-1] > self.max_row:
+                    return f"a row of {source[-1]} exceeds the epilogue row limit {self.max_row}"
+            if axes != tuple(range(axes[0], len(source))):
+                return f"axes {list(axes)} are not trailing axes (only row reductions fuse)"
+            return None
+        allowed = {group.domain}
+        if group.axes is not None:
+            allowed |= _reduced(group.domain, group.axes)
+        if shape not in allowed:
+            return f"its shape {_shape(shape)} is not the group's space {_shape(group.domain)}"
+        return None
+
+    def defined_in(self, group: Group) -> set[Value]:
+        return {r for op in group.ops for r in op.results}
+
+    def depends_on(self, value: Value, group: Group) -> bool:
+        """Whether `value` is computed (transitively) from a result of `group`."""
+        stack, seen = [value], set()
+        while stack:
+            producer = stack.pop().defining_op
+            if producer is None or producer in seen:
+                continue
+            if producer in group.members:
+                return True
+            seen.add(producer)
+            stack.extend(producer.operands)
+        return False
+
+    def absorb_prologues(self, matmul: Operation) -> None:
+        group = self.group_of[matmul]
+        for v in matmul.operands:
+            producer = v.defining_op
+            if producer is None or producer.name not in PROLOGUE_OPS:
+                continue
+            owner = self.group_of.get(producer)
+            users = {u for u in self.users.get(v, []) if u is not matmul}
+            if owner is not None and len(owner.ops) > 1:
+                self.refuse(group, producer, "it already belongs to a larger memory-bound group")
+            elif users and producer.name not in FREE_PROLOGUES:
+                self.refuse(group, producer, f"%{v.name} has other users; computing it per "
+                            "GEMM operand would repeat the conversion")
+            elif users:
+                self.take(group, self.clone_before(producer, matmul), matmul)
+            else:
+                if owner is not None:
+                    self.groups.remove(owner)
+                    del self.group_of[producer]
+                self.take(group, producer, matmul)
+
+    def take(self, group: Group, prologue: Operation, matmul: Operation) -> None:
+        group.ops.insert(0, prologue)
+        group.members.add(prologue)
+        self.group_of[prologue] = group
+
+    def clone_before(self, op: Operation, user: Operation) -> Operation:
+        """A copy of the free prologue `op` for `user` alone (the original keeps its users)."""
+        copy = Operation(op.opdef, op.operands, op.attrs, [r.type for r in op.results],
+                         [self.rewriter.fresh_name() for _ in op.results], loc=op.loc)
+        block = user.parent
+        block.insert(block.ops.index(user), copy)
+        user.operands = [copy.results[0] if v is op.results[0] else v for v in user.operands]
+        return copy
+
+
+def _shape(shape: tuple) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
+def outlined(fn: Function, group: Group, rewriter: Rewriter) -> Operation:
+    """Replace the group's ops by one `fused` op whose region holds them."""
+    inputs = group.inputs()
+    uses = fn.uses()
+    outputs = [
+        r for op in group.ops for r in op.results
+        if any(u not in group.members for u in uses.get(r, []))
+    ]
+    region = Block()
+    mapping = {v: region.add_arg(Value(v.type, rewriter.fresh_name(), None, 0)) for v in inputs}
+    block = fn.body
+    at = block.ops.index(group.ops[-1])
+    for op in group.ops:
+        op.operands = [mapping.get(v, v) for v in op.operands]
+        region.append(op)
+    region.append(Operation(OPS["yield"], outputs, {}, [], []))
+    fused = Operation(
+        OPS["fused"], inputs, {"kind": group.kind}, [v.type for v in outputs],
+        [rewriter.fresh_name() for _ in outputs], regions=[region], loc=group.ops[0].loc,
+    )
+    fused.parent = block
+    rest = [op for op in block.ops[:at] if op not in group.members]
+    block.ops = [*rest, fused, *(op for op in block.ops[at:] if op not in group.members)]
+    renamed = dict(zip(outputs, fused.results, strict=True))
+    for op in block.ops:
+        op.operands = [renamed.get(v, v) for v in op.operands]
+    _schedule(block)
+    return fused
+
+
+def _schedule(block: Block) -> None:
+    """Reorder `block` topologically, keeping the existing order wherever it is legal."""
+    index = {op: i for i, op in enumerate(block.ops)}
+    producers = {r: op for op in block.ops for r in op.results}
+    waiting = {op: {producers[v] for v in op.operands if v in producers} for op in block.ops}
+    ready = sorted((op for op, deps in waiting.items() if not deps), key=index.get)
+    order: list[Operation] = []
+    while ready:
+        op = ready.pop(0)
+        order.append(op)
+        for other, deps in waiting.items():
+            if op in deps:
+                deps.discard(op)
+                if not deps:
+                    ready.append(other)
+        ready.sort(key=index.get)
+    block.ops = order
+
+
+@register_pass
+class Fusion(Pass):
+    """Outlines fusible groups into `fused` regions; `refusals` lists what it declined and why."""
+
+    name = "fusion"
+    summary = "Group GEMMs with prologues/epilogues and memory-bound chains into fused regions"
+    options = (
+        Option("max-ops", int, 32, "most ops in one fused region"),
+        Option("max-inputs", int, 16, "most distinct inputs of one fused region"),
+        Option("max-row", int, 4096, "longest row a GEMM epilogue may reduce"),
+        Option("singletons", bool, True, "wrap lone fusible ops in a fused region too"),
+    )
+    statistics = (
+        Statistic("num-groups", "fused regions created"),
+        Statistic("num-fused-ops", "ops moved into fused regions"),
+        Statistic("num-refused", "fusions refused (see the reasons with TILEFOLD_LOG=passes)"),
+    )
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        self.refusals: list[Refusal] = []
+
+    def run_on_function(self, fn: Function) -> None:
+        planner = Planner(fn, self.max_ops, self.max_inputs, self.max_row)
+        groups = planner.plan()
+        self.refusals += planner.refusals
+        self.count("num-refused", len(planner.refusals))
+        for group in groups:
+            if len(group.ops) == 1 and not self.singletons:
+                continue
+            outlined(fn, group, planner.rewriter)
+            self.count("num-groups")
+            self.count("num-fused-ops", len(group.ops))

@@ -1,0 +1,171 @@
+"""`tilefold.compile`: numerics against the interpreter on random graphs, buffer reuse, call
+overhead, and a tuned graph reloaded in a new process without re-tuning or recompiling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tilefold
+from tilefold.compiler import compile
+from tilefold.ir import interpret, parse_module
+
+MLP = """func @main(%x: f32[?b,16], %w1: f32[16,40], %b1: f32[40], %w2: f32[40,16],
+                  %b2: f32[16]) -> (f32[?b,16]) {
+  %0 = matmul(%x, %w1) : f32[?b,40]
+  %1 = add(%0, %b1) : f32[?b,40]
+  %2 = gelu(%1) : f32[?b,40]
+  %3 = matmul(%2, %w2) : f32[?b,16]
+  %4 = add(%3, %b2) : f32[?b,16]
+  %5 = add(%4, %x) : f32[?b,16]
+  %6 = reduce_mean(%5) {axes = [1], keepdims = true} : f32[?b,1]
+  %7 = sub(%5, %6) : f32[?b,16]
+  %8 = softmax(%7) : f32[?b,16]
+  return(%8)
+}"""
+
+UNARY = ["relu", "exp", "tanh", "sigmoid", "gelu", "neg", "silu"]
+BINARY = ["add", "sub", "mul", "max"]
+ROWWISE = ["softmax", "log_softmax", "reduce_max", "reduce_sum"]
+
+
+def _inputs(module, seed=0, **sizes):
+    rng = np.random.default_rng(seed)
+    shapes = [tuple(sizes.get(getattr(d, "name", None), d) for d in a.type.shape)
+              for a in module["main"].args]
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+def _close(got, want):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+def test_mlp_matches_interpreter_and_reuses_plans():
+    module = parse_module(MLP)
+    graph = tilefold.compile(module) if hasattr(tilefold, "compile") else compile(module)
+    for batch in (1, 5, 33):
+        xs = _inputs(module, batch, b=batch)
+        _close(graph(*xs), interpret(module, *xs)[0])
+    decisions = graph.decisions((5, 16), (16, 40), (40,), (40, 16), (16,))
+    assert all(d.winner.family != "extern" for d in decisions), [d.winner for d in decisions]
+
+
+@st.composite
+def graphs(draw):
+    """Random chains of matmuls, elementwise ops and row ops over [rows, n] tensors."""
+    rows, n = draw(st.integers(1, 9)), draw(st.integers(2, 40))
+    lines, last, args = [], "%x", [f"%x: f32[{rows},{n}]"]
+    for i in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["unary", "binary", "row", "matmul"]))
+        if kind == "unary":
+            lines.append(f"%v{i} = {draw(st.sampled_from(UNARY))}({last}) : f32[{rows},{n}]")
+        elif kind == "binary":
+            args.append(f"%a{i}: f32[{draw(st.sampled_from([f'{rows},{n}', str(n)]))}]")
+            op = draw(st.sampled_from(BINARY))
+            lines.append(f"%v{i} = {op}({last}, %a{i}) : f32[{rows},{n}]")
+        elif kind == "row":
+            op = draw(st.sampled_from(ROWWISE))
+            if op.startswith("reduce"):
+                lines.append(f"%r{i} = {op}({last}) {{axes = [1], keepdims = true}} : "
+                             f"f32[{rows},1]")
+                lines.append(f"%v{i} = sub({last}, %r{i}) : f32[{rows},{n}]")
+            else:
+                lines.append(f"%v{i} = {op}({last}) : f32[{rows},{n}]")
+        else:
+            args.append(f"%w{i}: f32[{n},{n}]")
+            lines.append(f"%v{i} = matmul({last}, %w{i}) : f32[{rows},{n}]")
+        last = f"%v{i}"
+    body = "\n  ".join(lines)
+    return f"func @main({', '.join(args)}) -> (f32[{rows},{n}]) {{\n  {body}\n  return({last})\n}}"
+
+
+@settings(max_examples=25)
+@given(graphs())
+def test_random_graphs_match_interpreter(text):
+    module = parse_module(text)
+    xs = [x * 0.5 for x in _inputs(module)]
+    _close(compile(module)(*xs), interpret(module, *xs)[0])
+
+
+def test_intermediates_share_buffers():
+    text = """func @main(%x: f32[64,64]) -> (f32[64,64]) {
+      %0 = exp(%x) : f32[64,64]
+      %1 = reshape(%0) {shape = [64,64]} : f32[64,64]
+      %2 = transpose(%1) {perm = [1, 0]} : f32[64,64]
+      %3 = relu(%2) : f32[64,64]
+      %4 = transpose(%3) {perm = [1, 0]} : f32[64,64]
+      %5 = tanh(%4) : f32[64,64]
+      return(%5)
+    }"""
+    module = parse_module(text)
+    graph = compile(module)
+    x = _inputs(module)[0]
+    _close(graph(x), interpret(module, x)[0])
+    plan = next(iter(graph._plans.values()))
+    buffers = {id(a) for a in plan.env if isinstance(a, np.ndarray) and a.shape == (64, 64)}
+    assert len(buffers) < len(plan.steps) - 1
+
+
+def test_kernel_launch_overhead_is_small():
+    text = """func @main(%x: f32[8,16], %w: f32[16,16]) -> (f32[8,16]) {
+      %0 = matmul(%x, %w) : f32[8,16]
+      %1 = softmax(%0) : f32[8,16]
+      %2 = exp(%1) : f32[8,16]
+      %3 = softmax(%2) : f32[8,16]
+      return(%3)
+    }"""
+    module = parse_module(text)
+    graph = compile(module)
+    xs = _inputs(module)
+    graph(*xs)
+    launches = 2 + len(graph.decisions((8, 16), (16, 16))) - 1
+    best = min(_timed(graph, xs) for _ in range(5))
+    per_launch_us = best / launches * 1e6
+    assert per_launch_us < 10, f"{per_launch_us:.1f} us per kernel launch"
+
+
+def _timed(graph, xs, n=200):
+    start = time.perf_counter()
+    for _ in range(n):
+        graph(*xs)
+    return (time.perf_counter() - start) / n
+
+
+_RELOAD = """
+import sys, numpy as np
+from tilefold.compiler import compile
+from tilefold.ir import parse_module
+from tilefold.runtime import codegen_runs
+from tilefold.strategy import select
+module = parse_module(open(sys.argv[1]).read())
+graph = compile(module)
+rng = np.random.default_rng(0)
+xs = [rng.standard_normal([4 if getattr(d, "name", None) == "b" else d for d in a.type.shape])
+      .astype(np.float32) for a in module["main"].args]
+graph(*xs)
+print(codegen_runs(), select.TUNED)
+"""
+
+
+def test_tuned_graph_reloads_without_tuning_or_llvm(tmp_path):
+    source = tmp_path / "mlp.tfir"
+    source.write_text(MLP)
+    env = {**os.environ, "TILEFOLD_CACHE_DIR": str(tmp_path / "cache"), "TILEFOLD_TUNE": "1"}
+    src = str(Path(tilefold.__file__).parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", _RELOAD, str(source)], env=env, check=True,
+                             capture_output=True, text=True, timeout=120)
+        return [int(x) for x in out.stdout.split()]
+
+    compiles, tuned = run()
+    assert compiles > 0 and tuned > 0
+    assert run() == [0, 0]
