@@ -28,9 +28,9 @@ def test_explain_lists_all_families_and_the_winner(tmp_path, capsys):
     args = parser.parse_args(["explain", str(path), "--bind", "batch=8", "--kernel-ir"])
     assert args.handler(args) == 0
     out = capsys.readouterr().out
-    assert out.count("group ") == 3
+    assert sum(line.startswith("group ") for line in out.splitlines()) == 3
     for family in FAMILIES:
         assert family in out
     assert "not applicable:" in out and "winner: blocks.gemm" in out
     assert "fusion: not fusing %6 (transpose)" in out
-    assert "define void @tf_epilogue_" in out
+    assert "tf_epilogue_" in out
