@@ -97,8 +97,11 @@ def convert_graph(
             ctx.env[node] = _argument(ctx, node, payload, result)
             result.arg_indices.append(i)
     outputs: list[Tensor] = []
+    blocked: set[fx.Node] = set()  # without trial: nodes downstream of an unsupported one
     for node in graph.nodes:
-        if node.op == "call_function":
+        if not trial and any(a in result.unsupported or a in blocked for a in node.all_input_nodes):
+            blocked.add(node)
+        elif node.op == "call_function":
             ctx.node = node
             b.loc = _location(node)
             try:

@@ -87,7 +87,7 @@ def _rows_matmul_t(ctx: LoweringContext, x: Any, w: Any) -> Any:
 @lowering(aten.scaled_dot_product_attention.default, torch.ops.tilefold.sdpa.default)
 def sdpa(
     ctx: LoweringContext, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-    is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False,
+    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
 ) -> Any:
     """one scaled_dot_product_attention op (mask, causal, scale, grouped-query heads)"""
     return _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)

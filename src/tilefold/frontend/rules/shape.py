@@ -181,3 +181,20 @@ def index_select(ctx: LoweringContext, x: Any, dim: int, idx: Any) -> Any:
 def embedding(ctx: LoweringContext, weight: Any, indices: Any, *args: Any) -> Any:
     """table lookup: gather rows of the weight"""
     return ctx.op("gather", ctx.tensor(weight), ctx.tensor(indices), axis=0)
+
+
+@lowering(aten.gather.default)
+def gather(ctx: LoweringContext, x: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Any:
+    """torch.gather (take along dim): advanced indexing with an arange on every other axis"""
+    t, idx = ctx.tensor(x), ctx.tensor(index)
+    rank = t.ndim
+    dim %= rank
+    grids = []
+    for axis in range(rank):
+        if axis == dim:
+            grids.append(idx)
+            continue
+        line = ctx.op("arange", shape=[idx.shape[axis]])
+        others = [a for a in range(rank) if a != axis]
+        grids.append(ctx.op("expand_dims", line, axes=others) if others else line)
+    return ctx.op("index", t, *grids, axes=list(range(rank)))
