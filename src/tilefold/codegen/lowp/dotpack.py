@@ -51,9 +51,15 @@ class PackedB:
         self.kernel = kernel
         self.k, self.n = b.shape
         self.dtype = b.dtype
-        self.panels = _panels(_words(np.ascontiguousarray(b.T), kernel.kgroup), kernel.nr)
+        g, nr = kernel.kgroup, kernel.nr
+        bits = b.view(np.uint16 if b.itemsize == 2 else np.uint8)
+        full = np.zeros((math.ceil(self.k / g) * g, math.ceil(self.n / nr) * nr), bits.dtype)
+        full[:self.k, :self.n] = bits
+        kg, npad = full.shape[0] // g, full.shape[1]
+        self.panels = np.ascontiguousarray(
+            full.reshape(kg, g, npad // nr, nr).transpose(2, 0, 3, 1)).view(np.uint32)[..., 0]
         if kernel.dtype == "u8s8":
-            self.colsum = b.astype(np.int32).sum(axis=0, dtype=np.int32)
+            self.colsum = b.sum(axis=0, dtype=np.int32)
 
 
 def pack_a(a: np.ndarray, kernel: DotKernel) -> np.ndarray:

@@ -1,0 +1,197 @@
+"""Low-precision GEMM benchmark: bf16, int8 and weight-only int4/fp4/fp8 against tilefold's own
+fp32 and the peers (PyTorch bf16 matmul and `torch._int_mm`, ONNX Runtime MatMulInteger when
+installed), timed interleaved in one process like `bench gemm`.
+
+`tilefold` uses B packed once (a weight, as ORT's constant initializer); `tf_unpacked_b` packs
+B on every call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+
+from tilefold.cli.bench_gemm import SETTLE_SECONDS, Shape, _time_block, geomean, parse_shape
+
+SUITES = {
+    "bf16": ["512x512x512", "1024x1024x1024", "2048x2048x2048", "128x3072x768", "512x768x3072"],
+    "int8": ["512x512x512", "1024x1024x1024", "2048x2048x2048", "128x3072x768", "512x768x3072"],
+    "int4": ["1x4096x4096", "4x4096x4096", "8x4096x4096", "1x11008x4096"],
+    "fp4": ["1x4096x4096", "8x4096x4096"],
+    "fp8": ["1x4096x4096", "8x4096x4096"],
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="bf16", choices=sorted(SUITES),
+                        help="bf16 and int8 GEMMs; int4/fp4/fp8 weight-only GEMV (group 32)")
+    parser.add_argument("--shape", action="append", default=[], metavar="MxNxK",
+                        help="benchmark this shape instead of the suite (repeatable)")
+    parser.add_argument("--threads", type=int, default=None, help="threads (default: all)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
+    parser.add_argument("--block-seconds", type=float, default=0.15,
+                        help="timed seconds per implementation per round")
+
+
+def _peers_bf16(a, b, threads):
+    import torch
+
+    torch.set_num_threads(threads)
+    ta, tb = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16), \
+        torch.from_numpy(b.view(np.int16)).view(torch.bfloat16)
+    return {"torch": lambda: torch.matmul(ta, tb)}
+
+
+def _peers_int8(a, b, threads):
+    peers = {}
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        ta, tb = torch.from_numpy(a.view(np.int8) ^ -128), torch.from_numpy(b)
+        if a.shape[0] > 16 and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0:
+            peers["torch_int_mm"] = lambda: torch._int_mm(ta, tb)
+    except ImportError:
+        pass
+    session = _ort_matmul_integer(b, threads)
+    if session is not None:
+        peers["ort"] = lambda: session.run(None, {"A": a})
+    return peers
+
+
+def _ort_matmul_integer(b: np.ndarray, threads: int):
+    """An ONNX Runtime session for A(u8) @ B(s8, a constant initializer), or None."""
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    k, n = b.shape
+    node = helper.make_node("MatMulInteger", ["A", "B"], ["Y"])
+    graph = helper.make_graph(
+        [node], "mmi", [helper.make_tensor_value_info("A", TensorProto.UINT8, ["M", k])],
+        [helper.make_tensor_value_info("Y", TensorProto.INT32, ["M", n])],
+        [numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def _time_all(impls: dict, args) -> dict[str, float]:
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(args.rounds):
+        for name, fn in impls.items():
+            samples[name] += _time_block(fn, args.block_seconds)
+            time.sleep(SETTLE_SECONDS)
+    return {name: float(np.median(t)) for name, t in samples.items()}
+
+
+def _gemm_row(shape: Shape, dtype: str, threads: int, args) -> dict[str, float]:
+    from tilefold.linalg import matmul
+    from tilefold.quant import matmul_lowp, prepack_lowp
+
+    rng = np.random.default_rng(0)
+    a32 = rng.standard_normal((shape.m, shape.k), dtype=np.float32)
+    b32 = rng.standard_normal((shape.k, shape.n), dtype=np.float32)
+    impls = {"fp32": lambda: matmul(a32, b32, threads=threads)}
+    if dtype == "bf16":
+        a, b = a32.astype(ml_dtypes.bfloat16), b32.astype(ml_dtypes.bfloat16)
+        peers = _peers_bf16(a, b, threads)
+    else:
+        a = rng.integers(0, 256, (shape.m, shape.k)).astype(np.uint8)
+        b = rng.integers(-128, 128, (shape.k, shape.n)).astype(np.int8)
+        peers = _peers_int8(a, b, threads)
+    packed = prepack_lowp(b, a.dtype)
+    impls["tilefold"] = lambda: matmul_lowp(a, packed, threads=threads)
+    impls["tf_unpacked_b"] = lambda: matmul_lowp(a, b, threads=threads)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads):
+        seconds = _time_all({**impls, **peers}, args)
+    return {name: shape.flops / t / 1e9 for name, t in seconds.items()}
+
+
+def _gemv_row(shape: Shape, fmt: str, threads: int, args) -> dict[str, float]:
+    """GB/s on packed bytes for the quantized weight; fp32 GEMV on its own bytes."""
+    from tilefold.linalg import matmul
+    from tilefold.quant import quantize, quantized_matmul
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((shape.k, shape.n), dtype=np.float32)
+    x = rng.standard_normal((shape.m, shape.k), dtype=np.float32)
+    qw = quantize(w, fmt, group_size=32)
+    seconds = _time_all({"fp32": lambda: matmul(x, w, threads=threads),
+                         "tilefold": lambda: quantized_matmul(x, qw, threads=threads)}, args)
+    return {"tilefold_gbps": qw.nbytes / seconds["tilefold"] / 1e9,
+            "fp32_gbps": w.nbytes / seconds["fp32"] / 1e9,
+            "speedup": seconds["fp32"] / seconds["tilefold"]}
+
+
+def run(args) -> int:
+    from tilefold.codegen.lowp.kernels import select_dot_kernel
+    from tilefold.runtime import num_threads
+    from tilefold.target import host_target, measured_bandwidth_gbps, measured_peak_gflops
+
+    threads = args.threads or num_threads()
+    shapes = [parse_shape(s) for s in args.shape or SUITES[args.dtype]]
+    if args.dtype in ("bf16", "int8"):
+        kind = "bf16" if args.dtype == "bf16" else "u8s8"
+        kernel = select_dot_kernel(host_target(), kind)
+        peak = measured_peak_gflops(dtype=args.dtype, threads=threads, refresh=True)
+        f32_peak = measured_peak_gflops(dtype="f32", threads=threads, refresh=True)
+        unit = "GFLOP/s" if args.dtype == "bf16" else "GOP/s"
+        print(f"{args.dtype}, {threads} thread(s), micro-kernel {kernel.name}; measured peak "
+              f"{peak:.1f} {unit} ({args.dtype}), {f32_peak:.1f} (f32); figures in {unit}")
+        rows = [(s, _gemm_row(s, args.dtype, threads, args)) for s in shapes]
+        peers = [p for p in rows[0][1] if p not in ("tilefold", "fp32")]  # incl. tf_unpacked_b
+        cols = ["fp32", *peers]
+        print(f"{'shape':<16}{'M':>6}{'N':>6}{'K':>6}{'tilefold':>10}{'%peak':>7}"
+              + "".join(f"{c:>13}" for c in cols) + "".join(f"{'vs ' + c:>16}" for c in cols))
+        ratios: dict[str, list[float]] = {c: [] for c in cols}
+        for s, g in rows:
+            tf = g["tilefold"]
+            line = f"{s.name:<16}{s.m:>6}{s.n:>6}{s.k:>6}{tf:>10.1f}{100 * tf / peak:>6.0f}%"
+            line += "".join(f"{g.get(c, float('nan')):>13.1f}" for c in cols)
+            for c in cols:
+                if c in g:
+                    ratios[c].append(tf / g[c])
+                line += f"{tf / g[c]:>15.2f}x" if c in g else f"{'-':>16}"
+            print(line)
+        print(f"{'geomean':<57}" + " " * 13 * len(cols)
+              + "".join(f"{geomean(ratios[c]):>15.2f}x" for c in cols))
+        return 0
+    bandwidth = measured_bandwidth_gbps(threads)
+    print(f"{args.dtype} weight-only GEMV (group 32), {threads} thread(s); measured read "
+          f"bandwidth {bandwidth:.1f} GB/s; GB/s counted on packed bytes (codes + scales)")
+    print(f"{'shape':<16}{'M':>6}{'N':>6}{'K':>6}{'GB/s':>9}{'%bw':>7}{'fp32 GB/s':>11}"
+          f"{'vs fp32':>10}")
+    speedups = []
+    for s in shapes:
+        g = _gemv_row(s, args.dtype, threads, args)
+        speedups.append(g["speedup"])
+        print(f"{s.name:<16}{s.m:>6}{s.n:>6}{s.k:>6}{g['tilefold_gbps']:>9.1f}"
+              f"{100 * g['tilefold_gbps'] / bandwidth:>6.0f}%{g['fp32_gbps']:>11.1f}"
+              f"{g['speedup']:>9.2f}x")
+    print(f"{'geomean':<56}{geomean(speedups):>9.2f}x")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tilefold.cli.bench_lowp",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
