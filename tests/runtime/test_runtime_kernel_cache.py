@@ -142,3 +142,12 @@ def test_an_unwritable_cache_only_costs_recompiles(monkeypatch, tmp_path, caplog
         module, value = call_seven(unique_ir())
     assert value == 7 and not module.from_cache
     assert any("cannot write" in record.message for record in caplog.records)
+
+
+def test_clear_empties_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path))
+    _write_valid_entry(unique_ir())
+    (kernel_cache.kernels_dir() / ".stale.tmp").write_bytes(b"x")
+    assert len(kernel_cache.entries()) == 1
+    assert kernel_cache.clear() == 1
+    assert not list(kernel_cache.kernels_dir().iterdir())

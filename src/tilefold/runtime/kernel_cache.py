@@ -151,3 +151,18 @@ def store(key: str, entry: CacheEntry, target: Target) -> None:
         if tmp_name is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
+
+
+def entries() -> list[Path]:
+    """Every stored entry (for `tilefold cache` style listings)."""
+    return sorted(kernels_dir().glob("*.tfko"))
+
+
+def clear() -> int:
+    """Delete every entry and leftover temp file; returns how many entries went."""
+    removed = 0
+    for path in [*entries(), *kernels_dir().glob(".*.tmp")]:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed += path.suffix == ".tfko"
+    return removed
