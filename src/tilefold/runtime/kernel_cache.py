@@ -160,9 +160,8 @@ def entries() -> list[Path]:
 
 def clear() -> int:
     """Delete every entry and leftover temp file; returns how many entries went."""
-    removed = 0
-    for path in [*entries(), *kernels_dir().glob(".*.tmp")]:
+    stored = entries()
+    for path in [*stored, *kernels_dir().glob(".*.tmp")]:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-            removed += path.suffix == ".tfko"
-    return removed
+    return len(stored)
