@@ -66,4 +66,4 @@ def test_a_binding_the_ops_reject_is_an_error_at_the_op() -> None:
     with pytest.raises(PassError) as info:
         run_pipeline(m, "shape-inference{bind=b=0}")
     assert "cannot reduce the empty axis" in info.value.message
-    assert str(info.value).startswith("model.tfir:2:8: error: shape-inference: 'reduce_max'")
+    assert str(info.value).startswith("model.tfir:2:8: error: shape-inference: reduce_max:")

@@ -85,7 +85,7 @@ class ShapeInference(Pass):
             attrs = op.opdef.full_attrs(op.attrs)
             types = op.opdef.infer_op([v.type for v in op.operands], attrs, op.regions)
         except TilefoldError as exc:
-            raise type(exc)(f"'{op.name}': {exc.message}", op.text_loc) from None
+            raise type(exc)(exc.message, op.text_loc) from None  # at the op, not its definition
         for result, inferred in zip(op.results, types, strict=True):
             if inferred.without_layout() != result.type.without_layout():
                 result.type = inferred
