@@ -92,7 +92,8 @@ def math_module(target, lanes: int):
         full = b.mul(b.sdiv(n, U.const(lanes)), U.const(lanes))
         with U.for_range(b, U.const(0), full, lanes) as i:
             v = b.load(b.bitcast(b.gep(x, [i]), vty), align=4)
-            b.store(emit_math(b, name, v), b.bitcast(b.gep(y, [i]), vty), align=4)
+            b.store(emit_math(b, name, v, target.features), b.bitcast(b.gep(y, [i]), vty),
+                    align=4)
         with U.for_range(b, full, n) as i:
             b.store(emit_math(b, name, b.load(b.gep(x, [i]))), b.gep(y, [i]))
         b.ret_void()

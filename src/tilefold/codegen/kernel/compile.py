@@ -112,7 +112,7 @@ class CompiledGroup:
         if compiled is None:
             kernel = self.group.kernel(layout)
             schedule = choose_schedule(kernel, self.target).check(kernel)
-            llvm_ir = emit_kernel(kernel, schedule, ARRAY_DATA_OFFSET)
+            llvm_ir = emit_kernel(kernel, schedule, self.target.features, ARRAY_DATA_OFFSET)
             if schedule.parallel_axis is not None and self.target.is_host():
                 thread_pool()  # the module calls tilefold_parallel
             module = compile_llvm_ir(llvm_ir, self.target, name=kernel.name, opt_level=OPT_LEVEL)

@@ -62,7 +62,9 @@ class _Lanes:
 
 
 class _Emitter:
-    def __init__(self, kernel: Kernel, schedule: Schedule, fn: ir.Function):
+    def __init__(self, kernel: Kernel, schedule: Schedule, fn: ir.Function,
+                 features: frozenset[str]):
+        self.features = features
         self.k = kernel
         self.s = schedule
         self.w = schedule.vector_width
@@ -362,7 +364,7 @@ class _Emitter:
         if op == "select":
             return b.select(*xs)
         if op in MATH_FUNCTIONS:
-            return emit_math(b, op, xs[0])
+            return emit_math(b, op, xs[0], self.features)
         if op in LLVM_UNARY or op == "pow":
             name = LLVM_UNARY.get(op, "pow")
             suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
@@ -380,8 +382,13 @@ class _Emitter:
         raise AssertionError(f"kernel op {op} has no lowering")
 
 
-def emit_kernel(kernel: Kernel, schedule: Schedule, array_data_offset: int | None = None) -> str:
-    """The LLVM IR module (text) for `kernel` run by `schedule`.
+def emit_kernel(
+    kernel: Kernel,
+    schedule: Schedule,
+    features: frozenset[str] = frozenset(),
+    array_data_offset: int | None = None,
+) -> str:
+    """The LLVM IR module (text) for `kernel` run by `schedule` on a CPU with `features`.
 
     With `array_data_offset`, the module also exports `NAME.arrays`, which takes NumPy array
     objects (their addresses) instead of data pointers and reads each data pointer at that
@@ -390,7 +397,7 @@ def emit_kernel(kernel: Kernel, schedule: Schedule, array_data_offset: int | Non
     mod = ir.Module(kernel.name)
     body_fn = ir.Function(mod, WORKER, f"{kernel.name}.body")
     body_fn.linkage = "internal"
-    em = _Emitter(kernel, schedule, body_fn)
+    em = _Emitter(kernel, schedule, body_fn, features)
     em.bind(*body_fn.args)
     em.stmts(kernel.body)
     em.b.ret_void()

@@ -49,6 +49,8 @@ BINARY = {"add", "sub", "mul", "div", "max", "min", "pow", "eq", "ne", "lt", "le
           "and", "or"}
 REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_mean": "sum"}
 KERNEL_DTYPES = {"f32", "bf16", "f16", "bool"}
+EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "gelu_tanh", "sin", "cos",
+             "pow"}
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,10 @@ class Group:
     reductions: list[tuple[Reduction, int, Operation]] = field(default_factory=list)
     value_classes: dict[Value, tuple[int | None, ...]] = field(default_factory=dict)
 
-    def kernel(self, layout: Layout) -> Kernel:
-        return _build_kernel(self, layout)
+    def kernel(self, layout: Layout, stash: bool = True) -> Kernel:
+        """The loop nest for `layout`; `stash` keeps expensive per-element values of the
+        last reduction pass in the output for the final pass (see `_stash`)."""
+        return _build_kernel(self, layout, stash)
 
 
 @dataclass(frozen=True)
@@ -345,7 +349,37 @@ class _Hoister:
         return Ref(self.lets[expr])
 
 
-def _build_kernel(grp: Group, layout: Layout) -> Kernel:
+def _replace(expr: Expr, old: Expr, new: Expr) -> Expr:
+    if expr == old:
+        return new
+    if isinstance(expr, Call):
+        return Call(expr.op, tuple(_replace(a, old, new) for a in expr.args))
+    return expr
+
+
+def _stash(body: list[Stmt], outputs: list[tuple[str, Expr]], buffers: dict[str, Buffer]
+           ) -> list[tuple[str, Expr]]:
+    """Store an expensive value the last reduction loop computes (softmax's exp(x - max))
+    into the f32 output it feeds, and read it back in the final loop instead of recomputing
+    it: one transcendental per element instead of two, at the cost of an L1/L2 re-read."""
+    at = max(i for i, st in enumerate(body) if isinstance(st, Loop))
+    loop = body[at]
+    assert isinstance(loop, Loop)
+    computed = {e for r in loop.reductions for e in walk_expr(r.value)}
+    stores = list(loop.body)
+    result = []
+    for buf, expr in outputs:
+        found = [e for e in walk_expr(expr) if isinstance(e, Call) and e.op in EXPENSIVE and
+                 e in computed]
+        if found and buffers[buf].dtype == "f32":
+            stores.append(Store(buf, found[-1]))
+            expr = _replace(expr, found[-1], Load(buf))
+        result.append((buf, expr))
+    body[at] = Loop(loop.axes, tuple(stores), loop.reductions)
+    return result
+
+
+def _build_kernel(grp: Group, layout: Layout, stash: bool = True) -> Kernel:
     axes = tuple(Axis(layout.axis_name(i)) for i in range(len(layout.axes)))
     buffers = tuple(
         Buffer(spec.name, spec.dtype, strides, spec.output)
@@ -375,8 +409,10 @@ def _build_kernel(grp: Group, layout: Layout) -> Kernel:
                      for a, s in zip((x.name for x in axes), by_name[buf].strides, strict=True))
         (full if varies else partial).append((buf, expr))
     if full:
-        stores = tuple(Store(buf, hoister.hoist(e, inner_set, body)) for buf, e in full)
-        body.append(Loop(inner, stores))
+        hoisted = [(buf, hoister.hoist(e, inner_set, body)) for buf, e in full]
+        if stash and levels:
+            hoisted = _stash(body, hoisted, by_name)
+        body.append(Loop(inner, tuple(Store(buf, e) for buf, e in hoisted)))
     body.extend(Store(buf, hoister.hoist(e, set(), body)) for buf, e in partial)
     stmts: tuple[Stmt, ...] = (Loop(outer, tuple(body)),) if outer else tuple(body)
     return verify_kernel(Kernel(grp.name, axes, buffers, stmts))

@@ -56,15 +56,16 @@ def vector_lanes(target: Target) -> int:
 
 
 def choose_schedule(kernel: Kernel, target: Target) -> Schedule:
-    """Vectorize the loop-innermost axis along which most buffers are contiguous (outputs
-    count double; ties go to the later axis), unroll to hide latency, and parallelize the
-    outermost axis."""
+    """Vectorize the loop-innermost axis along which the most data is contiguous (a buffer
+    weighs as many as the axes it spans, as a proxy for its size; ties go to the later axis),
+    unroll to hide latency, and parallelize the outermost axis."""
     innermost = {lp.axes[-1] for lp in kernel.loops() if lp.axes}
     if not innermost:
         return Schedule(None)
 
     def score(axis: str) -> tuple[int, int]:
-        unit = sum(1 + b.output for b in kernel.buffers if kernel.stride(b.name, axis) == 1)
+        unit = sum(sum(s != 0 for s in b.strides) for b in kernel.buffers
+                   if kernel.stride(b.name, axis) == 1)
         return unit, kernel.axis_index(axis)
 
     top = kernel.body[0] if len(kernel.body) == 1 and isinstance(kernel.body[0], Loop) else None

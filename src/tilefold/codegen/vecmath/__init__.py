@@ -52,9 +52,12 @@ ULP_BOUNDS: dict[str, float] = {
 }
 
 
-def emit_math(b: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
-    """`name`(x) for an f32 scalar or vector `x`, emitted inline at `b`."""
-    return MATH_FUNCTIONS[name](MathBuilder(b, x.type), x)
+def emit_math(
+    b: ir.IRBuilder, name: str, x: ir.Value, features: frozenset[str] = frozenset()
+) -> ir.Value:
+    """`name`(x) for an f32 scalar or vector `x`, emitted inline at `b`; `features` (the
+    target's) enable ISA-specific forms with the same results, e.g. AVX-512's vscalefps."""
+    return MATH_FUNCTIONS[name](MathBuilder(b, x.type, features), x)
 
 
 __all__ = ["MATH_FUNCTIONS", "ULP_BOUNDS", "MathBuilder", "emit_math"]

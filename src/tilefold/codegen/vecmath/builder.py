@@ -31,10 +31,13 @@ class MathBuilder:
     is the exact fused form used for error-free products, which needs FMA hardware to be fast.
     """
 
-    def __init__(self, b: ir.IRBuilder, ty: ir.Type):
+    def __init__(self, b: ir.IRBuilder, ty: ir.Type, features: frozenset[str] = frozenset()):
         self.b = b
         self.ty = ty
         lanes = ty.count if isinstance(ty, ir.VectorType) else None
+        # AVX-512's vscalefps: x * 2**n in one instruction, rounding subnormals once.
+        self.scalef = (lanes == 16 and "avx512f" in features) or \
+            (lanes in (4, 8) and {"avx512f", "avx512vl"} <= features)
         self.ity = I32 if lanes is None else ir.VectorType(I32, lanes)
         self._suffix = "f32" if lanes is None else f"v{lanes}f32"
 
@@ -89,6 +92,16 @@ class MathBuilder:
         """x limited to [lo, hi]; NaN stays NaN."""
         x = self.select(self.cmp("<", x, self.c(lo)), self.c(lo), x)
         return self.select(self.cmp(">", x, self.c(hi)), self.c(hi), x)
+
+    def scale(self, x: ir.Value, n: ir.Value) -> ir.Value:
+        """x * 2**n for integral float n (only when `self.scalef`)."""
+        lanes = self.ty.count
+        mask = ir.IntType(max(lanes, 8))
+        args = [self.ty, self.ty, self.ty, mask] + ([I32] if lanes == 16 else [])
+        fn = intrinsic(self.b.module, f"llvm.x86.avx512.mask.scalef.ps.{32 * lanes}", self.ty,
+                       args)
+        extra = [ir.Constant(I32, 4)] if lanes == 16 else []  # 4: current rounding mode
+        return self.b.call(fn, [x, n, x, ir.Constant(mask, -1), *extra])
 
     def bits(self, x: ir.Value) -> ir.Value:
         return self.b.bitcast(x, self.ity)

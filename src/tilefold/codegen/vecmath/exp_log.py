@@ -52,8 +52,15 @@ def exp_parts(m: MathBuilder, x: ir.Value, lo: ir.Value | None = None) -> tuple[
 
 
 def exp(m: MathBuilder, x: ir.Value) -> ir.Value:
-    mantissa, scale = exp_parts(m, x)
-    return m.b.fmul(mantissa, scale)
+    if not m.scalef:
+        mantissa, scale = exp_parts(m, x)
+        return m.b.fmul(mantissa, scale)
+    b = m.b  # same reduction; vscalefps applies 2**n (overflow, subnormals) in one step
+    x = m.clamp(x, -104.0, EXP_MAX)
+    n = b.fsub(m.mad(x, m.c(LOG2E), m.c(ROUNDER)), m.c(ROUNDER))
+    r = m.mad(n, m.c(-LN2_LO), m.mad(n, m.c(-LN2_HI), x))
+    p = b.fadd(m.mad(m.poly(r, EXP_P), b.fmul(r, r), r), m.c(1.0))
+    return m.scale(p, n)
 
 
 def log(m: MathBuilder, x: ir.Value) -> ir.Value:
