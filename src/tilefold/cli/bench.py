@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tilefold.cli import bench_gemm
+from tilefold.cli import bench_blocks, bench_gemm, bench_lowp
 
-SUITES = {"gemm": bench_gemm}
+SUITES = {"gemm": bench_gemm, "lowp": bench_lowp, "blocks": bench_blocks}
 
 
 def add_parser(sub) -> None:

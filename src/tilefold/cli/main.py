@@ -9,12 +9,13 @@ import sys
 from collections.abc import Sequence
 
 from tilefold import __version__
-from tilefold.cli import bench, info, opt, run
+from tilefold.cli import bench, explain, info, opt, run
 from tilefold.errors import TilefoldError
 
 COMMANDS = {
     "opt": opt,
     "run": run,
+    "explain": explain,
     "info": info,
     "bench": bench,
 }

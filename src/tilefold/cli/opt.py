@@ -9,7 +9,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "opt",
         help="parse, transform and print IR (like mlir-opt)",
-        description="Run a pass pipeline over an IR file; see `tilefold opt --help-passes`.",
+        description="Run a pass pipeline over an IR file; see `tilefold opt --list-passes`.",
         add_help=False,
     )
     p.add_argument("argv", nargs=argparse.REMAINDER)
