@@ -182,14 +182,37 @@ def clamp(ctx: LoweringContext, x: Any, min: Any = None, max: Any = None) -> Any
 
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(ctx: LoweringContext, x: Any, y: Any, *, rounding_mode: str | None = None) -> Any:
-    """division with rounding: trunc (integer division) or floor (on floats)"""
+    """division with rounding: trunc or floor"""
     dt = ctx.out_dtype()
-    q = ctx.op("div", ctx.operand(x, dt), ctx.operand(y, dt))
+    a, b = ctx.operand(x, dt), ctx.operand(y, dt)
+    q = ctx.op("div", a, b)
     if rounding_mode is None or (rounding_mode == "trunc" and dt.is_integer):
         return q
-    if rounding_mode == "floor" and dt.is_float:
+    if rounding_mode == "trunc":
+        raise NotApplicable("trunc division of floats")
+    if dt.is_float:
         return ctx.op("floor", q)
-    raise NotApplicable(f"rounding_mode={rounding_mode!r} on {dt}")
+    fix = _sign_fix(ctx, a, b, q)  # floor(a/b) = trunc(a/b) - 1 where the remainder's sign differs
+    return ctx.op("where", fix, ctx.op("sub", q, ctx.scalar(1, dt)), q)
+
+
+@lowering(aten.remainder.Scalar, aten.remainder.Tensor)
+def remainder(ctx: LoweringContext, x: Any, y: Any) -> Any:
+    """Python's modulo: a - floor(a / b) * b, with the sign of b"""
+    dt = ctx.out_dtype()
+    a, b = ctx.operand(x, dt), ctx.operand(y, dt)
+    if dt.is_float:
+        return ctx.op("sub", a, ctx.op("mul", ctx.op("floor", ctx.op("div", a, b)), b))
+    r = ctx.op("sub", a, ctx.op("mul", ctx.op("div", a, b), b))
+    return ctx.op("where", _sign_fix(ctx, a, b, None, r), ctx.op("add", r, b), r)
+
+
+def _sign_fix(ctx: LoweringContext, a: Any, b: Any, q: Any, r: Any = None) -> Any:
+    """Where truncating division differs from flooring: remainder != 0 with b's other sign."""
+    zero = ctx.scalar(0, a.dtype)
+    r = ctx.op("sub", a, ctx.op("mul", q, b)) if r is None else r
+    signs = ctx.op("ne", ctx.op("lt", r, zero), ctx.op("lt", b, zero))
+    return ctx.op("and", ctx.op("ne", r, zero), signs)
 
 
 @lowering(aten.rsub.Scalar, aten.rsub.Tensor)

@@ -63,7 +63,9 @@ def bmm(ctx: LoweringContext, a: Any, b: Any) -> Any:
 
 @lowering(aten.matmul.default)
 def matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
-    """np.matmul semantics, as torch.matmul"""
+    """np.matmul semantics, as torch.matmul (merged rows times a matrix stay merged)"""
+    if isinstance(ctx.value(a), Merged) and ctx.rank(b) == 2:
+        return _rows_matmul(ctx, a, ctx.tensor(b))
     return ctx.op("matmul", ctx.tensor(a), ctx.tensor(b))
 
 
