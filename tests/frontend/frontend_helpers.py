@@ -19,7 +19,7 @@ class Wrap(torch.nn.Module):
 
 
 def lower(fn, *args, dynamic_shapes=None) -> Module:
-    """`fn` exported (inference decompositions) and lowered; tensors it closes over are constants."""
+    """`fn` exported and lowered; tensors it closes over become constants."""
     shapes = None if dynamic_shapes is None else (dynamic_shapes,)  # forward(*args)
     ep = torch.export.export(Wrap(fn), args, dynamic_shapes=shapes)
     return from_exported_program(ep)

@@ -1,0 +1,104 @@
+"""torch.compile(backend="tilefold"): partitioning, fallbacks, frozen weights, dynamic shapes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefold.frontend import report
+
+
+class Block(torch.nn.Module):
+    def __init__(self, odd_op: bool = False):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 32)
+        self.norm = torch.nn.LayerNorm(32)
+        self.odd_op = odd_op
+
+    def forward(self, x):
+        q = self.norm(self.proj(x)).view(x.shape[0], x.shape[1], 2, 16).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        if self.odd_op:
+            o = torch.cumsum(o, -1)  # no tilefold rule: runs in PyTorch
+        return F.gelu(o).softmax(-1)
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    torch.manual_seed(0)
+
+
+def test_backend_is_registered_by_name():
+    import torch._dynamo
+
+    assert "tilefold" in torch._dynamo.list_backends()
+
+
+def test_whole_graph_runs_in_tilefold_and_matches_eager():
+    model = Block().eval()
+    compiled = torch.compile(model, backend="tilefold")
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    (graph,) = report.reports()
+    assert graph.mode == "tilefold" and not graph.fallback
+    assert graph.lowered.get("tilefold.sdpa.default") == 1  # attention kept whole
+
+
+def test_unsupported_op_is_partitioned_out_and_explained(caplog):
+    model = Block(odd_op=True).eval()
+    compiled = torch.compile(model, backend="tilefold")
+    x = torch.randn(2, 5, 16)
+    with caplog.at_level(logging.INFO, logger="tilefold.frontend"), torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    (graph,) = report.reports()
+    assert graph.mode == "partitioned" and graph.partitions == 2
+    assert "aten.cumsum.default" in graph.fallback
+    assert "PyTorch runs aten.cumsum.default" in report.explain()
+    assert any("cumsum" in r.message for r in caplog.records)
+
+
+def test_autograd_falls_back_to_eager_with_a_reason(caplog):
+    model = Block()
+    compiled = torch.compile(model, backend="tilefold")
+    x = torch.randn(2, 5, 16)
+    with caplog.at_level(logging.WARNING, logger="tilefold.frontend"):
+        out = compiled(x)
+    out.sum().backward()  # eager autograd still works
+    assert model.proj.weight.grad is not None
+    (graph,) = report.reports()
+    assert graph.mode == "eager" and "torch.no_grad()" in graph.reason
+    assert any("no_grad" in r.message for r in caplog.records)
+
+
+def test_new_sequence_lengths_reuse_the_symbolic_graph():
+    model = Block().eval()
+    compiled = torch.compile(model, backend="tilefold")
+    with torch.no_grad():
+        for seq in (5, 7, 9, 12):
+            x = torch.randn(2, seq, 16)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    graphs = report.reports()
+    assert len(graphs) == 2  # static first, then one symbolic graph for every later length
+    assert graphs[1].symbolic_dims
+
+
+def test_frozen_weights_follow_in_place_updates():
+    model = Block().eval()
+    compiled = torch.compile(model, backend="tilefold")
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        compiled(x)
+        model.proj.weight.mul_(2)
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_strict_option_raises_instead_of_falling_back():
+    compiled = torch.compile(Block(), backend="tilefold", options={"strict": True})
+    with pytest.raises(Exception, match="no_grad"):
+        compiled(torch.randn(2, 5, 16))
