@@ -227,3 +227,15 @@ def test_bad_inputs_are_checked_before_running():
         fn(np.zeros((3, 4), np.float32), np.zeros((5,), np.float32))
     with pytest.raises(DTypeError, match="expects"):
         fn(np.zeros((3, 4), np.float64), np.zeros((4,), np.float32))
+
+
+def test_out_buffers_are_written_in_place():
+    rng = np.random.default_rng(6)
+    x, w = rand(rng, (6, 40)), rand(rng, (40,))
+    fn = compile_group(RMS_NORM["main"])
+    out = np.empty((6, 40), np.float32)
+    (got,) = fn(x, w, out=[out])
+    assert got is out
+    np.testing.assert_allclose(out, interpret(RMS_NORM, x, w)[0], **tolerance(reduced=320))
+    with pytest.raises(ShapeError, match="C-contiguous"):
+        fn(x, w, out=[np.empty((40, 6), np.float32).T])

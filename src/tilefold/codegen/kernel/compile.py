@@ -23,6 +23,7 @@ from tilefold.codegen.kernel.from_graph import (
 from tilefold.codegen.kernel.ir import Kernel
 from tilefold.codegen.kernel.printer import print_kernel
 from tilefold.codegen.kernel.schedule import Schedule, choose_schedule
+from tilefold.errors import ShapeError
 from tilefold.ir import Block, Function, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
@@ -81,8 +82,10 @@ class CompiledGroup:
         self._compiled: dict[Layout, _Compiled] = {}
         self._plans: dict[tuple, _Plan] = {}
 
-    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        """The group's outputs for these inputs (checked against the signature first)."""
+    def __call__(self, *arrays: np.ndarray, out: list[np.ndarray] | None = None
+                 ) -> list[np.ndarray]:
+        """The group's outputs for these inputs (checked against the signature first);
+        `out` supplies C-contiguous output buffers (a buffer planner reusing memory)."""
         if not all(type(a) is np.ndarray for a in arrays):
             arrays = tuple(np.asarray(a) for a in arrays)
         plan = self._plans.get(tuple([(a.shape, a.strides, a.dtype) for a in arrays]))
@@ -90,7 +93,17 @@ class CompiledGroup:
             plan = self._plan(list(arrays))
         if plan.copy_inputs:
             arrays = tuple(np.ascontiguousarray(a) for a in arrays)
-        outs = [np.empty(shape, dtype) for shape, dtype in plan.outputs]
+        if out is None:
+            outs = [np.empty(shape, dtype) for shape, dtype in plan.outputs]
+        else:
+            outs = list(out)
+            if len(outs) != len(plan.outputs) or any(
+                type(o) is not np.ndarray or (o.shape, o.dtype) != want
+                or not o.flags.c_contiguous or not o.flags.writeable
+                for o, want in zip(outs, plan.outputs, strict=False)
+            ):
+                raise ShapeError(f"@{self.group.name}: out must be writable C-contiguous "
+                                 f"arrays of {[f'{d}{list(s)}' for s, d in plan.outputs]}")
         # ids of live arrays: the `.arrays` entry reads each one's data pointer
         plan.cfunc(*map(id, arrays), *plan.consts, *map(id, outs), plan.params_ptr,
                    plan.nthreads)
