@@ -2,6 +2,7 @@
 
 from tilefold.ir import ops  # registers every op declaration
 from tilefold.ir.builder import Builder, Tensor, trace
+from tilefold.ir.compare import first_difference, structurally_equal
 from tilefold.ir.core import Block, Function, Module, Operation, Value
 from tilefold.ir.interpreter import interpret
 from tilefold.ir.opdef import OPS, Attr, OpDef, register
@@ -23,6 +24,7 @@ __all__ = [
     "Tensor",
     "TensorType",
     "Value",
+    "first_difference",
     "interpret",
     "ops",
     "parse_file",
@@ -30,6 +32,7 @@ __all__ = [
     "print_module",
     "print_op",
     "register",
+    "structurally_equal",
     "trace",
     "verify",
 ]

@@ -156,12 +156,14 @@ class Builder:
         self._counter = 0
         self._built = False
 
-    def arg(self, name: str, dtype, shape: Sequence = ()) -> Tensor:
-        """Add a function parameter; string dims (`"batch"`) are symbolic."""
+    def arg(
+        self, name: str, dtype, shape: Sequence = (), strides: Sequence | None = None
+    ) -> Tensor:
+        """Add a function parameter; string dims (`"batch"`) are symbolic, `strides` in elements."""
         _check_name("argument", name)
         if any(v.name == name for v in self.function.values()):
             raise VerificationError(f"value %{name} is already defined in @{self.function.name}")
-        value = Value(TensorType.of(dtype, shape), name, None, 0)
+        value = Value(TensorType.of(dtype, shape, strides), name, None, 0)
         self.function.body.add_arg(value)
         return Tensor(self, value)
 
@@ -235,8 +237,8 @@ class Builder:
         for item in items:
             if not (item is None or item is Ellipsis or isinstance(item, slice) or _is_int(item)):
                 raise UnsupportedError(
-                    f"index {item!r} is not supported: use ints, slices, None and ...; "
-                    "gather selects by an index tensor"
+                    f"index {item!r} is not supported: index with ints, slices, None and ..., "
+                    "or use gather to select by an index tensor"
                 )
         if items.count(Ellipsis) > 1:
             raise ShapeError("an index can hold only one '...'")

@@ -83,9 +83,9 @@ def matmul(a: Tensor, b, transpose_a: bool = False, transpose_b: bool = False) -
 
 
 def where(cond: Tensor, x, y) -> Tensor:
-    builder = cond.builder
-    x, y = builder.promote(x, y) if isinstance(x, Tensor) or isinstance(y, Tensor) else (x, y)
-    return builder.op("where", cond, x, y)
+    """`x` where `cond` else `y`; `x` and `y` promote like a binary op's operands."""
+    x, y = cond.builder.promote(x, y)
+    return cond.builder.op("where", cond, x, y)
 
 
 def cast(x: Tensor, dtype) -> Tensor:

@@ -147,8 +147,6 @@ class OpDef:
     ) -> Any:
         """The meaning of one op instance; an op with regions overrides this and evaluates them
         with `run_region(block, arrays)`."""
-        if regions:  # region ops declared before reference_op existed take run_region directly
-            return cls.reference(args, attrs, run_region)
         return cls.reference(args, attrs)
 
     @classmethod

@@ -62,7 +62,9 @@ def tokenize(text: str, file: str) -> list[Token]:
         elif kind != "space":
             tokens.append(Token(kind, m.group(), line, pos - start + 1))
         pos = m.end()
-    tokens.append(Token("eof", "", line, pos - start + 1))
+    # End of input is reported just after the last token (where a missing '}' belongs).
+    last = tokens[-1] if tokens else Token("eof", "", 1, 1)
+    tokens.append(Token("eof", "", last.line, last.col + len(last.text)))
     return tokens
 
 
@@ -123,6 +125,13 @@ class Parser:
             )
         return int(tok.text)
 
+    def string(self, what: str) -> str:
+        tok = self.expect_kind("string", what)
+        try:
+            return json.loads(tok.text)
+        except ValueError:
+            raise self.error(f"malformed string {tok.text}: use JSON escapes", tok) from None
+
     def comma_list(self, close: str, item):
         items = []
         if not self.accept(close):
@@ -172,14 +181,15 @@ class Parser:
     # -- attributes --------------------------------------------------------------------------
 
     def literal(self):
+        """An attribute value as Python data; the attribute's `Attr.normalize` checks its kind."""
+        if self.tok.kind == "string":
+            return self.string("a string")
         tok = self.next()
         if tok.kind == "number":
             text = tok.text
             return float(text) if re.search(r"[.eEn]", text) else int(text)
         if tok.kind == "ident" and tok.text in ("true", "false"):
             return tok.text == "true"
-        if tok.kind == "string":
-            return json.loads(tok.text)
         if tok.kind == "sym":
             return SymDim(tok.text[1:])
         if tok.kind == "ident" and tok.text == "dense":
@@ -203,7 +213,7 @@ class Parser:
         elif self.accept("["):
             flat = decode_scalars(self.comma_list("]", lambda: self.scalar_text(dt)), dt)
         elif self.accept("file"):
-            name = json.loads(self.expect_kind("string", "a resource file name").text)
+            name = self.string("a resource file name")
             flat = self.resource(name, tok, dt)
         else:
             raw = self.expect_kind("hex", "splat, [values], file or 0x hex data").text[2:]
@@ -295,7 +305,7 @@ class Parser:
         if not self.accept("loc"):
             return None
         self.expect("(")
-        file = json.loads(self.expect_kind("string", "a file name").text)
+        file = self.string("a file name")
         self.expect(":")
         line = self.integer("a line number")
         self.expect(":")

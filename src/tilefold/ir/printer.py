@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tilefold import dtypes
 from tilefold.errors import Location
 from tilefold.ir.core import Block, Function, Module, Operation, Value
 from tilefold.ir.opdef import Attr
+from tilefold.ir.ops.common import round_to
 from tilefold.ir.types import TensorType
 
 INDENT = "  "
@@ -39,21 +41,34 @@ def format_float(value: float) -> str:
 
 
 def format_scalar(value: Any, dt: dtypes.DType) -> str:
-    """The shortest decimal that reads back to the same element of dtype `dt`."""
+    """A decimal that reads back to the same element of dtype `dt`: the exact value when it is
+    short (`448.0`), else the shortest that rounds back (`0.1` for bf16's 0.10009765625).
+
+    Floats always show a `.` or an exponent; NaN payloads are not kept (`Printer._exact` checks).
+    """
     if dt.kind == "bool":
         return "true" if value else "false"
     if dt.is_integer:
         return str(int(value))
-    return str(np.asarray(value, dtype=dt.np_dtype)[()])
+    wide = float(value)  # exact: every tilefold float fits in f64
+    exact = format_float(wide)
+    if len(exact) <= 8 or not math.isfinite(wide):
+        return exact
+    target = np.asarray(value, dt.np_dtype).tobytes()
+    for digits in range(1, 17):
+        text = f"{wide:.{digits}g}"
+        if decode_scalars([text], dt).tobytes() == target:
+            return text if re.search(r"[.e]", text) else text + ".0"
+    return exact
 
 
 def decode_scalars(texts: list[str], dt: dtypes.DType) -> np.ndarray:
-    """Inverse of `format_scalar` for a flat list of element texts."""
+    """Inverse of `format_scalar` for a flat list of element texts (rounding once)."""
     if dt.kind == "bool":
         return np.array([t == "true" for t in texts], dtype=np.bool_)
     if dt.is_integer:
-        return np.array([int(t) for t in texts]).astype(dt.np_dtype)
-    return np.array([float(t) for t in texts], dtype=np.float64).astype(dt.np_dtype)
+        return np.array([int(t) for t in texts], dtype=np.int64).astype(dt.np_dtype)
+    return round_to(np.array([float(t) for t in texts], dtype=np.float64), dt)
 
 
 class Printer:

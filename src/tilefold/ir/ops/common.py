@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -34,9 +35,9 @@ def round_to(x: np.ndarray, out: DType) -> np.ndarray:
     which can round twice. Rounding to f32 *to odd* first keeps the second rounding exact.
     """
     x = np.asarray(x)
-    if not (out.is_float and x.dtype == np.float64 and out.np_dtype not in _NATIVE_FLOATS):
-        return x.astype(out.np_dtype, copy=False)
     with np.errstate(all="ignore"):
+        if not (out.is_float and x.dtype == np.float64 and out.np_dtype not in _NATIVE_FLOATS):
+            return x.astype(out.np_dtype, copy=False)
         t = x.astype(np.float32)
         wide = t.astype(np.float64)
         inexact = (wide != x) & ~np.isnan(x)
@@ -52,8 +53,12 @@ def int_range(dt: DType) -> tuple[int, int]:
 
 
 def evaluate(fn: Callable[..., np.ndarray], args: list[np.ndarray], out: DType) -> np.ndarray:
-    """Apply `fn` to widened inputs with floating-point warnings off, then round to `out`."""
-    with np.errstate(all="ignore"):
+    """Apply `fn` to widened inputs with floating-point warnings off, then round to `out`.
+
+    NaN, inf and empty reductions are defined results here, not events worth a warning.
+    """
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         result = fn(*(widen(a) for a in args))
     return round_to(result, out)
 

@@ -42,6 +42,8 @@ class Reduce(OpDef):
     def reference(cls, args, attrs):
         (x,) = args
         axes = normalize_axes(cls.name, attrs["axes"], x.ndim)
+        if cls.identity_free and any(x.shape[a] == 0 for a in axes):
+            raise ShapeError(f"{cls.name}: cannot reduce an empty axis of shape {list(x.shape)}")
         return evaluate(
             lambda v: cls.fn(v, axis=axes, keepdims=attrs["keepdims"]), args, dtypes.dtype(x.dtype)
         )
@@ -70,13 +72,13 @@ reduction("reduce_mean", np.mean, "arithmetic mean over `axes`; empty axes give 
 
 
 def _softmax(x, axis):
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - np.max(x, axis=axis, keepdims=True, initial=-np.inf)
     e = np.exp(shifted)
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
 def _log_softmax(x, axis):
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - np.max(x, axis=axis, keepdims=True, initial=-np.inf)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 

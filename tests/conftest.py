@@ -1,0 +1,35 @@
+"""Suite-wide setup: a private tilefold cache for the session, and hypothesis profiles.
+
+Profiles: "ci" (the default; derandomized, modest example counts, no deadline on shared
+machines) and "dev" (random seeds, more examples): `pytest --hypothesis-profile=dev`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=30,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.load_profile("ci")
+
+_CACHE_DIR = tempfile.mkdtemp(prefix="tilefold-test-cache-")
+
+
+def pytest_configure(config) -> None:
+    """Point TILEFOLD_CACHE_DIR at a fresh folder before any test (or import) can read it."""
+    os.environ["TILEFOLD_CACHE_DIR"] = _CACHE_DIR
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
