@@ -52,7 +52,7 @@ def imported_tops(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *([node.module] if node.module else [])])
-            names = [module] if node.module else [f"{module}.{a.name}" for a in node.names]
+            names = [f"{module}.{alias.name}" for alias in node.names]
         else:
             continue
         for name in names:
