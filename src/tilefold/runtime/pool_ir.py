@@ -1,7 +1,8 @@
 """LLVM IR of the native worker pool behind `tilefold_parallel` and `tilefold_barrier`.
 
 Design: one job word (sequence << 10 | nthreads) that workers spin on with `pause`, then sleep on
-with a private futex; a done counter the caller waits on the same way; a generation barrier; a
+with a private futex; a running done counter the caller waits on the same way (it only grows, so
+the caller never writes the workers' line); a generation barrier; a
 futex mutex serializing regions from different threads; and a pthread key holding the size of the
 calling thread's current region, so nested regions run serially and barriers in them are no-ops.
 """
@@ -25,13 +26,14 @@ _ARCH = {
 }
 
 _TEMPLATE = Template(r"""
-@tf_word = internal global i32 0, align 64
+; The job line: the word workers wait on, then fn and ctx, so one cache-line transfer
+; hands a worker everything (tf_word is the line's first field).
+@tf_word = internal global { i32, i32, ptr, ptr } zeroinitializer, align 64
 @tf_word_sleepers = internal global i32 0, align 64
 @tf_start_word = internal global i32 0, align 4
 @tf_done = internal global i32 0, align 64
+@tf_done_target = internal global i32 0, align 64
 @tf_done_sleepers = internal global i32 0, align 64
-@tf_fn = internal global ptr null, align 64
-@tf_ctx = internal global ptr null, align 8
 @tf_bar_count = internal global i32 0, align 64
 @tf_bar_epoch = internal global i32 0, align 64
 @tf_bar_sleepers = internal global i32 0, align 64
@@ -212,9 +214,8 @@ unlock_serial:
   call void @tf_lock_release()
   br label %serial
 dispatch:
-  store ptr %fn, ptr @tf_fn, align 8
-  store ptr %ctx, ptr @tf_ctx, align 8
-  store atomic i32 0, ptr @tf_done monotonic, align 4
+  store ptr %fn, ptr getelementptr inbounds (i8, ptr @tf_word, i64 8), align 8
+  store ptr %ctx, ptr getelementptr inbounds (i8, ptr @tf_word, i64 16), align 8
   %word = load atomic i32, ptr @tf_word monotonic, align 4
   %seq = lshr i32 %word, $bits
   %seq.next = add i32 %seq, 1
@@ -224,10 +225,13 @@ dispatch:
   call void @tf_wake_if_sleepers(ptr @tf_word, ptr @tf_word_sleepers)
   call void @tf_run(ptr %fn, ptr %ctx, i32 0, i32 %m)
   %others = sub i32 %m, 1
+  %before = load i32, ptr @tf_done_target, align 4
+  %target = add i32 %before, %others
+  store i32 %target, ptr @tf_done_target, align 4
   br label %join
 join:
   %done = load atomic i32, ptr @tf_done acquire, align 4
-  %all = icmp eq i32 %done, %others
+  %all = icmp eq i32 %done, %target
   br i1 %all, label %finish, label %wait
 wait:
   %ignored = call i32 @tf_wait_change(ptr @tf_done, i32 %done, ptr @tf_done_sleepers)
@@ -304,8 +308,8 @@ check:
   %mine = icmp ult i32 %tid, %n
   br i1 %mine, label %work, label %loop
 work:
-  %fn = load ptr, ptr @tf_fn, align 8
-  %ctx = load ptr, ptr @tf_ctx, align 8
+  %fn = load ptr, ptr getelementptr inbounds (i8, ptr @tf_word, i64 8), align 8
+  %ctx = load ptr, ptr getelementptr inbounds (i8, ptr @tf_word, i64 16), align 8
   call void @tf_run(ptr %fn, ptr %ctx, i32 %tid, i32 %n)
   %prev = atomicrmw add ptr @tf_done, i32 1 seq_cst
   call void @tf_wake_if_sleepers(ptr @tf_done, ptr @tf_done_sleepers)
@@ -397,6 +401,8 @@ entry:
   store atomic i32 0, ptr @tf_done_sleepers seq_cst, align 4
   store atomic i32 0, ptr @tf_bar_sleepers seq_cst, align 4
   store atomic i32 0, ptr @tf_bar_count seq_cst, align 4
+  store atomic i32 0, ptr @tf_done seq_cst, align 4
+  store i32 0, ptr @tf_done_target, align 4
   ret void
 }
 
