@@ -8,9 +8,7 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from tilefold.target import Target, cache_dir
+from tilefold.target.paths import atomic_write
 
 log = logging.getLogger("tilefold.kernels")
 
@@ -137,20 +136,10 @@ def store(key: str, entry: CacheEntry, target: Target) -> None:
     ).encode()
     blob = _MAGIC + _LENGTH.pack(len(header)) + header + entry.data
     path = entry_path(key)
-    tmp_name = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp", delete=False
-        ) as tmp:
-            tmp_name = tmp.name
-            tmp.write(blob)
-        os.replace(tmp_name, path)
+        atomic_write(path, blob)
     except OSError as exc:
         log.warning("cannot write kernel cache entry %s (%s); continuing uncached", path, exc)
-        if tmp_name is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
 
 
 def entries() -> list[Path]:

@@ -7,7 +7,6 @@ import ctypes
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ import numpy as np
 from tilefold.errors import UnsupportedError
 from tilefold.target.amx import enable_amx
 from tilefold.target.host import hardware_fingerprint, host_target
-from tilefold.target.paths import cache_dir
+from tilefold.target.paths import atomic_write, cache_dir
 from tilefold.target.probe_jit import probe_function
 from tilefold.target.probes import peak_probe, read_probe_ir
 from tilefold.target.target import Target
@@ -60,17 +59,11 @@ def _remember(key: str, value: float) -> None:
     with _file_lock:
         data = _load_all()
         data.setdefault(hardware_fingerprint(), {})[key] = value
+        text = json.dumps(data, indent=1, sort_keys=True)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(
-                "w", dir=path.parent, prefix=".peaks.", suffix=".tmp", delete=False
-            ) as tmp:
-                json.dump(data, tmp, indent=1, sort_keys=True)
-            os.replace(tmp.name, path)
+            atomic_write(path, text.encode())
         except OSError as exc:
             log.warning("cannot record measured peaks in %s (%s)", path, exc)
-            with contextlib.suppress(OSError, NameError):
-                os.unlink(tmp.name)
 
 
 def _recall(key: str) -> float | None:
