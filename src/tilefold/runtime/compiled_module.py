@@ -34,6 +34,7 @@ class CompiledModule:
         self.runnable = target.is_host()
         self._addresses: dict[str, int] = {}
         self._functions: dict[tuple, Any] = {}
+        self.library: str | None = None  # the JIT library's name, once linked
         if self.runnable:
             self.library, self._addresses = link_object(name, object_code, exports)
 

@@ -24,11 +24,6 @@ def register_runtime_symbol(name: str, address: int) -> None:
     llvm.add_symbol(name, address)
 
 
-def runtime_symbols() -> dict[str, int]:
-    """The registered runtime symbols and their addresses."""
-    return dict(_runtime_symbols)
-
-
 @functools.cache
 def _engine() -> llvm.LLJIT:
     """The ORC LLJIT for this process; deliberately never disposed, as code may run until exit."""
