@@ -1,5 +1,9 @@
-"""tilefold: a compiler for AI programs that generates fused, portable kernels at vendor speed."""
+"""tilefold: a compiler for AI programs that generates fused, portable kernels at vendor speed.
 
+The public surface is re-exported here; everything else is implementation.
+"""
+
+from tilefold.compiler import CompiledGraph, compile
 from tilefold.errors import (
     CacheError,
     CompileError,
@@ -11,18 +15,62 @@ from tilefold.errors import (
     UnsupportedError,
     VerificationError,
 )
+from tilefold.ir import (
+    Builder,
+    Module,
+    Tensor,
+    interpret,
+    parse_file,
+    parse_module,
+    print_module,
+    trace,
+    verify,
+)
+from tilefold.ir import functional as functional
+from tilefold.linalg import matmul, prepack
+from tilefold.passes import run_pipeline
+from tilefold.quant import QuantizedTensor, dequantize, quantize
+from tilefold.target import host_target, named_target
+from tilefold.version import __version__
 
-__version__ = "0.1.0"
+
+def from_exported_program(ep, **options) -> Module:
+    """Convert a `torch.export.ExportedProgram` to a tilefold module (needs PyTorch)."""
+    from tilefold.frontend import from_exported_program as convert
+
+    return convert(ep, **options)
+
 
 __all__ = [
+    "Builder",
     "CacheError",
     "CompileError",
+    "CompiledGraph",
     "DTypeError",
+    "Module",
     "ParseError",
     "PassError",
+    "QuantizedTensor",
     "ShapeError",
+    "Tensor",
     "TilefoldError",
     "UnsupportedError",
     "VerificationError",
     "__version__",
+    "compile",
+    "dequantize",
+    "from_exported_program",
+    "functional",
+    "host_target",
+    "interpret",
+    "matmul",
+    "named_target",
+    "parse_file",
+    "parse_module",
+    "prepack",
+    "print_module",
+    "quantize",
+    "run_pipeline",
+    "trace",
+    "verify",
 ]

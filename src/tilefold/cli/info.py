@@ -10,7 +10,7 @@ import llvmlite
 import ml_dtypes
 import numpy as np
 
-from tilefold import __version__
+from tilefold.version import __version__
 from tilefold.target import cache_dir, host_target, named_target
 
 

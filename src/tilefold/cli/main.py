@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tilefold import __version__
+from tilefold.version import __version__
 from tilefold.cli import bench, explain, info, opt, run
 from tilefold.errors import TilefoldError
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tilefold import __version__
+from tilefold.version import __version__
 from tilefold.target import cache_dir, hardware_fingerprint
 
 log = logging.getLogger("tilefold.tuning")
