@@ -21,6 +21,7 @@ from tilefold.ir import (
     interpret,
     parse_module,
     print_module,
+    printer,
     verify,
 )
 
@@ -141,3 +142,9 @@ def test_repository_ir_files_round_trip(where: str, text: str) -> None:
 
 def test_repository_has_ir_files() -> None:
     assert any(where.startswith("examples/") for where, _ in ir_chunks())
+
+
+def test_the_grammar_example_in_the_printer_prints_back_verbatim() -> None:
+    lines = [line[4:] for line in printer.__doc__.splitlines() if line.startswith("    ")]
+    example = "\n".join(lines) + "\n"
+    assert print_module(verify(parse_module(example))) == example

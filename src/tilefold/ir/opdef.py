@@ -47,6 +47,12 @@ class Attr:
 
     def normalize(self, value: Any) -> Any:
         """Coerce a Python value to this attribute's canonical form or raise TypeError."""
+        try:
+            return self._normalize(value)
+        except DTypeError as exc:  # an unknown dtype name, or an array of one
+            raise TypeError(exc.message) from None
+
+    def _normalize(self, value: Any) -> Any:
         if value is None and self.default is None:
             return None
         if self.kind == "int" and _is_int(value):
@@ -64,11 +70,9 @@ class Attr:
         if self.kind == "shape" and isinstance(value, list | tuple) and all(map(_is_dim, value)):
             return tuple(dim(v) for v in value)
         if self.kind == "dtype" and isinstance(value, str | DType):
-            try:
-                return to_dtype(value)
-            except DTypeError as exc:
-                raise TypeError(exc.message) from None
+            return to_dtype(value)
         if self.kind == "dense" and isinstance(value, np.ndarray):
+            to_dtype(value.dtype)
             return value
         raise TypeError(f"expected {_KIND_TEXT[self.kind]}, got {value!r}")
 
@@ -102,15 +106,15 @@ class OpDef:
     """Base of op declarations. Subclasses set the class attributes and override `infer`.
 
     operands: operand names; a name starting with `*` is variadic (only as the last one).
-    results:  number of results, or -1 when `infer` decides.
     traits:   "pure", "elementwise", "commutative", "reduction", "layout", "terminator", ...
+    regions:  how many regions (nested blocks) an instance carries.
+    The number of results is whatever `infer` returns.
     """
 
     name: ClassVar[str]
     operands: ClassVar[tuple[str, ...]] = ()
     attributes: ClassVar[Mapping[str, Attr]] = attr_table()
     traits: ClassVar[frozenset[str]] = frozenset({"pure"})
-    results: ClassVar[int] = 1
     regions: ClassVar[int] = 0
 
     @classmethod

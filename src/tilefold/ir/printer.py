@@ -1,12 +1,23 @@
 """The textual IR: prints a module so that `parse(print(m))` prints back identically.
 
-module @example {
-  func @main(%x: f32[?b,4], %w: f32[4,4]) -> (f32[?b,4]) {
-    %0 = matmul(%x, %w) : f32[?b,4] loc("model.py":3:8)
-    %1 = gelu(%0) {approximate = "tanh"} : f32[?b,4]
-    return(%1)
-  }
-}
+The grammar by example (`//` starts a comment, which the parser skips):
+
+    module @example {
+      func @main(%x: f32[?b,4]{4,1}, %w: f32[4,4]) -> (f32[?b,4], bf16[4]) loc("m.py":1:1) {
+        %0 = matmul(%x, %w) {transpose_b = true} : f32[?b,4] loc("m.py":3:8)
+        %1 = gelu(%0) {approximate = "tanh"} : f32[?b,4]
+        %c = constant() {value = dense<bf16[4] [0.5, -0.0, inf, nan]>} : bf16[4]
+        return(%1, %c)
+      }
+    }
+
+- Types: `dtype[dims]`, a dim an int or a symbol `?name`, then optional strides in elements.
+- Attributes: in declaration order, defaults left out; ints, floats (`1e-05`, `inf`, `nan`),
+  `true`/`false`, JSON strings, lists (`[1, ?b]`), dtype names (`bf16`) and dense constants.
+- Dense constants: `[decimals]` (up to 16 elements, each reading back bit for bit), `splat x`,
+  raw little-endian bytes `0x...` (NaN payloads, bigger data), or `file "name.bin"`: a side file
+  in the resource dir given to `print_module`/`parse_module`.
+- Ops with regions: `%y = fused(%a) : T region (%r: T) {` ... `yield(%v)` ... `}`.
 """
 
 from __future__ import annotations

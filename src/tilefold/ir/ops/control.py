@@ -33,7 +33,6 @@ class Return(OpDef):
     name = "return"
     operands = ("*values",)
     traits = frozenset({"terminator"})
-    results = 0
 
     @classmethod
     def infer(cls, types, attrs):
@@ -47,7 +46,6 @@ class Yield(OpDef):
     name = "yield"
     operands = ("*values",)
     traits = frozenset({"terminator"})
-    results = 0
 
     @classmethod
     def infer(cls, types, attrs):
