@@ -69,6 +69,16 @@ def test_tensors_and_numpy_data_promote_strongly() -> None:
     )
 
 
+def test_iterating_unpacks_the_first_axis() -> None:
+    b = Builder()
+    first, second = b.arg("x", "f32", (2, 3))
+    module = b.build(second, first)
+    data = rand(2, 3)
+    got = interpret(module, data)
+    np.testing.assert_array_equal(got[0], data[1])
+    np.testing.assert_array_equal(got[1], data[0])
+
+
 def test_bool_operators() -> None:
     module = trace(lambda a, c: (a & c) | (a > c), ("a", "bool", (4,)), ("c", "bool", (4,)))
     a = np.array([True, True, False, False])

@@ -301,10 +301,22 @@ def test_graphs_built_by_hand_are_checked_too() -> None:
         a = op("exp", [x], "a b")
         return [a, op("return", [a.result], None)]
 
+    def bad_attribute(x):
+        a = op("softmax", [x])
+        a.attrs["axis"] = "last"
+        return [a, op("return", [a.result], None)]
+
+    def unknown_attribute(x):
+        a = op("exp", [x])
+        a.attrs["fast"] = True
+        return [a, op("return", [a.result], None)]
+
     for make, message in [
         (duplicate, "value %y is defined twice"),
         (cycle, "'exp' uses %z before it is defined"),
         (bad_name, "value name %a b is not a valid name"),
+        (bad_attribute, "'softmax' attribute 'axis': expected an integer, got 'last'"),
+        (unknown_attribute, "'exp' has no attribute\\(s\\) fast"),
     ]:
         with pytest.raises(VerificationError, match=message) as info:
             verify(built(make))
@@ -340,6 +352,8 @@ def test_builder_misuse_raises_tilefold_errors() -> None:
         (ShapeError, "only one '...'", lambda: x[..., ...]),
         (UnsupportedError, "use gather", lambda: x[[0, 1]]),
         (UnsupportedError, "not supported", lambda: x[True]),
+        (UnsupportedError, "truth value", lambda: bool(x > 0)),
+        (UnsupportedError, "static first axis", lambda: list(b.arg("s", "f32", ("n",)))),
     ]
     for kind, message, call in cases:
         with pytest.raises(kind, match=message.replace("(", r"\(").replace(")", r"\)")):

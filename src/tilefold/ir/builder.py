@@ -128,6 +128,19 @@ class Tensor:
     def __getitem__(self, index) -> Tensor:
         return self.builder.index(self, index)
 
+    def __iter__(self):
+        """The slices along a static first axis, so that `a, b = x` works as in NumPy."""
+        size = self.shape[0] if self.ndim else None
+        if not isinstance(size, int):
+            raise UnsupportedError(f"cannot iterate over {self.type}: needs a static first axis")
+        return (self[i] for i in range(size))
+
+    def __bool__(self) -> bool:
+        raise UnsupportedError(
+            f"the truth value of {self!r} is unknown while building; use where() or compare "
+            "into a bool tensor"
+        )
+
     def reshape(self, *shape) -> Tensor:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], list | tuple) else shape
         return self.builder.op("reshape", self, shape=tuple(shape))
