@@ -25,7 +25,7 @@ from tilefold.frontend.converter import Input, convert_graph, is_size_node, op_n
 from tilefold.frontend.export import inference_decompositions
 from tilefold.frontend.preserved import preserve
 from tilefold.frontend.report import GraphReport, record
-from tilefold.frontend.runner import EXECUTOR, GraphRunner
+from tilefold.frontend.runner import GraphRunner
 
 log = logging.getLogger("tilefold.frontend")
 NAME = "tilefold"
@@ -57,7 +57,7 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
         return _eager(gm, graph, reason, strict)
     preserve(gm)
     frozen = {i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)}
-    report = GraphReport(graph, "tilefold", executor=EXECUTOR)
+    report = GraphReport(graph, "tilefold")
     started = time.perf_counter()
 
     def inference(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
@@ -128,6 +128,8 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
     if not trial.unsupported:
         runner = _Frozen(lambda: GraphRunner(convert_graph(gm.graph, top_inputs)), real, frozen)
         report.partitions = 1
+        report.executor = runner.runner.executor
+        report.executors.append(runner)
         report.convert_s = time.perf_counter() - started
         return runner
     for node, why in trial.unsupported.items():
@@ -152,8 +154,11 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
 
             converted = convert_graph(sub.graph, sub_inputs)
             single = not isinstance(next(iter(reversed(sub.graph.nodes))).args[0], tuple | list)
-            setattr(fused, node.target, _Partition(GraphRunner(converted), single))
+            sub_runner = GraphRunner(converted)
+            setattr(fused, node.target, _Partition(sub_runner, single))
             report.partitions += 1
+            report.executor = sub_runner.executor
+            report.executors.append(sub_runner.run)
     fused.recompile()
     report.lowered = {k: v for k, v in report.lowered.items() if k not in report.fallback}
     report.convert_s = time.perf_counter() - started
@@ -188,6 +193,9 @@ class _Frozen:
         self.build = build
         self.watch = [(i, real[i], real[i]._version) for i in sorted(frozen)]
         self.runner = build()
+
+    def methods(self) -> dict[str, int]:
+        return self.runner.run.methods()
 
     def __call__(self, *args: Any) -> list[Any]:
         if any(args[i] is not t or t._version != v for i, t, v in self.watch):

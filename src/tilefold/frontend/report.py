@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -21,6 +22,17 @@ class GraphReport:
     trace_s: float = 0.0
     convert_s: float = 0.0
     reason: str = ""  # why the whole graph runs eagerly, when it does
+    executors: list[Any] = field(default_factory=list, repr=False)  # runner.Executor objects
+
+    def methods(self) -> dict[str, int]:
+        """Ops per kernel method at the last call (PyTorch's share as `extern (PyTorch)`)."""
+        counts: dict[str, int] = {}
+        for executor in self.executors:
+            for method, n in executor.methods().items():
+                counts[method] = counts.get(method, 0) + n
+        if self.fallback_nodes:
+            counts["extern (PyTorch)"] = self.fallback_nodes
+        return counts
 
     def format(self) -> str:
         head = f"graph {self.graph}: {self.mode}"
@@ -31,6 +43,10 @@ class GraphReport:
             f"{self.fallback_nodes} run by PyTorch in {self.partitions} tilefold partition(s); "
             f"executor {self.executor}; trace {self.trace_s:.2f} s, lower {self.convert_s:.2f} s",
         ]
+        methods = self.methods()
+        if methods:
+            listed = ", ".join(f"{k} {v}" for k, v in sorted(methods.items()))
+            lines.append(f"  ops by kernel method: {listed}")
         if self.symbolic_dims:
             lines.append(f"  symbolic dims: {', '.join(self.symbolic_dims)}")
         for op, why in sorted(self.fallback.items()):
