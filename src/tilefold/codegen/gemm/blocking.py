@@ -26,8 +26,13 @@ def _round_down(x: int, unit: int) -> int:
 def derive_blocking(target, kernel: MicroKernel, itemsize: int = 4) -> Blocking:
     """Sizes from the caches: a B micro-panel (KC x NR) fills about half of L1 (it is reused by
     every A micro-panel), the packed A block (MC x KC) about half of L2, the packed B block
-    (KC x NC) a share of L3 large enough that A is re-packed rarely."""
+    (KC x NC) a share of L3 large enough that A is re-packed rarely.
+
+    `a_in_l1` kernels sweep the whole B block once per A micro-panel, so there the B block must
+    stay in L2 (3/8 of it, beside A and C lines): a block spilling to L3 cost 20% on 32x4096x4096.
+    """
     kc = _round_down(target.l1d_bytes // 2 // (kernel.nr * itemsize), 16)
     mc = _round_down(target.l2_bytes // 2 // (kc * itemsize), kernel.mr)
-    nc = _round_down(min(target.l3_bytes // 4, 8 << 20) // (kc * itemsize), kernel.nr)
+    b_bytes = target.l2_bytes * 3 // 8 if kernel.a_in_l1 else min(target.l3_bytes // 4, 8 << 20)
+    nc = _round_down(b_bytes // (kc * itemsize), kernel.nr)
     return Blocking(mc=mc, kc=kc, nc=nc)

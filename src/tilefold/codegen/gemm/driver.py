@@ -61,7 +61,7 @@ class BMode(enum.IntEnum):
 def emit_gemm(module: ir.Module, kernel: MicroKernel) -> ir.Function:
     """Add `tf_gemm` and everything it calls for `kernel` to `module`."""
     table = _kernel_table(module, kernel)
-    pack_a = emit_pack_a(module, kernel.m_sizes)
+    pack_a = None if kernel.a_direct else emit_pack_a(module, kernel.m_sizes)
     pack_b = emit_pack_b(module, kernel.nr, kernel.lanes, PACK_B)
     block = _emit_block(module, kernel, table, pack_a, pack_b)
     worker = _emit_worker(module, kernel, block)
@@ -86,7 +86,9 @@ _BLOCK_ARGS = ("m0", "m1", "n0", "n1", "k", "a", "rsa", "csa", "b", "rsb", "csb"
 
 
 def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
-    """The five loops over C[m0:m1, n0:n1] for one thread (its own packing buffers in `ws`)."""
+    """The five loops over C[m0:m1, n0:n1] for one thread (its own packing buffers in `ws`).
+
+    `a_direct` kernels get A in place (row stride `rsa`, needs `csa` = 1), so no A buffer."""
     i64 = u.i64
     types = [i64] * 5 + [_FP, i64, i64, _FP, i64, i64, _FP, i64, u.i32, i64, i64, i64, i64, _FP]
     fn = ir.Function(module, ir.FunctionType(u.void, types), name="tf_gemm_block")
@@ -98,7 +100,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     vl, nr_max = kernel.lanes, kernel.nr
     ap = ws
-    bp = u.gep(b, ws, b.mul(mcb, kcb))
+    bp = ws if kernel.a_direct else u.gep(b, ws, b.mul(mcb, kcb))
     is_pack = b.icmp_signed("==", bmode, u.const(BMode.PACK))
     is_pre = b.icmp_signed("==", bmode, u.const(BMode.PREPACKED))
     is_direct = b.icmp_signed("==", bmode, u.const(BMode.DIRECT))
@@ -112,8 +114,9 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
                 b.call(pack_b, [kc, nc, b_blk, rsb, csb, bp])
             with u.for_range(b, m0, m1, mcb, "ic") as ic:
                 mc = u.smin(b, mcb, b.sub(m1, ic))
-                b.call(pack_a, [mc, kc, u.gep(b, a, b.add(b.mul(ic, rsa), b.mul(pc, csa))),
-                                rsa, csa, ap])
+                a_blk = u.gep(b, a, b.add(b.mul(ic, rsa), b.mul(pc, csa)))
+                if pack_a is not None:
+                    b.call(pack_a, [mc, kc, a_blk, rsa, csa, ap])
                 c_blk = u.gep(b, c, b.add(b.mul(ic, rsc), jc))
 
                 def panel_of(jr):
@@ -140,7 +143,9 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
                         row = b.select(b.icmp_signed("==", mr, u.const(size)), u.const(pos), row)
                     idx = b.add(b.mul(row, u.const(kernel.nv)), b.sub(nv, u.const(1)))
                     uk = b.load(b.gep(table, [u.const(0, u.i32), b.trunc(idx, u.i32)]))
-                    b.call(uk, [kc, u.gep(b, ap, b.mul(ir_, kc)), ptr, ldb,
+                    a_tile = (u.gep(b, a_blk, b.mul(ir_, rsa)) if kernel.a_direct
+                              else u.gep(b, ap, b.mul(ir_, kc)))
+                    b.call(uk, [kc, a_tile, rsa, ptr, ldb,
                                 u.gep(b, c_blk, b.add(b.mul(ir_, rsc), jr)), rsc, beta_eff,
                                 nlast])
 

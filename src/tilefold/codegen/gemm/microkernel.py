@@ -2,7 +2,8 @@
 
 One generator serves every ISA: the ISA-specific parts are the vector width, how an element of A
 reaches all lanes (a broadcast load on x86, `fmla` by element on NEON) and the tile shape, all
-chosen by the registry entry.
+chosen by the registry entry. A comes packed (`mr` floats per k) or, for `a_direct` variants, in
+place (row i at `a + i * lda`, contiguous along k).
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ from tilefold.codegen import llvm_util as u
 
 # Signature shared by every variant, so the driver can call any of them through one table.
 UKERNEL_TYPE = ir.FunctionType(
-    u.void, [u.i64, u.f32.as_pointer(), u.f32.as_pointer(), u.i64, u.f32.as_pointer(), u.i64,
-             u.i32, u.i64])
-UKERNEL_ARGS = ("kc", "a", "b", "ldb", "c", "ldc", "beta", "nlast")
+    u.void, [u.i64, u.f32.as_pointer(), u.i64, u.f32.as_pointer(), u.i64, u.f32.as_pointer(),
+             u.i64, u.i32, u.i64])
+UKERNEL_ARGS = ("kc", "a", "lda", "b", "ldb", "c", "ldc", "beta", "nlast")
 
 
 @dataclass(frozen=True)
 class TileSpec:
     """One variant: `mr` rows by `nv` vectors of `lanes` floats.
 
-    `a_lanes` > 1 selects NEON-style A access (load `a_lanes` elements, use them by lane).
+    `a_lanes` > 1 selects NEON-style A access (load `a_lanes` elements, use them by lane);
+    `a_direct` reads A in place (`lda` floats between rows) instead of from a packed panel.
     """
 
     mr: int
@@ -32,19 +34,24 @@ class TileSpec:
     lanes: int
     unroll: int = 4
     a_lanes: int = 1
+    a_direct: bool = False
+
+    def __post_init__(self):
+        if self.a_direct and self.a_lanes > 1:
+            raise ValueError("a_direct reads A by broadcast; lane-indexed A needs packed panels")
 
     @property
     def name(self) -> str:
-        return f"tf_uk_{self.mr}x{self.nv}x{self.lanes}"
+        return f"tf_uk_{self.mr}x{self.nv}x{self.lanes}{'d' if self.a_direct else ''}"
 
 
 def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
-    """Add the variant `spec` to `module`; packed A holds `mr` floats per k, B `ldb` per k."""
+    """Add the variant `spec` to `module`; B holds `ldb` floats per k, A `mr` (packed) or 1."""
     fn = ir.Function(module, UKERNEL_TYPE, name=spec.name)
     fn.linkage = "internal"
     for arg, name in zip(fn.args, UKERNEL_ARGS, strict=True):
         arg.name = name
-    kc, a, b_ptr, ldb, c, ldc, beta, nlast = fn.args
+    kc, a, lda, b_ptr, ldb, c, ldc, beta, nlast = fn.args
     for p in (a, b_ptr, c):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -53,6 +60,10 @@ def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
         u.prefetch(b, u.gep(b, c, b.mul(u.const(i), ldc)), write=True)
     zero = ir.Constant(vty, [0.0] * vl)
     accs = [[zero] * spec.nv for _ in range(spec.mr)]
+    if spec.a_direct:
+        rows, a_step = [b.mul(u.const(i), lda) for i in range(spec.mr)], 1
+    else:
+        rows, a_step = [u.const(i) for i in range(spec.mr)], spec.mr
 
     def step(accs, ap, bp):
         """One k step: nv loads of B, mr broadcasts of A, mr*nv FMAs."""
@@ -69,16 +80,26 @@ def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
                     av = b.shuffle_vector(av, ir.Constant(av.type, None),
                                           ir.Constant(u.vec(u.i32, vl), [0] * vl))
             else:
-                av = u.splat(b, b.load(u.gep(b, ap, i), align=4), vl)
+                av = u.splat(b, b.load(u.gep(b, ap, rows[i]), align=4), vl)
             out.append([u.fma(b, av, bv[v], accs[i][v]) for v in range(spec.nv)])
-        return out, u.gep(b, ap, spec.mr), b.gep(bp, [ldb], inbounds=True)
+        return out, u.gep(b, ap, a_step), b.gep(bp, [ldb], inbounds=True)
 
-    accs = _k_loop(b, kc, spec, accs, a, b_ptr, step)
+    def prefetch_next(k):
+        """Direct A: stream in the next tile down (mr rows on) while this one computes, the
+        lines this step's k range covers in a packed order; exact when its rows are adjacent
+        (lda = kc), merely early or wasted otherwise (prefetches never fault)."""
+        for line in range(spec.mr * spec.unroll * 4 // 64):
+            u.prefetch(b, u.gep(b, next_tile, b.add(b.mul(k, u.const(spec.mr)),
+                                                    u.const(line * 16))), locality=2)
+
+    next_tile = u.gep(b, a, b.mul(u.const(spec.mr), lda))
+    hook = prefetch_next if spec.a_direct else None
+    accs = _k_loop(b, kc, spec, accs, a, b_ptr, step, hook)
     _epilogue(b, spec, accs, c, ldc, beta, nlast)
     return fn
 
 
-def _k_loop(b, kc, spec, accs, a, bp, step):
+def _k_loop(b, kc, spec, accs, a, bp, step, hook=None):
     """Unrolled main loop plus a remainder loop, accumulators carried in phis (registers)."""
     flat = [x for row in accs for x in row]
     n_main = b.mul(b.sdiv(kc, u.const(spec.unroll)), u.const(spec.unroll))
@@ -103,6 +124,8 @@ def _k_loop(b, kc, spec, accs, a, bp, step):
         b.position_at_end(body)
         cur = [phis[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
         ca, cb = pa, pb
+        if hook is not None and label == "main":
+            hook(k)
         for _ in range(unroll):
             cur, ca, cb = step(cur, ca, cb)
         new = [x for row in cur for x in row]

@@ -101,40 +101,47 @@ def emit_pack_b(module: ir.Module, nr_max: int, lanes: int, name: str = "tf_pack
     """pack_b(kc, nc, B, rsb, csb, dst): B[kc, nc] -> NR-column panels, vector-padded."""
     fn, b = _new(module, name, ("kc", "nc", "src", "rs", "cs", "dst"))
     kc, nc, src, rs, cs, dst = fn.args
-    nv_max = nr_max // lanes
-    with u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
-        nr = u.smin(b, u.const(nr_max), b.sub(nc, jr))
-        nv = b.sdiv(b.add(nr, u.const(lanes - 1)), u.const(lanes))
-        w = b.mul(nv, u.const(lanes))
-        d = u.gep(b, dst, b.mul(jr, kc))
-        s = u.gep(b, src, b.mul(jr, cs))
-        with b.if_else(b.icmp_signed("==", cs, u.const(1))) as (rows, strided):
-            with rows:
-                full = b.icmp_signed("==", nr, u.const(nr_max))
-                with b.if_else(full) as (then, other):
-                    with then, u.for_range(b, u.const(0), kc, 1, "k") as k:
-                        sk = u.gep(b, s, b.mul(k, rs))
-                        dk = u.gep(b, d, b.mul(k, u.const(nr_max)))
-                        for v in range(nv_max):
-                            x = b.load(u.vptr(b, u.gep(b, sk, v * lanes), lanes), align=4)
-                            b.store(x, u.vptr(b, u.gep(b, dk, v * lanes), lanes), align=4)
-                    with other, u.for_range(b, u.const(0), kc, 1, "k") as k:
-                        sk = u.gep(b, s, b.mul(k, rs))
-                        dk = u.gep(b, d, b.mul(k, w))
-                        with u.for_range(b, u.const(0), nv, 1, "v") as v:
-                            j = b.mul(v, u.const(lanes))
-                            mask = u.lane_mask(b, b.sub(nr, j), lanes)
-                            x = u.masked_load(b, u.vptr(b, u.gep(b, sk, j), lanes), mask, lanes)
-                            b.store(x, u.vptr(b, u.gep(b, dk, j), lanes), align=4)
-            with strided:
-                with u.for_range(b, u.const(0), nr, 1, "j") as j:
-                    sj = u.gep(b, s, b.mul(j, cs))
-                    with u.for_range(b, u.const(0), kc, 1, "k") as k:
-                        x = b.load(u.gep(b, sj, b.mul(k, rs)), align=4)
-                        b.store(x, u.gep(b, d, b.add(b.mul(k, w), j)), align=4)
-                zero = ir.Constant(u.f32, 0.0)
-                with u.for_range(b, nr, w, 1, "jpad") as j, \
-                        u.for_range(b, u.const(0), kc, 1, "k") as k:
-                    b.store(zero, u.gep(b, d, b.add(b.mul(k, w), j)), align=4)
+    with b.if_else(b.icmp_signed("==", cs, u.const(1))) as (rows, strided):
+        with rows:
+            _pack_b_rows(b, nr_max, lanes, kc, nc, src, rs, dst)
+        with strided, u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
+            nr = u.smin(b, u.const(nr_max), b.sub(nc, jr))
+            w = b.mul(b.sdiv(b.add(nr, u.const(lanes - 1)), u.const(lanes)), u.const(lanes))
+            d = u.gep(b, dst, b.mul(jr, kc))
+            s = u.gep(b, src, b.mul(jr, cs))
+            with u.for_range(b, u.const(0), nr, 1, "j") as j:
+                sj = u.gep(b, s, b.mul(j, cs))
+                with u.for_range(b, u.const(0), kc, 1, "k") as k:
+                    x = b.load(u.gep(b, sj, b.mul(k, rs)), align=4)
+                    b.store(x, u.gep(b, d, b.add(b.mul(k, w), j)), align=4)
+            zero = ir.Constant(u.f32, 0.0)
+            with u.for_range(b, nr, w, 1, "jpad") as j, \
+                    u.for_range(b, u.const(0), kc, 1, "k") as k:
+                b.store(zero, u.gep(b, d, b.add(b.mul(k, w), j)), align=4)
     b.ret_void()
     return fn
+
+
+def _pack_b_rows(b, nr_max, lanes, kc, nc, src, rs, dst):
+    """Contiguous rows: walk B row by row, each row read once front to back (a sequential
+    stream the hardware prefetcher follows, unlike panel by panel: kc strided short reads)."""
+    nv_max = nr_max // lanes
+    n_full = b.mul(b.sdiv(nc, u.const(nr_max)), u.const(nr_max))
+    rest = b.sub(nc, n_full)
+    nv = b.sdiv(b.add(rest, u.const(lanes - 1)), u.const(lanes))
+    w = b.mul(nv, u.const(lanes))
+    tail = u.gep(b, dst, b.mul(n_full, kc))
+    with u.for_range(b, u.const(0), kc, 1, "k") as k:
+        sk = u.gep(b, src, b.mul(k, rs))
+        with u.for_range(b, u.const(0), n_full, nr_max, "jr") as jr:
+            s = u.gep(b, sk, jr)
+            d = u.gep(b, dst, b.add(b.mul(jr, kc), b.mul(k, u.const(nr_max))))
+            for v in range(nv_max):
+                x = b.load(u.vptr(b, u.gep(b, s, v * lanes), lanes), align=4)
+                b.store(x, u.vptr(b, u.gep(b, d, v * lanes), lanes), align=4)
+        dk = u.gep(b, tail, b.mul(k, w))
+        with u.for_range(b, u.const(0), nv, 1, "v") as v:
+            j = b.mul(v, u.const(lanes))
+            mask = u.lane_mask(b, b.sub(rest, j), lanes)
+            x = u.masked_load(b, u.vptr(b, u.gep(b, sk, b.add(n_full, j)), lanes), mask, lanes)
+            b.store(x, u.vptr(b, u.gep(b, dk, j), lanes), align=4)

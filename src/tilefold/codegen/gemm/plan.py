@@ -11,7 +11,8 @@ import numpy as np
 from tilefold.codegen.gemm.blocking import Blocking, derive_blocking
 from tilefold.codegen.gemm.driver import BMode, Param
 from tilefold.codegen.gemm.gemv import GemvMode, GemvParam
-from tilefold.codegen.gemm.module import GemmModule
+from tilefold.codegen.gemm.module import GemmModule, gemm_module
+from tilefold.codegen.gemm.registry import select_microkernel
 
 _ALIGN = 64
 # Below this many flops a second thread costs more (wake-up, split) than it saves.
@@ -103,6 +104,7 @@ class GemmPlan(_Plan):
                   Param.DATA_OFFSET: DATA_OFFSET}
         super().__init__(module.entry_objects, module.entry, values, len(Param))
         self.threads = threads
+        self.kernel = kern
         self.bmode = bmode
         self.blocking = Blocking(mc, kc, nc)
         self.split = (tm, tn)
@@ -172,6 +174,18 @@ def choose_bmode(m: int, n: int, csb: int, kernel) -> BMode:
 DIRECT_B_MAX_M = 16
 
 
+def _for_shape(module: GemmModule, n: int, csa: int) -> GemmModule:
+    """The module of the micro-kernel for this product's shape class: C at most a narrow
+    kernel's NR wide, with A rows contiguous, reads A in place through tall tiles."""
+    kern = module.kernel
+    if kern.shape_class != "general" or csa != 1:
+        return module
+    narrow = select_microkernel(module.target, kern.dtype, "narrow")
+    if narrow.shape_class == "narrow" and n <= narrow.nr:
+        return gemm_module(module.target, narrow)
+    return module
+
+
 def _gemv_plan(module, m, n, k, sa, sb, sc, beta, threads) -> GemvPlan | None:
     """A matrix-vector plan when one of M, N is 1 and the matrix is contiguous one way."""
     (rsa, csa), (rsb, csb), (rsc, csc) = sa, sb, sc
@@ -217,6 +231,8 @@ def make_plan(module: GemmModule, a: np.ndarray, b, c: np.ndarray, beta: int, th
     else:
         sb = es(b)
         b_batch = (b.shape[:-2], sb[:-2])
+        if blocking is None:
+            module = _for_shape(module, n, sa[-1])
         if bmode is None:
             bmode = choose_bmode(m, n, sb[-1], module.kernel)
     offsets = _batch_offsets(batch_shape, (a.shape[:-2], sa[:-2]), b_batch,

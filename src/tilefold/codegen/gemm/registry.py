@@ -1,7 +1,9 @@
 """The micro-kernel registry: register tiles per ISA as data, chosen by walking a target's family.
 
 Adding an ISA is adding an entry here (BLIS's `config_registry` and per-architecture tables);
-the driver, packing and blocking never look at the ISA.
+the driver, packing and blocking never look at the ISA. Entries serve a shape class: "general"
+(any product) or "narrow" (C at most NR columns wide, A rows contiguous: tall tiles reading A in
+place, since each A element is used once and packing it would cost as much as the product).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class MicroKernel:
     `a_lanes` > 1 means A elements are used by lane (NEON `fmla v, v, v.s[i]`).
     `a_in_l1` swaps the two innermost loops: each A micro-panel stays in L1 while B micro-panels
     stream from L2 (for tiles whose B micro-panel is too wide to keep in L1 at a good KC).
+    `a_direct` reads A in place (its rows contiguous) instead of packing it.
     """
 
     name: str
@@ -35,6 +38,8 @@ class MicroKernel:
     unroll: int = 4
     a_lanes: int = 1
     a_in_l1: bool = False
+    a_direct: bool = False
+    shape_class: str = "general"
     generator: Callable[[ir.Module, TileSpec], ir.Function] = emit_microkernel
 
     @property
@@ -47,23 +52,39 @@ class MicroKernel:
         return (self.mr, *(p for p in (8, 4, 2, 1) if p < self.mr))
 
     def spec(self, mr: int, nv: int) -> TileSpec:
-        return TileSpec(mr, nv, self.lanes, self.unroll, self.a_lanes)
+        return TileSpec(mr, nv, self.lanes, self.unroll, self.a_lanes, self.a_direct)
 
+
+SHAPE_CLASSES = ("general", "narrow")
+_AVX512 = frozenset({"avx512f"})
+_AVX2 = frozenset({"avx2", "fma"})
 
 MICROKERNELS: tuple[MicroKernel, ...] = (
-    MicroKernel("avx512_8x48", "x86-64-v4", "f32", 8, 48, 16, frozenset({"avx512f"}), a_in_l1=True),
-    MicroKernel("avx2_6x16", "x86-64-v3", "f32", 6, 16, 8, frozenset({"avx2", "fma"})),
+    MicroKernel("avx512_8x48", "x86-64-v4", "f32", 8, 48, 16, _AVX512, a_in_l1=True),
+    # 28 rows: 29 loads (1 B vector, 28 broadcasts) per 28 FMAs keep both FMA ports near busy.
+    MicroKernel("avx512_28x16", "x86-64-v4", "f32", 28, 16, 16, _AVX512, a_direct=True,
+                shape_class="narrow"),
+    MicroKernel("avx2_6x16", "x86-64-v3", "f32", 6, 16, 8, _AVX2),
+    MicroKernel("avx2_12x8", "x86-64-v3", "f32", 12, 8, 8, _AVX2, a_direct=True,
+                shape_class="narrow"),
     MicroKernel("neon_8x12", "armv8-a", "f32", 8, 12, 4, frozenset({"neon"}), a_lanes=4),
     MicroKernel("generic_4x8", "generic", "f32", 4, 8, 4, frozenset()),
 )
 
 
-def select_microkernel(target, dtype: str = "f32") -> MicroKernel:
-    """First entry along the target's family chain whose features the target has."""
+def select_microkernel(target, dtype: str = "f32", shape_class: str = "general") -> MicroKernel:
+    """First entry along the target's family chain for `shape_class` whose features the target
+    has; a class without one there falls back to "general"."""
+    if shape_class not in SHAPE_CLASSES:
+        raise UnsupportedError(f"unknown GEMM shape class {shape_class!r}; known: "
+                               + ", ".join(SHAPE_CLASSES))
     for family in target.family:
         for entry in MICROKERNELS:
-            if entry.family == family and entry.dtype == dtype and target.has(*entry.features):
+            if (entry.family == family and entry.dtype == dtype
+                    and entry.shape_class == shape_class and target.has(*entry.features)):
                 return entry
+    if shape_class != "general":
+        return select_microkernel(target, dtype)
     raise UnsupportedError(
         f"no {dtype} GEMM micro-kernel for target {target.name} (family {target.family}); "
         "register one in tilefold.codegen.gemm.registry or use the 'generic' target")

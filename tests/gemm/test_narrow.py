@@ -1,0 +1,87 @@
+"""The narrow shape class: C at most NR columns wide runs tall tiles that read A in place."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.gemm.reference import check_matmul
+from tilefold.codegen.gemm.module import gemm_ir, gemm_module
+from tilefold.codegen.gemm.plan import make_plan
+from tilefold.codegen.gemm.registry import select_microkernel
+from tilefold.errors import UnsupportedError
+from tilefold.target import host_target, named_target
+
+
+@pytest.mark.parametrize("target_name, general, narrow", [
+    ("x86-64-v4", "avx512_8x48", "avx512_28x16"),
+    ("x86-64-v3", "avx2_6x16", "avx2_12x8"),
+    ("neoverse-v1", "neon_8x12", "neon_8x12"),  # no narrow entry: falls back to general
+    ("generic", "generic_4x8", "generic_4x8"),
+])
+def test_selection_by_shape_class(target_name, general, narrow):
+    target = named_target(target_name)
+    assert select_microkernel(target).name == general
+    assert select_microkernel(target, shape_class="narrow").name == narrow
+
+
+def test_unknown_shape_class_is_refused():
+    with pytest.raises(UnsupportedError, match="shape class"):
+        select_microkernel(named_target("generic"), shape_class="wide")
+
+
+def _a(rng, m, k, layout):
+    if layout == "rows_padded":  # row stride > K, columns contiguous
+        return rng.standard_normal((m, k + 5), dtype=np.float32)[:, 2:k + 2]
+    base = rng.standard_normal((m, k), dtype=np.float32)
+    return base[::-1] if layout == "neg_rows" else base
+
+
+@pytest.mark.parametrize("isa", [None, "x86-64-v3"])
+@pytest.mark.parametrize("m, n, k", [(2, 16, 5), (28, 16, 256), (29, 7, 300), (57, 1, 33),
+                                     (300, 16, 1000), (95, 12, 129), (8192 // 16, 9, 64)])
+@pytest.mark.parametrize("layout", ["c", "rows_padded", "neg_rows"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_narrow_products(isa, m, n, k, layout, threads):
+    module = gemm_module(host_target(isa=isa) if isa else None)
+    narrow = select_microkernel(module.target, shape_class="narrow")
+    rng = np.random.default_rng(m * n + k)
+    a = _a(rng, m, k, layout)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    plan = make_plan(module, a, b, c, 0, threads)
+    if 1 < n <= narrow.nr:
+        assert plan.kernel is narrow
+    plan(a, b, c)
+    check_matmul(c, a, b)
+
+
+def test_transposed_a_keeps_the_general_kernel():
+    """A with strided rows cannot be read in place: the general kernel packs it."""
+    module = gemm_module()
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 40), dtype=np.float32).T
+    b = rng.standard_normal((64, 16), dtype=np.float32)
+    c = np.empty((40, 16), np.float32)
+    plan = make_plan(module, a, b, c, 0, 1)
+    assert plan.kernel is module.kernel
+    plan(a, b, c)
+    check_matmul(c, a, b)
+
+
+def test_narrow_avx512_tile_keeps_vectors_in_registers():
+    """28 accumulators + 1 B vector, broadcasts folded into the FMAs: no zmm stack traffic."""
+    from tilefold.runtime import emit_assembly
+
+    target = named_target("x86-64-v4")
+    kernel = select_microkernel(target, shape_class="narrow")
+    asm = emit_assembly(gemm_ir(target, kernel), target)
+    body = asm[asm.index(f"{kernel.spec(kernel.mr, 1).name}:"):]
+    body = body[:body.index(".Lfunc_end")]
+    loop = max(re.split(r"\n\.?L\w+:", body), key=lambda blk: blk.count("vfmadd"))
+    fmas = re.findall(r"\bvfmadd\w*\s+([^\n]*)", loop)
+    assert len(fmas) >= kernel.mr * kernel.unroll
+    assert sum("{1to16}" in ops for ops in fmas) >= kernel.mr * kernel.unroll
+    assert not re.search(r"[xyz]mm\d+,\s*-?\d*\(%rsp\)|\(%rsp\),\s*%[xyz]mm", loop), loop
