@@ -33,12 +33,12 @@ def main() -> int:
 
     results = {}
     for name in args.models.split(","):
-        model, _ = demo._load(name, None)
-        inputs = demo._random_inputs(name, args.batch, args.seq)
+        model, _ = demo.load_model(name, None)
+        inputs = demo.random_inputs(name, args.batch, args.seq)
         with torch.no_grad():
-            rows = demo._benchmark(model, inputs, args)
+            rows = demo.benchmark(model, inputs, args)
         print(f"\n{name}: batch {args.batch} x {args.seq}")
-        demo._table(rows)
+        demo.print_table(rows)
         results[name] = rows
     with open(args.out, "w") as f:
         json.dump({"batch": args.batch, "seq": args.seq, "threads": torch.get_num_threads(),

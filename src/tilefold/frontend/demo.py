@@ -55,17 +55,17 @@ def handle(args: argparse.Namespace) -> int:
     from tilefold.frontend import report
 
     torch.manual_seed(0)
-    model, tokenizer = _load(args.model, args.layers)
+    model, tokenizer = load_model(args.model, args.layers)
     print(f"model: {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M "
           "parameters, fp32)")
     with torch.no_grad():
         compiled = torch.compile(model, backend="tilefold")
         if tokenizer is not None:
             _similarity(model, compiled, tokenizer)
-        inputs = _random_inputs(args.model, args.batch, args.seq)
-        rows = _benchmark(model, inputs, args)
+        inputs = random_inputs(args.model, args.batch, args.seq)
+        rows = benchmark(model, inputs, args)
     print(f"\nbatch {args.batch} x {args.seq} tokens, {torch.get_num_threads()} threads")
-    _table(rows)
+    print_table(rows)
     graphs = report.reports()
     if graphs:
         methods = graphs[-1].methods()
@@ -92,7 +92,7 @@ def _sentence_embedding(encoder: Any) -> Any:
     return Embed().eval()
 
 
-def _load(name: str, layers: int | None) -> tuple[Any, Any]:
+def load_model(name: str, layers: int | None) -> tuple[Any, Any]:
     import transformers
 
     if name == "minilm":
@@ -131,7 +131,7 @@ def _last_hidden(model: Any, decoder: bool) -> Any:
     return LastHidden().eval()
 
 
-def _random_inputs(name: str, batch: int, seq: int) -> tuple[Any, Any]:
+def random_inputs(name: str, batch: int, seq: int) -> tuple[Any, Any]:
     import torch
 
     vocab = {"minilm": 30522, "bert": 30522, "gpt2": 50257, "llama": 32000}[name]
@@ -183,7 +183,7 @@ def _compile_and_time(model: Any, inputs: tuple, backend: str, runs: int) -> dic
     return {"latency": latency, "cold": max(first - latency, 0), "warm": max(warm - latency, 0)}
 
 
-def _benchmark(model: Any, inputs: tuple, args: argparse.Namespace) -> dict[str, dict]:
+def benchmark(model: Any, inputs: tuple, args: argparse.Namespace) -> dict[str, dict]:
     rows: dict[str, dict] = {}
     rows["tilefold"] = _compile_and_time(model, inputs, "tilefold", args.runs)
     model(*inputs)
@@ -197,7 +197,7 @@ def _benchmark(model: Any, inputs: tuple, args: argparse.Namespace) -> dict[str,
     return rows
 
 
-def _table(rows: dict[str, dict]) -> None:
+def print_table(rows: dict[str, dict]) -> None:
     eager = rows["PyTorch eager"]["latency"]
     print(f"{'':26}{'latency ms':>12}{'vs eager':>10}{'compile cold s':>16}{'warm s':>9}")
     for name, row in rows.items():
