@@ -170,13 +170,13 @@ def _compile_and_time(model: Any, inputs: tuple, backend: str, runs: int) -> dic
     import torch
 
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(model, backend=backend, dynamic=False)  # one fixed shape
     start = time.perf_counter()
     compiled(*inputs)
     first = time.perf_counter() - start
     latency = _time(lambda: compiled(*inputs), runs)
     torch._dynamo.reset()  # again, with every in-process cache warm
-    recompiled = torch.compile(model, backend=backend)
+    recompiled = torch.compile(model, backend=backend, dynamic=False)
     start = time.perf_counter()
     recompiled(*inputs)
     warm = time.perf_counter() - start

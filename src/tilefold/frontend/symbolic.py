@@ -61,6 +61,8 @@ class Sizes:
 
     def same(self, a: Any, b: Any) -> bool:
         """Whether two sizes are provably equal."""
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
         return sympy.expand(self.expr(a) - self.expr(b)) == 0
 
     def product(self, sizes: Any) -> Any:
