@@ -59,3 +59,12 @@ def test_peaks_of_foreign_targets_and_unknown_dtypes_are_refused():
 def test_read_bandwidth_is_positive(monkeypatch):
     monkeypatch.setattr(peaks, "_stream_bytes", lambda: 16 << 20)
     assert measured_bandwidth_gbps(refresh=True) > 0.1
+
+
+def test_refresh_keeps_the_best_figure_ever_measured():
+    measured = measured_peak_gflops(dtype="f32")
+    key = next(k for k, v in peaks._memory.items() if v == measured)
+    peaks._remember(key, 1e9)  # as if an earlier, quieter probe had seen this much
+    assert measured_peak_gflops(dtype="f32", refresh=True) == 1e9
+    peaks._remember(key, measured)
+    assert measured_peak_gflops(dtype="f32") == 1e9
