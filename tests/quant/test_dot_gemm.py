@@ -1,5 +1,5 @@
 """bf16/f16 and 8-bit GEMMs: every registered micro-kernel forced and checked (ints bit-exact),
-K blocking, signed-A compensation and the dequantizing epilogue."""
+AMX tile edges, K blocking, signed-A compensation and the dequantizing epilogue."""
 
 from __future__ import annotations
 
@@ -8,23 +8,38 @@ import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
-from tilefold.codegen.lowp.kernels import DOT_KERNELS, select_dot_kernel
+from tilefold.codegen.lowp import kernels as lowp_kernels
+from tilefold.codegen.lowp.kernels import DOT_KERNELS, describe_lowp, select_dot_kernel
 from tilefold.quant import matmul_lowp, prepack_lowp
 from tilefold.quant.accuracy import matmul_bound
 
-SHAPES = [(1, 1, 1), (7, 13, 50), (33, 301, 97), (20, 3000, 49)]  # the last has 2+ K blocks
+# (M, K, N): single elements, edges of every tile and panel, 2+ K blocks of the vector kernels,
+# and whole 32 x 32 AMX blocks with a ragged K step.
+SHAPES = [(1, 1, 1), (7, 13, 50), (33, 301, 97), (20, 3000, 49), (64, 72, 96)]
 FLOATS = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
+# The kernel dtype an 8-bit A selects (with B signed).
+INT_KINDS = {np.uint8: "u8s8", np.int8: "s8s8"}
 
 
-def _level_of(kernel) -> str:
-    """A target on this host whose selection yields `kernel` (the host's best, or a fallback)."""
+def _level_of(kernel, kind: str | None = None) -> str:
+    """A target on this host whose selection for `kind` (default: the kernel's dtype) yields
+    `kernel` (the host's best, or a fallback)."""
     for level in LEVELS:
-        if select_dot_kernel(target_for(level), kernel.dtype) == kernel:
+        if select_dot_kernel(target_for(level), kind or kernel.dtype) == kernel:
             return level
     pytest.skip(f"{kernel.name} is not reachable on this host")
 
 
-@pytest.mark.parametrize("kernel", [k for k in DOT_KERNELS if k.dtype != "u8s8"],
+def _int_cases():
+    """(kernel, A dtype): u8s8 kernels run u8 A, and s8 A (+128, compensated) when not AMX."""
+    for k in DOT_KERNELS:
+        if k.dtype == "s8s8" or (k.dtype == "u8s8" and not k.is_amx):
+            yield pytest.param(k, np.int8, id=f"{k.name}-int8")
+        if k.dtype == "u8s8":
+            yield pytest.param(k, np.uint8, id=f"{k.name}-uint8")
+
+
+@pytest.mark.parametrize("kernel", [k for k in DOT_KERNELS if k.acc_is_float],
                          ids=lambda k: k.name)
 def test_float_kernels_within_bound(rng, kernel):
     target = target_for(_level_of(kernel))
@@ -37,11 +52,9 @@ def test_float_kernels_within_bound(rng, kernel):
         assert (np.abs(c - ref) <= matmul_bound(a, b)).all()
 
 
-@pytest.mark.parametrize("kernel", [k for k in DOT_KERNELS if k.dtype == "u8s8"],
-                         ids=lambda k: k.name)
-@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize(("kernel", "a_dtype"), list(_int_cases()))
 def test_int8_kernels_bit_exact(rng, kernel, a_dtype):
-    target = target_for(_level_of(kernel))
+    target = target_for(_level_of(kernel, INT_KINDS[a_dtype]))
     info = np.iinfo(a_dtype)
     for m, k, n in SHAPES:
         a = rng.integers(info.min, info.max + 1, (m, k)).astype(a_dtype)
@@ -52,11 +65,12 @@ def test_int8_kernels_bit_exact(rng, kernel, a_dtype):
 
 
 def test_int8_extremes_do_not_saturate():
-    a = np.full((4, 512), 255, np.uint8)
     b = np.full((512, 16), -128, np.int8)
-    for level in LEVELS:
-        c = matmul_lowp(a, b, target=target_for(level))
-        assert (c == 255 * -128 * 512).all()
+    for fill, dtype in ((255, np.uint8), (-128, np.int8)):
+        a = np.full((4, 512), fill, dtype)
+        for level in LEVELS:
+            c = matmul_lowp(a, b, target=target_for(level))
+            assert (c == fill * -128 * 512).all()
 
 
 def test_dequantizing_epilogue(rng):
@@ -81,9 +95,56 @@ def test_prepacked_b_and_batched_a(rng):
 
 
 def test_host_picks_the_special_instructions():
-    host = target_for("host")
-    if host.has("avx512bf16"):
-        assert select_dot_kernel(host, "bf16").dot == "dpbf16"
-    if host.has("avx512vnni"):
-        assert select_dot_kernel(host, "u8s8").dot == "dpbusd"
+    host, no_amx = target_for("host"), target_for("no-amx")
+    if host.has("amx-tile", "amx-bf16", "amx-int8"):
+        assert [select_dot_kernel(host, d).dot for d in ("bf16", "u8s8", "s8s8")] == [
+            "tdpbf16ps", "tdpbusd", "tdpbssd"]
+    if no_amx.has("avx512bf16"):
+        assert select_dot_kernel(no_amx, "bf16").dot == "dpbf16"
+    if no_amx.has("avx512vnni"):
+        assert select_dot_kernel(no_amx, "s8s8").dot == "dpbusd"
     assert select_dot_kernel(target_for("x86-64-v3"), "u8s8").dot == "dpbusd_pmaddwd"
+
+
+def test_every_kernel_the_host_can_run_is_reached():
+    reached = {select_dot_kernel(target_for(level), k.dtype) for level in LEVELS
+               for k in DOT_KERNELS}
+    host = target_for("host")
+    assert {k for k in DOT_KERNELS if host.has(*k.features)} <= reached
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_amx_blocks_threads_and_prepacking(rng, threads):
+    """Edges in M, N and K around the 32 x 32 blocks and 16-word K steps, raw and prepacked B,
+    on one and two threads."""
+    host = target_for("host")
+    if not select_dot_kernel(host, "bf16").is_amx:
+        pytest.skip("no usable AMX on this host")
+    for m, k, n in [(31, 33, 65), (96, 257, 64), (130, 1100, 47)]:
+        a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+        b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+        c = matmul_lowp(a, b, threads=threads)
+        assert np.array_equal(c, matmul_lowp(a, prepack_lowp(b, a.dtype), threads=threads))
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        assert (np.abs(c - ref) <= matmul_bound(a, b)).all()
+        for a_dtype in (np.uint8, np.int8):
+            info = np.iinfo(a_dtype)
+            ai = rng.integers(info.min, info.max + 1, (m, k)).astype(a_dtype)
+            bi = rng.integers(-128, 128, (k, n)).astype(np.int8)
+            exact = ai.astype(np.int64) @ bi.astype(np.int64)
+            assert np.array_equal(matmul_lowp(ai, bi, threads=threads), exact)
+            packed = prepack_lowp(bi, a_dtype)
+            assert np.array_equal(matmul_lowp(ai, packed, threads=threads), exact)
+
+
+def test_amx_refused_falls_back_and_says_why(rng, monkeypatch):
+    """When the OS refuses AMX tile data the vector kernels are chosen, and describe_lowp
+    names the refusal."""
+    monkeypatch.setattr(lowp_kernels, "enable_amx", lambda: False)
+    host = target_for("host")
+    assert not any(select_dot_kernel(host, d).is_amx for d in ("bf16", "u8s8", "s8s8"))
+    if host.has("amx-tile"):
+        assert "refused this process AMX" in "\n".join(describe_lowp(host))
+    a = rng.integers(-128, 128, (5, 70)).astype(np.int8)
+    b = rng.integers(-128, 128, (70, 9)).astype(np.int8)
+    assert np.array_equal(matmul_lowp(a, b), a.astype(np.int64) @ b.astype(np.int64))

@@ -20,7 +20,7 @@ __all__ = ["QuantizedTensor", "dequantize", "matmul_lowp", "prepack_lowp", "quan
 
 # (A dtype, B dtype) -> micro-kernel dtype; A signed 8-bit is shifted to unsigned.
 _KERNEL_DTYPES = {("bf16", "bf16"): "bf16", ("f16", "f16"): "f16", ("u8", "i8"): "u8s8",
-                  ("i8", "i8"): "u8s8"}
+                  ("i8", "i8"): "s8s8"}
 
 
 def dequantize(qt: QuantizedTensor, dtype: str | DType = "f32") -> np.ndarray:
@@ -76,7 +76,7 @@ def prepack_lowp(b: np.ndarray, a_dtype, *, target: Target | None = None) -> Pac
     b = np.asarray(b)
     if b.ndim != 2:
         raise ShapeError(f"prepack_lowp: B must be 2-D, got shape {list(b.shape)}")
-    return PackedB(b, _kernel_for(a_dtype, b.dtype, target))
+    return PackedB(b, _kernel_for(a_dtype, b.dtype, target), target)
 
 
 def matmul_lowp(a, b, *, row_scale=None, col_scale=None, bias=None,
@@ -88,28 +88,25 @@ def matmul_lowp(a, b, *, row_scale=None, col_scale=None, bias=None,
     """
     target = target or host_target()
     a = np.asarray(a)
-    if isinstance(b, PackedB):
-        packed = b
-        want = _kernel_for(a.dtype, b.dtype, target)
-        if packed.kernel != want:
-            raise DTypeError(f"matmul_lowp: B was packed for {packed.kernel.name}, this call "
-                             f"needs {want.name}; prepack it for this target and A dtype")
-    else:
+    if not isinstance(b, PackedB):
         b = np.asarray(b)
         if b.ndim != 2:
             raise ShapeError(f"matmul_lowp: B must be 2-D [K, N], got shape {list(b.shape)}")
-        packed = PackedB(b, _kernel_for(a.dtype, b.dtype, target))
-    rows, lead = _as_rows(a, packed.k, "matmul_lowp")
+    kernel = _kernel_for(a.dtype, b.dtype, target)
+    if isinstance(b, PackedB) and b.kernel != kernel:
+        raise DTypeError(f"matmul_lowp: B was packed for {b.kernel.name}, this call "
+                         f"needs {kernel.name}; prepack it for this target and A dtype")
+    k, n = (b.k, b.n) if isinstance(b, PackedB) else b.shape
+    rows, lead = _as_rows(a, k, "matmul_lowp")
     dequant = None
     if col_scale is not None or row_scale is not None or bias is not None:
-        if packed.kernel.dtype != "u8s8":
+        if kernel.acc_is_float:
             raise DTypeError("matmul_lowp: scales and bias apply to 8-bit operands only")
-        m, n = rows.shape[0], packed.n
+        m = rows.shape[0]
         dequant = (_vector(row_scale, m, 1.0, "row_scale"),
                    _vector(col_scale, n, 1.0, "col_scale"), _vector(bias, n, 0.0, "bias"))
-    c = run_dotgemm(rows, packed, target, a_signed=rows.dtype == np.int8, dequant=dequant,
-                    threads=threads)
-    return c.reshape(*lead, packed.n)
+    c = run_dotgemm(rows, b, kernel, target, dequant=dequant, threads=threads)
+    return c.reshape(*lead, n)
 
 
 def _vector(v, n: int, default: float, name: str) -> np.ndarray:

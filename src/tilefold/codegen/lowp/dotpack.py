@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
+from tilefold.codegen.lowp.amxrun import pack_b_amx, run_amxgemm
 from tilefold.codegen.lowp.dotgemm import ENTRY, DParam, dotgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
@@ -47,10 +48,13 @@ def _panels(words: np.ndarray, unit: int) -> np.ndarray:
 class PackedB:
     """A constant B[K, N] packed once for one kernel (a weight), with its column sums."""
 
-    def __init__(self, b: np.ndarray, kernel: DotKernel):
+    def __init__(self, b: np.ndarray, kernel: DotKernel, target: Target):
         self.kernel = kernel
         self.k, self.n = b.shape
         self.dtype = b.dtype
+        if kernel.is_amx:
+            self.panels = pack_b_amx(b, kernel, target)
+            return
         g, nr = kernel.kgroup, kernel.nr
         bits = b.view(np.uint16 if b.itemsize == 2 else np.uint8)
         full = np.zeros((math.ceil(self.k / g) * g, math.ceil(self.n / nr) * nr), bits.dtype)
@@ -64,7 +68,7 @@ class PackedB:
 
 def pack_a(a: np.ndarray, kernel: DotKernel) -> np.ndarray:
     """A[M, K] as MR-row panels (signed 8-bit shifted to unsigned by +128)."""
-    if a.dtype == np.int8:
+    if a.dtype == np.int8 and kernel.dtype == "u8s8":
         a = (a.view(np.uint8) ^ np.uint8(0x80))
     return _panels(_words(np.ascontiguousarray(a), kernel.kgroup), kernel.mr)
 
@@ -92,12 +96,16 @@ def _round_down(x: int, unit: int) -> int:
     return max(unit, x // unit * unit)
 
 
-def run_dotgemm(a: np.ndarray, pb: PackedB, target: Target, *, a_signed: bool = False,
+def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, target: Target, *,
                 dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                 threads: int | None = None) -> np.ndarray:
-    """C = A @ B: f32 for bf16, i32 for 8-bit, or f32 with `dequant` = (row_scale[M],
-    col_scale[N], bias[N]) applied to the int32 sums."""
-    kernel = pb.kernel
+    """C = A @ B (B raw [K, N] or packed for `kernel`): f32 for bf16, i32 for 8-bit, or f32
+    with `dequant` = (row_scale[M], col_scale[N], bias[N]) applied to the int32 sums."""
+    if kernel.is_amx:
+        n = b.n if isinstance(b, PackedB) else b.shape[1]
+        data = b.panels if isinstance(b, PackedB) else b
+        return run_amxgemm(a, data, kernel, n, target, dequant=dequant, threads=threads)
+    pb = b if isinstance(b, PackedB) else PackedB(b, kernel, target)
     m, n = a.shape[0], pb.n
     ap = pack_a(a, kernel)
     kg = ap.shape[1]
@@ -110,7 +118,7 @@ def run_dotgemm(a: np.ndarray, pb: PackedB, target: Target, *, a_signed: bool = 
     c = np.empty((m, n), np.float32 if out_float else np.int32)
     keep = [ap]
     comp = np.zeros(n, np.int32)
-    if kernel.dtype == "u8s8" and a_signed:
+    if kernel.dtype == "u8s8" and a.dtype == np.int8:
         comp = (pb.colsum * 128).astype(np.int32)
     keep.append(comp)
     ptrs = {DParam.COMP: comp.ctypes.data}

@@ -2,14 +2,20 @@
 
 Entries sit beside the f32 ones of tilefold.codegen.gemm.registry and are chosen the same way,
 walking the target's family chain; each dtype has a portable entry on "x86-64-v3" so every x86
-target finds one (the fallbacks tests force with `host_target("x86-64-v3")`).
+target finds one (the fallbacks tests force with `host_target("x86-64-v3")`). AMX tile entries
+come first where the CPU has them and the OS lets this process use them; signed 8-bit A
+("s8s8") runs on a u8s8 kernel (A + 128, compensated) where no s8s8 kernel applies.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from tilefold.errors import UnsupportedError
+from tilefold.target import Target, enable_amx
+
+log = logging.getLogger("tilefold.codegen.lowp")
 
 
 @dataclass(frozen=True)
@@ -18,12 +24,12 @@ class DotKernel:
 
     name: str
     family: str
-    dtype: str  # "bf16"/"f16" (x itself -> f32) or "u8s8" (u8 x s8 -> i32)
+    dtype: str  # "bf16"/"f16" (x itself -> f32), "u8s8"/"s8s8" (u8/s8 x s8 -> i32)
     mr: int
     nr: int
     lanes: int
     features: frozenset[str]
-    dot: str  # key of tilefold.codegen.lowp.dot.DOT_STEPS
+    dot: str  # key of tilefold.codegen.lowp.dot.DOT_STEPS, or an AMX instruction
     kgroup: int
 
     @property
@@ -32,7 +38,12 @@ class DotKernel:
 
     @property
     def acc_is_float(self) -> bool:
-        return self.dtype != "u8s8"
+        return self.dtype in ("bf16", "f16")
+
+    @property
+    def is_amx(self) -> bool:
+        """Tile kernels (tilefold.codegen.lowp.amxgemm) rather than vector dot steps."""
+        return "amx-tile" in self.features
 
 
 def _f(*names: str) -> frozenset[str]:
@@ -40,6 +51,12 @@ def _f(*names: str) -> frozenset[str]:
 
 
 DOT_KERNELS: tuple[DotKernel, ...] = (
+    DotKernel("bf16_amx_32x32", "sapphirerapids", "bf16", 32, 32, 16, _f("amx-tile", "amx-bf16"),
+              "tdpbf16ps", 2),
+    DotKernel("u8s8_amx_32x32", "sapphirerapids", "u8s8", 32, 32, 16, _f("amx-tile", "amx-int8"),
+              "tdpbusd", 4),
+    DotKernel("s8s8_amx_32x32", "sapphirerapids", "s8s8", 32, 32, 16, _f("amx-tile", "amx-int8"),
+              "tdpbssd", 4),
     DotKernel("bf16_avx512bf16_8x48", "x86-64-v4", "bf16", 8, 48, 16,
               _f("avx512f", "avx512bf16"), "dpbf16", 2),
     DotKernel("bf16_avx512_6x48", "x86-64-v4", "bf16", 6, 48, 16, _f("avx512f"), "dpbf16_fma", 2),
@@ -55,13 +72,52 @@ DOT_KERNELS: tuple[DotKernel, ...] = (
 )
 
 
-def select_dot_kernel(target, dtype: str) -> DotKernel:
+# A kernel dtype that may also run on another's kernels (after a conversion in packing).
+_RUNS_ON = {"s8s8": ("u8s8",)}
+DTYPES = ("bf16", "f16", "u8s8", "s8s8")
+
+
+def _refusal(target: Target, entry: DotKernel) -> str | None:
+    """Why `entry` cannot run on `target`, or None when it can."""
+    if not target.has(*entry.features):
+        return f"{target.name} lacks {', '.join(sorted(entry.features - target.features))}"
+    if entry.is_amx and target.is_host() and not enable_amx():
+        return "the OS refused this process AMX tile data (arch_prctl XCOMP_PERM)"
+    return None
+
+
+def select_dot_kernel(target: Target, dtype: str) -> DotKernel:
     """The first entry along the target's family chain whose features the target has."""
-    for family in target.family:
-        for entry in DOT_KERNELS:
-            if entry.family == family and entry.dtype == dtype and target.has(*entry.features):
-                return entry
+    for kind in (dtype, *_RUNS_ON.get(dtype, ())):
+        for family in target.family:
+            for entry in DOT_KERNELS:
+                if entry.family == family and entry.dtype == kind:
+                    reason = _refusal(target, entry)
+                    if reason is None:
+                        return entry
+                    if entry.is_amx and target.has(*entry.features):
+                        log.info("skipping %s: %s", entry.name, reason)
     raise UnsupportedError(
         f"no {dtype} GEMM micro-kernel for target {target.name} (family {target.family}); "
         "low-precision GEMMs need x86-64-v3 (AVX2) or newer — convert the operands to f32 "
         "and use tilefold.matmul")
+
+
+def describe_lowp(target: Target) -> list[str]:
+    """One line per kernel dtype: the micro-kernel chosen and why the faster ones were refused
+    (for `tilefold info` / `explain`)."""
+    lines = []
+    for dtype in DTYPES:
+        try:
+            chosen = select_dot_kernel(target, dtype)
+        except UnsupportedError as err:
+            lines.append(f"{dtype}: none ({err})")
+            continue
+        line = f"{dtype}: {chosen.name}"
+        if chosen.dtype != dtype:
+            line += f" (as {chosen.dtype}: A + 128, compensated)"
+        kinds = (dtype, *_RUNS_ON.get(dtype, ()))
+        refused = [f"{e.name}: {why}" for e in DOT_KERNELS[:DOT_KERNELS.index(chosen)]
+                   if e.dtype in kinds and (why := _refusal(target, e)) is not None]
+        lines.append(line + (f"; refused {'; '.join(refused)}" if refused else ""))
+    return lines

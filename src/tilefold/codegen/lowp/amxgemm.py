@@ -1,0 +1,202 @@
+"""The AMX low-precision GEMM module in LLVM IR: 32 x 32 blocks of C as four accumulator tiles.
+
+`tf_amxgemm(params, A, B, C, ws)` computes C = A @ B for bf16 (`tdpbf16ps`, f32 C) or 8-bit
+operands (`tdpbusd` for u8 A, `tdpbssd` for s8 A: no +128 shift, no compensation; i32 C, or
+f32 through the dequantizing epilogue). C is padded to whole 32 x 32 blocks so every tile store
+is full. B is either prepacked (`tf_amxgemm_pack_b` / `PackedB`) or packed by the threads into
+`ws` first, each its share of panels then a barrier. Each thread takes a rectangle of C, loops
+pc (KC words) > ic (MC rows, A packed to tiles in its part of `ws`) > jr > ir, keeps partial
+sums in C between K blocks, and per 32 x 32 block runs kc / 16 steps of 4 tile loads + 4 dots.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
+from tilefold.codegen.lowp import amx
+from tilefold.codegen.lowp.kernels import DotKernel
+from tilefold.codegen.lowp.packgen import emit_pack_a, emit_pack_b
+
+ENTRY = "tf_amxgemm"
+PACK_ENTRY = "tf_amxgemm_pack_b"
+BLOCK = 32  # rows and columns of C per 2 x 2 tiles
+KSTEP = amx.TILE_BYTES // 4  # k-group words per tile step
+_P8 = u.i8.as_pointer()
+_FP = u.f32.as_pointer()
+
+
+class AParam(enum.IntEnum):
+    """Slots of the int64 parameter block of `tf_amxgemm` (and `tf_amxgemm_pack_b`)."""
+
+    M = 0
+    K = 1  # elements
+    N = 2
+    MP = 3  # M and N padded to BLOCK (C's allocated shape)
+    NP = 4
+    KGP = 5  # k-group words padded to KSTEP
+    LDA = 6  # bytes
+    LDB = 7  # bytes
+    MC = 8
+    KC = 9  # words, a multiple of KSTEP
+    TM = 10
+    TN = 11
+    THREADS = 12
+    DATA_OFFSET = 13
+    PACK_B = 14  # 1: B is raw [K, N], pack it into ws first
+    A_OFFSET = 15  # bytes of ws before the per-thread A buffers
+    A_BYTES = 16  # bytes of one thread's A buffer
+    ROW_SCALE = 17
+    COL_SCALE = 18
+    BIAS = 19
+
+
+class _Ctx:
+    """The worker's parameter loads and data pointers."""
+
+    def __init__(self, b: ir.IRBuilder, ctx: ir.Value):
+        self.b = b
+        fields = b.bitcast(ctx, u.i64.as_pointer())
+        self.params = b.inttoptr(b.load(u.gep(b, fields, 0)), u.i64.as_pointer())
+        self.a, self.bsrc, self.c, self.ws = (b.inttoptr(b.load(u.gep(b, fields, i)), _P8)
+                                              for i in range(1, 5))
+
+    def __getitem__(self, slot: AParam) -> ir.Value:
+        return self.b.load(u.gep(self.b, self.params, int(slot)))
+
+
+def _share(b: ir.IRBuilder, extent, parts, index, unit: int):
+    """Start of part `index` of `parts` over `extent`, in whole `unit`s."""
+    units = b.sdiv(extent, u.const(unit))
+    return b.mul(b.sdiv(b.mul(units, index), parts), u.const(unit))
+
+
+def _pack_b_share(b, x: _Ctx, pack_b, tid, nth, dst) -> None:
+    """This thread's share of B's panels, packed into dst."""
+    panels = b.sdiv(x[AParam.NP], u.const(BLOCK))
+    p0, p1 = (_share(b, panels, nth, t, 1) for t in (tid, b.add(tid, u.const(1))))
+    b.call(pack_b, [x.bsrc, x[AParam.LDB], x[AParam.K], x[AParam.N], x[AParam.KGP], p0, p1,
+                    dst])
+
+
+def _emit_pack_worker(module: ir.Module, pack_b) -> ir.Function:
+    fn = ir.Function(module, WORKER_TYPE, name="tf_amxgemm_pack_worker")
+    fn.linkage = "internal"
+    ctx, tid, nth = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    x = _Ctx(b, ctx)
+    _pack_b_share(b, x, pack_b, b.sext(tid, u.i64), b.sext(nth, u.i64), x.ws)
+    b.ret_void()
+    return fn
+
+
+def _block_tiles(b, k: DotKernel, apan, kts, bpan, cptr, ldc_bytes, first) -> None:
+    """C[32, 32] at cptr (+)= A tiles apan[0..kts) and apan[kts..2 kts) . B panel rows."""
+    c_at = [cptr, u.gep(b, cptr, amx.TILE_BYTES), u.gep(b, cptr, b.mul(ldc_bytes, u.const(16)))]
+    c_at.append(u.gep(b, c_at[2], amx.TILE_BYTES))
+    with b.if_else(first) as (fresh, partial):
+        with fresh:
+            for t in range(4):
+                amx.zero(b, t)
+        with partial:
+            for t in range(4):
+                amx.load(b, t, c_at[t], ldc_bytes)
+    second = b.mul(kts, u.const(amx.TILE_SIZE))
+    row_bytes = BLOCK * 4
+    with u.for_range(b, u.const(0), kts, 1, "kt") as kt:
+        a0 = u.gep(b, apan, b.mul(kt, u.const(amx.TILE_SIZE)))
+        b0 = u.gep(b, bpan, b.mul(kt, u.const(KSTEP * row_bytes)))
+        amx.load(b, 4, a0, amx.TILE_BYTES)
+        amx.load(b, 6, b0, row_bytes)
+        amx.load(b, 7, u.gep(b, b0, amx.TILE_BYTES), row_bytes)
+        amx.dot(b, k.dot, 0, 4, 6)
+        amx.dot(b, k.dot, 1, 4, 7)
+        amx.load(b, 5, u.gep(b, a0, second), amx.TILE_BYTES)
+        amx.dot(b, k.dot, 2, 5, 6)
+        amx.dot(b, k.dot, 3, 5, 7)
+    for t in range(4):
+        amx.store(b, t, c_at[t], ldc_bytes)
+
+
+def _dequantize_block(b, x: _Ctx, cptr, row, col, ldc_bytes) -> None:
+    """C[32, 32] at cptr, int32 -> f32 * row_scale[row + i] * col_scale[col + j] + bias[...]
+    (the scale and bias vectors are padded to MP and NP)."""
+    lanes = 16
+    fty, ity = u.vec(u.f32, lanes), u.vec(u.i32, lanes)
+    rs, cs, bias = (b.inttoptr(x[s], _FP) for s in (
+        AParam.ROW_SCALE, AParam.COL_SCALE, AParam.BIAS))
+    cols = [(b.load(b.bitcast(u.gep(b, cs, b.add(col, u.const(v * lanes))), fty.as_pointer()),
+                    align=4),
+             b.load(b.bitcast(u.gep(b, bias, b.add(col, u.const(v * lanes))), fty.as_pointer()),
+                    align=4)) for v in range(BLOCK // lanes)]
+    with u.for_range(b, u.const(0), u.const(BLOCK), 1, "dq") as i:
+        scale = u.splat(b, b.load(u.gep(b, rs, b.add(row, i)), align=4), lanes)
+        line = u.gep(b, cptr, b.mul(i, ldc_bytes))
+        for v, (cv, bv) in enumerate(cols):
+            ptr = u.gep(b, line, v * lanes * 4)
+            acc = b.sitofp(b.load(b.bitcast(ptr, ity.as_pointer()), align=4), fty)
+            b.store(u.fma(b, b.fmul(acc, scale), cv, bv), b.bitcast(ptr, fty.as_pointer()),
+                    align=4)
+
+
+def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b):
+    fn = ir.Function(module, WORKER_TYPE, name="tf_amxgemm_worker")
+    fn.linkage = "internal"
+    ctx, tid32, nth32 = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    x = _Ctx(b, ctx)
+    tid, nth = b.sext(tid32, u.i64), b.sext(nth32, u.i64)
+    tm, tn, kgp = x[AParam.TM], x[AParam.TN], x[AParam.KGP]
+    ti, tj = b.sdiv(tid, tn), b.srem(tid, tn)
+    m0, m1 = (_share(b, x[AParam.MP], tm, t, BLOCK) for t in (ti, b.add(ti, u.const(1))))
+    n0, n1 = (_share(b, x[AParam.NP], tn, t, BLOCK) for t in (tj, b.add(tj, u.const(1))))
+    packing = b.icmp_signed("!=", x[AParam.PACK_B], u.const(0))
+    with b.if_then(packing):
+        _pack_b_share(b, x, pack_b, tid, nth, x.ws)
+        barrier = u.intrinsic(module, "tilefold_barrier", u.void, [u.i32])
+        b.call(barrier, [tid32])
+    bm = b.select(packing, x.ws, x.bsrc)
+    abuf = u.gep(b, x.ws, b.add(x[AParam.A_OFFSET], b.mul(tid, x[AParam.A_BYTES])))
+    ldc_bytes = b.mul(x[AParam.NP], u.const(4))
+    lda, m, kbytes = x[AParam.LDA], x[AParam.M], b.mul(x[AParam.K], u.const(4 // k.kgroup))
+    mcb, kcb = x[AParam.MC], x[AParam.KC]
+    amx.load_config(b)
+    with u.for_range(b, u.const(0), kgp, kcb, "pc") as pc:
+        kc = u.smin(b, kcb, b.sub(kgp, pc))
+        kts = b.sdiv(kc, u.const(KSTEP))
+        first = b.icmp_signed("==", pc, u.const(0))
+        last = b.icmp_signed(">=", b.add(pc, kc), kgp)
+        with u.for_range(b, m0, m1, mcb, "ic") as ic:
+            mc = u.smin(b, mcb, b.sub(m1, ic))
+            b.call(pack_a, [x.a, lda, m, kbytes, ic, mc, pc, kc, abuf])
+            with u.for_range(b, n0, n1, BLOCK, "jr") as jr:
+                bpan = u.gep(b, bm, b.mul(b.add(b.mul(b.sdiv(jr, u.const(BLOCK)), kgp), pc),
+                                          u.const(BLOCK * 4)))
+                with u.for_range(b, u.const(0), mc, BLOCK, "ir") as ir_:
+                    row = b.add(ic, ir_)
+                    cptr = u.gep(b, x.c, b.mul(b.add(b.mul(row, x[AParam.NP]), jr), u.const(4)))
+                    apan = u.gep(b, abuf, b.mul(b.mul(b.sdiv(ir_, u.const(amx.TILE_ROWS)), kts),
+                                                u.const(amx.TILE_SIZE)))
+                    _block_tiles(b, k, apan, kts, bpan, cptr, ldc_bytes, first)
+                    if dequant:
+                        with b.if_then(last):
+                            _dequantize_block(b, x, cptr, row, jr, ldc_bytes)
+    amx.release(b)
+    b.ret_void()
+    return fn
+
+
+def amxgemm_ir(k: DotKernel, target, dequant: bool = False) -> str:
+    """LLVM IR of the AMX GEMM module for `k` (with the dequantizing epilogue) and its B packer."""
+    module = ir.Module(name=f"tf_amxgemm_{k.name}{'_dq' if dequant else ''}")
+    module.triple = target.triple
+    pack_a = emit_pack_a(module)
+    pack_b = emit_pack_b(module, BLOCK, k.kgroup)
+    worker = _emit_worker(module, k, dequant, pack_a, pack_b)
+    emit_entry(module, worker, ENTRY, int(AParam.DATA_OFFSET), int(AParam.THREADS))
+    emit_entry(module, _emit_pack_worker(module, pack_b), PACK_ENTRY, int(AParam.DATA_OFFSET),
+               int(AParam.THREADS))
+    return str(module)

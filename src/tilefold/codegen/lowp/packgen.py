@@ -1,0 +1,107 @@
+"""Packing low-precision operands in generated code: B into k-group panels, A into AMX tiles.
+
+A k-group is one 32-bit word of `g` K-consecutive elements (g = 2 for bf16, 4 for 8-bit). B[K, N]
+becomes NR-column panels of `kgp` word rows (`NR * 4` bytes each, the VNNI layout the dot
+instructions read); A rows become 16-row x 16-word tiles stored contiguously (1 KiB each), so a
+tile load never strides across pages. K, M and N tails are zero-filled by masked loads.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+from tilefold.codegen.lowp.amx import TILE_BYTES, TILE_ROWS, TILE_SIZE
+
+_P8 = u.i8.as_pointer()
+PACK_B = "tf_lowp_pack_b"
+PACK_A = "tf_lowp_pack_a"
+
+
+def prefix_mask(b: ir.IRBuilder, count: ir.Value, lanes: int) -> ir.Value:
+    """<lanes x i1> with the first `count` (i64, clamped to [0, lanes]) lanes set: one kmov."""
+    bits = ir.IntType(lanes)
+    count = u.smax(b, u.smin(b, count, u.const(lanes)), u.const(0))
+    shift = b.trunc(count, bits) if lanes < 64 else count
+    low = b.sub(b.shl(ir.Constant(bits, 1), shift), ir.Constant(bits, 1))
+    full = b.icmp_signed(">=", count, u.const(lanes))
+    return b.bitcast(b.select(full, ir.Constant(bits, -1), low), u.vec(u.i1, lanes))
+
+
+def masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, elem: ir.IntType) -> ir.Value:
+    """The lanes of `mask` of a <lanes x elem> vector at byte pointer `ptr`, zeros elsewhere."""
+    lanes = mask.type.count
+    ty = u.vec(elem, lanes)
+    fn = u.intrinsic(b.module, f"llvm.masked.load.v{lanes}i{elem.width}.p0", ty,
+                     [ty.as_pointer(), u.i32, mask.type, ty])
+    return b.call(fn, [b.bitcast(ptr, ty.as_pointer()), u.const(1, u.i32), mask,
+                       ir.Constant(ty, [0] * lanes)])
+
+
+def _interleave(b: ir.IRBuilder, rows: list[ir.Value]) -> ir.Value:
+    """out[j * g + q] = rows[q][j]: g K-rows of one panel as k-group words (VNNI order)."""
+    lanes, g = rows[0].type.count, len(rows)
+    if g == 4:  # r0|r1 and r2|r3: one two-source shuffle then indexes r0|r1|r2|r3
+        pair = ir.Constant(u.vec(u.i32, 2 * lanes), list(range(2 * lanes)))
+        rows = [b.shuffle_vector(rows[0], rows[1], pair), b.shuffle_vector(rows[2], rows[3], pair)]
+    order = [q * lanes + j for j in range(lanes) for q in range(g)]
+    return b.shuffle_vector(rows[0], rows[1], ir.Constant(u.vec(u.i32, len(order)), order))
+
+
+def emit_pack_b(module: ir.Module, nr: int, g: int) -> ir.Function:
+    """`pack_b(src, ldb, k, n, kgp, p0, p1, dst)`: panels p0..p1 of B (`ldb` bytes a row) to
+    dst + p * kgp * nr * 4, each `kgp` word rows of `nr` words (rows >= K and columns >= N 0)."""
+    elem = ir.IntType(32 // g)
+    es = 4 // g
+    types = [_P8, u.i64, u.i64, u.i64, u.i64, u.i64, u.i64, _P8]
+    fn = ir.Function(module, ir.FunctionType(u.void, types), name=PACK_B)
+    fn.linkage = "internal"
+    src, ldb, k, n, kgp, p0, p1, dst = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    row_bytes = nr * 4
+    with u.for_range(b, p0, p1, 1, "p") as p:
+        col0 = b.mul(p, u.const(nr))
+        cols = b.sub(n, col0)
+        base = u.gep(b, src, b.mul(col0, u.const(es)))
+        out = u.gep(b, dst, b.mul(b.mul(p, kgp), u.const(row_bytes)))
+        with u.for_range(b, u.const(0), kgp, 1, "kk") as kk:
+            rows = []
+            for q in range(g):
+                kq = b.add(b.mul(kk, u.const(g)), u.const(q))
+                valid = b.select(b.icmp_signed("<", kq, k), cols, u.const(0))
+                rows.append(masked_load(b, u.gep(b, base, b.mul(kq, ldb)),
+                                        prefix_mask(b, valid, nr), elem))
+            words = _interleave(b, rows)
+            ptr = b.bitcast(u.gep(b, out, b.mul(kk, u.const(row_bytes))),
+                            words.type.as_pointer())
+            b.store(words, ptr, align=4)
+    b.ret_void()
+    return fn
+
+
+def emit_pack_a(module: ir.Module) -> ir.Function:
+    """`pack_a(src, lda, m, kbytes, r0, rows, w0, kc, dst)`: A rows r0..r0+rows, words
+    w0..w0+kc (kc a multiple of 16, `lda` and `kbytes` = K * element size in bytes) as tiles:
+    dst[(r / 16) * (kc / 16) + kt] holds rows r..r+15, words kt * 16 .. kt * 16 + 15."""
+    types = [_P8, u.i64, u.i64, u.i64, u.i64, u.i64, u.i64, u.i64, _P8]
+    fn = ir.Function(module, ir.FunctionType(u.void, types), name=PACK_A)
+    fn.linkage = "internal"
+    src, lda, m, kbytes, r0, rows, w0, kc, dst = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    kts = b.sdiv(kc, u.const(TILE_BYTES // 4))
+    with u.for_range(b, u.const(0), rows, 1, "r") as r:
+        row = b.add(r0, r)
+        in_m = b.icmp_signed("<", row, m)
+        src_row = u.gep(b, src, b.mul(row, lda))
+        tile_row = u.gep(b, dst, b.add(
+            b.mul(b.mul(b.sdiv(r, u.const(TILE_ROWS)), kts), u.const(TILE_SIZE)),
+            b.mul(b.srem(r, u.const(TILE_ROWS)), u.const(TILE_BYTES))))
+        with u.for_range(b, u.const(0), kts, 1, "kt") as kt:
+            off = b.mul(b.add(w0, b.mul(kt, u.const(TILE_BYTES // 4))), u.const(4))
+            valid = b.select(in_m, b.sub(kbytes, off), u.const(0))
+            data = masked_load(b, u.gep(b, src_row, off), prefix_mask(b, valid, TILE_BYTES),
+                               u.i8)
+            ptr = u.gep(b, tile_row, b.mul(kt, u.const(TILE_SIZE)))
+            b.store(data, b.bitcast(ptr, data.type.as_pointer()), align=64)
+    b.ret_void()
+    return fn
