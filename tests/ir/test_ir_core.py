@@ -5,13 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tilefold.errors import VerificationError
 from tilefold.ir import (
+    OPS,
     Builder,
     first_difference,
+    interpret,
+    parse_file,
     parse_module,
     print_module,
     print_op,
     structurally_equal,
+    trace,
     verify,
 )
 from tilefold.ir import functional as F
@@ -114,3 +119,74 @@ def test_structural_equality_compares_constants_bit_for_bit() -> None:
     assert structurally_equal(module_of([np.nan, 1.0]), module_of([np.nan, 1.0]))
     assert not structurally_equal(module_of([0.0]), module_of([-0.0]))
     assert not structurally_equal(module_of([1.0]), module_of([1.0, 1.0]))
+
+
+REGION = """\
+module {
+  func @main(%x: f32[?b,8], %w: f32[8,16]) -> (f32[?b,16]) {
+    %0 = fused(%x, %w) {kind = "compute"} : f32[?b,16] region (%a: f32[?b,8], %c: f32[8,16]) {
+      %1 = matmul(%a, %c) : f32[?b,16]
+      %2 = reshape(%1) {shape = [?b, 4, 4]} : f32[?b,4,4]
+      %3 = reshape(%2) {shape = [?b, 16]} : f32[?b,16]
+      %4 = gelu(%3) : f32[?b,16]
+      yield(%4)
+    } loc("m.py":2:3)
+    return(%0)
+  }
+}
+"""
+
+
+@pytest.mark.skipif("fused" not in OPS, reason="the fused-region op is not declared")
+def test_ops_with_regions_print_parse_verify_and_run() -> None:
+    module = verify(parse_module(REGION))
+    assert print_module(module) == REGION
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    direct = trace(lambda a, c: F.gelu(a @ c), ("x", "f32", ("b", 8)), ("w", "f32", (8, 16)))
+    np.testing.assert_array_equal(interpret(module, x, w)[0], interpret(direct, x, w)[0])
+    assert [op.name for op in module.walk()] == [
+        "fused",
+        "matmul",
+        "reshape",
+        "reshape",
+        "gelu",
+        "yield",
+        "return",
+    ]
+    assert {v.name for v in module["main"].values()} >= {"a", "c", "4"}
+
+
+@pytest.mark.skipif("fused" not in OPS, reason="the fused-region op is not declared")
+def test_regions_see_only_their_arguments_and_end_with_yield() -> None:
+    outer = REGION.replace("matmul(%a, %c)", "matmul(%x, %c)")
+    with pytest.raises(VerificationError, match="from outside its region"):
+        verify(parse_module(outer))
+    with pytest.raises(VerificationError, match="block must end with 'yield'"):
+        verify(parse_module(REGION.replace("      yield(%4)\n", "")))
+
+
+def test_interpret_takes_a_function_or_the_only_one_of_a_module(tmp_path) -> None:
+    path = tmp_path / "m.tfir"
+    path.write_text(TEXT.replace("@main", "@only"))
+    module = parse_file(path)
+    assert module.source_name == str(path)
+    x = np.ones((2, 4), np.float32)
+    w = np.eye(4, dtype=np.float32)
+    by_module = interpret(module, x, w)
+    by_function = interpret(module["only"], x, w)
+    assert [a.tobytes() for a in by_module] == [a.tobytes() for a in by_function]
+
+
+def test_names_of_modules_and_functions_are_checked() -> None:
+    module = parse_module(TEXT)
+    module.name = "bad name"
+    with pytest.raises(VerificationError, match="module name @bad name"):
+        verify(module)
+    module = parse_module(TEXT)
+    module["main"].name = "other"
+    with pytest.raises(VerificationError, match="function name @other"):
+        verify(module)
+    b = Builder("main")
+    with pytest.raises(VerificationError, match="already has a function @main"):
+        Builder("main", b.module)

@@ -160,3 +160,32 @@ def test_constant_yields_its_value(dt) -> None:
     module = b.build(b.op("constant", value=value))
     got = interpret(module)[0]
     assert got.dtype == value.dtype and got.tobytes() == value.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "attrs", "message"),
+    [
+        ("reshape", (2, 3), {"shape": [-1, -1]}, "at most one -1"),
+        ("reshape", (2, 3), {"shape": [-2, 3]}, "negative size"),
+        ("reshape", ("b", 4), {"shape": [-1, 2]}, "cannot infer -1"),
+        ("reshape", ("b", 3), {"shape": ["n", 3]}, "element counts differ"),
+        ("reshape", ("b", 3), {"shape": [-1, "n"]}, "cannot reshape"),
+        ("slice", (2, 3), {"starts": [0], "stops": [1], "steps": [1]}, "need 2 entries each"),
+        ("slice", (2,), {"starts": [0], "stops": [1], "steps": [0]}, "step cannot be 0"),
+        ("expand_dims", (2,), {"axes": [0, 0]}, "repeated axis"),
+        ("gather", (2,), {"axis": 1}, "out of range for rank 1"),
+    ],
+)
+def test_layout_ops_reject_impossible_shapes(op, shape, attrs, message) -> None:
+    b = Builder()
+    operands = [b.arg("x", "f32", shape)] + ([b.arg("i", "i32", (2,))] if op == "gather" else [])
+    with pytest.raises(ShapeError, match=message):
+        b.op(op, *operands, **attrs)
+    with pytest.raises(ShapeError, match="needs at least one operand"):
+        b.op("concat")
+
+
+def test_integer_index_of_a_symbolic_dim_needs_gather() -> None:
+    b = Builder()
+    with pytest.raises(ShapeError, match="use gather"):
+        b.arg("x", "f32", ("n", 2))[0]

@@ -17,12 +17,16 @@ from tilefold.ir.types import SymDim, TensorType
 
 def bind_symbols(fn: Function, args: Sequence[np.ndarray]) -> dict[str, int]:
     """Check `args` against the function's parameter types; return the symbolic dim sizes."""
-    if len(args) != len(fn.args):
-        raise ShapeError(f"@{fn.name} takes {len(fn.args)} inputs, got {len(args)}")
+    return _bind(fn.args, args, f"@{fn.name}")
+
+
+def _bind(params: Sequence[Value], args: Sequence[np.ndarray], owner: str) -> dict[str, int]:
+    if len(args) != len(params):
+        raise ShapeError(f"{owner} takes {len(params)} inputs, got {len(args)}")
     bindings: dict[str, int] = {}
-    for param, arg in zip(fn.args, args, strict=True):
+    for param, arg in zip(params, args, strict=True):
         t = param.type
-        where = f"@{fn.name} input %{param.name}"
+        where = f"{owner} input %{param.name}"
         try:
             given = dtypes.dtype(arg.dtype)
         except DTypeError:
@@ -83,9 +87,11 @@ def _check(value: np.ndarray, t: TensorType, op: str) -> np.ndarray:
 
 
 def run_region(region: Block, args: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Evaluate a region (e.g. a fused group's body) on arrays bound to its arguments."""
-    env = dict(zip(region.args, args, strict=True))
-    return _run_block(region, env, {})
+    """Evaluate a region (e.g. a fused group's body) on arrays bound to its arguments; symbolic
+    dims take their sizes from those arrays."""
+    arrays = [np.asarray(a) for a in args]
+    bindings = _bind(region.args, arrays, "region")
+    return _run_block(region, dict(zip(region.args, arrays, strict=True)), bindings)
 
 
 def interpret(

@@ -76,9 +76,9 @@ class Verifier:
                         "outside its region)",
                         op,
                     )
-            self.operation(op, symbols)
-            for region in op.regions:
+            for region in op.regions:  # first, as a region op's types come from its regions
                 self.block(region, set(), names, symbols, "yield", op)
+            self.operation(op, symbols)
             for result in op.results:
                 self.define(result, names, op)
                 visible.add(result)
