@@ -1,7 +1,7 @@
 """Runs compiled code: the JIT and its on-disk kernel cache, and the native parallel runtime."""
 
 from tilefold.runtime.codegen import codegen_runs, emit_assembly, emit_object
-from tilefold.runtime.compile import compile_llvm_ir
+from tilefold.runtime.compile import compile_generated, compile_llvm_ir
 from tilefold.runtime.compiled_module import CompiledModule
 from tilefold.runtime.thread_pool import RegionCost, ThreadPool, num_threads, thread_pool
 from tilefold.target import cache_dir
@@ -12,6 +12,7 @@ __all__ = [
     "ThreadPool",
     "cache_dir",
     "codegen_runs",
+    "compile_generated",
     "compile_llvm_ir",
     "emit_assembly",
     "emit_object",

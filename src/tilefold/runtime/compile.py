@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tilefold.errors import UnsupportedError
-from tilefold.runtime.build import build_module
+from tilefold.runtime import kernel_cache
+from tilefold.runtime.build import build_module, build_module_keyed
 from tilefold.runtime.compiled_module import CompiledModule
 from tilefold.runtime.thread_pool import RUNTIME_SYMBOLS, thread_pool
 from tilefold.target import Target, enable_amx
 
-# Any of these in a module means it executes AMX tile instructions.
-_AMX_MARKERS = ("@llvm.x86.ldtilecfg", "@llvm.x86.tile", "@llvm.x86.tdp", "x86_amx")
+# A global named with any of these prefixes means a module executes AMX tile instructions.
+_AMX_PREFIXES = ("llvm.x86.ldtilecfg", "llvm.x86.tile", "llvm.x86.tdp")
+
+
+def _mentions(llvm_ir: str, prefix: str) -> bool:
+    """Whether `llvm_ir` names a global starting with `prefix`, quoted or not.
+
+    llvmlite's IR builder quotes every name (`@"tilefold_parallel"`); hand-written IR does not.
+    """
+    return f"@{prefix}" in llvm_ir or f'@"{prefix}' in llvm_ir
 
 
 def compile_llvm_ir(
@@ -23,11 +34,34 @@ def compile_llvm_ir(
     modules using AMX get the process's AMX permission first.
     """
     if target.is_host():
-        if any(f"@{symbol}" in llvm_ir for symbol in RUNTIME_SYMBOLS):
+        if any(_mentions(llvm_ir, symbol) for symbol in RUNTIME_SYMBOLS):
             thread_pool()
-        if any(marker in llvm_ir for marker in _AMX_MARKERS) and not enable_amx():
+        uses_amx = "x86_amx" in llvm_ir or any(_mentions(llvm_ir, p) for p in _AMX_PREFIXES)
+        if uses_amx and not enable_amx():
             raise UnsupportedError(
                 f"module {name!r} uses AMX, which this process may not use (no amx-tile on "
                 f"{target.name}, or the kernel refused); pick a non-AMX micro-kernel"
             )
     return build_module(llvm_ir, target, name=name, opt_level=opt_level)
+
+
+def compile_generated(
+    fingerprint: str,
+    make_ir: Callable[[], str],
+    target: Target,
+    *,
+    name: str,
+    uses_pool: bool = False,
+    opt_level: int = 0,
+) -> CompiledModule:
+    """`compile_llvm_ir` for generated code, cached under `fingerprint` (the generator's source
+    and parameters) instead of the IR text: a warm process never even builds the IR, which for
+    large generated modules costs more than loading the object. `make_ir()` runs on a miss only.
+
+    The caller vouches that the fingerprint changes whenever the IR would, and says whether the
+    module calls the native pool (`uses_pool`). Modules using AMX go through `compile_llvm_ir`.
+    """
+    if uses_pool and target.is_host():
+        thread_pool()
+    key = kernel_cache.source_key(fingerprint, target, opt_level)
+    return build_module_keyed(key, make_ir, target, name=name, opt_level=opt_level)

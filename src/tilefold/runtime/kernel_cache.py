@@ -49,6 +49,16 @@ def _versions() -> str:
 
 def cache_key(llvm_ir: str, target: Target, opt_level: int) -> str:
     """sha256 of everything that decides the object code."""
+    return _digest("ir", llvm_ir, target, opt_level)
+
+
+def source_key(fingerprint: str, target: Target, opt_level: int) -> str:
+    """Like `cache_key`, from a generator's fingerprint (its source and parameters) instead of
+    the IR it would emit, so a cache hit needs no IR at all; never equal to an IR key."""
+    return _digest("source", fingerprint, target, opt_level)
+
+
+def _digest(kind: str, text: str, target: Target, opt_level: int) -> str:
     digest = hashlib.sha256()
     for part in (
         f"format {FORMAT_VERSION}",
@@ -57,7 +67,8 @@ def cache_key(llvm_ir: str, target: Target, opt_level: int) -> str:
         target.cpu,
         target.llvm_features(),
         f"opt {opt_level}",
-        llvm_ir,
+        kind,
+        text,
     ):
         digest.update(part.encode())
         digest.update(b"\0")
