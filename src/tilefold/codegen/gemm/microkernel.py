@@ -88,7 +88,7 @@ def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
         """Direct A: stream in the next tile down (mr rows on) while this one computes, the
         lines this step's k range covers in a packed order; exact when its rows are adjacent
         (lda = kc), merely early or wasted otherwise (prefetches never fault)."""
-        for line in range(spec.mr * spec.unroll * 4 // 64):
+        for line in range(-(-spec.mr * spec.unroll * 4 // 64)):
             u.prefetch(b, u.gep(b, next_tile, b.add(b.mul(k, u.const(spec.mr)),
                                                     u.const(line * 16))), locality=2)
 
@@ -100,10 +100,12 @@ def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
 
 
 def _k_loop(b, kc, spec, accs, a, bp, step, hook=None):
-    """Unrolled main loop plus a remainder loop, accumulators carried in phis (registers)."""
+    """Unrolled main loop plus a remainder loop (none when rolled), accumulators carried in phis
+    (registers)."""
     flat = [x for row in accs for x in row]
     n_main = b.mul(b.sdiv(kc, u.const(spec.unroll)), u.const(spec.unroll))
-    for label, stop, unroll in (("main", n_main, spec.unroll), ("rest", kc, 1)):
+    loops = [("main", n_main, spec.unroll), ("rest", kc, 1)]
+    for label, stop, unroll in loops[:1] if spec.unroll == 1 else loops:
         pre = b.block
         head = b.append_basic_block(f"{label}.head")
         body = b.append_basic_block(f"{label}.body")

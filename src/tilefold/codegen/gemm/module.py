@@ -1,21 +1,50 @@
-"""Builds, compiles (through the runtime's disk cache) and loads the GEMM module for a target."""
+"""Builds, compiles (through the runtime's disk cache) and loads the GEMM and GEMV modules.
+
+Both are cached under a fingerprint of their generators' source and parameters, not of their IR:
+building the IR in Python costs more than loading the cached object, so a warm process skips it.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import logging
+from pathlib import Path
 
 from llvmlite import ir
 
 from tilefold.codegen.gemm.driver import ENTRY, PACK_B, emit_gemm
 from tilefold.codegen.gemm.gemv import GEMV_ENTRY, emit_gemv
 from tilefold.codegen.gemm.registry import MicroKernel, select_microkernel
-from tilefold.runtime import compile_llvm_ir, thread_pool
+from tilefold.runtime import CompiledModule, compile_generated
 from tilefold.target import host_target
 
 log = logging.getLogger("tilefold.kernels")
 _P = ctypes.c_void_p
+_OBJ = ctypes.py_object
+_CODEGEN = Path(__file__).resolve().parent.parent
+# Every file whose code shapes the emitted IR.
+_GENERATOR_FILES = ("llvm_util.py", "gemm/driver.py", "gemm/gemv.py", "gemm/microkernel.py",
+                    "gemm/packing.py", "gemm/module.py")
+
+
+@functools.cache
+def _generator_digest() -> str:
+    digest = hashlib.sha256()
+    for name in _GENERATOR_FILES:
+        digest.update((_CODEGEN / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _fingerprint(what: str, **params) -> str:
+    return f"{what} {_generator_digest()} " + " ".join(f"{k}={v!r}" for k, v in params.items())
+
+
+def _kernel_params(kernel: MicroKernel) -> dict:
+    gen = kernel.generator
+    return {**{k: v for k, v in vars(kernel).items() if k != "generator"},
+            "generator": f"{gen.__module__}.{gen.__qualname__}"}
 
 
 def gemm_ir(target, kernel: MicroKernel) -> str:
@@ -23,30 +52,52 @@ def gemm_ir(target, kernel: MicroKernel) -> str:
     module = ir.Module(name=f"tf_gemm_{kernel.name}")
     module.triple = target.triple
     emit_gemm(module, kernel)
-    emit_gemv(module, kernel.lanes)
     return str(module)
 
 
+def gemv_ir(target, lanes: int) -> str:
+    """The LLVM IR text of the matrix-vector module for vectors of `lanes` floats."""
+    module = ir.Module(name=f"tf_gemv_{lanes}")
+    module.triple = target.triple
+    emit_gemv(module, lanes)
+    return str(module)
+
+
+def _compile(target, name: str, fingerprint: str, make_ir) -> CompiledModule:
+    compiled = compile_generated(fingerprint, make_ir, target, name=name, uses_pool=True)
+    log.info("%s for %s: %.1f ms%s", name, target.name, compiled.compile_seconds * 1e3,
+             " (from cache)" if compiled.from_cache else "")
+    return compiled
+
+
 class GemmModule:
-    """A compiled GEMM module and the ctypes entry point `fn(params, A, B, C, ws)`."""
+    """A compiled GEMM module and the ctypes entry point `fn(params, A, B, C, ws)`; its GEMV
+    entry points come from a second module, compiled on first use."""
 
     def __init__(self, target, kernel: MicroKernel):
         self.target = target
         self.kernel = kernel
-        if target.is_host():
-            thread_pool()  # provides `tilefold_parallel` (llvmlite quotes the name in the IR)
-        self.compiled = compile_llvm_ir(gemm_ir(target, kernel), target,
-                                                name=f"gemm_{kernel.name}")
+        self.compiled = _compile(target, f"gemm_{kernel.name}",
+                                 _fingerprint("gemm", **_kernel_params(kernel)),
+                                 lambda: gemm_ir(target, kernel))
         self.entry = self.compiled.function(ENTRY, None, _P, _P, _P, _P, _P)
-        obj = ctypes.py_object
-        self.entry_objects = self.compiled.function(ENTRY, None, _P, obj, obj, obj, _P)
-        self.gemv = self.compiled.function(GEMV_ENTRY, None, _P, _P, _P, _P, _P)
-        self.gemv_objects = self.compiled.function(GEMV_ENTRY, None, _P, obj, obj, obj, _P)
+        self.entry_objects = self.compiled.function(ENTRY, None, _P, _OBJ, _OBJ, _OBJ, _P)
         i64 = ctypes.c_int64
         self.pack_b = self.compiled.function(PACK_B, None, i64, i64, _P, i64, i64, _P)
-        log.info("gemm module %s for %s: %.1f ms%s", kernel.name, target.name,
-                 self.compiled.compile_seconds * 1e3,
-                 " (from cache)" if self.compiled.from_cache else "")
+
+    @functools.cached_property
+    def gemv_compiled(self) -> CompiledModule:
+        lanes = self.kernel.lanes
+        return _compile(self.target, f"gemv_{lanes}", _fingerprint("gemv", lanes=lanes),
+                        lambda: gemv_ir(self.target, lanes))
+
+    @property
+    def gemv(self):
+        return self.gemv_compiled.function(GEMV_ENTRY, None, _P, _P, _P, _P, _P)
+
+    @property
+    def gemv_objects(self):
+        return self.gemv_compiled.function(GEMV_ENTRY, None, _P, _OBJ, _OBJ, _OBJ, _P)
 
 
 @functools.cache
