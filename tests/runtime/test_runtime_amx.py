@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tilefold.runtime.compile import _mentions
 from tilefold.target import host_target
 
 AMX_DOT = """
@@ -30,3 +31,9 @@ AMX_DOT = """
 def test_amx_module_runs_in_a_fresh_process(run_python):
     # 3 iterations x 64 products of 1 x 2 in every int32 accumulator element
     assert run_python(AMX_DOT).strip() == "[384]"
+
+
+def test_amx_use_is_recognised_in_quoted_names_too():
+    assert _mentions('call void @"llvm.x86.tdpbf16ps"(i8 0, i8 1, i8 2)', "llvm.x86.tdp")
+    assert _mentions("call void @llvm.x86.tileloadd64(i8 1, ptr %a, i64 64)", "llvm.x86.tile")
+    assert not _mentions("call void @llvm.x86.avx512.vpdpbusd.512()", "llvm.x86.tile")

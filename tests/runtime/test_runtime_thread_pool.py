@@ -180,3 +180,23 @@ def test_regions_work_after_fork_and_shutdown_and_the_pool_restarts(run_python):
         env={"TILEFOLD_NUM_THREADS": "2"},
     )
     assert out.strip() == "0 [2, 1]"
+
+
+def test_modules_naming_the_pool_in_quotes_start_it(run_python):
+    # llvmlite's IR builder prints `@"tilefold_parallel"`; nothing else starts the pool here.
+    out = run_python(
+        """
+        import runtime_pool_kernels as pk
+        from tilefold.runtime import compile_llvm_ir
+        from tilefold.target import host_target
+        quoted = pk.IR
+        for symbol in ("tilefold_parallel", "tilefold_barrier", "tilefold_pool_size"):
+            quoted = quoted.replace(f"@{symbol}", f'@"{symbol}"')
+        kernels = pk.PoolKernels(compile_llvm_ir(quoted, host_target(), name="quoted"))
+        rec = pk.record()
+        kernels.count(rec.ctypes.data, 2)
+        print(rec[:2].tolist())
+        """,
+        env={"TILEFOLD_NUM_THREADS": "2"},
+    )
+    assert out.strip() == "[1, 1]"
