@@ -23,6 +23,14 @@ def _mentions(llvm_ir: str, prefix: str) -> bool:
     return f"@{prefix}" in llvm_ir or f'@"{prefix}' in llvm_ir
 
 
+def _require_amx(target: Target, name: str) -> None:
+    if not enable_amx():
+        raise UnsupportedError(
+            f"module {name!r} uses AMX, which this process may not use (no amx-tile on "
+            f"{target.name}, or the kernel refused); pick a non-AMX micro-kernel"
+        )
+
+
 def compile_llvm_ir(
     llvm_ir: str, target: Target, *, name: str, opt_level: int = 0
 ) -> CompiledModule:
@@ -37,11 +45,8 @@ def compile_llvm_ir(
         if any(_mentions(llvm_ir, symbol) for symbol in RUNTIME_SYMBOLS):
             thread_pool()
         uses_amx = "x86_amx" in llvm_ir or any(_mentions(llvm_ir, p) for p in _AMX_PREFIXES)
-        if uses_amx and not enable_amx():
-            raise UnsupportedError(
-                f"module {name!r} uses AMX, which this process may not use (no amx-tile on "
-                f"{target.name}, or the kernel refused); pick a non-AMX micro-kernel"
-            )
+        if uses_amx:
+            _require_amx(target, name)
     return build_module(llvm_ir, target, name=name, opt_level=opt_level)
 
 
@@ -52,6 +57,7 @@ def compile_generated(
     *,
     name: str,
     uses_pool: bool = False,
+    uses_amx: bool = False,
     opt_level: int = 0,
 ) -> CompiledModule:
     """`compile_llvm_ir` for generated code, cached under `fingerprint` (the generator's source
@@ -59,9 +65,12 @@ def compile_generated(
     large generated modules costs more than loading the object. `make_ir()` runs on a miss only.
 
     The caller vouches that the fingerprint changes whenever the IR would, and says whether the
-    module calls the native pool (`uses_pool`). Modules using AMX go through `compile_llvm_ir`.
+    module calls the native pool (`uses_pool`) or executes AMX instructions (`uses_amx`).
     """
-    if uses_pool and target.is_host():
-        thread_pool()
+    if target.is_host():
+        if uses_pool:
+            thread_pool()
+        if uses_amx:
+            _require_amx(target, name)
     key = kernel_cache.source_key(fingerprint, target, opt_level)
     return build_module_keyed(key, make_ir, target, name=name, opt_level=opt_level)
