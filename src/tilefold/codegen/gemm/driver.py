@@ -70,8 +70,14 @@ def emit_gemm(module: ir.Module, kernel: MicroKernel) -> ir.Function:
 
 def _kernel_table(module: ir.Module, kernel: MicroKernel) -> ir.GlobalVariable:
     """[row-size index][nv-1] -> micro-kernel variant, so edges cost one indirect call."""
-    fns = [kernel.generator(module, kernel.spec(mr, nv))
-           for mr in kernel.m_sizes for nv in range(1, kernel.nv + 1)]
+    emitted: dict = {}
+    fns = []
+    for mr in kernel.m_sizes:
+        for nv in range(1, kernel.nv + 1):
+            spec = kernel.spec(mr, nv)
+            if spec not in emitted:
+                emitted[spec] = kernel.generator(module, spec)
+            fns.append(emitted[spec])
     ptr = UKERNEL_TYPE.as_pointer()
     arr = ir.ArrayType(ptr, len(fns))
     table = ir.GlobalVariable(module, arr, "tf_uk_table")
@@ -120,7 +126,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
                 c_blk = u.gep(b, c, b.add(b.mul(ic, rsc), jc))
 
                 def panel_of(jr):
-                    """B micro-panel `jr` of this block: (pointer, floats per k, nv, nlast)."""
+                    """B micro-panel `jr` of this block: (pointer, floats per k, nv, width)."""
                     nr = u.smin(b, u.const(nr_max), b.sub(nc, jr))
                     nv = b.sdiv(b.add(nr, u.const(vl - 1)), u.const(vl))
                     nlast = b.sub(nr, b.mul(b.sub(nv, u.const(1)), u.const(vl)))
@@ -134,10 +140,10 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
                     panel = b.select(is_pre, panel_pre,
                                      b.select(in_place, panel_direct,
                                               b.select(is_direct, bp, panel_packed)))
-                    return panel, b.select(in_place, rsb, w), nv, nlast
+                    return panel, b.select(in_place, rsb, w), nv, nr
 
                 def tile(jr, ir_, mr, panel):
-                    ptr, ldb, nv, nlast = panel
+                    ptr, ldb, nv, ncols = panel
                     row = u.const(len(kernel.m_sizes) - 1)
                     for pos, size in reversed(list(enumerate(kernel.m_sizes[:-1]))):
                         row = b.select(b.icmp_signed("==", mr, u.const(size)), u.const(pos), row)
@@ -147,7 +153,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
                               else u.gep(b, ap, b.mul(ir_, kc)))
                     b.call(uk, [kc, a_tile, rsa, ptr, ldb,
                                 u.gep(b, c_blk, b.add(b.mul(ir_, rsc), jr)), rsc, beta_eff,
-                                nlast])
+                                ncols])
 
                 if kernel.a_in_l1:
                     with u.for_chunks(b, u.const(0), mc, kernel.m_sizes, "ir") as (ir_, mr), \

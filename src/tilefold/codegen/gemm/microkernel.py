@@ -18,7 +18,7 @@ from tilefold.codegen import llvm_util as u
 UKERNEL_TYPE = ir.FunctionType(
     u.void, [u.i64, u.f32.as_pointer(), u.i64, u.f32.as_pointer(), u.i64, u.f32.as_pointer(),
              u.i64, u.i32, u.i64])
-UKERNEL_ARGS = ("kc", "a", "lda", "b", "ldb", "c", "ldc", "beta", "nlast")
+UKERNEL_ARGS = ("kc", "a", "lda", "b", "ldb", "c", "ldc", "beta", "ncols")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,8 @@ class TileSpec:
 
     `a_lanes` > 1 selects NEON-style A access (load `a_lanes` elements, use them by lane);
     `a_direct` reads A in place (`lda` floats between rows) instead of from a packed panel.
+    `nv_dynamic` serves every width up to `nv` vectors (masked B loads and C stores), one
+    function instead of `nv`: for row tails, which carry too little work to earn a variant each.
     """
 
     mr: int
@@ -35,6 +37,7 @@ class TileSpec:
     unroll: int = 4
     a_lanes: int = 1
     a_direct: bool = False
+    nv_dynamic: bool = False
 
     def __post_init__(self):
         if self.a_direct and self.a_lanes > 1:
@@ -42,16 +45,18 @@ class TileSpec:
 
     @property
     def name(self) -> str:
-        return f"tf_uk_{self.mr}x{self.nv}x{self.lanes}{'d' if self.a_direct else ''}"
+        flags = ("v" if self.nv_dynamic else "") + ("d" if self.a_direct else "")
+        return f"tf_uk_{self.mr}x{self.nv}x{self.lanes}{flags}"
 
 
 def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
-    """Add the variant `spec` to `module`; B holds `ldb` floats per k, A `mr` (packed) or 1."""
+    """Add the variant `spec` to `module`; B holds `ldb` floats per k, A `mr` (packed) or 1;
+    the tile is `ncols` columns wide (the last vector partial, or with `nv_dynamic` fewer)."""
     fn = ir.Function(module, UKERNEL_TYPE, name=spec.name)
     fn.linkage = "internal"
     for arg, name in zip(fn.args, UKERNEL_ARGS, strict=True):
         arg.name = name
-    kc, a, lda, b_ptr, ldb, c, ldc, beta, nlast = fn.args
+    kc, a, lda, b_ptr, ldb, c, ldc, beta, ncols = fn.args
     for p in (a, b_ptr, c):
         p.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -65,9 +70,17 @@ def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
     else:
         rows, a_step = [u.const(i) for i in range(spec.mr)], spec.mr
 
+    masks = [u.lane_mask(b, b.sub(ncols, u.const(v * vl)), vl) for v in range(spec.nv)]
+
+    def load_b(bp, v):
+        ptr = u.vptr(b, u.gep(b, bp, v * vl), vl)
+        if spec.nv_dynamic and v > 0:
+            return u.masked_load(b, ptr, masks[v], vl)
+        return b.load(ptr, align=4)
+
     def step(accs, ap, bp):
         """One k step: nv loads of B, mr broadcasts of A, mr*nv FMAs."""
-        bv = [b.load(u.vptr(b, u.gep(b, bp, v * vl), vl), align=4) for v in range(spec.nv)]
+        bv = [load_b(bp, v) for v in range(spec.nv)]
         out = []
         for i in range(spec.mr):
             if spec.a_lanes > 1:
@@ -95,7 +108,7 @@ def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
     next_tile = u.gep(b, a, b.mul(u.const(spec.mr), lda))
     hook = prefetch_next if spec.a_direct else None
     accs = _k_loop(b, kc, spec, accs, a, b_ptr, step, hook)
-    _epilogue(b, spec, accs, c, ldc, beta, nlast)
+    _epilogue(b, spec, accs, c, ldc, beta, masks)
     return fn
 
 
@@ -142,21 +155,22 @@ def _k_loop(b, kc, spec, accs, a, bp, step, hook=None):
     return [flat[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
 
 
-def _epilogue(b, spec, accs, c, ldc, beta, nlast):
+def _epilogue(b, spec, accs, c, ldc, beta, masks):
     """Write the tile. C is read through a mask that is empty when beta=0 (so garbage in C never
-    leaks), and the last vector's lanes past `nlast` are neither read nor written."""
+    leaks), and columns past `ncols` are neither read nor written: `masks[v]` guards vector v
+    where it may be partial (the last one; any with `nv_dynamic`)."""
     vl = spec.lanes
     all_lanes = ir.Constant(u.vec(u.i1, vl), [1] * vl)
-    last = u.lane_mask(b, nlast, vl)
     keep = u.splat(b, b.icmp_signed("!=", beta, u.const(0, u.i32)), vl)
     for i in range(spec.mr):
         row = u.gep(b, c, b.mul(u.const(i), ldc))
         for v in range(spec.nv):
             ptr = u.vptr(b, u.gep(b, row, v * vl), vl)
-            store_mask = last if v == spec.nv - 1 else all_lanes
+            partial = spec.nv_dynamic or v == spec.nv - 1
+            store_mask = masks[v] if partial else all_lanes
             old = u.masked_load(b, ptr, b.and_(store_mask, keep), vl)
             val = b.fadd(accs[i][v], old)
-            if v == spec.nv - 1:
+            if partial:
                 u.masked_store(b, val, ptr, store_mask)
             else:
                 b.store(val, ptr, align=4)

@@ -52,10 +52,12 @@ class MicroKernel:
         return (self.mr, *(p for p in (8, 4, 2, 1) if p < self.mr))
 
     def spec(self, mr: int, nv: int) -> TileSpec:
-        """Variant `mr` x `nv`; row tails (M's last few rows only) keep the k loop rolled:
-        they carry little work and rolled variants cut the module's compile time by a third."""
-        unroll = self.unroll if mr == self.mr else 1
-        return TileSpec(mr, nv, self.lanes, unroll, self.a_lanes, self.a_direct)
+        """Variant for `mr` rows by `nv` vectors. Row tails (M's last few rows only) carry little
+        work: one rolled, width-dynamic variant per row count serves them all, which cuts the
+        module's compile time by a third."""
+        if mr == self.mr:
+            return TileSpec(mr, nv, self.lanes, self.unroll, self.a_lanes, self.a_direct)
+        return TileSpec(mr, self.nv, self.lanes, 1, self.a_lanes, self.a_direct, nv_dynamic=True)
 
 
 SHAPE_CLASSES = ("general", "narrow")
