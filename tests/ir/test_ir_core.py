@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tilefold.errors import VerificationError
 from tilefold.ir import (
     OPS,
+    Attr,
     Builder,
+    OpDef,
     first_difference,
     interpret,
     parse_file,
     parse_module,
     print_module,
     print_op,
+    register,
     structurally_equal,
     trace,
     verify,
 )
 from tilefold.ir import functional as F
+from tilefold.ir.opdef import attr_table
+from tilefold.ir.types import dim
 
 TEXT = """\
 module @m {
@@ -190,3 +197,43 @@ def test_names_of_modules_and_functions_are_checked() -> None:
     b = Builder("main")
     with pytest.raises(VerificationError, match="already has a function @main"):
         Builder("main", b.module)
+
+
+class _Split(OpDef):
+    """Test-only op: two results and a free-text attribute. `%a, %b = test_split(%x)`"""
+
+    name = "test_split"
+    operands = ("x",)
+    attributes = attr_table(note=Attr("str", ""), shape=Attr("shape", ()))
+
+    @classmethod
+    def infer(cls, types, attrs):
+        return [types[0], types[0].with_dtype("i32")]
+
+    @classmethod
+    def reference(cls, args, attrs):
+        return [args[0], args[0].astype(np.int32)]
+
+
+@pytest.fixture(scope="module")
+def split_op():
+    register(_Split)
+    yield _Split
+    del OPS[_Split.name]
+
+
+@settings(max_examples=50)
+@given(note=st.text(), shape=st.lists(st.integers(0, 2**70) | st.sampled_from(["b", "n"])))
+def test_several_results_and_any_string_attribute_round_trip(split_op, note, shape) -> None:
+    b = Builder()
+    x = b.arg("x", "f32", ("b", "n"))
+    first, second = b.op("test_split", x, note=note, shape=shape)
+    module = b.build(second, first)
+    text = print_module(module)
+    assert "%0, %1 = test_split(%x)" in text and ": (f32[?b,?n], i32[?b,?n])" in text
+    parsed = verify(parse_module(text))
+    assert print_module(parsed) == text
+    op = parsed["main"].ops[0]
+    assert op.attr("note") == note and op.attr("shape") == tuple(dim(d) for d in shape)
+    got = interpret(parsed, np.array([[1.5, -2.5]], np.float32))
+    assert got[0].tolist() == [[1, -2]] and got[1].tolist() == [[1.5, -2.5]]

@@ -243,6 +243,14 @@ VERIFY_ERRORS = {
         ),
         "uses ?n, which no argument type defines",
     ),
+    "unbound symbol in an attribute": (
+        fn(
+            "  %0 = §reshape(%x) {shape = [?n, 4]} : f32[1,4]\n  return(%0)",
+            "%x: f32[4]",
+            "f32[1,4]",
+        ),
+        "attribute 'shape' uses ?n, which no argument type defines",
+    ),
     "regions": (
         fn("  %0 = §exp(%x) : f32[4] region () {\n    yield()\n  }\n  return(%0)"),
         "'exp' needs 0 region(s)",

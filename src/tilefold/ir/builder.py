@@ -8,7 +8,6 @@ module = b.build(F.gelu(x @ w))
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable, Sequence
 from numbers import Integral
@@ -188,9 +187,10 @@ class Builder:
         array = np.asarray(value)
         if dtype is not None:
             dt = dtypes.dtype(dtype)
-            lo, hi = int_range(dt) if dt.is_integer else (-math.inf, math.inf)
-            if _is_int(value) and not lo <= value <= hi:
-                raise DTypeError(f"{value} does not fit in {dt} ({lo}..{hi}); use a wider dtype")
+            if dt.is_integer and array.dtype.kind in "iu" and array.size:
+                lo, hi = int_range(dt)
+                if array.min() < lo or array.max() > hi:
+                    raise DTypeError(f"{value} does not fit in {dt} ({lo}..{hi}); widen the dtype")
             array = round_to(array, dt)
         elif not isinstance(value, np.ndarray | np.generic) and array.dtype == np.float64:
             array = array.astype(np.float32)

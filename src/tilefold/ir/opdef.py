@@ -197,7 +197,3 @@ def register(cls: type[OpDef]) -> type[OpDef]:
         raise TilefoldError(f"op {cls.name!r} is declared twice ({OPS[cls.name]} and {cls})")
     OPS[cls.name] = cls
     return cls
-
-
-def lookup(name: str) -> type[OpDef] | None:
-    return OPS.get(name)

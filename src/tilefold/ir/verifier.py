@@ -5,6 +5,7 @@ from __future__ import annotations
 from tilefold.errors import TilefoldError, VerificationError
 from tilefold.ir.core import NAME, Block, Function, Module, Operation, Value
 from tilefold.ir.printer import print_op
+from tilefold.ir.types import SymDim
 
 
 class Verifier:
@@ -89,6 +90,13 @@ class Verifier:
             attrs = opdef.check_signature(len(op.operands), op.attrs)
             if len(op.regions) != opdef.regions:
                 raise VerificationError(f"'{op.name}' needs {opdef.regions} region(s)")
+        except TilefoldError as exc:
+            raise self.fail(exc.message, op) from None
+        for key, spec in opdef.attributes.items():
+            if spec.kind == "shape" and attrs.get(key) is not None:
+                used = {d.name for d in attrs[key] if isinstance(d, SymDim)}
+                self.bound(op, f"attribute '{key}'", used, symbols)
+        try:
             types = [v.type for v in op.operands]
             inferred = opdef.infer_op(types, opdef.full_attrs(attrs), op.regions)
         except TilefoldError as exc:
@@ -101,12 +109,15 @@ class Verifier:
                 op,
             )
         for t in declared:
-            unbound = sorted(t.symbols - symbols)
-            if unbound:
-                raise self.fail(
-                    f"'{op.name}' result {t} uses ?{unbound[0]}, which no argument type defines",
-                    op,
-                )
+            self.bound(op, f"result {t}", t.symbols, symbols)
+
+    def bound(self, op: Operation, what: str, used: set[str], symbols: set[str]) -> None:
+        """Every symbolic dim `what` uses must get its size from an argument at run time."""
+        unbound = sorted(used - symbols)
+        if unbound:
+            raise self.fail(
+                f"'{op.name}' {what} uses ?{unbound[0]}, which no argument type defines", op
+            )
 
 
 def verify(module: Module) -> Module:
