@@ -1,4 +1,4 @@
-"""The `tilefold` command: one entry point dispatching to subcommands (opt, run, info, bench)."""
+"""The `tilefold` command: one entry point dispatching to its subcommands."""
 
 from __future__ import annotations
 
@@ -8,17 +8,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tilefold.version import __version__
 from tilefold.cli import bench, explain, info, opt, run
 from tilefold.errors import TilefoldError
+from tilefold.frontend import demo
+from tilefold.version import __version__
 
-COMMANDS = {
-    "opt": opt,
-    "run": run,
-    "explain": explain,
-    "info": info,
-    "bench": bench,
-}
+COMMANDS = (demo, opt, run, explain, info, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated loggers to show at INFO: passes,kernels,tuning (or 'all')",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module in COMMANDS.items():
-        module.add_parser(sub)
+    for command in COMMANDS:
+        command.add_parser(sub)
     return parser
 
 
