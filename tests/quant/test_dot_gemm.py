@@ -9,9 +9,12 @@ import pytest
 
 from tests.quant.levels import LEVELS, target_for
 from tilefold.codegen.lowp import kernels as lowp_kernels
+from tilefold.codegen.lowp.amxgemm import amxgemm_ir
 from tilefold.codegen.lowp.kernels import DOT_KERNELS, describe_lowp, select_dot_kernel
 from tilefold.quant import matmul_lowp, prepack_lowp
 from tilefold.quant.accuracy import matmul_bound
+from tilefold.runtime import emit_assembly
+from tilefold.target import named_target
 
 # (M, K, N): single elements, edges of every tile and panel, 2+ K blocks of the vector kernels,
 # and whole 32 x 32 AMX blocks with a ragged K step.
@@ -148,3 +151,17 @@ def test_amx_refused_falls_back_and_says_why(rng, monkeypatch):
     a = rng.integers(-128, 128, (5, 70)).astype(np.int8)
     b = rng.integers(-128, 128, (70, 9)).astype(np.int8)
     assert np.array_equal(matmul_lowp(a, b), a.astype(np.int64) @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("kernel", [k for k in DOT_KERNELS if k.is_amx], ids=lambda k: k.name)
+def test_amx_inner_loop_is_tile_loads_and_dots(kernel):
+    """The K loop is 4 tile loads + 4 dots of the kernel's instruction, nothing on the stack."""
+    asm = emit_assembly(amxgemm_ir(kernel, named_target("sapphirerapids")),
+                        named_target("sapphirerapids")).splitlines()
+    first = next(i for i, line in enumerate(asm) if kernel.dot in line)
+    start = max(i for i in range(first) if asm[i].startswith(".LBB"))
+    end = next(i for i in range(first, len(asm)) if asm[i].startswith(".LBB"))
+    loop = [line.split()[0] for line in asm[start + 1:end] if line.startswith("\t")]
+    assert loop.count(kernel.dot) == 4 and loop.count("tileloadd") == 4
+    assert not any("rsp" in line for line in asm[start:end])
+    assert "ldtilecfg" in "\n".join(asm) and "tilerelease" in "\n".join(asm)

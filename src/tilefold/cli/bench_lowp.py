@@ -147,11 +147,16 @@ def run(args) -> int:
     if args.dtype in ("bf16", "int8"):
         kind = "bf16" if args.dtype == "bf16" else "u8s8"
         kernel = select_dot_kernel(host_target(), kind)
-        peak = measured_peak_gflops(dtype=args.dtype, threads=threads, refresh=True)
-        f32_peak = measured_peak_gflops(dtype="f32", threads=threads, refresh=True)
+        vector_peak = measured_peak_gflops(dtype=args.dtype, threads=threads, refresh=True)
+        peak = vector_peak
         unit = "GFLOP/s" if args.dtype == "bf16" else "GOP/s"
+        peaks = f"{vector_peak:.1f} ({args.dtype} vector)"
+        if kernel.is_amx:
+            peak = measured_peak_gflops(dtype=f"amx-{args.dtype}", threads=threads, refresh=True)
+            peaks = f"{peak:.1f} (amx-{args.dtype} tiles, %peak below), " + peaks
+        f32_peak = measured_peak_gflops(dtype="f32", threads=threads, refresh=True)
         print(f"{args.dtype}, {threads} thread(s), micro-kernel {kernel.name}; measured peak "
-              f"{peak:.1f} {unit} ({args.dtype}), {f32_peak:.1f} (f32); figures in {unit}")
+              f"{peaks}, {f32_peak:.1f} (f32); figures in {unit}")
         rows = [(s, _gemm_row(s, args.dtype, threads, args)) for s in shapes]
         peers = [p for p in rows[0][1] if p not in ("tilefold", "fp32")]  # incl. tf_unpacked_b
         cols = ["fp32", *peers]

@@ -4,9 +4,12 @@
 operands (`tdpbusd` for u8 A, `tdpbssd` for s8 A: no +128 shift, no compensation; i32 C, or
 f32 through the dequantizing epilogue). C is padded to whole 32 x 32 blocks so every tile store
 is full. B is either prepacked (`tf_amxgemm_pack_b` / `PackedB`) or packed by the threads into
-`ws` first, each its share of panels then a barrier. Each thread takes a rectangle of C, loops
-pc (KC words) > ic (MC rows, A packed to tiles in its part of `ws`) > jr > ir, keeps partial
-sums in C between K blocks, and per 32 x 32 block runs kc / 16 steps of 4 tile loads + 4 dots.
+`ws` first, each its share of panels then a barrier. Each thread takes a rectangle of C and
+loops ic (MC rows of A, packed to tiles over all of K in its part of `ws`) > jr (a B panel) >
+pc (KC words: a slice of the panel that stays in L1) > ir (32 rows), keeping partial sums of
+its MC x 32 column of C in a contiguous buffer between K blocks (C's own rows may be 4 KiB
+apart and collide in the caches); each 32 x 32 block runs kc / 16 steps of 4 tile loads +
+4 dots and is written to C once, after its last K block.
 """
 
 from __future__ import annotations
@@ -93,18 +96,23 @@ def _emit_pack_worker(module: ir.Module, pack_b) -> ir.Function:
     return fn
 
 
-def _block_tiles(b, k: DotKernel, apan, kts, bpan, cptr, ldc_bytes, first) -> None:
-    """C[32, 32] at cptr (+)= A tiles apan[0..kts) and apan[kts..2 kts) . B panel rows."""
-    c_at = [cptr, u.gep(b, cptr, amx.TILE_BYTES), u.gep(b, cptr, b.mul(ldc_bytes, u.const(16)))]
-    c_at.append(u.gep(b, c_at[2], amx.TILE_BYTES))
+def _tile_ptrs(b, base, stride_bytes) -> list[ir.Value]:
+    """The four 16 x 16 quarters of a 32 x 32 block of 32-bit words at `base`."""
+    low = u.gep(b, base, b.mul(stride_bytes, u.const(amx.TILE_ROWS)))
+    return [base, u.gep(b, base, amx.TILE_BYTES), low, u.gep(b, low, amx.TILE_BYTES)]
+
+
+def _block_tiles(b, k: DotKernel, apan, a_second, kts, bpan, c_in, c_out, first) -> None:
+    """One K block of a 32 x 32 C block: tiles <- 0 or c_in = (pointer, stride); add A tiles
+    apan[kt] (rows 0-15) and apan[kt] + a_second (rows 16-31) times B rows bpan[16 kt ...]
+    for kt < kts; store to c_out = (pointer, stride)."""
     with b.if_else(first) as (fresh, partial):
         with fresh:
             for t in range(4):
                 amx.zero(b, t)
         with partial:
-            for t in range(4):
-                amx.load(b, t, c_at[t], ldc_bytes)
-    second = b.mul(kts, u.const(amx.TILE_SIZE))
+            for t, ptr in enumerate(_tile_ptrs(b, *c_in)):
+                amx.load(b, t, ptr, c_in[1])
     row_bytes = BLOCK * 4
     with u.for_range(b, u.const(0), kts, 1, "kt") as kt:
         a0 = u.gep(b, apan, b.mul(kt, u.const(amx.TILE_SIZE)))
@@ -114,11 +122,11 @@ def _block_tiles(b, k: DotKernel, apan, kts, bpan, cptr, ldc_bytes, first) -> No
         amx.load(b, 7, u.gep(b, b0, amx.TILE_BYTES), row_bytes)
         amx.dot(b, k.dot, 0, 4, 6)
         amx.dot(b, k.dot, 1, 4, 7)
-        amx.load(b, 5, u.gep(b, a0, second), amx.TILE_BYTES)
+        amx.load(b, 5, u.gep(b, a0, a_second), amx.TILE_BYTES)
         amx.dot(b, k.dot, 2, 5, 6)
         amx.dot(b, k.dot, 3, 5, 7)
-    for t in range(4):
-        amx.store(b, t, c_at[t], ldc_bytes)
+    for t, ptr in enumerate(_tile_ptrs(b, *c_out)):
+        amx.store(b, t, ptr, c_out[1])
 
 
 def _dequantize_block(b, x: _Ctx, cptr, row, col, ldc_bytes) -> None:
@@ -159,28 +167,35 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
         barrier = u.intrinsic(module, "tilefold_barrier", u.void, [u.i32])
         b.call(barrier, [tid32])
     bm = b.select(packing, x.ws, x.bsrc)
-    abuf = u.gep(b, x.ws, b.add(x[AParam.A_OFFSET], b.mul(tid, x[AParam.A_BYTES])))
+    mine = u.gep(b, x.ws, b.add(x[AParam.A_OFFSET], b.mul(tid, x[AParam.A_BYTES])))
+    mcb, kcb = x[AParam.MC], x[AParam.KC]
+    abuf, cbuf = mine, u.gep(b, mine, b.mul(b.mul(mcb, kgp), u.const(4)))
     ldc_bytes = b.mul(x[AParam.NP], u.const(4))
     lda, m, kbytes = x[AParam.LDA], x[AParam.M], b.mul(x[AParam.K], u.const(4 // k.kgroup))
-    mcb, kcb = x[AParam.MC], x[AParam.KC]
+    a_second = b.mul(b.sdiv(kgp, u.const(KSTEP)), u.const(amx.TILE_SIZE))
     amx.load_config(b)
-    with u.for_range(b, u.const(0), kgp, kcb, "pc") as pc:
-        kc = u.smin(b, kcb, b.sub(kgp, pc))
-        kts = b.sdiv(kc, u.const(KSTEP))
-        first = b.icmp_signed("==", pc, u.const(0))
-        last = b.icmp_signed(">=", b.add(pc, kc), kgp)
-        with u.for_range(b, m0, m1, mcb, "ic") as ic:
-            mc = u.smin(b, mcb, b.sub(m1, ic))
-            b.call(pack_a, [x.a, lda, m, kbytes, ic, mc, pc, kc, abuf])
-            with u.for_range(b, n0, n1, BLOCK, "jr") as jr:
-                bpan = u.gep(b, bm, b.mul(b.add(b.mul(b.sdiv(jr, u.const(BLOCK)), kgp), pc),
-                                          u.const(BLOCK * 4)))
+    with u.for_range(b, m0, m1, mcb, "ic") as ic:
+        mc = u.smin(b, mcb, b.sub(m1, ic))
+        b.call(pack_a, [x.a, lda, m, kbytes, ic, mc, u.const(0), kgp, abuf])
+        with u.for_range(b, n0, n1, BLOCK, "jr") as jr:
+            panel = u.gep(b, bm, b.mul(b.mul(b.sdiv(jr, u.const(BLOCK)), kgp), u.const(BLOCK * 4)))
+            with u.for_range(b, u.const(0), kgp, kcb, "pc") as pc:
+                kc = u.smin(b, kcb, b.sub(kgp, pc))
+                first = b.icmp_signed("==", pc, u.const(0))
+                last = b.icmp_signed(">=", b.add(pc, kc), kgp)
+                bpan = u.gep(b, panel, b.mul(pc, u.const(BLOCK * 4)))
                 with u.for_range(b, u.const(0), mc, BLOCK, "ir") as ir_:
                     row = b.add(ic, ir_)
                     cptr = u.gep(b, x.c, b.mul(b.add(b.mul(row, x[AParam.NP]), jr), u.const(4)))
-                    apan = u.gep(b, abuf, b.mul(b.mul(b.sdiv(ir_, u.const(amx.TILE_ROWS)), kts),
-                                                u.const(amx.TILE_SIZE)))
-                    _block_tiles(b, k, apan, kts, bpan, cptr, ldc_bytes, first)
+                    apan = u.gep(b, abuf, b.add(b.mul(b.sdiv(ir_, u.const(amx.TILE_ROWS)),
+                                                      a_second),
+                                                b.mul(b.sdiv(pc, u.const(KSTEP)),
+                                                      u.const(amx.TILE_SIZE))))
+                    part = (u.gep(b, cbuf, b.mul(ir_, u.const(BLOCK * 4))), u.const(BLOCK * 4))
+                    out = tuple(b.select(last, x, y) for x, y in zip((cptr, ldc_bytes), part,
+                                                                      strict=True))
+                    _block_tiles(b, k, apan, a_second, b.sdiv(kc, u.const(KSTEP)), bpan, part,
+                                 out, first)
                     if dequant:
                         with b.if_then(last):
                             _dequantize_block(b, x, cptr, row, jr, ldc_bytes)

@@ -58,11 +58,11 @@ def pack_b_amx(b: np.ndarray, kernel: DotKernel, target: Target,
 
 
 def _blocking(target: Target, kgp: int, m_share: int) -> tuple[int, int]:
-    """(MC rows, KC words): K whole while a 32-column B panel fits in a quarter of L2 (C is
-    then written once, from the tiles), and MC x KC of A in half of L2."""
+    """(MC rows, KC words): K whole while a 32-column B panel fits in a quarter of L2 (each C
+    block is then summed in its tiles and written once), and MC x K of packed A in half of L2."""
     kc = min(kgp, target.l2_bytes // 4 // (BLOCK * 4) // KSTEP * KSTEP)
-    mc = max(BLOCK, target.l2_bytes // 2 // (kc * 4) // BLOCK * BLOCK)
-    return min(mc, _up(m_share, BLOCK)), kc
+    mc = target.l2_bytes // 2 // (kgp * 4) // BLOCK * BLOCK
+    return min(max(BLOCK, mc), _up(m_share, BLOCK)), kc
 
 
 def _split(mp: int, np_: int, threads: int) -> tuple[int, int]:
@@ -92,7 +92,7 @@ def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
     mc, kc = _blocking(target, kgp, math.ceil(mp / tm))
     pack = b.ndim == 2
     a_offset = _up(np_ * kgp * 4, _ALIGN) if pack else 0
-    a_bytes = mc * kc * 4
+    a_bytes = mc * (kgp + BLOCK) * 4  # packed A, then the partial sums
     out_float = kernel.acc_is_float or dequant is not None
     c = np.empty((mp, np_), np.float32 if out_float else np.int32)
     values = {AParam.M: m, AParam.K: k, AParam.N: n, AParam.MP: mp, AParam.NP: np_,
