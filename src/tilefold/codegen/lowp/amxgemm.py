@@ -3,7 +3,7 @@
 `tf_amxgemm(params, A, B, C, ws)` computes C = A @ B for bf16 (`tdpbf16ps`, f32 C) or 8-bit
 operands (`tdpbusd` for u8 A, `tdpbssd` for s8 A: no +128 shift, no compensation; i32 C, or
 f32 through the dequantizing epilogue). C is padded to whole 32 x 32 blocks so every tile store
-is full. B is either prepacked (`tf_amxgemm_pack_b` / `PackedB`) or packed by the threads into
+is full. B is either prepacked (`PackedB`) or packed by the threads into
 `ws` first, each its share of panels then a barrier. Each thread takes a rectangle of C and
 loops ic (MC rows of A, packed to tiles over all of K in its part of `ws`) > jr (a B panel) >
 pc (KC words: a slice of the panel that stays in L1) > ir (32 rows), keeping partial sums of
@@ -25,7 +25,6 @@ from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.codegen.lowp.packgen import emit_pack_a, emit_pack_b
 
 ENTRY = "tf_amxgemm"
-PACK_ENTRY = "tf_amxgemm_pack_b"
 BLOCK = 32  # rows and columns of C per 2 x 2 tiles
 KSTEP = amx.TILE_BYTES // 4  # k-group words per tile step
 _P8 = u.i8.as_pointer()
@@ -33,7 +32,7 @@ _FP = u.f32.as_pointer()
 
 
 class AParam(enum.IntEnum):
-    """Slots of the int64 parameter block of `tf_amxgemm` (and `tf_amxgemm_pack_b`)."""
+    """Slots of the int64 parameter block of `tf_amxgemm`."""
 
     M = 0
     K = 1  # elements
@@ -83,17 +82,6 @@ def _pack_b_share(b, x: _Ctx, pack_b, tid, nth, dst) -> None:
     p0, p1 = (_share(b, panels, nth, t, 1) for t in (tid, b.add(tid, u.const(1))))
     b.call(pack_b, [x.bsrc, x[AParam.LDB], x[AParam.K], x[AParam.N], x[AParam.KGP], p0, p1,
                     dst])
-
-
-def _emit_pack_worker(module: ir.Module, pack_b) -> ir.Function:
-    fn = ir.Function(module, WORKER_TYPE, name="tf_amxgemm_pack_worker")
-    fn.linkage = "internal"
-    ctx, tid, nth = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    x = _Ctx(b, ctx)
-    _pack_b_share(b, x, pack_b, b.sext(tid, u.i64), b.sext(nth, u.i64), x.ws)
-    b.ret_void()
-    return fn
 
 
 def _tile_ptrs(b, base, stride_bytes) -> list[ir.Value]:
@@ -205,13 +193,11 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
 
 
 def amxgemm_ir(k: DotKernel, target, dequant: bool = False) -> str:
-    """LLVM IR of the AMX GEMM module for `k` (with the dequantizing epilogue) and its B packer."""
+    """LLVM IR of the AMX GEMM module for `k` (with the dequantizing epilogue)."""
     module = ir.Module(name=f"tf_amxgemm_{k.name}{'_dq' if dequant else ''}")
     module.triple = target.triple
     pack_a = emit_pack_a(module)
     pack_b = emit_pack_b(module, BLOCK, k.kgroup)
     worker = _emit_worker(module, k, dequant, pack_a, pack_b)
     emit_entry(module, worker, ENTRY, int(AParam.DATA_OFFSET), int(AParam.THREADS))
-    emit_entry(module, _emit_pack_worker(module, pack_b), PACK_ENTRY, int(AParam.DATA_OFFSET),
-               int(AParam.THREADS))
     return str(module)

@@ -1,4 +1,4 @@
-"""Running the AMX GEMM from Python: blocking, the parameter block, padded C, B packing."""
+"""Running the AMX GEMM from Python: blocking, the parameter block, padded C."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
-from tilefold.codegen.lowp.amxgemm import BLOCK, ENTRY, KSTEP, PACK_ENTRY, AParam, amxgemm_ir
+from tilefold.codegen.lowp.amxgemm import BLOCK, ENTRY, KSTEP, AParam, amxgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
 from tilefold.target import Target
@@ -31,30 +31,12 @@ def _module(kernel: DotKernel, target: Target, dequant: bool):
                                name=f"amxgemm_{kernel.name}{'_dq' if dequant else ''}")
     obj = ctypes.py_object
     return (compiled.function(ENTRY, None, _P, obj, obj, obj, _P),
-            compiled.function(ENTRY, None, _P, _P, _P, _P, _P),
-            compiled.function(PACK_ENTRY, None, _P, _P, _P, _P, _P))
+            compiled.function(ENTRY, None, _P, _P, _P, _P, _P))
 
 
-def _kgp(k: int, kernel: DotKernel) -> int:
+def amx_k_words(k: int, kernel: DotKernel) -> int:
     """k-group words of K, padded to whole tile steps."""
     return _up(math.ceil(k / kernel.kgroup), KSTEP)
-
-
-def pack_b_amx(b: np.ndarray, kernel: DotKernel, target: Target,
-               threads: int | None = None) -> np.ndarray:
-    """B[K, N] as the AMX kernel's 32-column panels of k-group words (generated code)."""
-    b = np.ascontiguousarray(b)
-    k, n = b.shape
-    kgp, np_ = _kgp(k, kernel), _up(n, BLOCK)
-    out = np.empty(np_ * kgp * BLOCK, np.uint32)
-    params = np.zeros(len(AParam), np.int64)
-    for slot, value in {AParam.K: k, AParam.N: n, AParam.NP: np_, AParam.KGP: kgp,
-                        AParam.LDB: b.strides[0], AParam.DATA_OFFSET: -1,
-                        AParam.THREADS: threads or num_threads()}.items():
-        params[slot] = value
-    _module(kernel, target, False)[2](params.ctypes.data, None, b.ctypes.data, None,
-                                      out.ctypes.data)
-    return out
 
 
 def _blocking(target: Target, kgp: int, m_share: int) -> tuple[int, int]:
@@ -81,10 +63,10 @@ def _padded(v: np.ndarray, size: int) -> np.ndarray:
 def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
                 dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                 threads: int | None = None) -> np.ndarray:
-    """C = A[M, K] @ B with B raw [K, N] (packed per call, in parallel) or `pack_b_amx`'s panels;
+    """C = A[M, K] @ B with B raw [K, N] (packed per call, in parallel) or `PackedB` panels;
     f32 for bf16, i32 for 8-bit, or f32 with `dequant` = (row_scale[M], col_scale[N], bias[N])."""
     m, k = a.shape
-    mp, np_, kgp = _up(m, BLOCK), _up(n, BLOCK), _kgp(k, kernel)
+    mp, np_, kgp = _up(m, BLOCK), _up(n, BLOCK), amx_k_words(k, kernel)
     if threads is None:
         threads = num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
     threads = max(1, min(threads, (mp // BLOCK) * (np_ // BLOCK)))
@@ -106,7 +88,7 @@ def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
         keep = [_padded(v, size) for v, size in zip(dequant, (mp, np_, np_), strict=True)]
         values.update({AParam.ROW_SCALE: keep[0].ctypes.data,
                        AParam.COL_SCALE: keep[1].ctypes.data, AParam.BIAS: keep[2].ctypes.data})
-    entry_objects, entry_raw, _ = _module(kernel, target, dequant is not None)
+    entry_objects, entry_raw = _module(kernel, target, dequant is not None)
     plan = _Plan(entry_objects, entry_raw, values, len(AParam))
     plan.ws_bytes = a_offset + threads * a_bytes
     plan.run(a, b, c)

@@ -2,7 +2,8 @@
 
 A[M, K] becomes MR-row panels and B[K, N] NR-column panels, each holding one 32-bit word per
 (k-group, row or column): bf16 pairs for `vdpbf16ps`, 8-bit quads for `vpdpbusd` (K zero-padded
-to whole groups, rows and columns to whole panels). Signed 8-bit A is stored as A + 128 (u8)
+to whole groups, rows and columns to whole panels); B is packed by generated code
+(tilefold.codegen.lowp.packgen). Signed 8-bit A is stored as A + 128 (u8)
 and the GEMM subtracts 128 * colsum(B) in its epilogue.
 """
 
@@ -15,9 +16,10 @@ import math
 import numpy as np
 
 from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
-from tilefold.codegen.lowp.amxrun import pack_b_amx, run_amxgemm
+from tilefold.codegen.lowp.amxrun import amx_k_words, run_amxgemm
 from tilefold.codegen.lowp.dotgemm import ENTRY, DParam, dotgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
+from tilefold.codegen.lowp.packgen import PACK_B_ENTRY, pack_b_ir
 from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
 from tilefold.target import Target
 
@@ -45,24 +47,27 @@ def _panels(words: np.ndarray, unit: int) -> np.ndarray:
     return np.ascontiguousarray(words.reshape(rp // unit, unit, kg).transpose(0, 2, 1))
 
 
+@functools.cache
+def _pack_b_entry(nr: int, g: int, target: Target):
+    compiled = compile_llvm_ir(pack_b_ir(nr, g, target), target, name=f"lowp_pack_b_{nr}x{g}")
+    return compiled.function(PACK_B_ENTRY, None, _P, ctypes.c_int64, ctypes.c_int64,
+                             ctypes.c_int64, ctypes.c_int64, _P)
+
+
 class PackedB:
-    """A constant B[K, N] packed once for one kernel (a weight), with its column sums."""
+    """A constant B[K, N] packed once for one kernel (a weight), with its column sums: NR-column
+    panels of k-group words, K padded to whole tile steps for the AMX kernels."""
 
     def __init__(self, b: np.ndarray, kernel: DotKernel, target: Target):
         self.kernel = kernel
         self.k, self.n = b.shape
         self.dtype = b.dtype
-        if kernel.is_amx:
-            self.panels = pack_b_amx(b, kernel, target)
-            return
-        g, nr = kernel.kgroup, kernel.nr
-        bits = b.view(np.uint16 if b.itemsize == 2 else np.uint8)
-        full = np.zeros((math.ceil(self.k / g) * g, math.ceil(self.n / nr) * nr), bits.dtype)
-        full[:self.k, :self.n] = bits
-        kg, npad = full.shape[0] // g, full.shape[1]
-        self.panels = np.ascontiguousarray(
-            full.reshape(kg, g, npad // nr, nr).transpose(2, 0, 3, 1)).view(np.uint32)[..., 0]
-        if kernel.dtype == "u8s8":
+        b = np.ascontiguousarray(b)
+        kgp = amx_k_words(self.k, kernel) if kernel.is_amx else math.ceil(self.k / kernel.kgroup)
+        self.panels = np.empty((math.ceil(self.n / kernel.nr), kgp, kernel.nr), np.uint32)
+        _pack_b_entry(kernel.nr, kernel.kgroup, target)(
+            b.ctypes.data, b.strides[0], self.k, self.n, kgp, self.panels.ctypes.data)
+        if kernel.dtype == "u8s8" and not kernel.is_amx:
             self.colsum = b.sum(axis=0, dtype=np.int32)
 
 

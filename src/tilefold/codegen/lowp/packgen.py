@@ -16,6 +16,7 @@ from tilefold.codegen.lowp.amx import TILE_BYTES, TILE_ROWS, TILE_SIZE
 _P8 = u.i8.as_pointer()
 PACK_B = "tf_lowp_pack_b"
 PACK_A = "tf_lowp_pack_a"
+PACK_B_ENTRY = "tf_lowp_pack_b_all"
 
 
 def prefix_mask(b: ir.IRBuilder, count: ir.Value, lanes: int) -> ir.Value:
@@ -105,3 +106,19 @@ def emit_pack_a(module: ir.Module) -> ir.Function:
             b.store(data, b.bitcast(ptr, data.type.as_pointer()), align=64)
     b.ret_void()
     return fn
+
+
+def pack_b_ir(nr: int, g: int, target) -> str:
+    """A module whose `tf_lowp_pack_b_all(src, ldb, k, n, kgp, dst)` packs every panel of B
+    (one thread: for constant weights, packed once)."""
+    module = ir.Module(name=f"tf_lowp_pack_b_{nr}x{g}")
+    module.triple = target.triple
+    pack_b = emit_pack_b(module, nr, g)
+    types = [_P8, u.i64, u.i64, u.i64, u.i64, _P8]
+    fn = ir.Function(module, ir.FunctionType(u.void, types), name=PACK_B_ENTRY)
+    src, ldb, k, n, kgp, dst = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    panels = b.sdiv(b.add(n, u.const(nr - 1)), u.const(nr))
+    b.call(pack_b, [src, ldb, k, n, kgp, u.const(0), panels, dst])
+    b.ret_void()
+    return str(module)
