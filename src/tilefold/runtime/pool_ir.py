@@ -51,6 +51,7 @@ declare i32 @pthread_key_create(ptr, ptr)
 declare ptr @pthread_getspecific(i32)
 declare i32 @pthread_setspecific(i32, ptr)
 declare i32 @sched_setaffinity(i32, i64, ptr)
+declare i32 @sched_getaffinity(i32, i64, ptr)
 declare i32 @clock_gettime(i32, ptr)
 declare i32 @sched_yield()
 declare i64 @syscall(i64, ...)
@@ -192,6 +193,7 @@ entry:
 
 define void @tilefold_parallel(ptr %fn, ptr %ctx, i32 %n) {
 entry:
+  %saved = alloca [16 x i64], align 8
   %key = load i32, ptr @tf_key, align 4
   %current = call ptr @pthread_getspecific(i32 %key)
   %nested = icmp ne ptr %current, null
@@ -223,7 +225,26 @@ dispatch:
   %word.next = or i32 %seq.high, %m
   store atomic i32 %word.next, ptr @tf_word seq_cst, align 4
   call void @tf_wake_if_sleepers(ptr @tf_word, ptr @tf_word_sleepers)
+  ; The caller runs tid 0 pinned to cpus[0] (its mask restored after): left free, it can land
+  ; on a CPU whose pinned worker spins, and the two stall each other for milliseconds on VMs.
+  %cpu0 = load i32, ptr @tf_cpus, align 4
+  %pin0 = icmp sge i32 %cpu0, 0
+  br i1 %pin0, label %pin_caller, label %run_caller
+pin_caller:
+  %got = call i32 @sched_getaffinity(i32 0, i64 128, ptr %saved)
+  %saved.ok = icmp eq i32 %got, 0
+  br i1 %saved.ok, label %pin_now, label %run_caller
+pin_now:
+  call void @tf_pin(i32 0)
+  br label %run_caller
+run_caller:
+  %pinned = phi i1 [ false, %dispatch ], [ false, %pin_caller ], [ true, %pin_now ]
   call void @tf_run(ptr %fn, ptr %ctx, i32 0, i32 %m)
+  br i1 %pinned, label %unpin_caller, label %caller_done
+unpin_caller:
+  %restored = call i32 @sched_setaffinity(i32 0, i64 128, ptr %saved)
+  br label %caller_done
+caller_done:
   %others = sub i32 %m, 1
   %before = load i32, ptr @tf_done_target, align 4
   %target = add i32 %before, %others

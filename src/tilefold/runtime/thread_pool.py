@@ -56,7 +56,8 @@ class ThreadPool:
     """Workers 1..size-1 waiting natively; the calling thread always runs tid 0.
 
     Workers spin for $TILEFOLD_SPIN_US (default 2000) after each region, then sleep on a futex;
-    each is pinned to its own CPU unless TILEFOLD_PIN=0 (unpinned spin/sleep pairs stall on VMs).
+    each is pinned to its own CPU unless TILEFOLD_PIN=0 (unpinned spin/sleep pairs stall on VMs),
+    and so is the caller while it runs its share of a region (its own mask restored after).
     """
 
     def __init__(self, size: int):
@@ -90,7 +91,7 @@ class ThreadPool:
         allowed = sorted(os.sched_getaffinity(0))
         pin = os.environ.get("TILEFOLD_PIN", "1") != "0"
         cpus = (ctypes.c_int32 * size)(*([-1] * size))
-        for tid in range(1, size):
+        for tid in range(size):  # tid 0: the caller, pinned only while it runs a region
             cpu = allowed[tid % len(allowed)]
             cpus[tid] = cpu if pin and cpu < 1024 else -1
         return cpus
