@@ -42,52 +42,66 @@ def prepack(b: np.ndarray) -> PackedMatrix:
 
 def matmul(a, b, out: np.ndarray | None = None, *, threads: int | None = None) -> np.ndarray:
     """`np.matmul(a, b, out=out)` on tilefold kernels; `threads` defaults to the runtime's
-    ($TILEFOLD_NUM_THREADS, else every allowed CPU)."""
+    ($TILEFOLD_NUM_THREADS, else every allowed CPU).
+
+    Everything but the per-call checks (data alignment, a writeable and separate `out`) is
+    decided once per (shapes, strides, dtypes, out layout, threads) and cached: a small product
+    costs a dictionary lookup and one native call."""
     packed = isinstance(b, PackedMatrix)
     a = a if isinstance(a, np.ndarray) else np.asarray(a)
     if not packed:
         b = b if isinstance(b, np.ndarray) else np.asarray(b)
-    if a.dtype != _F32 or b.dtype != _F32:
-        return _extern(a, b, out, packed)
-    if not a.flags.aligned:  # strides or address not in whole float32 steps
+        if not b.flags.aligned:  # strides or address not in whole element steps
+            b = np.ascontiguousarray(b)
+    if not a.flags.aligned:
         a = np.ascontiguousarray(a)
-    if not packed and not b.flags.aligned:
-        b = np.ascontiguousarray(b)
-    if out is not None and not isinstance(out, np.ndarray):
+    if out is None:
+        out_key = None
+    elif isinstance(out, np.ndarray):
+        out_key = (out.shape, out.strides, out.dtype)
+    else:
         raise DTypeError(f"matmul: out must be a NumPy array, got {type(out).__name__}")
-    if threads is None:
-        threads = thread_pool().size
-    key = (a.shape, a.strides, b.shape, b.strides if not packed else id(b),
-           None if out is None else (out.shape, out.strides, out.dtype), threads)
+    key = (a.shape, a.strides, a.dtype, b.shape, id(b) if packed else b.strides, b.dtype,
+           out_key, threads)
     entry = _plans.get(key)
     if entry is None:
-        entry = _plan(a, b, out, threads, packed)
+        if a.dtype != _F32 or b.dtype != _F32:
+            return _extern(a, b, out, packed)
+        entry = _plan(a, b, out, threads or thread_pool().size, packed)
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[key] = entry
     plan, out_shape, a_shape, b_shape, c_shape, k = entry
     if out is None:
         out = _allocate(out_shape, a, b)
-    elif not out.flags.writeable:
-        raise UnsupportedError("matmul: out is read-only; pass a writeable array")
-    elif _overlaps(out, a) or (not packed and _overlaps(out, b)):
-        raise UnsupportedError(
-            f"matmul: out (shape {out.shape}) shares memory with an input; NumPy would buffer, "
-            "tilefold does not: pass a fresh out array or none")
+    else:
+        flags = out.flags
+        if not flags.writeable:
+            raise UnsupportedError("matmul: out is read-only; pass a writeable array")
+        if _overlaps(out, a) or (not packed and _overlaps(out, b)):
+            raise UnsupportedError(
+                f"matmul: out (shape {out.shape}) shares memory with an input; NumPy would "
+                "buffer, tilefold does not: pass a fresh out array or none")
+        if not flags.aligned and plan is not None:  # the plan is per layout, not per address
+            plan = _COPY
     if plan is None:  # empty result, or K == 0
         if out.size and k == 0:
             out[...] = 0
         return out
-    c = out.reshape(c_shape) if out.shape != c_shape else out
-    if plan == "copy":  # out's layout is not one the kernel writes: compute, then copy
-        c[...] = matmul(a, b, threads=threads).reshape(c_shape)
+    c = out if c_shape is None else out.reshape(c_shape)
+    if plan is _COPY:  # out's layout is not one the kernel writes: compute, then copy
+        c[...] = matmul(a, b, threads=threads).reshape(c.shape)
         return out
-    av = a.reshape(a_shape) if a.shape != a_shape else a
+    if a_shape is not None:
+        a = a.reshape(a_shape)
     if packed:
-        plan(av, b.data, c)
+        plan(a, b.data, c)
     else:
-        plan(av, b.reshape(b_shape) if b.shape != b_shape else b, c)
+        plan(a, b if b_shape is None else b.reshape(b_shape), c)
     return out
+
+
+_COPY = "copy"  # plan marker: compute into a fresh array, then copy into `out`
 
 
 def _extern(a, b, out, packed: bool) -> np.ndarray:
@@ -128,7 +142,9 @@ def _check_shapes(a, b) -> tuple[int, ...]:
 
 
 def _plan(a, b, out, threads: int, packed: bool):
-    """Validate once per (shapes, strides, out layout, threads); returns the cached entry."""
+    """Validate once per (shapes, strides, out layout, threads); returns the cached entry:
+    (plan, out shape, then the 2-D views of A, B, C the kernel runs on: None where the array
+    already has that shape, and K)."""
     batch = _check_shapes(a, b)
     m = a.shape[-2] if a.ndim >= 2 else 1
     n = b.shape[-1] if b.ndim >= 2 else 1
@@ -143,14 +159,16 @@ def _plan(a, b, out, threads: int, packed: bool):
                              f"out has shape {out.shape}; allocate out with the result's shape")
         if out.dtype != _F32:
             raise DTypeError(f"matmul: out must be float32 like the result, got {out.dtype}")
+    views = (None if a.shape == a_shape else a_shape, None if b.shape == b_shape else b_shape,
+             None if out_shape == c_shape else c_shape)
     if m * n * math.prod(batch) == 0 or k == 0:
-        return None, out_shape, a_shape, b_shape, c_shape, k
+        return None, out_shape, *views, k
     if out is None:
         c = _Layout(c_shape, _contiguous_strides(c_shape))
     else:
         c = out.reshape(c_shape) if out.shape != c_shape else out
-        if c.strides[-1] != 4 or not c.flags.aligned:
-            return "copy", out_shape, a_shape, b_shape, c_shape, k
+        if c.strides[-1] != 4:
+            return _COPY, out_shape, *views, k
     a2 = a.reshape(a_shape) if a.shape != a_shape else a
     if packed:
         if b.module is not gemm_module():
@@ -159,7 +177,7 @@ def _plan(a, b, out, threads: int, packed: bool):
     else:
         b2 = b.reshape(b_shape) if b.shape != b_shape else b
     plan = make_plan(gemm_module(), a2, b2, c, 0, threads)
-    return plan, out_shape, a_shape, b_shape, c_shape, k
+    return plan, out_shape, *views, k
 
 
 class _Layout:

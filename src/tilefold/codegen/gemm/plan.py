@@ -67,15 +67,16 @@ class _Plan:
             p[slot] = value
         self.params = p
         self._params_ptr = p.ctypes.data
-        self._entry = entry_objects if DATA_OFFSET >= 0 else entry_raw
+        if DATA_OFFSET >= 0:  # native code reads the data pointers out of the array objects
+            self._entry = entry_objects
+        else:
+            def _entry(params, x, y, z, ws):
+                entry_raw(params, x.ctypes.data, y.ctypes.data, z.ctypes.data, ws)
+            self._entry = _entry
 
     def run(self, x: np.ndarray, y: np.ndarray, z: np.ndarray) -> None:
         """One native call. The caller guarantees the shapes, strides and dtypes planned for."""
-        ws = _workspace.get(self.ws_bytes)
-        if DATA_OFFSET >= 0:
-            self._entry(self._params_ptr, x, y, z, ws)
-        else:
-            self._entry(self._params_ptr, x.ctypes.data, y.ctypes.data, z.ctypes.data, ws)
+        self._entry(self._params_ptr, x, y, z, _workspace.get(self.ws_bytes))
 
 
 class GemmPlan(_Plan):
@@ -121,8 +122,7 @@ class GemmPlan(_Plan):
             return per, 1
         return 1, per
 
-    def __call__(self, a: np.ndarray, b, c: np.ndarray) -> None:
-        self.run(a, b, c)
+    __call__ = _Plan.run
 
 
 class GemvPlan(_Plan):
