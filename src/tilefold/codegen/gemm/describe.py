@@ -1,0 +1,28 @@
+"""What the GEMM runs on a target: the micro-kernel of each shape class and its blocking."""
+
+from __future__ import annotations
+
+from tilefold.codegen.gemm.blocking import derive_blocking
+from tilefold.codegen.gemm.registry import SHAPE_CLASSES, select_microkernel
+from tilefold.target import host_target
+
+
+def describe(target=None, dtype: str = "f32") -> dict:
+    """For `target` (default: the host), per shape class: the micro-kernel chosen, its tile and
+    the cache blocking derived for it (plain data, e.g. for `tilefold info`)."""
+    target = target or host_target()
+    classes = {}
+    for shape_class in SHAPE_CLASSES:
+        kern = select_microkernel(target, dtype, shape_class)
+        blk = derive_blocking(target, kern)
+        classes[shape_class] = {
+            "microkernel": kern.name,
+            "isa_family": kern.family,
+            "mr": kern.mr,
+            "nr": kern.nr,
+            "lanes": kern.lanes,
+            "a_packed": not kern.a_direct,
+            "loop_order": "A micro-panel in L1" if kern.a_in_l1 else "B micro-panel in L1",
+            "blocking": {"mc": blk.mc, "kc": blk.kc, "nc": blk.nc},
+        }
+    return {"target": target.name, "dtype": dtype, "shape_classes": classes}
