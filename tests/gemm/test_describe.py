@@ -10,10 +10,12 @@ from tilefold.target import host_target, named_target, target_names
 
 def test_every_target_is_described_consistently():
     for name in target_names():
-        info = describe(named_target(name))
-        assert info["target"] == name and set(info["shape_classes"]) == {"general", "narrow"}
+        target = named_target(name)
+        info = describe(target)
+        assert info["target"] == target.name
+        assert set(info["shape_classes"]) == {"general", "narrow"}
         for shape_class, entry in info["shape_classes"].items():
-            kern = select_microkernel(named_target(name), shape_class=shape_class)
+            kern = select_microkernel(target, shape_class=shape_class)
             assert entry["microkernel"] == kern.name
             blk = entry["blocking"]
             assert blk["mc"] % kern.mr == 0 and blk["nc"] % kern.nr == 0 and blk["kc"] > 0
