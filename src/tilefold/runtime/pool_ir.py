@@ -44,6 +44,7 @@ _TEMPLATE = Template(r"""
 @tf_key = internal global i32 0, align 4
 @tf_threads = internal global [$max x i64] zeroinitializer, align 64
 @tf_cpus = internal global [$max x i32] zeroinitializer, align 64
+@tf_worker_cpus = internal global [16 x i64] zeroinitializer, align 64  ; CPUs workers are pinned to
 
 declare i32 @pthread_create(ptr, ptr, ptr, ptr)
 declare i32 @pthread_join(i64, ptr)
@@ -52,6 +53,7 @@ declare ptr @pthread_getspecific(i32)
 declare i32 @pthread_setspecific(i32, ptr)
 declare i32 @sched_setaffinity(i32, i64, ptr)
 declare i32 @sched_getaffinity(i32, i64, ptr)
+declare i32 @sched_getcpu()
 declare i32 @clock_gettime(i32, ptr)
 declare i32 @sched_yield()
 declare i64 @syscall(i64, ...)
@@ -225,11 +227,24 @@ dispatch:
   %word.next = or i32 %seq.high, %m
   store atomic i32 %word.next, ptr @tf_word seq_cst, align 4
   call void @tf_wake_if_sleepers(ptr @tf_word, ptr @tf_word_sleepers)
-  ; The caller runs tid 0 pinned to cpus[0] (its mask restored after): left free, it can land
-  ; on a CPU whose pinned worker spins, and the two stall each other for milliseconds on VMs.
+  ; A caller on a CPU where a pinned worker spins stalls with it for milliseconds on VMs: then
+  ; it runs tid 0 pinned to cpus[0] (its mask restored after). Elsewhere it costs one getcpu.
   %cpu0 = load i32, ptr @tf_cpus, align 4
   %pin0 = icmp sge i32 %cpu0, 0
-  br i1 %pin0, label %pin_caller, label %run_caller
+  br i1 %pin0, label %where, label %run_caller
+where:
+  %here = call i32 @sched_getcpu()
+  %here.known = icmp ult i32 %here, 1024
+  br i1 %here.known, label %collide, label %run_caller
+collide:
+  %here64 = zext i32 %here to i64
+  %here.word = lshr i64 %here64, 6
+  %here.bit = and i64 %here64, 63
+  %mask.p = getelementptr [16 x i64], ptr @tf_worker_cpus, i64 0, i64 %here.word
+  %mask = load i64, ptr %mask.p, align 8
+  %shifted = lshr i64 %mask, %here.bit
+  %taken = trunc i64 %shifted to i1
+  br i1 %taken, label %pin_caller, label %run_caller
 pin_caller:
   %got = call i32 @sched_getaffinity(i32 0, i64 128, ptr %saved)
   %saved.ok = icmp eq i32 %got, 0
@@ -238,7 +253,8 @@ pin_now:
   call void @tf_pin(i32 0)
   br label %run_caller
 run_caller:
-  %pinned = phi i1 [ false, %dispatch ], [ false, %pin_caller ], [ true, %pin_now ]
+  %pinned = phi i1 [ false, %dispatch ], [ false, %where ], [ false, %collide ],
+                   [ false, %pin_caller ], [ true, %pin_now ]
   call void @tf_run(ptr %fn, ptr %ctx, i32 0, i32 %m)
   br i1 %pinned, label %unpin_caller, label %caller_done
 unpin_caller:
@@ -346,9 +362,12 @@ entry:
 }
 
 ; Starts workers 1..size-1 pinned to cpus[tid] (-1: unpinned); returns the pool size reached.
-define i32 @tilefold_pool_start(i32 %size, ptr %cpus, i64 %spin_ns) {
+; worker_cpus is the 1024-bit set of the workers' CPUs (a caller found on one gets pinned).
+define i32 @tilefold_pool_start(i32 %size, ptr %cpus, ptr %worker_cpus, i64 %spin_ns) {
 entry:
   store i64 %spin_ns, ptr @tf_spin_ns, align 8
+  %worker.set = load [16 x i64], ptr %worker_cpus, align 8
+  store [16 x i64] %worker.set, ptr @tf_worker_cpus, align 8
   %word = load atomic i32, ptr @tf_word acquire, align 4
   store atomic i32 %word, ptr @tf_start_word release, align 4
   br label %copy

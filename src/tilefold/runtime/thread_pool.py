@@ -56,8 +56,9 @@ class ThreadPool:
     """Workers 1..size-1 waiting natively; the calling thread always runs tid 0.
 
     Workers spin for $TILEFOLD_SPIN_US (default 2000) after each region, then sleep on a futex;
-    each is pinned to its own CPU unless TILEFOLD_PIN=0 (unpinned spin/sleep pairs stall on VMs),
-    and so is the caller while it runs its share of a region (its own mask restored after).
+    each is pinned to its own CPU unless TILEFOLD_PIN=0 (unpinned spin/sleep pairs stall on VMs).
+    A caller found on a worker's CPU runs its share of a region pinned to cpus[0] (its own mask
+    restored after); elsewhere regions make no affinity syscalls.
     """
 
     def __init__(self, size: int):
@@ -77,11 +78,20 @@ class ThreadPool:
                 raise UnsupportedError(f"pthread_key_create failed ({rc}); too many thread keys")
             _key_created[self.module.key] = True
         cpus = self._worker_cpus(size)
+        worker_set = (ctypes.c_uint64 * 16)()
+        for cpu in cpus[1:]:
+            if cpu >= 0:
+                worker_set[cpu // 64] |= 1 << (cpu % 64)
         spin_ns = _env_int("TILEFOLD_SPIN_US", _DEFAULT_SPIN_US, 0) * 1000
         start = self.module.function(
-            "tilefold_pool_start", ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64
+            "tilefold_pool_start",
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
         )
-        self.size: int = start(size, ctypes.addressof(cpus), spin_ns)
+        self.size: int = start(size, ctypes.addressof(cpus), ctypes.addressof(worker_set), spin_ns)
         self.closed = False
         for symbol in RUNTIME_SYMBOLS:
             register_runtime_symbol(symbol, self.module.address(symbol))
