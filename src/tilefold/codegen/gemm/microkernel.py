@@ -29,6 +29,7 @@ class TileSpec:
     `a_direct` reads A in place (`lda` floats between rows) instead of from a packed panel.
     `nv_dynamic` serves every width up to `nv` vectors (masked B loads and C stores), one
     function instead of `nv`: for row tails, which carry too little work to earn a variant each.
+    `b_prefetch` > 0 prefetches the B row that many k steps ahead (B streaming from L2).
     """
 
     mr: int
@@ -38,6 +39,7 @@ class TileSpec:
     a_lanes: int = 1
     a_direct: bool = False
     nv_dynamic: bool = False
+    b_prefetch: int = 0
 
     def __post_init__(self):
         if self.a_direct and self.a_lanes > 1:
@@ -78,9 +80,13 @@ def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
             return u.masked_load(b, ptr, masks[v], vl)
         return b.load(ptr, align=4)
 
+    b_ahead = b.mul(u.const(spec.b_prefetch), ldb)
+
     def step(accs, ap, bp):
         """One k step: nv loads of B, mr broadcasts of A, mr*nv FMAs."""
         bv = [load_b(bp, v) for v in range(spec.nv)]
+        for v in range(spec.nv if spec.b_prefetch else 0):
+            u.prefetch(b, u.gep(b, bp, b.add(b_ahead, u.const(v * vl))))
         out = []
         for i in range(spec.mr):
             if spec.a_lanes > 1:

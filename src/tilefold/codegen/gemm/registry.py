@@ -26,6 +26,7 @@ class MicroKernel:
     `a_in_l1` swaps the two innermost loops: each A micro-panel stays in L1 while B micro-panels
     stream from L2 (for tiles whose B micro-panel is too wide to keep in L1 at a good KC).
     `a_direct` reads A in place (its rows contiguous) instead of packing it.
+    `b_prefetch` > 0 prefetches B that many k steps ahead (full-height variants).
     """
 
     name: str
@@ -39,6 +40,7 @@ class MicroKernel:
     a_lanes: int = 1
     a_in_l1: bool = False
     a_direct: bool = False
+    b_prefetch: int = 0
     shape_class: str = "general"
     generator: Callable[[ir.Module, TileSpec], ir.Function] = emit_microkernel
 
@@ -56,7 +58,8 @@ class MicroKernel:
         work: one rolled, width-dynamic variant per row count serves them all, which cuts the
         module's compile time by a third."""
         if mr == self.mr:
-            return TileSpec(mr, nv, self.lanes, self.unroll, self.a_lanes, self.a_direct)
+            return TileSpec(mr, nv, self.lanes, self.unroll, self.a_lanes, self.a_direct,
+                            b_prefetch=self.b_prefetch)
         return TileSpec(mr, self.nv, self.lanes, 1, self.a_lanes, self.a_direct, nv_dynamic=True)
 
 
@@ -66,8 +69,10 @@ _AVX2 = frozenset({"avx2", "fma"})
 
 MICROKERNELS: tuple[MicroKernel, ...] = (
     # Rolled k loop: 24 FMAs a step hide the loop overhead (unroll 4 measured no faster) and the
-    # module compiles several times faster.
-    MicroKernel("avx512_8x48", "x86-64-v4", "f32", 8, 48, 16, _AVX512, unroll=1, a_in_l1=True),
+    # module compiles several times faster. B micro-panels stream from L2: prefetching them
+    # 8 k steps ahead gained 2-4% on large products.
+    MicroKernel("avx512_8x48", "x86-64-v4", "f32", 8, 48, 16, _AVX512, unroll=1, a_in_l1=True,
+                b_prefetch=8),
     # 28 rows: 29 loads (1 B vector, 28 broadcasts) per 28 FMAs keep both FMA ports near busy.
     MicroKernel("avx512_28x16", "x86-64-v4", "f32", 28, 16, 16, _AVX512, a_direct=True,
                 shape_class="narrow"),
