@@ -40,9 +40,10 @@ def amx_k_words(k: int, kernel: DotKernel) -> int:
 
 
 def _blocking(target: Target, kgp: int, m_share: int) -> tuple[int, int]:
-    """(MC rows, KC words): K whole while a 32-column B panel fits in a quarter of L2 (each C
-    block is then summed in its tiles and written once), and MC x K of packed A in half of L2."""
-    kc = min(kgp, target.l2_bytes // 4 // (BLOCK * 4) // KSTEP * KSTEP)
+    """(MC rows, KC words): a KC-word slice of a 32-column B panel in a third of L1 (reused by
+    every 32-row block of the MC rows; measured a little ahead of whole-K slices from L2 for
+    int8, level for bf16), and MC x K of packed A in half of L2."""
+    kc = min(kgp, max(KSTEP, target.l1d_bytes // 3 // (BLOCK * 4) // KSTEP * KSTEP))
     mc = target.l2_bytes // 2 // (kgp * 4) // BLOCK * BLOCK
     return min(max(BLOCK, mc), _up(m_share, BLOCK)), kc
 
