@@ -10,8 +10,10 @@ import llvmlite
 import ml_dtypes
 import numpy as np
 
-from tilefold.version import __version__
+from tilefold.codegen.gemm.describe import describe as describe_gemm
+from tilefold.codegen.lowp.kernels import describe_lowp
 from tilefold.target import cache_dir, host_target, named_target
+from tilefold.version import __version__
 
 
 def add_parser(sub) -> None:
@@ -29,6 +31,13 @@ def describe(target_name: str) -> dict:
     from tilefold.runtime import num_threads
 
     target = host_target() if target_name == "host" else named_target(target_name)
+    gemm = {
+        f"gemm f32 ({name})": f"{c['microkernel']} ({c['mr']}x{c['nr']}), "
+        f"MC={c['blocking']['mc']} KC={c['blocking']['kc']} NC={c['blocking']['nc']}, "
+        f"{c['loop_order']}"
+        for name, c in describe_gemm(target)["shape_classes"].items()
+    }
+    lowp = {f"gemm {line.split(':')[0]}": line.split(": ", 1)[1] for line in describe_lowp(target)}
     return {
         "target": target.name,
         "arch": target.arch,
@@ -41,6 +50,8 @@ def describe(target_name: str) -> dict:
         f"L3 {_kib(target.l3_bytes)}",
         "cores": target.cores,
         "threads": num_threads(),
+        **gemm,
+        **lowp,
         "cache dir": str(cache_dir()),
         "versions": f"tilefold {__version__}, Python {platform.python_version()}, "
         f"numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, "

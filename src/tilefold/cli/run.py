@@ -81,7 +81,7 @@ def handle(args: argparse.Namespace) -> int:
             inputs.append(random_input(arg.type, bindings, rng))
     outputs = interpret(fn, *inputs)
     names = [v.name for v in fn.outputs]
-    for name, out in zip(names, outputs):
+    for name, out in zip(names, outputs, strict=True):
         if args.output_dir is not None:
             args.output_dir.mkdir(parents=True, exist_ok=True)
             np.save(args.output_dir / f"{name}.npy", out)
