@@ -23,6 +23,19 @@ def vec(ty: ir.Type, lanes: int) -> ir.VectorType:
     return ir.VectorType(ty, lanes)
 
 
+class _Zeros(ir.Constant):
+    """All zeros of a vector type, printed as `zeroinitializer` (llvmlite lists every element)."""
+
+    def _get_reference(self) -> str:
+        return "zeroinitializer"
+
+
+def zeros(ty: ir.VectorType) -> ir.Constant:
+    """All zeros (also as a shuffle mask): a vector spelled out costs more to print and parse
+    than the instruction using it."""
+    return _Zeros(ty, [0] * ty.count)
+
+
 @contextmanager
 def for_range(b: ir.IRBuilder, start, stop, step=1, name: str = "i") -> Iterator[ir.Value]:
     """`for (i = start; i < stop; i += step)` with a phi induction variable (no allocas)."""
@@ -137,14 +150,15 @@ def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
 def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
     """Broadcast a scalar to every lane (folds into `{1toN}` memory operands on AVX-512)."""
     ty = vec(scalar.type, lanes)
-    one = b.insert_element(ir.Constant(ty, None), scalar, const(0, i32))
-    return b.shuffle_vector(one, ir.Constant(ty, None), ir.Constant(vec(i32, lanes), [0] * lanes))
+    undef = ir.Constant(ty, ir.Undefined)  # only lane 0 is ever read
+    one = b.insert_element(undef, scalar, const(0, i32))
+    return b.shuffle_vector(one, undef, zeros(vec(i32, lanes)))
 
 
 def lane_splat(b: ir.IRBuilder, vector: ir.Value, lane: int) -> ir.Value:
     """Broadcast one lane of a vector (folds into NEON's `fmla ... v.s[lane]`)."""
     n = vector.type.count
-    return b.shuffle_vector(vector, ir.Constant(vector.type, None),
+    return b.shuffle_vector(vector, ir.Constant(vector.type, ir.Undefined),
                             ir.Constant(vec(i32, n), [lane] * n))
 
 
@@ -160,7 +174,7 @@ def masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, lanes: int) -> i
     ty = vec(f32, lanes)
     fn = intrinsic(b.module, f"llvm.masked.load.v{lanes}f32.p0", ty,
                    [ty.as_pointer(), i32, vec(i1, lanes), ty])
-    return b.call(fn, [ptr, const(4, i32), mask, ir.Constant(ty, [0.0] * lanes)])
+    return b.call(fn, [ptr, const(4, i32), mask, zeros(ty)])
 
 
 def masked_store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:

@@ -105,7 +105,7 @@ def _emit_dot(module, lanes):
     """Rows i of W contiguous along k (W(i, k) = W[i * ldw + k]); x must be contiguous."""
     fn, b = _new(module, "tf_gemv_dot")
     i0, i1, k, w, ldw, x, _incx, y, incy, beta = fn.args
-    zero = ir.Constant(u.vec(u.f32, lanes), [0.0] * lanes)
+    zero = u.zeros(u.vec(u.f32, lanes))
     with u.for_chunks(b, i0, i1, (DOT_ROWS, 1), "i") as (i, rows):
         four = b.icmp_signed("==", rows, u.const(DOT_ROWS))
         with b.if_else(four) as (block, single):

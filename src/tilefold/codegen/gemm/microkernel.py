@@ -65,7 +65,7 @@ def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
     vl, vty = spec.lanes, u.vec(u.f32, spec.lanes)
     for i in range(spec.mr):
         u.prefetch(b, u.gep(b, c, b.mul(u.const(i), ldc)), write=True)
-    zero = ir.Constant(vty, [0.0] * vl)
+    zero = u.zeros(vty)
     accs = [[zero] * spec.nv for _ in range(spec.mr)]
     if spec.a_direct:
         rows, a_step = [b.mul(u.const(i), lda) for i in range(spec.mr)], 1
@@ -166,18 +166,16 @@ def _epilogue(b, spec, accs, c, ldc, beta, masks):
     leaks), and columns past `ncols` are neither read nor written: `masks[v]` guards vector v
     where it may be partial (the last one; any with `nv_dynamic`)."""
     vl = spec.lanes
-    all_lanes = ir.Constant(u.vec(u.i1, vl), [1] * vl)
     keep = u.splat(b, b.icmp_signed("!=", beta, u.const(0, u.i32)), vl)
     for i in range(spec.mr):
         row = u.gep(b, c, b.mul(u.const(i), ldc))
         for v in range(spec.nv):
             ptr = u.vptr(b, u.gep(b, row, v * vl), vl)
             partial = spec.nv_dynamic or v == spec.nv - 1
-            store_mask = masks[v] if partial else all_lanes
-            old = u.masked_load(b, ptr, b.and_(store_mask, keep), vl)
+            old = u.masked_load(b, ptr, b.and_(masks[v], keep) if partial else keep, vl)
             val = b.fadd(accs[i][v], old)
             if partial:
-                u.masked_store(b, val, ptr, store_mask)
+                u.masked_store(b, val, ptr, masks[v])
             else:
                 b.store(val, ptr, align=4)
     b.ret_void()
