@@ -2,24 +2,42 @@
 
 Per input-shape signature everything is decided once (kernels, buffers, argument lists), so a
 call checks its inputs, allocates the outputs and makes one Python-level call per kernel.
+Layout ops (reshape, transpose, slice, expand/squeeze, broadcast) are NumPy views, made once
+at plan time over the planned buffers: they cost nothing per call. Kernels that read any
+layout (`Kernel.strided`) get the views; others get a contiguous copy. A kernel that writes
+any layout and whose result only feeds a transpose writes straight into the transposed
+buffer, so e.g. attention's heads-to-hidden transpose and reshape are free.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from tilefold.errors import ShapeError
-from tilefold.ir import Function, Module, Value
+from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
+from tilefold.ir.types import SymDim
 from tilefold.strategy import Decision, Problem, TuningDB, context, decide, tune_budget
 from tilefold.strategy import register_builtin_methods as _register
+from tilefold.strategy.problem import bind_shapes
 
 PIPELINE = "default,fusion"
+
+View = Callable[[np.ndarray, dict], np.ndarray]
+VIEWS: dict[str, View] = {
+    "reshape": lambda x, a: x.reshape(a["shape"]),
+    "transpose": lambda x, a: x.transpose(a["perm"]),
+    "expand_dims": lambda x, a: np.expand_dims(x, tuple(a["axes"])),
+    "squeeze": lambda x, a: np.squeeze(x, tuple(a["axes"])),
+    "broadcast_to": lambda x, a: np.broadcast_to(x, a["shape"]),
+    "slice": lambda x, a: x[tuple(slice(*s) for s in zip(a["starts"], a["stops"], a["steps"],
+                                                          strict=True))],
+}
 
 
 @dataclass
@@ -27,15 +45,17 @@ class Plan:
     """Everything one input signature needs: steps, preallocated intermediates, outputs."""
 
     steps: list[tuple]  # (run, argument slots)
-    env: list  # slot -> array (constants and intermediates filled in, inputs per call)
+    env: list  # slot -> array (constants, intermediates and views filled in, inputs per call)
     input_slots: list[int]
     output_slots: list[tuple[int, tuple, np.dtype]]  # fresh arrays per call
-    results: list[int]
+    results: list[tuple[int, bool]]  # (slot, copy: a view, input or constant)
     decisions: list[Decision]
+    layout: dict[str, str]  # layout op result -> "view" or "copy" (for explain)
 
 
 class CompiledGraph:
-    """A compiled function: call it with NumPy arrays, get NumPy arrays back."""
+    """A compiled function: call it with NumPy arrays, get a list of NumPy arrays back (one per
+    result of the function, even when there is one; each a fresh array the caller owns)."""
 
     def __init__(self, module: Module, function: str, target, fusion_refusals: list):
         self.module = module
@@ -49,7 +69,7 @@ class CompiledGraph:
         for v in self.function.values():
             self._slots.setdefault(v, len(self._slots))
 
-    def __call__(self, *args: np.ndarray):
+    def __call__(self, *args: np.ndarray) -> list[np.ndarray]:
         arrays = [np.asarray(a, order="C") for a in args]
         key = tuple((a.shape, a.dtype.str) for a in arrays)
         with self._lock:
@@ -64,68 +84,155 @@ class CompiledGraph:
                 env[slot] = np.empty(shape, dtype)
             for run, slots in plan.steps:
                 run(*[env[s] for s in slots])
-            results = [env[s] for s in plan.results]
+            results = [np.array(env[s]) if copied else env[s] for s, copied in plan.results]
             for slot, _, _ in plan.output_slots:
                 env[slot] = None
-        return results[0] if len(results) == 1 else tuple(results)
+        return results
 
     def decisions(self, *shapes: Sequence[int]) -> list[Decision]:
         """What was chosen for each group at these input shapes (compiling them if needed)."""
+        return self.plan_for(*shapes).decisions
+
+    def plan_for(self, *shapes: Sequence[int]) -> Plan:
+        """The plan for these input shapes (made now if needed)."""
         key = tuple((tuple(s), np.dtype(a.type.dtype.np_dtype).str)
                     for s, a in zip(shapes, self.function.args, strict=True))
         with self._lock:
             if key not in self._plans:
                 self._plans[key] = self._plan([tuple(s) for s in shapes])
-            return self._plans[key].decisions
+            return self._plans[key]
 
     def _plan(self, shapes: list[tuple]) -> Plan:
-        fn, slot = self.function, self._slots
-        shape_of: dict[Value, tuple] = dict(zip(fn.args, shapes, strict=True))
-        env: list = [None] * len(slot)
-        steps, decisions = [], []
-        db, budget = TuningDB(), tune_budget()
-        ops = [op for op in fn.ops if op.name != "return"]
-        last_use = {v: i for i, op in enumerate(ops) for v in op.operands}
-        outputs = set(fn.outputs)
-        free: dict[tuple, list[np.ndarray]] = {}
-        fresh: list[tuple[int, tuple, np.dtype]] = []
-        for i, op in enumerate(ops):
-            if op.name == "constant":
-                env[slot[op.result]] = op.attrs["value"]
-                shape_of[op.result] = op.attrs["value"].shape
-                continue
-            problem = Problem.of(op, [shape_of[v] for v in op.operands])
-            decision = decide(problem, self.ctx, db, budget)
-            decisions.append(decision)
-            for r, t in zip(op.results, problem.out_types(), strict=True):
-                shape_of[r] = tuple(t.shape)
-                dtype = np.dtype(t.dtype.np_dtype)
-                if r in outputs:
-                    fresh.append((slot[r], shape_of[r], dtype))
-                else:
-                    pool = free.get((shape_of[r], dtype.str))
-                    env[slot[r]] = pool.pop() if pool else np.empty(shape_of[r], dtype)
-            steps.append((decision.kernel.run, [slot[v] for v in (*op.operands, *op.results)]))
-            for v in set(op.operands):
-                if last_use.get(v) == i and v not in outputs and v.defining_op is not None \
-                        and v.defining_op.name != "constant" and env[slot[v]] is not None:
-                    free.setdefault((shape_of[v], env[slot[v]].dtype.str), []).append(
-                        env[slot[v]])
-        results = []
+        return _Planner(self, shapes).plan()
+
+
+class _Planner:
+    """Builds one `Plan`: kernel decisions, buffers (reused after their last use), views."""
+
+    def __init__(self, graph: CompiledGraph, shapes: list[tuple]):
+        self.graph = graph
+        fn = self.fn = graph.function
+        self.slot = dict(graph._slots)
+        self.env: list = [None] * len(self.slot)
+        self.bindings = bind_shapes(fn.args, shapes)
+        self.steps: list[tuple] = []
+        self.layout: dict[str, str] = {}
+        self.fresh: list[tuple[int, tuple, np.dtype]] = []
+        self.free: dict[tuple, list[np.ndarray]] = {}
+        self.owned: dict[Value, np.ndarray] = {}  # planned intermediate -> its (base) buffer
+        self.per_call: set[Value] = set(fn.args)  # values whose arrays change every call
+        for a, shape in zip(fn.args, shapes, strict=True):  # probes: views learn layouts
+            self.env[self.slot[a]] = np.empty(shape, a.type.dtype.np_dtype)
+        self.ops = [op for op in fn.ops if op.name != "return"]
+        self.root: dict[Value, Value] = {}  # a view -> the value owning its memory
+        for op in self.ops:
+            if op.name in VIEWS:
+                self.root[op.results[0]] = self.root.get(op.operands[0], op.operands[0])
+        self.last_use = {self.root.get(v, v): i for i, op in enumerate(self.ops)
+                         for v in op.operands}
+        self.outputs = set(fn.outputs)
         for v in fn.outputs:
-            if v.defining_op is None or v.defining_op.name == "constant":
-                raise ShapeError("a compiled function must compute its results; it returns "
-                                 f"%{v.name} unchanged (copy it in the graph)")
-            results.append(slot[v])
-        input_slots = [slot[a] for a in fn.args]
-        return Plan(steps, env, input_slots, fresh, results, decisions)
+            self.last_use[self.root.get(v, v)] = len(self.ops)
+        self.users = fn.uses()
+
+    def plan(self) -> Plan:
+        decisions = []
+        for i, op in enumerate(self.ops):
+            if op.name == "constant":
+                self.env[self.slot[op.results[0]]] = op.attrs["value"]
+            elif op.name in VIEWS:
+                self._view(op)
+            else:
+                decisions.append(self._kernel(op))
+            self._release(op, i)
+        fresh = {s for s, _, _ in self.fresh}
+        results = [(self.slot[v], self.slot[v] not in fresh) for v in self.fn.outputs]
+        for v in self.per_call:  # drop the probes
+            self.env[self.slot[v]] = None
+        return Plan(self.steps, self.env, [self.slot[a] for a in self.fn.args], self.fresh,
+                    results, decisions, self.layout)
+
+    def _attrs(self, op: Operation) -> dict:
+        def size(d):
+            return self.bindings[d.name] if isinstance(d, SymDim) else d
+
+        return {k: tuple(map(size, v)) if isinstance(v, tuple) else v
+                for k, v in op.opdef.full_attrs(op.attrs).items()}
+
+    def _view(self, op: Operation) -> None:
+        (x,), (y,) = op.operands, op.results
+        view, attrs, env, slot = VIEWS[op.name], self._attrs(op), self.env, self.slot
+        out = view(env[slot[x]], attrs)
+        self.layout[y.name] = "view"
+        if x in self.per_call:  # made again from each call's array
+            self.per_call.add(y)
+            sx, sy = slot[x], slot[y]
+            self.steps.append((lambda: env.__setitem__(sy, view(env[sx], attrs)), []))
+        elif not np.may_share_memory(out, env[slot[x]]):  # a reshape NumPy had to copy
+            base = np.empty(out.shape, out.dtype)
+            self.steps.append((np.copyto, [self._const_slot(base.reshape(env[slot[x]].shape)),
+                                           slot[x]]))
+            out = base
+            self.layout[y.name] = "copy"
+        env[slot[y]] = out
+
+    def _const_slot(self, array: np.ndarray) -> int:
+        self.env.append(array)
+        return len(self.env) - 1
+
+    def _kernel(self, op: Operation) -> Decision:
+        env, slot = self.env, self.slot
+        problem = Problem.of(op, [env[slot[v]].shape for v in op.operands], self.bindings)
+        decision = decide(problem, self.graph.ctx, TuningDB(), tune_budget())
+        kernel = decision.kernel
+        args = [slot[v] if kernel.strided or env[slot[v]].flags.c_contiguous
+                else self._contiguous(v) for v in op.operands]
+        for r, t in zip(op.results, problem.out_types(), strict=True):
+            shape, dtype = tuple(t.shape), np.dtype(t.dtype.np_dtype)
+            args.append(slot[r])
+            if r in self.outputs:
+                self.fresh.append((slot[r], shape, dtype))
+                self.per_call.add(r)
+                env[slot[r]] = np.empty(shape, dtype)  # a probe, like the inputs'
+                continue
+            perm = self._transposed_by_user(r) if kernel.strided else None
+            stored = shape if perm is None else tuple(shape[p] for p in perm)
+            pool = self.free.get((stored, dtype.str))
+            base = self.owned[r] = pool.pop() if pool else np.empty(stored, dtype)
+            env[slot[r]] = base if perm is None else base.transpose(np.argsort(perm))
+        self.steps.append((kernel.run, args))
+        return decision
+
+    def _contiguous(self, v: Value) -> int:
+        """A slot holding a C-contiguous copy of `v`, refreshed by a step before each use."""
+        array = self.env[self.slot[v]]
+        copy_slot = self._const_slot(np.empty(array.shape, array.dtype))
+        self.steps.append((np.copyto, [copy_slot, self.slot[v]]))
+        return copy_slot
+
+    def _transposed_by_user(self, r: Value) -> tuple[int, ...] | None:
+        """The perm of `r`'s only user when that is a last-axis-keeping transpose."""
+        users = self.users.get(r, [])
+        if len(users) != 1 or users[0].name != "transpose":
+            return None
+        perm = tuple(users[0].attr("perm"))
+        return perm if perm and perm[-1] == len(perm) - 1 else None
+
+    def _release(self, op: Operation, i: int) -> None:
+        """Return buffers whose last use was `op` to the pool."""
+        for v in set(op.operands):
+            root = self.root.get(v, v)
+            if self.last_use.get(root) == i and root in self.owned:
+                base = self.owned.pop(root)
+                self.free.setdefault((base.shape, base.dtype.str), []).append(base)
 
 
 def compile(module: Module, target=None, *, function: str = "main") -> CompiledGraph:
     """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays.
 
     Kernels are chosen per input-shape signature on first call: from the tuning database, by
-    measurement when `TILEFOLD_TUNE` is set, else by the cost model.
+    measurement when `TILEFOLD_TUNE` is set, else by the cost model. The compiled graph returns
+    a list with one array per function result.
     """
     from tilefold.passes import PassManager
 

@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
                 compiled = torch.compile(torch_fn)
                 contenders["compile"] = lambda f=compiled, t=txs: f(*t)
             want = torch_fn(*txs).numpy()
-            got = graph(*xs)
+            got = graph(*xs)[0]
             assert np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()), block.name
             contenders["numpy"] = _numpy_contender(block, module, xs)
             for fn in contenders.values():

@@ -46,7 +46,11 @@ def handle(args: argparse.Namespace) -> int:
           + ", ".join(f"[{','.join(map(str, s))}]" for s in shapes))
     for refusal in graph.refusals:
         print(f"# fusion: {refusal}")
-    decisions = graph.decisions(*shapes)
+    plan = graph.plan_for(*shapes)
+    for name, how in plan.layout.items():
+        print(f"# layout: %{name} is a {how} of its operand "
+              + ("(no kernel, no copy)" if how == "view" else "(NumPy cannot view it: copied)"))
+    decisions = plan.decisions
     for i, decision in enumerate(decisions, 1):
         print()
         print(format_decision(decision, i, len(decisions)))

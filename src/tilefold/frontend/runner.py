@@ -53,8 +53,7 @@ class Executor:
         self.last_shapes = [a.shape for a in arrays]
         if self.compiled is not None:
             try:
-                out = self.compiled(*arrays)
-                return [out] if isinstance(out, np.ndarray) else list(out)
+                return self.compiled(*arrays)
             except Exception as exc:  # a compiler gap must not fail the model: log, interpret
                 self._fall_back(exc)
         return interpret(self.module, *arrays)

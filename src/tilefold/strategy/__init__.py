@@ -30,14 +30,15 @@ from tilefold.strategy.tuning_db import TuningDB
 
 def builtin_methods() -> list[Method]:
     """One instance of every method tilefold ships, in family order."""
+    from tilefold.strategy.methods.attention import FlashAttention
     from tilefold.strategy.methods.autocodegen import KernelCodegen
     from tilefold.strategy.methods.blocks import GemmEpilogue
     from tilefold.strategy.methods.extern import NumpyExtern, TorchExtern
     from tilefold.strategy.methods.handwritten import ExpertSoftmax
     from tilefold.strategy.methods.lto import RowLibrary
 
-    return [ExpertSoftmax(), KernelCodegen(), GemmEpilogue(), RowLibrary(), TorchExtern(),
-            NumpyExtern()]
+    return [ExpertSoftmax(), FlashAttention(), KernelCodegen(), GemmEpilogue(), RowLibrary(),
+            TorchExtern(), NumpyExtern()]
 
 
 def register_builtin_methods() -> None:

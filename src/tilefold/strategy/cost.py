@@ -68,15 +68,28 @@ def work(problem: Problem) -> Work:
     flops = gemm = 0.0
     unfused = 0.0
     for op in problem.body:
-        if op.name == "matmul":
-            out = problem.shape(op.results[0])
-            k = problem.shape(op.operands[0])[-1 if not op.attr("transpose_a") else -2]
-            gemm += 2.0 * _prod(out) * k
-        else:
+        products = product_flops(problem, op)
+        gemm += products
+        if not products:
             flops += _OP_FLOPS.get(op.name, 1) * _prod(problem.shape(op.results[0]))
+        elif op.name == "scaled_dot_product_attention":
+            flops += _OP_FLOPS["softmax"] * products / (2 * problem.shape(op.operands[0])[-1])
         unfused += sum(_nbytes(problem, v) for v in (*op.operands, *op.results))
     fused = sum(_nbytes(problem, v) for v in (*problem.inputs, *problem.outputs))
     return Work(flops + gemm, fused, unfused, gemm)
+
+
+def product_flops(problem: Problem, op) -> float:
+    """Flops of the matrix products in `op` (a matmul; attention's q·k^T and p·v), else 0."""
+    if op.name == "matmul":
+        out = problem.shape(op.results[0])
+        k = problem.shape(op.operands[0])[-1 if not op.attr("transpose_a") else -2]
+        return 2.0 * _prod(out) * k
+    if op.name == "scaled_dot_product_attention":
+        q, k, v = (problem.shape(x) for x in op.operands[:3])
+        scores = _prod(problem.shape(op.results[0])[:-1]) * k[-2]
+        return 2.0 * scores * (q[-1] + v[-1])
+    return 0.0
 
 
 def roofline(flops: float, nbytes: float, m: Machine, compute_eff: float = 1.0,

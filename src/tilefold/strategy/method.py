@@ -21,14 +21,16 @@ class Kernel:
     """A built implementation of one problem: `run(*inputs, *outputs)` fills the outputs.
 
     `source` is the kernel's IR (LLVM IR for native code) for `explain --kernel-ir`; `asm`
-    returns the generated assembly when there is one.
+    returns the generated assembly when there is one. `strided` kernels take operands in any
+    layout (views: transposed, sliced, broadcast); others are handed C-contiguous arrays.
     """
 
     def __init__(self, run: Callable[..., None], source: str = "", asm: Callable[[], str] | None
-                 = None):
+                 = None, *, strided: bool = False):
         self.run = run
         self.source = source
         self._asm = asm
+        self.strided = strided
 
     def asm(self) -> str:
         return self._asm() if self._asm is not None else ""

@@ -47,8 +47,11 @@ class Problem:
     constants: dict[Value, np.ndarray]
 
     @staticmethod
-    def of(op: Operation, shapes: Sequence[tuple[int, ...]]) -> Problem:
-        """The problem `op` poses when its operands have `shapes`."""
+    def of(op: Operation, shapes: Sequence[tuple[int, ...]],
+           outer: dict[str, int] | None = None) -> Problem:
+        """The problem `op` poses when its operands have `shapes`; `outer` are the enclosing
+        function's symbolic dim sizes (attributes such as `arange {shape = [?s]}` use them
+        without any operand carrying the dim)."""
         if op.name == "fused":
             region = op.regions[0]
             inputs, body = tuple(region.args), tuple(region.ops[:-1])
@@ -60,7 +63,7 @@ class Problem:
             for inner, outer in zip(inputs, op.operands, strict=True)
             if outer.defining_op is not None and outer.defining_op.name == "constant"
         }
-        bindings = bind_shapes(inputs, shapes)
+        bindings = {**(outer or {}), **bind_shapes(inputs, shapes)}
         types = {v: v.type.bind(bindings) for v in inputs}
         for inner in body:
             for r in inner.results:

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tilefold.version import __version__
 from tilefold.target import cache_dir, hardware_fingerprint
+from tilefold.version import __version__
 
 log = logging.getLogger("tilefold.tuning")
 SCHEMA = 1

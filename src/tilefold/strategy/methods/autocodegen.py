@@ -48,4 +48,4 @@ def build(problem: Problem, ctx) -> Kernel:
         for out, result in zip(arrays[n_in:], group(*arrays[:n_in]), strict=True):
             np.copyto(out, result)
 
-    return Kernel(run, print_kernel(*lower_group(region, ctx.target)))
+    return Kernel(run, print_kernel(*lower_group(region, ctx.target)), strided=True)

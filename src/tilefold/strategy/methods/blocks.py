@@ -72,7 +72,7 @@ class GemmEpilogue(Method):
         estimate = (roofline(w.gemm_flops, w.bytes_fused, ctx.machine, GEMM_EFFICIENCY)
                     + (roofline(w.flops - w.gemm_flops, 2 * c_bytes, ctx.machine, 0.5)
                        if epi else 0.0) + ctx.machine.call_s * (2 if epi else 1))
-        prepack = mm.operands[1] in problem.constants and not mm.attr("transpose_b")
+        prepack = mm.operands[1] in problem.constants and len(b_shape) == 2
         config = {"prepack": prepack, "epilogue": bool(epi)}
         note = "epilogue as a row program over C" if epi else ""
         return [self.candidate(config, estimate,
@@ -113,8 +113,8 @@ def build_gemm(problem: Problem, ctx, mm: Operation, prologue, epi, prepack: boo
     a0 = oriented(operand(a_val, probe), attrs["transpose_a"])
     b0 = oriented(operand(b_val, probe), attrs["transpose_b"])
     packed = None
-    if prepack:
-        packed = PackedMatrix(np.ascontiguousarray(problem.constants[b_val]), module)
+    if prepack:  # once, at build time; a transposed weight is packed from its strided view
+        packed = PackedMatrix(oriented(problem.constants[b_val], attrs["transpose_b"]), module)
     plan = make_plan(module, a0, packed if packed is not None else b0, scratch, 0, ctx.threads)
     b_arg = packed.data if packed is not None else None
     epi_kernel = _epilogue_kernel(problem, ctx, epi) if epi else None

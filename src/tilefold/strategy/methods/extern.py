@@ -14,11 +14,12 @@ import numpy as np
 
 from tilefold.ir import Operation
 from tilefold.ir.interpreter import run_region
-from tilefold.strategy.cost import Work, roofline, work
+from tilefold.strategy.cost import Work, product_flops, roofline, work
 from tilefold.strategy.method import Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
 Fn = Callable[..., np.ndarray]
+REFERENCE_FLOPS = 5e9  # matrix products in the f64 reference (NumPy on 2 cores)
 
 
 def _axes(attrs: dict, rank: int):
@@ -126,12 +127,20 @@ def build_extern(problem: Problem, table: dict[str, Fn]) -> Kernel:
             np.copyto(array, env[v], casting="unsafe")
 
     names = ", ".join(f"{op.name}" for op in problem.body)
-    return Kernel(run, f"// extern: {names}")
+    return Kernel(run, f"// extern: {names}", strided=True)
 
 
 def extern_estimate(w: Work, problem: Problem, ctx: Context, per_op: float) -> float:
     """Op by op: every op reads and writes memory, plus one library call each."""
     return roofline(w.flops, w.bytes_unfused, ctx.machine, 0.7, 0.6) + per_op * len(problem.body)
+
+
+def reference_penalty(problem: Problem, table: dict[str, Fn]) -> float:
+    """Extra seconds for ops the library table lacks, which the f64 reference runs: ~20x a
+    library call per element, and its matrix products (attention's) at a few GFLOP/s."""
+    slow = [op for op in problem.body if op.name not in table and op.results]
+    elements = sum(math.prod(problem.shape(op.results[0])) for op in slow)
+    return 20e-9 * elements + sum(product_flops(problem, op) for op in slow) / REFERENCE_FLOPS
 
 
 class NumpyExtern(Method):
@@ -142,10 +151,8 @@ class NumpyExtern(Method):
         w = work(problem)
         slow = [op.name for op in problem.body if op.name not in NUMPY]
         note = f"reference implementation for {', '.join(slow)}" if slow else ""
-        # The f64 reference is ~20x slower than a library call per element.
-        penalty = 20 * sum(math.prod(problem.shape(op.results[0])) for op in problem.body
-                           if op.name not in NUMPY and op.results) * 1e-9
-        estimate = extern_estimate(w, problem, ctx, ctx.machine.numpy_op_s) + penalty
+        estimate = (extern_estimate(w, problem, ctx, ctx.machine.numpy_op_s)
+                    + reference_penalty(problem, NUMPY))
         return [self.candidate({}, estimate, lambda: build_extern(problem, NUMPY), note)]
 
 
@@ -159,5 +166,6 @@ class TorchExtern(Method):
             return "PyTorch is not installed"
         merged = {**NUMPY, **table}
         w = work(problem)
-        estimate = extern_estimate(w, problem, ctx, 2 * ctx.machine.numpy_op_s)
+        estimate = (extern_estimate(w, problem, ctx, 2 * ctx.machine.numpy_op_s)
+                    + reference_penalty(problem, merged))
         return [self.candidate({}, estimate, lambda: build_extern(problem, merged))]
