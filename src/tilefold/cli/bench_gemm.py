@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -185,6 +188,37 @@ def plot(results: dict[int, list[Row]], path: str) -> None:
     print(f"plot written to {path}")
 
 
+_COMPILE_PROBE = """
+import time
+from tilefold.runtime import thread_pool
+thread_pool()  # the pool's own module is not the GEMM's compile time
+from tilefold.codegen.gemm.module import gemm_module
+from tilefold.codegen.gemm.registry import SHAPE_CLASSES, select_microkernel
+from tilefold.target import host_target
+target = host_target()
+for shape_class in SHAPE_CLASSES:
+    start = time.perf_counter()
+    module = gemm_module(target, select_microkernel(target, shape_class=shape_class))
+    print(shape_class, module.kernel.name, (time.perf_counter() - start) * 1e3)
+"""
+
+
+def compile_times() -> list[tuple[str, str, float, float]]:
+    """(shape class, micro-kernel, cold ms, cached ms): first use of each GEMM module in a fresh
+    process, with an empty kernel cache and then with the cache that run filled."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TILEFOLD_CACHE_DIR": cache}
+        runs = [subprocess.run([sys.executable, "-c", _COMPILE_PROBE], env=env, check=True,
+                               capture_output=True, text=True).stdout.split("\n")
+                for _ in range(2)]
+    rows = []
+    for cold, warm in zip(runs[0], runs[1], strict=True):
+        if cold:
+            shape_class, kernel, cold_ms = cold.split()
+            rows.append((shape_class, kernel, float(cold_ms), float(warm.split()[2])))
+    return rows
+
+
 def run(args) -> int:
     from tilefold.codegen.gemm.module import gemm_module
     from tilefold.runtime import num_threads
@@ -196,9 +230,11 @@ def run(args) -> int:
     torch = None if args.no_torch else _torch()
     module = gemm_module()
     kern = module.kernel
-    how = "loaded from cache" if module.compiled.from_cache else "compiled"
-    print(f"tilefold GEMM: micro-kernel {kern.name} ({kern.mr}x{kern.nr}) on "
-          f"{module.target.name}; module {how} in {module.compiled.compile_seconds * 1e3:.1f} ms")
+    print(f"tilefold GEMM on {module.target.name}: micro-kernel {kern.name} ({kern.mr}x{kern.nr})")
+    compiles = compile_times()
+    for shape_class, kernel, cold_ms, warm_ms in compiles:
+        print(f"  {shape_class} module ({kernel}), first use in a fresh process: compiled in "
+              f"{cold_ms:.1f} ms, from the disk cache in {warm_ms:.1f} ms")
     if torch is None:
         print("PyTorch not installed (or --no-torch): comparing with NumPy only")
     results: dict[int, list[Row]] = {}
@@ -211,6 +247,8 @@ def run(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"kernel": kern.name, "target": module.target.name,
+                       "compile_ms": {c[0]: {"kernel": c[1], "cold": c[2], "cached": c[3]}
+                                      for c in compiles},
                        "results": {t: [asdict(r) for r in rows] for t, rows in results.items()},
                        "summary": summary}, f, indent=1)
         print(f"results written to {args.json}")

@@ -185,14 +185,16 @@ DIRECT_B_SMALL_MAX_M = 256
 
 
 def _for_shape(module: GemmModule, n: int, csa: int) -> GemmModule:
-    """The module of the micro-kernel for this product's shape class: C at most a narrow
-    kernel's NR wide, with A rows contiguous, reads A in place through tall tiles."""
+    """The module of the micro-kernel for this product's shape class: with A rows contiguous,
+    a narrow kernel when C is at most its NR wide, else the "rows" kernel (A read in place);
+    a target without such entries keeps the general one."""
     kern = module.kernel
     if kern.shape_class != "general" or csa != 1:
         return module
-    narrow = select_microkernel(module.target, kern.dtype, "narrow")
-    if narrow.shape_class == "narrow" and n <= narrow.nr:
-        return gemm_module(module.target, narrow)
+    for shape_class in ("narrow", "rows"):
+        entry = select_microkernel(module.target, kern.dtype, shape_class)
+        if entry.shape_class == shape_class and (shape_class != "narrow" or n <= entry.nr):
+            return gemm_module(module.target, entry)
     return module
 
 
@@ -235,14 +237,17 @@ def make_plan(module: GemmModule, a: np.ndarray, b, c: np.ndarray, beta: int, th
         gemv = _gemv_plan(module, m, n, k, sa[-2:], es(b)[-2:], sc[-2:], beta, threads)
         if gemv is not None:
             return gemv
+    chosen = module if blocking is not None else _for_shape(module, n, sa[-1])
     if packed:
         sb, b_batch = (0, 0), ((), ())
         bmode = BMode.PREPACKED
+        # B was packed into `module`'s panels: another kernel may read them if they match.
+        if (chosen.kernel.nr, chosen.kernel.lanes) == (module.kernel.nr, module.kernel.lanes):
+            module = chosen
     else:
+        module = chosen
         sb = es(b)
         b_batch = (b.shape[:-2], sb[:-2])
-        if blocking is None:
-            module = _for_shape(module, n, sa[-1])
         if bmode is None:
             bmode = choose_bmode(m, n, k, sb[-1], module)
     offsets = _batch_offsets(batch_shape, (a.shape[:-2], sa[:-2]), b_batch,

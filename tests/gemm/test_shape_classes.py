@@ -1,4 +1,5 @@
-"""The narrow shape class: C at most NR columns wide runs tall tiles that read A in place."""
+"""Shape classes: A with contiguous rows is read in place ("rows"), by tall tiles when C is at
+most NR columns wide ("narrow"); other A layouts are packed ("general")."""
 
 from __future__ import annotations
 
@@ -10,20 +11,22 @@ import pytest
 from tests.gemm.reference import check_matmul
 from tilefold.codegen.gemm.module import gemm_ir, gemm_module
 from tilefold.codegen.gemm.plan import make_plan
+from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.gemm.registry import select_microkernel
 from tilefold.errors import UnsupportedError
 from tilefold.target import host_target, named_target
 
 
-@pytest.mark.parametrize("target_name, general, narrow", [
-    ("x86-64-v4", "avx512_8x48", "avx512_28x16"),
-    ("x86-64-v3", "avx2_6x16", "avx2_12x8"),
-    ("neoverse-v1", "neon_8x12", "neon_8x12"),  # no narrow entry: falls back to general
-    ("generic", "generic_4x8", "generic_4x8"),
+@pytest.mark.parametrize("target_name, general, rows, narrow", [
+    ("x86-64-v4", "avx512_8x48", "avx512_8x48_rows", "avx512_28x16"),
+    ("x86-64-v3", "avx2_6x16", "avx2_6x16", "avx2_12x8"),  # no rows entry: general
+    ("neoverse-v1", "neon_8x12", "neon_8x12", "neon_8x12"),
+    ("generic", "generic_4x8", "generic_4x8", "generic_4x8"),
 ])
-def test_selection_by_shape_class(target_name, general, narrow):
+def test_selection_by_shape_class(target_name, general, rows, narrow):
     target = named_target(target_name)
     assert select_microkernel(target).name == general
+    assert select_microkernel(target, shape_class="rows").name == rows
     assert select_microkernel(target, shape_class="narrow").name == narrow
 
 
@@ -58,6 +61,36 @@ def test_narrow_products(isa, m, n, k, layout, threads):
     check_matmul(c, a, b)
 
 
+@pytest.mark.parametrize("m, n, k", [(8, 48, 1), (9, 49, 130), (64, 100, 300), (130, 96, 1000),
+                                     (203, 257, 64)])
+@pytest.mark.parametrize("layout", ["c", "rows_padded", "neg_rows"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_products(m, n, k, layout, threads):
+    module = gemm_module()
+    rows = select_microkernel(module.target, shape_class="rows")
+    rng = np.random.default_rng(m + n * k)
+    a = _a(rng, m, k, layout)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    plan = make_plan(module, a, b, c, 0, threads)
+    assert plan.kernel is rows
+    plan(a, b, c)
+    check_matmul(c, a, b)
+
+
+def test_prepacked_b_is_read_by_the_rows_kernel():
+    module = gemm_module()
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((37, 300), dtype=np.float32)
+    b = rng.standard_normal((300, 130), dtype=np.float32)
+    packed = PackedMatrix(b, module)
+    c = np.full((37, 130), np.nan, np.float32)
+    plan = make_plan(module, a, packed, c, 0, 1)
+    assert plan.kernel is select_microkernel(module.target, shape_class="rows")
+    plan(a, packed.data, c)
+    check_matmul(c, a, b)
+
+
 def test_transposed_a_keeps_the_general_kernel():
     """A with strided rows cannot be read in place: the general kernel packs it."""
     module = gemm_module()
@@ -71,17 +104,20 @@ def test_transposed_a_keeps_the_general_kernel():
     check_matmul(c, a, b)
 
 
-def test_narrow_avx512_tile_keeps_vectors_in_registers():
-    """28 accumulators + 1 B vector, broadcasts folded into the FMAs: no zmm stack traffic."""
+@pytest.mark.parametrize("shape_class", ["rows", "narrow"])
+def test_in_place_avx512_tiles_keep_vectors_in_registers(shape_class):
+    """Accumulators and B vectors stay in zmm registers with A broadcast from its rows in
+    place (a `vbroadcastss` or a `{1to16}` FMA operand): no vector stack traffic in the k loop."""
     from tilefold.runtime import emit_assembly
 
     target = named_target("x86-64-v4")
-    kernel = select_microkernel(target, shape_class="narrow")
+    kernel = select_microkernel(target, shape_class=shape_class)
     asm = emit_assembly(gemm_ir(target, kernel), target)
-    body = asm[asm.index(f"{kernel.spec(kernel.mr, 1).name}:"):]
+    body = asm[asm.index(f"{kernel.spec(kernel.mr, kernel.nv).name}:"):]
     body = body[:body.index(".Lfunc_end")]
     loop = max(re.split(r"\n\.?L\w+:", body), key=lambda blk: blk.count("vfmadd"))
     fmas = re.findall(r"\bvfmadd\w*\s+([^\n]*)", loop)
-    assert len(fmas) >= kernel.mr * kernel.unroll
-    assert sum("{1to16}" in ops for ops in fmas) >= kernel.mr * kernel.unroll
+    assert len(fmas) >= kernel.mr * kernel.nv * kernel.unroll
+    broadcasts = sum("{1to16}" in ops for ops in fmas) + loop.count("vbroadcastss")
+    assert broadcasts >= kernel.mr * kernel.unroll
     assert not re.search(r"[xyz]mm\d+,\s*-?\d*\(%rsp\)|\(%rsp\),\s*%[xyz]mm", loop), loop
