@@ -89,7 +89,7 @@ class GemmPlan(_Plan):
         blk = blocking or derive_blocking(module.target, kern)
         batch = len(offsets)
         threads = max(1, threads if 2 * m * n * k * batch >= PARALLEL_MIN_FLOPS else 1)
-        tm, tn = self._split(m, n, batch, threads, kern.mr, kern.nr)
+        tm, tn = self._split(m, n, batch, threads, kern)
         mc = _balanced(math.ceil(m / tm), blk.mc, kern.mr)
         kc = _balanced(k, blk.kc, 4)
         nc = _balanced(math.ceil(n / tn), blk.nc, kern.nr)
@@ -112,15 +112,17 @@ class GemmPlan(_Plan):
         self.ws_bytes = ws_floats * 4 * threads
 
     @staticmethod
-    def _split(m: int, n: int, batch: int, threads: int, mr: int, nr: int) -> tuple[int, int]:
+    def _split(m: int, n: int, batch: int, threads: int, kern) -> tuple[int, int]:
         """Threads over batch entries first, then over the dimension with more register tiles
-        (splitting M duplicates B packing, splitting N duplicates A packing)."""
+        (splitting M duplicates B packing, splitting N duplicates A packing); kernels reading A
+        in place split N whenever it has a panel per thread, as that duplicates nothing."""
         if batch >= threads or threads == 1:
             return 1, 1
         per = max(1, threads // batch)
-        if math.ceil(m / mr) >= math.ceil(n / nr):
-            return per, 1
-        return 1, per
+        m_tiles, n_tiles = math.ceil(m / kern.mr), math.ceil(n / kern.nr)
+        if kern.a_direct and n_tiles >= per:
+            return 1, per
+        return (per, 1) if m_tiles >= n_tiles else (1, per)
 
     __call__ = _Plan.run
 
