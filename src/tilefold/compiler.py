@@ -5,8 +5,8 @@ call checks its inputs, allocates the outputs and makes one Python-level call pe
 Layout ops (reshape, transpose, slice, expand/squeeze, broadcast) are NumPy views, made once
 at plan time over the planned buffers: they cost nothing per call. Kernels that read any
 layout (`Kernel.strided`) get the views; others get a contiguous copy. A kernel that writes
-any layout and whose result only feeds a transpose writes straight into the transposed
-buffer, so e.g. attention's heads-to-hidden transpose and reshape are free.
+any layout (`strided_out`) and whose result only feeds a transpose writes straight into the
+transposed buffer, so e.g. attention's heads-to-hidden transpose and reshape are free.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class _Planner:
                 self.per_call.add(r)
                 env[slot[r]] = np.empty(shape, dtype)  # a probe, like the inputs'
                 continue
-            perm = self._transposed_by_user(r) if kernel.strided else None
+            perm = self._transposed_by_user(r) if kernel.strided_out else None
             stored = shape if perm is None else tuple(shape[p] for p in perm)
             pool = self.free.get((stored, dtype.str))
             base = self.owned[r] = pool.pop() if pool else np.empty(stored, dtype)

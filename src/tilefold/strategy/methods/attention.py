@@ -65,4 +65,4 @@ def build(problem: Problem, ctx) -> Kernel:
         return emit_assembly(kernel.source(), ctx.target, opt_level=2)
 
     return Kernel(run, f"// fused attention kernel for {cfg} (LLVM IR: see the assembly)", asm,
-                  strided=True)
+                  strided=True, strided_out=True)

@@ -127,7 +127,7 @@ def build_extern(problem: Problem, table: dict[str, Fn]) -> Kernel:
             np.copyto(array, env[v], casting="unsafe")
 
     names = ", ".join(f"{op.name}" for op in problem.body)
-    return Kernel(run, f"// extern: {names}", strided=True)
+    return Kernel(run, f"// extern: {names}", strided=True, strided_out=True)
 
 
 def extern_estimate(w: Work, problem: Problem, ctx: Context, per_op: float) -> float:
