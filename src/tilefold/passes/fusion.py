@@ -252,6 +252,31 @@ class Planner:
         return copy
 
 
+def fold_row_reshapes(fn: Function, rewriter: Rewriter) -> int:
+    """`reshape(matmul(reshape(x, [M, K]), w), [..., N])` -> `matmul(x, w)` when the reshapes
+    only merge and split x's leading dims (a linear layer on [batch, seq, K] written as 2-D),
+    so that the GEMM and its epilogue see one iteration space. Returns the number folded."""
+    folded = 0
+    uses = fn.uses()
+    for mm in list(fn.ops):
+        if mm.name != "matmul" or mm.attr("transpose_a"):
+            continue
+        (a, w), (y,) = mm.operands, mm.results
+        inner, users = a.defining_op, uses.get(y, [])
+        if (inner is None or inner.name != "reshape" or a.type.rank != 2 or w.type.rank != 2
+                or len(users) != 1 or users[0].name != "reshape"):
+            continue
+        x, z = inner.operands[0], users[0].results[0]
+        if (x.type.rank < 2 or tuple(x.type.shape[:-1]) != tuple(z.type.shape[:-1])
+                or x.type.shape[-1] != a.type.shape[-1] or z.type.shape[-1] != y.type.shape[-1]):
+            continue
+        new = rewriter.create(users[0], "matmul", [x, w], dict(mm.attrs), loc=mm.loc)
+        rewriter.replace(users[0], new.results)
+        folded += 1
+    rewriter.erase_dead()
+    return folded
+
+
 def _shape(shape: tuple) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
 
@@ -321,6 +346,7 @@ class Fusion(Pass):
         Statistic("num-groups", "fused regions created"),
         Statistic("num-fused-ops", "ops moved into fused regions"),
         Statistic("num-refused", "fusions refused (see the reasons with TILEFOLD_LOG=passes)"),
+        Statistic("num-folded-reshapes", "leading-dim reshapes around a matmul folded away"),
     )
 
     def __init__(self, **values):
@@ -328,6 +354,7 @@ class Fusion(Pass):
         self.refusals: list[Refusal] = []
 
     def run_on_function(self, fn: Function) -> None:
+        self.count("num-folded-reshapes", fold_row_reshapes(fn, Rewriter(fn)))
         planner = Planner(fn, self.max_ops, self.max_inputs, self.max_row)
         groups = planner.plan()
         self.refusals += planner.refusals

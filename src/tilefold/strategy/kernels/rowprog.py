@@ -122,6 +122,8 @@ def _lower(prog: Program, op: Operation, args: list[int], problem: Problem,
         return prog.prim(name, *args)
     if name == "cast" and str(op.attr("dtype")) == "f32":
         return args[0]
+    if name == "pow":
+        return _pow(prog, op, args, problem)
     rank = len(problem.shape(op.operands[0]))
     if name in REDUCE:
         axes = list(range(rank)) if op.attr("axes") is None else [a % rank for a in op.attr("axes")]
@@ -147,6 +149,20 @@ def _lower(prog: Program, op: Operation, args: list[int], problem: Problem,
                       w)
         return prog.prim("add", y, bias[0]) if bias else y
     raise NotARowProgram(f"'{name}' has no row-program lowering")
+
+
+def _pow(prog: Program, op: Operation, args: list[int], problem: Problem) -> int:
+    """x ** c for a constant scalar c in {1, 2, 3, 4, 0.5} (tanh-GELU's x ** 3): products or
+    a square root, exact where the reference's power is."""
+    c = problem.constants.get(op.operands[1])
+    if c is None or c.size != 1 or float(c.reshape(-1)[0]) not in (1.0, 2.0, 3.0, 4.0, 0.5):
+        raise NotARowProgram("pow needs a constant exponent of 1, 2, 3, 4 or 0.5")
+    x, e = args[0], float(c.reshape(-1)[0])
+    if e == 0.5:
+        return prog.prim("sqrt", x)
+    square = prog.prim("mul", x, x)
+    return {1.0: x, 2.0: square, 3.0: prog.prim("mul", square, x),
+            4.0: prog.prim("mul", square, square)}[e]
 
 
 class Emitter:
