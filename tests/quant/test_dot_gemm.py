@@ -3,6 +3,8 @@ AMX tile edges, K blocking, signed-A compensation and the dequantizing epilogue.
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -116,18 +118,21 @@ def test_every_kernel_the_host_can_run_is_reached():
     assert {k for k in DOT_KERNELS if host.has(*k.features)} <= reached
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_amx_blocks_threads_and_prepacking(rng, threads):
+@pytest.mark.parametrize(("threads", "l2_bytes"), [(1, None), (2, None), (2, 64 << 10)])
+def test_amx_blocks_threads_and_prepacking(rng, threads, l2_bytes):
     """Edges in M, N and K around the 32 x 32 blocks and 16-word K steps, raw and prepacked B,
-    on one and two threads."""
+    on one and two threads; a 64 KiB L2 makes K blocks of 128 words (partial sums kept)."""
     host = target_for("host")
     if not select_dot_kernel(host, "bf16").is_amx:
         pytest.skip("no usable AMX on this host")
+    if l2_bytes is not None:
+        host = dataclasses.replace(host, l2_bytes=l2_bytes)
     for m, k, n in [(31, 33, 65), (96, 257, 64), (130, 1100, 47)]:
         a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
         b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
-        c = matmul_lowp(a, b, threads=threads)
-        assert np.array_equal(c, matmul_lowp(a, prepack_lowp(b, a.dtype), threads=threads))
+        c = matmul_lowp(a, b, target=host, threads=threads)
+        assert np.array_equal(c, matmul_lowp(a, prepack_lowp(b, a.dtype, target=host),
+                                              target=host, threads=threads))
         ref = a.astype(np.float64) @ b.astype(np.float64)
         assert (np.abs(c - ref) <= matmul_bound(a, b)).all()
         for a_dtype in (np.uint8, np.int8):
@@ -135,9 +140,9 @@ def test_amx_blocks_threads_and_prepacking(rng, threads):
             ai = rng.integers(info.min, info.max + 1, (m, k)).astype(a_dtype)
             bi = rng.integers(-128, 128, (k, n)).astype(np.int8)
             exact = ai.astype(np.int64) @ bi.astype(np.int64)
-            assert np.array_equal(matmul_lowp(ai, bi, threads=threads), exact)
-            packed = prepack_lowp(bi, a_dtype)
-            assert np.array_equal(matmul_lowp(ai, packed, threads=threads), exact)
+            assert np.array_equal(matmul_lowp(ai, bi, target=host, threads=threads), exact)
+            packed = prepack_lowp(bi, a_dtype, target=host)
+            assert np.array_equal(matmul_lowp(ai, packed, target=host, threads=threads), exact)
 
 
 def test_amx_refused_falls_back_and_says_why(rng, monkeypatch):

@@ -3,13 +3,13 @@
 `tf_amxgemm(params, A, B, C, ws)` computes C = A @ B for bf16 (`tdpbf16ps`, f32 C) or 8-bit
 operands (`tdpbusd` for u8 A, `tdpbssd` for s8 A: no +128 shift, no compensation; i32 C, or
 f32 through the dequantizing epilogue). C is padded to whole 32 x 32 blocks so every tile store
-is full. B is either prepacked (`PackedB`) or packed by the threads into
-`ws` first, each its share of panels then a barrier. Each thread takes a rectangle of C and
-loops ic (MC rows of A, packed to tiles over all of K in its part of `ws`) > jr (a B panel) >
-pc (KC words: a slice of the panel that stays in L1) > ir (32 rows), keeping partial sums of
-its MC x 32 column of C in a contiguous buffer between K blocks (C's own rows may be 4 KiB
-apart and collide in the caches); each 32 x 32 block runs kc / 16 steps of 4 tile loads +
-4 dots and is written to C once, after its last K block.
+is full. First the threads pack, each its share, A into tiles (all of it, once: never a copy
+per thread) and raw B into panels (unless prepacked), then meet at a barrier. Each thread
+takes a rectangle of C and loops ic (MC rows) > jr (a B panel) > pc (KC words, all of K
+unless the panel would outgrow L2) > ir (32 rows), keeping any partial sums of its MC x 32
+column of C in a contiguous buffer between K blocks (C's own rows may be 4 KiB apart and
+collide in the caches); each 32 x 32 block runs kc / 16 steps of 4 tile loads + 4 dots,
+prefetches the next block's C lines for writing, and is written to C once.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ class AParam(enum.IntEnum):
     THREADS = 12
     DATA_OFFSET = 13
     PACK_B = 14  # 1: B is raw [K, N], pack it into ws first
-    A_OFFSET = 15  # bytes of ws before the per-thread A buffers
-    A_BYTES = 16  # bytes of one thread's A buffer
+    A_OFFSET = 15  # bytes of ws before packed A (after packed B)
+    SUM_OFFSET = 16  # bytes of ws before the per-thread partial-sum buffers (MC x 32 words)
     ROW_SCALE = 17
     COL_SCALE = 18
     BIAS = 19
@@ -76,12 +76,21 @@ def _share(b: ir.IRBuilder, extent, parts, index, unit: int):
     return b.mul(b.sdiv(b.mul(units, index), parts), u.const(unit))
 
 
-def _pack_b_share(b, x: _Ctx, pack_b, tid, nth, dst) -> None:
-    """This thread's share of B's panels, packed into dst."""
-    panels = b.sdiv(x[AParam.NP], u.const(BLOCK))
-    p0, p1 = (_share(b, panels, nth, t, 1) for t in (tid, b.add(tid, u.const(1))))
-    b.call(pack_b, [x.bsrc, x[AParam.LDB], x[AParam.K], x[AParam.N], x[AParam.KGP], p0, p1,
-                    dst])
+def _pack_shares(b, x: _Ctx, k: DotKernel, pack_a, pack_b, tid, nth, apack) -> None:
+    """This thread's share of A's 16-row tile rows into apack and (when raw) of B's panels
+    into ws; then the barrier (with company) after which all of both are packed."""
+    kgp = x[AParam.KGP]
+    r0, r1 = (_share(b, x[AParam.MP], nth, t, amx.TILE_ROWS) for t in (tid, b.add(tid, u.const(1))))
+    dst = u.gep(b, apack, b.mul(b.mul(r0, kgp), u.const(4)))
+    b.call(pack_a, [x.a, x[AParam.LDA], x[AParam.M], b.mul(x[AParam.K], u.const(4 // k.kgroup)),
+                    r0, b.sub(r1, r0), u.const(0), kgp, dst])
+    with b.if_then(b.icmp_signed("!=", x[AParam.PACK_B], u.const(0))):
+        panels = b.sdiv(x[AParam.NP], u.const(BLOCK))
+        p0, p1 = (_share(b, panels, nth, t, 1) for t in (tid, b.add(tid, u.const(1))))
+        b.call(pack_b, [x.bsrc, x[AParam.LDB], x[AParam.K], x[AParam.N], kgp, p0, p1, x.ws])
+    with b.if_then(b.icmp_signed(">", nth, u.const(1))):
+        barrier = u.intrinsic(b.module, "tilefold_barrier", u.void, [u.i32])
+        b.call(barrier, [b.trunc(tid, u.i32)])
 
 
 def _tile_ptrs(b, base, stride_bytes) -> list[ir.Value]:
@@ -90,7 +99,8 @@ def _tile_ptrs(b, base, stride_bytes) -> list[ir.Value]:
     return [base, u.gep(b, base, amx.TILE_BYTES), low, u.gep(b, low, amx.TILE_BYTES)]
 
 
-def _block_tiles(b, k: DotKernel, apan, a_second, kts, bpan, c_in, c_out, first) -> None:
+def _block_tiles(b, k: DotKernel, apan, a_second, kts, bpan, c_in, c_out, first,
+                 c_next) -> None:
     """One K block of a 32 x 32 C block: tiles <- 0 or c_in = (pointer, stride); add A tiles
     apan[kt] (rows 0-15) and apan[kt] + a_second (rows 16-31) times B rows bpan[16 kt ...]
     for kt < kts; store to c_out = (pointer, stride)."""
@@ -102,6 +112,10 @@ def _block_tiles(b, k: DotKernel, apan, a_second, kts, bpan, c_in, c_out, first)
             for t, ptr in enumerate(_tile_ptrs(b, *c_in)):
                 amx.load(b, t, ptr, c_in[1])
     row_bytes = BLOCK * 4
+    for r in range(BLOCK):
+        line = u.gep(b, c_next[0], b.mul(c_next[1], u.const(r)))
+        for half in range(row_bytes // 64):
+            u.prefetch(b, u.gep(b, line, 64 * half), write=True)
     with u.for_range(b, u.const(0), kts, 1, "kt") as kt:
         a0 = u.gep(b, apan, b.mul(kt, u.const(amx.TILE_SIZE)))
         b0 = u.gep(b, bpan, b.mul(kt, u.const(KSTEP * row_bytes)))
@@ -149,22 +163,17 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
     ti, tj = b.sdiv(tid, tn), b.srem(tid, tn)
     m0, m1 = (_share(b, x[AParam.MP], tm, t, BLOCK) for t in (ti, b.add(ti, u.const(1))))
     n0, n1 = (_share(b, x[AParam.NP], tn, t, BLOCK) for t in (tj, b.add(tj, u.const(1))))
-    packing = b.icmp_signed("!=", x[AParam.PACK_B], u.const(0))
-    with b.if_then(packing):
-        _pack_b_share(b, x, pack_b, tid, nth, x.ws)
-        barrier = u.intrinsic(module, "tilefold_barrier", u.void, [u.i32])
-        b.call(barrier, [tid32])
-    bm = b.select(packing, x.ws, x.bsrc)
-    mine = u.gep(b, x.ws, b.add(x[AParam.A_OFFSET], b.mul(tid, x[AParam.A_BYTES])))
+    apack = u.gep(b, x.ws, x[AParam.A_OFFSET])
+    _pack_shares(b, x, k, pack_a, pack_b, tid, nth, apack)
+    bm = b.select(b.icmp_signed("!=", x[AParam.PACK_B], u.const(0)), x.ws, x.bsrc)
     mcb, kcb = x[AParam.MC], x[AParam.KC]
-    abuf, cbuf = mine, u.gep(b, mine, b.mul(b.mul(mcb, kgp), u.const(4)))
+    cbuf = u.gep(b, x.ws, b.add(x[AParam.SUM_OFFSET], b.mul(b.mul(tid, mcb), u.const(BLOCK * 4))))
     ldc_bytes = b.mul(x[AParam.NP], u.const(4))
-    lda, m, kbytes = x[AParam.LDA], x[AParam.M], b.mul(x[AParam.K], u.const(4 // k.kgroup))
     a_second = b.mul(b.sdiv(kgp, u.const(KSTEP)), u.const(amx.TILE_SIZE))
     amx.load_config(b)
     with u.for_range(b, m0, m1, mcb, "ic") as ic:
         mc = u.smin(b, mcb, b.sub(m1, ic))
-        b.call(pack_a, [x.a, lda, m, kbytes, ic, mc, u.const(0), kgp, abuf])
+        abuf = u.gep(b, apack, b.mul(b.mul(ic, kgp), u.const(4)))
         with u.for_range(b, n0, n1, BLOCK, "jr") as jr:
             panel = u.gep(b, bm, b.mul(b.mul(b.sdiv(jr, u.const(BLOCK)), kgp), u.const(BLOCK * 4)))
             with u.for_range(b, u.const(0), kgp, kcb, "pc") as pc:
@@ -182,8 +191,9 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
                     part = (u.gep(b, cbuf, b.mul(ir_, u.const(BLOCK * 4))), u.const(BLOCK * 4))
                     out = tuple(b.select(last, x, y) for x, y in zip((cptr, ldc_bytes), part,
                                                                       strict=True))
+                    nxt = (u.gep(b, out[0], b.mul(out[1], u.const(BLOCK))), out[1])
                     _block_tiles(b, k, apan, a_second, b.sdiv(kc, u.const(KSTEP)), bpan, part,
-                                 out, first)
+                                 out, first, nxt)
                     if dequant:
                         with b.if_then(last):
                             _dequantize_block(b, x, cptr, row, jr, ldc_bytes)

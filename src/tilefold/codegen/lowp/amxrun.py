@@ -40,11 +40,13 @@ def amx_k_words(k: int, kernel: DotKernel) -> int:
 
 
 def _blocking(target: Target, kgp: int, m_share: int) -> tuple[int, int]:
-    """(MC rows, KC words): a KC-word slice of a 32-column B panel in a third of L1 (reused by
-    every 32-row block of the MC rows; measured a little ahead of whole-K slices from L2 for
-    int8, level for bf16), and MC x K of packed A in half of L2."""
-    kc = min(kgp, max(KSTEP, target.l1d_bytes // 3 // (BLOCK * 4) // KSTEP * KSTEP))
-    mc = target.l2_bytes // 2 // (kgp * 4) // BLOCK * BLOCK
+    """(MC rows, KC words). Tile loads, not cache misses, bound these kernels (each costs
+    about three tile products here, from L1 or L2 alike), so C stays in tiles over all of K
+    (KC = K: no partial sums to reload) unless a K x 32 B panel would outgrow a quarter of L2,
+    and MC keeps a block of packed A near L1 (measured best at 32-64 KiB)."""
+    panel_words = target.l2_bytes // 4 // (BLOCK * 4) // KSTEP * KSTEP
+    kc = min(kgp, max(KSTEP, panel_words))
+    mc = target.l2_bytes // 32 // (kgp * 4) // BLOCK * BLOCK
     return min(max(BLOCK, mc), _up(m_share, BLOCK)), kc
 
 
@@ -75,7 +77,7 @@ def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
     mc, kc = _blocking(target, kgp, math.ceil(mp / tm))
     pack = b.ndim == 2
     a_offset = _up(np_ * kgp * 4, _ALIGN) if pack else 0
-    a_bytes = mc * (kgp + BLOCK) * 4  # packed A, then the partial sums
+    sum_offset = a_offset + mp * kgp * 4  # packed A, then the partial sums
     out_float = kernel.acc_is_float or dequant is not None
     c = np.empty((mp, np_), np.float32 if out_float else np.int32)
     values = {AParam.M: m, AParam.K: k, AParam.N: n, AParam.MP: mp, AParam.NP: np_,
@@ -83,7 +85,7 @@ def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
               AParam.LDB: b.strides[0] if pack else 0, AParam.MC: mc, AParam.KC: kc,
               AParam.TM: tm, AParam.TN: tn, AParam.THREADS: threads,
               AParam.DATA_OFFSET: DATA_OFFSET, AParam.PACK_B: int(pack),
-              AParam.A_OFFSET: a_offset, AParam.A_BYTES: a_bytes}
+              AParam.A_OFFSET: a_offset, AParam.SUM_OFFSET: sum_offset}
     keep = []
     if dequant is not None:
         keep = [_padded(v, size) for v, size in zip(dequant, (mp, np_, np_), strict=True)]
@@ -91,6 +93,6 @@ def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
                        AParam.COL_SCALE: keep[1].ctypes.data, AParam.BIAS: keep[2].ctypes.data})
     entry_objects, entry_raw = _module(kernel, target, dequant is not None)
     plan = _Plan(entry_objects, entry_raw, values, len(AParam))
-    plan.ws_bytes = a_offset + threads * a_bytes
+    plan.ws_bytes = sum_offset + threads * mc * BLOCK * 4
     plan.run(a, b, c)
     return c if (mp, np_) == (m, n) else np.ascontiguousarray(c[:m, :n])
