@@ -1,4 +1,4 @@
-"""Element types: one table of the dtypes tilefold knows, their NumPy/ml_dtypes storage and traits."""
+"""Element types: the table of dtypes tilefold knows, their NumPy/ml_dtypes storage and traits."""
 
 from __future__ import annotations
 
@@ -55,7 +55,9 @@ i4 = _d("i4", 4, "int", ml_dtypes.int4)
 u8 = _d("u8", 8, "uint", np.uint8)
 boolean = _d("bool", 1, "bool", np.bool_)
 
-ALL_DTYPES: tuple[DType, ...] = (f64, f32, f16, bf16, fp8e4m3, fp4e2m1, i64, i32, i8, i4, u8, boolean)
+ALL_DTYPES: tuple[DType, ...] = (
+    f64, f32, f16, bf16, fp8e4m3, fp4e2m1, i64, i32, i8, i4, u8, boolean,
+)
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _BY_NUMPY = {d.np_dtype: d for d in ALL_DTYPES}
 
