@@ -36,12 +36,14 @@ def zeros(ty: ir.VectorType) -> ir.Constant:
     return _Zeros(ty, [0] * ty.count)
 
 
-@contextmanager
-def for_range(b: ir.IRBuilder, start, stop, step=1, name: str = "i") -> Iterator[ir.Value]:
-    """`for (i = start; i < stop; i += step)` with a phi induction variable (no allocas)."""
-    start = start if isinstance(start, ir.Value) else const(start)
-    stop = stop if isinstance(stop, ir.Value) else const(stop)
-    step = step if isinstance(step, ir.Value) else const(step, stop.type)
+def _value(x: ir.Value | int, ty: ir.Type = i64) -> ir.Value:
+    return x if isinstance(x, ir.Value) else const(x, ty)
+
+
+def _loop_head(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, inits: list[ir.Value],
+               name: str) -> tuple[ir.Block, ir.Block, ir.PhiInstr, list[ir.PhiInstr]]:
+    """Branch to a head block testing `index < stop`, with phis for the index and for each of
+    `inits`, and leave `b` in the body. Returns (head, done, index, phis); `_loop_tail` closes."""
     pre = b.block
     head = b.append_basic_block(f"{name}.head")
     body = b.append_basic_block(f"{name}.body")
@@ -50,13 +52,34 @@ def for_range(b: ir.IRBuilder, start, stop, step=1, name: str = "i") -> Iterator
     b.position_at_end(head)
     idx = b.phi(stop.type, name=name)
     idx.add_incoming(start, pre)
+    phis = []
+    for init in inits:
+        phi = b.phi(init.type)
+        phi.add_incoming(init, pre)
+        phis.append(phi)
     b.cbranch(b.icmp_signed("<", idx, stop), body, done)
     b.position_at_end(body)
-    yield idx
-    nxt = b.add(idx, step, name=f"{name}.next")
+    return head, done, idx, phis
+
+
+def _loop_tail(b: ir.IRBuilder, head: ir.Block, done: ir.Block, idx: ir.PhiInstr,
+               nxt: ir.Value) -> None:
+    """Feed the next index back to the head and continue after the loop."""
     idx.add_incoming(nxt, b.block)
     b.branch(head)
     b.position_at_end(done)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int,
+              step: ir.Value | int = 1, name: str = "i") -> Iterator[ir.Value]:
+    """`for (i = start; i < stop; i += step)` with a phi induction variable (no allocas)."""
+    start = _value(start)
+    stop = _value(stop)
+    step = _value(step, stop.type)
+    head, done, idx, _ = _loop_head(b, start, stop, [], name)
+    yield idx
+    _loop_tail(b, head, done, idx, b.add(idx, step, name=f"{name}.next"))
 
 
 class Carried:
@@ -70,58 +93,35 @@ class Carried:
 
 
 @contextmanager
-def for_range_carry(b: ir.IRBuilder, start, stop, step, inits: list[ir.Value],
+def for_range_carry(b: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int,
+                    step: ir.Value | int, inits: list[ir.Value],
                     name: str = "i") -> Iterator[Carried]:
     """`for_range` whose body updates values kept in phis (registers) across iterations."""
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    body = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.done")
-    step = step if isinstance(step, ir.Value) else const(step, stop.type)
-    b.branch(head)
-    b.position_at_end(head)
-    idx = b.phi(stop.type, name=name)
-    idx.add_incoming(start, pre)
-    phis = []
-    for init in inits:
-        phi = b.phi(init.type)
-        phi.add_incoming(init, pre)
-        phis.append(phi)
-    b.cbranch(b.icmp_signed("<", idx, stop), body, done)
-    b.position_at_end(body)
+    start = _value(start)
+    stop = _value(stop)
+    step = _value(step, stop.type)
+    head, done, idx, phis = _loop_head(b, start, stop, inits, name)
     loop = Carried(idx, phis)
     yield loop
     for phi, value in zip(phis, loop.next, strict=True):
         phi.add_incoming(value, b.block)
-    idx.add_incoming(b.add(idx, step, name=f"{name}.next"), b.block)
-    b.branch(head)
-    b.position_at_end(done)
+    _loop_tail(b, head, done, idx, b.add(idx, step, name=f"{name}.next"))
     loop.result = phis
 
 
 @contextmanager
-def for_chunks(b: ir.IRBuilder, start, stop, sizes: tuple[int, ...], name: str = "i"):
+def for_chunks(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, sizes: tuple[int, ...],
+               name: str = "i") -> Iterator[tuple[ir.Value, ir.Value]]:
     """Walk [start, stop) in chunks, each the largest of `sizes` (descending, ending in 1) that
     fits; yields (index, chunk) so tails need a few fixed-size code paths instead of padding."""
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    body = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.done")
-    b.branch(head)
-    b.position_at_end(head)
-    idx = b.phi(stop.type, name=name)
-    idx.add_incoming(start, pre)
-    b.cbranch(b.icmp_signed("<", idx, stop), body, done)
-    b.position_at_end(body)
+    head, done, idx, _ = _loop_head(b, start, stop, [], name)
     left = b.sub(stop, idx)
     chunk = const(sizes[-1], stop.type)
     for size in reversed(sizes[:-1]):
         chunk = b.select(b.icmp_signed(">=", left, const(size, stop.type)),
                          const(size, stop.type), chunk)
     yield idx, chunk
-    idx.add_incoming(b.add(idx, chunk, name=f"{name}.next"), b.block)
-    b.branch(head)
-    b.position_at_end(done)
+    _loop_tail(b, head, done, idx, b.add(idx, chunk, name=f"{name}.next"))
 
 
 def smin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
@@ -192,7 +192,7 @@ def prefetch(b: ir.IRBuilder, ptr: ir.Value, write: bool = False, locality: int 
 
 
 def gep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value | int) -> ir.Value:
-    offset = offset if isinstance(offset, ir.Value) else const(offset)
+    offset = _value(offset)
     return b.gep(ptr, [offset], inbounds=True)
 
 
