@@ -222,30 +222,14 @@ class Emitter:
     def _stage_loops(self, b, ptrs, row, stage, scalars, buffers, reductions) -> None:
         n, lanes = self.p.n, self.lanes
         vty = u.vec(u.f32, lanes)
-        accs = {}
         full = n - n % lanes
-        pre = b.block
-        head = b.append_basic_block(f"s{stage}.head")
-        body = b.append_basic_block(f"s{stage}.body")
-        done = b.append_basic_block(f"s{stage}.done")
-        b.branch(head)
-        b.position_at_end(head)
-        j = b.phi(u.i64, name=f"j{stage}")
-        j.add_incoming(u.const(0), pre)
-        phis = {}
-        for r in reductions:
-            phis[r] = b.phi(vty)
-            phis[r].add_incoming(_splat_const(vty, IDENTITY[self.p.prims[r].op]), pre)
-        b.cbranch(b.icmp_signed("<", j, u.const(full)), body, done)
-        b.position_at_end(body)
-        new = self._iteration(b, ptrs, row, j, None, stage, scalars, buffers, reductions, phis)
-        nxt = b.add(j, u.const(lanes))
-        j.add_incoming(nxt, b.block)
-        for r in reductions:
-            phis[r].add_incoming(new[r], b.block)
-        b.branch(head)
-        b.position_at_end(done)
-        accs = dict(phis)
+        inits = [_splat_const(vty, IDENTITY[self.p.prims[r].op]) for r in reductions]
+        with u.for_range_carry(b, 0, full, lanes, inits, name=f"s{stage}") as loop:
+            phis = dict(zip(reductions, loop.values, strict=True))
+            new = self._iteration(b, ptrs, row, loop.index, None, stage, scalars, buffers,
+                                  reductions, phis)
+            loop.next = [new[r] for r in reductions]
+        accs = dict(zip(reductions, loop.result, strict=True))
         if n % lanes:
             mask = u.lane_mask(b, u.const(n % lanes), lanes)
             accs = self._iteration(b, ptrs, row, u.const(full), mask, stage, scalars, buffers,

@@ -18,49 +18,24 @@ from tilefold.codegen.vecmath import MathBuilder, emit_math
 UNROLL = 4
 
 
-def _sweep(b: ir.IRBuilder, n: int, lanes: int, name: str, step, accs: list[ir.Value]):
-    """`accs = step(j, mask, accs)` over [0, n) in vectors, unrolled by the number of accs."""
+def _sweep(b: ir.IRBuilder, n: int, lanes: int, name: str, step, combine,
+           accs: list[ir.Value]) -> ir.Value:
+    """`accs = step(j, mask, accs)` over [0, n) in vectors, unrolled by the number of accs,
+    which `combine(p, q)` then merges into one."""
     group = lanes * len(accs)
     full = n - n % group
     if full:
-        pre = b.block
-        head = b.append_basic_block(f"{name}.head")
-        body = b.append_basic_block(f"{name}.body")
-        done = b.append_basic_block(f"{name}.done")
-        b.branch(head)
-        b.position_at_end(head)
-        j = b.phi(u.i64)
-        j.add_incoming(u.const(0), pre)
-        phis = [b.phi(a.type) for a in accs]
-        for phi, a in zip(phis, accs, strict=True):
-            phi.add_incoming(a, pre)
-        b.cbranch(b.icmp_signed("<", j, u.const(full)), body, done)
-        b.position_at_end(body)
-        new = [step(b.add(j, u.const(k * lanes)), None, [phi])[0] for k, phi in enumerate(phis)]
-        j.add_incoming(b.add(j, u.const(group)), b.block)
-        for phi, a in zip(phis, new, strict=True):
-            phi.add_incoming(a, b.block)
-        b.branch(head)
-        b.position_at_end(done)
-        accs = phis
+        with u.for_range_carry(b, 0, full, group, accs, name=name) as loop:
+            loop.next = [step(b.add(loop.index, u.const(k * lanes)), None, [phi])[0]
+                         for k, phi in enumerate(loop.values)]
+        accs = loop.result
     acc = accs[0]
     for other in accs[1:]:
-        acc = step.combine(acc, other)
+        acc = combine(acc, other)
     for start in range(full, n, lanes):
         mask = None if n - start >= lanes else u.lane_mask(b, u.const(n - start), lanes)
         (acc,) = step(u.const(start), mask, [acc])
     return acc
-
-
-class _Step:
-    """One sweep's loop body; `combine` merges two accumulators."""
-
-    def __init__(self, body, combine):
-        self.body = body
-        self.combine = combine
-
-    def __call__(self, j, mask, accs):
-        return self.body(j, mask, accs)
 
 
 def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n: int,
@@ -89,9 +64,9 @@ def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n
         return m._call("maximum", p, q)
 
     neg_inf = m.c(float("-inf"))
-    acc = _sweep(b, n, lanes, "max", _Step(
-        lambda j, mask, accs: [maximum(accs[0], load(x, j, mask, float("-inf")))], maximum),
-        [neg_inf] * UNROLL)
+    acc = _sweep(b, n, lanes, "max",
+                 lambda j, mask, accs: [maximum(accs[0], load(x, j, mask, float("-inf")))],
+                 maximum, [neg_inf] * UNROLL)
     fn = u.intrinsic(b.module, f"llvm.vector.reduce.fmaximum.v{lanes}f32", u.f32, [vty])
     row_max = u.splat(b, b.call(fn, [acc]), lanes)
 
@@ -100,7 +75,7 @@ def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n
         store(e, j, mask)
         return [b.fadd(accs[0], e)]
 
-    total = _sweep(b, n, lanes, "exp", _Step(exp_step, b.fadd), [m.c(0.0)] * UNROLL)
+    total = _sweep(b, n, lanes, "exp", exp_step, b.fadd, [m.c(0.0)] * UNROLL)
     fn = u.intrinsic(b.module, f"llvm.vector.reduce.fadd.v{lanes}f32", u.f32, [u.f32, vty])
     inv = u.splat(b, b.fdiv(ir.Constant(u.f32, 1.0), b.call(fn, [ir.Constant(u.f32, 0.0),
                                                                  total])), lanes)
@@ -109,4 +84,4 @@ def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n
         store(b.fmul(load(y, j, mask, 0.0), inv), j, mask)
         return accs
 
-    _sweep(b, n, lanes, "scale", _Step(scale_step, lambda p, q: p), [m.c(0.0)] * UNROLL)
+    _sweep(b, n, lanes, "scale", scale_step, lambda p, q: p, [m.c(0.0)] * UNROLL)
