@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import llvmlite.binding as llvm
 
 from tilefold.errors import CompileError
 from tilefold.target import Target, target_machine
-from tilefold.target.machine import LLVM_LOCK
+from tilefold.target.machine import LLVM_LOCK, parse_for_target
+
+T = TypeVar("T")
 
 _HIDDEN_LINKAGES = {llvm.Linkage.internal, llvm.Linkage.private}
 _codegen_runs = 0
@@ -29,10 +33,7 @@ def codegen_runs() -> int:
 
 def _parse(llvm_ir: str, target: Target, machine: llvm.TargetMachine, name: str) -> llvm.ModuleRef:
     try:
-        module = llvm.parse_assembly(llvm_ir)
-        module.triple = target.triple
-        module.data_layout = str(machine.target_data)
-        module.verify()
+        module = parse_for_target(llvm_ir, target, machine)
     except RuntimeError as exc:
         raise CompileError(
             f"LLVM rejected module {name!r} for {target.name}: {str(exc).strip()}; "
@@ -60,6 +61,18 @@ def _exports(module: llvm.ModuleRef) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def _codegen(llvm_ir: str, target: Target, name: str, opt_level: int, jit: bool,
+             emit: Callable[[llvm.TargetMachine, llvm.ModuleRef], T]) -> T:
+    """Parse, optionally optimize, and `emit(machine, module)` under the LLVM lock."""
+    global _codegen_runs
+    with LLVM_LOCK:
+        machine = target_machine(target, jit=jit)
+        module = _parse(llvm_ir, target, machine, name)
+        _optimize(module, machine, opt_level)
+        _codegen_runs += 1
+        return emit(machine, module)
+
+
 def compile_object(
     llvm_ir: str, target: Target, *, name: str = "module", opt_level: int = 0, jit: bool = True
 ) -> ObjectCode:
@@ -67,13 +80,9 @@ def compile_object(
 
     `jit` selects the large code model, which a JIT needs to place code anywhere.
     """
-    global _codegen_runs
-    with LLVM_LOCK:
-        machine = target_machine(target, jit=jit)
-        module = _parse(llvm_ir, target, machine, name)
-        _optimize(module, machine, opt_level)
-        _codegen_runs += 1
-        return ObjectCode(machine.emit_object(module), _exports(module))
+    return _codegen(llvm_ir, target, name, opt_level, jit,
+                    lambda machine, module: ObjectCode(machine.emit_object(module),
+                                                       _exports(module)))
 
 
 def emit_object(llvm_ir: str, target: Target, *, opt_level: int = 0) -> bytes:
@@ -83,10 +92,5 @@ def emit_object(llvm_ir: str, target: Target, *, opt_level: int = 0) -> bytes:
 
 def emit_assembly(llvm_ir: str, target: Target, *, opt_level: int = 0) -> str:
     """The assembly LLVM generates for `target`, e.g. to check a NEON kernel uses `fmla`."""
-    global _codegen_runs
-    with LLVM_LOCK:
-        machine = target_machine(target)
-        module = _parse(llvm_ir, target, machine, "module")
-        _optimize(module, machine, opt_level)
-        _codegen_runs += 1
-        return machine.emit_assembly(module)
+    return _codegen(llvm_ir, target, "module", opt_level, False,
+                    lambda machine, module: machine.emit_assembly(module))

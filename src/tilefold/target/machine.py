@@ -47,3 +47,14 @@ def target_machine(target: Target, *, jit: bool = False) -> llvm.TargetMachine:
         codemodel="jitdefault" if jit else "default",
         jit=jit,
     )
+
+
+def parse_for_target(llvm_ir: str, target: Target,
+                     machine: llvm.TargetMachine) -> llvm.ModuleRef:
+    """Parse and verify `llvm_ir` with `target`'s triple and `machine`'s data layout (call
+    under `LLVM_LOCK`); LLVM's complaint about invalid IR comes out as a RuntimeError."""
+    module = llvm.parse_assembly(llvm_ir)
+    module.triple = target.triple
+    module.data_layout = str(machine.target_data)
+    module.verify()
+    return module

@@ -12,7 +12,7 @@ from typing import Any
 import llvmlite.binding as llvm
 
 from tilefold.errors import CompileError, UnsupportedError
-from tilefold.target.machine import LLVM_LOCK, target_machine
+from tilefold.target.machine import LLVM_LOCK, parse_for_target, target_machine
 from tilefold.target.target import Target
 
 _engines: list[llvm.ExecutionEngine] = []  # probe code stays valid for the process
@@ -27,10 +27,7 @@ def probe_function(llvm_ir: str, target: Target, symbol: str, restype: Any, *arg
     with LLVM_LOCK:
         machine = target_machine(target, jit=True)
         try:
-            module = llvm.parse_assembly(llvm_ir)
-            module.triple = target.triple
-            module.data_layout = str(machine.target_data)
-            module.verify()
+            module = parse_for_target(llvm_ir, target, machine)
         except RuntimeError as exc:
             raise CompileError(f"probe IR for {target.name} is invalid: {exc}") from exc
         engine = llvm.create_mcjit_compiler(module, machine)
