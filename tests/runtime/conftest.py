@@ -1,4 +1,5 @@
-"""Runtime tests use a private cache dir, and run risky code in fresh, time-limited processes."""
+"""Runtime tests run risky code in fresh, time-limited processes (the private cache dir they
+inherit is set up by tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,6 @@ import sys
 import textwrap
 
 import pytest
-
-
-@pytest.fixture(scope="session", autouse=True)
-def private_cache_dir(tmp_path_factory: pytest.TempPathFactory):
-    """Point TILEFOLD_CACHE_DIR at a temporary folder for the session (subprocesses inherit)."""
-    previous = os.environ.get("TILEFOLD_CACHE_DIR")
-    path = tmp_path_factory.mktemp("tilefold-cache")
-    os.environ["TILEFOLD_CACHE_DIR"] = str(path)
-    yield path
-    if previous is None:
-        os.environ.pop("TILEFOLD_CACHE_DIR", None)
-    else:
-        os.environ["TILEFOLD_CACHE_DIR"] = previous
 
 
 @pytest.fixture
