@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-SETTLE_SECONDS = 0.02
+from tilefold.cli.benchutil import interleaved_medians
+
+SETTLE_SECONDS = 0.02  # one call a sample here, so a shorter pause than benchutil's
 HEADS, HIDDEN, FFN = 12, 768, 3072
 
 
@@ -158,13 +159,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile")
 
 
-def _median_ms(fn: Callable, times: list[float]) -> None:
-    start = time.perf_counter()
-    fn()
-    times.append((time.perf_counter() - start) * 1e3)
-    time.sleep(SETTLE_SECONDS)
-
-
 def run(args: argparse.Namespace) -> int:
     os.environ["TILEFOLD_NUM_THREADS"] = str(args.threads)
     import torch
@@ -198,11 +192,8 @@ def run(args: argparse.Namespace) -> int:
             contenders["numpy"] = _numpy_contender(block, module, xs)
             for fn in contenders.values():
                 fn()
-            times: dict[str, list[float]] = {k: [] for k in contenders}
-            for _ in range(args.rounds):
-                for name, fn in contenders.items():
-                    _median_ms(fn, times[name])
-            med = {k: float(np.median(v)) for k, v in times.items()}
+            seconds = interleaved_medians(contenders, args.rounds, settle=SETTLE_SECONDS)
+            med = {k: t * 1e3 for k, t in seconds.items()}
             tf = med["tilefold"]
             comp = med.get("compile", math.nan)
             print(f"{block.name:<24}{tf:>10.3f}{med['numpy']:>10.3f}{med['eager']:>10.3f}"

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import ml_dtypes
 import numpy as np
 
-from tilefold.cli.bench_gemm import SETTLE_SECONDS, Shape, _time_block, geomean, parse_shape
+from tilefold.cli.benchutil import (
+    Shape,
+    TableRow,
+    geomean,
+    interleaved_medians,
+    parse_shape,
+    print_vs_table,
+    time_block,
+)
 from tilefold.quant import FORMATS, QuantizedTensor, quantize, quantized_matmul
 
 SUITES = {
@@ -91,12 +98,7 @@ def _ort_matmul_integer(b: np.ndarray, threads: int):
 
 
 def _time_all(impls: dict, args) -> dict[str, float]:
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(args.rounds):
-        for name, fn in impls.items():
-            samples[name] += _time_block(fn, args.block_seconds)
-            time.sleep(SETTLE_SECONDS)
-    return {name: float(np.median(t)) for name, t in samples.items()}
+    return interleaved_medians(impls, args.rounds, lambda fn: time_block(fn, args.block_seconds))
 
 
 def _gemm_row(shape: Shape, dtype: str, threads: int, args) -> dict[str, float]:
@@ -183,20 +185,9 @@ def run(args) -> int:
         rows = [(s, _gemm_row(s, args.dtype, threads, args)) for s in shapes]
         peers = [p for p in rows[0][1] if p not in ("tilefold", "fp32")]  # incl. tf_unpacked_b
         cols = ["fp32", *peers]
-        print(f"{'shape':<16}{'M':>6}{'N':>6}{'K':>6}{'tilefold':>10}{'%peak':>7}"
-              + "".join(f"{c:>13}" for c in cols) + "".join(f"{'vs ' + c:>16}" for c in cols))
-        ratios: dict[str, list[float]] = {c: [] for c in cols}
-        for s, g in rows:
-            tf = g["tilefold"]
-            line = f"{s.name:<16}{s.m:>6}{s.n:>6}{s.k:>6}{tf:>10.1f}{100 * tf / peak:>6.0f}%"
-            line += "".join(f"{g.get(c, float('nan')):>13.1f}" for c in cols)
-            for c in cols:
-                if c in g:
-                    ratios[c].append(tf / g[c])
-                line += f"{tf / g[c]:>15.2f}x" if c in g else f"{'-':>16}"
-            print(line)
-        print(f"{'geomean':<57}" + " " * 13 * len(cols)
-              + "".join(f"{geomean(ratios[c]):>15.2f}x" for c in cols))
+        table = [TableRow(f"{s.name:<16}{s.m:>6}{s.n:>6}{s.k:>6}", g) for s, g in rows]
+        print_vs_table(f"{'shape':<16}{'M':>6}{'N':>6}{'K':>6}", table, cols, peak,
+                       value_width=13, ratio_width=16)
         return 0
     bandwidth = measured_bandwidth_gbps(threads)
     print(f"{args.dtype} weight-only GEMV (group 32), {threads} thread(s); measured read "
@@ -211,7 +202,7 @@ def run(args) -> int:
         print(f"{s.name:<16}{s.m:>6}{s.n:>6}{s.k:>6}{g['tilefold_gbps']:>9.1f}"
               f"{100 * g['tilefold_gbps'] / bandwidth:>6.0f}%{g['fp32_gbps']:>11.1f}"
               f"{g['speedup']:>9.2f}x")
-    print(f"{'geomean':<56}{geomean(speedups):>9.2f}x")
+    print(f"{'geomean':<61}{geomean(speedups):>9.2f}x")
     return 0
 
 
