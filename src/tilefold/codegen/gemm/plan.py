@@ -168,7 +168,7 @@ def _batch_offsets(batch_shape, *arrays_and_strides) -> np.ndarray:
 def choose_bmode(m: int, n: int, k: int, csb: int, module: GemmModule) -> BMode:
     """Read B in place (rows contiguous) when few row panels would reuse a packed copy, or when
     the B block each A micro-panel sweeps is small enough to stay in cache in place: then packing
-    is pure overhead (+6-11% on 12x128x128x64 and 50x512x768; 5-35% lost on larger blocks)."""
+    is pure overhead (+7% on 12x128x128x64; 5-35% lost on blocks over 1/8 of L2)."""
     kern = module.kernel
     if csb != 1 or n < kern.nr:
         return BMode.PACK
