@@ -22,6 +22,7 @@ from tilefold.errors import ShapeError
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
+from tilefold.passes import PassManager
 from tilefold.strategy import Decision, Problem, TuningDB, context, decide, tune_budget
 from tilefold.strategy import register_builtin_methods as _register
 from tilefold.strategy.problem import bind_shapes
@@ -234,8 +235,6 @@ def compile(module: Module, target=None, *, function: str = "main") -> CompiledG
     measurement when `TILEFOLD_TUNE` is set, else by the cost model. The compiled graph returns
     a list with one array per function result.
     """
-    from tilefold.passes import PassManager
-
     _register()
     module = copy.deepcopy(module)
     manager = PassManager(PIPELINE)

@@ -10,6 +10,7 @@ hand-written, auto-codegen, building blocks, LTO and extern (DESIGN.md, "The ker
 
 from __future__ import annotations
 
+from tilefold.runtime import num_threads
 from tilefold.strategy.autotune import tune_budget
 from tilefold.strategy.cost import machine_for
 from tilefold.strategy.method import (
@@ -26,10 +27,12 @@ from tilefold.strategy.method import (
 from tilefold.strategy.problem import Problem
 from tilefold.strategy.select import Decision, decide
 from tilefold.strategy.tuning_db import TuningDB
+from tilefold.target import host_target
 
 
 def builtin_methods() -> list[Method]:
     """One instance of every method tilefold ships, in family order."""
+    # Imported here: each method module imports tilefold.strategy, which is importing this file.
     from tilefold.strategy.methods.attention import FlashAttention
     from tilefold.strategy.methods.autocodegen import KernelCodegen
     from tilefold.strategy.methods.blocks import GemmEpilogue
@@ -50,9 +53,6 @@ def register_builtin_methods() -> None:
 
 def context(target=None, threads: int | None = None) -> Context:
     """The host (or `target`) with its measured ceilings, for `threads` threads."""
-    from tilefold.runtime import num_threads
-    from tilefold.target import host_target
-
     target = target or host_target()
     return Context(target, machine_for(target, threads or num_threads()))
 

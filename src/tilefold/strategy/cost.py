@@ -9,6 +9,7 @@ import functools
 from dataclasses import dataclass
 
 from tilefold.strategy.problem import Problem
+from tilefold.target import measured_bandwidth_gbps, measured_peak_gflops
 
 # Flops charged per element for ops that are more than one instruction.
 _OP_FLOPS = {
@@ -43,8 +44,6 @@ class Machine:
 @functools.cache
 def machine_for(target, threads: int) -> Machine:
     """The measured ceilings of `target` (the host), cached on disk by `tilefold.target`."""
-    from tilefold.target import measured_bandwidth_gbps, measured_peak_gflops
-
     return Machine(
         gflops=measured_peak_gflops(target, "f32", threads),
         gbps=measured_bandwidth_gbps(threads),

@@ -17,6 +17,7 @@ import numpy as np
 
 from tilefold.codegen.attention import flash
 from tilefold.codegen.attention.flash import AttentionConfig
+from tilefold.runtime import compile_generated
 
 
 class AttentionKernel:
@@ -61,8 +62,6 @@ def _source_hash() -> str:
 @functools.cache
 def attention_kernel(cfg: AttentionConfig, target) -> AttentionKernel:
     """The compiled kernel for `cfg` (cached in process and, by generator fingerprint, on disk)."""
-    from tilefold.runtime import compile_generated
-
     name = f"tf_attention_{hashlib.sha256(repr(cfg).encode()).hexdigest()[:12]}"
 
     def make_ir() -> str:

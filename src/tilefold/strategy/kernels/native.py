@@ -19,6 +19,7 @@ from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.driver import PARALLEL_TYPE, WORKER_TYPE
 from tilefold.codegen.gemm.plan import DATA_OFFSET
 from tilefold.errors import UnsupportedError
+from tilefold.runtime import compile_llvm_ir, emit_assembly, thread_pool
 from tilefold.strategy.method import Kernel
 
 FP = u.f32.as_pointer()
@@ -89,8 +90,6 @@ def new_module(name: str, target) -> ir.Module:
 
 def load_kernel(llvm_ir: str, target, name: str, nargs: int, opt_level: int = 0) -> Kernel:
     """Compile (or fetch from the disk cache) and wrap `name(a0..an)` as a `Kernel`."""
-    from tilefold.runtime import compile_llvm_ir, emit_assembly, thread_pool
-
     if "tilefold_parallel" in llvm_ir and target.is_host():
         thread_pool()  # llvmlite quotes the name, which compile_llvm_ir's check misses
     compiled = compile_llvm_ir(llvm_ir, target, name=name, opt_level=opt_level)

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from tilefold.runtime import emit_assembly
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Kernel, Method
 from tilefold.strategy.problem import Problem
@@ -38,6 +39,7 @@ class FlashAttention(Method):
 
 
 def build(problem: Problem, ctx) -> Kernel:
+    # On first use: `import tilefold` does not load the attention generator.
     from tilefold.codegen.attention import AttentionConfig, attention_kernel
 
     op = problem.body[0]
@@ -60,8 +62,6 @@ def build(problem: Problem, ctx) -> Kernel:
             kernel(q, k, v, m, out, scale)
 
     def asm() -> str:
-        from tilefold.runtime import emit_assembly
-
         return emit_assembly(kernel.source(), ctx.target, opt_level=2)
 
     return Kernel(run, f"// fused attention kernel for {cfg} (LLVM IR: see the assembly)", asm,

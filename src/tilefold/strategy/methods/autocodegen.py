@@ -17,6 +17,7 @@ class KernelCodegen(Method):
     family = "auto-codegen"
 
     def propose(self, problem, ctx):
+        # On first use: `import tilefold` does not load the kernel-IR generator.
         from tilefold.codegen.kernel.from_graph import analyze_group
 
         if problem.op.name != "fused":
@@ -33,6 +34,7 @@ class KernelCodegen(Method):
 
 
 def build(problem: Problem, ctx) -> Kernel:
+    # On first use, as in `propose`.
     from tilefold.codegen.kernel.compile import compile_group, lower_group
     from tilefold.codegen.kernel.printer import print_kernel
 

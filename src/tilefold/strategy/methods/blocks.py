@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from tilefold.codegen.gemm.module import gemm_module
+from tilefold.codegen.gemm.plan import make_plan
+from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.ir import Operation, Value
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.kernels.native import (
@@ -81,10 +84,6 @@ class GemmEpilogue(Method):
 
 
 def build_gemm(problem: Problem, ctx, mm: Operation, prologue, epi, prepack: bool) -> Kernel:
-    from tilefold.codegen.gemm.module import gemm_module
-    from tilefold.codegen.gemm.plan import make_plan
-    from tilefold.codegen.gemm.prepack import PackedMatrix
-
     module = gemm_module(ctx.target)
     views: dict[Value, tuple] = {v: (i, []) for i, v in enumerate(problem.inputs)}
     for op in prologue:
