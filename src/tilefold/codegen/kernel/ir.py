@@ -165,12 +165,6 @@ def walk_expr(expr: Expr) -> Iterator[Expr]:
     yield expr
 
 
-def is_bool(expr: Expr, kernel: Kernel) -> bool:
-    if isinstance(expr, Call):
-        return expr.op in BOOL_OPS
-    return isinstance(expr, Load) and kernel.buffer(expr.buffer).dtype == "bool"
-
-
 def verify_kernel(kernel: Kernel) -> Kernel:
     """Check names, strides and scoping: a buffer that varies along an axis is only touched
     inside a loop over it, and every Ref is bound before use."""
