@@ -1,8 +1,10 @@
 """NumPy-level linear algebra on tilefold's generated kernels: `matmul` and `prepack`.
 
 `matmul` follows `np.matmul` (1-D operands, broadcast batch dims, `out=`). float32 runs the
-compiled BLIS-shaped GEMM; other dtypes run NumPy's matmul (the extern method) with a logged
-note. Every check happens before native code runs, so bad input raises a `TilefoldError`.
+compiled BLIS-shaped GEMM; bf16 x bf16 and f16 x f16 (-> f32), u8/i8 x i8 (-> int32) and a
+`QuantizedTensor` weight (weight-only int4/fp4/fp8/int8 -> f32) run the low-precision kernels of
+`tilefold.quant`; other dtypes run NumPy's matmul (the extern method) with a logged note. Every
+check happens before native code runs, so bad input raises a `TilefoldError`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.errors import DTypeError, ShapeError, UnsupportedError
+from tilefold.quant import QuantizedTensor, matmul_lowp, quantized_matmul
+from tilefold.quant.api import PackedB, has_lowp_kernel
 from tilefold.runtime import thread_pool
 
 __all__ = ["PackedMatrix", "matmul", "prepack"]
@@ -47,6 +51,8 @@ def matmul(a, b, out: np.ndarray | None = None, *, threads: int | None = None) -
     Everything but the per-call checks (data alignment, a writeable and separate `out`) is
     decided once per (shapes, strides, dtypes, out layout, threads) and cached: a small product
     costs a dictionary lookup and one native call."""
+    if isinstance(b, QuantizedTensor | PackedB):
+        return _lowp(a, b, out, threads)
     packed = isinstance(b, PackedMatrix)
     a = a if isinstance(a, np.ndarray) else np.asarray(a)
     if not packed:
@@ -66,6 +72,8 @@ def matmul(a, b, out: np.ndarray | None = None, *, threads: int | None = None) -
     entry = _plans.get(key)
     if entry is None:
         if a.dtype != _F32 or b.dtype != _F32:
+            if not packed and b.ndim == 2 and has_lowp_kernel(a.dtype, b.dtype):
+                return _lowp(a, b, out, threads)
             return _extern(a, b, out, packed)
         entry = _plan(a, b, out, threads or thread_pool().size, packed)
         if len(_plans) >= _MAX_PLANS:
@@ -102,6 +110,27 @@ def matmul(a, b, out: np.ndarray | None = None, *, threads: int | None = None) -
 
 
 _COPY = "copy"  # plan marker: compute into a fresh array, then copy into `out`
+
+
+def _lowp(a, b, out, threads: int | None) -> np.ndarray:
+    """Low-precision kernels: a QuantizedTensor weight (quantized along K, i.e. axis 0 of
+    [K, N]) or a bf16/f16/int8 pair; the result is the f32 (or exact int32) accumulator."""
+    if isinstance(b, QuantizedTensor):
+        if b.axis != 0 or len(b.shape) != 2:
+            raise ShapeError(
+                f"matmul: a QuantizedTensor b must be [K, N] quantized along axis 0 (K), got "
+                f"shape {list(b.shape)} along axis {b.axis}; use tilefold.quant."
+                "quantized_matmul for torch-style [N, K] weights")
+        result = quantized_matmul(a, b, threads=threads)
+    else:
+        result = matmul_lowp(a, b, threads=threads)
+    if out is None:
+        return result
+    if out.shape != result.shape or out.dtype != result.dtype:
+        raise ShapeError(f"matmul: out must be {result.dtype}{list(result.shape)} for these "
+                         f"operands, got {out.dtype}{list(out.shape)}")
+    out[...] = result
+    return out
 
 
 def _extern(a, b, out, packed: bool) -> np.ndarray:

@@ -23,6 +23,14 @@ _KERNEL_DTYPES = {("bf16", "bf16"): "bf16", ("f16", "f16"): "f16", ("u8", "i8"):
                   ("i8", "i8"): "s8s8"}
 
 
+def has_lowp_kernel(a_dtype: np.dtype, b_dtype: np.dtype) -> bool:
+    """Whether `matmul_lowp` has a kernel family for this pair of NumPy dtypes."""
+    try:
+        return (to_dtype(a_dtype).name, to_dtype(b_dtype).name) in _KERNEL_DTYPES
+    except DTypeError:
+        return False
+
+
 def dequantize(qt: QuantizedTensor, dtype: str | DType = "f32") -> np.ndarray:
     """The real values of `qt` as a `dtype` array (the IR's `dequantize`)."""
     return qt.dequantize(dtype)

@@ -1,0 +1,56 @@
+"""`tilefold.matmul` routes low-precision operands to the quant kernels, with NumPy semantics."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tilefold as tf
+from tilefold.quant.accuracy import matmul_bound
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("shape", [(1, 32, 7), (37, 96, 50), (2, 5, 64, 33)])
+def test_half_precision_pairs_accumulate_in_f32(dtype, shape):
+    *lead, m, k, n = (1, *shape) if len(shape) == 3 else shape
+    a = RNG.standard_normal((*lead, m, k)).astype(dtype)
+    b = RNG.standard_normal((k, n)).astype(dtype)
+    c = tf.matmul(a, b)
+    assert c.dtype == np.float32 and c.shape == (*lead, m, n)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert (np.abs(c - ref) <= matmul_bound(a, b)).all()
+
+
+@pytest.mark.parametrize("a_dtype,low", [(np.uint8, 0), (np.int8, -128)])
+def test_int8_pairs_are_exact_int32(a_dtype, low):
+    a = RNG.integers(low, low + 256, (33, 70)).astype(a_dtype)
+    b = RNG.integers(-128, 128, (70, 19)).astype(np.int8)
+    out = np.full((33, 19), -1, np.int32)
+    c = tf.matmul(a, b, out=out)
+    assert c is out
+    np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "fp8", "int8"])
+def test_quantized_weight_matches_the_dequantized_math(fmt):
+    w = RNG.standard_normal((128, 48)).astype(np.float32)
+    qw = tf.quantize(w, fmt, group_size=32, axis=0)
+    x = RNG.standard_normal((5, 128)).astype(np.float32)
+    dq = tf.dequantize(qw)
+    y = tf.matmul(x, qw)
+    assert y.dtype == np.float32 and y.shape == (5, 48)
+    assert (np.abs(y - x.astype(np.float64) @ dq.astype(np.float64)) <= matmul_bound(x, dq)).all()
+
+
+def test_bad_low_precision_calls_raise_tilefold_errors():
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    torch_style = tf.quantize(RNG.standard_normal((8, 64)).astype(np.float32), "int4",
+                              group_size=32, axis=1)
+    with pytest.raises(tf.ShapeError, match="axis 0"):
+        tf.matmul(x, torch_style)
+    a = RNG.standard_normal((4, 8)).astype(ml_dtypes.bfloat16)
+    with pytest.raises(tf.ShapeError, match="out must be"):
+        tf.matmul(a, a.T.copy(), out=np.empty((4, 4), ml_dtypes.bfloat16))
