@@ -37,6 +37,8 @@ def tune_budget() -> float | None:
 
 
 def random_inputs(problem: Problem, seed: int = 0) -> list[np.ndarray]:
+    """Inputs to time candidates on: the group's constants, random floats and bools, and zeros
+    for integers (they may be gather indices, and 0 is valid for every non-empty axis)."""
     rng = np.random.default_rng(seed)
     arrays = []
     for v, t in zip(problem.inputs, problem.in_types(), strict=True):
@@ -47,7 +49,7 @@ def random_inputs(problem: Problem, seed: int = 0) -> list[np.ndarray]:
         elif str(t.dtype) == "bool":
             arrays.append(rng.integers(0, 2, t.shape).astype(np.bool_))
         else:
-            arrays.append(rng.integers(0, 4, t.shape).astype(t.dtype.np_dtype))
+            arrays.append(np.zeros(t.shape, t.dtype.np_dtype))
     return arrays
 
 

@@ -115,7 +115,12 @@ def _tune(decision: Decision, ctx: Context, budget: float) -> None:
     want = None
     if extern is not None:
         want = autotune.empty_outputs(problem)
-        extern.build().run(*inputs, *want)
+        try:
+            extern.build().run(*inputs, *want)
+        except Exception as exc:  # inputs the group cannot take: keep the cost model's choice
+            log.warning("tuning %s skipped: the reference fails on timing inputs (%s)",
+                        problem.describe(), exc)
+            return
     best: tuple[float, Candidate, Kernel] | None = None
     per = max(0.05, budget / max(1, len(top)) / 4)
     for c in autotune.progress(top, len(top), f"tuning {' -> '.join(problem.names)}"):
