@@ -118,7 +118,8 @@ def build_extern(problem: Problem, table: dict[str, Fn]) -> Kernel:
     def run(*arrays: np.ndarray) -> None:
         env = dict(zip(inputs, arrays, strict=False))
         for fn, operands, results in steps:
-            out = fn(*(env[v] for v in operands))
+            with np.errstate(all="ignore"):  # IEEE results (NaN, inf) as compiled code gives
+                out = fn(*(env[v] for v in operands))
             if len(results) == 1:
                 env[results[0]] = out
             else:
