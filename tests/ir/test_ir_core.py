@@ -144,7 +144,6 @@ module {
 """
 
 
-@pytest.mark.skipif("fused" not in OPS, reason="the fused-region op is not declared")
 def test_ops_with_regions_print_parse_verify_and_run() -> None:
     module = verify(parse_module(REGION))
     assert print_module(module) == REGION
@@ -164,7 +163,6 @@ def test_ops_with_regions_print_parse_verify_and_run() -> None:
     assert {v.name for v in module["main"].values()} >= {"a", "c", "4"}
 
 
-@pytest.mark.skipif("fused" not in OPS, reason="the fused-region op is not declared")
 def test_regions_see_only_their_arguments_and_end_with_yield() -> None:
     outer = REGION.replace("matmul(%a, %c)", "matmul(%x, %c)")
     with pytest.raises(VerificationError, match="from outside its region"):

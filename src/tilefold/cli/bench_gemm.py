@@ -10,31 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
 import numpy as np
 
-SETTLE_SECONDS = 0.2
-
-
-@dataclass
-class Shape:
-    name: str
-    batch: int
-    m: int
-    n: int
-    k: int
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.batch * self.m * self.n * self.k
+from tilefold.cli.benchutil import Shape, geomean, interleaved_medians, parse_shape, time_block
 
 
 @dataclass
@@ -60,20 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="OUT.png", help="draw GFLOP/s bars (matplotlib)")
 
 
-def parse_shape(text: str) -> Shape:
-    parts = text.lower().split("x")
-    try:
-        dims = [int(p) for p in parts]
-    except ValueError:
-        dims = []
-    if len(dims) not in (3, 4) or min(dims) < 1:
-        raise SystemExit(f"bench gemm: bad --shape {text!r}; write MxNxK or BxMxNxK, "
-                         "e.g. 1024x1024x1024")
-    batch = dims[0] if len(dims) == 4 else 1
-    m, n, k = dims[-3:]
-    return Shape(text, batch, m, n, k)
-
-
 def suite() -> list[Shape]:
     text = resources.files("tilefold.data").joinpath("gemm_shapes.json").read_text()
     return [Shape(s["name"], s["batch"], s["m"], s["n"], s["k"])
@@ -86,18 +57,6 @@ def _torch():
     except ImportError:
         return None
     return torch
-
-
-def _time_block(fn, seconds: float) -> list[float]:
-    fn()
-    fn()
-    times: list[float] = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(times) < 3:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
 
 
 def bench_shape(shape: Shape, threads: int, args, torch) -> Row:
@@ -118,23 +77,16 @@ def bench_shape(shape: Shape, threads: int, args, torch) -> Row:
         tc = torch.from_numpy(np.empty_like(c_tf))
         impls["torch"] = lambda: torch.matmul(ta, tb, out=tc)
         torch.set_num_threads(threads)
-    samples: dict[str, list[float]] = {name: [] for name in impls}
     with threadpool_limits(limits=threads):
-        for _ in range(args.rounds):
-            for name, fn in impls.items():
-                samples[name] += _time_block(fn, args.block_seconds)
-                time.sleep(SETTLE_SECONDS)
+        medians = interleaved_medians(impls, args.rounds,
+                                      lambda fn: time_block(fn, args.block_seconds))
     ref = a.astype(np.float64) @ b.astype(np.float64)
     scale = np.max(np.abs(ref)) or 1.0
     row = Row(shape, threads)
     row.max_rel_err = float(np.max(np.abs(c_tf - ref)) / scale)
-    for name, times in samples.items():
-        row.gflops[name] = shape.flops / float(np.median(times)) / 1e9
+    for name, seconds in medians.items():
+        row.gflops[name] = shape.flops / seconds / 1e9
     return row
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def print_table(rows: list[Row], peak: float, threads: int, out=sys.stdout) -> dict[str, float]:
