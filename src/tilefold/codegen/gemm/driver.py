@@ -48,6 +48,7 @@ class Param(enum.IntEnum):
     KC = 17
     NC = 18
     DATA_OFFSET = 19  # byte offset of the data pointer in a NumPy array object; -1: raw pointers
+    N_UNIT = 20  # columns the N split is rounded to: NR for pre-packed B, else the vector width
 
 
 class BMode(enum.IntEnum):
@@ -168,10 +169,12 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
     return fn
 
 
-def _split(b: ir.IRBuilder, extent, parts, index, unit: int):
-    """Start of part `index` of `parts` over `extent`, in whole units of `unit` elements."""
-    units = b.sdiv(b.add(extent, u.const(unit - 1)), u.const(unit))
-    start = b.mul(b.sdiv(b.mul(units, index), parts), u.const(unit))
+def _split(b: ir.IRBuilder, extent, parts, index, unit):
+    """Start of part `index` of `parts` over `extent`, in whole units of `unit` elements (an int
+    or a run-time i64)."""
+    unit = u.const(unit) if isinstance(unit, int) else unit
+    units = b.sdiv(b.add(extent, b.sub(unit, u.const(1))), unit)
+    start = b.mul(b.sdiv(b.mul(units, index), parts), unit)
     return u.smin(b, start, extent)
 
 
@@ -204,8 +207,9 @@ def _emit_worker(module, kernel, block) -> ir.Function:
         ti, tj = b.sdiv(r, tn), b.srem(r, tn)
         m0 = _split(b, m, tm, ti, kernel.mr)
         m1 = _split(b, m, tm, b.add(ti, u.const(1)), kernel.mr)
-        n0 = _split(b, n, tn, tj, kernel.nr)
-        n1 = _split(b, n, tn, b.add(tj, u.const(1)), kernel.nr)
+        n_unit = p(Param.N_UNIT)
+        n0 = _split(b, n, tn, tj, n_unit)
+        n1 = _split(b, n, tn, b.add(tj, u.const(1)), n_unit)
         off = u.gep(b, offsets, b.mul(bi, u.const(3)))
         a_i, b_i, c_i = (u.gep(b, base, b.load(u.gep(b, off, j)))
                          for j, base in enumerate((a, bm, c)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import threading
 
@@ -56,6 +57,36 @@ def _balanced(extent: int, block: int, unit: int) -> int:
     return min(block, math.ceil(math.ceil(extent / nblocks) / unit) * unit)
 
 
+def _parts(extent: int, parts: int, unit: int) -> list[int]:
+    """Sizes of the `parts` pieces the driver's `_split` cuts `extent` into (whole `unit`s)."""
+    units = math.ceil(extent / unit)
+    bounds = [min(extent, units * i // parts * unit) for i in range(parts + 1)]
+    return [hi - lo for lo, hi in itertools.pairwise(bounds)]
+
+
+# Cost of a micro-panel narrower than NR relative to a full one, per vector it holds, plus a
+# fixed share (the A broadcasts and loop overhead do not shrink with it), and of packing one
+# B panel relative to computing one MR x NR tile over the same K.
+_PARTIAL_PANEL_OVERHEAD = 0.15
+_PACK_PANEL_COST = 0.5
+# A grid other than the rule's preferred one must be this much cheaper by `_part_cost`.
+_SPLIT_MARGIN = 0.03
+
+
+def _part_cost(rows: int, cols: int, kern, bmode: BMode) -> float:
+    """Work of one thread's rows x cols block in full-tile units: row tiles x panel cost, plus
+    packing its B panels (over M every thread packs all of B, over N only its own part)."""
+    if rows <= 0 or cols <= 0:
+        return 0.0
+    full, rem = divmod(cols, kern.nr)
+    panels = full + (math.ceil(rem / kern.lanes) / kern.nv + _PARTIAL_PANEL_OVERHEAD
+                     if rem else 0.0)
+    cost = math.ceil(rows / kern.mr) * panels
+    if bmode == BMode.PACK:
+        cost += _PACK_PANEL_COST * math.ceil(cols / kern.nr)
+    return cost
+
+
 class _Plan:
     """Holds a filled parameter block and runs the module entry on three operands."""
 
@@ -89,10 +120,11 @@ class GemmPlan(_Plan):
         blk = blocking or derive_blocking(module.target, kern)
         batch = len(offsets)
         threads = max(1, threads if 2 * m * n * k * batch >= PARALLEL_MIN_FLOPS else 1)
-        tm, tn = self._split(m, n, batch, threads, kern)
-        mc = _balanced(math.ceil(m / tm), blk.mc, kern.mr)
+        n_unit = kern.nr if bmode == BMode.PREPACKED else kern.lanes
+        tm, tn = self._split(m, n, batch, threads, kern, bmode, n_unit)
+        mc = _balanced(max(_parts(m, tm, kern.mr)), blk.mc, kern.mr)
         kc = _balanced(k, blk.kc, 4)
-        nc = _balanced(math.ceil(n / tn), blk.nc, kern.nr)
+        nc = _balanced(max(_parts(n, tn, n_unit)), blk.nc, kern.nr)
         ws_floats = mc * kc + kc * min(nc, math.ceil(n / kern.lanes) * kern.lanes) + 16
         ws_floats = math.ceil(ws_floats / 16) * 16
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
@@ -102,7 +134,7 @@ class GemmPlan(_Plan):
                   Param.BATCH: batch, Param.TM: tm, Param.TN: tn, Param.THREADS: threads,
                   Param.BMODE: bmode, Param.OFFSETS: self.offsets.ctypes.data,
                   Param.WS_PER_THREAD: ws_floats, Param.MC: mc, Param.KC: kc, Param.NC: nc,
-                  Param.DATA_OFFSET: DATA_OFFSET}
+                  Param.DATA_OFFSET: DATA_OFFSET, Param.N_UNIT: n_unit}
         super().__init__(module.entry_objects, module.entry, values, len(Param))
         self.threads = threads
         self.kernel = kern
@@ -112,17 +144,35 @@ class GemmPlan(_Plan):
         self.ws_bytes = ws_floats * 4 * threads
 
     @staticmethod
-    def _split(m: int, n: int, batch: int, threads: int, kern) -> tuple[int, int]:
-        """Threads over batch entries first, then over the dimension with more register tiles
-        (splitting M duplicates B packing, splitting N duplicates A packing); kernels reading A
-        in place split N whenever it has a panel per thread, as that duplicates nothing."""
+    def _split(m: int, n: int, batch: int, threads: int, kern, bmode: BMode = BMode.PACK,
+               n_unit: int | None = None) -> tuple[int, int]:
+        """Threads over batch entries first, then a TM x TN grid over one entry: the grid whose
+        busiest thread has the least work by `_part_cost` (M parts in whole MR row tiles, N parts
+        in `n_unit` columns: the vector width, or NR for pre-packed panels). Ties keep N for
+        kernels reading A in place (a split over M re-packs B per thread), else the dimension
+        with more register tiles.
+
+        Splitting N in whole NR panels left 48 of 128 columns to one thread and 80 to the other
+        (sq128), 240/272 at N = 512; vector-width parts even these out, and when B is read in
+        place a split over M duplicates nothing, so e.g. 128 x 128 splits rows 64/64."""
         if batch >= threads or threads == 1:
             return 1, 1
         per = max(1, threads // batch)
+        n_unit = n_unit or kern.nr
         m_tiles, n_tiles = math.ceil(m / kern.mr), math.ceil(n / kern.nr)
-        if kern.a_direct and n_tiles >= per:
-            return 1, per
-        return (per, 1) if m_tiles >= n_tiles else (1, per)
+        prefer_n = (kern.a_direct and n_tiles >= per) or n_tiles > m_tiles
+        grids = [(tm, per // tm) for tm in range(1, per + 1) if per % tm == 0]
+        # The rule's grid sorts first; another must beat it by `_SPLIT_MARGIN` (the model is rough).
+        grids.sort(key=lambda g: g[0] if prefer_n else -g[0])
+        best, best_cost = grids[0], math.inf
+        for tm, tn in grids:
+            if tm > m_tiles or tn > math.ceil(n / n_unit):
+                continue
+            cost = max(_part_cost(rows, cols, kern, bmode)
+                       for rows in _parts(m, tm, kern.mr) for cols in _parts(n, tn, n_unit))
+            if cost < best_cost * (1 - _SPLIT_MARGIN) or best_cost == math.inf:
+                best, best_cost = (tm, tn), cost
+        return best
 
     __call__ = _Plan.run
 
