@@ -1,3 +1,3 @@
 """The tilefold version, in one place (cache keys and the tuning database include it)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -21,3 +21,18 @@ def test_tuning_a_gather_from_a_small_table_compiles(monkeypatch):
     (got,) = run(x)
     (want,) = tf.interpret(module, x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_measuring_charges_the_kernel_for_what_it_leaves_behind():
+    """The neighbour (the graph's next kernel) runs inside the timed span, after the call:
+    a kernel whose threads keep spinning is charged for slowing it down."""
+    import time
+
+    from tilefold.strategy import autotune
+
+    calls = []
+    fast = autotune.measure(lambda: calls.append("run"), [], 0.0)
+    charged = autotune.measure(lambda: calls.append("run"), [], 0.0,
+                               neighbour=lambda: time.sleep(0.002))
+    assert fast < 0.001 <= 0.002 <= charged
+    assert len(calls) >= 8  # a warm-up and at least three timed calls each

@@ -110,6 +110,11 @@ class ThreadPool:
         """Run fn(ctx, tid, n) for tid in 0..n-1 and return when all are done (n is clamped)."""
         self._parallel(fn_address, ctx_address, nthreads)
 
+    def empty_region(self) -> None:
+        """One region that does nothing on every thread: afterwards the workers spin, as they
+        do between the kernels of a compiled graph."""
+        self._parallel(self.module.address("tilefold_empty_region"), None, self.size)
+
     def region_cost(self, nthreads: int = 2, repeats: int = 2000) -> RegionCost:
         """Median cost of an empty region while warm: from native code, and through ctypes.
 

@@ -58,14 +58,25 @@ def empty_outputs(problem: Problem) -> list[np.ndarray]:
             for t in problem.out_types()]
 
 
-def measure(run: Callable[..., None], arrays: list[np.ndarray], seconds: float) -> float:
-    """Median seconds per call after one warm-up, over at least 3 calls or `seconds`."""
+def measure(run: Callable[..., None], arrays: list[np.ndarray], seconds: float,
+            neighbour: Callable[[], None] | None = None) -> float:
+    """Median seconds per call after one warm-up, over at least 3 calls or `seconds`.
+
+    `neighbour` stands for the kernels around this one in a compiled graph: it runs before each
+    call, and once more inside the timed span after it. That charges a kernel for sharing the
+    cores with tilefold's spinning workers, and for the time its own threads (PyTorch's OpenMP
+    pool, say) keep spinning afterwards and slow the next kernel down.
+    """
     run(*arrays)
     times: list[float] = []
     deadline = time.perf_counter() + seconds
     while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 50):
+        if neighbour is not None:
+            neighbour()
         start = time.perf_counter()
         run(*arrays)
+        if neighbour is not None:
+            neighbour()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 

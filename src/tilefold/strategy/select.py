@@ -11,6 +11,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from tilefold.runtime.thread_pool import thread_pool
 from tilefold.strategy import autotune
 from tilefold.strategy.method import METHODS, Candidate, Context, Kernel, Rejection
 from tilefold.strategy.problem import Problem, shape_bucket
@@ -123,6 +124,8 @@ def _tune(decision: Decision, ctx: Context, budget: float) -> None:
             return
     best: tuple[float, Candidate, Kernel] | None = None
     per = max(0.05, budget / max(1, len(top)) / 4)
+    pool = thread_pool()
+    neighbour = pool.empty_region if pool.size > 1 else None
     for c in autotune.progress(top, len(top), f"tuning {' -> '.join(problem.names)}"):
         try:
             kernel = c.build()
@@ -130,7 +133,7 @@ def _tune(decision: Decision, ctx: Context, budget: float) -> None:
             kernel.run(*inputs, *outs)
             if want is not None and not autotune.agrees(outs, want):
                 raise ValueError("wrong result against the extern reference")
-            seconds = autotune.measure(kernel.run, [*inputs, *outs], per)
+            seconds = autotune.measure(kernel.run, [*inputs, *outs], per, neighbour)
         except Exception as exc:  # scored inf, never fatal
             decision.failures[c.key] = f"{type(exc).__name__}: {exc}"
             log.warning("tuning: %s failed (%s); it scores inf", c.key, exc)

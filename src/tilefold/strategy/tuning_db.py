@@ -2,7 +2,7 @@
 
 One human-readable JSON file, `$TILEFOLD_CACHE_DIR/tuning/db.json`:
 
-    {"schema": 1, "tilefold": "0.1.0",
+    {"schema": 1, "tilefold": "0.2.0",
      "entries": {"<key>": {"fingerprint": ..., "signature": ..., "bucket": [[128, 768]],
                            "winner": "handwritten.softmax{}", "timings": {...}, "env": {...}}}}
 
