@@ -12,6 +12,7 @@ on `tilefold.passes` and shown by `tilefold explain`.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from dataclasses import dataclass, field
 
@@ -313,20 +314,23 @@ def outlined(fn: Function, group: Group, rewriter: Rewriter) -> Operation:
 
 def _schedule(block: Block) -> None:
     """Reorder `block` topologically, keeping the existing order wherever it is legal."""
-    index = {op: i for i, op in enumerate(block.ops)}
-    producers = {r: op for op in block.ops for r in op.results}
-    waiting = {op: {producers[v] for v in op.operands if v in producers} for op in block.ops}
-    ready = sorted((op for op, deps in waiting.items() if not deps), key=index.get)
+    ops = block.ops
+    producer = {r: i for i, op in enumerate(ops) for r in op.results}
+    waiting = [{producer[v] for v in op.operands if v in producer} for op in ops]
+    users: list[list[int]] = [[] for _ in ops]
+    for i, deps in enumerate(waiting):
+        for d in deps:
+            users[d].append(i)
+    ready = [i for i, deps in enumerate(waiting) if not deps]
+    heapq.heapify(ready)
     order: list[Operation] = []
     while ready:
-        op = ready.pop(0)
-        order.append(op)
-        for other, deps in waiting.items():
-            if op in deps:
-                deps.discard(op)
-                if not deps:
-                    ready.append(other)
-        ready.sort(key=index.get)
+        i = heapq.heappop(ready)
+        order.append(ops[i])
+        for u in users[i]:
+            waiting[u].discard(i)
+            if not waiting[u]:
+                heapq.heappush(ready, u)
     block.ops = order
 
 

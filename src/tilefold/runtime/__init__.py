@@ -3,6 +3,7 @@
 from tilefold.runtime.codegen import codegen_runs, emit_assembly, emit_object
 from tilefold.runtime.compile import compile_generated, compile_llvm_ir
 from tilefold.runtime.compiled_module import CompiledModule
+from tilefold.runtime.kernel_cache import source_digest
 from tilefold.runtime.thread_pool import RegionCost, ThreadPool, num_threads, thread_pool
 from tilefold.target import cache_dir
 
@@ -17,5 +18,6 @@ __all__ = [
     "emit_assembly",
     "emit_object",
     "num_threads",
+    "source_digest",
     "thread_pool",
 ]

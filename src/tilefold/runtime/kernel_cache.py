@@ -6,6 +6,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import struct
@@ -15,6 +16,7 @@ from pathlib import Path
 import llvmlite
 import llvmlite.binding as llvm
 
+from tilefold.errors import TilefoldError
 from tilefold.target import Target, cache_dir
 from tilefold.target.paths import atomic_write
 
@@ -165,3 +167,20 @@ def clear() -> int:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
     return len(stored)
+
+
+@functools.cache
+def source_digest(*modules: str) -> str:
+    """A digest of these modules' source files (every file of a package): part of every
+    fingerprint of IR they generate."""
+    digest = hashlib.sha256()
+    for module in modules:
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise TilefoldError(f"no source for {module} to fingerprint generated code by")
+        files = [Path(spec.origin)]
+        if spec.submodule_search_locations:
+            files = sorted(Path(spec.origin).parent.glob("*.py"))
+        for path in files:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]

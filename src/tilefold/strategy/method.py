@@ -20,19 +20,27 @@ FAMILIES = ("hand-written", "auto-codegen", "building-blocks", "lto", "extern")
 class Kernel:
     """A built implementation of one problem: `run(*inputs, *outputs)` fills the outputs.
 
-    `source` is the kernel's IR (LLVM IR for native code) for `explain --kernel-ir`; `asm`
-    returns the generated assembly when there is one. `strided` kernels take inputs in any
-    layout (views: transposed, sliced, broadcast), `strided_out` ones write outputs in any
+    `source` is the kernel's IR (LLVM IR for native code) for `explain --kernel-ir`, or a
+    function making it (a kernel loaded from the disk cache by fingerprint never built its IR);
+    `asm` returns the generated assembly when there is one. `strided` kernels take inputs in
+    any layout (views: transposed, sliced, broadcast), `strided_out` ones write outputs in any
     layout; others are handed C-contiguous arrays.
     """
 
-    def __init__(self, run: Callable[..., None], source: str = "", asm: Callable[[], str] | None
-                 = None, *, strided: bool = False, strided_out: bool = False):
+    def __init__(self, run: Callable[..., None], source: str | Callable[[], str] = "",
+                 asm: Callable[[], str] | None = None, *, strided: bool = False,
+                 strided_out: bool = False):
         self.run = run
-        self.source = source
+        self._source = source
         self._asm = asm
         self.strided = strided
         self.strided_out = strided_out
+
+    @property
+    def source(self) -> str:
+        if callable(self._source):
+            self._source = self._source()
+        return self._source
 
     def asm(self) -> str:
         return self._asm() if self._asm is not None else ""

@@ -11,13 +11,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import inspect
 
 import numpy as np
 
 from tilefold.codegen.attention import flash
 from tilefold.codegen.attention.flash import AttentionConfig
-from tilefold.runtime import compile_generated
+from tilefold.runtime import compile_generated, source_digest
 
 
 class AttentionKernel:
@@ -54,9 +53,9 @@ def _rank4(x: np.ndarray) -> np.ndarray:
     return x.reshape((-1, *x.shape[-3:]))  # a copy only when the batch dims do not merge
 
 
-@functools.cache
-def _source_hash() -> str:
-    return hashlib.sha256(inspect.getsource(flash).encode()).hexdigest()[:16]
+# The code that shapes the kernel's IR (part of its cache key).
+_GENERATORS = ("tilefold.codegen.attention", "tilefold.codegen.vecmath",
+               "tilefold.codegen.llvm_util")
 
 
 @functools.cache
@@ -68,7 +67,7 @@ def attention_kernel(cfg: AttentionConfig, target) -> AttentionKernel:
         return flash.attention_ir(cfg, name, target.triple, target.features)
 
     layout = (flash.DATA_OFFSET, flash.DIMS_OFFSET, flash.STRIDES_OFFSET)
-    compiled = compile_generated(f"{_source_hash()}|{cfg!r}|{layout}", make_ir, target,
+    compiled = compile_generated(f"{source_digest(*_GENERATORS)}|{cfg!r}|{layout}", make_ir, target,
                                  name=name, uses_pool=cfg.threads > 1, opt_level=2)
     nobj = 5 if cfg.mask != "none" else 4
     fn = compiled.function(name, None, *([ctypes.py_object] * nobj), ctypes.c_float)

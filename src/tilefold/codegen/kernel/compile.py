@@ -27,10 +27,12 @@ from tilefold.errors import ShapeError
 from tilefold.ir import Block, Function, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
-from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
+from tilefold.runtime import compile_generated, num_threads, source_digest
 from tilefold.target import Target, host_target
 
 OPT_LEVEL = 2  # loop-invariant address arithmetic and SROA of the accumulators need the pipeline
+# The code that turns a kernel and schedule into LLVM IR (part of each kernel's cache key).
+_GENERATORS = ("tilefold.codegen.kernel", "tilefold.codegen.vecmath", "tilefold.codegen.llvm_util")
 
 
 def _array_data_offset() -> int:
@@ -50,7 +52,6 @@ ARRAY_DATA_OFFSET = _array_data_offset()
 class _Compiled:
     kernel: Kernel
     schedule: Schedule
-    llvm_ir: str
     cfunc: object
 
 
@@ -125,14 +126,18 @@ class CompiledGroup:
         if compiled is None:
             kernel = self.group.kernel(layout)
             schedule = choose_schedule(kernel, self.target).check(kernel)
-            llvm_ir = emit_kernel(kernel, schedule, self.target.features, ARRAY_DATA_OFFSET)
-            if schedule.parallel_axis is not None and self.target.is_host():
-                thread_pool()  # the module calls tilefold_parallel
-            module = compile_llvm_ir(llvm_ir, self.target, name=kernel.name, opt_level=OPT_LEVEL)
+            # The printed kernel and schedule determine the LLVM IR: a warm cache skips emitting.
+            fingerprint = (f"{source_digest(*_GENERATORS)}|{ARRAY_DATA_OFFSET}|"
+                           f"{print_kernel(kernel)}|{schedule!r}")
+            module = compile_generated(
+                fingerprint,
+                lambda: emit_kernel(kernel, schedule, self.target.features, ARRAY_DATA_OFFSET),
+                self.target, name=kernel.name, uses_pool=schedule.parallel_axis is not None,
+                opt_level=OPT_LEVEL)
             nbuf = len(kernel.buffers)
             cfunc = module.function(f"{kernel.name}.arrays", None,
                                     *[ctypes.c_void_p] * (nbuf + 1), ctypes.c_int32)
-            compiled = self._compiled[layout] = _Compiled(kernel, schedule, llvm_ir, cfunc)
+            compiled = self._compiled[layout] = _Compiled(kernel, schedule, cfunc)
         return compiled
 
     def _plan(self, arrays: list[np.ndarray]) -> _Plan:

@@ -36,6 +36,7 @@ from tilefold.codegen.kernel.ir import (
     Ref,
     Stmt,
     Store,
+    map_expr,
     verify_kernel,
     walk_expr,
 )
@@ -314,11 +315,7 @@ def _build_exprs(grp: Group, args: list[Value], ops: list[Operation], outputs: l
 
 # --- lowering for one layout ------------------------------------------------------------
 def _subst(expr: Expr, names: dict[str, Expr]) -> Expr:
-    if isinstance(expr, Ref) and expr.name in names:
-        return names[expr.name]
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(_subst(a, names) for a in expr.args))
-    return expr
+    return map_expr(expr, lambda e: names.get(e.name) if isinstance(e, Ref) else None)
 
 
 class _Hoister:
@@ -339,22 +336,19 @@ class _Hoister:
         return False
 
     def hoist(self, expr: Expr, loop_axes: set[str], out: list[Stmt]) -> Expr:
-        if isinstance(expr, Const | Ref | Dim) or self.varies(expr, loop_axes):
-            if isinstance(expr, Call):
-                return Call(expr.op, tuple(self.hoist(a, loop_axes, out) for a in expr.args))
-            return expr
-        if expr not in self.lets:
-            self.lets[expr] = f"v{len(self.lets)}"
-            out.append(Let(self.lets[expr], expr))
-        return Ref(self.lets[expr])
+        def invariant(e: Expr) -> Expr | None:
+            if isinstance(e, Const | Ref | Dim) or self.varies(e, loop_axes):
+                return None
+            if e not in self.lets:
+                self.lets[e] = f"v{len(self.lets)}"
+                out.append(Let(self.lets[e], e))
+            return Ref(self.lets[e])
+
+        return map_expr(expr, invariant)
 
 
 def _replace(expr: Expr, old: Expr, new: Expr) -> Expr:
-    if expr == old:
-        return new
-    if isinstance(expr, Call):
-        return Call(expr.op, tuple(_replace(a, old, new) for a in expr.args))
-    return expr
+    return map_expr(expr, lambda e: new if e == old else None)
 
 
 def _stash(body: list[Stmt], outputs: list[tuple[str, Expr]], buffers: dict[str, Buffer]

@@ -17,7 +17,7 @@ unrolling, threads) is a separate `Schedule`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tilefold.errors import TilefoldError
@@ -75,12 +75,19 @@ class Ref:
 
 @dataclass(frozen=True)
 class Call:
+    """An op on subexpressions. Trees share subtrees (layer_norm's centred value feeds both
+    the variance and the output), so the hash is computed once, not once per path."""
+
     op: str
     args: tuple[Expr, ...]
 
     def __post_init__(self) -> None:
         if CALL_OPS.get(self.op) != len(self.args):
             raise TilefoldError(f"kernel IR: {self.op} with {len(self.args)} operands")
+        object.__setattr__(self, "_hash", hash((self.op, self.args)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 Expr = Load | Const | Dim | Ref | Call
@@ -157,12 +164,38 @@ class Kernel:
                 stack.extend(reversed(stmt.body))
 
 
+def map_expr(expr: Expr, replace: Callable[[Expr], Expr | None]) -> Expr:
+    """`expr` rebuilt top-down: where `replace(e)` gives an expression it stands for `e`'s whole
+    subtree, else `e` keeps its op over rebuilt operands. Shared subtrees are rebuilt once and
+    stay shared."""
+    done: dict[int, Expr] = {}
+
+    def rebuild(e: Expr) -> Expr:
+        if id(e) not in done:
+            new = replace(e)
+            if new is None:
+                new = Call(e.op, tuple(rebuild(a) for a in e.args)) if isinstance(e, Call) else e
+            done[id(e)] = new
+        return done[id(e)]
+
+    return rebuild(expr)
+
+
 def walk_expr(expr: Expr) -> Iterator[Expr]:
-    """`expr` and its subexpressions, operands first."""
-    if isinstance(expr, Call):
-        for arg in expr.args:
-            yield from walk_expr(arg)
-    yield expr
+    """`expr` and its distinct subexpressions, operands first, each once (a shared subtree is
+    not walked again: along every path it would be exponential in the depth)."""
+    seen: set[int] = set()
+
+    def walk(e: Expr) -> Iterator[Expr]:
+        if id(e) in seen:
+            return
+        seen.add(id(e))
+        if isinstance(e, Call):
+            for arg in e.args:
+                yield from walk(arg)
+        yield e
+
+    return walk(expr)
 
 
 def verify_kernel(kernel: Kernel) -> Kernel:

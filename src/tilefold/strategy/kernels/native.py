@@ -19,7 +19,7 @@ from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.driver import PARALLEL_TYPE, WORKER_TYPE
 from tilefold.codegen.gemm.plan import DATA_OFFSET
 from tilefold.errors import UnsupportedError
-from tilefold.runtime import compile_llvm_ir, emit_assembly, thread_pool
+from tilefold.runtime import compile_generated, compile_llvm_ir, emit_assembly, thread_pool
 from tilefold.strategy.method import Kernel
 
 FP = u.f32.as_pointer()
@@ -95,3 +95,13 @@ def load_kernel(llvm_ir: str, target, name: str, nargs: int, opt_level: int = 0)
     compiled = compile_llvm_ir(llvm_ir, target, name=name, opt_level=opt_level)
     fn = compiled.function(name, None, *([ctypes.py_object] * nargs))
     return Kernel(fn, llvm_ir, lambda: emit_assembly(llvm_ir, target, opt_level=opt_level))
+
+
+def load_generated_kernel(fingerprint: str, make_ir: Callable[[], str], target, name: str,
+                          nargs: int, threads: int) -> Kernel:
+    """`load_kernel` for a generator whose output `fingerprint` determines (its source digest
+    and parameters): a warm process loads the object without building the IR at all."""
+    compiled = compile_generated(f"{fingerprint}|{name}|{nargs}|{threads}", make_ir, target,
+                                 name=name, uses_pool=threads > 1)
+    fn = compiled.function(name, None, *([ctypes.py_object] * nargs))
+    return Kernel(fn, make_ir, lambda: emit_assembly(make_ir(), target))

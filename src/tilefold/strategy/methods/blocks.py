@@ -14,11 +14,12 @@ from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.ir import Operation, Value
+from tilefold.runtime import source_digest
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.kernels.native import (
     emit_row_kernel,
     kernel_name,
-    load_kernel,
+    load_generated_kernel,
     new_module,
     threads_for,
 )
@@ -131,20 +132,31 @@ def build_gemm(problem: Problem, ctx, mm: Operation, prologue, epi, prepack: boo
         if epi_kernel is not None:
             epi_kernel.run(*(c if i < 0 else arrays[i] for i in picks))
 
-    source = epi_kernel.source if epi_kernel else "// GEMM only"
-    return Kernel(run, f"// GEMM {module.kernel.name} + epilogue\n{source}",
-                  epi_kernel.asm if epi_kernel else None)
+    if epi_kernel is None:
+        return Kernel(run, f"// GEMM {module.kernel.name} only")
+    return Kernel(run, lambda: f"// GEMM {module.kernel.name} + epilogue\n{epi_kernel.source}",
+                  epi_kernel.asm)
+
+
+# The modules whose code shapes an epilogue's IR (its cache fingerprint).
+_EPILOGUE_GENERATORS = ("tilefold.strategy.kernels.rowprog", "tilefold.strategy.kernels.native",
+                        "tilefold.codegen.llvm_util", "tilefold.codegen.vecmath")
 
 
 def _epilogue_kernel(problem: Problem, ctx, epi) -> Kernel:
     prog, ins, outs = epi
     lanes = max(4, ctx.target.vector_bits // 32)
-    emitter = Emitter(prog, lanes)
     name = kernel_name("tf_epilogue", problem)
-    module = new_module(name, ctx.target)
-    nbytes = 4 * prog.rows * prog.n * (len(ins) + len(outs))
-    emit_row_kernel(module, name, len(ins) + len(outs), prog.rows,
-                    threads_for(nbytes, ctx.threads),
-                    lambda b, ptrs, row, buffers: emitter.emit(b, ptrs, row, buffers),
-                    emitter.row_buffers)
-    return load_kernel(str(module), ctx.target, name, len(ins) + len(outs))
+    nargs = len(ins) + len(outs)
+    threads = threads_for(4 * prog.rows * prog.n * nargs, ctx.threads)
+
+    def make_ir() -> str:
+        emitter = Emitter(prog, lanes)
+        module = new_module(name, ctx.target)
+        emit_row_kernel(module, name, nargs, prog.rows, threads,
+                        lambda b, ptrs, row, buffers: emitter.emit(b, ptrs, row, buffers),
+                        emitter.row_buffers)
+        return str(module)
+
+    fingerprint = f"{source_digest(*_EPILOGUE_GENERATORS)}|{prog!r}|{lanes}"
+    return load_generated_kernel(fingerprint, make_ir, ctx.target, name, nargs, threads)
