@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tilefold.cli import bench_blocks, bench_gemm, bench_lowp
+from tilefold.cli import bench_blocks, bench_gemm, bench_lowp, bench_models
 
-SUITES = {"gemm": bench_gemm, "lowp": bench_lowp, "blocks": bench_blocks}
+SUITES = {"gemm": bench_gemm, "lowp": bench_lowp, "blocks": bench_blocks, "models": bench_models}
 
 
 def add_parser(sub) -> None:

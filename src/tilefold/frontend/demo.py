@@ -165,33 +165,39 @@ def _time(fn: Callable[[], Any], runs: int) -> float:
     return statistics.median(times)
 
 
-def _compile_and_time(model: Any, inputs: tuple, backend: str, runs: int) -> dict[str, float]:
-    """First call (compile + run), then the steady state; compile time = first - steady."""
+def _compile_and_time(model: Any, inputs: tuple, backend: str, runs: int,
+                      want: Any) -> dict[str, float]:
+    """First call (compile + run), then the steady state; compile time = first - steady. The
+    first call's output is checked against `want` (eager's)."""
     import torch
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, dynamic=False)  # one fixed shape
     start = time.perf_counter()
-    compiled(*inputs)
+    got = compiled(*inputs)
     first = time.perf_counter() - start
+    error = (got - want).abs().max().item()
     latency = _time(lambda: compiled(*inputs), runs)
     torch._dynamo.reset()  # again, with every in-process cache warm
     recompiled = torch.compile(model, backend=backend, dynamic=False)
     start = time.perf_counter()
     recompiled(*inputs)
     warm = time.perf_counter() - start
-    return {"latency": latency, "cold": max(first - latency, 0), "warm": max(warm - latency, 0)}
+    return {"latency": latency, "cold": max(first - latency, 0), "warm": max(warm - latency, 0),
+            "max_abs_error": error}
 
 
 def benchmark(model: Any, inputs: tuple, args: argparse.Namespace) -> dict[str, dict]:
+    """Latency and compile times of tilefold, eager and torch.compile; the compiled outputs'
+    max abs error vs eager."""
     rows: dict[str, dict] = {}
-    rows["tilefold"] = _compile_and_time(model, inputs, "tilefold", args.runs)
-    model(*inputs)
+    want = model(*inputs)
+    rows["tilefold"] = _compile_and_time(model, inputs, "tilefold", args.runs, want)
     rows["PyTorch eager"] = {"latency": _time(lambda: model(*inputs), args.runs)}
     if not args.no_inductor:
         try:
             rows["torch.compile (inductor)"] = _compile_and_time(model, inputs, "inductor",
-                                                                 args.runs)
+                                                                 args.runs, want)
         except Exception as exc:  # no C++ compiler, or an inductor failure: leave it out
             print(f"torch.compile (inductor) skipped: {type(exc).__name__}: {exc}")
     return rows
