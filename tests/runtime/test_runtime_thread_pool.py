@@ -200,3 +200,33 @@ def test_modules_naming_the_pool_in_quotes_start_it(run_python):
         env={"TILEFOLD_NUM_THREADS": "2"},
     )
     assert out.strip() == "[1, 1]"
+
+
+def test_parked_workers_stop_spinning_and_still_run_regions(run_python):
+    """With a long spin window a worker burns a CPU after each region; parked, it sleeps."""
+    out = run_python(
+        """
+        import time
+        import runtime_pool_kernels as pk
+        from tilefold.runtime import thread_pool
+
+        def worker_cpu_seconds(pool):
+            start_cpu, start = time.process_time(), time.perf_counter()
+            time.sleep(0.2)  # the caller sleeps: what the process burns is the worker's
+            return time.process_time() - start_cpu
+
+        kernels = pk.load()
+        pool = thread_pool()
+        rec = pk.record()
+        kernels.count(rec.ctypes.data, 2)
+        spinning = worker_cpu_seconds(pool)
+        pool.park()
+        parked = worker_cpu_seconds(pool)
+        kernels.count(rec.ctypes.data, 2)
+        print(f"{spinning:.3f} {parked:.3f} {rec[:2].tolist()}")
+        """,
+        env={"TILEFOLD_NUM_THREADS": "2", "TILEFOLD_SPIN_US": "10000000"},
+    )
+    spinning, parked, counts = out.strip().split(maxsplit=2)
+    assert float(spinning) > 0.05 and float(parked) < 0.02, out
+    assert counts == "[2, 2]"

@@ -12,6 +12,7 @@ from tilefold.frontend.converter import Converted
 from tilefold.frontend.tensors import to_numpy, to_torch
 from tilefold.ir import Module, interpret
 from tilefold.ir.interpreter import bind_symbols
+from tilefold.runtime import thread_pool
 
 log = logging.getLogger("tilefold.frontend")
 
@@ -78,5 +79,7 @@ class GraphRunner:
     def __call__(self, *args: Any) -> list[Any]:
         arrays = [to_numpy(args[i]) for i in self.converted.arg_indices]
         bind_symbols(self.function, arrays)
-        results = [to_torch(r) for r in self.run(*arrays)]
+        outputs = self.run(*arrays)
+        thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
+        results = [to_torch(r) for r in outputs]
         return [None if i is None else results[i] for i in self.converted.outputs]

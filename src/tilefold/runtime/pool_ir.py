@@ -97,11 +97,10 @@ done:
   ret void
 }
 
-; Waits until *addr != old: spins with a pause hint for tf_spin_ns, then sleeps on a futex.
+; Waits until *addr != old: spins with a pause hint for %window ns, then sleeps on a futex.
 ; Past $yield_ns of spinning it also yields, in case the awaited thread shares this CPU.
-define internal i32 @tf_wait_change(ptr %addr, i32 %old, ptr %sleepers) {
+define internal i32 @tf_wait_change(ptr %addr, i32 %old, ptr %sleepers, i64 %window) {
 entry:
-  %window = load i64, ptr @tf_spin_ns, align 8
   %start = call i64 @tf_now()
   br label %spin
 spin:
@@ -271,7 +270,9 @@ join:
   %all = icmp eq i32 %done, %target
   br i1 %all, label %finish, label %wait
 wait:
-  %ignored = call i32 @tf_wait_change(ptr @tf_done, i32 %done, ptr @tf_done_sleepers)
+  %window = load i64, ptr @tf_spin_ns, align 8
+  %ignored = call i32 @tf_wait_change(ptr @tf_done, i32 %done, ptr @tf_done_sleepers,
+                                      i64 %window)
   br label %join
 finish:
   call void @tf_lock_release()
@@ -299,7 +300,9 @@ release:
   call void @tf_wake_if_sleepers(ptr @tf_bar_epoch, ptr @tf_bar_sleepers)
   br label %done
 wait:
-  %ignored = call i32 @tf_wait_change(ptr @tf_bar_epoch, i32 %epoch, ptr @tf_bar_sleepers)
+  %window = load i64, ptr @tf_spin_ns, align 8
+  %ignored = call i32 @tf_wait_change(ptr @tf_bar_epoch, i32 %epoch, ptr @tf_bar_sleepers,
+                                      i64 %window)
   br label %done
 done:
   ret void
@@ -333,16 +336,21 @@ entry:
   %tid = trunc i64 %tid64 to i32
   call void @tf_pin(i32 %tid)
   %first = load atomic i32, ptr @tf_start_word acquire, align 4
+  %spin = load i64, ptr @tf_spin_ns, align 8
   br label %loop
 loop:
   %seen = phi i32 [ %first, %entry ], [ %word, %check ], [ %word, %work ]
-  %word = call i32 @tf_wait_change(ptr @tf_word, i32 %seen, ptr @tf_word_sleepers)
+  %window = phi i64 [ 0, %entry ], [ %after, %check ], [ %spin, %work ]
+  %word = call i32 @tf_wait_change(ptr @tf_word, i32 %seen, ptr @tf_word_sleepers,
+                                   i64 %window)
   %stop = load atomic i32, ptr @tf_shutdown acquire, align 4
   %quit = icmp ne i32 %stop, 0
   br i1 %quit, label %exit, label %check
 check:
   %n = and i32 %word, $mask
   %mine = icmp ult i32 %tid, %n
+  %parked = icmp eq i32 %n, 0  ; tilefold_pool_park: sleep now instead of spinning
+  %after = select i1 %parked, i64 0, i64 %spin
   br i1 %mine, label %work, label %loop
 work:
   %fn = load ptr, ptr getelementptr inbounds (i8, ptr @tf_word, i64 8), align 8
@@ -443,6 +451,20 @@ entry:
   store atomic i32 0, ptr @tf_bar_count seq_cst, align 4
   store atomic i32 0, ptr @tf_done seq_cst, align 4
   store i32 0, ptr @tf_done_target, align 4
+  ret void
+}
+
+; Sends the spinning workers to sleep at once: a job word for no thread, after which a worker
+; waits with no spin window. For code about to hand the CPUs to another thread pool.
+define void @tilefold_pool_park() {
+entry:
+  call void @tf_lock_acquire()
+  %word = load atomic i32, ptr @tf_word monotonic, align 4
+  %seq = lshr i32 %word, $bits
+  %seq.next = add i32 %seq, 1
+  %word.next = shl i32 %seq.next, $bits
+  store atomic i32 %word.next, ptr @tf_word seq_cst, align 4
+  call void @tf_lock_release()
   ret void
 }
 

@@ -69,6 +69,7 @@ class ThreadPool:
         self._parallel = self.module.function(
             "tilefold_parallel", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32
         )
+        self._park = self.module.function("tilefold_pool_park", None)
         self._bench = self.module.function(
             "tilefold_bench_regions", ctypes.c_int64, ctypes.c_int32, ctypes.c_int64
         )
@@ -109,6 +110,11 @@ class ThreadPool:
     def run(self, fn_address: int, ctx_address: int, nthreads: int) -> None:
         """Run fn(ctx, tid, n) for tid in 0..n-1 and return when all are done (n is clamped)."""
         self._parallel(fn_address, ctx_address, nthreads)
+
+    def park(self) -> None:
+        """Send spinning workers to sleep now, before another thread pool (PyTorch's OpenMP)
+        takes the CPUs: a spinning worker would take half a core from it for the spin window."""
+        self._park()
 
     def empty_region(self) -> None:
         """One region that does nothing on every thread: afterwards the workers spin, as they

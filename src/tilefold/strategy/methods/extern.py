@@ -14,6 +14,7 @@ import numpy as np
 
 from tilefold.ir import Operation
 from tilefold.ir.interpreter import run_region
+from tilefold.runtime import thread_pool
 from tilefold.strategy.cost import Work, product_flops, roofline, work
 from tilefold.strategy.method import Context, Kernel, Method
 from tilefold.strategy.problem import Problem
@@ -110,12 +111,18 @@ def op_function(op: Operation, problem: Problem, table: dict[str, Fn]) -> Callab
     return lambda *args: op.opdef.reference_op(list(args), attrs, op.regions, run_region)
 
 
-def build_extern(problem: Problem, table: dict[str, Fn]) -> Kernel:
-    """A kernel running the body op by op; results are copied into the output arrays."""
+def build_extern(problem: Problem, table: dict[str, Fn], threaded: bool = False) -> Kernel:
+    """A kernel running the body op by op; results are copied into the output arrays.
+
+    `threaded`: the library runs the body on its own thread pool (PyTorch's OpenMP, a BLAS),
+    so tilefold's workers are parked first instead of spinning beside it."""
     steps = [(op_function(op, problem, table), op.operands, op.results) for op in problem.body]
     inputs, outputs = problem.inputs, problem.outputs
+    park = thread_pool().park if threaded else None
 
     def run(*arrays: np.ndarray) -> None:
+        if park is not None:
+            park()
         env = dict(zip(inputs, arrays, strict=False))
         for fn, operands, results in steps:
             with np.errstate(all="ignore"):  # IEEE results (NaN, inf) as compiled code gives
@@ -154,7 +161,9 @@ class NumpyExtern(Method):
         note = f"reference implementation for {', '.join(slow)}" if slow else ""
         estimate = (extern_estimate(w, problem, ctx, ctx.machine.numpy_op_s)
                     + reference_penalty(problem, NUMPY))
-        return [self.candidate({}, estimate, lambda: build_extern(problem, NUMPY), note)]
+        threaded = any(op.name == "matmul" for op in problem.body)  # BLAS threads
+        return [self.candidate({}, estimate, lambda: build_extern(problem, NUMPY, threaded),
+                               note)]
 
 
 class TorchExtern(Method):
@@ -169,4 +178,4 @@ class TorchExtern(Method):
         w = work(problem)
         estimate = (extern_estimate(w, problem, ctx, 2 * ctx.machine.numpy_op_s)
                     + reference_penalty(problem, merged))
-        return [self.candidate({}, estimate, lambda: build_extern(problem, merged))]
+        return [self.candidate({}, estimate, lambda: build_extern(problem, merged, True))]
