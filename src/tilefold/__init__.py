@@ -3,6 +3,10 @@
 The public surface is re-exported here; everything else is implementation.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from tilefold.compiler import CompiledGraph, compile
 from tilefold.errors import (
     CacheError,
@@ -33,8 +37,11 @@ from tilefold.quant import QuantizedTensor, dequantize, quantize
 from tilefold.target import host_target, named_target
 from tilefold.version import __version__
 
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
-def from_exported_program(ep, **options) -> Module:
+
+def from_exported_program(ep: ExportedProgram, **options: Any) -> Module:
     """Convert a `torch.export.ExportedProgram` to a tilefold module (needs PyTorch)."""
     from tilefold.frontend import from_exported_program as convert
 

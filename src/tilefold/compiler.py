@@ -26,6 +26,7 @@ from tilefold.passes import PassManager
 from tilefold.strategy import Decision, Problem, TuningDB, context, decide, tune_budget
 from tilefold.strategy import register_builtin_methods as _register
 from tilefold.strategy.problem import bind_shapes
+from tilefold.target import Target
 
 PIPELINE = "default,fusion"
 
@@ -58,7 +59,9 @@ class CompiledGraph:
     """A compiled function: call it with NumPy arrays, get a list of NumPy arrays back (one per
     result of the function, even when there is one; each a fresh array the caller owns)."""
 
-    def __init__(self, module: Module, function: str, target, fusion_refusals: list):
+    def __init__(
+        self, module: Module, function: str, target: Target | None, fusion_refusals: list
+    ) -> None:
         self.module = module
         self.function: Function = module[function]
         self.target = target
@@ -228,7 +231,9 @@ class _Planner:
                 self.free.setdefault((base.shape, base.dtype.str), []).append(base)
 
 
-def compile(module: Module, target=None, *, function: str = "main") -> CompiledGraph:
+def compile(
+    module: Module, target: Target | None = None, *, function: str = "main"
+) -> CompiledGraph:
     """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays.
 
     Kernels are chosen per input-shape signature on first call: from the tuning database, by

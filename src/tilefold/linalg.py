@@ -13,6 +13,7 @@ import logging
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
@@ -44,7 +45,13 @@ def prepack(b: np.ndarray) -> PackedMatrix:
     return PackedMatrix(b if b.flags.aligned else np.ascontiguousarray(b), gemm_module())
 
 
-def matmul(a, b, out: np.ndarray | None = None, *, threads: int | None = None) -> np.ndarray:
+def matmul(
+    a: ArrayLike,
+    b: ArrayLike | PackedMatrix | QuantizedTensor | PackedB,
+    out: np.ndarray | None = None,
+    *,
+    threads: int | None = None,
+) -> np.ndarray:
     """`np.matmul(a, b, out=out)` on tilefold kernels; `threads` defaults to the runtime's
     ($TILEFOLD_NUM_THREADS, else every allowed CPU).
 

@@ -144,7 +144,7 @@ class Tensor:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], list | tuple) else shape
         return self.builder.op("reshape", self, shape=tuple(shape))
 
-    def astype(self, dtype) -> Tensor:
+    def astype(self, dtype: str | dtypes.DType | np.dtype | type) -> Tensor:
         return self.builder.op("cast", self, dtype=dtypes.dtype(dtype))
 
     def __repr__(self) -> str:
@@ -169,7 +169,11 @@ class Builder:
         self._built = False
 
     def arg(
-        self, name: str, dtype, shape: Sequence = (), strides: Sequence | None = None
+        self,
+        name: str,
+        dtype: str | dtypes.DType,
+        shape: Sequence = (),
+        strides: Sequence | None = None,
     ) -> Tensor:
         """Add a function parameter; string dims (`"batch"`) are symbolic, `strides` in elements."""
         _check_name("argument", name)
@@ -179,7 +183,9 @@ class Builder:
         self.function.body.add_arg(value)
         return Tensor(self, value)
 
-    def constant(self, value: Any, dtype=None) -> Tensor:
+    def constant(
+        self, value: Any, dtype: str | dtypes.DType | np.dtype | type | None = None
+    ) -> Tensor:
         """A constant tensor. NumPy data keeps its dtype; Python floats become f32, ints i64.
 
         With `dtype`, the data is converted to it (floats rounded once to nearest even).
@@ -244,7 +250,7 @@ class Builder:
             b if b.dtype == target else b.astype(target),
         )
 
-    def index(self, x: Tensor, index) -> Tensor:
+    def index(self, x: Tensor, index: Any) -> Tensor:
         """NumPy basic indexing: ints, slices, None and `...` become slice/squeeze/expand_dims."""
         items = list(index) if isinstance(index, tuple) else [index]
         for item in items:

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+from numpy.typing import ArrayLike
+
+from tilefold import dtypes
 from tilefold.ir.builder import Tensor
 
 
@@ -68,27 +72,35 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     return x.builder.op("log_softmax", x, axis=axis)
 
 
-def layer_norm(x: Tensor, weight, bias, eps: float = 1e-5, axis: int = -1) -> Tensor:
+def layer_norm(
+    x: Tensor,
+    weight: Tensor | ArrayLike,
+    bias: Tensor | ArrayLike,
+    eps: float = 1e-5,
+    axis: int = -1,
+) -> Tensor:
     b = x.builder
     return b.op("layer_norm", x, b.tensor(weight), b.tensor(bias), eps=eps, axis=axis)
 
 
-def rms_norm(x: Tensor, weight, eps: float = 1e-6, axis: int = -1) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor | ArrayLike, eps: float = 1e-6, axis: int = -1) -> Tensor:
     return x.builder.op("rms_norm", x, x.builder.tensor(weight), eps=eps, axis=axis)
 
 
-def matmul(a: Tensor, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
+def matmul(
+    a: Tensor, b: Tensor | ArrayLike, transpose_a: bool = False, transpose_b: bool = False
+) -> Tensor:
     a, b = a.builder.promote(a, b)
     return a.builder.op("matmul", a, b, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
-def where(cond: Tensor, x, y) -> Tensor:
+def where(cond: Tensor, x: Tensor | ArrayLike, y: Tensor | ArrayLike) -> Tensor:
     """`x` where `cond` else `y`; `x` and `y` promote like a binary op's operands."""
     x, y = cond.builder.promote(x, y)
     return cond.builder.op("where", cond, x, y)
 
 
-def cast(x: Tensor, dtype) -> Tensor:
+def cast(x: Tensor, dtype: str | dtypes.DType | np.dtype | type) -> Tensor:
     return x.astype(dtype)
 
 
@@ -119,10 +131,10 @@ def squeeze(x: Tensor, axes: int | Sequence[int]) -> Tensor:
     return x.builder.op("squeeze", x, axes=axes)
 
 
-def gather(x: Tensor, indices, axis: int = 0) -> Tensor:
+def gather(x: Tensor, indices: Tensor | ArrayLike, axis: int = 0) -> Tensor:
     return x.builder.op("gather", x, x.builder.tensor(indices), axis=axis)
 
 
-def embedding(table: Tensor, ids) -> Tensor:
+def embedding(table: Tensor, ids: Tensor | ArrayLike) -> Tensor:
     """Rows of `table` picked by integer `ids` (gather on axis 0)."""
     return gather(table, ids, axis=0)

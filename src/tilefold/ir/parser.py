@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -19,7 +21,9 @@ from tilefold.ir.core import NAME, Block, Function, Module, Operation, Value
 from tilefold.ir.opdef import OPS, Attr, OpDef
 from tilefold.ir.ops.common import int_range
 from tilefold.ir.printer import decode_scalars
-from tilefold.ir.types import SymDim, TensorType
+from tilefold.ir.types import Dim, SymDim, TensorType
+
+T = TypeVar("T")
 
 _TOKEN = re.compile(
     rf"""
@@ -132,7 +136,7 @@ class Parser:
         except ValueError:
             raise self.error(f"malformed string {tok.text}: use JSON escapes", tok) from None
 
-    def comma_list(self, close: str, item):
+    def comma_list(self, close: str, item: Callable[[], T]) -> list[T]:
         items = []
         if not self.accept(close):
             items.append(item())
@@ -150,7 +154,7 @@ class Parser:
         except Exception:
             raise self.error(f"unknown dtype '{tok.text}'", tok) from None
 
-    def dim(self):
+    def dim(self) -> Dim:
         if self.tok.kind == "sym":
             return SymDim(self.next().text[1:])
         tok = self.tok
@@ -180,7 +184,7 @@ class Parser:
 
     # -- attributes --------------------------------------------------------------------------
 
-    def literal(self):
+    def literal(self) -> Any:
         """An attribute value as Python data; the attribute's `Attr.normalize` checks its kind."""
         if self.tok.kind == "string":
             return self.string("a string")

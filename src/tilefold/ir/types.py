@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tilefold.dtypes import DType
@@ -58,7 +59,11 @@ class TensorType:
             raise ShapeError(f"{len(self.strides)} strides given for a rank-{len(self.shape)} type")
 
     @staticmethod
-    def of(dtype: str | DType, shape=(), strides=None) -> TensorType:
+    def of(
+        dtype: str | DType,
+        shape: Sequence[int | str | SymDim] = (),
+        strides: Sequence[int] | None = None,
+    ) -> TensorType:
         return TensorType(
             tuple(dim(d) for d in shape),
             to_dtype(dtype),
@@ -83,7 +88,7 @@ class TensorType:
         assert self.is_static, f"{self} has symbolic dims"
         return math.prod(self.shape)  # type: ignore[arg-type]
 
-    def with_shape(self, shape) -> TensorType:
+    def with_shape(self, shape: Sequence[int | str | SymDim]) -> TensorType:
         return TensorType(tuple(dim(d) for d in shape), self.dtype)
 
     def with_dtype(self, dtype: str | DType) -> TensorType:

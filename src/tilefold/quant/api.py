@@ -4,6 +4,7 @@ bf16/f16 operands and 8-bit integers (what `tilefold.matmul` dispatches to)."""
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tilefold.codegen.lowp.dotpack import PackedB, run_dotgemm
 from tilefold.codegen.lowp.kernels import DotKernel, select_dot_kernel
@@ -45,7 +46,7 @@ def _as_rows(x: np.ndarray, k: int, what: str) -> tuple[np.ndarray, tuple[int, .
     return np.ascontiguousarray(x.reshape(-1, k)), lead
 
 
-def quantized_matmul(x, qw: QuantizedTensor, *, target: Target | None = None,
+def quantized_matmul(x: ArrayLike, qw: QuantizedTensor, *, target: Target | None = None,
                      threads: int | None = None) -> np.ndarray:
     """x[..., K] (f32/bf16/f16) times the weight `qw`, contracting qw's quantization axis.
 
@@ -78,7 +79,8 @@ def _kernel_for(a_dtype, b_dtype, target: Target) -> DotKernel:
     return select_dot_kernel(target, kind)
 
 
-def prepack_lowp(b: np.ndarray, a_dtype, *, target: Target | None = None) -> PackedB:
+def prepack_lowp(b: np.ndarray, a_dtype: str | DType | np.dtype | type, *,
+                 target: Target | None = None) -> PackedB:
     """Pack a constant B[K, N] once for `matmul_lowp` with A operands of `a_dtype`."""
     target = target or host_target()
     b = np.asarray(b)
@@ -87,7 +89,8 @@ def prepack_lowp(b: np.ndarray, a_dtype, *, target: Target | None = None) -> Pac
     return PackedB(b, _kernel_for(a_dtype, b.dtype, target), target)
 
 
-def matmul_lowp(a, b, *, row_scale=None, col_scale=None, bias=None,
+def matmul_lowp(a: ArrayLike, b: ArrayLike | PackedB, *, row_scale: ArrayLike | None = None,
+                col_scale: ArrayLike | None = None, bias: ArrayLike | None = None,
                 target: Target | None = None, threads: int | None = None) -> np.ndarray:
     """a[..., K] @ b[K, N] for bf16 x bf16 and f16 x f16 (-> f32, f32 accumulation) and
     u8/i8 x i8 (-> exact int32). With `col_scale` (and optional `row_scale`, `bias`) the 8-bit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tilefold.errors import DTypeError, ShapeError
 from tilefold.ir.ops.quant import CODE_RANGES, Quantize
@@ -40,8 +41,8 @@ def _block_reduce(x: np.ndarray, scale_shape: tuple[int, ...], fn) -> np.ndarray
     return fn(x.reshape(split), axis=tuple(range(1, 2 * x.ndim, 2)))
 
 
-def quantize(w, format: str | Format = "int4", *, group_size: int | None = None, axis: int = 0,
-             symmetric: bool = True, per_tensor: bool = False) -> QuantizedTensor:
+def quantize(w: ArrayLike, format: str | Format = "int4", *, group_size: int | None = None,
+             axis: int = 0, symmetric: bool = True, per_tensor: bool = False) -> QuantizedTensor:
     """Quantize float `w` blockwise along `axis` (K of a [K, N] weight; 1 for torch's [N, K]).
 
     group_size None means the format's default (int4/fp4: 32; int8/fp8: one scale per channel,

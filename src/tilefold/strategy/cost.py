@@ -8,8 +8,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from tilefold.ir import Operation
 from tilefold.strategy.problem import Problem
-from tilefold.target import measured_bandwidth_gbps, measured_peak_gflops
+from tilefold.target import Target, measured_bandwidth_gbps, measured_peak_gflops
 
 # Flops charged per element for ops that are more than one instruction.
 _OP_FLOPS = {
@@ -42,7 +43,7 @@ class Machine:
 
 
 @functools.cache
-def machine_for(target, threads: int) -> Machine:
+def machine_for(target: Target, threads: int) -> Machine:
     """The measured ceilings of `target` (the host), cached on disk by `tilefold.target`."""
     return Machine(
         gflops=measured_peak_gflops(target, "f32", threads),
@@ -78,7 +79,7 @@ def work(problem: Problem) -> Work:
     return Work(flops + gemm, fused, unfused, gemm)
 
 
-def product_flops(problem: Problem, op) -> float:
+def product_flops(problem: Problem, op: Operation) -> float:
     """Flops of the matrix products in `op` (a matmul; attention's q·k^T and p·v), else 0."""
     if op.name == "matmul":
         out = problem.shape(op.results[0])

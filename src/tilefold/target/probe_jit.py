@@ -7,6 +7,7 @@ self-contained modules per machine, so an MCJIT engine each is enough.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import llvmlite.binding as llvm
@@ -18,7 +19,9 @@ from tilefold.target.target import Target
 _engines: list[llvm.ExecutionEngine] = []  # probe code stays valid for the process
 
 
-def probe_function(llvm_ir: str, target: Target, symbol: str, restype: Any, *argtypes: Any):
+def probe_function(
+    llvm_ir: str, target: Target, symbol: str, restype: Any, *argtypes: Any
+) -> Callable[..., Any]:
     """A ctypes function for `symbol` in `llvm_ir`, compiled for `target` (which must be here)."""
     if not target.is_host():
         raise UnsupportedError(

@@ -131,15 +131,17 @@ def _affine(ctx: LoweringContext, arg: Any, x: Any, ndims: int, fill: float) -> 
 
 
 @lowering(aten.native_layer_norm.default)
-def native_layer_norm(ctx: LoweringContext, x, normalized_shape, weight, bias, eps) -> list:
+def native_layer_norm(
+    ctx: LoweringContext, x: Any, normalized_shape: list[int], weight: Any, bias: Any, eps: float
+) -> list:
     """layer_norm; the saved mean and rstd are not computed"""
     return [_layer_norm(ctx, x, normalized_shape, weight, bias, eps), Unavailable(SAVED),
             Unavailable(SAVED)]
 
 
 @lowering(aten.layer_norm.default)
-def layer_norm(ctx: LoweringContext, x, normalized_shape, weight=None, bias=None, eps=1e-5,
-               cudnn_enable=True) -> Any:
+def layer_norm(ctx: LoweringContext, x: Any, normalized_shape: list[int], weight: Any = None,
+               bias: Any = None, eps: float = 1e-5, cudnn_enable: bool = True) -> Any:
     """layer_norm over the trailing normalized_shape dims"""
     return _layer_norm(ctx, x, normalized_shape, weight, bias, eps)
 
@@ -152,7 +154,8 @@ def _layer_norm(ctx, x, normalized_shape, weight, bias, eps) -> Any:
 
 
 @lowering(aten.rms_norm.default)
-def rms_norm(ctx: LoweringContext, x, normalized_shape, weight=None, eps=None) -> Any:
+def rms_norm(ctx: LoweringContext, x: Any, normalized_shape: list[int], weight: Any = None,
+             eps: float | None = None) -> Any:
     """RMSNorm; eps None means the dtype's machine epsilon, as PyTorch"""
     t = ctx.tensor(x)
     n = len(normalized_shape)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class ScaledDotProductAttention(OpDef):
     )
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         q, k, v, *masks = types
         name = cls.name
         require(name, q, "float")
@@ -71,7 +72,7 @@ class ScaledDotProductAttention(OpDef):
         return (*broadcast_shapes(name, q.shape[:-3], k.shape[:-3]), hq)
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         def fn(q, k, v, *mask):
             if attrs["enable_gqa"] and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
                 rep = q.shape[-3] // k.shape[-3]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tilefold import dtypes
@@ -17,12 +19,12 @@ class Constant(OpDef):
     attributes = attr_table(value=Attr("dense"))
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         value: np.ndarray = attrs["value"]
         return [TensorType.of(dtypes.dtype(value.dtype), value.shape)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return attrs["value"]
 
 
@@ -35,7 +37,7 @@ class Return(OpDef):
     traits = frozenset({"terminator"})
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         return []
 
 
@@ -48,5 +50,5 @@ class Yield(OpDef):
     traits = frozenset({"terminator"})
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         return []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -24,21 +26,23 @@ class Unary(OpDef):
     accepts = "float"  # operand kinds, see common._ACCEPTS
 
     @staticmethod
-    def fn(x):
+    def fn(x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         require(cls.name, x, cls.accepts)
         return [x.without_layout()]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return evaluate(lambda x: cls.fn(x, **attrs), args, dtypes.dtype(args[0].dtype))
 
 
-def unary(name: str, fn, doc: str, accepts: str = "float", **specs: Attr) -> type[OpDef]:
+def unary(
+    name: str, fn: Callable[..., np.ndarray], doc: str, accepts: str = "float", **specs: Attr
+) -> type[OpDef]:
     """Declare and register a unary elementwise op in one line."""
     cls = type(
         name.title().replace("_", ""),
@@ -92,23 +96,30 @@ class Binary(OpDef):
     result_dtype: dtypes.DType | None = None  # None: the operands' dtype
 
     @staticmethod
-    def fn(x, y):
+    def fn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         dt = same_dtype(cls.name, types)
         require(cls.name, types[0], cls.accepts)
         shape = broadcast_shapes(cls.name, *(t.shape for t in types))
         return [TensorType(shape, cls.result_dtype or dt)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         out = cls.result_dtype or dtypes.dtype(args[0].dtype)
         return evaluate(cls.fn, args, out)
 
 
-def binary(name: str, fn, doc: str, traits=(), accepts="numeric", result_dtype=None):
+def binary(
+    name: str,
+    fn: Callable[..., np.ndarray],
+    doc: str,
+    traits: Iterable[str] = (),
+    accepts: str = "numeric",
+    result_dtype: dtypes.DType | None = None,
+) -> type[OpDef]:
     """Declare and register a binary elementwise op in one line."""
     cls = type(
         name.title().replace("_", ""),
@@ -171,7 +182,7 @@ class Where(OpDef):
     traits = frozenset({"pure", "elementwise"})
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         cond, x, y = types
         if cond.dtype != dtypes.boolean:
             raise DTypeError(f"where: condition must be bool, got {cond}; compare first")
@@ -179,7 +190,7 @@ class Where(OpDef):
         return [TensorType(broadcast_shapes("where", cond.shape, x.shape, y.shape), dt)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return evaluate(np.where, args, dtypes.dtype(args[1].dtype))
 
 
@@ -199,11 +210,11 @@ class Cast(OpDef):
     traits = frozenset({"pure", "elementwise"})
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         return [TensorType(types[0].shape, attrs["dtype"])]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         (x,) = args
         source, target = dtypes.dtype(x.dtype), attrs["dtype"]
         if target.is_float and source.kind != "bool":

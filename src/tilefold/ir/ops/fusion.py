@@ -12,8 +12,11 @@ Region arguments stand for the operands in order; the region uses nothing from o
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
+
+import numpy as np
 
 from tilefold.errors import VerificationError
 from tilefold.ir.core import Block
@@ -43,7 +46,9 @@ class Fused(OpDef):
     regions = 1
 
     @classmethod
-    def infer_op(cls, types, attrs, regions):
+    def infer_op(
+        cls, types: list[TensorType], attrs: dict[str, Any], regions: Sequence[Block]
+    ) -> list[TensorType]:
         if len(regions) != 1:
             raise VerificationError("fused: needs one region (the fusion pass builds them)")
         (region,) = regions
@@ -52,6 +57,12 @@ class Fused(OpDef):
         return yielded_types(region)
 
     @classmethod
-    def reference_op(cls, args, attrs, regions, run_region) -> Any:
+    def reference_op(
+        cls,
+        args: list[np.ndarray],
+        attrs: dict[str, Any],
+        regions: Sequence[Block],
+        run_region: Callable[[Block, list[np.ndarray]], list[np.ndarray]],
+    ) -> Any:
         outs = run_region(regions[0], list(args))
         return outs if len(outs) != 1 else outs[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tilefold import dtypes
@@ -27,14 +29,14 @@ class Arange(OpDef):
     )
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         shape = tuple(attrs["shape"])
         if len(shape) != 1 or (isinstance(shape[0], int) and shape[0] < 0):
             raise ShapeError(f"arange: shape must be one length >= 0, got {list(shape)}")
         return [TensorType(shape, attrs["dtype"])]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         (n,) = attrs["shape"]
         values = attrs["start"] + attrs["step"] * np.arange(n, dtype=np.float64)
         return values.astype(attrs["dtype"].np_dtype)
@@ -55,7 +57,7 @@ class Index(OpDef):
     attributes = attr_table(axes=Attr("ints"))
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         x, *idx = types
         axes = tuple(attrs["axes"])
         if not idx or len(idx) != len(axes):
@@ -75,7 +77,7 @@ class Index(OpDef):
         return [TensorType(tuple(shape), x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         x, *idx = args
         key: list = [slice(None)] * x.ndim
         for axis, i in zip(attrs["axes"], idx, strict=True):

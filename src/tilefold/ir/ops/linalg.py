@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tilefold import dtypes
@@ -37,7 +39,7 @@ class Matmul(OpDef):
     attributes = attr_table(transpose_a=Attr("bool", False), transpose_b=Attr("bool", False))
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         a, b = types
         dt = same_dtype("matmul", types)
         require("matmul", a, "numeric")
@@ -57,7 +59,7 @@ class Matmul(OpDef):
         return [TensorType(tuple(shape), _result_dtype(dt))]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         a, b = args
         if attrs["transpose_a"] and a.ndim >= 2:
             a = np.swapaxes(a, -1, -2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tilefold import dtypes
@@ -9,6 +11,7 @@ from tilefold.errors import ShapeError
 from tilefold.ir.opdef import Attr, OpDef, attr_table, register
 from tilefold.ir.ops.common import evaluate, require, same_dtype
 from tilefold.ir.shapes import normalize_axis
+from tilefold.ir.types import TensorType
 
 
 class Norm(OpDef):
@@ -18,7 +21,7 @@ class Norm(OpDef):
     traits = frozenset({"pure", "reduction"})
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         x, *affine = types
         require(cls.name, x, "float")
         same_dtype(cls.name, types)
@@ -32,7 +35,7 @@ class Norm(OpDef):
         return [x.without_layout()]
 
     @classmethod
-    def axes(cls, x: np.ndarray, attrs) -> tuple[int, ...]:
+    def axes(cls, x: np.ndarray, attrs: dict[str, Any]) -> tuple[int, ...]:
         return tuple(range(normalize_axis(cls.name, attrs["axis"], x.ndim), x.ndim))
 
 
@@ -47,7 +50,7 @@ class LayerNorm(Norm):
     operands = ("x", "weight", "bias")
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         axes = cls.axes(args[0], attrs)
 
         def fn(x, w, b):
@@ -69,7 +72,7 @@ class RmsNorm(Norm):
     operands = ("x", "weight")
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         axes = cls.axes(args[0], attrs)
 
         def fn(x, w):

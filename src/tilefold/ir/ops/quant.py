@@ -8,6 +8,8 @@ zero point, when given, has the scale's shape and the code dtype.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tilefold import dtypes
@@ -107,7 +109,7 @@ class Quantize(OpDef):
     attributes = attr_table(dtype=Attr("dtype", doc="the code dtype: i8, u8, i4, fp8e4m3, fp4e2m1"))
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         x, scale, *zp = types
         _code_dtype(cls.name, attrs["dtype"])
         if not x.dtype.is_float:
@@ -116,7 +118,7 @@ class Quantize(OpDef):
         return [TensorType(x.shape, attrs["dtype"])]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         x, scale, *zp = args
         code: DType = attrs["dtype"]
         lo, hi = _code_dtype(cls.name, code)
@@ -142,7 +144,7 @@ class Dequantize(OpDef):
     attributes = attr_table(dtype=Attr("dtype", dtypes.f32, doc="the result dtype (a float)"))
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         q, scale, *zp = types
         _code_dtype(cls.name, q.dtype)
         if not attrs["dtype"].is_float:
@@ -151,7 +153,7 @@ class Dequantize(OpDef):
         return [TensorType(q.shape, attrs["dtype"])]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         q, scale, *zp = args
         check_scales(cls.name, scale)
         y = q.astype(np.float64)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from tilefold import dtypes
@@ -22,11 +25,11 @@ class Reduce(OpDef):
     identity_free = False  # max/min have no identity: reducing an empty axis is an error
 
     @staticmethod
-    def fn(x, axis, keepdims):
+    def fn(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
         raise NotImplementedError
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         require(cls.name, x, cls.accepts)
         axes = normalize_axes(cls.name, attrs["axes"], x.rank)
@@ -39,7 +42,7 @@ class Reduce(OpDef):
         return [TensorType(shape, x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         (x,) = args
         axes = normalize_axes(cls.name, attrs["axes"], x.ndim)
         if cls.identity_free and any(x.shape[a] == 0 for a in axes):
@@ -49,7 +52,13 @@ class Reduce(OpDef):
         )
 
 
-def reduction(name: str, fn, doc: str, accepts="numeric", identity_free=False) -> type[OpDef]:
+def reduction(
+    name: str,
+    fn: Callable[..., np.ndarray],
+    doc: str,
+    accepts: str = "numeric",
+    identity_free: bool = False,
+) -> type[OpDef]:
     """Declare and register a reduction in one line."""
     cls = type(
         name.title().replace("_", ""),
@@ -90,18 +99,18 @@ class SoftmaxFamily(OpDef):
     traits = frozenset({"pure", "reduction"})
 
     @staticmethod
-    def fn(x, axis):
+    def fn(x: np.ndarray, axis: int) -> np.ndarray:
         raise NotImplementedError
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         require(cls.name, x, "float")
         normalize_axis(cls.name, attrs["axis"], x.rank)
         return [x.without_layout()]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         axis = normalize_axis(cls.name, attrs["axis"], args[0].ndim)
         return evaluate(lambda v: cls.fn(v, axis), args, dtypes.dtype(args[0].dtype))
 

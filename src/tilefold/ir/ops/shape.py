@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tilefold.errors import DTypeError, ShapeError
@@ -33,12 +35,12 @@ class Reshape(OpDef):
     traits = LAYOUT
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         return [TensorType(resolve_reshape("reshape", x.shape, attrs["shape"]), x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return np.reshape(args[0], attrs["shape"])
 
 
@@ -52,7 +54,7 @@ class Transpose(OpDef):
     traits = LAYOUT
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         perm = attrs["perm"]
         if sorted(perm) != list(range(x.rank)):
@@ -60,7 +62,7 @@ class Transpose(OpDef):
         return [TensorType(tuple(x.shape[p] for p in perm), x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return np.transpose(args[0], attrs["perm"])
 
 
@@ -79,7 +81,7 @@ class Slice(OpDef):
     traits = LAYOUT
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
         if not len(starts) == len(stops) == len(steps) == x.rank:
@@ -99,7 +101,7 @@ class Slice(OpDef):
         return [TensorType(tuple(shape), x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         index = tuple(
             slice(a, b, c)
             for a, b, c in zip(attrs["starts"], attrs["stops"], attrs["steps"], strict=True)
@@ -117,7 +119,7 @@ class Concat(OpDef):
     traits = LAYOUT
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         if not types:
             raise ShapeError("concat: needs at least one operand")
         dt = same_dtype("concat", types)
@@ -140,7 +142,7 @@ class Concat(OpDef):
         return [TensorType(tuple(shape), dt)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return np.concatenate(args, axis=attrs["axis"])
 
 
@@ -154,7 +156,7 @@ class BroadcastTo(OpDef):
     traits = LAYOUT
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         shape = tuple(attrs["shape"])
         if broadcast_shapes("broadcast_to", x.shape, shape) != shape:
@@ -165,7 +167,7 @@ class BroadcastTo(OpDef):
         return [TensorType(shape, x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return np.broadcast_to(args[0], attrs["shape"]).copy()
 
 
@@ -179,7 +181,7 @@ class ExpandDims(OpDef):
     traits = LAYOUT
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         rank = x.rank + len(attrs["axes"])
         axes = normalize_axes("expand_dims", attrs["axes"], rank)
@@ -187,7 +189,7 @@ class ExpandDims(OpDef):
         return [TensorType(tuple(1 if i in axes else next(rest) for i in range(rank)), x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return np.expand_dims(args[0], tuple(attrs["axes"]))
 
 
@@ -201,7 +203,7 @@ class Squeeze(OpDef):
     traits = LAYOUT
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         axes = normalize_axes("squeeze", attrs["axes"], x.rank)
         if any(x.shape[a] != 1 for a in axes):
@@ -209,7 +211,7 @@ class Squeeze(OpDef):
         return [TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         return np.squeeze(args[0], tuple(attrs["axes"]))
 
 
@@ -226,7 +228,7 @@ class Gather(OpDef):
     attributes = attr_table(axis=Attr("int", 0))
 
     @classmethod
-    def infer(cls, types, attrs):
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         x, idx = types
         if not idx.dtype.is_integer:
             raise DTypeError(f"gather: indices must be integers, got {idx}")
@@ -234,7 +236,7 @@ class Gather(OpDef):
         return [TensorType((*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]), x.dtype)]
 
     @classmethod
-    def reference(cls, args, attrs):
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         x, idx = args[0], args[1].astype(np.int64)
         axis = normalize_axis("gather", attrs["axis"], x.ndim)
         size = x.shape[axis]
