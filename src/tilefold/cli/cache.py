@@ -9,7 +9,7 @@ from tilefold.strategy.tuning_db import TuningDB
 from tilefold.target import cache_dir
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="show or clear compiled kernels and tuning results")
     p.add_argument("action", nargs="?", choices=("show", "clear"), default="show")
     p.set_defaults(handler=handle)

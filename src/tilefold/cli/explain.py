@@ -10,7 +10,7 @@ from tilefold.errors import TilefoldError
 from tilefold.strategy import FAMILIES, Decision
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "explain",
         help="show how each fused group is implemented and why",

@@ -16,7 +16,7 @@ from tilefold.target import cache_dir, host_target, named_target
 from tilefold.version import __version__
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="describe the host (CPU, ISA features, caches, versions)")
     p.add_argument("--target", default="host", help="describe a named target instead")
     p.add_argument("--json", action="store_true", help="machine-readable output")

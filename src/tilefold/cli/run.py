@@ -12,7 +12,7 @@ from tilefold.ir import interpret, parse_file, verify
 from tilefold.ir.types import SymDim, TensorType
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a module with the reference interpreter")
     p.add_argument("file", help="IR file (.tfir)")
     p.add_argument("--function", default="main", help="function to run (default: main)")

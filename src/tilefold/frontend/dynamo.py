@@ -39,7 +39,8 @@ def register() -> None:
         registry.register_backend(backend, name=NAME)
 
 
-def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None = None):
+def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None = None
+            ) -> Callable[..., Any]:
     """torch.compile entry: returns a callable running `gm` through tilefold where it can.
 
     `options={"strict": True}` raises instead of falling back to eager (for tests).

@@ -27,7 +27,7 @@ from tilefold.strategy.method import (
 from tilefold.strategy.problem import Problem
 from tilefold.strategy.select import Decision, decide
 from tilefold.strategy.tuning_db import TuningDB
-from tilefold.target import host_target
+from tilefold.target import Target, host_target
 
 
 def builtin_methods() -> list[Method]:
@@ -51,7 +51,7 @@ def register_builtin_methods() -> None:
             register_method(method)
 
 
-def context(target=None, threads: int | None = None) -> Context:
+def context(target: Target | None = None, threads: int | None = None) -> Context:
     """The host (or `target`) with its measured ceilings, for `threads` threads."""
     target = target or host_target()
     return Context(target, machine_for(target, threads or num_threads()))

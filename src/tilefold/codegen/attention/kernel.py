@@ -11,18 +11,21 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+from collections.abc import Callable
 
 import numpy as np
 
 from tilefold.codegen.attention import flash
 from tilefold.codegen.attention.flash import AttentionConfig
 from tilefold.runtime import compile_generated, source_digest
+from tilefold.target import Target
 
 
 class AttentionKernel:
     """`kernel(q, k, v, mask, out, scale)` fills `out` (mask None when the config has none)."""
 
-    def __init__(self, cfg: AttentionConfig, fn, source):
+    def __init__(self, cfg: AttentionConfig, fn: Callable[..., None], source: Callable[[], str]
+                 ) -> None:
         self.cfg = cfg
         self.source = source  # () -> the LLVM IR, for explain
         self._fn = fn
@@ -59,7 +62,7 @@ _GENERATORS = ("tilefold.codegen.attention", "tilefold.codegen.vecmath",
 
 
 @functools.cache
-def attention_kernel(cfg: AttentionConfig, target) -> AttentionKernel:
+def attention_kernel(cfg: AttentionConfig, target: Target) -> AttentionKernel:
     """The compiled kernel for `cfg` (cached in process and, by generator fingerprint, on disk)."""
     name = f"tf_attention_{hashlib.sha256(repr(cfg).encode()).hexdigest()[:12]}"
 

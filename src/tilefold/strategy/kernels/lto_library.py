@@ -13,7 +13,7 @@ from importlib import resources
 import llvmlite.binding as llvm
 
 from tilefold.runtime.codegen import LLVM_LOCK
-from tilefold.target import cache_dir, target_machine
+from tilefold.target import Target, cache_dir, target_machine
 
 LIBRARY = "rowlib.ll"
 PREFIX = "tf_lib_"
@@ -23,7 +23,7 @@ def library_source() -> str:
     return resources.files("tilefold.data").joinpath("lto").joinpath(LIBRARY).read_text()
 
 
-def library_bitcode(target) -> bytes:
+def library_bitcode(target: Target) -> bytes:
     """The library optimized for `target`, as bitcode; built on first use, then read from disk."""
     source = library_source()
     tag = f"{source}|{target.triple}|{target.cpu}|{target.llvm_features()}|{llvm.llvm_version_info}"
@@ -48,7 +48,7 @@ def library_bitcode(target) -> bytes:
     return bitcode
 
 
-def link_library(generated_ir: str, target) -> str:
+def link_library(generated_ir: str, target: Target) -> str:
     """`generated_ir` with the library linked in and made internal, so that after inlining
     (opt level >= 1) no library symbol or call remains."""
     bitcode = library_bitcode(target)

@@ -21,6 +21,8 @@ from tilefold.codegen.gemm.plan import DATA_OFFSET
 from tilefold.errors import UnsupportedError
 from tilefold.runtime import compile_generated, compile_llvm_ir, emit_assembly, thread_pool
 from tilefold.strategy.method import Kernel
+from tilefold.strategy.problem import Problem
+from tilefold.target import Target
 
 FP = u.f32.as_pointer()
 # Below this many bytes touched a second thread costs more (wake-up) than it saves.
@@ -76,19 +78,20 @@ def emit_row_kernel(module: ir.Module, name: str, nargs: int, rows: int, threads
     b.ret_void()
 
 
-def kernel_name(prefix: str, problem) -> str:
+def kernel_name(prefix: str, problem: Problem) -> str:
     """A symbol stable across processes (so the disk cache hits) for `problem`'s kernel."""
     text = f"{problem.signature}|{problem.shapes}"
     return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def new_module(name: str, target) -> ir.Module:
+def new_module(name: str, target: Target) -> ir.Module:
     module = ir.Module(name=name)
     module.triple = target.triple
     return module
 
 
-def load_kernel(llvm_ir: str, target, name: str, nargs: int, opt_level: int = 0) -> Kernel:
+def load_kernel(llvm_ir: str, target: Target, name: str, nargs: int, opt_level: int = 0
+                ) -> Kernel:
     """Compile (or fetch from the disk cache) and wrap `name(a0..an)` as a `Kernel`."""
     if "tilefold_parallel" in llvm_ir and target.is_host():
         thread_pool()  # llvmlite quotes the name, which compile_llvm_ir's check misses
@@ -97,7 +100,7 @@ def load_kernel(llvm_ir: str, target, name: str, nargs: int, opt_level: int = 0)
     return Kernel(fn, llvm_ir, lambda: emit_assembly(llvm_ir, target, opt_level=opt_level))
 
 
-def load_generated_kernel(fingerprint: str, make_ir: Callable[[], str], target, name: str,
+def load_generated_kernel(fingerprint: str, make_ir: Callable[[], str], target: Target, name: str,
                           nargs: int, threads: int) -> Kernel:
     """`load_kernel` for a generator whose output `fingerprint` determines (its source digest
     and parameters): a warm process loads the object without building the IR at all."""

@@ -8,7 +8,7 @@ import numpy as np
 
 from tilefold.runtime import emit_assembly
 from tilefold.strategy.cost import roofline, work
-from tilefold.strategy.method import Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
 EFFICIENCY = 0.5  # of the GEMM peak: short dot products, a softmax and a K transpose per block
@@ -18,7 +18,7 @@ class FlashAttention(Method):
     name = "handwritten.attention"
     family = "hand-written"
 
-    def propose(self, problem, ctx):
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if problem.names != ("scaled_dot_product_attention",):
             return "pattern is a lone scaled_dot_product_attention; this group is " + \
                 " -> ".join(problem.names)
@@ -38,7 +38,7 @@ class FlashAttention(Method):
                                "one pass over key blocks, online softmax")]
 
 
-def build(problem: Problem, ctx) -> Kernel:
+def build(problem: Problem, ctx: Context) -> Kernel:
     # On first use: `import tilefold` does not load the attention generator.
     from tilefold.codegen.attention import AttentionConfig, attention_kernel
 

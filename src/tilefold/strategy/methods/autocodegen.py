@@ -8,7 +8,7 @@ import numpy as np
 
 from tilefold.errors import UnsupportedError
 from tilefold.strategy.cost import roofline, work
-from tilefold.strategy.method import Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
 
@@ -16,7 +16,7 @@ class KernelCodegen(Method):
     name = "autocodegen.kernel"
     family = "auto-codegen"
 
-    def propose(self, problem, ctx):
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         # On first use: `import tilefold` does not load the kernel-IR generator.
         from tilefold.codegen.kernel.from_graph import analyze_group
 
@@ -33,7 +33,7 @@ class KernelCodegen(Method):
         return [self.candidate({}, estimate, lambda: build(problem, ctx))]
 
 
-def build(problem: Problem, ctx) -> Kernel:
+def build(problem: Problem, ctx: Context) -> Kernel:
     # On first use, as in `propose`.
     from tilefold.codegen.kernel.compile import compile_group, lower_group
     from tilefold.codegen.kernel.printer import print_kernel

@@ -24,7 +24,7 @@ from tilefold.strategy.kernels.native import (
     threads_for,
 )
 from tilefold.strategy.kernels.rowprog import Emitter, NotARowProgram, build_program
-from tilefold.strategy.method import Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
 VIEW_PROLOGUES = ("transpose", "broadcast_to", "expand_dims")
@@ -44,7 +44,7 @@ class GemmEpilogue(Method):
     name = "blocks.gemm"
     family = "building-blocks"
 
-    def propose(self, problem, ctx):
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         matmuls = [op for op in problem.body if op.name == "matmul"]
         if len(matmuls) != 1:
             return "needs exactly one matmul in the group"
@@ -84,7 +84,8 @@ class GemmEpilogue(Method):
                                note)]
 
 
-def build_gemm(problem: Problem, ctx, mm: Operation, prologue, epi, prepack: bool) -> Kernel:
+def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
+               epi: tuple | None, prepack: bool) -> Kernel:
     module = gemm_module(ctx.target)
     views: dict[Value, tuple] = {v: (i, []) for i, v in enumerate(problem.inputs)}
     for op in prologue:
@@ -143,7 +144,7 @@ _EPILOGUE_GENERATORS = ("tilefold.strategy.kernels.rowprog", "tilefold.strategy.
                         "tilefold.codegen.llvm_util", "tilefold.codegen.vecmath")
 
 
-def _epilogue_kernel(problem: Problem, ctx, epi) -> Kernel:
+def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:
     prog, ins, outs = epi
     lanes = max(4, ctx.target.vector_bits // 32)
     name = kernel_name("tf_epilogue", problem)

@@ -16,7 +16,7 @@ from tilefold.ir import Operation
 from tilefold.ir.interpreter import run_region
 from tilefold.runtime import thread_pool
 from tilefold.strategy.cost import Work, product_flops, roofline, work
-from tilefold.strategy.method import Context, Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
 Fn = Callable[..., np.ndarray]
@@ -155,7 +155,7 @@ class NumpyExtern(Method):
     name = "extern.numpy"
     family = "extern"
 
-    def propose(self, problem, ctx):
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         w = work(problem)
         slow = [op.name for op in problem.body if op.name not in NUMPY]
         note = f"reference implementation for {', '.join(slow)}" if slow else ""
@@ -170,7 +170,7 @@ class TorchExtern(Method):
     name = "extern.torch"
     family = "extern"
 
-    def propose(self, problem, ctx):
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         table = _torch_table()
         if table is None:
             return "PyTorch is not installed"

@@ -11,7 +11,7 @@ from tilefold.strategy.kernels.native import (
     threads_for,
 )
 from tilefold.strategy.kernels.softmax import emit_softmax_row
-from tilefold.strategy.method import Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
 
@@ -19,7 +19,7 @@ class ExpertSoftmax(Method):
     name = "handwritten.softmax"
     family = "hand-written"
 
-    def propose(self, problem, ctx):
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if problem.names != ("softmax",):
             return "pattern is a lone softmax; this group is " + " -> ".join(problem.names)
         op = problem.body[0]
@@ -35,7 +35,7 @@ class ExpertSoftmax(Method):
         return [self.candidate({}, estimate, lambda: build_softmax(problem, ctx))]
 
 
-def build_softmax(problem: Problem, ctx):
+def build_softmax(problem: Problem, ctx: Context) -> Kernel:
     shape = problem.shape(problem.inputs[0])
     n = shape[-1]
     rows = max(1, problem.elements(problem.inputs[0]) // max(1, n))

@@ -17,7 +17,7 @@ from tilefold.strategy.kernels.native import (
     new_module,
     threads_for,
 )
-from tilefold.strategy.method import Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
 OPT_LEVEL = 2  # the middle end must run: it is what inlines the library
@@ -45,7 +45,7 @@ class RowLibrary(Method):
     name = "lto.rowlib"
     family = "lto"
 
-    def propose(self, problem, ctx):
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         kind = _shape_kind(problem)
         if kind is None:
             return ("the library has row sums/means over the last axis and GEMV (f32); this "
@@ -56,7 +56,7 @@ class RowLibrary(Method):
                                "library call inlined after linking")]
 
 
-def build_rows(problem: Problem, ctx, kind: str) -> Kernel:
+def build_rows(problem: Problem, ctx: Context, kind: str) -> Kernel:
     """y[r] = lib(row r) (times 1/n for a mean), one row per iteration, rows over threads."""
     op = problem.body[0]
     shape = problem.shape(op.operands[0])
