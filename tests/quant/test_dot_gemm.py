@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
+from tilefold.codegen.lowp import amxrun
 from tilefold.codegen.lowp import kernels as lowp_kernels
-from tilefold.codegen.lowp.amxgemm import amxgemm_ir
+from tilefold.codegen.lowp.amxgemm import BLOCK, KSTEP, amxgemm_ir
 from tilefold.codegen.lowp.kernels import DOT_KERNELS, describe_lowp, select_dot_kernel
 from tilefold.quant import matmul_lowp, prepack_lowp
 from tilefold.quant.accuracy import matmul_bound
@@ -121,7 +122,8 @@ def test_every_kernel_the_host_can_run_is_reached():
 @pytest.mark.parametrize(("threads", "l2_bytes"), [(1, None), (2, None), (2, 64 << 10)])
 def test_amx_blocks_threads_and_prepacking(rng, threads, l2_bytes):
     """Edges in M, N and K around the 32 x 32 blocks and 16-word K steps, raw and prepacked B,
-    on one and two threads; a 64 KiB L2 makes K blocks of 128 words (partial sums kept)."""
+    on one and two threads; K = 1100 spans several K blocks (partial sums kept) and a 64 KiB
+    L2 makes MC = 32 (several row blocks)."""
     host = target_for("host")
     if not select_dot_kernel(host, "bf16").is_amx:
         pytest.skip("no usable AMX on this host")
@@ -170,3 +172,44 @@ def test_amx_inner_loop_is_tile_loads_and_dots(kernel):
     assert loop.count(kernel.dot) == 4 and loop.count("tileloadd") == 4
     assert not any("rsp" in line for line in asm[start:end])
     assert "ldtilecfg" in "\n".join(asm) and "tilerelease" in "\n".join(asm)
+
+
+@pytest.mark.parametrize("kgp", [16, 192, 272, 512, 1024, 4096])
+def test_amx_blocking_fits_the_caches(kgp):
+    """The KC x 32 B slice fits in L1 and MC rows of packed A over all of K in half of L2 (or
+    one 32-row block when even that is too much); blocks are whole tiles and balanced."""
+    host = target_for("host")
+    for m_share in (32, 100, 1024, 4096):
+        mc, kc = amxrun._blocking(host, kgp, m_share)
+        assert kc % KSTEP == 0 and kc <= kgp and kc * BLOCK * 4 <= host.l1d_bytes
+        blocks = -(-kgp // kc)
+        assert blocks == 1 or kgp - (blocks - 1) * kc > kc // 2  # no sliver of a K block
+        assert mc % BLOCK == 0 and mc <= -(-m_share // BLOCK) * BLOCK
+        assert mc == BLOCK or mc * kgp * 4 <= host.l2_bytes // 2
+
+
+def test_amx_operands_are_64_byte_aligned(rng):
+    """Tile rows are 64 bytes: prepacked panels (and C) start on a cache line."""
+    host = target_for("host")
+    if not select_dot_kernel(host, "bf16").is_amx:
+        pytest.skip("no usable AMX on this host")
+    for _ in range(4):
+        b = rng.integers(-128, 128, (rng.integers(1, 300), rng.integers(1, 100))).astype(np.int8)
+        assert prepack_lowp(b, np.uint8, target=host).panels.ctypes.data % 64 == 0
+    assert amxrun.aligned_empty((3, 5), np.int32).ctypes.data % 64 == 0
+
+
+def test_amx_plan_is_reused_with_fresh_scales(rng):
+    """A shape's run plan is cached; the dequantizing epilogue still reads each call's vectors."""
+    host = target_for("host")
+    if not select_dot_kernel(host, "u8s8").is_amx:
+        pytest.skip("no usable AMX on this host")
+    a = rng.integers(0, 256, (40, 96)).astype(np.uint8)
+    b = rng.integers(-128, 128, (96, 50)).astype(np.int8)
+    exact = a.astype(np.int64) @ b.astype(np.int64)
+    for _ in range(3):
+        rs, cs, bias = rng.uniform(0.1, 1, 40), rng.uniform(0.1, 1, 50), rng.standard_normal(50)
+        c = matmul_lowp(a, b, row_scale=rs, col_scale=cs, bias=bias, target=host)
+        ref = exact * rs[:, None].astype(np.float32) * cs.astype(np.float32) + bias
+        assert np.allclose(c, ref, rtol=3e-7 * 4, atol=1e-5)
+        assert np.array_equal(matmul_lowp(a, b, target=host), exact)

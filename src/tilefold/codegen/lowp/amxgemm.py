@@ -5,11 +5,12 @@ operands (`tdpbusd` for u8 A, `tdpbssd` for s8 A: no +128 shift, no compensation
 f32 through the dequantizing epilogue). C is padded to whole 32 x 32 blocks so every tile store
 is full. First the threads pack, each its share, A into tiles (all of it, once: never a copy
 per thread) and raw B into panels (unless prepacked), then meet at a barrier. Each thread
-takes a rectangle of C and loops ic (MC rows) > jr (a B panel) > pc (KC words, all of K
-unless the panel would outgrow L2) > ir (32 rows), keeping any partial sums of its MC x 32
+takes a rectangle of C and loops ic (MC rows) > jr (a B panel) > pc (KC words: the panel's
+K x 32 slice that stays in L1) > ir (32 rows), keeping any partial sums of its MC x 32
 column of C in a contiguous buffer between K blocks (C's own rows may be 4 KiB apart and
-collide in the caches); each 32 x 32 block runs kc / 16 steps of 4 tile loads + 4 dots,
-prefetches the next block's C lines for writing, and is written to C once.
+collide in the caches); each 32 x 32 block runs kc / 16 steps of 4 tile loads + 4 dots and
+is written to C once, in the last K block, which also prefetches the next block's C lines
+for writing.
 """
 
 from __future__ import annotations
@@ -99,11 +100,12 @@ def _tile_ptrs(b, base, stride_bytes) -> list[ir.Value]:
     return [base, u.gep(b, base, amx.TILE_BYTES), low, u.gep(b, low, amx.TILE_BYTES)]
 
 
-def _block_tiles(b, k: DotKernel, apan, a_second, kts, bpan, c_in, c_out, first,
+def _block_tiles(b, k: DotKernel, apan, a_second, kts, bpan, c_in, c_out, first, last,
                  c_next) -> None:
     """One K block of a 32 x 32 C block: tiles <- 0 or c_in = (pointer, stride); add A tiles
     apan[kt] (rows 0-15) and apan[kt] + a_second (rows 16-31) times B rows bpan[16 kt ...]
-    for kt < kts; store to c_out = (pointer, stride)."""
+    for kt < kts; store to c_out = (pointer, stride). In the last K block the next block's C
+    lines (c_next) are prefetched for writing; partial sums stay in a buffer in cache."""
     with b.if_else(first) as (fresh, partial):
         with fresh:
             for t in range(4):
@@ -112,10 +114,11 @@ def _block_tiles(b, k: DotKernel, apan, a_second, kts, bpan, c_in, c_out, first,
             for t, ptr in enumerate(_tile_ptrs(b, *c_in)):
                 amx.load(b, t, ptr, c_in[1])
     row_bytes = BLOCK * 4
-    for r in range(BLOCK):
-        line = u.gep(b, c_next[0], b.mul(c_next[1], u.const(r)))
-        for half in range(row_bytes // 64):
-            u.prefetch(b, u.gep(b, line, 64 * half), write=True)
+    with b.if_then(last):
+        for r in range(BLOCK):
+            line = u.gep(b, c_next[0], b.mul(c_next[1], u.const(r)))
+            for half in range(row_bytes // 64):
+                u.prefetch(b, u.gep(b, line, 64 * half), write=True)
     with u.for_range(b, u.const(0), kts, 1, "kt") as kt:
         a0 = u.gep(b, apan, b.mul(kt, u.const(amx.TILE_SIZE)))
         b0 = u.gep(b, bpan, b.mul(kt, u.const(KSTEP * row_bytes)))
@@ -191,9 +194,9 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
                     part = (u.gep(b, cbuf, b.mul(ir_, u.const(BLOCK * 4))), u.const(BLOCK * 4))
                     out = tuple(b.select(last, x, y) for x, y in zip((cptr, ldc_bytes), part,
                                                                       strict=True))
-                    nxt = (u.gep(b, out[0], b.mul(out[1], u.const(BLOCK))), out[1])
+                    nxt = (u.gep(b, cptr, b.mul(ldc_bytes, u.const(BLOCK))), ldc_bytes)
                     _block_tiles(b, k, apan, a_second, b.sdiv(kc, u.const(KSTEP)), bpan, part,
-                                 out, first, nxt)
+                                 out, first, last, nxt)
                     if dequant:
                         with b.if_then(last):
                             _dequantize_block(b, x, cptr, row, jr, ldc_bytes)

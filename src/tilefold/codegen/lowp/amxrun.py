@@ -1,4 +1,5 @@
-"""Running the AMX GEMM from Python: blocking, the parameter block, padded C."""
+"""Running the AMX GEMM from Python: blocking, the parameter block (planned once per shape),
+64-byte aligned C."""
 
 from __future__ import annotations
 
@@ -17,11 +18,29 @@ from tilefold.target import Target
 _P = ctypes.c_void_p
 # Below this many multiply-adds a second thread costs more than it saves.
 PARALLEL_MIN_MACS = 1 << 21
-_ALIGN = 64
+# Tile rows are 64 bytes: an unaligned row straddles two cache lines and a tile load or store
+# of 16 such rows runs at a fraction of the speed (measured: about 3x slower loads from L1).
+ALIGN = 64
 
 
 def _up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
+
+
+def _balanced(extent: int, most: int, unit: int) -> int:
+    """The block (whole `unit`s, at most `most`) that cuts `extent` into equal-ish blocks, so
+    no last block is a sliver."""
+    blocks = math.ceil(extent / most)
+    return _up(math.ceil(extent / blocks), unit)
+
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialized array whose data starts on a 64-byte boundary (NumPy only promises 16)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 @functools.cache
@@ -40,14 +59,18 @@ def amx_k_words(k: int, kernel: DotKernel) -> int:
 
 
 def _blocking(target: Target, kgp: int, m_share: int) -> tuple[int, int]:
-    """(MC rows, KC words). Tile loads, not cache misses, bound these kernels (each costs
-    about three tile products here, from L1 or L2 alike), so C stays in tiles over all of K
-    (KC = K: no partial sums to reload) unless a K x 32 B panel would outgrow a quarter of L2,
-    and MC keeps a block of packed A near L1 (measured best at 32-64 KiB)."""
-    panel_words = target.l2_bytes // 4 // (BLOCK * 4) // KSTEP * KSTEP
-    kc = min(kgp, max(KSTEP, panel_words))
-    mc = target.l2_bytes // 32 // (kgp * 4) // BLOCK * BLOCK
-    return min(max(BLOCK, mc), _up(m_share, BLOCK)), kc
+    """(MC rows, KC words). A 2 x 2 tile step loads 4 KiB for 4 products (about 64 cycles),
+    so the KC x 32 slice of a B panel stays in L1 (two thirds of it: 256 words on 48 KiB,
+    the rest for the A tiles streaming past) and serves every 32-row block of the MC rows;
+    MC rows of packed A over all of K fill half of L2, so each B slice is fetched from
+    beyond L2 once per MC rows (at 2048^2 with MC = 32, B was re-read from L3 for every 32
+    rows). Both are balanced so no block is a sliver; a K block that is not the last leaves
+    its sums in the thread's MC x 32 buffer (4 tile loads and 4 stores per block, so KC is
+    kept as long as L1 allows)."""
+    kc_most = target.l1d_bytes * 2 // 3 // (BLOCK * 4) // KSTEP * KSTEP
+    kc = _balanced(kgp, max(KSTEP, kc_most), KSTEP)
+    mc_most = max(BLOCK, target.l2_bytes // 2 // (kgp * 4) // BLOCK * BLOCK)
+    return _balanced(_up(m_share, BLOCK), mc_most, BLOCK), kc
 
 
 def _split(mp: int, np_: int, threads: int) -> tuple[int, int]:
@@ -63,36 +86,49 @@ def _padded(v: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(kernel: DotKernel, target: Target, m: int, k: int, n: int, lda: int, ldb: int,
+          threads: int, dequant: bool) -> tuple[_Plan, dict[int, int]]:
+    """The run plan of one shape (Python work that would cost more than a small GEMM itself
+    if redone per call) and its parameter values (a dequantizing call adds its vectors);
+    `ldb` is 0 for prepacked B."""
+    mp, np_, kgp = _up(m, BLOCK), _up(n, BLOCK), amx_k_words(k, kernel)
+    tm, tn = _split(mp, np_, threads)
+    mc, kc = _blocking(target, kgp, math.ceil(mp / tm))
+    pack = ldb != 0
+    a_offset = _up(np_ * kgp * 4, ALIGN) if pack else 0
+    sum_offset = a_offset + mp * kgp * 4  # packed A, then the partial sums
+    values = {AParam.M: m, AParam.K: k, AParam.N: n, AParam.MP: mp, AParam.NP: np_,
+              AParam.KGP: kgp, AParam.LDA: lda, AParam.LDB: ldb, AParam.MC: mc, AParam.KC: kc,
+              AParam.TM: tm, AParam.TN: tn, AParam.THREADS: threads,
+              AParam.DATA_OFFSET: DATA_OFFSET, AParam.PACK_B: int(pack),
+              AParam.A_OFFSET: a_offset, AParam.SUM_OFFSET: sum_offset}
+    plan = _Plan(*_module(kernel, target, dequant), values, len(AParam))
+    plan.ws_bytes = sum_offset + threads * mc * BLOCK * 4
+    return plan, values
+
+
 def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
                 dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                 threads: int | None = None) -> np.ndarray:
     """C = A[M, K] @ B with B raw [K, N] (packed per call, in parallel) or `PackedB` panels;
     f32 for bf16, i32 for 8-bit, or f32 with `dequant` = (row_scale[M], col_scale[N], bias[N])."""
     m, k = a.shape
-    mp, np_, kgp = _up(m, BLOCK), _up(n, BLOCK), amx_k_words(k, kernel)
+    mp, np_ = _up(m, BLOCK), _up(n, BLOCK)
     if threads is None:
         threads = num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
     threads = max(1, min(threads, (mp // BLOCK) * (np_ // BLOCK)))
-    tm, tn = _split(mp, np_, threads)
-    mc, kc = _blocking(target, kgp, math.ceil(mp / tm))
-    pack = b.ndim == 2
-    a_offset = _up(np_ * kgp * 4, _ALIGN) if pack else 0
-    sum_offset = a_offset + mp * kgp * 4  # packed A, then the partial sums
+    ldb = b.strides[0] if b.ndim == 2 else 0
+    plan, values = _plan(kernel, target, m, k, n, a.strides[0], ldb, threads, dequant is not None)
     out_float = kernel.acc_is_float or dequant is not None
-    c = np.empty((mp, np_), np.float32 if out_float else np.int32)
-    values = {AParam.M: m, AParam.K: k, AParam.N: n, AParam.MP: mp, AParam.NP: np_,
-              AParam.KGP: kgp, AParam.LDA: a.strides[0],
-              AParam.LDB: b.strides[0] if pack else 0, AParam.MC: mc, AParam.KC: kc,
-              AParam.TM: tm, AParam.TN: tn, AParam.THREADS: threads,
-              AParam.DATA_OFFSET: DATA_OFFSET, AParam.PACK_B: int(pack),
-              AParam.A_OFFSET: a_offset, AParam.SUM_OFFSET: sum_offset}
-    keep = []
+    c = aligned_empty((mp, np_), np.float32 if out_float else np.int32)
     if dequant is not None:
         keep = [_padded(v, size) for v, size in zip(dequant, (mp, np_, np_), strict=True)]
-        values.update({AParam.ROW_SCALE: keep[0].ctypes.data,
-                       AParam.COL_SCALE: keep[1].ctypes.data, AParam.BIAS: keep[2].ctypes.data})
-    entry_objects, entry_raw = _module(kernel, target, dequant is not None)
-    plan = _Plan(entry_objects, entry_raw, values, len(AParam))
-    plan.ws_bytes = sum_offset + threads * mc * BLOCK * 4
+        scaled = _Plan(*_module(kernel, target, True), {
+            **values, AParam.ROW_SCALE: keep[0].ctypes.data,
+            AParam.COL_SCALE: keep[1].ctypes.data, AParam.BIAS: keep[2].ctypes.data},
+            len(AParam))
+        scaled.ws_bytes = plan.ws_bytes
+        plan = scaled
     plan.run(a, b, c)
     return c if (mp, np_) == (m, n) else np.ascontiguousarray(c[:m, :n])

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
-from tilefold.codegen.lowp.amxrun import amx_k_words, run_amxgemm
+from tilefold.codegen.lowp.amxrun import aligned_empty, amx_k_words, run_amxgemm
 from tilefold.codegen.lowp.dotgemm import ENTRY, DParam, dotgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.codegen.lowp.packgen import PACK_B_ENTRY, pack_b_ir
@@ -64,7 +64,7 @@ class PackedB:
         self.dtype = b.dtype
         b = np.ascontiguousarray(b)
         kgp = amx_k_words(self.k, kernel) if kernel.is_amx else math.ceil(self.k / kernel.kgroup)
-        self.panels = np.empty((math.ceil(self.n / kernel.nr), kgp, kernel.nr), np.uint32)
+        self.panels = aligned_empty((math.ceil(self.n / kernel.nr), kgp, kernel.nr), np.uint32)
         _pack_b_entry(kernel.nr, kernel.kgroup, target)(
             b.ctypes.data, b.strides[0], self.k, self.n, kgp, self.panels.ctypes.data)
         if kernel.dtype == "u8s8" and not kernel.is_amx:
