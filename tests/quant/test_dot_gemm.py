@@ -4,6 +4,7 @@ AMX tile edges, K blocking, signed-A compensation and the dequantizing epilogue.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import ml_dtypes
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from tests.quant.levels import LEVELS, target_for
 from tilefold.codegen.lowp import amxrun
 from tilefold.codegen.lowp import kernels as lowp_kernels
-from tilefold.codegen.lowp.amxgemm import BLOCK, KSTEP, amxgemm_ir
+from tilefold.codegen.lowp.amxgemm import BLOCK, KSTEP, ROWS, amxgemm_ir
 from tilefold.codegen.lowp.kernels import DOT_KERNELS, describe_lowp, select_dot_kernel
 from tilefold.quant import matmul_lowp, prepack_lowp
 from tilefold.quant.accuracy import matmul_bound
@@ -123,7 +124,7 @@ def test_every_kernel_the_host_can_run_is_reached():
 def test_amx_blocks_threads_and_prepacking(rng, threads, l2_bytes):
     """Edges in M, N and K around the 32 x 32 blocks and 16-word K steps, raw and prepacked B,
     on one and two threads; K = 1100 spans several K blocks (partial sums kept) and a 64 KiB
-    L2 makes MC = 32 (several row blocks)."""
+    L2 makes MC = 16 (several row blocks)."""
     host = target_for("host")
     if not select_dot_kernel(host, "bf16").is_amx:
         pytest.skip("no usable AMX on this host")
@@ -162,30 +163,32 @@ def test_amx_refused_falls_back_and_says_why(rng, monkeypatch):
 
 @pytest.mark.parametrize("kernel", [k for k in DOT_KERNELS if k.is_amx], ids=lambda k: k.name)
 def test_amx_inner_loop_is_tile_loads_and_dots(kernel):
-    """The K loop is 4 tile loads + 4 dots of the kernel's instruction, nothing on the stack."""
+    """The K loop is 3 tile loads + 2 dots of the kernel's instruction, nothing on the stack;
+    the module touches five tiles (two accumulators, one A, two B)."""
     asm = emit_assembly(amxgemm_ir(kernel, named_target("sapphirerapids")),
                         named_target("sapphirerapids")).splitlines()
     first = next(i for i, line in enumerate(asm) if kernel.dot in line)
     start = max(i for i in range(first) if asm[i].startswith(".LBB"))
     end = next(i for i in range(first, len(asm)) if asm[i].startswith(".LBB"))
     loop = [line.split()[0] for line in asm[start + 1:end] if line.startswith("\t")]
-    assert loop.count(kernel.dot) == 4 and loop.count("tileloadd") == 4
+    assert loop.count(kernel.dot) == 2 and loop.count("tileloadd") == 3
+    assert len(set(re.findall(r"%tmm\d", "\n".join(asm)))) == 5
     assert not any("rsp" in line for line in asm[start:end])
     assert "ldtilecfg" in "\n".join(asm) and "tilerelease" in "\n".join(asm)
 
 
 @pytest.mark.parametrize("kgp", [16, 192, 272, 512, 1024, 4096])
 def test_amx_blocking_fits_the_caches(kgp):
-    """The KC x 32 B slice fits in L1 and MC rows of packed A over all of K in half of L2 (or
-    one 32-row block when even that is too much); blocks are whole tiles and balanced."""
+    """The KC x 32 B slice fits in L1 and MC rows of packed A over all of K in a quarter of L2
+    (or one 16-row block when even that is too much); blocks are whole tiles and balanced."""
     host = target_for("host")
     for m_share in (32, 100, 1024, 4096):
         mc, kc = amxrun._blocking(host, kgp, m_share)
         assert kc % KSTEP == 0 and kc <= kgp and kc * BLOCK * 4 <= host.l1d_bytes
         blocks = -(-kgp // kc)
         assert blocks == 1 or kgp - (blocks - 1) * kc > kc // 2  # no sliver of a K block
-        assert mc % BLOCK == 0 and mc <= -(-m_share // BLOCK) * BLOCK
-        assert mc == BLOCK or mc * kgp * 4 <= host.l2_bytes // 2
+        assert mc % ROWS == 0 and mc <= -(-m_share // ROWS) * ROWS
+        assert mc == ROWS or mc * kgp * 4 <= host.l2_bytes // 4
 
 
 def test_amx_operands_are_64_byte_aligned(rng):

@@ -51,11 +51,11 @@ def _f(*names: str) -> frozenset[str]:
 
 
 DOT_KERNELS: tuple[DotKernel, ...] = (
-    DotKernel("bf16_amx_32x32", "sapphirerapids", "bf16", 32, 32, 16, _f("amx-tile", "amx-bf16"),
+    DotKernel("bf16_amx_16x32", "sapphirerapids", "bf16", 16, 32, 16, _f("amx-tile", "amx-bf16"),
               "tdpbf16ps", 2),
-    DotKernel("u8s8_amx_32x32", "sapphirerapids", "u8s8", 32, 32, 16, _f("amx-tile", "amx-int8"),
+    DotKernel("u8s8_amx_16x32", "sapphirerapids", "u8s8", 16, 32, 16, _f("amx-tile", "amx-int8"),
               "tdpbusd", 4),
-    DotKernel("s8s8_amx_32x32", "sapphirerapids", "s8s8", 32, 32, 16, _f("amx-tile", "amx-int8"),
+    DotKernel("s8s8_amx_16x32", "sapphirerapids", "s8s8", 16, 32, 16, _f("amx-tile", "amx-int8"),
               "tdpbssd", 4),
     DotKernel("bf16_avx512bf16_8x48", "x86-64-v4", "bf16", 8, 48, 16,
               _f("avx512f", "avx512bf16"), "dpbf16", 2),
