@@ -192,7 +192,7 @@ def test_amx_blocking_fits_the_caches(kgp):
 
 
 def test_amx_operands_are_64_byte_aligned(rng):
-    """Tile rows are 64 bytes: prepacked panels (and C) start on a cache line."""
+    """Tile rows are 64 bytes: prepacked panels start on a cache line."""
     host = target_for("host")
     if not select_dot_kernel(host, "bf16").is_amx:
         pytest.skip("no usable AMX on this host")
