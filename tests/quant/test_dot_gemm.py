@@ -123,14 +123,15 @@ def test_every_kernel_the_host_can_run_is_reached():
 @pytest.mark.parametrize(("threads", "l2_bytes"), [(1, None), (2, None), (2, 64 << 10)])
 def test_amx_blocks_threads_and_prepacking(rng, threads, l2_bytes):
     """Edges in M, N and K around the 32 x 32 blocks and 16-word K steps, raw and prepacked B,
-    on one and two threads; K = 1100 spans several K blocks (partial sums kept) and a 64 KiB
-    L2 makes MC = 16 (several row blocks)."""
+    on one and two threads; K = 1100 spans several K blocks (partial sums kept), a 64 KiB
+    L2 makes MC = 16 (several row blocks), and one panel on two threads leaves the second
+    thread only the first's units to take."""
     host = target_for("host")
     if not select_dot_kernel(host, "bf16").is_amx:
         pytest.skip("no usable AMX on this host")
     if l2_bytes is not None:
         host = dataclasses.replace(host, l2_bytes=l2_bytes)
-    for m, k, n in [(31, 33, 65), (96, 257, 64), (130, 1100, 47)]:
+    for m, k, n in [(31, 33, 65), (96, 257, 64), (130, 1100, 47), (100, 70, 20)]:
         a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
         b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
         c = matmul_lowp(a, b, target=host, threads=threads)

@@ -1,21 +1,24 @@
-"""The AMX low-precision GEMM module in LLVM IR: 32 x 32 blocks of C as four accumulator tiles.
+"""The AMX low-precision GEMM module in LLVM IR: 16 x 32 blocks of C as two accumulator tiles.
 
 `tf_amxgemm(params, A, B, C, ws)` computes C = A @ B for bf16 (`tdpbf16ps`, f32 C) or 8-bit
 operands (`tdpbusd` for u8 A, `tdpbssd` for s8 A: no +128 shift, no compensation; i32 C, or
-f32 through the dequantizing epilogue). C is padded to whole 32 x 32 blocks so every tile store
-is full. First the threads pack, each its share, A into tiles (all of it, once: never a copy
-per thread) and raw B into panels (unless prepacked), then meet at a barrier. Each thread
-takes a rectangle of C and loops ic (MC rows) > jr (a B panel) > pc (KC words: the panel's
-K x 32 slice that stays in L1) > ir (32 rows), keeping any partial sums of its MC x 32
-column of C in a contiguous buffer between K blocks (C's own rows may be 4 KiB apart and
-collide in the caches); each 32 x 32 block runs kc / 16 steps of 4 tile loads + 4 dots and
-is written to C once, in the last K block, which also prefetches the next block's C lines
-for writing.
+f32 through the dequantizing epilogue). C is padded to 16 rows and 32 columns so every tile
+store is full. First the threads pack, each its share, A into tiles (all of it, once: never a
+copy per thread) and raw B into panels (unless prepacked), then meet at a barrier. Then each
+thread works through units (MC rows x one 32-column B panel) of its share of the panels,
+then takes what is left of the others' (see `_each_unit`), and loops pc (KC
+words: the panel's K x 32 slice that stays in L1) > ir (16 rows), keeping any partial sums
+of the unit's MC x 32 column of C in a contiguous buffer between K blocks (C's own rows may
+be 4 KiB apart and collide in the caches); each 16 x 32 block runs kc / 16 steps of 3 tile
+loads + 2 dots and is written to C once, in the last K block, which also prefetches the
+next block's C lines for writing.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from llvmlite import ir
 
@@ -46,16 +49,15 @@ class AParam(enum.IntEnum):
     LDB = 7  # bytes
     MC = 8
     KC = 9  # words, a multiple of KSTEP
-    TM = 10
-    TN = 11
-    THREADS = 12
-    DATA_OFFSET = 13
-    PACK_B = 14  # 1: B is raw [K, N], pack it into ws first
-    A_OFFSET = 15  # bytes of ws before packed A (after packed B)
-    SUM_OFFSET = 16  # bytes of ws before the per-thread partial-sum buffers (MC x 32 words)
-    ROW_SCALE = 17
-    COL_SCALE = 18
-    BIAS = 19
+    THREADS = 10
+    DATA_OFFSET = 11
+    PACK_B = 12  # 1: B is raw [K, N], pack it into ws first
+    A_OFFSET = 13  # bytes of ws before packed A (after packed B)
+    SUM_OFFSET = 14  # bytes of ws before the per-thread partial-sum buffers (MC x 32 words)
+    NEXT_OFFSET = 15  # bytes of ws before the threads' next-unit counters (i64, 64 B apart)
+    ROW_SCALE = 16
+    COL_SCALE = 17
+    BIAS = 18
 
 
 class _Ctx:
@@ -78,9 +80,10 @@ def _share(b: ir.IRBuilder, extent, parts, index, unit: int):
     return b.mul(b.sdiv(b.mul(units, index), parts), u.const(unit))
 
 
-def _pack_shares(b, x: _Ctx, k: DotKernel, pack_a, pack_b, tid, nth, apack) -> None:
+def _pack_shares(b, x: _Ctx, k: DotKernel, pack_a, pack_b, tid, nth, apack, counter) -> None:
     """This thread's share of A's 16-row tile rows into apack and (when raw) of B's panels
-    into ws; then the barrier (with company) after which all of both are packed."""
+    into ws, and its unit counter zeroed; then the barrier (with company) after which all of
+    both are packed and every counter is zero."""
     kgp = x[AParam.KGP]
     r0, r1 = (_share(b, x[AParam.MP], nth, t, amx.TILE_ROWS) for t in (tid, b.add(tid, u.const(1))))
     dst = u.gep(b, apack, b.mul(b.mul(r0, kgp), u.const(4)))
@@ -90,6 +93,7 @@ def _pack_shares(b, x: _Ctx, k: DotKernel, pack_a, pack_b, tid, nth, apack) -> N
         panels = b.sdiv(x[AParam.NP], u.const(BLOCK))
         p0, p1 = (_share(b, panels, nth, t, 1) for t in (tid, b.add(tid, u.const(1))))
         b.call(pack_b, [x.bsrc, x[AParam.LDB], x[AParam.K], x[AParam.N], kgp, p0, p1, x.ws])
+    b.store(u.const(0), _counter(b, counter, tid))
     with b.if_then(b.icmp_signed(">", nth, u.const(1))):
         barrier = u.intrinsic(b.module, "tilefold_barrier", u.void, [u.i32])
         b.call(barrier, [b.trunc(tid, u.i32)])
@@ -153,6 +157,44 @@ def _dequantize_block(b, x: _Ctx, cptr, row, col, ldc_bytes) -> None:
                     align=4)
 
 
+def _counter(b: ir.IRBuilder, counters: ir.Value, thread: ir.Value) -> ir.Value:
+    """Thread `thread`'s next-unit counter (each on its own cache line)."""
+    return b.bitcast(u.gep(b, counters, b.mul(thread, u.const(64))), u.i64.as_pointer())
+
+
+@contextmanager
+def _each_unit(b: ir.IRBuilder, counters: ir.Value, tid, nth, panels,
+               mblocks) -> Iterator[tuple[ir.Value, ir.Value]]:
+    """Yields (row block, panel) for every unit this thread takes. Thread t owns the units
+    of its share of the panels, row block by row block (its B panels then stay in its L2
+    across row blocks), and takes them from its own counter; when they run out it takes the
+    others' remaining units from their counters, so a thread the OS preempts (the cores here
+    are shared) or one that started late does not hold everyone at the end."""
+    def take(victim: ir.Value) -> ir.Value:
+        return b.atomic_rmw("add", _counter(b, counters, victim), u.const(1), "monotonic")
+
+    with u.for_range(b, u.const(0), nth, 1, "victim") as v:
+        victim = b.srem(b.add(tid, v), nth)
+        p0, p1 = (_share(b, panels, nth, t, 1) for t in (victim, b.add(victim, u.const(1))))
+        owned = b.sub(p1, p0)
+        units = b.mul(owned, mblocks)
+        entry = b.block
+        first = take(victim)
+        head = b.append_basic_block("unit.head")
+        body = b.append_basic_block("unit.body")
+        done = b.append_basic_block("unit.done")
+        b.branch(head)
+        b.position_at_end(head)
+        unit = b.phi(u.i64, "unit")
+        unit.add_incoming(first, entry)
+        b.cbranch(b.icmp_signed("<", unit, units), body, done)
+        b.position_at_end(body)
+        yield b.sdiv(unit, owned), b.add(p0, b.srem(unit, owned))
+        unit.add_incoming(take(victim), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+
 def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b):
     fn = ir.Function(module, WORKER_TYPE, name="tf_amxgemm_worker")
     fn.linkage = "internal"
@@ -160,43 +202,44 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     x = _Ctx(b, ctx)
     tid, nth = b.sext(tid32, u.i64), b.sext(nth32, u.i64)
-    tm, tn, kgp = x[AParam.TM], x[AParam.TN], x[AParam.KGP]
-    ti, tj = b.sdiv(tid, tn), b.srem(tid, tn)
-    m0, m1 = (_share(b, x[AParam.MP], tm, t, ROWS) for t in (ti, b.add(ti, u.const(1))))
-    n0, n1 = (_share(b, x[AParam.NP], tn, t, BLOCK) for t in (tj, b.add(tj, u.const(1))))
+    kgp = x[AParam.KGP]
     apack = u.gep(b, x.ws, x[AParam.A_OFFSET])
-    _pack_shares(b, x, k, pack_a, pack_b, tid, nth, apack)
+    counters = u.gep(b, x.ws, x[AParam.NEXT_OFFSET])
+    _pack_shares(b, x, k, pack_a, pack_b, tid, nth, apack, counters)
     bm = b.select(b.icmp_signed("!=", x[AParam.PACK_B], u.const(0)), x.ws, x.bsrc)
     mcb, kcb = x[AParam.MC], x[AParam.KC]
     cbuf = u.gep(b, x.ws, b.add(x[AParam.SUM_OFFSET], b.mul(b.mul(tid, mcb), u.const(BLOCK * 4))))
     ldc_bytes = b.mul(x[AParam.NP], u.const(4))
     a_tiles = b.mul(b.sdiv(kgp, u.const(KSTEP)), u.const(amx.TILE_SIZE))  # bytes a tile row
+    panels = b.sdiv(x[AParam.NP], u.const(BLOCK))
+    mblocks = b.sdiv(b.add(x[AParam.MP], b.sub(mcb, u.const(1))), mcb)
     amx.load_config(b)
-    with u.for_range(b, m0, m1, mcb, "ic") as ic:
-        mc = u.smin(b, mcb, b.sub(m1, ic))
+    with _each_unit(b, counters, tid, nth, panels, mblocks) as (mblock, p):
+        ic = b.mul(mblock, mcb)
+        jr = b.mul(p, u.const(BLOCK))
+        mc = u.smin(b, mcb, b.sub(x[AParam.MP], ic))
         abuf = u.gep(b, apack, b.mul(b.mul(ic, kgp), u.const(4)))
-        with u.for_range(b, n0, n1, BLOCK, "jr") as jr:
-            panel = u.gep(b, bm, b.mul(b.mul(b.sdiv(jr, u.const(BLOCK)), kgp), u.const(BLOCK * 4)))
-            with u.for_range(b, u.const(0), kgp, kcb, "pc") as pc:
-                kc = u.smin(b, kcb, b.sub(kgp, pc))
-                first = b.icmp_signed("==", pc, u.const(0))
-                last = b.icmp_signed(">=", b.add(pc, kc), kgp)
-                bpan = u.gep(b, panel, b.mul(pc, u.const(BLOCK * 4)))
-                with u.for_range(b, u.const(0), mc, ROWS, "ir") as ir_:
-                    row = b.add(ic, ir_)
-                    cptr = u.gep(b, x.c, b.mul(b.add(b.mul(row, x[AParam.NP]), jr), u.const(4)))
-                    apan = u.gep(b, abuf, b.add(b.mul(b.sdiv(ir_, u.const(ROWS)), a_tiles),
-                                                b.mul(b.sdiv(pc, u.const(KSTEP)),
-                                                      u.const(amx.TILE_SIZE))))
-                    part = (u.gep(b, cbuf, b.mul(ir_, u.const(BLOCK * 4))), u.const(BLOCK * 4))
-                    out = tuple(b.select(last, x, y) for x, y in zip((cptr, ldc_bytes), part,
-                                                                      strict=True))
-                    nxt = (u.gep(b, cptr, b.mul(ldc_bytes, u.const(ROWS))), ldc_bytes)
-                    _block_tiles(b, k, apan, b.sdiv(kc, u.const(KSTEP)), bpan, part, out,
-                                 first, last, nxt)
-                    if dequant:
-                        with b.if_then(last):
-                            _dequantize_block(b, x, cptr, row, jr, ldc_bytes)
+        panel = u.gep(b, bm, b.mul(b.mul(b.sdiv(jr, u.const(BLOCK)), kgp), u.const(BLOCK * 4)))
+        with u.for_range(b, u.const(0), kgp, kcb, "pc") as pc:
+            kc = u.smin(b, kcb, b.sub(kgp, pc))
+            first = b.icmp_signed("==", pc, u.const(0))
+            last = b.icmp_signed(">=", b.add(pc, kc), kgp)
+            bpan = u.gep(b, panel, b.mul(pc, u.const(BLOCK * 4)))
+            with u.for_range(b, u.const(0), mc, ROWS, "ir") as ir_:
+                row = b.add(ic, ir_)
+                cptr = u.gep(b, x.c, b.mul(b.add(b.mul(row, x[AParam.NP]), jr), u.const(4)))
+                apan = u.gep(b, abuf, b.add(b.mul(b.sdiv(ir_, u.const(ROWS)), a_tiles),
+                                            b.mul(b.sdiv(pc, u.const(KSTEP)),
+                                                  u.const(amx.TILE_SIZE))))
+                part = (u.gep(b, cbuf, b.mul(ir_, u.const(BLOCK * 4))), u.const(BLOCK * 4))
+                out = tuple(b.select(last, x, y) for x, y in zip((cptr, ldc_bytes), part,
+                                                                  strict=True))
+                nxt = (u.gep(b, cptr, b.mul(ldc_bytes, u.const(ROWS))), ldc_bytes)
+                _block_tiles(b, k, apan, b.sdiv(kc, u.const(KSTEP)), bpan, part, out,
+                             first, last, nxt)
+                if dequant:
+                    with b.if_then(last):
+                        _dequantize_block(b, x, cptr, row, jr, ldc_bytes)
     amx.release(b)
     b.ret_void()
     return fn

@@ -57,7 +57,7 @@ def amx_k_words(k: int, kernel: DotKernel) -> int:
     return _up(math.ceil(k / kernel.kgroup), KSTEP)
 
 
-def _blocking(target: Target, kgp: int, m_share: int) -> tuple[int, int]:
+def _blocking(target: Target, kgp: int, rows: int) -> tuple[int, int]:
     """(MC rows, KC words). The KC x 32 slice of a B panel stays in L1 and serves every
     16-row block of the MC rows, whose A tiles stream from L2; MC rows of packed A over all
     of K fill a quarter of L2, so each B slice is fetched from beyond L2 once per MC rows
@@ -70,14 +70,15 @@ def _blocking(target: Target, kgp: int, m_share: int) -> tuple[int, int]:
     kc_most = target.l1d_bytes // 3 // (BLOCK * 4) // KSTEP * KSTEP
     kc = _balanced(kgp, max(KSTEP, kc_most), KSTEP)
     mc_most = max(ROWS, target.l2_bytes // 4 // (kgp * 4) // ROWS * ROWS)
-    return _balanced(_up(m_share, ROWS), mc_most, ROWS), kc
+    return _balanced(_up(rows, ROWS), mc_most, ROWS), kc
 
 
-def _split(mp: int, np_: int, threads: int) -> tuple[int, int]:
-    """Threads over the dimension with more 32-wide blocks."""
+def _unit_rows(mp: int, panels: int, threads: int) -> int:
+    """At most this many rows per unit (MC rows x one panel) give the threads 8 units each
+    where the shape allows, so the last units taken leave little imbalance."""
     if threads == 1:
-        return 1, 1
-    return (1, threads) if np_ >= mp else (threads, 1)
+        return mp
+    return min(mp, max(ROWS, _up(math.ceil(mp * panels / (8 * threads)), ROWS)))
 
 
 def _padded(v: np.ndarray, size: int) -> np.ndarray:
@@ -93,18 +94,18 @@ def _plan(kernel: DotKernel, target: Target, m: int, k: int, n: int, lda: int, l
     if redone per call) and its parameter values (a dequantizing call adds its vectors);
     `ldb` is 0 for prepacked B."""
     mp, np_, kgp = _up(m, ROWS), _up(n, BLOCK), amx_k_words(k, kernel)
-    tm, tn = _split(mp, np_, threads)
-    mc, kc = _blocking(target, kgp, math.ceil(mp / tm))
+    mc, kc = _blocking(target, kgp, _unit_rows(mp, np_ // BLOCK, threads))
     pack = ldb != 0
     a_offset = _up(np_ * kgp * 4, ALIGN) if pack else 0
     sum_offset = a_offset + mp * kgp * 4  # packed A, then the partial sums
+    next_offset = sum_offset + threads * mc * BLOCK * 4  # then the unit counters
     values = {AParam.M: m, AParam.K: k, AParam.N: n, AParam.MP: mp, AParam.NP: np_,
               AParam.KGP: kgp, AParam.LDA: lda, AParam.LDB: ldb, AParam.MC: mc, AParam.KC: kc,
-              AParam.TM: tm, AParam.TN: tn, AParam.THREADS: threads,
-              AParam.DATA_OFFSET: DATA_OFFSET, AParam.PACK_B: int(pack),
-              AParam.A_OFFSET: a_offset, AParam.SUM_OFFSET: sum_offset}
+              AParam.THREADS: threads, AParam.DATA_OFFSET: DATA_OFFSET,
+              AParam.PACK_B: int(pack), AParam.A_OFFSET: a_offset,
+              AParam.SUM_OFFSET: sum_offset, AParam.NEXT_OFFSET: next_offset}
     plan = _Plan(*_module(kernel, target, dequant), values, len(AParam))
-    plan.ws_bytes = sum_offset + threads * mc * BLOCK * 4
+    plan.ws_bytes = next_offset + threads * ALIGN
     return plan, values
 
 
