@@ -217,3 +217,15 @@ def test_amx_plan_is_reused_with_fresh_scales(rng):
         ref = exact * rs[:, None].astype(np.float32) * cs.astype(np.float32) + bias
         assert np.allclose(c, ref, rtol=3e-7 * 4, atol=1e-5)
         assert np.array_equal(matmul_lowp(a, b, target=host), exact)
+
+
+def test_amx_strided_operands(rng):
+    """Raw B and A whose elements are not adjacent in a row (column slices), and B with
+    broadcast (zero-stride) rows, are read correctly."""
+    host = target_for("host")
+    a = rng.integers(0, 256, (40, 140)).astype(np.uint8)[:, ::2]
+    b = rng.integers(-128, 128, (70, 66)).astype(np.int8)[:, ::2]
+    row = np.broadcast_to(rng.integers(-128, 128, (1, 33)).astype(np.int8), (70, 33))
+    for bb in (b, row):
+        exact = a.astype(np.int64) @ bb.astype(np.int64)
+        assert np.array_equal(matmul_lowp(a, bb, target=host), exact)

@@ -89,13 +89,12 @@ def _padded(v: np.ndarray, size: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def _plan(kernel: DotKernel, target: Target, m: int, k: int, n: int, lda: int, ldb: int,
-          threads: int, dequant: bool) -> tuple[_Plan, dict[int, int]]:
+          pack: bool, threads: int, dequant: bool) -> tuple[_Plan, dict[int, int]]:
     """The run plan of one shape (Python work that would cost more than a small GEMM itself
     if redone per call) and its parameter values (a dequantizing call adds its vectors);
-    `ldb` is 0 for prepacked B."""
+    `pack`: B is raw [K, N] with rows `ldb` bytes apart, packed in the call."""
     mp, np_, kgp = _up(m, ROWS), _up(n, BLOCK), amx_k_words(k, kernel)
     mc, kc = _blocking(target, kgp, _unit_rows(mp, np_ // BLOCK, threads))
-    pack = ldb != 0
     a_offset = _up(np_ * kgp * 4, ALIGN) if pack else 0
     sum_offset = a_offset + mp * kgp * 4  # packed A, then the partial sums
     next_offset = sum_offset + threads * mc * BLOCK * 4  # then the unit counters
@@ -115,12 +114,18 @@ def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
     """C = A[M, K] @ B with B raw [K, N] (packed per call, in parallel) or `PackedB` panels;
     f32 for bf16, i32 for 8-bit, or f32 with `dequant` = (row_scale[M], col_scale[N], bias[N])."""
     m, k = a.shape
+    # The packers read whole rows: elements within a row must be adjacent (rows may be apart).
+    if a.strides[1] != a.itemsize:
+        a = np.ascontiguousarray(a)
+    if b.ndim == 2 and b.strides[1] != b.itemsize:
+        b = np.ascontiguousarray(b)
     mp, np_ = _up(m, ROWS), _up(n, BLOCK)
     if threads is None:
         threads = num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
     threads = max(1, min(threads, (mp // ROWS) * (np_ // BLOCK)))
-    ldb = b.strides[0] if b.ndim == 2 else 0
-    plan, values = _plan(kernel, target, m, k, n, a.strides[0], ldb, threads, dequant is not None)
+    pack = b.ndim == 2
+    plan, values = _plan(kernel, target, m, k, n, a.strides[0], b.strides[0] if pack else 0,
+                         pack, threads, dequant is not None)
     out_float = kernel.acc_is_float or dequant is not None
     # C is written once per 16 x 32 block, so its alignment hardly matters (aligning it would
     # cost ~5 us a call, a third of a small GEMM); B's panels, read every step, are aligned.
