@@ -63,7 +63,6 @@ def gelu(m: MathBuilder, x: ir.Value) -> ir.Value:
     scaled by x/2 before its last rounding, so subnormal results are still accurate."""
     b = m.b
     beyond = m.cmp(">", m.abs(x), m.c(A_MAX * math.sqrt(2)))
-    beyond = m.cmp(">", m.abs(x), m.c(A_MAX * math.sqrt(2)))
     ax = m.clamp(m.abs(x), 0.0, A_MAX * math.sqrt(2))
     a_hi = b.fmul(ax, m.c(RSQRT2_HI))
     a_lo = m.mad(ax, m.c(RSQRT2_LO), m.fma(ax, m.c(RSQRT2_HI), b.fneg(a_hi)))
