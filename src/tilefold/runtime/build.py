@@ -26,10 +26,12 @@ def build_module(llvm_ir: str, target: Target, *, name: str, opt_level: int = 0)
 
 
 def build_module_keyed(
-    key: str, make_ir: Callable[[], str], target: Target, *, name: str, opt_level: int = 0
+    key: str, make_ir: Callable[[], str], target: Target, *, name: str, opt_level: int = 0,
+    strength_reduce: bool = True,
 ) -> CompiledModule:
-    """The module cached under `key`; `make_ir()` runs only when neither the process memo nor
-    the disk has it (its time counts in `compile_seconds`)."""
+    """The module cached under `key` (which must cover every argument that shapes the object
+    code); `make_ir()` runs only when neither the process memo nor the disk has it (its time
+    counts in `compile_seconds`)."""
     with LLVM_LOCK:
         cached = _memo.get(key)
         if cached is not None:
@@ -38,7 +40,8 @@ def build_module_keyed(
         entry = kernel_cache.load(key)
         from_cache = entry is not None
         if entry is None:
-            code = compile_object(make_ir(), target, name=name, opt_level=opt_level)
+            code = compile_object(make_ir(), target, name=name, opt_level=opt_level,
+                                  strength_reduce=strength_reduce)
             entry = kernel_cache.CacheEntry(
                 name, code.data, code.exports, time.perf_counter() - start
             )
