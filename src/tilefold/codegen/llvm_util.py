@@ -1,7 +1,9 @@
-"""Small llvmlite IR-builder helpers shared by code generators: loops, intrinsics, vectors."""
+"""Small llvmlite IR-builder helpers shared by code generators: loops, intrinsics, vectors; and
+IR written as text, for generators whose instruction count makes llvmlite's builder slow."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -139,12 +141,15 @@ def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -
     return ir.Function(module, ir.FunctionType(ret, args), name=name)
 
 
+def fma_intrinsic(module: ir.Module, ty: ir.Type) -> ir.Function:
+    """`llvm.fma` for f32 or a vector of f32, declared in `module`."""
+    suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
+    return intrinsic(module, f"llvm.fma.{suffix}", ty, [ty, ty, ty])
+
+
 def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
     """x*y + acc with one rounding (`llvm.fma.*`), which lowers to the target's vector FMA."""
-    ty = x.type
-    suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
-    fn = intrinsic(b.module, f"llvm.fma.{suffix}", ty, [ty, ty, ty])
-    return b.call(fn, [x, y, acc])
+    return b.call(fma_intrinsic(b.module, x.type), [x, y, acc])
 
 
 def splat(b: ir.IRBuilder, scalar: ir.Value, lanes: int) -> ir.Value:
@@ -169,26 +174,40 @@ def lane_mask(b: ir.IRBuilder, count: ir.Value, lanes: int) -> ir.Value:
                                            lanes))
 
 
+def masked_load_intrinsic(module: ir.Module, lanes: int) -> ir.Function:
+    """`llvm.masked.load` of <lanes x float>, declared in `module`."""
+    ty = vec(f32, lanes)
+    return intrinsic(module, f"llvm.masked.load.v{lanes}f32.p0", ty,
+                     [ty.as_pointer(), i32, vec(i1, lanes), ty])
+
+
 def masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, lanes: int) -> ir.Value:
     """Load the lanes of `mask` from `ptr` (a pointer to <lanes x float>), zeros elsewhere."""
+    return b.call(masked_load_intrinsic(b.module, lanes),
+                  [ptr, const(4, i32), mask, zeros(vec(f32, lanes))])
+
+
+def masked_store_intrinsic(module: ir.Module, lanes: int) -> ir.Function:
+    """`llvm.masked.store` of <lanes x float>, declared in `module`."""
     ty = vec(f32, lanes)
-    fn = intrinsic(b.module, f"llvm.masked.load.v{lanes}f32.p0", ty,
-                   [ty.as_pointer(), i32, vec(i1, lanes), ty])
-    return b.call(fn, [ptr, const(4, i32), mask, zeros(ty)])
+    return intrinsic(module, f"llvm.masked.store.v{lanes}f32.p0", void,
+                     [ty, ty.as_pointer(), i32, vec(i1, lanes)])
 
 
 def masked_store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
     """Store the lanes of `mask` of `value` to `ptr`; memory under other lanes is not touched."""
-    ty = value.type
-    fn = intrinsic(b.module, f"llvm.masked.store.v{ty.count}f32.p0", void,
-                   [ty, ty.as_pointer(), i32, vec(i1, ty.count)])
-    b.call(fn, [value, ptr, const(4, i32), mask])
+    b.call(masked_store_intrinsic(b.module, value.type.count), [value, ptr, const(4, i32), mask])
+
+
+def prefetch_intrinsic(module: ir.Module) -> ir.Function:
+    """`llvm.prefetch`, declared in `module`."""
+    return intrinsic(module, "llvm.prefetch.p0", void, [i8.as_pointer(), i32, i32, i32])
 
 
 def prefetch(b: ir.IRBuilder, ptr: ir.Value, write: bool = False, locality: int = 3) -> None:
     p8 = b.bitcast(ptr, i8.as_pointer())
-    fn = intrinsic(b.module, "llvm.prefetch.p0", void, [i8.as_pointer(), i32, i32, i32])
-    b.call(fn, [p8, const(int(write), i32), const(locality, i32), const(1, i32)])
+    b.call(prefetch_intrinsic(b.module),
+           [p8, const(int(write), i32), const(locality, i32), const(1, i32)])
 
 
 def gep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value | int) -> ir.Value:
@@ -199,3 +218,41 @@ def gep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value | int) -> ir.Value:
 def vptr(b: ir.IRBuilder, ptr: ir.Value, lanes: int) -> ir.Value:
     """View a float pointer as a pointer to <lanes x float>."""
     return b.bitcast(ptr, vec(f32, lanes).as_pointer())
+
+
+class IRText:
+    """A function body as lines of LLVM IR text with fresh value names: `t("fadd float %x, %y")`
+    appends `%tN = fadd float %x, %y` and returns `%tN`.
+
+    llvmlite's builder makes and prints about ten Python objects per instruction (~0.1 ms for a
+    vector FMA); a line of text costs a few microseconds, which matters for generators that emit
+    thousands of instructions on a first call."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self._names = itertools.count(1)
+
+    def __call__(self, rhs: str) -> str:
+        name = f"%t{next(self._names)}"
+        self.lines.append(f"  {name} = {rhs}")
+        return name
+
+    def emit(self, line: str) -> None:
+        """An instruction without a result (store, call void, br) or with a chosen name."""
+        self.lines.append(f"  {line}")
+
+    def label(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+
+
+class TextFunction(ir.Function):
+    """A function whose whole definition is IR text (`define ... { ... }`) written by its
+    generator; in the module it is a function like any other (callable, usable in constants).
+    The intrinsics it calls must be declared in the module (see `intrinsic`)."""
+
+    def __init__(self, module: ir.Module, ftype: ir.FunctionType, name: str, text: str):
+        super().__init__(module, ftype, name)
+        self.text = text
+
+    def descr(self, buf: list[str]) -> None:
+        buf.append(self.text)

@@ -59,10 +59,12 @@ class BMode(enum.IntEnum):
     DIRECT = 2  # read in place (unit column stride); a panel ending inside a vector is packed
 
 
-def emit_gemm(module: ir.Module, kernel: MicroKernel) -> ir.Function:
-    """Add `tf_gemm` and everything it calls for `kernel` to `module`."""
+def emit_gemm(module: ir.Module, kernel: MicroKernel, row_major_a: bool = True) -> ir.Function:
+    """Add `tf_gemm` and everything it calls for `kernel` to `module`; `row_major_a=False`
+    when plans never give the kernel A with contiguous rows to pack (see `emit_pack_a`)."""
     table = _kernel_table(module, kernel)
-    pack_a = None if kernel.a_direct else emit_pack_a(module, kernel.m_sizes)
+    pack_a = (None if kernel.a_direct
+              else emit_pack_a(module, kernel.m_sizes, row_major=row_major_a))
     pack_b = emit_pack_b(module, kernel.nr, kernel.lanes, PACK_B)
     block = _emit_block(module, kernel, table, pack_a, pack_b)
     worker = _emit_worker(module, kernel, block)
@@ -179,9 +181,14 @@ def _split(b: ir.IRBuilder, extent, parts, index, unit):
 
 
 def _emit_worker(module, kernel, block) -> ir.Function:
-    """Thread body: its share of the (batch x TM x TN) grid of sub-blocks."""
+    """Thread body: its share of the (batch x TM x TN) grid of sub-blocks.
+
+    `optsize` keeps LLVM from wrapping each of its run-time divisions in a 32-bit fast path
+    (x86's slow-division bypass), which doubled its blocks and compile time; it runs once per
+    sub-block, so the divisions' speed does not matter."""
     fn = ir.Function(module, WORKER_TYPE, name="tf_gemm_worker")
     fn.linkage = "internal"
+    fn.attributes.add("optsize")
     ctx, tid, nth = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     fields = b.bitcast(ctx, u.i64.as_pointer())

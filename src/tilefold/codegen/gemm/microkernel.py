@@ -4,6 +4,12 @@ One generator serves every ISA: the ISA-specific parts are the vector width, how
 reaches all lanes (a broadcast load on x86, `fmla` by element on NEON) and the tile shape, all
 chosen by the registry entry. A comes packed (`mr` floats per k) or, for `a_direct` variants, in
 place (row i at `a + i * lda`, contiguous along k).
+
+The kernels are most of a GEMM module's instructions (an 8x48 step is 24 FMAs, the 28-row tile
+unrolled 112), so they are written as IR text (`IRText`) rather than with llvmlite's builder,
+which made building them most of a module's first-use compile time. The IR needs no loop
+strength reduction from LLVM (the module is compiled without it): pointers advance in phis and
+rows of A in place are addressed from a few bases (see `_ROW_GROUP`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,13 @@ from tilefold.codegen import llvm_util as u
 UKERNEL_TYPE = ir.FunctionType(
     u.void, [u.i64, u.f32.as_pointer(), u.i64, u.f32.as_pointer(), u.i64, u.f32.as_pointer(),
              u.i64, u.i32, u.i64])
-UKERNEL_ARGS = ("kc", "a", "lda", "b", "ldb", "c", "ldc", "beta", "ncols")
+# A read in place: row i is addressed as base_g + (i % 8) * lda, g = i // 8, each base 8 rows
+# on from the last; the 8 offsets are loop-invariant (LLVM keeps them in registers), so x86
+# addressing modes reach every row with one add per 8 rows and no loop strength reduction.
+# An offset per row (28 for the narrow tile) would spill; a chain of `lda` adds ran 5% slower.
+_ROW_GROUP = 8
+_PROTOTYPE = ("(i64 %kc, ptr noalias %a, i64 %lda, ptr noalias %b, i64 %ldb, ptr noalias %c, "
+              "i64 %ldc, i32 %beta, i64 %ncols)")
 
 
 @dataclass(frozen=True)
@@ -54,128 +66,203 @@ class TileSpec:
 def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
     """Add the variant `spec` to `module`; B holds `ldb` floats per k, A `mr` (packed) or 1;
     the tile is `ncols` columns wide (the last vector partial, or with `nv_dynamic` fewer)."""
-    fn = ir.Function(module, UKERNEL_TYPE, name=spec.name)
-    fn.linkage = "internal"
-    for arg, name in zip(fn.args, UKERNEL_ARGS, strict=True):
-        arg.name = name
-    kc, a, lda, b_ptr, ldb, c, ldc, beta, ncols = fn.args
-    for p in (a, b_ptr, c):
-        p.add_attribute("noalias")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    vl, vty = spec.lanes, u.vec(u.f32, spec.lanes)
-    for i in range(spec.mr):
-        u.prefetch(b, u.gep(b, c, b.mul(u.const(i), ldc)), write=True)
-    zero = u.zeros(vty)
-    accs = [[zero] * spec.nv for _ in range(spec.mr)]
-    if spec.a_direct:
-        rows, a_step = [b.mul(u.const(i), lda) for i in range(spec.mr)], 1
-    else:
-        rows, a_step = [u.const(i) for i in range(spec.mr)], spec.mr
+    vty = u.vec(u.f32, spec.lanes)
+    u.fma_intrinsic(module, vty)
+    u.masked_load_intrinsic(module, spec.lanes)
+    u.masked_store_intrinsic(module, spec.lanes)
+    u.prefetch_intrinsic(module)
+    body = "\n".join(_Kernel(spec).lines)
+    text = f'define internal void @"{spec.name}"{_PROTOTYPE}\n{{\n{body}\n}}\n'
+    return u.TextFunction(module, UKERNEL_TYPE, spec.name, text)
 
-    masks = [u.lane_mask(b, b.sub(ncols, u.const(v * vl)), vl) for v in range(spec.nv)]
 
-    def load_b(bp, v):
-        ptr = u.vptr(b, u.gep(b, bp, v * vl), vl)
-        if spec.nv_dynamic and v > 0:
-            return u.masked_load(b, ptr, masks[v], vl)
-        return b.load(ptr, align=4)
+class _Kernel(u.IRText):
+    """The body of one variant, written on construction."""
 
-    b_ahead = b.mul(u.const(spec.b_prefetch), ldb)
-
-    def step(accs, ap, bp):
-        """One k step: nv loads of B, mr broadcasts of A, mr*nv FMAs."""
-        bv = [load_b(bp, v) for v in range(spec.nv)]
-        for v in range(spec.nv if spec.b_prefetch else 0):
-            u.prefetch(b, u.gep(b, bp, b.add(b_ahead, u.const(v * vl))))
-        out = []
+    def __init__(self, spec: TileSpec):
+        super().__init__()
+        self.spec = spec
+        vl = spec.lanes
+        self.vty = f"<{vl} x float>"
+        self.iota = "<" + ", ".join(f"i32 {i}" for i in range(vl)) + ">"
+        self.label("entry")
         for i in range(spec.mr):
-            if spec.a_lanes > 1:
-                base = i - i % spec.a_lanes
-                if i % spec.a_lanes == 0:
-                    n = min(spec.a_lanes, spec.mr - base)
-                    chunk = b.load(u.vptr(b, u.gep(b, ap, base), n), align=4)
-                av = u.lane_splat(b, chunk, i % spec.a_lanes)
-                if n != vl:
-                    av = b.shuffle_vector(av, ir.Constant(av.type, None),
-                                          ir.Constant(u.vec(u.i32, vl), [0] * vl))
-            else:
-                av = u.splat(b, b.load(u.gep(b, ap, rows[i]), align=4), vl)
-            out.append([u.fma(b, av, bv[v], accs[i][v]) for v in range(spec.nv)])
-        return out, u.gep(b, ap, a_step), b.gep(bp, [ldb], inbounds=True)
+            self.prefetch(self.gep("%c", self.row(i, "%ldc")), write=1)
+        self.masks = {v: self.lane_mask(self(f"sub i64 %ncols, {v * vl}") if v else "%ncols")
+                      for v in range(spec.nv) if spec.nv_dynamic or v == spec.nv - 1}
+        # B advances by bytes: a float-indexed step would be a scaled `lea` on x86, slower on
+        # the loop-carried pointer than an add.
+        self.b_step = self("mul i64 %ldb, 4")
+        if spec.b_prefetch:
+            self.b_ahead = self(f"mul i64 %ldb, {spec.b_prefetch}")
+        if spec.a_direct:
+            self.next_tile = self.gep("%a", self(f"mul i64 %lda, {spec.mr}"))
+        accs = self.k_loops()
+        self.epilogue(accs)
 
-    def prefetch_next(k):
+    # Instructions, each a line of text; values are names (or constants) as strings.
+
+    def gep(self, ptr: str, offset: str | int) -> str:
+        if offset == 0:
+            return ptr
+        return self(f"getelementptr inbounds float, ptr {ptr}, i64 {offset}")
+
+    def row(self, i: int, stride: str) -> str:
+        """Offset of row `i` (0 for the first)."""
+        return self(f"mul i64 {i}, {stride}") if i else 0
+
+    def splat(self, ty: str, scalar: str) -> str:
+        lanes = self.spec.lanes
+        one = self(f"insertelement <{lanes} x {ty}> undef, {ty} {scalar}, i32 0")
+        return self(f"shufflevector <{lanes} x {ty}> {one}, <{lanes} x {ty}> undef, "
+                    f"<{lanes} x i32> zeroinitializer")
+
+    def lane_mask(self, count: str) -> str:
+        """<lanes x i1> with the first `count` lanes set."""
+        n = self.splat("i32", self(f"trunc i64 {count} to i32"))
+        return self(f"icmp slt <{self.spec.lanes} x i32> {self.iota}, {n}")
+
+    def load(self, ptr: str) -> str:
+        return self(f"load {self.vty}, ptr {ptr}, align 4")
+
+    def masked_load(self, ptr: str, mask: str) -> str:
+        vl, vty = self.spec.lanes, self.vty
+        return self(f"call {vty} @llvm.masked.load.v{vl}f32.p0(ptr {ptr}, i32 4, "
+                    f"<{vl} x i1> {mask}, {vty} zeroinitializer)")
+
+    def masked_store(self, value: str, ptr: str, mask: str) -> None:
+        vl = self.spec.lanes
+        self.emit(f"call void @llvm.masked.store.v{vl}f32.p0({self.vty} {value}, ptr {ptr}, "
+                  f"i32 4, <{vl} x i1> {mask})")
+
+    def prefetch(self, ptr: str, write: int = 0, locality: int = 3) -> None:
+        self.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 {write}, i32 {locality}, i32 1)")
+
+    def fma(self, x: str, y: str, acc: str) -> str:
+        vty = self.vty
+        return self(f"call {vty} @llvm.fma.v{self.spec.lanes}f32({vty} {x}, {vty} {y}, "
+                    f"{vty} {acc})")
+
+    # The kernel.
+
+    def k_loops(self) -> list[list[str]]:
+        """Unrolled main loop plus a remainder loop (none when rolled), accumulators carried in
+        phis (registers)."""
+        spec = self.spec
+        flat = ["zeroinitializer"] * (spec.mr * spec.nv)
+        if spec.unroll == 1:
+            loops = [("main", 0, "%kc", 1)]
+        else:
+            n_main = self(f"mul i64 {self(f'sdiv i64 %kc, {spec.unroll}')}, {spec.unroll}")
+            loops = [("main", 0, n_main, spec.unroll), ("rest", n_main, "%kc", 1)]
+        a, b, pre = "%a", "%b", "entry"
+        for label, start, stop, unroll in loops:
+            self.emit(f"br label %{label}.head")
+            self.label(f"{label}.head")
+            phis_at = len(self.lines)
+            self.lines.append("")  # the phis, once the body has made their incoming values
+            k, pa, pb = f"%{label}.k", f"%{label}.a", f"%{label}.b"
+            phis = [f"%{label}.acc{j}" for j in range(len(flat))]
+            self.emit(f"%{label}.go = icmp slt i64 {k}, {stop}")
+            self.emit(f"br i1 %{label}.go, label %{label}.body, label %{label}.done")
+            self.label(f"{label}.body")
+            if spec.a_direct and label == "main":
+                self.prefetch_next(k)
+            cur = [phis[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
+            cur, a_next, b_next = self.steps(cur, pa, pb, unroll)
+            self.emit(f"{k}.next = add i64 {k}, {unroll}")
+            self.emit(f"br label %{label}.head")
+            body = f"%{label}.body"
+            incoming = [f"{k} = phi i64 [{start}, %{pre}], [{k}.next, {body}]",
+                        f"{pa} = phi ptr [{a}, %{pre}], [{a_next}, {body}]",
+                        f"{pb} = phi ptr [{b}, %{pre}], [{b_next}, {body}]"]
+            incoming += [f"{phi} = phi {self.vty} [{init}, %{pre}], [{new}, {body}]"
+                         for phi, init, new in zip(phis, flat, (x for r in cur for x in r),
+                                                   strict=True)]
+            self.lines[phis_at] = "\n".join("  " + line for line in incoming)
+            self.label(f"{label}.done")
+            flat, a, b, pre = phis, pa, pb, f"{label}.done"
+        return [flat[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
+
+    def prefetch_next(self, k: str) -> None:
         """Direct A: stream in the next tile down (mr rows on) while this one computes, the
         lines this step's k range covers in a packed order; exact when its rows are adjacent
         (lda = kc), merely early or wasted otherwise (prefetches never fault)."""
+        spec = self.spec
+        at = self(f"mul i64 {k}, {spec.mr}")
         for line in range(-(-spec.mr * spec.unroll * 4 // 64)):
-            u.prefetch(b, u.gep(b, next_tile, b.add(b.mul(k, u.const(spec.mr)),
-                                                    u.const(line * 16))), locality=2)
+            offset = self(f"add i64 {at}, {line * 16}") if line else at
+            self.prefetch(self.gep(self.next_tile, offset), locality=2)
 
-    next_tile = u.gep(b, a, b.mul(u.const(spec.mr), lda))
-    hook = prefetch_next if spec.a_direct else None
-    accs = _k_loop(b, kc, spec, accs, a, b_ptr, step, hook)
-    _epilogue(b, spec, accs, c, ldc, beta, masks)
-    return fn
+    def steps(self, accs, a, b, unroll):
+        """`unroll` k steps from A at `a` and B at `b`: per step nv loads of B, mr broadcasts of
+        A, mr*nv FMAs. Returns the accumulators and where A and B continue."""
+        spec = self.spec
+        if spec.a_direct:  # row i at base + (i % group) * lda, the base stepping a group on
+            group = min(spec.mr, _ROW_GROUP)
+            offsets = [0] + [self(f"mul i64 %lda, {i}")
+                             for i in range(1, group + (spec.mr > group))]
+            bases = [a]
+            for _ in range((spec.mr - 1) // group):
+                bases.append(self.gep(bases[-1], offsets[group]))
+            at = [(self.gep(bases[i // group], offsets[i % group]), 0) for i in range(spec.mr)]
+            a_step = 1
+        else:
+            at = [(a, i) for i in range(spec.mr)]
+            a_step = spec.mr
+        for j in range(unroll):
+            bv = [self.load_b(self.gep(b, v * spec.lanes), v) for v in range(spec.nv)]
+            if spec.b_prefetch:
+                ahead = self.gep(b, self.b_ahead)
+                for v in range(spec.nv):
+                    self.prefetch(self.gep(ahead, v * spec.lanes))
+            out = []
+            for i in range(spec.mr):
+                base, offset = at[i]
+                offset += j * a_step
+                if spec.a_lanes > 1:
+                    first = i - i % spec.a_lanes
+                    if i == first:
+                        n = min(spec.a_lanes, spec.mr - first)
+                        chunk = self(f"load <{n} x float>, ptr {self.gep(base, offset)}, "
+                                     "align 4")
+                    lane = i % spec.a_lanes
+                    av = self(f"shufflevector <{n} x float> {chunk}, <{n} x float> undef, "
+                              f"<{n} x i32> <{', '.join([f'i32 {lane}'] * n)}>")
+                    if n != spec.lanes:
+                        av = self(f"shufflevector <{n} x float> {av}, <{n} x float> undef, "
+                                  f"<{spec.lanes} x i32> zeroinitializer")
+                else:
+                    x = self(f"load float, ptr {self.gep(base, offset)}, align 4")
+                    av = self.splat("float", x)
+                out.append([self.fma(av, bv[v], accs[i][v]) for v in range(spec.nv)])
+            accs = out
+            b = self(f"getelementptr inbounds i8, ptr {b}, i64 {self.b_step}")
+        return accs, self.gep(a, unroll * a_step), b
 
+    def load_b(self, ptr: str, v: int) -> str:
+        if self.spec.nv_dynamic and v > 0:
+            return self.masked_load(ptr, self.masks[v])
+        return self.load(ptr)
 
-def _k_loop(b, kc, spec, accs, a, bp, step, hook=None):
-    """Unrolled main loop plus a remainder loop (none when rolled), accumulators carried in phis
-    (registers)."""
-    flat = [x for row in accs for x in row]
-    n_main = b.mul(b.sdiv(kc, u.const(spec.unroll)), u.const(spec.unroll))
-    loops = [("main", n_main, spec.unroll), ("rest", kc, 1)]
-    for label, stop, unroll in loops[:1] if spec.unroll == 1 else loops:
-        pre = b.block
-        head = b.append_basic_block(f"{label}.head")
-        body = b.append_basic_block(f"{label}.body")
-        done = b.append_basic_block(f"{label}.done")
-        start_k = u.const(0) if label == "main" else n_main
-        b.branch(head)
-        b.position_at_end(head)
-        k = b.phi(u.i64, "k")
-        pa = b.phi(a.type, "pa")
-        pb = b.phi(bp.type, "pb")
-        phis = [b.phi(x.type) for x in flat]
-        for phi, init in zip(phis, flat, strict=True):
-            phi.add_incoming(init, pre)
-        k.add_incoming(start_k, pre)
-        pa.add_incoming(a, pre)
-        pb.add_incoming(bp, pre)
-        b.cbranch(b.icmp_signed("<", k, stop), body, done)
-        b.position_at_end(body)
-        cur = [phis[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
-        ca, cb = pa, pb
-        if hook is not None and label == "main":
-            hook(k)
-        for _ in range(unroll):
-            cur, ca, cb = step(cur, ca, cb)
-        new = [x for row in cur for x in row]
-        for phi, val in zip(phis, new, strict=True):
-            phi.add_incoming(val, b.block)
-        k.add_incoming(b.add(k, u.const(unroll)), b.block)
-        pa.add_incoming(ca, b.block)
-        pb.add_incoming(cb, b.block)
-        b.branch(head)
-        b.position_at_end(done)
-        flat, a, bp = list(phis), pa, pb
-    return [flat[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
-
-
-def _epilogue(b, spec, accs, c, ldc, beta, masks):
-    """Write the tile. C is read through a mask that is empty when beta=0 (so garbage in C never
-    leaks), and columns past `ncols` are neither read nor written: `masks[v]` guards vector v
-    where it may be partial (the last one; any with `nv_dynamic`)."""
-    vl = spec.lanes
-    keep = u.splat(b, b.icmp_signed("!=", beta, u.const(0, u.i32)), vl)
-    for i in range(spec.mr):
-        row = u.gep(b, c, b.mul(u.const(i), ldc))
-        for v in range(spec.nv):
-            ptr = u.vptr(b, u.gep(b, row, v * vl), vl)
-            partial = spec.nv_dynamic or v == spec.nv - 1
-            old = u.masked_load(b, ptr, b.and_(masks[v], keep) if partial else keep, vl)
-            val = b.fadd(accs[i][v], old)
-            if partial:
-                u.masked_store(b, val, ptr, masks[v])
-            else:
-                b.store(val, ptr, align=4)
-    b.ret_void()
+    def epilogue(self, accs) -> None:
+        """Write the tile. C is read through a mask that is empty when beta=0 (so garbage in C
+        never leaks), and columns past `ncols` are neither read nor written: `masks[v]` guards
+        vector v where it may be partial (the last one; any with `nv_dynamic`)."""
+        spec = self.spec
+        keep = self.splat("i1", self("icmp ne i32 %beta, 0"))
+        for i in range(spec.mr):
+            row = self.gep("%c", self.row(i, "%ldc"))
+            for v in range(spec.nv):
+                ptr = self.gep(row, v * spec.lanes)
+                mask = self.masks.get(v)
+                if mask is not None:
+                    old = self.masked_load(ptr, self(f"and <{spec.lanes} x i1> {mask}, {keep}"))
+                else:
+                    old = self.masked_load(ptr, keep)
+                val = self(f"fadd {self.vty} {accs[i][v]}, {old}")
+                if mask is not None:
+                    self.masked_store(val, ptr, mask)
+                else:
+                    self.emit(f"store {self.vty} {val}, ptr {ptr}, align 4")
+        self.emit("ret void")

@@ -47,11 +47,18 @@ def _kernel_params(kernel: MicroKernel) -> dict:
             "generator": f"{gen.__module__}.{gen.__qualname__}"}
 
 
+def packs_row_major_a(target, kernel: MicroKernel) -> bool:
+    """Whether plans give `kernel` A with contiguous rows to pack: only on targets without a
+    "rows" kernel, which otherwise reads such A in place (`plan._for_shape`)."""
+    return (not kernel.a_direct
+            and select_microkernel(target, kernel.dtype, "rows").shape_class != "rows")
+
+
 def gemm_ir(target, kernel: MicroKernel) -> str:
     """The LLVM IR text of the GEMM module for `kernel` on `target`."""
     module = ir.Module(name=f"tf_gemm_{kernel.name}")
     module.triple = target.triple
-    emit_gemm(module, kernel)
+    emit_gemm(module, kernel, row_major_a=packs_row_major_a(target, kernel))
     return str(module)
 
 
@@ -63,27 +70,48 @@ def gemv_ir(target, lanes: int) -> str:
     return str(module)
 
 
-def _compile(target, name: str, fingerprint: str, make_ir) -> CompiledModule:
-    compiled = compile_generated(fingerprint, make_ir, target, name=name, uses_pool=True)
+def _compile(target, name: str, fingerprint: str, make_ir, **options) -> CompiledModule:
+    compiled = compile_generated(fingerprint, make_ir, target, name=name, uses_pool=True,
+                                 **options)
     log.info("%s for %s: %.1f ms%s", name, target.name, compiled.compile_seconds * 1e3,
              " (from cache)" if compiled.from_cache else "")
     return compiled
 
 
 class GemmModule:
-    """A compiled GEMM module and the ctypes entry point `fn(params, A, B, C, ws)`; its GEMV
-    entry points come from a second module, compiled on first use."""
+    """The GEMM module for `kernel` and its ctypes entry point `fn(params, A, B, C, ws)`; its
+    GEMV entry points come from a second module.
+
+    Each module compiles on first use, not on construction: a plan often routes a product to
+    another shape class's module (row-major A to "rows"), and the first call should not pay
+    for compiling one it never runs.
+    """
 
     def __init__(self, target, kernel: MicroKernel):
         self.target = target
         self.kernel = kernel
-        self.compiled = _compile(target, f"gemm_{kernel.name}",
-                                 _fingerprint("gemm", **_kernel_params(kernel)),
-                                 lambda: gemm_ir(target, kernel))
-        self.entry = self.compiled.function(ENTRY, None, _P, _P, _P, _P, _P)
-        self.entry_objects = self.compiled.function(ENTRY, None, _P, _OBJ, _OBJ, _OBJ, _P)
+
+    @functools.cached_property
+    def compiled(self) -> CompiledModule:
+        # The hot loops (micro-kernels, packing) step their own pointers, so LLVM's loop
+        # strength reduction, a fifth to a third of the backend's time here, is left out.
+        return _compile(self.target, f"gemm_{self.kernel.name}",
+                        _fingerprint("gemm", **_kernel_params(self.kernel),
+                                     row_major_a=packs_row_major_a(self.target, self.kernel)),
+                        lambda: gemm_ir(self.target, self.kernel), strength_reduce=False)
+
+    @functools.cached_property
+    def entry(self):
+        return self.compiled.function(ENTRY, None, _P, _P, _P, _P, _P)
+
+    @functools.cached_property
+    def entry_objects(self):
+        return self.compiled.function(ENTRY, None, _P, _OBJ, _OBJ, _OBJ, _P)
+
+    @functools.cached_property
+    def pack_b(self):
         i64 = ctypes.c_int64
-        self.pack_b = self.compiled.function(PACK_B, None, i64, i64, _P, i64, i64, _P)
+        return self.compiled.function(PACK_B, None, i64, i64, _P, i64, i64, _P)
 
     @functools.cached_property
     def gemv_compiled(self) -> CompiledModule:

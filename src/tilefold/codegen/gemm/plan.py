@@ -244,16 +244,18 @@ DIRECT_B_MAX_M = 16
 DIRECT_B_SMALL_MAX_M = 256
 
 
-def _for_shape(module: GemmModule, n: int, csa: int) -> GemmModule:
+def _for_shape(module: GemmModule, n: int, csa: int, prepacked: bool = False) -> GemmModule:
     """The module of the micro-kernel for this product's shape class: with A rows contiguous,
     a narrow kernel when C is at most its NR wide, else the "rows" kernel (A read in place);
-    a target without such entries keeps the general one."""
+    a target without such entries keeps the general one. B pre-packed into `module`'s panels
+    can only go to a kernel with the same panels."""
     kern = module.kernel
     if kern.shape_class != "general" or csa != 1:
         return module
     for shape_class in ("narrow", "rows"):
         entry = select_microkernel(module.target, kern.dtype, shape_class)
-        if entry.shape_class == shape_class and (shape_class != "narrow" or n <= entry.nr):
+        if (entry.shape_class == shape_class and (shape_class != "narrow" or n <= entry.nr)
+                and (not prepacked or (entry.nr, entry.lanes) == (kern.nr, kern.lanes))):
             return gemm_module(module.target, entry)
     return module
 
@@ -297,15 +299,12 @@ def make_plan(module: GemmModule, a: np.ndarray, b, c: np.ndarray, beta: int, th
         gemv = _gemv_plan(module, m, n, k, sa[-2:], es(b)[-2:], sc[-2:], beta, threads)
         if gemv is not None:
             return gemv
-    chosen = module if blocking is not None else _for_shape(module, n, sa[-1])
+    if blocking is None:
+        module = _for_shape(module, n, sa[-1], prepacked=packed)
     if packed:
         sb, b_batch = (0, 0), ((), ())
         bmode = BMode.PREPACKED
-        # B was packed into `module`'s panels: another kernel may read them if they match.
-        if (chosen.kernel.nr, chosen.kernel.lanes) == (module.kernel.nr, module.kernel.lanes):
-            module = chosen
     else:
-        module = chosen
         sb = es(b)
         b_batch = (b.shape[:-2], sb[:-2])
         if bmode is None:
