@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.gemm.reference import check_matmul
-from tilefold.codegen.gemm.module import gemm_ir, gemm_module
+from tilefold.codegen.gemm.module import CODEGEN_OPTIONS, gemm_ir, gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.registry import MICROKERNELS, select_microkernel
 from tilefold.runtime import emit_assembly
@@ -62,7 +62,7 @@ def _inner_loop(asm: str, kernel_symbol: str, fma: str) -> str:
 def test_microkernel_assembly(target_name, fma, spill):
     target = named_target(target_name)
     kernel = select_microkernel(target)
-    asm = emit_assembly(gemm_ir(target, kernel), target)
+    asm = emit_assembly(gemm_ir(target, kernel), target, **CODEGEN_OPTIONS)
     loop = _inner_loop(asm, kernel.spec(kernel.mr, kernel.nv).name, fma)
     fmas = re.findall(rf"\b{fma}\w*\s+([^\n]*)", loop)
     assert len(fmas) >= kernel.mr * kernel.nv, loop

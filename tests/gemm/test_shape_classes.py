@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.gemm.reference import check_matmul
-from tilefold.codegen.gemm.module import gemm_ir, gemm_module
+from tilefold.codegen.gemm.module import CODEGEN_OPTIONS, gemm_ir, gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.gemm.registry import select_microkernel
@@ -78,13 +78,16 @@ def test_rows_products(m, n, k, layout, threads):
     check_matmul(c, a, b)
 
 
-def test_prepacked_b_is_read_by_the_rows_kernel():
+@pytest.mark.parametrize("n", [130, 12])
+def test_prepacked_b_is_read_by_the_rows_kernel(n):
+    """Also when C is narrow: the narrow kernel's panels differ, and the rows kernel reads A in
+    place rather than the general kernel packing it."""
     module = gemm_module()
     rng = np.random.default_rng(3)
     a = rng.standard_normal((37, 300), dtype=np.float32)
-    b = rng.standard_normal((300, 130), dtype=np.float32)
+    b = rng.standard_normal((300, n), dtype=np.float32)
     packed = PackedMatrix(b, module)
-    c = np.full((37, 130), np.nan, np.float32)
+    c = np.full((37, n), np.nan, np.float32)
     plan = make_plan(module, a, packed, c, 0, 1)
     assert plan.kernel is select_microkernel(module.target, shape_class="rows")
     plan(a, packed.data, c)
@@ -107,12 +110,13 @@ def test_transposed_a_keeps_the_general_kernel():
 @pytest.mark.parametrize("shape_class", ["rows", "narrow"])
 def test_in_place_avx512_tiles_keep_vectors_in_registers(shape_class):
     """Accumulators and B vectors stay in zmm registers with A broadcast from its rows in
-    place (a `vbroadcastss` or a `{1to16}` FMA operand): no vector stack traffic in the k loop."""
+    place (a `vbroadcastss` or a `{1to16}` FMA operand), and the rows' addresses in general
+    registers: no stack traffic in the k loop, compiled as the module is."""
     from tilefold.runtime import emit_assembly
 
     target = named_target("x86-64-v4")
     kernel = select_microkernel(target, shape_class=shape_class)
-    asm = emit_assembly(gemm_ir(target, kernel), target)
+    asm = emit_assembly(gemm_ir(target, kernel), target, **CODEGEN_OPTIONS)
     body = asm[asm.index(f"{kernel.spec(kernel.mr, kernel.nv).name}:"):]
     body = body[:body.index(".Lfunc_end")]
     loop = max(re.split(r"\n\.?L\w+:", body), key=lambda blk: blk.count("vfmadd"))
@@ -120,4 +124,4 @@ def test_in_place_avx512_tiles_keep_vectors_in_registers(shape_class):
     assert len(fmas) >= kernel.mr * kernel.nv * kernel.unroll
     broadcasts = sum("{1to16}" in ops for ops in fmas) + loop.count("vbroadcastss")
     assert broadcasts >= kernel.mr * kernel.unroll
-    assert not re.search(r"[xyz]mm\d+,\s*-?\d*\(%rsp\)|\(%rsp\),\s*%[xyz]mm", loop), loop
+    assert not re.search(r"\(%rsp\)", loop), loop
