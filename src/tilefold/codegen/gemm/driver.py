@@ -180,15 +180,19 @@ def _split(b: ir.IRBuilder, extent, parts, index, unit):
     return u.smin(b, start, extent)
 
 
-def _emit_worker(module, kernel, block) -> ir.Function:
-    """Thread body: its share of the (batch x TM x TN) grid of sub-blocks.
+def _unoptimized(fn: ir.Function) -> None:
+    """Compile `fn` at -O0 (fast instruction selection and register allocation): for code that
+    runs once per call or per sub-block, where the optimizing backend cost a tenth of the
+    module's compile time and its speed does not show."""
+    fn.attributes.add("noinline")
+    fn.attributes.add("optnone")
 
-    `optsize` keeps LLVM from wrapping each of its run-time divisions in a 32-bit fast path
-    (x86's slow-division bypass), which doubled its blocks and compile time; it runs once per
-    sub-block, so the divisions' speed does not matter."""
+
+def _emit_worker(module, kernel, block) -> ir.Function:
+    """Thread body: its share of the (batch x TM x TN) grid of sub-blocks."""
     fn = ir.Function(module, WORKER_TYPE, name="tf_gemm_worker")
     fn.linkage = "internal"
-    fn.attributes.add("optsize")
+    _unoptimized(fn)
     ctx, tid, nth = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     fields = b.bitcast(ctx, u.i64.as_pointer())
@@ -235,6 +239,7 @@ def emit_entry(module, worker, name: str, offset_slot: int, threads_slot: int) -
     than `ndarray.ctypes.data` in Python), or raw pointers when `params[offset_slot]` is -1."""
     i8p = u.i8.as_pointer()
     fn = ir.Function(module, ir.FunctionType(u.void, [_I64P, i8p, i8p, i8p, _FP]), name=name)
+    _unoptimized(fn)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     params = fn.args[0]
     ctx = b.alloca(ir.ArrayType(u.i64, 5), name="ctx")
