@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tilefold.codegen.gemm.registry import MicroKernel
+from tilefold.target import Target
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ def _round_down(x: int, unit: int) -> int:
     return max(unit, x // unit * unit)
 
 
-def derive_blocking(target, kernel: MicroKernel, itemsize: int = 4) -> Blocking:
+def derive_blocking(target: Target, kernel: MicroKernel, itemsize: int = 4) -> Blocking:
     """Sizes from the caches: a B micro-panel (KC x NR) fills about half of L1 (it is reused by
     every A micro-panel), the packed A block (MC x KC) about half of L2, the packed B block
     (KC x NC) a share of L3 large enough that A is re-packed rarely.

@@ -10,6 +10,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from llvmlite import ir
@@ -18,7 +19,7 @@ from tilefold.codegen.gemm.driver import ENTRY, PACK_B, emit_gemm
 from tilefold.codegen.gemm.gemv import GEMV_ENTRY, emit_gemv
 from tilefold.codegen.gemm.registry import MicroKernel, select_microkernel
 from tilefold.runtime import CompiledModule, compile_generated
-from tilefold.target import host_target
+from tilefold.target import Target, host_target
 
 log = logging.getLogger("tilefold.kernels")
 _P = ctypes.c_void_p
@@ -51,14 +52,14 @@ def _kernel_params(kernel: MicroKernel) -> dict:
             "generator": f"{gen.__module__}.{gen.__qualname__}"}
 
 
-def packs_row_major_a(target, kernel: MicroKernel) -> bool:
+def packs_row_major_a(target: Target, kernel: MicroKernel) -> bool:
     """Whether plans give `kernel` A with contiguous rows to pack: only on targets without a
     "rows" kernel, which otherwise reads such A in place (`plan._for_shape`)."""
     return (not kernel.a_direct
             and select_microkernel(target, kernel.dtype, "rows").shape_class != "rows")
 
 
-def gemm_ir(target, kernel: MicroKernel) -> str:
+def gemm_ir(target: Target, kernel: MicroKernel) -> str:
     """The LLVM IR text of the GEMM module for `kernel` on `target`."""
     module = ir.Module(name=f"tf_gemm_{kernel.name}")
     module.triple = target.triple
@@ -66,7 +67,7 @@ def gemm_ir(target, kernel: MicroKernel) -> str:
     return str(module)
 
 
-def gemv_ir(target, lanes: int) -> str:
+def gemv_ir(target: Target, lanes: int) -> str:
     """The LLVM IR text of the matrix-vector module for vectors of `lanes` floats."""
     module = ir.Module(name=f"tf_gemv_{lanes}")
     module.triple = target.triple
@@ -91,7 +92,7 @@ class GemmModule:
     for compiling one it never runs.
     """
 
-    def __init__(self, target, kernel: MicroKernel):
+    def __init__(self, target: Target, kernel: MicroKernel):
         self.target = target
         self.kernel = kernel
 
@@ -103,15 +104,15 @@ class GemmModule:
                         lambda: gemm_ir(self.target, self.kernel), **CODEGEN_OPTIONS)
 
     @functools.cached_property
-    def entry(self):
+    def entry(self) -> Callable[..., None]:
         return self.compiled.function(ENTRY, None, _P, _P, _P, _P, _P)
 
     @functools.cached_property
-    def entry_objects(self):
+    def entry_objects(self) -> Callable[..., None]:
         return self.compiled.function(ENTRY, None, _P, _OBJ, _OBJ, _OBJ, _P)
 
     @functools.cached_property
-    def pack_b(self):
+    def pack_b(self) -> Callable[..., None]:
         i64 = ctypes.c_int64
         return self.compiled.function(PACK_B, None, i64, i64, _P, i64, i64, _P)
 
@@ -122,16 +123,16 @@ class GemmModule:
                         lambda: gemv_ir(self.target, lanes))
 
     @property
-    def gemv(self):
+    def gemv(self) -> Callable[..., None]:
         return self.gemv_compiled.function(GEMV_ENTRY, None, _P, _P, _P, _P, _P)
 
     @property
-    def gemv_objects(self):
+    def gemv_objects(self) -> Callable[..., None]:
         return self.gemv_compiled.function(GEMV_ENTRY, None, _P, _OBJ, _OBJ, _OBJ, _P)
 
 
 @functools.cache
-def gemm_module(target=None, kernel: MicroKernel | None = None) -> GemmModule:
+def gemm_module(target: Target=None, kernel: MicroKernel | None = None) -> GemmModule:
     """The (process-wide, cached) GEMM module for `target` (default: the host)."""
     target = target or host_target()
     return GemmModule(target, kernel or select_microkernel(target))

@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from tilefold.codegen.gemm.microkernel import TileSpec, emit_microkernel
 from tilefold.errors import UnsupportedError
+from tilefold.target import Target
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ MICROKERNELS: tuple[MicroKernel, ...] = (
 )
 
 
-def select_microkernel(target, dtype: str = "f32", shape_class: str = "general") -> MicroKernel:
+def select_microkernel(target: Target, dtype: str = "f32", shape_class: str = "general"
+                       ) -> MicroKernel:
     """First entry along the target's family chain for `shape_class` whose features the target
     has; a class without one there falls back to "general"."""
     if shape_class not in SHAPE_CLASSES:

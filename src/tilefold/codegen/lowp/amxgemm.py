@@ -27,6 +27,7 @@ from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
 from tilefold.codegen.lowp import amx
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.codegen.lowp.packgen import emit_pack_a, emit_pack_b
+from tilefold.target import Target
 
 ENTRY = "tf_amxgemm"
 BLOCK = 32  # columns of C per B panel (two tiles); N is padded to it
@@ -245,7 +246,7 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
     return fn
 
 
-def amxgemm_ir(k: DotKernel, target, dequant: bool = False) -> str:
+def amxgemm_ir(k: DotKernel, target: Target, dequant: bool = False) -> str:
     """LLVM IR of the AMX GEMM module for `k` (with the dequantizing epilogue)."""
     module = ir.Module(name=f"tf_amxgemm_{k.name}{'_dq' if dequant else ''}")
     module.triple = target.triple

@@ -14,6 +14,7 @@ import numpy as np
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
+from tilefold.target import Target
 
 # 4-bit code -> value, indexed by the nibble (low 4 bits).
 NIBBLE_TABLES = {
@@ -37,7 +38,7 @@ class Decoder:
         return 1 if self.nibbles else 2
 
 
-def choose_decoder(code: str, target) -> Decoder:
+def choose_decoder(code: str, target: Target) -> Decoder:
     """The fastest decoder the target supports for `code` (i4, fp4e2m1, fp8e4m3, i8, u8)."""
     nibbles = code in NIBBLE_TABLES
     if nibbles and target.has("avx512f"):

@@ -38,7 +38,7 @@ class BFloat(ir.Type):
         return hash("bfloat")
 
 
-def dpbf16(b: ir.IRBuilder, acc, a, bv):
+def dpbf16(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
     """`vdpbf16ps` (AVX512_BF16): a, bv are <16 x i32> of bf16 pairs."""
     bf = ir.VectorType(BFloat(), 32)
     fn = u.intrinsic(b.module, "llvm.x86.avx512bf16.dpbf16ps.512", acc.type,
@@ -46,7 +46,7 @@ def dpbf16(b: ir.IRBuilder, acc, a, bv):
     return b.call(fn, [acc, b.bitcast(a, bf), b.bitcast(bv, bf)])
 
 
-def bf16_pairs_as_f32(b: ir.IRBuilder, x):
+def bf16_pairs_as_f32(b: ir.IRBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     """(even, odd) f32 vectors of the bf16 pairs in i32 lanes: a bf16 is an f32's high half."""
     fty = u.vec(u.f32, x.type.count)
     even = b.bitcast(b.shl(x, _c(x.type, 16)), fty)
@@ -54,7 +54,7 @@ def bf16_pairs_as_f32(b: ir.IRBuilder, x):
     return even, odd
 
 
-def dpbf16_fma(b: ir.IRBuilder, acc, a, bv):
+def dpbf16_fma(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
     """Portable bf16 pair dot: two f32 FMAs (exact products, so only the rounding order differs
     from `vdpbf16ps`)."""
     ae, ao = bf16_pairs_as_f32(b, a)
@@ -62,7 +62,7 @@ def dpbf16_fma(b: ir.IRBuilder, acc, a, bv):
     return u.fma(b, ao, bo, u.fma(b, ae, be, acc))
 
 
-def dpf16_fma(b: ir.IRBuilder, acc, a, bv):
+def dpf16_fma(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
     """f16 pair dot: `vcvtph2ps` (F16C / AVX-512) of the even and odd halves, two f32 FMAs."""
     lanes = acc.type.count
     halves = u.vec(ir.HalfType(), 2 * lanes)
@@ -77,7 +77,7 @@ def dpf16_fma(b: ir.IRBuilder, acc, a, bv):
     return u.fma(b, ao, bo, u.fma(b, ae, be, acc))
 
 
-def dpbusd(b: ir.IRBuilder, acc, a, bv):
+def dpbusd(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
     """`vpdpbusd` (AVX512_VNNI): u8 quads of `a` times s8 quads of `bv`, summed into i32."""
     lanes = acc.type.count
     bytes_ty = _vi(8, 4 * lanes)
@@ -86,7 +86,7 @@ def dpbusd(b: ir.IRBuilder, acc, a, bv):
     return b.call(fn, [acc, b.bitcast(a, bytes_ty), b.bitcast(bv, bytes_ty)])
 
 
-def dpbusd_pmaddwd(b: ir.IRBuilder, acc, a, bv):
+def dpbusd_pmaddwd(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
     """Portable u8 x s8 quad dot: split bytes into i16 lanes and `pmaddwd` twice (exact)."""
     lanes = acc.type.count
     w16 = _vi(16, 2 * lanes)

@@ -17,6 +17,7 @@ from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
 from tilefold.codegen.lowp.dot import DOT_STEPS
 from tilefold.codegen.lowp.kernels import DotKernel
+from tilefold.target import Target
 
 ENTRY = "tf_dotgemm"
 _W = u.i32.as_pointer()
@@ -179,7 +180,7 @@ def _emit_worker(module: ir.Module, k: DotKernel, uk: ir.Function) -> ir.Functio
     return fn
 
 
-def dotgemm_ir(k: DotKernel, target, dequant: bool = False) -> str:
+def dotgemm_ir(k: DotKernel, target: Target, dequant: bool = False) -> str:
     """LLVM IR of the GEMM module for micro-kernel `k` (with the dequantizing epilogue)."""
     module = ir.Module(name=f"tf_dotgemm_{k.name}{'_dq' if dequant else ''}")
     module.triple = target.triple

@@ -12,6 +12,7 @@ from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.lowp.amx import TILE_BYTES, TILE_ROWS, TILE_SIZE
+from tilefold.target import Target
 
 _P8 = u.i8.as_pointer()
 PACK_B = "tf_lowp_pack_b"
@@ -108,7 +109,7 @@ def emit_pack_a(module: ir.Module) -> ir.Function:
     return fn
 
 
-def pack_b_ir(nr: int, g: int, target) -> str:
+def pack_b_ir(nr: int, g: int, target: Target) -> str:
     """A module whose `tf_lowp_pack_b_all(src, ldb, k, n, kgp, dst)` packs every panel of B
     (one thread: for constant weights, packed once)."""
     module = ir.Module(name=f"tf_lowp_pack_b_{nr}x{g}")

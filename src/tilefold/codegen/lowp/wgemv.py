@@ -16,6 +16,7 @@ from llvmlite import ir
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
 from tilefold.codegen.lowp.decode import Decoder, decode_pair, lut_constant
+from tilefold.target import Target
 
 ENTRY = "tf_wgemv"
 _FP = u.f32.as_pointer()
@@ -166,7 +167,7 @@ def _emit_worker(module: ir.Module, spec: WgemvSpec) -> ir.Function:
     return fn
 
 
-def wgemv_ir(spec: WgemvSpec, target) -> str:
+def wgemv_ir(spec: WgemvSpec, target: Target) -> str:
     """LLVM IR of the module for `spec`: `tf_wgemv(params, x, w_panels, y, unused)`."""
     module = ir.Module(name=spec.name)
     module.triple = target.triple
