@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
+from tilefold.codegen.gemm.plan import aligned_empty
 from tilefold.codegen.lowp import amxrun
 from tilefold.codegen.lowp import kernels as lowp_kernels
 from tilefold.codegen.lowp.amxgemm import BLOCK, KSTEP, ROWS, amxgemm_ir
@@ -200,7 +201,7 @@ def test_amx_operands_are_64_byte_aligned(rng):
     for _ in range(4):
         b = rng.integers(-128, 128, (rng.integers(1, 300), rng.integers(1, 100))).astype(np.int8)
         assert prepack_lowp(b, np.uint8, target=host).panels.ctypes.data % 64 == 0
-    assert amxrun.aligned_empty((3, 5), np.int32).ctypes.data % 64 == 0
+    assert aligned_empty((3, 5), np.int32).ctypes.data % 64 == 0
 
 
 def test_amx_plan_is_reused_with_fresh_scales(rng):

@@ -176,7 +176,7 @@ def _onnx_runtime(model: Any, inputs: tuple, want: Any, threads: int,
     feed = {i.name: arrays[i.name] for i in session.get_inputs()}  # the exporter may drop one
     got = session.run(None, feed)[0]
     first = time.perf_counter() - start
-    latency = demo._time(lambda: session.run(None, feed), runs)
+    latency = demo.median_seconds(lambda: session.run(None, feed), runs)
     error = float(np.abs(got - want).max())
     return {"latency": latency, "cold": max(first - latency, 0), "max_abs_error": error}
 

@@ -156,7 +156,8 @@ def _similarity(model: Any, compiled: Any, tokenizer: Any) -> None:
     print(f"check vs PyTorch eager: min cosine {cos:.7f}, max abs error {err:.2e}  {verdict}")
 
 
-def _time(fn: Callable[[], Any], runs: int) -> float:
+def median_seconds(fn: Callable[[], Any], runs: int) -> float:
+    """Median wall-clock seconds of `runs` calls of `fn`."""
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -177,7 +178,7 @@ def _compile_and_time(model: Any, inputs: tuple, backend: str, runs: int,
     got = compiled(*inputs)
     first = time.perf_counter() - start
     error = (got - want).abs().max().item()
-    latency = _time(lambda: compiled(*inputs), runs)
+    latency = median_seconds(lambda: compiled(*inputs), runs)
     torch._dynamo.reset()  # again, with every in-process cache warm
     recompiled = torch.compile(model, backend=backend, dynamic=False)
     start = time.perf_counter()
@@ -193,7 +194,7 @@ def benchmark(model: Any, inputs: tuple, args: argparse.Namespace) -> dict[str, 
     rows: dict[str, dict] = {}
     want = model(*inputs)
     rows["tilefold"] = _compile_and_time(model, inputs, "tilefold", args.runs, want)
-    rows["PyTorch eager"] = {"latency": _time(lambda: model(*inputs), args.runs)}
+    rows["PyTorch eager"] = {"latency": median_seconds(lambda: model(*inputs), args.runs)}
     if not args.no_inductor:
         try:
             rows["torch.compile (inductor)"] = _compile_and_time(model, inputs, "inductor",

@@ -7,7 +7,7 @@ from tilefold.codegen.gemm.registry import SHAPE_CLASSES, select_microkernel
 from tilefold.target import Target, host_target
 
 
-def describe(target: Target=None, dtype: str = "f32") -> dict:
+def describe(target: Target | None = None, dtype: str = "f32") -> dict:
     """For `target` (default: the host), per shape class: the micro-kernel chosen, its tile and
     the cache blocking derived for it (plain data, e.g. for `tilefold info`)."""
     target = target or host_target()

@@ -8,42 +8,31 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 from llvmlite import ir
 
 from tilefold.codegen.gemm.driver import ENTRY, PACK_B, emit_gemm
 from tilefold.codegen.gemm.gemv import GEMV_ENTRY, emit_gemv
 from tilefold.codegen.gemm.registry import MicroKernel, select_microkernel
-from tilefold.runtime import CompiledModule, compile_generated
+from tilefold.runtime import CompiledModule, compile_generated, source_digest
 from tilefold.target import Target, host_target
 
 log = logging.getLogger("tilefold.kernels")
 _P = ctypes.c_void_p
 _OBJ = ctypes.py_object
-_CODEGEN = Path(__file__).resolve().parent.parent
 # How GEMM modules are compiled (tests check their assembly compiled the same way): the hot
 # loops (micro-kernels, packing) step their own pointers, so LLVM's loop strength reduction, a
 # fifth to a third of the backend's time on these modules, is left out.
 CODEGEN_OPTIONS = {"strength_reduce": False}
-# Every file whose code shapes the emitted IR.
-_GENERATOR_FILES = ("llvm_util.py", "gemm/driver.py", "gemm/gemv.py", "gemm/microkernel.py",
-                    "gemm/packing.py", "gemm/module.py")
-
-
-@functools.cache
-def _generator_digest() -> str:
-    digest = hashlib.sha256()
-    for name in _GENERATOR_FILES:
-        digest.update((_CODEGEN / name).read_bytes())
-    return digest.hexdigest()
+# The code that shapes the emitted IR (part of each module's cache key).
+_GENERATORS = ("tilefold.codegen.gemm", "tilefold.codegen.llvm_util")
 
 
 def _fingerprint(what: str, **params) -> str:
-    return f"{what} {_generator_digest()} " + " ".join(f"{k}={v!r}" for k, v in params.items())
+    return (f"{what} {source_digest(*_GENERATORS)} "
+            + " ".join(f"{k}={v!r}" for k, v in params.items()))
 
 
 def _kernel_params(kernel: MicroKernel) -> dict:
@@ -132,7 +121,7 @@ class GemmModule:
 
 
 @functools.cache
-def gemm_module(target: Target=None, kernel: MicroKernel | None = None) -> GemmModule:
+def gemm_module(target: Target | None = None, kernel: MicroKernel | None = None) -> GemmModule:
     """The (process-wide, cached) GEMM module for `target` (default: the host)."""
     target = target or host_target()
     return GemmModule(target, kernel or select_microkernel(target))

@@ -15,7 +15,8 @@ from tilefold.codegen.gemm.gemv import GemvMode, GemvParam
 from tilefold.codegen.gemm.module import GemmModule, gemm_module
 from tilefold.codegen.gemm.registry import select_microkernel
 
-_ALIGN = 64
+# Cache-line alignment for buffers the kernels stream (packed panels, workspaces).
+ALIGN = 64
 # Below this many flops a second thread costs more (wake-up, split) than it saves.
 PARALLEL_MIN_FLOPS = 2_000_000
 
@@ -31,25 +32,33 @@ def _data_offset() -> int:
 DATA_OFFSET = _data_offset()
 
 
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialized array whose data starts on a 64-byte boundary (NumPy only promises 16)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 class _Workspace(threading.local):
     """Packing buffers, one per calling thread so concurrent matmuls never share them."""
 
     def __init__(self):
-        self.buf = np.empty(0, np.uint8)
-        self.ptr = 0
+        self.buf = aligned_empty((0,), np.uint8)
+        self.ptr = self.buf.ctypes.data  # kept: `.ctypes` costs a microsecond per call
 
     def get(self, nbytes: int) -> int:
-        if self.buf.nbytes < nbytes + _ALIGN:
-            self.buf = np.empty(nbytes + _ALIGN, np.uint8)
-            base = self.buf.ctypes.data
-            self.ptr = base + (-base) % _ALIGN
+        if self.buf.nbytes < nbytes:
+            self.buf = aligned_empty((nbytes,), np.uint8)
+            self.ptr = self.buf.ctypes.data
         return self.ptr
 
 
 _workspace = _Workspace()
 
 
-def _balanced(extent: int, block: int, unit: int) -> int:
+def balanced_block(extent: int, block: int, unit: int) -> int:
     """A block size <= `block` (in whole `unit`s) that splits `extent` into equal-ish blocks."""
     if extent <= 0:
         return unit
@@ -126,9 +135,9 @@ class GemmPlan(_Plan):
         n_unit = kern.nr if bmode == BMode.PREPACKED else kern.lanes
         b_in_l2 = bmode == BMode.DIRECT and 4 * k * n <= module.target.l2_bytes // 8
         tm, tn = self._split(m, n, batch, threads, kern, bmode, n_unit, b_in_l2)
-        mc = _balanced(max(_parts(m, tm, kern.mr)), blk.mc, kern.mr)
-        kc = _balanced(k, blk.kc, 4)
-        nc = _balanced(max(_parts(n, tn, n_unit)), blk.nc, kern.nr)
+        mc = balanced_block(max(_parts(m, tm, kern.mr)), blk.mc, kern.mr)
+        kc = balanced_block(k, blk.kc, 4)
+        nc = balanced_block(max(_parts(n, tn, n_unit)), blk.nc, kern.nr)
         ws_floats = mc * kc + kc * min(nc, math.ceil(n / kern.lanes) * kern.lanes) + 16
         ws_floats = math.ceil(ws_floats / 16) * 16
         self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
+from tilefold.codegen.gemm.plan import ALIGN, DATA_OFFSET, _Plan, balanced_block
 from tilefold.codegen.lowp.amxgemm import BLOCK, ENTRY, KSTEP, ROWS, AParam, amxgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
@@ -17,29 +17,12 @@ from tilefold.target import Target
 _P = ctypes.c_void_p
 # Below this many multiply-adds a second thread costs more than it saves.
 PARALLEL_MIN_MACS = 1 << 21
-# Tile rows are 64 bytes: an unaligned row straddles two cache lines and a tile load or store
-# of 16 such rows runs at a fraction of the speed (measured: about 3x slower loads from L1).
-ALIGN = 64
+# Tile rows are 64 bytes (`ALIGN`): an unaligned row straddles two cache lines and a tile load
+# or store of 16 such rows runs at a fraction of the speed (measured: about 3x slower from L1).
 
 
 def _up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
-
-
-def _balanced(extent: int, most: int, unit: int) -> int:
-    """The block (whole `unit`s, at most `most`) that cuts `extent` into equal-ish blocks, so
-    no last block is a sliver."""
-    blocks = math.ceil(extent / most)
-    return _up(math.ceil(extent / blocks), unit)
-
-
-def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An uninitialized array whose data starts on a 64-byte boundary (NumPy only promises 16)."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 @functools.cache
@@ -68,9 +51,9 @@ def _blocking(target: Target, kgp: int, rows: int) -> tuple[int, int]:
     quarter of L2 for A beats half by 0-10% and all of it by 20%. Both are balanced so no
     block is a sliver."""
     kc_most = target.l1d_bytes // 3 // (BLOCK * 4) // KSTEP * KSTEP
-    kc = _balanced(kgp, max(KSTEP, kc_most), KSTEP)
+    kc = balanced_block(kgp, max(KSTEP, kc_most), KSTEP)
     mc_most = max(ROWS, target.l2_bytes // 4 // (kgp * 4) // ROWS * ROWS)
-    return _balanced(_up(rows, ROWS), mc_most, ROWS), kc
+    return balanced_block(_up(rows, ROWS), mc_most, ROWS), kc
 
 
 def _unit_rows(mp: int, panels: int, threads: int) -> int:

@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
-from tilefold.codegen.lowp.amxrun import aligned_empty, amx_k_words, run_amxgemm
+from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan, aligned_empty
+from tilefold.codegen.lowp.amxrun import amx_k_words, run_amxgemm
 from tilefold.codegen.lowp.dotgemm import ENTRY, DParam, dotgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.codegen.lowp.packgen import PACK_B_ENTRY, pack_b_ir
