@@ -24,6 +24,21 @@ def test_record_then_lookup(tmp_path):
     assert data["schema"] == SCHEMA and key in data["entries"]
 
 
+def test_file_is_parsed_once_per_version(tmp_path, monkeypatch):
+    path = tmp_path / "db.json"
+    key, entry = _entry("softmax(a0)")
+    TuningDB(path).record(key, entry)
+    reads = []
+    original = TuningDB._read
+    monkeypatch.setattr(TuningDB, "_read", lambda self: reads.append(1) or original(self))
+    for _ in range(3):
+        assert TuningDB(path).lookup(key) is not None
+    assert len(reads) == 1
+    other, other_entry = _entry("exp(a0)")
+    TuningDB(path).record(other, other_entry)  # a new version of the file is read again
+    assert TuningDB(path).lookup(other) is not None and TuningDB(path).lookup(key) is not None
+
+
 def test_corrupt_file_is_reported_set_aside_and_rebuilt(tmp_path, caplog):
     path = tmp_path / "db.json"
     path.write_text('{"schema": 1, "entries": {"trunc')
