@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefold.cli.benchutil import interleaved_medians
+from tilefold.runtime.timing import interleaved_medians
 
 SETTLE_SECONDS = 0.02  # one call a sample here, so a shorter pause than benchutil's
 HEADS, HIDDEN, FFN = 12, 768, 3072

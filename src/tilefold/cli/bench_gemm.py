@@ -19,7 +19,8 @@ from importlib import resources
 
 import numpy as np
 
-from tilefold.cli.benchutil import Shape, geomean, interleaved_medians, parse_shape, time_block
+from tilefold.cli.benchutil import Shape, geomean, parse_shape
+from tilefold.runtime.timing import interleaved_medians, time_block
 
 
 @dataclass

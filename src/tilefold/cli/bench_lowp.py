@@ -14,16 +14,9 @@ import sys
 import ml_dtypes
 import numpy as np
 
-from tilefold.cli.benchutil import (
-    Shape,
-    TableRow,
-    geomean,
-    interleaved_medians,
-    parse_shape,
-    print_vs_table,
-    time_block,
-)
+from tilefold.cli.benchutil import Shape, TableRow, geomean, parse_shape, print_vs_table
 from tilefold.quant import FORMATS, QuantizedTensor, quantize, quantized_matmul
+from tilefold.runtime.timing import interleaved_medians, time_block
 
 SUITES = {
     "bf16": ["512x512x512", "1024x1024x1024", "2048x2048x2048", "128x3072x768", "512x768x3072"],

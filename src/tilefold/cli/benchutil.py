@@ -1,19 +1,12 @@
-"""What the `bench` suites share: GEMM shapes, interleaved timing, medians and tables of ratios."""
+"""What the `bench` suites share: GEMM shapes, geomeans and tables of ratios (timing itself is
+`tilefold.runtime.timing`)."""
 
 from __future__ import annotations
 
 import math
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
-
-import numpy as np
-
-# Pause after each timed block so spinning worker threads (OpenBLAS, OpenMP, tilefold) settle
-# before the next implementation is timed.
-SETTLE_SECONDS = 0.2
 
 
 @dataclass
@@ -42,40 +35,6 @@ def parse_shape(text: str) -> Shape:
     batch = dims[0] if len(dims) == 4 else 1
     m, n, k = dims[-3:]
     return Shape(text, batch, m, n, k)
-
-
-def time_block(fn: Callable[[], object], seconds: float) -> list[float]:
-    """Seconds per call of `fn` over a block of about `seconds` (two warm-up calls, at least
-    three timed)."""
-    fn()
-    fn()
-    times: list[float] = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(times) < 3:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def time_once(fn: Callable[[], object]) -> list[float]:
-    """Seconds of one call of `fn` (the caller warms it up)."""
-    start = time.perf_counter()
-    fn()
-    return [time.perf_counter() - start]
-
-
-def interleaved_medians(impls: dict[str, Callable[[], object]], rounds: int,
-                        sample: Callable[[Callable[[], object]], list[float]] = time_once,
-                        settle: float = SETTLE_SECONDS) -> dict[str, float]:
-    """Median seconds per call of each implementation: in each of `rounds` rounds every one is
-    sampled in turn, then the process sleeps `settle` seconds."""
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            samples[name] += sample(fn)
-            time.sleep(settle)
-    return {name: float(np.median(t)) for name, t in samples.items()}
 
 
 def geomean(values: list[float]) -> float:

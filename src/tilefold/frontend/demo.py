@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
+
+from tilefold.runtime.timing import interleaved_medians
 
 INSTALL = 'pip install -e ".[demo]"'
 SENTENCES = [
@@ -156,20 +157,15 @@ def _similarity(model: Any, compiled: Any, tokenizer: Any) -> None:
     print(f"check vs PyTorch eager: min cosine {cos:.7f}, max abs error {err:.2e}  {verdict}")
 
 
-def median_seconds(fn: Callable[[], Any], runs: int) -> float:
-    """Median wall-clock seconds of `runs` calls of `fn`."""
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+# One model call is a sample (tens of ms or more), so a short pause between contenders suffices.
+SETTLE_SECONDS = 0.05
 
 
-def _compile_and_time(model: Any, inputs: tuple, backend: str, runs: int,
-                      want: Any) -> dict[str, float]:
-    """First call (compile + run), then the steady state; compile time = first - steady. The
-    first call's output is checked against `want` (eager's)."""
+def _compiled(model: Any, inputs: tuple, backend: str, want: Any
+              ) -> tuple[Callable[[], Any], dict[str, float]]:
+    """Compile with `backend` and call once (its output checked against `want`, eager's), then
+    again after resetting Dynamo with every in-process cache warm. Returns a call of the
+    recompiled model and the two first-call times."""
     import torch
 
     torch._dynamo.reset()
@@ -178,30 +174,57 @@ def _compile_and_time(model: Any, inputs: tuple, backend: str, runs: int,
     got = compiled(*inputs)
     first = time.perf_counter() - start
     error = (got - want).abs().max().item()
-    latency = median_seconds(lambda: compiled(*inputs), runs)
-    torch._dynamo.reset()  # again, with every in-process cache warm
+    torch._dynamo.reset()
     recompiled = torch.compile(model, backend=backend, dynamic=False)
     start = time.perf_counter()
     recompiled(*inputs)
     warm = time.perf_counter() - start
-    return {"latency": latency, "cold": max(first - latency, 0), "warm": max(warm - latency, 0),
-            "max_abs_error": error}
+    return (lambda: recompiled(*inputs)), {"first_call": first, "warm_first_call": warm,
+                                          "max_abs_error": error}
+
+
+def contenders(model: Any, inputs: tuple, args: argparse.Namespace
+               ) -> dict[str, tuple[Callable[[], Any], dict[str, float]]]:
+    """Each way of running the model (tilefold, eager, torch.compile unless `--no-inductor`):
+    a call and what was measured while building it."""
+    want = model(*inputs)
+    found = {"tilefold": _compiled(model, inputs, "tilefold", want),
+             "PyTorch eager": ((lambda: model(*inputs)), {})}
+    if not args.no_inductor:
+        try:
+            found["torch.compile (inductor)"] = _compiled(model, inputs, "inductor", want)
+        except Exception as exc:  # no C++ compiler, or an inductor failure: leave it out
+            print(f"torch.compile (inductor) skipped: {type(exc).__name__}: {exc}")
+    return found
+
+
+def time_contenders(found: dict[str, tuple[Callable[[], Any], dict[str, float]]],
+                    runs: int) -> dict[str, dict[str, float]]:
+    """Latency of each contender, the median of `runs` rounds that call every one in turn (a
+    noisy moment of the host hits all alike); compile times are first calls minus latency.
+
+    A warm-up round comes first: compiling a later contender reset Dynamo, so an earlier one
+    retraces (with warm caches) on its next call."""
+    for call, _ in found.values():
+        call()
+    latency = interleaved_medians({name: call for name, (call, _) in found.items()}, runs,
+                                  settle=SETTLE_SECONDS)
+    rows = {}
+    for name, (_, built) in found.items():
+        row = {"latency": latency[name]}
+        for key, first in (("cold", "first_call"), ("warm", "warm_first_call")):
+            if first in built:
+                row[key] = max(built[first] - latency[name], 0)
+        if "max_abs_error" in built:
+            row["max_abs_error"] = built["max_abs_error"]
+        rows[name] = row
+    return rows
 
 
 def benchmark(model: Any, inputs: tuple, args: argparse.Namespace) -> dict[str, dict]:
-    """Latency and compile times of tilefold, eager and torch.compile; the compiled outputs'
-    max abs error vs eager."""
-    rows: dict[str, dict] = {}
-    want = model(*inputs)
-    rows["tilefold"] = _compile_and_time(model, inputs, "tilefold", args.runs, want)
-    rows["PyTorch eager"] = {"latency": median_seconds(lambda: model(*inputs), args.runs)}
-    if not args.no_inductor:
-        try:
-            rows["torch.compile (inductor)"] = _compile_and_time(model, inputs, "inductor",
-                                                                 args.runs, want)
-        except Exception as exc:  # no C++ compiler, or an inductor failure: leave it out
-            print(f"torch.compile (inductor) skipped: {type(exc).__name__}: {exc}")
-    return rows
+    """Latency and compile times of tilefold, eager and torch.compile, timed interleaved; the
+    compiled outputs' max abs error vs eager."""
+    return time_contenders(contenders(model, inputs, args), args.runs)
 
 
 def print_table(rows: dict[str, dict]) -> None:

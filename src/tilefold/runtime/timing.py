@@ -1,0 +1,47 @@
+"""Wall-clock timing shared by the benchmarks: samples of one call or of a block of calls, and
+medians taken with every contender timed in turn, so that a noisy moment of a shared host hits
+all of them alike instead of whichever ran then."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+# Pause after each sample so spinning worker threads (OpenBLAS, OpenMP, tilefold) settle before
+# the next contender is timed.
+SETTLE_SECONDS = 0.2
+
+
+def time_block(fn: Callable[[], object], seconds: float) -> list[float]:
+    """Seconds per call of `fn` over a block of about `seconds` (two warm-up calls, at least
+    three timed)."""
+    fn()
+    fn()
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 3:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def time_once(fn: Callable[[], object]) -> list[float]:
+    """Seconds of one call of `fn` (the caller warms it up)."""
+    start = time.perf_counter()
+    fn()
+    return [time.perf_counter() - start]
+
+
+def interleaved_medians(impls: dict[str, Callable[[], object]], rounds: int,
+                        sample: Callable[[Callable[[], object]], list[float]] = time_once,
+                        settle: float = SETTLE_SECONDS) -> dict[str, float]:
+    """Median seconds per call of each implementation: in each of `rounds` rounds every one is
+    sampled in turn, then the process sleeps `settle` seconds."""
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            samples[name] += sample(fn)
+            time.sleep(settle)
+    return {name: statistics.median(t) for name, t in samples.items()}
