@@ -27,7 +27,7 @@ from tilefold.errors import ShapeError
 from tilefold.ir import Block, Function, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
-from tilefold.runtime import compile_generated, num_threads, source_digest
+from tilefold.runtime import compile_generated, emit_assembly, num_threads, source_digest
 from tilefold.target import Target, host_target
 
 OPT_LEVEL = 2  # loop-invariant address arithmetic and SROA of the accumulators need the pipeline
@@ -120,6 +120,13 @@ class CompiledGroup:
         compiled = next(c for c in self._compiled.values()
                         if c.cfunc is self._plans[plan_key].cfunc)
         return print_kernel(compiled.kernel, compiled.schedule)
+
+    def assembly(self) -> str:
+        """The native code of the row-major kernel as the JIT compiles it (`explain --asm`)."""
+        kernel = self.group.kernel(contiguous_layout(self.group))
+        schedule = choose_schedule(kernel, self.target).check(kernel)
+        text = emit_kernel(kernel, schedule, self.target.features, ARRAY_DATA_OFFSET)
+        return emit_assembly(text, self.target, opt_level=OPT_LEVEL)
 
     def _kernel(self, layout: Layout) -> _Compiled:
         compiled = self._compiled.get(layout)

@@ -7,19 +7,20 @@ import math
 from llvmlite import ir
 
 from tilefold.codegen.vecmath.builder import MathBuilder, split
-from tilefold.codegen.vecmath.exp_log import exp_parts
+from tilefold.codegen.vecmath.exp_log import exp_parts, exp_scalef
 
-SMALL = 0.5  # below: erf(a) = a * P(a**2); above: erfc(a) = t * exp(-a**2 + Q(t - T_CENTER))
+SMALL = 0.5  # erf: below, erf(a) = a * P(a**2); above, erf(a) = 1 - erfc(a)
 # erf(a) = a * (C0 + s * P(s)), s = a**2 <= 0.25, C0 = 2/sqrt(pi) kept as hi + lo (its f32
 # rounding alone would cost 0.9 ulp); P by weighted least squares, rel. error 4.7e-9.
 ERF_C0_HI, ERF_C0_LO = split(2 / math.sqrt(math.pi))
 ERF_P = (-0.37612637877464294, 0.11283770948648453, -0.026861926540732384,
          0.005191535223275423, -0.0007509536808356643)
-# log(erfc(a) * exp(a**2) / t), t = 1/(1 + a/2), a in [0.5, 11]; abs. error 1.4e-9 in f64.
-ERFC_Q = (-0.6986210942268372, 1.3372665643692017, 0.21148188412189484, -0.3614104986190796,
-          -0.18546010553836823, 0.265974760055542, 0.15449300408363342, -0.2796403169631958,
-          -0.10882645100355148, 0.2563885450363159, 0.04760850965976715)
-T_CENTER = 0.48
+# erfc(a) = t * exp(-a**2 + Q(t - T_CENTER)), t = 1/(1 + a/2), for 0 <= a <= A_MAX: Q is
+# log(erfc(a) * exp(a**2) / t), near-minimax with f32 coefficients, abs. error 1.5e-8.
+ERFC_Q = (-0.5357597470283508, 1.37142014503479, 0.07027456164360046, -0.4089020788669586,
+          -0.010260213166475296, 0.28868603706359863, -0.08103591948747635, -0.2258131504058838,
+          0.16608478128910065, 0.12413176149129868, -0.1475081443786621)
+T_CENTER = 0.6
 A_MAX = 10.75  # x * erfc(|x|/sqrt2) / 2 is below half the smallest subnormal beyond
 RSQRT2_HI, RSQRT2_LO = split(1 / math.sqrt(2))
 
@@ -30,10 +31,9 @@ def _erf_small(m: MathBuilder, a: ir.Value) -> ir.Value:
     return m.fma(a, m.c(ERF_C0_HI), m.b.fmul(a, rest))
 
 
-def erfc_parts(
-    m: MathBuilder, a_hi: ir.Value, a_lo: ir.Value | None = None
-) -> tuple[ir.Value, ir.Value]:
-    """erfc(a) for SMALL <= a <= A_MAX as (mantissa, scale) like `exp_parts` (t folded in).
+def erfc_times(m: MathBuilder, a_hi: ir.Value, a_lo: ir.Value | None = None,
+               factor: ir.Value | None = None) -> ir.Value:
+    """erfc(a) * factor for 0 <= a <= A_MAX, rounded once at the end (subnormal results too).
 
     a = a_hi + a_lo; -a**2 is carried as an exact hi + lo pair, since its rounding error
     (up to 2**-24 * a**2) would otherwise be amplified into a relative error of erfc.
@@ -45,33 +45,36 @@ def erfc_parts(
     if a_lo is not None:
         sq_lo = m.mad(b.fmul(a_hi, m.c(2.0)), a_lo, sq_lo)
     hi, lo = m.two_sum(b.fneg(sq_hi), q)
-    mantissa, scale = exp_parts(m, hi, b.fsub(lo, sq_lo))
-    return b.fmul(mantissa, t), scale
+    lo = b.fsub(lo, sq_lo)
+    if m.scalef:
+        mantissa, n = exp_scalef(m, hi, lo)
+    else:
+        mantissa, scale = exp_parts(m, hi, lo)
+    mantissa = b.fmul(mantissa, t)
+    if factor is not None:
+        mantissa = b.fmul(mantissa, factor)
+    return m.scale(mantissa, n) if m.scalef else b.fmul(mantissa, scale)
 
 
 def erf(m: MathBuilder, x: ir.Value) -> ir.Value:
     b = m.b
     a = m.abs(x)
-    mantissa, scale = erfc_parts(m, m.clamp(a, SMALL, A_MAX))
-    big = b.fsub(m.c(1.0), b.fmul(mantissa, scale))
+    big = b.fsub(m.c(1.0), erfc_times(m, m.clamp(a, SMALL, A_MAX)))
     small = _erf_small(m, a)
     return m.copysign(m.select(m.cmp("<", a, m.c(SMALL)), small, big), x)
 
 
 def gelu(m: MathBuilder, x: ir.Value) -> ir.Value:
-    """x * Phi(x), Phi(x) = erfc(-x/sqrt2)/2; for x < -sqrt2/2 the tail e**(-x**2/2) is
-    scaled by x/2 before its last rounding, so subnormal results are still accurate."""
+    """x * Phi(x) = x - g for x >= 0 and g for x < 0, g = x/2 * erfc(|x|/sqrt2): neither side
+    cancels, and the left tail is scaled by x/2 before its one rounding, so subnormal results
+    are still accurate."""
     b = m.b
-    beyond = m.cmp(">", m.abs(x), m.c(A_MAX * math.sqrt(2)))
-    ax = m.clamp(m.abs(x), 0.0, A_MAX * math.sqrt(2))
+    ax = m.abs(x)
+    beyond = m.cmp(">", ax, m.c(A_MAX * math.sqrt(2)))  # g is below 2**-150 there
+    ax = m.select(beyond, m.c(A_MAX * math.sqrt(2)), ax)
     a_hi = b.fmul(ax, m.c(RSQRT2_HI))
     a_lo = m.mad(ax, m.c(RSQRT2_LO), m.fma(ax, m.c(RSQRT2_HI), b.fneg(a_hi)))
-    negative = m.cmp("<", x, m.c(0.0))
-    half_erf = b.fmul(m.copysign(_erf_small(m, a_hi), x), m.c(0.5))
-    small = b.fmul(x, b.fadd(m.c(0.5), half_erf))
-    mantissa, scale = erfc_parts(m, m.clamp(a_hi, SMALL, A_MAX), a_lo)
-    right = b.fmul(x, m.mad(b.fmul(mantissa, scale), m.c(-0.5), m.c(1.0)))
-    left = b.fmul(b.fmul(mantissa, b.fmul(x, m.c(0.5))), scale)
-    left = m.select(beyond, m.c(-0.0), left)  # the tail is below 2**-150 there
-    y = m.select(m.cmp("<", a_hi, m.c(SMALL)), small, m.select(negative, left, right))
+    g = erfc_times(m, a_hi, a_lo, b.fmul(x, m.c(0.5)))
+    g = m.select(beyond, m.c(-0.0), g)
+    y = m.select(m.cmp("<", x, m.c(0.0)), g, b.fsub(x, g))
     return m.select(m.cmp("==", x, m.c(float("-inf"))), m.c(float("nan")), y)

@@ -24,6 +24,20 @@ SQRT2 = 1.41421356237
 TINY = 1.17549435e-38  # 2**-126, the smallest normal f32
 
 
+def _reduce(m: MathBuilder, x: ir.Value, lo: ir.Value | None) -> tuple[ir.Value, ir.Value,
+                                                                      ir.Value]:
+    """e**(x + lo) = er * 2**n for x in [EXP_MIN, EXP_MAX]: (v, n, er), n as a float and as the
+    low bits of v = n + ROUNDER."""
+    b = m.b
+    v = m.mad(x, m.c(LOG2E), m.c(ROUNDER))
+    n = b.fsub(v, m.c(ROUNDER))
+    r = m.mad(n, m.c(-LN2_HI), x)
+    r = m.mad(n, m.c(-LN2_LO), r)
+    if lo is not None:
+        r = b.fadd(r, lo)
+    return v, n, b.fadd(m.mad(m.poly(r, EXP_P), b.fmul(r, r), r), m.c(1.0))
+
+
 def exp_parts(m: MathBuilder, x: ir.Value, lo: ir.Value | None = None) -> tuple[ir.Value, ir.Value]:
     """e**(x + lo) as (mantissa, scale), both normal floats, whose product is the result.
 
@@ -33,15 +47,7 @@ def exp_parts(m: MathBuilder, x: ir.Value, lo: ir.Value | None = None) -> tuple[
     """
     b = m.b
     vanishing = m.cmp("<", x, m.c(EXP_MIN))
-    x = m.clamp(x, EXP_MIN, EXP_MAX)
-    v = m.mad(x, m.c(LOG2E), m.c(ROUNDER))
-    n = b.fsub(v, m.c(ROUNDER))
-    r = m.mad(n, m.c(-LN2_HI), x)
-    r = m.mad(n, m.c(-LN2_LO), r)
-    if lo is not None:
-        r = b.fadd(r, lo)
-    p = m.mad(m.poly(r, EXP_P), b.fmul(r, r), r)
-    er = b.fadd(p, m.c(1.0))
+    v, _, er = _reduce(m, m.clamp(x, EXP_MIN, EXP_MAX), lo)
     er = m.select(vanishing, m.c(0.0), er)
     k = b.sub(m.bits(v), m.bits(m.c(ROUNDER)))  # n as an integer in [-251, 128]
     k1 = b.ashr(k, m.ic(1))
@@ -51,16 +57,20 @@ def exp_parts(m: MathBuilder, x: ir.Value, lo: ir.Value | None = None) -> tuple[
     return b.fmul(er, s1), s2
 
 
+def exp_scalef(m: MathBuilder, x: ir.Value, lo: ir.Value | None = None
+               ) -> tuple[ir.Value, ir.Value]:
+    """e**(x + lo) = er * 2**n as (er, n) for `m.scale` (vscalefps), which rounds a subnormal
+    result once; callers may fold factors into er first. x must lie in [EXP_MIN, EXP_MAX]."""
+    _, n, er = _reduce(m, x, lo)
+    return er, n
+
+
 def exp(m: MathBuilder, x: ir.Value) -> ir.Value:
     if not m.scalef:
         mantissa, scale = exp_parts(m, x)
         return m.b.fmul(mantissa, scale)
-    b = m.b  # same reduction; vscalefps applies 2**n (overflow, subnormals) in one step
-    x = m.clamp(x, -104.0, EXP_MAX)
-    n = b.fsub(m.mad(x, m.c(LOG2E), m.c(ROUNDER)), m.c(ROUNDER))
-    r = m.mad(n, m.c(-LN2_LO), m.mad(n, m.c(-LN2_HI), x))
-    p = b.fadd(m.mad(m.poly(r, EXP_P), b.fmul(r, r), r), m.c(1.0))
-    return m.scale(p, n)
+    er, n = exp_scalef(m, m.clamp(x, -104.0, EXP_MAX))  # below, e**x rounds to 0
+    return m.scale(er, n)
 
 
 def log(m: MathBuilder, x: ir.Value) -> ir.Value:

@@ -45,4 +45,5 @@ def build(problem: Problem, ctx: Context) -> Kernel:
     def run(*arrays: np.ndarray) -> None:
         group(*arrays[:n_in], out=list(arrays[n_in:]))  # the planner's outputs are contiguous
 
-    return Kernel(run, print_kernel(*lower_group(region, ctx.target)), strided=True)
+    return Kernel(run, lambda: print_kernel(*lower_group(region, ctx.target)), group.assembly,
+                  strided=True)
