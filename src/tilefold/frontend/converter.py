@@ -77,7 +77,8 @@ def convert_graph(
     `inputs(i, placeholder)` says how the i-th placeholder enters. Without `trial`, the first
     node no rule lowers raises UnsupportedError naming every such node; with `trial`, such
     nodes are recorded and their results become fresh function arguments, so that one pass
-    finds every unsupported node (the partitioner's question).
+    finds every unsupported node (the partitioner's question); a trial that finds none has
+    built the module, as a plain conversion would.
     """
     b = Builder(name)
     ctx = LoweringContext(b, Sizes(dim_names))
@@ -115,10 +116,11 @@ def convert_graph(
             result.unsupported[node] = "get_attr nodes are not lowered"
         elif node.op == "output":
             outputs = _outputs(ctx, node, result)
-    if result.unsupported and not trial:
-        raise UnsupportedError(describe_unsupported(result.unsupported))
-    if not trial:
-        b.build(*outputs)
+    if result.unsupported:
+        if not trial:
+            raise UnsupportedError(describe_unsupported(result.unsupported))
+        return result
+    b.build(*outputs)
     return result
 
 

@@ -127,7 +127,8 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
     report.symbolic_dims = sorted({str(d) for a in trial.module["main"].args for d in a.type.shape
                                    if not isinstance(d, int)})
     if not trial.unsupported:
-        runner = _Frozen(lambda: GraphRunner(convert_graph(gm.graph, top_inputs)), real, frozen)
+        runner = _Frozen(lambda: GraphRunner(convert_graph(gm.graph, top_inputs)), real, frozen,
+                         GraphRunner(trial))
         report.partitions = 1
         report.executor = runner.runner.executor
         report.executors.append(runner)
@@ -190,10 +191,11 @@ class _Partition(torch.nn.Module):
 class _Frozen:
     """A whole-graph runner whose constants are re-lowered when a frozen weight changes."""
 
-    def __init__(self, build: Callable[[], GraphRunner], real: list[Any], frozen: set[int]):
+    def __init__(self, build: Callable[[], GraphRunner], real: list[Any], frozen: set[int],
+                 runner: GraphRunner):
         self.build = build
         self.watch = [(i, real[i], real[i]._version) for i in sorted(frozen)]
-        self.runner = build()
+        self.runner = runner
 
     def methods(self) -> dict[str, int]:
         return self.runner.run.methods()
