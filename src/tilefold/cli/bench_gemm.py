@@ -16,6 +16,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def _torch():
     return torch
 
 
-def bench_shape(shape: Shape, threads: int, args, torch) -> Row:
+def bench_shape(shape: Shape, threads: int, args: argparse.Namespace, torch: Any) -> Row:
     from threadpoolctl import threadpool_limits
 
     from tilefold.linalg import matmul
@@ -90,7 +91,8 @@ def bench_shape(shape: Shape, threads: int, args, torch) -> Row:
     return row
 
 
-def print_table(rows: list[Row], peak: float, threads: int, out=sys.stdout) -> dict[str, float]:
+def print_table(rows: list[Row], peak: float, threads: int, out: TextIO = sys.stdout
+                ) -> dict[str, float]:
     peers = [p for p in ("numpy", "torch") if p in rows[0].gflops]
     head = f"{'shape':<14}{'B':>4}{'M':>6}{'N':>6}{'K':>6}{'tilefold':>10}{'%peak':>7}"
     head += "".join(f"{p:>9}" for p in peers) + "".join(f"{'vs ' + p:>10}" for p in peers)
@@ -173,7 +175,7 @@ def compile_times() -> list[tuple[str, str, float, float]]:
     return rows
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from tilefold.codegen.gemm.module import gemm_module
     from tilefold.runtime import num_threads
     from tilefold.target import measured_peak_gflops

@@ -155,7 +155,7 @@ def _gemv_row(shape: Shape, fmt: str, threads: int, args) -> dict[str, float]:
             "speedup": fp32 / seconds["tilefold"]}
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from tilefold.codegen.lowp.kernels import select_dot_kernel
     from tilefold.runtime import num_threads
     from tilefold.target import host_target, measured_bandwidth_gbps, measured_peak_gflops

@@ -231,7 +231,8 @@ def _emit_worker(module, kernel, block) -> ir.Function:
     return fn
 
 
-def emit_entry(module, worker, name: str, offset_slot: int, threads_slot: int) -> ir.Function:
+def emit_entry(module: ir.Module, worker: ir.Function, name: str, offset_slot: int,
+               threads_slot: int) -> ir.Function:
     """`name(params, X, Y, Z, ws)`: one native call runs `worker` on `params[threads_slot]`
     threads with ctx = [params, X, Y, Z, ws] (data pointers).
 

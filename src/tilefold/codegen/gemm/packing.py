@@ -45,7 +45,7 @@ def _new(module: ir.Module, name: str, arg_names: tuple[str, ...]) -> tuple[ir.F
 
 
 def emit_pack_a(module: ir.Module, m_sizes: tuple[int, ...], name: str = "tf_pack_a",
-                row_major: bool = True):
+                row_major: bool = True) -> ir.Function:
     """pack_a(mc, kc, A, rsa, csa, dst): A[mc, kc] -> panels of `m_sizes` rows.
 
     `row_major=False` leaves out the in-register transposes for A with contiguous rows (such A
@@ -118,7 +118,8 @@ def _interleave(b, vals: list[ir.Value]) -> ir.Value:
     return vals[0]
 
 
-def emit_pack_b(module: ir.Module, nr_max: int, lanes: int, name: str = "tf_pack_b"):
+def emit_pack_b(module: ir.Module, nr_max: int, lanes: int, name: str = "tf_pack_b"
+                ) -> ir.Function:
     """pack_b(kc, nc, B, rsb, csb, dst): B[kc, nc] -> NR-column panels, vector-padded."""
     fn, b = _new(module, name, ("kc", "nc", "src", "rs", "cs", "dst"))
     kc, nc, src, rs, cs, dst = fn.args

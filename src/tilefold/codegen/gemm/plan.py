@@ -13,6 +13,7 @@ from tilefold.codegen.gemm.blocking import Blocking, derive_blocking
 from tilefold.codegen.gemm.driver import BMode, Param
 from tilefold.codegen.gemm.gemv import GemvMode, GemvParam
 from tilefold.codegen.gemm.module import GemmModule, gemm_module
+from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.gemm.registry import select_microkernel
 
 # Cache-line alignment for buffers the kernels stream (packed panels, workspaces).
@@ -209,7 +210,7 @@ class GemvPlan(_Plan):
         self.mode = mode
         self.w_is_a = w_is_a
 
-    def __call__(self, a: np.ndarray, b, c: np.ndarray) -> None:
+    def __call__(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
         if self.w_is_a:
             self.run(b, a, c)
         else:
@@ -285,14 +286,13 @@ def _gemv_plan(module, m, n, k, sa, sb, sc, beta, threads) -> GemvPlan | None:
     return None
 
 
-def make_plan(module: GemmModule, a: np.ndarray, b, c: np.ndarray, beta: int, threads: int,
-              blocking: Blocking | None = None, bmode: BMode | None = None):
+def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c: np.ndarray,
+              beta: int, threads: int, blocking: Blocking | None = None,
+              bmode: BMode | None = None) -> GemmPlan | GemvPlan:
     """Plan C (+)= A @ B for arrays of these shapes and strides (batch dims broadcast); the plan
     is called as `plan(a, b, c)` with `b` as given (an ndarray or a `PackedMatrix`'s data).
 
     `c` must have a unit column stride."""
-    from tilefold.codegen.gemm.prepack import PackedMatrix
-
     m, k = a.shape[-2:]
     n = c.shape[-1]
     el = a.itemsize
