@@ -168,9 +168,10 @@ def _pow(prog: Program, op: Operation, args: list[int], problem: Problem) -> int
 class Emitter:
     """Emits a `Program` as the per-row body of a row kernel (see `native.emit_row_kernel`)."""
 
-    def __init__(self, prog: Program, lanes: int):
+    def __init__(self, prog: Program, lanes: int, features: frozenset[str] = frozenset()):
         self.p = prog
         self.lanes = lanes
+        self.features = features  # the target's: ISA-specific math forms (vscalefps)
         self.stage: dict[int, int] = {}
         for i in sorted(prog.vec):
             prim = prog.prims.get(i)
@@ -238,7 +239,7 @@ class Emitter:
             scalars[r] = _horizontal(b, self.p.prims[r].op, accs[r], lanes)
 
     def _iteration(self, b, ptrs, row, j, mask, stage, scalars, buffers, reductions, accs):
-        m = MathBuilder(b, u.vec(u.f32, self.lanes))
+        m = MathBuilder(b, u.vec(u.f32, self.lanes), self.features)
         values: dict[int, ir.Value] = {}
 
         def get(i: int) -> ir.Value:

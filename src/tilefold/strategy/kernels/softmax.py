@@ -39,10 +39,11 @@ def _sweep(b: ir.IRBuilder, n: int, lanes: int, name: str, step, combine,
 
 
 def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n: int,
-                     lanes: int) -> None:
-    """Softmax of row `row` of the [rows, n] arrays at `x` into `y`."""
+                     lanes: int, features: frozenset[str] = frozenset()) -> None:
+    """Softmax of row `row` of the [rows, n] arrays at `x` into `y` (`features`: the target's,
+    for ISA-specific math forms)."""
     vty = u.vec(u.f32, lanes)
-    m = MathBuilder(b, vty)
+    m = MathBuilder(b, vty, features)
     base = b.mul(row, u.const(n))
 
     def ptr(array, j):
@@ -71,7 +72,7 @@ def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n
     row_max = u.splat(b, b.call(fn, [acc]), lanes)
 
     def exp_step(j, mask, accs):
-        e = emit_math(b, "exp", b.fsub(load(x, j, mask, float("-inf")), row_max))
+        e = emit_math(b, "exp", b.fsub(load(x, j, mask, float("-inf")), row_max), features)
         store(e, j, mask)
         return [b.fadd(accs[0], e)]
 

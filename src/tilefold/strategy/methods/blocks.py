@@ -152,7 +152,7 @@ def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:
     threads = threads_for(4 * prog.rows * prog.n * nargs, ctx.threads)
 
     def make_ir() -> str:
-        emitter = Emitter(prog, lanes)
+        emitter = Emitter(prog, lanes, ctx.target.features)
         module = new_module(name, ctx.target)
         emit_row_kernel(module, name, nargs, prog.rows, threads,
                         lambda b, ptrs, row, buffers: emitter.emit(b, ptrs, row, buffers),

@@ -42,6 +42,8 @@ def build_softmax(problem: Problem, ctx: Context) -> Kernel:
     lanes = max(4, ctx.target.vector_bits // 32)
     name = kernel_name("tf_softmax", problem)
     module = new_module(name, ctx.target)
+    features = ctx.target.features
     emit_row_kernel(module, name, 2, rows, threads_for(8 * rows * n, ctx.threads),
-                    lambda b, ptrs, row, _: emit_softmax_row(b, ptrs[0], ptrs[1], row, n, lanes))
+                    lambda b, ptrs, row, _: emit_softmax_row(b, ptrs[0], ptrs[1], row, n, lanes,
+                                                             features))
     return load_kernel(str(module), ctx.target, name, 2)
