@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
-from tilefold.codegen.lowp.decode import choose_decoder
+from tilefold.codegen.lowp.decode import choose_decoder, octet_packed
 from tilefold.quant import dequantize, quantize, quantized_matmul
 from tilefold.quant.accuracy import matmul_bound
 
@@ -56,3 +56,38 @@ def test_bf16_activations_and_threads_agree(rng):
     assert np.array_equal(one, two)
     w = dequantize(qw, "f64")
     assert (np.abs(one - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("k", "group"), [(64, 8), (80, 16), (256, 64), (96, 6), (192, 32)])
+@pytest.mark.parametrize(("fmt", "kw"), [("int4", {}), ("int4", {"symmetric": False}),
+                                         ("fp4", {})])
+def test_nibble_packings_match_reference(rng, level, k, group, fmt, kw):
+    """Octet-packed panels (AVX-512, group % 8 == 0) and k-pair panels (group 6, AVX2) for odd N,
+    several K and group sizes, M = 1..8."""
+    target = target_for(level)
+    n = 37
+    qw = quantize(rng.standard_normal((k, n)).astype(np.float32), fmt, group_size=group, **kw)
+    w = dequantize(qw, "f64")
+    for m in range(1, 9):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y = quantized_matmul(x, qw, target=target)
+        assert y.shape == (m, n)
+        assert (np.abs(y - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
+
+
+def test_octet_packing_is_chosen_on_avx512():
+    assert octet_packed(16, 32, True) and not octet_packed(16, 6, True)
+    assert not octet_packed(8, 32, True) and not octet_packed(16, 32, False)
+
+
+@pytest.mark.parametrize("kw", [{}, {"symmetric": False}])
+def test_kept_plans_follow_new_activations_and_threads(rng, kw):
+    """A plan kept on the weight serves new x (and, with zero points, new row sums of x)."""
+    qw = quantize(rng.standard_normal((256, 50)).astype(np.float32), "int4", **kw)
+    w = dequantize(qw, "f64")
+    for threads in (1, 2, 1):
+        for _ in range(2):
+            x = rng.standard_normal((3, 256)).astype(np.float32)
+            y = quantized_matmul(x, qw, threads=threads)
+            assert (np.abs(y - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()

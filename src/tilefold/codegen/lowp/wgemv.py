@@ -15,7 +15,13 @@ from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
-from tilefold.codegen.lowp.decode import Decoder, decode_pair, lut_constant
+from tilefold.codegen.lowp.decode import (
+    Decoder,
+    decode_octet,
+    decode_pair,
+    lut_constant,
+    octet_packed,
+)
 from tilefold.target import Target
 
 ENTRY = "tf_wgemv"
@@ -50,6 +56,11 @@ class WgemvSpec:
     mt: int
     nv: int
     zero_point: bool
+
+    @property
+    def octets(self) -> bool:
+        """Panels hold 8 k per 32-bit lane (`decode.octet_packed`)."""
+        return octet_packed(self.lanes, self.group, self.decoder.nibbles)
 
     @property
     def name(self) -> str:
@@ -88,8 +99,14 @@ def _emit_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
                 kp = b.add(kl.index, u.const(step))
                 kk = b.add(k0, b.mul(kp, u.const(2)))
                 byte_off = b.mul(b.sdiv(kk, u.const(2)), u.const(pair_bytes))
+                if spec.octets and step % 4 == 0:
+                    octets = [decode_octet(b, dec, u.gep(b, panels[v], byte_off), lut)
+                              for v in range(nv)]
                 for v in range(nv):
-                    lo, hi = decode_pair(b, dec, u.gep(b, panels[v], byte_off), lanes, lut)
+                    if spec.octets:
+                        lo, hi = octets[v][2 * (step % 4): 2 * (step % 4) + 2]
+                    else:
+                        lo, hi = decode_pair(b, dec, u.gep(b, panels[v], byte_off), lanes, lut)
                     for m in range(mt):
                         xe = u.splat(b, b.load(u.gep(b, rows[m], kk), align=4), lanes)
                         xo = u.splat(b, b.load(u.gep(b, rows[m], b.add(kk, u.const(1))),
