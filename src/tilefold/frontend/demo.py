@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tilefold.runtime.timing import interleaved_medians
+from tilefold.runtime.timing import interleaved_medians, time_warm
 
 INSTALL = 'pip install -e ".[demo]"'
 SENTENCES = [
@@ -201,14 +201,16 @@ def contenders(model: Any, inputs: tuple, args: argparse.Namespace
 def time_contenders(found: dict[str, tuple[Callable[[], Any], dict[str, float]]],
                     runs: int) -> dict[str, dict[str, float]]:
     """Latency of each contender, the median of `runs` rounds that call every one in turn (a
-    noisy moment of the host hits all alike); compile times are first calls minus latency.
+    noisy moment of the host hits all alike); each timed call follows an untimed one, since
+    contenders evict each other's weights from the cache. Compile times are first calls minus
+    latency.
 
     A warm-up round comes first: compiling a later contender reset Dynamo, so an earlier one
     retraces (with warm caches) on its next call."""
     for call, _ in found.values():
         call()
     latency = interleaved_medians({name: call for name, (call, _) in found.items()}, runs,
-                                  settle=SETTLE_SECONDS)
+                                  time_warm, SETTLE_SECONDS)
     rows = {}
     for name, (_, built) in found.items():
         row = {"latency": latency[name]}

@@ -34,6 +34,13 @@ def time_once(fn: Callable[[], object]) -> list[float]:
     return [time.perf_counter() - start]
 
 
+def time_warm(fn: Callable[[], object]) -> list[float]:
+    """Seconds of one call of `fn` right after an untimed one: the timed call finds its data
+    (weights) in cache as in a loop of calls, even when other contenders ran in between."""
+    fn()
+    return time_once(fn)
+
+
 def interleaved_medians(impls: dict[str, Callable[[], object]], rounds: int,
                         sample: Callable[[Callable[[], object]], list[float]] = time_once,
                         settle: float = SETTLE_SECONDS) -> dict[str, float]:
