@@ -68,9 +68,12 @@ class _Plan:
 
 def lower_group(group: Function | Block, target: Target | None = None) -> tuple[Kernel, Schedule]:
     """The kernel and schedule for `group` with row-major buffers (what `--print-ir` shows)."""
-    grp = analyze_group(group)
+    return _row_major(analyze_group(group), target or host_target())
+
+
+def _row_major(grp: Group, target: Target) -> tuple[Kernel, Schedule]:
     kernel = grp.kernel(contiguous_layout(grp))
-    return kernel, choose_schedule(kernel, target or host_target()).check(kernel)
+    return kernel, choose_schedule(kernel, target).check(kernel)
 
 
 class CompiledGroup:
@@ -113,8 +116,7 @@ class CompiledGroup:
     def kernel_text(self, *arrays: np.ndarray) -> str:
         """The kernel IR and schedule that runs for these inputs (row-major when none)."""
         if not arrays:
-            kernel = self.group.kernel(contiguous_layout(self.group))
-            return print_kernel(kernel, choose_schedule(kernel, self.target))
+            return print_kernel(*_row_major(self.group, self.target))
         self(*arrays)
         plan_key = tuple((a.shape, a.strides, a.dtype) for a in arrays)
         compiled = next(c for c in self._compiled.values()
@@ -123,8 +125,7 @@ class CompiledGroup:
 
     def assembly(self) -> str:
         """The native code of the row-major kernel as the JIT compiles it (`explain --asm`)."""
-        kernel = self.group.kernel(contiguous_layout(self.group))
-        schedule = choose_schedule(kernel, self.target).check(kernel)
+        kernel, schedule = _row_major(self.group, self.target)
         text = emit_kernel(kernel, schedule, self.target.features, ARRAY_DATA_OFFSET)
         return emit_assembly(text, self.target, opt_level=OPT_LEVEL)
 

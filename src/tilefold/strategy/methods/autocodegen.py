@@ -35,8 +35,7 @@ class KernelCodegen(Method):
 
 def build(problem: Problem, ctx: Context) -> Kernel:
     # On first use, as in `propose`.
-    from tilefold.codegen.kernel.compile import compile_group, lower_group
-    from tilefold.codegen.kernel.printer import print_kernel
+    from tilefold.codegen.kernel.compile import compile_group
 
     region = problem.op.regions[0]
     group = compile_group(region, ctx.target)
@@ -45,5 +44,4 @@ def build(problem: Problem, ctx: Context) -> Kernel:
     def run(*arrays: np.ndarray) -> None:
         group(*arrays[:n_in], out=list(arrays[n_in:]))  # the planner's outputs are contiguous
 
-    return Kernel(run, lambda: print_kernel(*lower_group(region, ctx.target)), group.assembly,
-                  strided=True)
+    return Kernel(run, group.kernel_text, group.assembly, strided=True)
