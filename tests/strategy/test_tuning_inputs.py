@@ -31,8 +31,25 @@ def test_measuring_charges_the_kernel_for_what_it_leaves_behind():
     from tilefold.strategy import autotune
 
     calls = []
-    fast = autotune.measure(lambda: calls.append("run"), [], 0.0)
-    charged = autotune.measure(lambda: calls.append("run"), [], 0.0,
-                               neighbour=lambda: time.sleep(0.002))
+    fast = autotune.measure({"run": lambda: calls.append("run")}, 0.0)["run"]
+    charged = autotune.measure({"run": lambda: calls.append("run")}, 0.0,
+                               neighbour=lambda: time.sleep(0.002))["run"]
     assert fast < 0.001 <= 0.002 <= charged
     assert len(calls) >= 8  # a warm-up and at least three timed calls each
+
+
+def test_candidates_are_timed_interleaved():
+    """Each round calls every candidate once, starting one further along each time, so a slow
+    spell of a shared host lands on all of them alike."""
+    import time
+
+    from tilefold.strategy import autotune
+
+    order = []
+    medians = autotune.measure({"slow": lambda: (order.append("slow"), time.sleep(0.003)),
+                                "fast": lambda: order.append("fast")}, 0.0)
+    assert medians["fast"] < 0.001 < 0.003 <= medians["slow"]
+    assert order[:2] == ["slow", "fast"]  # the warm-up calls
+    rounds = [order[i:i + 2] for i in range(2, len(order), 2)]
+    assert len(rounds) >= 3 and all(sorted(r) == ["fast", "slow"] for r in rounds)
+    assert rounds[0] != rounds[1]  # the starting candidate rotates

@@ -58,27 +58,37 @@ def empty_outputs(problem: Problem) -> list[np.ndarray]:
             for t in problem.out_types()]
 
 
-def measure(run: Callable[..., None], arrays: list[np.ndarray], seconds: float,
-            neighbour: Callable[[], None] | None = None) -> float:
-    """Median seconds per call after one warm-up, over at least 3 calls or `seconds`.
+def measure(runs: dict[str, Callable[[], None]], seconds: float,
+            neighbour: Callable[[], None] | None = None) -> dict[str, float]:
+    """Median seconds per call of each candidate, timed interleaved: every round calls each
+    once (starting one further along each time) until `seconds` are spent, at least 3 rounds.
+
+    A shared host flips between quiet and contended within a second; timed one after another,
+    candidates were ranked by when they ran (a tuned MiniLM ran 1.6x slower than the cost
+    model's picks). Interleaved, a noisy moment hits all of them alike.
 
     `neighbour` stands for the kernels around this one in a compiled graph: it runs before each
     call, and once more inside the timed span after it. That charges a kernel for sharing the
     cores with tilefold's spinning workers, and for the time its own threads (PyTorch's OpenMP
     pool, say) keep spinning afterwards and slow the next kernel down.
     """
-    run(*arrays)
-    times: list[float] = []
+    names = list(runs)
+    for name in names:
+        runs[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
     deadline = time.perf_counter() + seconds
-    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 50):
-        if neighbour is not None:
-            neighbour()
-        start = time.perf_counter()
-        run(*arrays)
-        if neighbour is not None:
-            neighbour()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    rounds = 0
+    while rounds < 3 or (time.perf_counter() < deadline and rounds < 50):
+        for name in names[rounds % len(names):] + names[:rounds % len(names)]:
+            if neighbour is not None:
+                neighbour()
+            start = time.perf_counter()
+            runs[name]()
+            if neighbour is not None:
+                neighbour()
+            times[name].append(time.perf_counter() - start)
+        rounds += 1
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def agrees(got: list[np.ndarray], want: list[np.ndarray]) -> bool:

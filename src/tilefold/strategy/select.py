@@ -10,6 +10,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from tilefold.runtime.thread_pool import thread_pool
 from tilefold.strategy import autotune
@@ -122,10 +123,8 @@ def _tune(decision: Decision, ctx: Context, budget: float) -> None:
             log.warning("tuning %s skipped: the reference fails on timing inputs (%s)",
                         problem.describe(), exc)
             return
-    best: tuple[float, Candidate, Kernel] | None = None
-    per = max(0.05, budget / max(1, len(top)) / 4)
     pool = thread_pool()
-    neighbour = pool.empty_region if pool.size > 1 else None
+    built: dict[str, tuple[Candidate, Kernel, list]] = {}
     for c in autotune.progress(top, len(top), f"tuning {' -> '.join(problem.names)}"):
         try:
             kernel = c.build()
@@ -133,14 +132,17 @@ def _tune(decision: Decision, ctx: Context, budget: float) -> None:
             kernel.run(*inputs, *outs)
             if want is not None and not autotune.agrees(outs, want):
                 raise ValueError("wrong result against the extern reference")
-            seconds = autotune.measure(kernel.run, [*inputs, *outs], per, neighbour)
         except Exception as exc:  # scored inf, never fatal
             decision.failures[c.key] = f"{type(exc).__name__}: {exc}"
             log.warning("tuning: %s failed (%s); it scores inf", c.key, exc)
             continue
-        decision.measured[c.key] = seconds
-        if best is None or seconds < best[0]:
-            best = (seconds, c, kernel)
-    if best is not None:
-        _, decision.winner, decision.kernel = best
-        decision.why = f"fastest of {len(decision.measured)} measured (tuned now)"
+        built[c.key] = (c, kernel, [*inputs, *outs])
+    if not built:
+        return
+    runs = {key: partial(kernel.run, *arrays) for key, (_, kernel, arrays) in built.items()}
+    seconds = max(0.05 * len(runs), budget / 4)
+    decision.measured = autotune.measure(
+        runs, seconds, pool.empty_region if pool.size > 1 else None)
+    best = min(decision.measured, key=decision.measured.get)
+    decision.winner, decision.kernel, _ = built[best]
+    decision.why = f"fastest of {len(decision.measured)} measured (tuned now)"
