@@ -241,8 +241,11 @@ def compile(
     a list with one array per function result.
     """
     _register()
-    module = copy.deepcopy(module)
-    manager = PassManager(PIPELINE)
+    # Constant arrays (weights) are never written by passes: the copy shares them.
+    shared = {id(v): v for op in module.walk() for v in op.attrs.values()
+              if isinstance(v, np.ndarray)}
+    module = copy.deepcopy(module, memo=shared)
+    manager = PassManager(PIPELINE, verify_each=False)
     manager.run(module)
     refusals = [r for p in manager.passes for r in getattr(p, "refusals", [])]
     if function not in module.functions:

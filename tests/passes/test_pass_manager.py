@@ -75,8 +75,12 @@ def test_verify_each_names_the_pass_that_broke_the_ir() -> None:
     assert "input.tfir:3:8: error:" in str(info.value)
 
 
-def test_verify_each_off_lets_it_pass() -> None:
-    PassManager([BreaksTypes()], verify_each=False).run(module())
+def test_verify_each_off_still_verifies_the_pipeline_output() -> None:
+    """Off (the JIT), the verifier runs once at the end and points at --verify-each."""
+    with pytest.raises(PassError) as info:
+        PassManager([BreaksTypes()], verify_each=False).run(module())
+    assert "pipeline 'breaks-types'" in info.value.message
+    assert "--verify-each" in info.value.message
 
 
 def test_an_invalid_input_is_not_blamed_on_a_pass() -> None:

@@ -5,8 +5,10 @@
     print(pm.timing_report(), pm.statistics_report())
 
 After every pass the verifier runs (`verify_each`, on by default), so a pass that breaks the IR
-is named in a PassError instead of surfacing later. IR dumps carry MLIR's header,
-`// -----// IR Dump After cse //----- //`. The pipeline syntax is in `pipeline.py`.
+is named in a PassError instead of surfacing later; without it (the JIT, where the verifier
+costs a tenth of a warm compile) it runs before the first pass and after the last. IR dumps
+carry MLIR's header, `// -----// IR Dump After cse //----- //`. The pipeline syntax is in
+`pipeline.py`.
 """
 
 from __future__ import annotations
@@ -61,23 +63,28 @@ class PassManager:
 
     def run(self, module: Module) -> Module:
         """Run every pass over `module` in place; return it."""
-        if self.verify_each:
-            self._timed("verifier", verify, module)  # a broken input is not the first pass's fault
+        self._timed("verifier", verify, module)  # a broken input is not the first pass's fault
         for p in self.passes:
             if self.print_ir_before_all or p.name in self.print_ir_before:
                 self._dump(f"Before {p.name}", module)
             log.debug("running %s", p)
             self._run_pass(p, module)
             if self.verify_each:
-                try:
-                    self._timed("verifier", verify, module)
-                except VerificationError as exc:
-                    raise PassError(
-                        f"pass '{p.name}' left invalid IR: {exc.message}", exc.loc, exc.source
-                    ) from None
+                self._verify_after(f"pass '{p.name}'", module)
             if self.print_ir_after_all or p.name in self.print_ir_after:
                 self._dump(f"After {p.name}", module)
+        if not self.verify_each and self.passes:
+            names = ",".join(p.name for p in self.passes)
+            self._verify_after(
+                f"pipeline '{names}' (`tilefold opt --verify-each` names the pass)", module)
         return module
+
+    def _verify_after(self, culprit: str, module: Module) -> None:
+        try:
+            self._timed("verifier", verify, module)
+        except VerificationError as exc:
+            raise PassError(f"{culprit} left invalid IR: {exc.message}", exc.loc,
+                            exc.source) from None
 
     def _run_pass(self, p: Pass, module: Module) -> None:
         try:
