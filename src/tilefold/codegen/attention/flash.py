@@ -27,7 +27,7 @@ from tilefold.codegen.attention.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_
 from tilefold.codegen.gemm.driver import PARALLEL_TYPE, WORKER_TYPE
 from tilefold.codegen.vecmath import emit_math
 
-QB = 64  # query rows per task
+QB = 128  # query rows per task
 ROWS = 4  # query rows per register tile
 MAX_ACCS = 16  # accumulator vectors per register tile (of 32 zmm)
 FP = u.f32.as_pointer()
