@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from tilefold.codegen.lowp.amxgemm import BLOCK, ENTRY, KSTEP, ROWS, AParam, amx
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
 from tilefold.target import Target
+
+if TYPE_CHECKING:  # dotpack imports this module
+    from tilefold.codegen.lowp.dotpack import PackedB
 
 _P = ctypes.c_void_p
 # Below this many multiply-adds a second thread costs more than it saves.
@@ -91,7 +95,8 @@ def _plan(kernel: DotKernel, target: Target, m: int, k: int, n: int, lda: int, l
     return plan, values
 
 
-def run_amxgemm(a: np.ndarray, b, kernel: DotKernel, n: int, target: Target, *,
+def run_amxgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, n: int,
+                target: Target, *,
                 dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                 threads: int | None = None) -> np.ndarray:
     """C = A[M, K] @ B with B raw [K, N] (packed per call, in parallel) or `PackedB` panels;

@@ -83,14 +83,15 @@ def _one(b: ir.IRBuilder, dec: Decoder, x, lanes: int, lut):
     return b.sitofp(x, u.vec(u.f32, lanes))
 
 
-def lut_constant(dec: Decoder):
+def lut_constant(dec: Decoder) -> ir.Constant | None:
     """The vpermps table operand, or None when the decoder needs none."""
     if dec.method != "lut":
         return None
     return ir.Constant(u.vec(u.f32, 16), [float(v) for v in NIBBLE_TABLES[dec.code]])
 
 
-def decode_pair(b: ir.IRBuilder, dec: Decoder, ptr, lanes: int, lut):
+def decode_pair(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lanes: int,
+                lut: ir.Constant | None) -> tuple[ir.Value, ir.Value]:
     """(codes k, codes k+1) as f32 vectors from the `bytes_per_pair * lanes` bytes at `ptr`."""
     byte_vec = u.vec(u.i8, lanes)
     i32v = u.vec(u.i32, lanes)
@@ -116,7 +117,8 @@ def octet_packed(lanes: int, group: int, nibbles: bool) -> bool:
     return nibbles and lanes == 16 and group % 8 == 0
 
 
-def decode_octet(b: ir.IRBuilder, dec: Decoder, ptr, lut) -> list:
+def decode_octet(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lut: ir.Constant | None
+                 ) -> list[ir.Value]:
     """Codes k0 .. k0+7 of 16 lanes as f32 vectors from the 64 octet-packed bytes at `ptr`."""
     i32v = u.vec(u.i32, 16)
     words = b.load(b.bitcast(ptr, i32v.as_pointer()), align=4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,6 +25,25 @@ _P = ctypes.c_void_p
 PARALLEL_MIN_BYTES = 1 << 18
 
 
+class QuantizedWeight(Protocol):
+    """What the kernels read of a `tilefold.quant.QuantizedTensor` (a layer above codegen)."""
+
+    shape: tuple[int, ...]
+    axis: int
+    format: Any  # tilefold.quant.Format: .bits, .name
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    kernel_layouts: dict[Any, Any]
+
+    @property
+    def code(self) -> Any: ...
+
+    @property
+    def group_size(self) -> int: ...
+
+    def codes(self) -> np.ndarray: ...
+
+
 def tile_for(m: int) -> tuple[int, int]:
     """(rows per pass, panels per tile) for M rows."""
     return next(t for t in _TILES if m <= t[0]) if m <= 8 else _TILES[-1]
@@ -33,7 +53,7 @@ class PanelLayout:
     """A [K, N] weight's codes in column panels of `lanes`, k-pairs interleaved per lane, plus
     scales and zero-point corrections as [panels, groups, lanes] f32 (panels padded)."""
 
-    def __init__(self, qt, lanes: int):
+    def __init__(self, qt: QuantizedWeight, lanes: int):
         codes = np.moveaxis(qt.codes(), qt.axis, 0)
         if codes.ndim != 2:
             raise UnsupportedError(
@@ -83,7 +103,7 @@ class PanelLayout:
                                     .transpose(1, 0, 2))
 
 
-def panel_layout(qt, lanes: int) -> PanelLayout:
+def panel_layout(qt: QuantizedWeight, lanes: int) -> PanelLayout:
     """The weight's panel layout for `lanes`, built once and kept on the QuantizedTensor."""
     key = ("panels", lanes)
     if key not in qt.kernel_layouts:
@@ -121,7 +141,7 @@ _NO_SX = np.zeros(1, np.float32)
 _MAX_PLANS = 64  # per weight; a serving loop meets few distinct M
 
 
-def weight_only_matmul(x: np.ndarray, qt, target: Target | None = None,
+def weight_only_matmul(x: np.ndarray, qt: QuantizedWeight, target: Target | None = None,
                        threads: int | None = None) -> np.ndarray:
     """x[M, K] (f32, C-contiguous) @ dequantize(qt) -> f32[M, N], decoding in registers.
 
