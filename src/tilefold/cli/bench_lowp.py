@@ -9,6 +9,8 @@ B on every call.
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import sys
 
 import ml_dtypes
@@ -38,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
     parser.add_argument("--block-seconds", type=float, default=0.15,
                         help="timed seconds per implementation per round")
+    parser.add_argument("--cold", action="store_true",
+                        help="GEMV: each call reads the next of several weight copies that "
+                             "together exceed L3 (decoding a model larger than the cache)")
 
 
 def _peers_bf16(a, b, threads):
@@ -134,6 +139,23 @@ def _random_codes(fmt: str, k: int, n: int, rng) -> QuantizedTensor:
     return QuantizedTensor(f, (k, n), 0, data, scale)
 
 
+def _copies(nbytes: int, cold: bool) -> int:
+    """Weight copies a GEMV rotates through: enough to fill L3 twice when `cold`, so each call
+    reads its weight from DRAM (as when decoding a model larger than the cache), else one."""
+    from tilefold.target import host_target
+
+    return max(1, math.ceil(2 * host_target().l3_bytes / nbytes)) if cold else 1
+
+
+def _rotating(call, weights: list):
+    """A zero-argument call applying `call` to the next weight of `weights` each time (each
+    called once first: a weight's first call builds its kernel layout and plan)."""
+    for w in weights:
+        call(w)
+    ring = itertools.cycle(weights)
+    return lambda: call(next(ring))
+
+
 def _gemv_row(shape: Shape, fmt: str, threads: int, args) -> dict[str, float]:
     """GB/s on packed bytes for the quantized weight; fp32 GEMV on its own bytes."""
     from tilefold.linalg import matmul
@@ -144,10 +166,13 @@ def _gemv_row(shape: Shape, fmt: str, threads: int, args) -> dict[str, float]:
     if shape.k * shape.n * 4 <= FP32_MAX_BYTES:
         w = rng.standard_normal((shape.k, shape.n), dtype=np.float32)
         qw = quantize(w, fmt, group_size=32)
-        impls["fp32"] = lambda: matmul(x, w, threads=threads)
+        ws = [w] + [w.copy() for _ in range(_copies(w.nbytes, args.cold) - 1)]
+        impls["fp32"] = _rotating(lambda wi: matmul(x, wi, threads=threads), ws)
     else:
         qw = _random_codes(fmt, shape.k, shape.n, rng)
-    impls["tilefold"] = lambda: quantized_matmul(x, qw, threads=threads)
+    qws = [qw] + [QuantizedTensor(qw.format, qw.shape, qw.axis, qw.data.copy(), qw.scale.copy(),
+                                  qw.zero_point) for _ in range(_copies(qw.nbytes, args.cold) - 1)]
+    impls["tilefold"] = _rotating(lambda qi: quantized_matmul(x, qi, threads=threads), qws)
     seconds = _time_all(impls, args)
     fp32 = seconds.get("fp32", float("nan"))
     return {"tilefold_gbps": qw.nbytes / seconds["tilefold"] / 1e9,
@@ -183,8 +208,10 @@ def run(args: argparse.Namespace) -> int:
                        value_width=13, ratio_width=16)
         return 0
     bandwidth = measured_bandwidth_gbps(threads)
-    print(f"{args.dtype} weight-only GEMV (group 32), {threads} thread(s); measured read "
-          f"bandwidth {bandwidth:.1f} GB/s; GB/s counted on packed bytes (codes + scales)")
+    where = "from DRAM (weights rotate past L3)" if args.cold else "hot (one weight, may be cached)"
+    print(f"{args.dtype} weight-only GEMV (group 32), {threads} thread(s), weights {where}; "
+          f"measured read bandwidth {bandwidth:.1f} GB/s; GB/s counted on packed bytes "
+          "(codes + scales)")
     print(f"{'shape':<16}{'M':>6}{'N':>6}{'K':>6}{'GB/s':>9}{'%bw':>7}{'fp32 GB/s':>11}"
           f"{'vs fp32':>10}")
     speedups = []
