@@ -90,6 +90,25 @@ def test_constants_are_bit_exact(dt: dtypes.DType, data) -> None:
             assert stored.tobytes() == value.tobytes()
 
 
+def test_external_constants_print_as_names_and_parse_from_bound_arrays() -> None:
+    """Weights kept out of the text (the graph cache): printed by name, bound when parsed."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 4)).astype(np.float32)
+    b = Builder()
+    x = b.arg("x", "f32", (3, 6))
+    module = b.build(x @ b.constant(w))
+    stored = module["main"].ops[0].attrs["value"]
+    text = print_module(module, external={id(stored): "input:1"})
+    assert 'file "input:1"' in text and len(text) < 300
+    other = rng.standard_normal((6, 4)).astype(np.float32)
+    parsed = verify(parse_module(text, bound={"input:1": other}))
+    np.testing.assert_array_equal(parsed["main"].ops[0].attrs["value"], other)
+    with pytest.raises(TilefoldError, match="bound array 'input:1' is float64"):
+        parse_module(text, bound={"input:1": other.astype(np.float64)})
+    with pytest.raises(TilefoldError, match="pass resource_dir"):
+        parse_module(text)
+
+
 @pytest.mark.parametrize(
     ("values", "dt", "printed"),
     [

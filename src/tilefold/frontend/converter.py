@@ -32,6 +32,8 @@ class Converted:
     outputs: list[Any]  # per graph output: an IR result index, or a literal (None)
     unsupported: dict[fx.Node, str] = field(default_factory=dict)  # node -> reason
     lowered: dict[str, int] = field(default_factory=dict)  # ATen op -> count
+    # placeholder position -> the module's constant array made from it (a frozen weight)
+    frozen: dict[int, Any] = field(default_factory=dict)
 
 
 def is_size_node(node: fx.Node) -> bool:
@@ -93,6 +95,7 @@ def convert_graph(
             key = id(payload)
             if key not in constants:
                 constants[key] = b.constant(to_numpy(payload))
+                result.frozen[i] = constants[key].value.defining_op.attrs["value"]
             ctx.env[node] = constants[key]
         else:
             ctx.env[node] = _argument(ctx, node, payload, result)

@@ -21,6 +21,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from tilefold.errors import TilefoldError
+from tilefold.frontend import graph_cache
 from tilefold.frontend.converter import Input, convert_graph, is_size_node, op_name
 from tilefold.frontend.export import inference_decompositions
 from tilefold.frontend.preserved import preserve
@@ -60,12 +61,25 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
     frozen = {i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)}
     report = GraphReport(graph, "tilefold")
     started = time.perf_counter()
+    key = graph_cache.graph_key(gm, example_inputs)
+    entry = graph_cache.load(key) if key else None
+    if entry is not None:
+        try:
+            return _cached(entry, example_inputs, report)
+        except TilefoldError as exc:  # e.g. a stale entry the IR no longer parses
+            log.warning("tilefold: graph %s: the cached lowering failed (%s); lowering afresh",
+                        graph, exc)
 
     def inference(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
         report.trace_s = time.perf_counter() - started
         try:
             with unset_fake_temporarily():  # weights are read as real tensors
-                return _lower(aten_gm, example_inputs, frozen, report)
+                runner = _lower(aten_gm, example_inputs, frozen, report)
+            same_inputs = sum(n.op == "placeholder" for n in aten_gm.graph.nodes) == len(
+                example_inputs)
+            if key and same_inputs and isinstance(runner, _Frozen) and graph_cache.storable():
+                graph_cache.store(key, runner.runner.converted, report.aten_nodes)
+            return runner
         except (TilefoldError, NotImplementedError, KeyError, ValueError, TypeError) as exc:
             if strict:
                 raise
@@ -87,6 +101,24 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
 
 
 _GRAPHS: list[str] = []
+
+
+def _cached(entry: graph_cache.Entry, real: list[Any], report: GraphReport) -> Callable:
+    """The graph's runner from its stored lowering, bound to `real`'s weights (Dynamo calls it
+    with the graph's inputs, as AOTAutograd's wrapper would be)."""
+    started = time.perf_counter()
+
+    def build() -> GraphRunner:
+        return GraphRunner(graph_cache.converted(entry, real))
+
+    runner = _Frozen(build, real, set(entry.frozen), build())
+    report.cached, report.partitions = True, 1
+    report.aten_nodes, report.lowered = entry.aten_nodes, dict(entry.lowered)
+    report.executor = runner.runner.executor
+    report.executors.append(runner)
+    report.convert_s = time.perf_counter() - started
+    record(report)
+    return lambda *args: tuple(runner(*args))
 
 
 def _eager(gm: fx.GraphModule, graph: str, reason: str, strict: bool) -> Callable:

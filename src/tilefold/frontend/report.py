@@ -22,6 +22,7 @@ class GraphReport:
     trace_s: float = 0.0
     convert_s: float = 0.0
     reason: str = ""  # why the whole graph runs eagerly, when it does
+    cached: bool = False  # the lowering came from the graph cache (no ATen trace)
     executors: list[Any] = field(default_factory=list, repr=False)  # runner.Executor objects
 
     def methods(self) -> dict[str, int]:
@@ -41,7 +42,9 @@ class GraphReport:
         lines = [
             f"{head}, {self.aten_nodes} ATen nodes, {sum(self.lowered.values())} lowered, "
             f"{self.fallback_nodes} run by PyTorch in {self.partitions} tilefold partition(s); "
-            f"executor {self.executor}; trace {self.trace_s:.2f} s, lower {self.convert_s:.2f} s",
+            f"executor {self.executor}; "
+            + (f"from the graph cache in {self.convert_s:.2f} s" if self.cached else
+               f"trace {self.trace_s:.2f} s, lower {self.convert_s:.2f} s"),
         ]
         methods = self.methods()
         if methods:

@@ -75,10 +75,12 @@ def tokenize(text: str, file: str) -> list[Token]:
 class Parser:
     """A recursive-descent parser over the token list, one method per grammar rule."""
 
-    def __init__(self, text: str, file: str, resource_dir: Path | None):
+    def __init__(self, text: str, file: str, resource_dir: Path | None,
+                 bound: dict[str, np.ndarray] | None = None):
         self.text = text
         self.file = file
         self.resource_dir = resource_dir
+        self.bound = bound or {}
         self.tokens = tokenize(text, file)
         self.pos = 0
         self.scope: dict[str, Value] = {}
@@ -247,6 +249,11 @@ class Parser:
         return tok.text
 
     def resource(self, name: str, tok: Token, dt: dtypes.DType) -> np.ndarray:
+        if name in self.bound:
+            array = self.bound[name]
+            if array.dtype != dt.np_dtype:
+                raise self.error(f"bound array {name!r} is {array.dtype}, the constant {dt}", tok)
+            return np.ascontiguousarray(array).reshape(-1)
         if self.resource_dir is None:
             raise self.error(f"constant refers to file {name!r}; pass resource_dir", tok)
         path = self.resource_dir / name
@@ -398,10 +405,13 @@ class Parser:
 
 
 def parse_module(
-    text: str, file: str = "<string>", resource_dir: str | Path | None = None
+    text: str, file: str = "<string>", resource_dir: str | Path | None = None,
+    bound: dict[str, np.ndarray] | None = None,
 ) -> Module:
-    """Parse IR text. `resource_dir` is where `dense<... file "x.bin">` constants live."""
-    return Parser(text, file, Path(resource_dir) if resource_dir is not None else None).module()
+    """Parse IR text. `resource_dir` is where `dense<... file "x.bin">` constants live;
+    `bound` supplies such constants by name instead (the printer's `external`)."""
+    resources = Path(resource_dir) if resource_dir is not None else None
+    return Parser(text, file, resources, bound).module()
 
 
 def parse_file(path: str | Path, resource_dir: str | Path | None = None) -> Module:

@@ -16,7 +16,8 @@ The grammar by example (`//` starts a comment, which the parser skips):
   `true`/`false`, JSON strings, lists (`[1, ?b]`), dtype names (`bf16`) and dense constants.
 - Dense constants: `[decimals]` (up to 16 elements, each reading back bit for bit), `splat x`,
   raw little-endian bytes `0x...` (NaN payloads, bigger data), or `file "name.bin"`: a side file
-  in the resource dir given to `print_module`/`parse_module`.
+  in the resource dir given to `print_module`/`parse_module`, or an array the caller binds by
+  name (`external` when printing, `bound` when parsing: weights kept out of the text).
 - Ops with regions: `%y = fused(%a) : T region (%r: T) {` ... `yield(%v)` ... `}`.
 """
 
@@ -83,18 +84,23 @@ def decode_scalars(texts: list[str], dt: dtypes.DType) -> np.ndarray:
 
 
 class Printer:
-    """Accumulates text; `resource_dir` (optional) receives large constants as side files."""
+    """Accumulates text; `resource_dir` (optional) receives large constants as side files;
+    constants whose array is in `external` (by identity) print as that name's `file` ref."""
 
-    def __init__(self, resource_dir: str | Path | None = None, file_limit: int = FILE_LIMIT):
+    def __init__(self, resource_dir: str | Path | None = None, file_limit: int = FILE_LIMIT,
+                 external: dict[int, str] | None = None):
         self.lines: list[str] = []
         self.resource_dir = Path(resource_dir) if resource_dir is not None else None
         self.file_limit = file_limit
+        self.external = external or {}
 
     # -- attributes --------------------------------------------------------------------------
 
     def dense(self, value: np.ndarray) -> str:
         dt = dtypes.dtype(value.dtype)
         head = str(TensorType.of(dt, value.shape))
+        if id(value) in self.external:
+            return f"dense<{head} file {json.dumps(self.external[id(value)])}>"
         flat = np.ascontiguousarray(value).reshape(-1)
         raw = flat.tobytes()
         if self.resource_dir is not None and len(raw) > self.file_limit:
@@ -201,10 +207,12 @@ class Printer:
 
 
 def print_module(
-    module: Module, resource_dir: str | Path | None = None, file_limit: int = FILE_LIMIT
+    module: Module, resource_dir: str | Path | None = None, file_limit: int = FILE_LIMIT,
+    external: dict[int, str] | None = None,
 ) -> str:
-    """The module's text. With `resource_dir`, constants over `file_limit` bytes become files."""
-    return Printer(resource_dir, file_limit).module(module)
+    """The module's text. With `resource_dir`, constants over `file_limit` bytes become files;
+    constant arrays in `external` (id -> name) become references the parser binds by name."""
+    return Printer(resource_dir, file_limit, external).module(module)
 
 
 def print_op(op: Operation) -> str:

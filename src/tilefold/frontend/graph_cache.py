@@ -1,0 +1,149 @@
+"""Warm starts without AOTAutograd: lowered Dynamo graphs kept on disk as IR text.
+
+A warm `torch.compile` spent 0.45-0.9 s of its ~2 s re-tracing the model to ATen (inductor
+skips that with its own AOTAutograd cache). Here a graph that lowered whole is stored under a
+key of Dynamo's graph code and its inputs' metadata; the next process parses the IR, binds the
+frozen weights of *its* model to the constants by name (the text never holds weights, so a
+model with the same architecture and other weights gets its own), and skips the trace.
+
+Only graphs whose call needs none of AOTAutograd's runtime wrapping are stored: every shape
+static, no input mutated, no output aliasing an input, and no attributes or submodules
+(everything reaches the graph as an input). Files are JSON written atomically; a corrupt or
+foreign one is reported and ignored. `TILEFOLD_GRAPH_CACHE=0` turns the cache off (say, while
+changing a lowering rule in place); `=write` stores without loading (a cold compile, timed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from tilefold.frontend.converter import Converted
+from tilefold.frontend.tensors import to_numpy
+from tilefold.ir import parse_module, print_module
+from tilefold.runtime import source_digest
+from tilefold.target import cache_dir
+from tilefold.version import __version__
+
+log = logging.getLogger("tilefold.frontend")
+SCHEMA = 1
+# The code that decides what IR a graph lowers to: part of every key.
+_LOWERING = ("tilefold.frontend", "tilefold.frontend.rules", "tilefold.ir", "tilefold.ir.ops")
+# IR text above this size (constants not from inputs, printed inline) is not worth a file.
+MAX_TEXT_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A stored lowering: the IR text (weights as names `input:<i>`) and how to call it."""
+
+    text: str
+    arg_indices: list[int]
+    outputs: list[int | None]
+    frozen: list[int]
+    lowered: dict[str, int]
+    aten_nodes: int
+
+
+def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
+    """The key of this graph and these inputs, or None when the graph may not be stored."""
+    if _mode() == "0":
+        return None
+    if any(n.op in ("get_attr", "call_module") for n in gm.graph.nodes):
+        return None
+    first: dict[int, int] = {}
+    metas = []
+    for i, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
+            return None
+        if any(isinstance(d, torch.SymInt) for d in (*x.shape, *x.stride())):
+            return None
+        # Which earlier input this one is (tied weights lower to one constant).
+        same = first.setdefault(id(x), i)
+        metas.append([list(x.shape), list(x.stride()), str(x.dtype),
+                      isinstance(x, torch.nn.Parameter), x.requires_grad, same])
+    fields = {"schema": SCHEMA, "tilefold": __version__, "torch": torch.__version__,
+              "lowering": source_digest(*_LOWERING), "code": gm.code, "inputs": metas,
+              "grad": torch.is_grad_enabled()}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _mode() -> str:
+    return os.environ.get("TILEFOLD_GRAPH_CACHE", "1").strip().lower()
+
+
+def _path(key: str) -> Path:
+    return cache_dir() / "graphs" / f"{key}.json"
+
+
+def storable() -> bool:
+    """Whether the graph AOTAutograd is compiling needs no runtime wrapping (call inside the
+    inference compiler)."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None:
+        return False
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    return (not any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
+            and all(o.output_type == OutputType.non_alias for o in meta.output_info)
+            and meta.num_intermediate_bases == 0 and not meta.tokens)
+
+
+def store(key: str, converted: Converted, aten_nodes: int) -> None:
+    """Write the lowering atomically (a failure to write is logged, never raised)."""
+    if not all(o is None or isinstance(o, int) for o in converted.outputs):
+        return
+    names = {id(array): f"input:{i}" for i, array in converted.frozen.items()}
+    text = print_module(converted.module, external=names)
+    if len(text) > MAX_TEXT_BYTES:
+        return
+    entry = {"schema": SCHEMA, "key": key, "text": text, "arg_indices": converted.arg_indices,
+             "outputs": converted.outputs, "frozen": sorted(converted.frozen),
+             "lowered": converted.lowered, "aten_nodes": aten_nodes}
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".graph-", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(entry, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("tilefold: could not store the lowered graph in %s: %s", path, exc)
+
+
+def load(key: str) -> Entry | None:
+    """The stored lowering under `key`; None when there is none, it is unreadable, or the cache
+    only writes."""
+    if _mode() == "write":
+        return None
+    path = _path(key)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("schema") != SCHEMA or data.get("key") != key:
+            raise ValueError("written by another version")
+        return Entry(data["text"], data["arg_indices"], data["outputs"], data["frozen"],
+                     data["lowered"], data["aten_nodes"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("tilefold: ignoring the stored graph %s (%s); lowering afresh", path, exc)
+        return None
+
+
+def converted(entry: Entry, real: list[Any]) -> Converted:
+    """The stored lowering with `real`'s frozen weights bound to its constants."""
+    bound = {f"input:{i}": to_numpy(real[i]) for i in entry.frozen}
+    module = parse_module(entry.text, "<graph cache>", bound=bound)
+    return Converted(module, list(entry.arg_indices), list(entry.outputs),
+                     lowered=dict(entry.lowered))

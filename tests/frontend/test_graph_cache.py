@@ -1,0 +1,128 @@
+"""The graph cache: a warm torch.compile skips AOTAutograd, binds its own model's weights, and
+stores only graphs that need none of AOTAutograd's runtime wrapping."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilefold.frontend import report
+
+
+class Net(torch.nn.Module):
+    def __init__(self, alias_output: bool = False):
+        super().__init__()
+        self.proj = torch.nn.Linear(24, 24)
+        self.norm = torch.nn.LayerNorm(24)
+        self.alias_output = alias_output
+
+    def forward(self, x):
+        y = F.gelu(self.norm(self.proj(x))) * 2
+        return (y, x.view(-1)) if self.alias_output else y
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    return tmp_path
+
+
+def _compile_and_check(model: torch.nn.Module, x: torch.Tensor) -> report.GraphReport:
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend="tilefold")(x)
+        want = model(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    return report.reports()[-1]
+
+
+def _no_aot(monkeypatch):
+    """Make any use of AOTAutograd fail: a cache hit must not trace."""
+    import torch._dynamo.backends.common as common
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("AOTAutograd ran on a cache hit")
+
+    monkeypatch.setattr(common, "aot_autograd", refuse)
+
+
+def test_a_warm_compile_skips_the_trace_and_matches_eager(private_cache, monkeypatch):
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 24)
+    assert not _compile_and_check(model, x).cached
+    assert len(list((private_cache / "graphs").glob("*.json"))) == 1
+    _no_aot(monkeypatch)
+    assert _compile_and_check(model, x).cached
+
+
+def test_a_hit_binds_the_weights_of_the_model_it_compiles():
+    """Same architecture, other weights: the stored text holds names, not values."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 24)
+    _compile_and_check(Net().eval(), x)
+    torch.manual_seed(1)
+    other = Net().eval()
+    assert _compile_and_check(other, x).cached  # checked against `other` in eager
+
+
+def test_weights_changed_in_place_after_a_hit_are_lowered_again():
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 24)
+    _compile_and_check(model, x)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="tilefold")
+        compiled(x)
+        assert report.reports()[-1].cached
+        model.proj.weight.mul_(-0.5)
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_corrupt_entry_is_reported_and_lowered_afresh(private_cache, caplog):
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 24)
+    _compile_and_check(model, x)
+    (entry,) = (private_cache / "graphs").glob("*.json")
+    entry.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="tilefold.frontend"):
+        assert not _compile_and_check(model, x).cached
+    assert "ignoring the stored graph" in caplog.text
+
+
+def test_graphs_returning_an_alias_of_an_input_are_not_stored(private_cache):
+    """Their outputs need AOTAutograd's wrapper (it regenerates the view)."""
+    torch.manual_seed(0)
+    model, x = Net(alias_output=True).eval(), torch.randn(3, 24)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got, view = torch.compile(model, backend="tilefold")(x)
+        want, _ = model(x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert view.data_ptr() == x.data_ptr()
+    assert not list((private_cache / "graphs").glob("*.json"))
+
+
+def test_the_cache_can_be_turned_off(private_cache, monkeypatch):
+    monkeypatch.setenv("TILEFOLD_GRAPH_CACHE", "0")
+    torch.manual_seed(0)
+    _compile_and_check(Net().eval(), torch.randn(3, 24))
+    assert not (private_cache / "graphs").exists()
+
+
+def test_write_mode_lowers_afresh_and_stores(private_cache, monkeypatch):
+    """How the demo times a cold compile while leaving the cache warm for the next one."""
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 24)
+    _compile_and_check(model, x)
+    (entry,) = (private_cache / "graphs").glob("*.json")
+    entry.unlink()
+    monkeypatch.setenv("TILEFOLD_GRAPH_CACHE", "write")
+    assert not _compile_and_check(model, x).cached
+    assert entry.exists()
+    monkeypatch.delenv("TILEFOLD_GRAPH_CACHE")
+    assert _compile_and_check(model, x).cached
