@@ -65,6 +65,31 @@ def test_cse_keeps_float_attributes_that_differ_in_sign_of_zero() -> None:
     assert names(m.functions["f"].body).count("rms_norm") == 2
 
 
+def test_cse_merges_large_constants_only_when_every_bit_matches() -> None:
+    """Big constants are keyed by their ends: equal ends with another middle stay apart."""
+    from tilefold.ir import Builder
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    middle = w.copy()
+    middle[32, 7] = -middle[32, 7]
+    zero = w.copy()
+    zero[40, 3] = 0.0
+    negzero = zero.copy()
+    negzero[40, 3] = -0.0
+    b = Builder()
+    x = b.arg("x", "f32", (2, 64))
+    outs = [x @ b.constant(c) for c in (w, w.copy(), middle, zero, negzero)]
+    m = b.build(*outs)
+    ones = np.ones((2, 64), np.float32)
+    want = interpret(m, ones)
+    run_pipeline(m, "cse")
+    constants = [op for op in m.functions["main"].ops if op.name == "constant"]
+    assert len(constants) == 4  # only the exact copy of w merged
+    for got, ref in zip(interpret(m, ones), want, strict=True):
+        np.testing.assert_array_equal(got, ref)
+
+
 def test_constant_fold_keeps_names_and_locations() -> None:
     m = parse_module("""func @f() -> (i64[4]) {
   %a = arange() {shape = [4], start = 1.0} : i64[4] loc("model.py":7:3)
