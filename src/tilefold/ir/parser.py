@@ -214,12 +214,14 @@ class Parser:
             raise self.error("a dense constant needs a static shape", start)
         count = t.num_elements
         tok = self.tok
+        bound = False
         if self.accept("splat"):
             flat = decode_scalars([self.scalar_text(dt)], dt).repeat(count)
         elif self.accept("["):
             flat = decode_scalars(self.comma_list("]", lambda: self.scalar_text(dt)), dt)
         elif self.accept("file"):
             name = self.string("a resource file name")
+            bound = name in self.bound
             flat = self.resource(name, tok, dt)
         else:
             raw = self.expect_kind("hex", "splat, [values], file or 0x hex data").text[2:]
@@ -230,6 +232,10 @@ class Parser:
         self.expect(">")
         if flat.size != count:
             raise self.error(f"dense constant of type {t} holds {flat.size} elements", tok)
+        if bound:  # the caller's array (a weight): shared, not copied, and read-only here
+            view = flat.reshape(t.shape)
+            view.flags.writeable = False
+            return view
         return flat.reshape(t.shape).copy()
 
     def scalar_text(self, dt: dtypes.DType) -> str:
