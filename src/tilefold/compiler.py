@@ -28,7 +28,7 @@ from tilefold.strategy import register_builtin_methods as _register
 from tilefold.strategy.problem import bind_shapes
 from tilefold.target import Target
 
-PIPELINE = "default,fusion"
+PIPELINE = "default,merge-matmuls,dce,fusion"
 
 View = Callable[[np.ndarray, dict], np.ndarray]
 VIEWS: dict[str, View] = {

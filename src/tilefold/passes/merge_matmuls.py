@@ -1,0 +1,101 @@
+"""merge-matmuls: matmuls of one activation by constant weights become one wider matmul.
+
+Attention's query, key and value projections read the same input: three GEMMs of N = d each
+stream it three times and pay three calls. Concatenating the weights (and their bias vectors)
+along N makes one GEMM of N = 3d whose result is sliced per projection; slices are views, so
+the consumers read the parts in place (XLA's and Inductor's horizontal fusion of such GEMMs).
+
+    %q = matmul(%x, %wq) {transpose_b = true}      %w = constant() {value = [wq; wk]}
+    %qb = add(%q, %bq)                         ->  %m = matmul(%x, %w) {transpose_b = true}
+    %k = matmul(%x, %wk) {transpose_b = true}      %mb = add(%m, %b)   // b = [bq, bk]
+    %kb = add(%k, %bk)                             %qb = slice(%mb) [.., 0:d]; %kb = [.., d:2d]
+
+Members must share the activation, transposes, dtype and K; each weight is a 2-D constant; a
+member's result feeds exactly one `add` of a 1-D constant bias (all members) or nothing else
+special (no member has one).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from tilefold.ir import Function, Operation
+from tilefold.passes.base import Pass, Statistic
+from tilefold.passes.rewrite import Rewriter, constant_of
+
+END = 9223372036854775807  # slice stop: to the end of the axis
+
+
+class MergeMatmuls(Pass):
+    name = "merge-matmuls"
+    summary = "Merge matmuls of one activation by constant weights into one wider matmul"
+    statistics = (Statistic("num-merged", "matmuls folded into a wider one"),)
+
+    def run_on_function(self, fn: Function) -> None:
+        uses = fn.uses()
+        groups: dict[tuple, list[Operation]] = defaultdict(list)
+        for op in fn.body.ops:
+            w = constant_of(op.operands[1]) if op.name == "matmul" else None
+            if w is None or w.ndim != 2:
+                continue
+            tb = bool(op.attr("transpose_b"))
+            k = w.shape[1] if tb else w.shape[0]
+            key = (op.operands[0], bool(op.attr("transpose_a")), tb, k, str(w.dtype))
+            groups[key].append(op)
+        rewriter = Rewriter(fn)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            biases = [self._bias(m, uses) for m in members]
+            if any(b is None for b in biases) and not all(b is None for b in biases):
+                continue
+            self._merge(rewriter, members, biases)
+
+    @staticmethod
+    def _bias(mm: Operation, uses: dict) -> Operation | None:
+        """The member's only user when it adds a 1-D constant of the result's width."""
+        users = uses.get(mm.results[0], [])
+        if len(users) != 1 or users[0].name != "add":
+            return None
+        add = users[0]
+        other = [v for v in add.operands if v is not mm.results[0]]
+        bias = constant_of(other[0]) if len(other) == 1 else None
+        width = mm.results[0].type.shape[-1]
+        if (bias is None or bias.shape != (width,) or bias.dtype != constant_of(
+                mm.operands[1]).dtype or add.results[0].type != mm.results[0].type):
+            return None
+        return add
+
+    def _merge(self, rewriter: Rewriter, members: list[Operation],
+               adds: list[Operation | None]) -> None:
+        first = members[0]
+        tb = bool(first.attr("transpose_b"))
+        weights = [constant_of(m.operands[1]) for m in members]
+        widths = [w.shape[0] if tb else w.shape[1] for w in weights]
+        wcat = np.concatenate(weights, axis=0 if tb else 1)
+        w = rewriter.create(first, "constant", [], {"value": wcat}, loc=first.loc).results[0]
+        out = rewriter.create(first, "matmul", [first.operands[0], w], dict(first.attrs),
+                              loc=first.loc).results[0]
+        if adds[0] is not None:
+            bcat = np.concatenate([constant_of(next(v for v in a.operands if v is not m.results[0]))
+                                   for a, m in zip(adds, members, strict=True)])
+            b = rewriter.create(first, "constant", [], {"value": bcat}, loc=first.loc).results[0]
+            out = rewriter.create(first, "add", [out, b], {}, loc=first.loc).results[0]
+        rank = len(out.type.shape)
+        parts, start = [], 0
+        for mm, add, width in zip(members, adds, widths, strict=True):
+            last = add if add is not None else mm
+            name = last.results[0].name  # the slice takes over the member's name
+            last.results[0].name = rewriter.fresh_name()
+            attrs = {"starts": [0] * (rank - 1) + [start],
+                     "stops": [END] * (rank - 1) + [start + width], "steps": [1] * rank}
+            parts.append(rewriter.create(first, "slice", [out], attrs, [name],
+                                         loc=mm.loc).results[0])
+            start += width
+        for mm, add, part in zip(members, adds, parts, strict=True):
+            rewriter.replace(add if add is not None else mm, [part])
+            if add is not None:
+                mm.erase()
+        self.count("num-merged", len(members))

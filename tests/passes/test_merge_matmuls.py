@@ -1,0 +1,53 @@
+"""merge-matmuls: the merged GEMM computes what the separate ones did (interpreted and through
+tf.compile), within fp32's rounding bound for a K-term dot product plus the bias add."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilefold as tf
+from tilefold.ir import Builder
+from tilefold.passes import PassManager
+
+K, WIDTHS = 16, (16, 16, 8)
+
+
+def _projections(weights, biases, transpose_b: bool):
+    b = Builder("main")
+    x = b.arg("x", "f32", ("n", K))
+    outs = []
+    for i, w in enumerate(weights):
+        y = b.op("matmul", x, b.constant(w.T if transpose_b else w), transpose_b=transpose_b)
+        outs.append(y + b.constant(biases[i]) if biases else y)
+    return b.build(*outs)
+
+
+def _check(got: np.ndarray, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> None:
+    """|got - (x w + b)| <= gamma_K |x||w| + u (|x||w| + |b|): the dot product's bound
+    (tests/gemm/reference.py) and one more rounding for the add."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    b64 = np.zeros(w.shape[1]) if bias is None else bias.astype(np.float64)
+    u = np.finfo(np.float32).eps / 2
+    gamma = K * u / (1 - K * u) + u
+    mag = np.abs(x64) @ np.abs(w64)
+    bound = gamma * mag + (u * (mag + np.abs(b64)) if bias is not None else 0) + 1e-30
+    assert np.all(np.abs(got - (x64 @ w64 + b64)) <= bound)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("transpose_b", [True, False])
+def test_merged_projections_stay_within_the_fp32_bound(with_bias: bool, transpose_b: bool):
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((K, n)).astype(np.float32) for n in WIDTHS]
+    biases = [rng.standard_normal(n).astype(np.float32) for n in WIDTHS] if with_bias else []
+    pm = PassManager("merge-matmuls,dce")
+    merged = pm.run(_projections(weights, biases, transpose_b))
+    assert pm.passes[0].stats == {"num-merged": 3}
+    assert [op.name for op in merged.walk()].count("matmul") == 1
+    compiled = tf.compile(_projections(weights, biases, transpose_b))
+    for n in (1, 7, 33):
+        x = rng.standard_normal((n, K)).astype(np.float32)
+        for outs in (tf.interpret(merged, x), compiled(x)):
+            for i, got in enumerate(outs):
+                _check(got, x, weights[i], biases[i] if biases else None)
