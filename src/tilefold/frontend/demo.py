@@ -8,11 +8,10 @@ similarities, and compares latency and compile time with PyTorch eager and torch
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from tilefold.runtime.timing import interleaved_medians, time_warm
@@ -162,21 +161,6 @@ def _similarity(model: Any, compiled: Any, tokenizer: Any) -> None:
 SETTLE_SECONDS = 0.05
 
 
-@contextlib.contextmanager
-def _graph_cache_writes_only() -> Iterator[None]:
-    """TILEFOLD_GRAPH_CACHE=write for the block (unless the user turned the cache off)."""
-    before = os.environ.get("TILEFOLD_GRAPH_CACHE")
-    if (before or "").strip() != "0":
-        os.environ["TILEFOLD_GRAPH_CACHE"] = "write"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TILEFOLD_GRAPH_CACHE", None)
-        else:
-            os.environ["TILEFOLD_GRAPH_CACHE"] = before
-
-
 def _compiled(model: Any, inputs: tuple, backend: str, want: Any
               ) -> tuple[Callable[[], Any], dict[str, float]]:
     """Compile with `backend` and call once (its output checked against `want`, eager's), then
@@ -185,9 +169,11 @@ def _compiled(model: Any, inputs: tuple, backend: str, want: Any
     (tilefold's graph cache only writes; kernels still come from the disk cache if there)."""
     import torch
 
+    from tilefold.frontend import graph_cache
+
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, dynamic=False)  # one fixed shape
-    with _graph_cache_writes_only():
+    with graph_cache.writes_only():
         start = time.perf_counter()
         got = compiled(*inputs)
         first = time.perf_counter() - start

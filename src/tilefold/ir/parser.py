@@ -214,14 +214,15 @@ class Parser:
             raise self.error("a dense constant needs a static shape", start)
         count = t.num_elements
         tok = self.tok
-        bound = False
         if self.accept("splat"):
             flat = decode_scalars([self.scalar_text(dt)], dt).repeat(count)
         elif self.accept("["):
             flat = decode_scalars(self.comma_list("]", lambda: self.scalar_text(dt)), dt)
         elif self.accept("file"):
             name = self.string("a resource file name")
-            bound = name in self.bound
+            if name in self.bound:
+                self.expect(">")
+                return self.bound_constant(name, t, tok)
             flat = self.resource(name, tok, dt)
         else:
             raw = self.expect_kind("hex", "splat, [values], file or 0x hex data").text[2:]
@@ -232,10 +233,6 @@ class Parser:
         self.expect(">")
         if flat.size != count:
             raise self.error(f"dense constant of type {t} holds {flat.size} elements", tok)
-        if bound:  # the caller's array (a weight): shared, not copied, and read-only here
-            view = flat.reshape(t.shape)
-            view.flags.writeable = False
-            return view
         return flat.reshape(t.shape).copy()
 
     def scalar_text(self, dt: dtypes.DType) -> str:
@@ -254,12 +251,18 @@ class Parser:
             )
         return tok.text
 
+    def bound_constant(self, name: str, t: TensorType, tok: Token) -> np.ndarray:
+        """The caller's array for `name` (a weight): shared, not copied, and read-only here."""
+        array = self.bound[name]
+        if array.dtype != t.dtype.np_dtype:
+            raise self.error(f"bound array {name!r} is {array.dtype}, the constant {t.dtype}", tok)
+        if array.size != t.num_elements:
+            raise self.error(f"dense constant of type {t} holds {array.size} elements", tok)
+        view = np.ascontiguousarray(array).reshape(t.shape)
+        view.flags.writeable = False
+        return view
+
     def resource(self, name: str, tok: Token, dt: dtypes.DType) -> np.ndarray:
-        if name in self.bound:
-            array = self.bound[name]
-            if array.dtype != dt.np_dtype:
-                raise self.error(f"bound array {name!r} is {array.dtype}, the constant {dt}", tok)
-            return np.ascontiguousarray(array).reshape(-1)
         if self.resource_dir is None:
             raise self.error(f"constant refers to file {name!r}; pass resource_dir", tok)
         path = self.resource_dir / name

@@ -48,14 +48,15 @@ class MergeMatmuls(Pass):
         for members in groups.values():
             if len(members) < 2:
                 continue
-            biases = [self._bias(m, uses) for m in members]
-            if any(b is None for b in biases) and not all(b is None for b in biases):
+            biased = [self._bias(m, uses) for m in members]
+            if any(b is None for b in biased) and not all(b is None for b in biased):
                 continue
-            self._merge(rewriter, members, biases)
+            self._merge(rewriter, members, biased)
 
     @staticmethod
-    def _bias(mm: Operation, uses: dict) -> Operation | None:
-        """The member's only user when it adds a 1-D constant of the result's width."""
+    def _bias(mm: Operation, uses: dict) -> tuple[Operation, np.ndarray] | None:
+        """(the add, its bias) when the member's only user adds a 1-D constant of the result's
+        width."""
         users = uses.get(mm.results[0], [])
         if len(users) != 1 or users[0].name != "add":
             return None
@@ -66,10 +67,10 @@ class MergeMatmuls(Pass):
         if (bias is None or bias.shape != (width,) or bias.dtype != constant_of(
                 mm.operands[1]).dtype or add.results[0].type != mm.results[0].type):
             return None
-        return add
+        return add, bias
 
     def _merge(self, rewriter: Rewriter, members: list[Operation],
-               adds: list[Operation | None]) -> None:
+               biased: list[tuple[Operation, np.ndarray] | None]) -> None:
         first = members[0]
         tb = bool(first.attr("transpose_b"))
         weights = [constant_of(m.operands[1]) for m in members]
@@ -78,9 +79,9 @@ class MergeMatmuls(Pass):
         w = rewriter.create(first, "constant", [], {"value": wcat}, loc=first.loc).results[0]
         out = rewriter.create(first, "matmul", [first.operands[0], w], dict(first.attrs),
                               loc=first.loc).results[0]
-        if adds[0] is not None:
-            bcat = np.concatenate([constant_of(next(v for v in a.operands if v is not m.results[0]))
-                                   for a, m in zip(adds, members, strict=True)])
+        adds = [b[0] if b is not None else None for b in biased]
+        if biased[0] is not None:
+            bcat = np.concatenate([bias for _, bias in biased])
             b = rewriter.create(first, "constant", [], {"value": bcat}, loc=first.loc).results[0]
             out = rewriter.create(first, "add", [out, b], {}, loc=first.loc).results[0]
         rank = len(out.type.shape)

@@ -43,12 +43,21 @@ def time_warm(fn: Callable[[], object]) -> list[float]:
 
 def interleaved_medians(impls: dict[str, Callable[[], object]], rounds: int,
                         sample: Callable[[Callable[[], object]], list[float]] = time_once,
-                        settle: float = SETTLE_SECONDS) -> dict[str, float]:
-    """Median seconds per call of each implementation: in each of `rounds` rounds every one is
-    sampled in turn, then the process sleeps `settle` seconds."""
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            samples[name] += sample(fn)
-            time.sleep(settle)
+                        settle: float = SETTLE_SECONDS, *, seconds: float = 0.0,
+                        max_rounds: int | None = None) -> dict[str, float]:
+    """Median seconds per call of each implementation: in each round every one is sampled in
+    turn, starting one further along each time, and the process sleeps `settle` seconds after
+    each sample. At least `rounds` rounds; more while `seconds` have not passed, up to
+    `max_rounds`."""
+    names = list(impls)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    deadline = time.perf_counter() + seconds
+    done = 0
+    while done < rounds or (time.perf_counter() < deadline and done < (max_rounds or rounds)):
+        first = done % len(names)
+        for name in names[first:] + names[:first]:
+            samples[name] += sample(impls[name])
+            if settle:
+                time.sleep(settle)
+        done += 1
     return {name: statistics.median(t) for name, t in samples.items()}

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from tilefold.errors import TilefoldError
+from tilefold.runtime.timing import interleaved_medians
 from tilefold.strategy.problem import Problem
 
 log = logging.getLogger("tilefold.tuning")
@@ -72,23 +73,19 @@ def measure(runs: dict[str, Callable[[], None]], seconds: float,
     cores with tilefold's spinning workers, and for the time its own threads (PyTorch's OpenMP
     pool, say) keep spinning afterwards and slow the next kernel down.
     """
-    names = list(runs)
-    for name in names:
-        runs[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    deadline = time.perf_counter() + seconds
-    rounds = 0
-    while rounds < 3 or (time.perf_counter() < deadline and rounds < 50):
-        for name in names[rounds % len(names):] + names[:rounds % len(names)]:
-            if neighbour is not None:
-                neighbour()
-            start = time.perf_counter()
-            runs[name]()
-            if neighbour is not None:
-                neighbour()
-            times[name].append(time.perf_counter() - start)
-        rounds += 1
-    return {name: float(np.median(t)) for name, t in times.items()}
+    for run in runs.values():
+        run()
+
+    def charged(run: Callable[[], None]) -> list[float]:
+        if neighbour is not None:
+            neighbour()
+        start = time.perf_counter()
+        run()
+        if neighbour is not None:
+            neighbour()
+        return [time.perf_counter() - start]
+
+    return interleaved_medians(runs, 3, charged, 0.0, seconds=seconds, max_rounds=50)
 
 
 def agrees(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
