@@ -86,3 +86,24 @@ def test_lto_row_mean_and_gemv_inline_the_library():
       return(%0)
     }"""
     _check(gemv, "lto.rowlib", f32(20, 300), f32(300), rtol=1e-4)
+
+
+def test_extern_torch_runs_on_one_thread_and_restores_the_count(monkeypatch):
+    """PyTorch's OpenMP workers would spin beside tilefold's after the op (and slow the next
+    native kernel), so extern.torch runs its ops on one thread and restores the setting."""
+    torch = pytest.importorskip("torch")
+    seen = []
+    matmul = torch.matmul
+
+    def spy(a, b):
+        seen.append(torch.get_num_threads())
+        return matmul(a, b)
+
+    monkeypatch.setattr(torch, "matmul", spy)
+    torch.set_num_threads(2)
+    text = """func @main(%x: f32[6,20], %w: f32[20,9]) -> (f32[6,9]) {
+      %0 = matmul(%x, %w) : f32[6,9]
+      return(%0)
+    }"""
+    _check(text, "extern.torch", f32(6, 20), f32(20, 9))
+    assert seen == [1] and torch.get_num_threads() == 2

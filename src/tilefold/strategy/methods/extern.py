@@ -2,6 +2,11 @@
 
 Each op uses a library call in its own dtype when one has the reference's meaning, else the
 reference implementation itself, so an extern kernel is never wrong, only slower.
+
+PyTorch ops run on one thread. Its OpenMP workers spin for milliseconds after a parallel op,
+beside tilefold's own workers: the next native kernel then ran up to 1.85x slower (a 5.5 ms
+GEMM took 10.2 ms right after a 2-thread `torch.mm`, 5.6 ms after a 1-thread one). Measured one
+at a time, the tuner cannot see that cost, and picked PyTorch ops that slowed whole models.
 """
 
 from __future__ import annotations
@@ -82,7 +87,12 @@ def _torch_table() -> dict[str, Fn] | None:
     def wrap(fn):
         def run(*args):
             *arrays, attrs = args
-            out = fn(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays), attrs)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                out = fn(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays), attrs)
+            finally:
+                torch.set_num_threads(threads)
             return out.numpy()
         return run
 
@@ -138,9 +148,11 @@ def build_extern(problem: Problem, table: dict[str, Fn], threaded: bool = False)
     return Kernel(run, f"// extern: {names}", strided=True, strided_out=True)
 
 
-def extern_estimate(w: Work, problem: Problem, ctx: Context, per_op: float) -> float:
+def extern_estimate(w: Work, problem: Problem, ctx: Context, per_op: float,
+                    compute_eff: float = 0.7) -> float:
     """Op by op: every op reads and writes memory, plus one library call each."""
-    return roofline(w.flops, w.bytes_unfused, ctx.machine, 0.7, 0.6) + per_op * len(problem.body)
+    return (roofline(w.flops, w.bytes_unfused, ctx.machine, compute_eff, 0.6)
+            + per_op * len(problem.body))
 
 
 def reference_penalty(problem: Problem, table: dict[str, Fn]) -> float:
@@ -176,6 +188,7 @@ class TorchExtern(Method):
             return "PyTorch is not installed"
         merged = {**NUMPY, **table}
         w = work(problem)
-        estimate = (extern_estimate(w, problem, ctx, 2 * ctx.machine.numpy_op_s)
+        estimate = (extern_estimate(w, problem, ctx, 2 * ctx.machine.numpy_op_s,
+                                    0.7 / ctx.threads)  # one thread (see the module's note)
                     + reference_penalty(problem, merged))
-        return [self.candidate({}, estimate, lambda: build_extern(problem, merged, True))]
+        return [self.candidate({}, estimate, lambda: build_extern(problem, merged))]
