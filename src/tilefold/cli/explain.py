@@ -27,21 +27,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle)
 
 
-def handle(args: argparse.Namespace) -> int:
+def compile_file(path: str, function: str, bind: list[str]):
+    """`tilefold.compile` of `function` in the IR file, and its argument shapes with symbolic
+    dims bound by `bind` ("DIM=SIZE" texts; 128 when unbound)."""
     from tilefold.cli.run import parse_pairs
     from tilefold.compiler import compile
     from tilefold.ir import SymDim, parse_file
 
-    if args.tune:
-        os.environ["TILEFOLD_TUNE"] = "1"
     try:
-        bindings = {k: int(v) for k, v in parse_pairs(args.bind, "--bind").items()}
+        bindings = {k: int(v) for k, v in parse_pairs(bind, "--bind").items()}
     except ValueError as exc:
         raise TilefoldError(f"--bind sizes must be integers ({exc})") from None
-    module = parse_file(args.file)
-    graph = compile(module, function=args.function)
+    graph = compile(parse_file(path), function=function)
     shapes = [tuple(bindings.get(d.name, 128) if isinstance(d, SymDim) else d
                     for d in a.type.shape) for a in graph.function.args]
+    return graph, shapes
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.tune:
+        os.environ["TILEFOLD_TUNE"] = "1"
+    graph, shapes = compile_file(args.file, args.function, args.bind)
     print(f"# tilefold explain {args.file} @{args.function} on "
           + ", ".join(f"[{','.join(map(str, s))}]" for s in shapes))
     for refusal in graph.refusals:
@@ -61,7 +67,7 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ms(seconds: float | None) -> str:
+def format_ms(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return "inf" if not math.isfinite(seconds) else f"{seconds * 1e3:.3f} ms"
@@ -78,8 +84,8 @@ def format_decision(d: Decision, index: int, total: int) -> str:
         for c in rows:
             mark = "*" if c is d.winner else " "
             status = d.failures.get(c.key, c.note)
-            lines.append(f"{mark} {family:<16} {c.key:<44} {_ms(c.estimate):>10} "
-                         f"{_ms(d.measured.get(c.key)):>10}  {status}")
+            lines.append(f"{mark} {family:<16} {c.key:<44} {format_ms(c.estimate):>10} "
+                         f"{format_ms(d.measured.get(c.key)):>10}  {status}")
         for r in (r for r in d.rejections if r.family == family):
             lines.append(f"  {family:<16} {r.method:<44} {'-':>10} {'-':>10}  "
                          f"not applicable: {r.reason}")

@@ -8,12 +8,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tilefold.cli import bench, cache, explain, info, opt, run
+from tilefold.cli import bench, cache, explain, info, opt, run, tune
 from tilefold.errors import TilefoldError
 from tilefold.frontend import demo
 from tilefold.version import __version__
 
-COMMANDS = (demo, opt, run, explain, info, bench, cache)
+COMMANDS = (demo, opt, run, explain, tune, info, bench, cache)
 
 
 def build_parser() -> argparse.ArgumentParser:

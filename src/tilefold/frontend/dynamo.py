@@ -232,6 +232,9 @@ class _Frozen:
     def methods(self) -> dict[str, int]:
         return self.runner.run.methods()
 
+    def decisions(self) -> list[Any]:
+        return self.runner.run.decisions()
+
     def __call__(self, *args: Any) -> list[Any]:
         if any(args[i] is not t or t._version != v for i, t, v in self.watch):
             log.info("tilefold: a frozen weight changed; lowering the graph again")

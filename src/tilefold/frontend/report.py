@@ -35,6 +35,10 @@ class GraphReport:
             counts["extern (PyTorch)"] = self.fallback_nodes
         return counts
 
+    def decisions(self) -> list[Any]:
+        """Every fused group's kernel choice (`strategy.Decision`) at the last call."""
+        return [d for executor in self.executors for d in executor.decisions()]
+
     def format(self) -> str:
         head = f"graph {self.graph}: {self.mode}"
         if self.mode == "eager":

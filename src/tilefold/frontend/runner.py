@@ -39,11 +39,17 @@ class Executor:
                     type(exc).__name__, exc)
         self.compiled, self.name = None, "interpreter"
 
+    def decisions(self) -> list[Any]:
+        """The kernel choices (`strategy.Decision`) made for the shapes of the last call."""
+        if self.compiled is None or self.last_shapes is None:
+            return []
+        return self.compiled.decisions(*self.last_shapes)
+
     def methods(self) -> dict[str, int]:
         """How many ops (fused groups, when compiled) each kernel method ran at the last call."""
         if self.compiled is not None and self.last_shapes is not None:
             counts: dict[str, int] = {}
-            for d in self.compiled.decisions(*self.last_shapes):
+            for d in self.decisions():
                 method = d.winner.method if d.winner is not None else "none"
                 counts[method] = counts.get(method, 0) + 1
             return counts

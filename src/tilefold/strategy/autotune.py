@@ -1,7 +1,9 @@
 """Timing candidates on the real machine within a budget, with a progress bar.
 
 `TILEFOLD_TUNE`: unset or 0 = cost model only; 1 = tune with the default budget; a number =
-that many seconds for one compile. A candidate that fails to build, crashes or computes a
+that many seconds for one compile. `TILEFOLD_RETUNE=1` measures again problems the tuning
+database already holds (after a hardware or code change, or a tuning run on a busy host),
+replacing their entries. A candidate that fails to build, crashes or computes a
 wrong answer scores `inf` with its reason (Triton's autotuner habit) and never wins.
 """
 
@@ -22,6 +24,11 @@ from tilefold.strategy.problem import Problem
 log = logging.getLogger("tilefold.tuning")
 DEFAULT_BUDGET_S = 20.0
 TOP_K = 3
+
+
+def retune() -> bool:
+    """Whether to measure problems again instead of taking the tuning database's winners."""
+    return os.environ.get("TILEFOLD_RETUNE", "").strip() not in ("", "0")
 
 
 def tune_budget() -> float | None:

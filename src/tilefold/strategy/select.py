@@ -65,7 +65,7 @@ def decide(problem: Problem, ctx: Context, db: TuningDB, budget: float | None) -
     candidates, rejections = propose_all(problem, ctx)
     decision = Decision(problem, candidates, rejections)
     key, fields = db_key(problem, ctx)
-    entry = db.lookup(key)
+    entry = None if budget is not None and autotune.retune() else db.lookup(key)
     if entry is not None:
         decision.measured = {k: v for k, v in entry.get("timings", {}).items()
                              if isinstance(v, int | float)}

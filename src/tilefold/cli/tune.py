@@ -1,0 +1,116 @@
+"""`tilefold tune`: measure the kernel candidates of an IR file or a model now, keep the winners
+in the tuning database, and show where measurement overruled the cost model."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Iterator
+
+from tilefold.cli.explain import compile_file, format_ms
+from tilefold.errors import TilefoldError
+from tilefold.strategy import Decision
+from tilefold.strategy.autotune import DEFAULT_BUDGET_S
+from tilefold.strategy.tuning_db import TuningDB
+
+MODELS = ("minilm", "bert", "gpt2", "llama")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="measure kernel candidates now and keep the winners",
+        description="Compile FILE (or --model) with measurement on: the best few candidates of "
+        "each fused group are timed interleaved, and the winners are kept in the tuning "
+        "database, which later compiles read instead of the cost model. Tune on a quiet host: "
+        "a busy one makes poor picks.",
+    )
+    p.add_argument("file", nargs="?", help="an IR file (.tfir)")
+    p.add_argument("--model", choices=MODELS, help="tune a model as `tilefold demo` runs it")
+    p.add_argument("--function", default="main", help="function of FILE (default: main)")
+    p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
+                   help="size of a symbolic dim of FILE, e.g. --bind batch=8 (default 128)")
+    p.add_argument("--batch", type=int, default=8, help="model: sequences per call (default 8)")
+    p.add_argument("--seq", type=int, default=128, help="model: tokens per sequence (default 128)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="model: keep only this many layers (default: all)")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                   help=f"seconds of measurement per compile (default {DEFAULT_BUDGET_S:g})")
+    p.add_argument("--again", action="store_true",
+                   help="measure groups the tuning database already holds, replacing them")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    if (args.file is None) == (args.model is None):
+        raise TilefoldError("tilefold tune: give an IR file or --model NAME (one of them)")
+    if not args.budget > 0:
+        raise TilefoldError(f"tilefold tune: --budget must be a positive number of seconds, "
+                            f"not {args.budget}")
+    settings = {"TILEFOLD_TUNE": repr(args.budget), "TILEFOLD_RETUNE": "1" if args.again else "0"}
+    with _environment(settings):
+        decisions = _model_decisions(args) if args.model else _file_decisions(args)
+    print(format_decisions(decisions))
+    print(f"tuning database: {TuningDB().path}")
+    return 0
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the block, restoring them after."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _file_decisions(args: argparse.Namespace) -> list[Decision]:
+    graph, shapes = compile_file(args.file, args.function, args.bind)
+    return graph.decisions(*shapes)
+
+
+def _model_decisions(args: argparse.Namespace) -> list[Decision]:
+    try:
+        import torch
+    except ImportError:
+        raise TilefoldError("tilefold tune --model needs PyTorch: pip install torch") from None
+    from tilefold.frontend import demo, report
+
+    model, _ = demo.load_model(args.model, args.layers)
+    inputs = demo.random_inputs(args.model, args.batch, args.seq)
+    first = len(report.reports())
+    with torch.no_grad():
+        torch.compile(model, backend="tilefold", dynamic=False)(*inputs)
+    return [d for graph in report.reports()[first:] for d in graph.decisions()]
+
+
+def format_decisions(decisions: list[Decision]) -> str:
+    """Per distinct group: how often it occurs, where its choice came from, and each measured
+    candidate's time, marking the winner (*) and the cost model's pick."""
+    groups: dict[str, list[Decision]] = {}
+    for d in decisions:
+        groups.setdefault(d.problem.describe(), []).append(d)
+    lines = []
+    counts = {"measured now": 0, "from the tuning database": 0, "one candidate": 0}
+    for index, (text, same) in enumerate(groups.items(), 1):
+        d = same[0]
+        source = ("from the tuning database" if "tuning database" in d.why
+                  else "measured now" if d.measured else "one candidate")
+        counts[source] += 1
+        lines.append(f"group {index}: {text} x{len(same)}, {source}")
+        pick = d.candidates[0].key if d.candidates else None
+        for key, seconds in sorted(d.measured.items(), key=lambda kv: kv[1]):
+            mark = "*" if d.winner is not None and key == d.winner.key else " "
+            note = "  (cost model's pick)" if key == pick else ""
+            lines.append(f"  {mark} {key:<52} {format_ms(seconds):>10}{note}")
+    lines.append(f"{len(groups)} distinct group(s): "
+                 + ", ".join(f"{n} {what}" for what, n in counts.items())
+                 + " (--again measures the database's groups anew)")
+    return "\n".join(lines)
