@@ -107,3 +107,29 @@ def test_extern_torch_runs_on_one_thread_and_restores_the_count(monkeypatch):
     }"""
     _check(text, "extern.torch", f32(6, 20), f32(20, 9))
     assert seen == [1] and torch.get_num_threads() == 2
+
+
+def test_extern_numpy_runs_blas_on_one_thread(monkeypatch):
+    """OpenBLAS's threads spin after a threaded call and slowed the next native kernel 2.5x,
+    so extern.numpy's matmul runs with one BLAS thread, and the limit is lifted after."""
+    from threadpoolctl import threadpool_info
+
+    from tilefold.strategy.methods import extern
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    seen = []
+
+    def spy(a, b, attrs):
+        seen.append(blas_threads())
+        return np.matmul(a, b)
+
+    monkeypatch.setitem(extern.NUMPY, "matmul", spy)
+    before = blas_threads()
+    text = """func @main(%x: f32[6,20], %w: f32[20,9]) -> (f32[6,9]) {
+      %0 = matmul(%x, %w) : f32[6,9]
+      return(%0)
+    }"""
+    _check(text, "extern.numpy", f32(6, 20), f32(20, 9))
+    assert seen == [[1] * len(before)] and blas_threads() == before

@@ -3,23 +3,26 @@
 Each op uses a library call in its own dtype when one has the reference's meaning, else the
 reference implementation itself, so an extern kernel is never wrong, only slower.
 
-PyTorch ops run on one thread. Its OpenMP workers spin for milliseconds after a parallel op,
-beside tilefold's own workers: the next native kernel then ran up to 1.85x slower (a 5.5 ms
-GEMM took 10.2 ms right after a 2-thread `torch.mm`, 5.6 ms after a 1-thread one). Measured one
-at a time, the tuner cannot see that cost, and picked PyTorch ops that slowed whole models.
+Libraries run on one thread: in a compiled graph tilefold's pool owns the cores. PyTorch's
+OpenMP workers and OpenBLAS's threads keep spinning after a parallel call, beside tilefold's
+workers, and the next native kernel ran up to 2.5x slower (a 5.5 ms GEMM took 10.2 ms right
+after a 2-thread `torch.mm`; a 3.1 ms one took 7.5-8.8 ms when the tuner timed it between
+calls of NumPy's threaded matmul). The tuner cannot see that cost on the library's side, so it
+picked library calls that slowed whole models.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from tilefold.ir import Operation
 from tilefold.ir.interpreter import run_region
-from tilefold.runtime import thread_pool
 from tilefold.strategy.cost import Work, product_flops, roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
@@ -121,18 +124,25 @@ def op_function(op: Operation, problem: Problem, table: dict[str, Fn]) -> Callab
     return lambda *args: op.opdef.reference_op(list(args), attrs, op.regions, run_region)
 
 
-def build_extern(problem: Problem, table: dict[str, Fn], threaded: bool = False) -> Kernel:
+@functools.cache
+def _blas_controller() -> ThreadpoolController:
+    return ThreadpoolController()  # finds the loaded BLAS libraries once
+
+
+def _one_blas_thread():
+    """Run NumPy's BLAS on one thread for the block (about 13 us)."""
+    return _blas_controller().limit(limits=1, user_api="blas")
+
+
+def build_extern(problem: Problem, table: dict[str, Fn], blas: bool = False) -> Kernel:
     """A kernel running the body op by op; results are copied into the output arrays.
 
-    `threaded`: the library runs the body on its own thread pool (PyTorch's OpenMP, a BLAS),
-    so tilefold's workers are parked first instead of spinning beside it."""
+    `blas`: the body calls NumPy's BLAS (matmul), which runs on one thread (see above)."""
     steps = [(op_function(op, problem, table), op.operands, op.results) for op in problem.body]
     inputs, outputs = problem.inputs, problem.outputs
-    park = thread_pool().park if threaded else None
+    scope = _one_blas_thread if blas else contextlib.nullcontext
 
-    def run(*arrays: np.ndarray) -> None:
-        if park is not None:
-            park()
+    def run_steps(arrays) -> None:
         env = dict(zip(inputs, arrays, strict=False))
         for fn, operands, results in steps:
             with np.errstate(all="ignore"):  # IEEE results (NaN, inf) as compiled code gives
@@ -143,6 +153,10 @@ def build_extern(problem: Problem, table: dict[str, Fn], threaded: bool = False)
                 env.update(zip(results, out, strict=True))
         for v, array in zip(outputs, arrays[len(inputs):], strict=True):
             np.copyto(array, env[v], casting="unsafe")
+
+    def run(*arrays: np.ndarray) -> None:
+        with scope():
+            run_steps(arrays)
 
     names = ", ".join(f"{op.name}" for op in problem.body)
     return Kernel(run, f"// extern: {names}", strided=True, strided_out=True)
@@ -171,10 +185,11 @@ class NumpyExtern(Method):
         w = work(problem)
         slow = [op.name for op in problem.body if op.name not in NUMPY]
         note = f"reference implementation for {', '.join(slow)}" if slow else ""
-        estimate = (extern_estimate(w, problem, ctx, ctx.machine.numpy_op_s)
+        blas = any(op.name == "matmul" for op in problem.body)
+        estimate = (extern_estimate(w, problem, ctx, ctx.machine.numpy_op_s,
+                                    0.7 / ctx.threads if blas else 0.7)
                     + reference_penalty(problem, NUMPY))
-        threaded = any(op.name == "matmul" for op in problem.body)  # BLAS threads
-        return [self.candidate({}, estimate, lambda: build_extern(problem, NUMPY, threaded),
+        return [self.candidate({}, estimate, lambda: build_extern(problem, NUMPY, blas),
                                note)]
 
 
