@@ -5,10 +5,11 @@ small and a small LLaMA-style decoder, the last three built from transformers co
 weights (`--layers` shortens them). Each runs batch x seq random tokens (8 x 128 by default).
 Every contender is built first, then all are timed interleaved: each of `--runs` rounds calls
 every contender twice (the first call untimed, to bring its weights back into the cache), and the
-median is the latency. Compile times: cold = first call minus latency; warm = the same after
-resetting Dynamo with in-process caches populated. ONNX Runtime joins when it is installed: the
-model is exported to ONNX in a temporary directory and run on the CPU provider with every graph
-optimization; its cold figure is export + session build + first run, minus latency. Every
+median is the latency. Compile times are first calls in new processes minus latency: cold with
+empty caches, warm with the caches the cold run filled (`frontend.warm_start`). ONNX Runtime
+joins when it is installed: the model is exported to ONNX in a temporary directory and run on
+the CPU provider with every graph optimization; its cold figure is export + session build +
+first run in this process, minus latency. Every
 contender gets the same thread count (torch, tilefold, ORT intra-op, BLAS). tilefold's and ORT's
 outputs are checked against eager. Times in the JSON are seconds. Run it under
 `flock /tmp/tilefold-bench.lock`.
@@ -131,7 +132,7 @@ def _bench_model(name: str, args: argparse.Namespace, threads: int,
     inputs = demo.random_inputs(name, args.batch, args.seq)
     skipped = {}
     with torch.no_grad():
-        found = demo.contenders(model, inputs, args)  # checks compiled outputs against eager
+        found = demo.contenders(model, inputs, args, name)  # checks outputs against eager
         graphs = report.reports()
         methods = graphs[-1].methods() if graphs else {}
         if ort_reason is None:
@@ -180,7 +181,7 @@ def _onnx_runtime(model: Any, inputs: tuple, want: Any, threads: int
     got = session.run(None, feed)[0]
     first = time.perf_counter() - start
     error = float(np.abs(got - want).max())
-    return (lambda: session.run(None, feed)), {"first_call": first, "max_abs_error": error}
+    return (lambda: session.run(None, feed)), {"cold_first_call": first, "max_abs_error": error}
 
 
 def _export_onnx(model: Any, inputs: tuple, path: str) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
+from tilefold.frontend import warm_start
 from tilefold.runtime.timing import interleaved_medians, time_warm
 
 INSTALL = 'pip install -e ".[demo]"'
@@ -161,42 +161,34 @@ def _similarity(model: Any, compiled: Any, tokenizer: Any) -> None:
 SETTLE_SECONDS = 0.05
 
 
-def _compiled(model: Any, inputs: tuple, backend: str, want: Any
-              ) -> tuple[Callable[[], Any], dict[str, float]]:
-    """Compile with `backend` and call once (its output checked against `want`, eager's), then
-    again after resetting Dynamo with every in-process cache warm. Returns a call of the
-    recompiled model and the two first-call times. The first compile lowers the graph anew
-    (tilefold's graph cache only writes; kernels still come from the disk cache if there)."""
+def _compiled(model: Any, inputs: tuple, backend: str, want: Any, name: str,
+              args: argparse.Namespace) -> tuple[Callable[[], Any], dict[str, float]]:
+    """Compile with `backend` and call once (its output checked against `want`, eager's), and
+    measure cold and warm compile times in new processes (`warm_start`). Returns a call of
+    the compiled model and what was measured."""
     import torch
-
-    from tilefold.frontend import graph_cache
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, dynamic=False)  # one fixed shape
-    with graph_cache.writes_only():
-        start = time.perf_counter()
-        got = compiled(*inputs)
-        first = time.perf_counter() - start
-    error = (got - want).abs().max().item()
-    torch._dynamo.reset()
-    recompiled = torch.compile(model, backend=backend, dynamic=False)
-    start = time.perf_counter()
-    recompiled(*inputs)
-    warm = time.perf_counter() - start
-    return (lambda: recompiled(*inputs)), {"first_call": first, "warm_first_call": warm,
-                                          "max_abs_error": error}
+    got = compiled(*inputs)
+    built = {"max_abs_error": (got - want).abs().max().item()}
+    times = warm_start.compile_times(name, backend, args.batch, args.seq, args.layers,
+                                     torch.get_num_threads())
+    built.update({f"{kind}_first_call": s for kind, s in times.items()})
+    return (lambda: compiled(*inputs)), built
 
 
-def contenders(model: Any, inputs: tuple, args: argparse.Namespace
+def contenders(model: Any, inputs: tuple, args: argparse.Namespace, name: str
                ) -> dict[str, tuple[Callable[[], Any], dict[str, float]]]:
-    """Each way of running the model (tilefold, eager, torch.compile unless `--no-inductor`):
-    a call and what was measured while building it."""
+    """Each way of running the model `name` (tilefold, eager, torch.compile unless
+    `--no-inductor`): a call and what was measured while building it."""
     want = model(*inputs)
-    found = {"tilefold": _compiled(model, inputs, "tilefold", want),
+    found = {"tilefold": _compiled(model, inputs, "tilefold", want, name, args),
              "PyTorch eager": ((lambda: model(*inputs)), {})}
     if not args.no_inductor:
         try:
-            found["torch.compile (inductor)"] = _compiled(model, inputs, "inductor", want)
+            found["torch.compile (inductor)"] = _compiled(model, inputs, "inductor", want, name,
+                                                          args)
         except Exception as exc:  # no C++ compiler, or an inductor failure: leave it out
             print(f"torch.compile (inductor) skipped: {type(exc).__name__}: {exc}")
     return found
@@ -218,7 +210,7 @@ def time_contenders(found: dict[str, tuple[Callable[[], Any], dict[str, float]]]
     rows = {}
     for name, (_, built) in found.items():
         row = {"latency": latency[name]}
-        for key, first in (("cold", "first_call"), ("warm", "warm_first_call")):
+        for key, first in (("cold", "cold_first_call"), ("warm", "warm_first_call")):
             if first in built:
                 row[key] = max(built[first] - latency[name], 0)
         if "max_abs_error" in built:
@@ -230,14 +222,16 @@ def time_contenders(found: dict[str, tuple[Callable[[], Any], dict[str, float]]]
 def benchmark(model: Any, inputs: tuple, args: argparse.Namespace) -> dict[str, dict]:
     """Latency and compile times of tilefold, eager and torch.compile, timed interleaved; the
     compiled outputs' max abs error vs eager."""
-    return time_contenders(contenders(model, inputs, args), args.runs)
+    return time_contenders(contenders(model, inputs, args, args.model), args.runs)
 
 
 def print_table(rows: dict[str, dict]) -> None:
     eager = rows["PyTorch eager"]["latency"]
-    print(f"{'':26}{'latency ms':>12}{'vs eager':>10}{'compile cold s':>16}{'warm s':>9}")
+    print(f"{'':26}{'latency ms':>12}{'vs eager':>10}{'compile s: cold':>18}{'warm':>7}")
     for name, row in rows.items():
         cold = f"{row['cold']:.1f}" if "cold" in row else "-"
         warm = f"{row['warm']:.1f}" if "warm" in row else "-"
         speedup = f"{eager / row['latency']:.2f}x"
-        print(f"{name:26}{row['latency'] * 1e3:12.1f}{speedup:>10}{cold:>16}{warm:>9}")
+        print(f"{name:26}{row['latency'] * 1e3:12.1f}{speedup:>10}{cold:>18}{warm:>7}")
+    print("compile s: first call in a new process minus latency; cold with empty caches, warm "
+          "with the caches the cold run filled")

@@ -15,13 +15,11 @@ changing a lowering rule in place); `=write` stores without loading (a cold comp
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,22 +80,6 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
 
 def _mode() -> str:
     return os.environ.get("TILEFOLD_GRAPH_CACHE", "1").strip().lower()
-
-
-@contextlib.contextmanager
-def writes_only() -> Iterator[None]:
-    """TILEFOLD_GRAPH_CACHE=write for the block, unless the cache is off: a compile timed as
-    cold lowers anew and leaves the cache warm for the next one."""
-    before = os.environ.get("TILEFOLD_GRAPH_CACHE")
-    if _mode() != "0":
-        os.environ["TILEFOLD_GRAPH_CACHE"] = "write"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TILEFOLD_GRAPH_CACHE", None)
-        else:
-            os.environ["TILEFOLD_GRAPH_CACHE"] = before
 
 
 def _path(key: str) -> Path:
