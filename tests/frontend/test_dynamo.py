@@ -63,6 +63,22 @@ def test_unsupported_op_is_partitioned_out_and_explained(caplog):
     assert any("cumsum" in r.message for r in caplog.records)
 
 
+def test_partitions_freeze_weights_and_follow_in_place_updates():
+    """Weights feeding a tilefold partition are constants (the GEMM packs them once), as in a
+    whole graph, and an in-place update lowers the partitions again."""
+    model = Block(odd_op=True).eval()
+    compiled = torch.compile(model, backend="tilefold")
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        compiled(x)
+        (graph,) = report.reports()
+        assert graph.mode == "partitioned"
+        gemms = [d.winner.key for d in graph.decisions() if "matmul" in d.problem.names]
+        assert gemms and all('"prepack":true' in k for k in gemms), gemms
+        model.proj.weight.mul_(-2)
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+
+
 def test_autograd_falls_back_to_eager_with_a_reason(caplog):
     model = Block()
     compiled = torch.compile(model, backend="tilefold")

@@ -148,7 +148,7 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(real):
         frozen = set()  # AOTAutograd reordered the inputs: keep every input an argument
-    index = {n: i for i, n in enumerate(placeholders)}
+    index = {n.name: i for i, n in enumerate(placeholders)}  # names survive partitioning
 
     def top_inputs(i: int, node: fx.Node) -> Input:
         return _input_kind(node, i, real, frozen)
@@ -175,6 +175,7 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
         gm, _Supported(set(trial.unsupported)), allows_single_node_partition=True
     )
     fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+    partitions = []
     for node in list(fused.graph.nodes):
         if node.op == "call_module" and node.target.startswith("fused_"):
             sub = fused.get_submodule(node.target)
@@ -182,21 +183,23 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
 
             def sub_inputs(i: int, ph: fx.Node, outer=outer) -> Input:
                 parent = outer[i]
-                if isinstance(parent, fx.Node) and parent in index:
-                    return _input_kind(parent, index[parent], real, frozen)
+                if (isinstance(parent, fx.Node) and parent.op == "placeholder"
+                        and parent.name in index):
+                    return _input_kind(parent, index[parent.name], real, frozen)
                 return _input_kind(ph, -1, real, set())
 
-            converted = convert_graph(sub.graph, sub_inputs)
             single = not isinstance(next(iter(reversed(sub.graph.nodes))).args[0], tuple | list)
-            sub_runner = GraphRunner(converted)
-            setattr(fused, node.target, _Partition(sub_runner, single))
+            part = _Partition(lambda sub=sub, sub_inputs=sub_inputs:
+                              GraphRunner(convert_graph(sub.graph, sub_inputs)), single)
+            setattr(fused, node.target, part)
+            partitions.append(part)
             report.partitions += 1
-            report.executor = sub_runner.executor
-            report.executors.append(sub_runner.run)
+            report.executor = part.runner.executor
+            report.executors.append(part)
     fused.recompile()
     report.lowered = {k: v for k, v in report.lowered.items() if k not in report.fallback}
     report.convert_s = time.perf_counter() - started
-    return fused.forward
+    return _Partitioned(fused, partitions, real, frozen)
 
 
 def _input_kind(node: fx.Node, i: int, real: list[Any], frozen: set[int]) -> Input:
@@ -209,15 +212,31 @@ def _input_kind(node: fx.Node, i: int, real: list[Any], frozen: set[int]) -> Inp
 
 
 class _Partition(torch.nn.Module):
-    """A fused partition replaced by its tilefold runner."""
+    """A fused partition replaced by its tilefold runner (`build` lowers it again)."""
 
-    def __init__(self, runner: GraphRunner, single: bool):
+    def __init__(self, build: Callable[[], GraphRunner], single: bool):
         super().__init__()
-        self.runner, self.single = runner, single
+        self.build, self.single = build, single
+        self.runner = build()
+
+    def methods(self) -> dict[str, int]:
+        return self.runner.run.methods()
+
+    def decisions(self) -> list[Any]:
+        return self.runner.run.decisions()
 
     def forward(self, *args: Any) -> Any:
         outs = self.runner(*args)
         return outs[0] if self.single else tuple(outs)
+
+
+def _watch(real: list[Any], frozen: set[int]) -> list[tuple[int, Any, int]]:
+    """(index, tensor, version) of each frozen weight, to see in-place updates and swaps."""
+    return [(i, real[i], real[i]._version) for i in sorted(frozen)]
+
+
+def _changed(watch: list[tuple[int, Any, int]], args: tuple) -> bool:
+    return any(args[i] is not t or t._version != v for i, t, v in watch)
 
 
 class _Frozen:
@@ -226,7 +245,7 @@ class _Frozen:
     def __init__(self, build: Callable[[], GraphRunner], real: list[Any], frozen: set[int],
                  runner: GraphRunner):
         self.build = build
-        self.watch = [(i, real[i], real[i]._version) for i in sorted(frozen)]
+        self.watch = _watch(real, frozen)
         self.runner = runner
 
     def methods(self) -> dict[str, int]:
@@ -236,8 +255,26 @@ class _Frozen:
         return self.runner.run.decisions()
 
     def __call__(self, *args: Any) -> list[Any]:
-        if any(args[i] is not t or t._version != v for i, t, v in self.watch):
+        if _changed(self.watch, args):
             log.info("tilefold: a frozen weight changed; lowering the graph again")
-            self.watch = [(i, args[i], args[i]._version) for i, _, _ in self.watch]
+            self.watch = _watch(list(args), {i for i, _, _ in self.watch})
             self.runner = self.build()
         return self.runner(*args)
+
+
+class _Partitioned:
+    """A partitioned graph (PyTorch runs what tilefold cannot) whose partitions are re-lowered
+    when a frozen weight changes, as `_Frozen` does for a whole graph."""
+
+    def __init__(self, fused: fx.GraphModule, partitions: list[_Partition], real: list[Any],
+                 frozen: set[int]):
+        self.fused, self.partitions = fused, partitions
+        self.watch = _watch(real, frozen)
+
+    def __call__(self, *args: Any) -> Any:
+        if _changed(self.watch, args):
+            log.info("tilefold: a frozen weight changed; lowering the partitions again")
+            self.watch = _watch(list(args), {i for i, _, _ in self.watch})
+            for part in self.partitions:
+                part.runner = part.build()
+        return self.fused.forward(*args)
