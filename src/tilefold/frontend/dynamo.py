@@ -21,7 +21,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from tilefold.errors import TilefoldError
-from tilefold.frontend import graph_cache
+from tilefold.frontend import graph_cache, openmp
 from tilefold.frontend.converter import Input, convert_graph, is_size_node, op_name
 from tilefold.frontend.export import inference_decompositions
 from tilefold.frontend.preserved import preserve
@@ -226,6 +226,7 @@ class _Partition(torch.nn.Module):
         return self.runner.run.decisions()
 
     def forward(self, *args: Any) -> Any:
+        openmp.pause_workers()  # PyTorch ran the ops before this partition
         outs = self.runner(*args)
         return outs[0] if self.single else tuple(outs)
 
