@@ -71,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     threads = args.threads or len(os.sched_getaffinity(0))
     os.environ["TILEFOLD_NUM_THREADS"] = str(threads)  # before tilefold's thread pool starts
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
 
     torch.set_num_threads(threads)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 from collections.abc import Iterator
 
@@ -77,17 +78,12 @@ def _file_decisions(args: argparse.Namespace) -> list[Decision]:
 
 
 def _model_decisions(args: argparse.Namespace) -> list[Decision]:
-    try:
-        import torch
-    except ImportError:
-        raise TilefoldError("tilefold tune --model needs PyTorch: pip install torch") from None
+    if importlib.util.find_spec("torch") is None:
+        raise TilefoldError("tilefold tune --model needs PyTorch: pip install torch")
     from tilefold.frontend import demo, report
 
-    model, _ = demo.load_model(args.model, args.layers)
-    inputs = demo.random_inputs(args.model, args.batch, args.seq)
     first = len(report.reports())
-    with torch.no_grad():
-        torch.compile(model, backend="tilefold", dynamic=False)(*inputs)
+    demo.first_call(args.model, "tilefold", args.batch, args.seq, args.layers)
     return [d for graph in report.reports()[first:] for d in graph.decisions()]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,8 +50,6 @@ def handle(args: argparse.Namespace) -> int:
         print(f"tilefold demo needs {', '.join(missing)}, which are not installed.")
         print(f"Install the demo extras from the tilefold checkout: {INSTALL}")
         return 2
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
 
     from tilefold.frontend import report
@@ -94,6 +93,9 @@ def _sentence_embedding(encoder: Any) -> Any:
 
 
 def load_model(name: str, layers: int | None) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer or None); offline, quiet, before transformers loads."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import transformers
 
     if name == "minilm":
@@ -138,6 +140,21 @@ def random_inputs(name: str, batch: int, seq: int) -> tuple[Any, Any]:
     vocab = {"minilm": 30522, "bert": 30522, "gpt2": 50257, "llama": 32000}[name]
     ids = torch.randint(0, vocab, (batch, seq))
     return ids, torch.ones(batch, seq, dtype=torch.long)
+
+
+def first_call(name: str, backend: str, batch: int, seq: int, layers: int | None) -> float:
+    """Load model `name`, compile it with `backend` and call it once on random tokens under
+    no_grad: the seconds of that first call (compile plus one run)."""
+    import torch
+
+    torch.manual_seed(0)
+    model, _ = load_model(name, layers)
+    inputs = random_inputs(name, batch, seq)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=backend, dynamic=False)
+        start = time.perf_counter()
+        compiled(*inputs)
+        return time.perf_counter() - start
 
 
 def _similarity(model: Any, compiled: Any, tokenizer: Any) -> None:

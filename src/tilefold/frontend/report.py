@@ -23,7 +23,8 @@ class GraphReport:
     convert_s: float = 0.0
     reason: str = ""  # why the whole graph runs eagerly, when it does
     cached: bool = False  # the lowering came from the graph cache (no ATen trace)
-    executors: list[Any] = field(default_factory=list, repr=False)  # runner.Executor objects
+    # what runs the graph's tilefold parts: objects with methods() and decisions()
+    executors: list[Any] = field(default_factory=list, repr=False)
 
     def methods(self) -> dict[str, int]:
         """Ops per kernel method at the last call (PyTorch's share as `extern (PyTorch)`)."""

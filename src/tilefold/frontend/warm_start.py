@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 
 log = logging.getLogger("tilefold.frontend")
@@ -67,21 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("threads", type=int)
     parser.add_argument("--layers", type=int, default=None)
     args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
 
     from tilefold.frontend import demo
 
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model, _ = demo.load_model(args.model, args.layers)
-    inputs = demo.random_inputs(args.model, args.batch, args.seq)
-    with torch.no_grad():
-        compiled = torch.compile(model, backend=args.backend, dynamic=False)
-        start = time.perf_counter()
-        compiled(*inputs)
-        first = time.perf_counter() - start
+    first = demo.first_call(args.model, args.backend, args.batch, args.seq, args.layers)
     print(json.dumps({"first_call": first}))
     return 0
 

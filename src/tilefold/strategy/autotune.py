@@ -77,8 +77,9 @@ def measure(runs: dict[str, Callable[[], None]], seconds: float,
 
     `neighbour` stands for the kernels around this one in a compiled graph: it runs before each
     call, and once more inside the timed span after it. That charges a kernel for sharing the
-    cores with tilefold's spinning workers, and for the time its own threads (PyTorch's OpenMP
-    pool, say) keep spinning afterwards and slow the next kernel down.
+    cores with tilefold's spinning workers. (Another pool's threads spinning after a call slow
+    the next kernel, not the neighbour's empty region, so no candidate may leave any: extern
+    methods run their libraries on one thread.)
     """
     for run in runs.values():
         run()

@@ -142,21 +142,18 @@ def build_extern(problem: Problem, table: dict[str, Fn], blas: bool = False) -> 
     inputs, outputs = problem.inputs, problem.outputs
     scope = _one_blas_thread if blas else contextlib.nullcontext
 
-    def run_steps(arrays) -> None:
+    def run(*arrays: np.ndarray) -> None:
         env = dict(zip(inputs, arrays, strict=False))
-        for fn, operands, results in steps:
-            with np.errstate(all="ignore"):  # IEEE results (NaN, inf) as compiled code gives
-                out = fn(*(env[v] for v in operands))
-            if len(results) == 1:
-                env[results[0]] = out
-            else:
-                env.update(zip(results, out, strict=True))
+        with scope():
+            for fn, operands, results in steps:
+                with np.errstate(all="ignore"):  # IEEE results (NaN, inf) as compiled code gives
+                    out = fn(*(env[v] for v in operands))
+                if len(results) == 1:
+                    env[results[0]] = out
+                else:
+                    env.update(zip(results, out, strict=True))
         for v, array in zip(outputs, arrays[len(inputs):], strict=True):
             np.copyto(array, env[v], casting="unsafe")
-
-    def run(*arrays: np.ndarray) -> None:
-        with scope():
-            run_steps(arrays)
 
     names = ", ".join(f"{op.name}" for op in problem.body)
     return Kernel(run, f"// extern: {names}", strided=True, strided_out=True)
