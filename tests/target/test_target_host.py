@@ -80,3 +80,21 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / "xdg" / "tilefold"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_dir() == Path.home() / ".cache" / "tilefold"
+
+
+def test_tilefold_host_makes_the_machine_act_as_a_weaker_target(monkeypatch):
+    real = host_target()
+    weaker = "x86-64-v3" if real.arch == "x86_64" and real.has("avx2", "fma") else "generic"
+    monkeypatch.setenv("TILEFOLD_HOST", weaker)
+    forced = host_target()
+    assert forced.name == weaker and forced.family[0] == weaker
+    assert forced.features <= real.features
+    assert (forced.l2_bytes, forced.cores) == (real.l2_bytes, real.cores)
+    assert forced.is_host()
+    assert host_target("host").name == real.name  # an explicit "host" is the machine itself
+
+
+def test_an_unknown_tilefold_host_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TILEFOLD_HOST", "pentium-pro")
+    with pytest.raises(UnsupportedError, match="TILEFOLD_HOST"):
+        host_target()

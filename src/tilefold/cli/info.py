@@ -13,6 +13,7 @@ import numpy as np
 from tilefold.codegen.gemm.describe import describe as describe_gemm
 from tilefold.codegen.lowp.kernels import describe_lowp
 from tilefold.target import cache_dir, host_target, named_target
+from tilefold.target.host_cpu import host_cpu
 from tilefold.version import __version__
 
 
@@ -27,6 +28,12 @@ def _kib(n: int) -> str:
     return f"{n // 1024} KiB" if n < 1 << 20 else f"{n / (1 << 20):g} MiB"
 
 
+def _forced(target) -> str:
+    """Says when TILEFOLD_HOST makes this machine act as a weaker target."""
+    machine = host_cpu().name
+    return "" if target.cpu == machine else f" (TILEFOLD_HOST; the machine is {machine})"
+
+
 def describe(target_name: str) -> dict:
     from tilefold.runtime import num_threads
 
@@ -39,7 +46,7 @@ def describe(target_name: str) -> dict:
     }
     lowp = {f"gemm {line.split(':')[0]}": line.split(": ", 1)[1] for line in describe_lowp(target)}
     return {
-        "target": target.name,
+        "target": target.name + (_forced(target) if target_name == "host" else ""),
         "arch": target.arch,
         "triple": target.triple,
         "llvm cpu": target.cpu,

@@ -12,9 +12,16 @@ import llvmlite.binding as llvm
 
 from tilefold.errors import UnsupportedError
 from tilefold.target.host_cpu import host_cpu
-from tilefold.target.table import ARCH_TRIPLES, has_entry, isa_levels, table_entry
+from tilefold.target.table import (
+    ARCH_TRIPLES,
+    has_entry,
+    isa_levels,
+    table_entry,
+    target_names,
+)
 from tilefold.target.target import Target
 
+HOST_ENV = "TILEFOLD_HOST"  # names a weaker target this host acts as
 _SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 # Used only when neither sysfs nor sysconf knows (containers without /sys, non-Linux).
 _DEFAULT_CACHES = {"l1d": 32 * 1024, "l2": 1024 * 1024, "l3": 8 * 1024 * 1024}
@@ -101,12 +108,26 @@ def _detected() -> Target:
 def host_target(isa: str | None = None) -> Target:
     """This machine, detected once; `isa` narrows it to a named ISA (e.g. "x86-64-v3").
 
-    Narrowing keeps the host's caches and cores, so AVX2 paths can be tested and tuned on an
-    AVX-512 machine with realistic blocking.
+    Without `isa`, the `TILEFOLD_HOST` environment variable names the narrowing, so a strong
+    machine can act as a weaker one everywhere (`TILEFOLD_HOST=x86-64-v3 pytest`). Narrowing
+    keeps the host's caches and cores, so AVX2 paths can be tested and tuned on an AVX-512
+    machine with realistic blocking.
     """
-    host = _detected()
+    if isa is None:
+        isa = os.environ.get(HOST_ENV, "").strip() or None
     if isa is None or isa == "host":
-        return host
+        return _detected()
+    return _narrowed(isa)
+
+
+@functools.cache
+def _narrowed(isa: str) -> Target:
+    host = _detected()
+    if not has_entry(isa):
+        raise UnsupportedError(
+            f"cannot narrow host {host.name} to {isa!r}: no such target (check {HOST_ENV}); "
+            f"known targets: {', '.join(target_names())}"
+        )
     level = table_entry(isa)
     if level.arch != host.arch or not level.features <= host.features:
         missing = ", ".join(sorted(level.features - host.features)) or level.arch
