@@ -4,6 +4,7 @@ AMX tile edges, K blocking, signed-A compensation and the dequantizing epilogue.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 import ml_dtypes
@@ -179,12 +180,18 @@ def test_amx_inner_loop_is_tile_loads_and_dots(kernel):
     assert "ldtilecfg" in "\n".join(asm) and "tilerelease" in "\n".join(asm)
 
 
+def _amx_chips():
+    """The AMX chips' own cache geometry (48 KiB L1d), and the host's when it has AMX tiles."""
+    chips = [named_target("sapphirerapids"), named_target("emeraldrapids")]
+    host = target_for("host")
+    return [*chips, host] if host.has("amx-tile") else chips
+
+
 @pytest.mark.parametrize("kgp", [16, 192, 272, 512, 1024, 4096])
 def test_amx_blocking_fits_the_caches(kgp):
     """The KC x 32 B slice fits in L1 and MC rows of packed A over all of K in a quarter of L2
     (or one 16-row block when even that is too much); blocks are whole tiles and balanced."""
-    host = target_for("host")
-    for m_share in (32, 100, 1024, 4096):
+    for host, m_share in itertools.product(_amx_chips(), (32, 100, 1024, 4096)):
         mc, kc = amxrun._blocking(host, kgp, m_share)
         assert kc % KSTEP == 0 and kc <= kgp and kc * BLOCK * 4 <= host.l1d_bytes
         blocks = -(-kgp // kc)

@@ -34,7 +34,7 @@ _TOKEN = re.compile(
   | (?P<sym>\?[A-Za-z_][A-Za-z0-9_]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*")
   | (?P<hex>0x[0-9A-Fa-f]*)
-  | (?P<number>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf\b)|nan\b)
+  | (?P<number>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf\b|nan\b))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<punct>->|[(){{}}\[\]<>,:=])
     """,

@@ -45,8 +45,8 @@ FILE_LIMIT = 4096  # with a resource dir, constants above this many bytes go to 
 
 
 def format_float(value: float) -> str:
-    if math.isnan(value):
-        return "nan"
+    if math.isnan(value):  # the sign is kept: FPUs differ in the sign of the NaNs they make
+        return "-nan" if math.copysign(1.0, value) < 0 else "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return repr(float(value))
@@ -56,7 +56,8 @@ def format_scalar(value: Any, dt: dtypes.DType) -> str:
     """A decimal that reads back to the same element of dtype `dt`: the exact value when it is
     short (`448.0`), else the shortest that rounds back (`0.1` for bf16's 0.10009765625).
 
-    Floats always show a `.` or an exponent; NaN payloads are not kept (`Printer._exact` checks).
+    Floats always show a `.` or an exponent; a NaN keeps its sign (`-nan`) but not its payload
+    (`Printer._exact` checks, and hex bytes keep what decimals cannot).
     """
     if dt.kind == "bool":
         return "true" if value else "false"
@@ -123,7 +124,8 @@ class Printer:
 
     @staticmethod
     def _exact(texts: list[str], flat: np.ndarray, dt: dtypes.DType) -> bool:
-        """Whether the decimal texts read back bit-exactly (-0.0 and inf do; NaN payloads not)."""
+        """Whether the decimal texts read back bit-exactly (-0.0, inf and -nan do; NaN payloads
+        other than the default quiet one do not)."""
         return decode_scalars(texts, dt).tobytes() == flat.tobytes()
 
     def attr(self, spec: Attr, value: Any) -> str:

@@ -36,8 +36,11 @@ def _fingerprint(what: str, **params) -> str:
 
 
 def _kernel_params(kernel: MicroKernel) -> dict:
+    """The kernel's fields as fingerprint text: sets sorted, since a set's repr follows string
+    hashing, which differs from process to process (a warm process then missed the cache)."""
     gen = kernel.generator
-    return {**{k: v for k, v in vars(kernel).items() if k != "generator"},
+    return {**{k: tuple(sorted(v)) if isinstance(v, frozenset) else v
+               for k, v in vars(kernel).items() if k != "generator"},
             "generator": f"{gen.__module__}.{gen.__qualname__}"}
 
 
