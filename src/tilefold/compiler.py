@@ -172,7 +172,7 @@ class _Planner:
             self.per_call.add(y)
             sx, sy = slot[x], slot[y]
             self.steps.append((lambda: env.__setitem__(sy, view(env[sx], attrs)), []))
-        elif not np.may_share_memory(out, env[slot[x]]):  # a reshape NumPy had to copy
+        elif out.size and not np.may_share_memory(out, env[slot[x]]):  # a reshape NumPy copied
             base = np.empty(out.shape, out.dtype)
             self.steps.append((np.copyto, [self._const_slot(base.reshape(env[slot[x]].shape)),
                                            slot[x]]))
