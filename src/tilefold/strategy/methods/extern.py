@@ -93,7 +93,7 @@ def _torch_table() -> dict[str, Fn] | None:
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                out = fn(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays), attrs)
+                out = fn(*(torch.from_numpy(np.asarray(a, order="C")) for a in arrays), attrs)
             finally:
                 torch.set_num_threads(threads)
             return out.numpy()
