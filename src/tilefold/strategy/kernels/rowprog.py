@@ -5,6 +5,10 @@ scaling, softmax/layer_norm rows of a GEMM's C). Ops are lowered to primitives; 
 that needs a row reduction's result runs in a later pass (stage) over the row, and vector
 values crossing stages are kept in a per-thread row buffer. Each stage is one vectorized loop
 with a masked tail, so C is read once from cache per stage.
+
+Whether an operand is a full tile, a row shared by all rows or one value per row follows from
+how the ops line its dims up with C's (`Space`, over `tilefold.ir.axes`), never from its shape:
+an [N] bias and an [M] row sum look alike when M == N.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class Space:
         if not self.domain:
             raise NotARowProgram("a 0-d space has no rows")
         self.last = len(self.domain) - 1
+        self.live = [i for i in range(self.last) if self.domain[i] > 1]  # the others index 0
         self.classes = AxisClasses()
         for op in ops:
             try:
@@ -115,8 +120,8 @@ class Space:
         """The axis of the space that `dim` of `v` indexes (None: it broadcasts)."""
         return self.axis_of.get(self.classes.find((v, dim)))
 
-    def source(self, v: Value, arg: int) -> Source:
-        """How to address `v` (C-contiguous, argument `arg`) at a row and column."""
+    def varies(self, v: Value) -> tuple[bool, list[int]]:
+        """Whether `v` varies along the row, and the row axes (of size > 1) it varies along."""
         shape, domain = self.problem.shape(v), self.domain
         axes = []
         for j, size in enumerate(shape):
@@ -129,15 +134,18 @@ class Space:
         if axes != sorted(set(axes)):
             raise NotARowProgram(f"%{v.name} {list(shape)} indexes the space {list(domain)} "
                                  "out of order")
-        vec = self.last in axes
-        live = [i for i in range(self.last) if domain[i] > 1]
-        picked = [i for i in live if i in axes]
-        if live and not picked:
+        return self.last in axes, [i for i in self.live if i in axes]
+
+    def source(self, v: Value, arg: int) -> Source:
+        """How to address `v` (C-contiguous, argument `arg`) at a row and column."""
+        vec, picked = self.varies(v)
+        if self.live and not picked:
             return Source(arg, 0, vec)
+        live, domain = self.live, self.domain
         run = live[live.index(picked[0]):][:len(picked)] if picked else []
         if picked != run:
-            raise NotARowProgram(f"%{v.name} {list(shape)} varies along axes {picked} of the "
-                                 f"space {list(domain)}, which are not neighbours")
+            raise NotARowProgram(f"%{v.name} {list(self.problem.shape(v))} varies along axes "
+                                 f"{picked} of the space {list(domain)}, which are not neighbours")
         stride = domain[-1] if vec else 1
         if picked == live:
             return Source(arg, stride, vec)
@@ -169,8 +177,8 @@ def build_program(problem: Problem, ops: list[Operation], inputs: list[Value],
             raise NotARowProgram(f"%{missing[0].name} is not an input of the row program")
         ids[op.results[0]] = _lower(prog, op, [ids[v] for v in op.operands], problem, rows)
     for index, v in enumerate(outputs, start=len(inputs)):
-        source = rows.source(v, index)
-        if source.vec != prog.vec[ids[v]] or source.stride == 0 or source.mod:
+        vec, picked = rows.varies(v)
+        if vec != prog.vec[ids[v]] or picked != rows.live:  # each row writes its own part
             raise NotARowProgram(f"output %{v.name} {list(problem.shape(v))} is not a row value")
         prog.outputs.append((ids[v], index))
     return prog

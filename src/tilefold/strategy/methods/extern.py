@@ -44,7 +44,7 @@ def _matmul(a, b, attrs, mm=np.matmul):
 
 
 def _softmax(x, attrs):
-    e = np.exp(x - x.max(axis=attrs["axis"], keepdims=True))
+    e = np.exp(x - x.max(axis=attrs["axis"], keepdims=True, initial=-np.inf))  # empty rows
     return e / e.sum(axis=attrs["axis"], keepdims=True)
 
 
