@@ -10,27 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.tolerances import tolerance
 from tilefold.codegen.kernel import compile_group
 from tilefold.errors import DTypeError, ShapeError, UnsupportedError
 from tilefold.ir import functional as F
 from tilefold.ir import interpret, trace
 from tilefold.target import named_target
 
-# Tolerances, in one place. Elementwise math is within 5 ulp (vecmath.ULP_BOUNDS) plus a few
-# roundings; reductions add the f32 summation error of n terms, about sqrt(n) * 2**-24 relative
-# to the sum of magnitudes with independent accumulators, bounded here by n * 2**-24.
-F32_ULP = 2.0**-24
-LOW_PRECISION_ULP = {"bf16": 2.0**-8, "f16": 2.0**-11}
 SIZES = st.sampled_from([1, 2, 3, 5, 7, 13, 16, 17, 31, 33, 64, 67, 129])
 EXAMPLES = settings(max_examples=20, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def tolerance(dtype: str = "f32", reduced: int = 1) -> dict[str, float]:
-    if dtype in LOW_PRECISION_ULP:
-        return {"rtol": 2 * LOW_PRECISION_ULP[dtype], "atol": 2 * LOW_PRECISION_ULP[dtype]}
-    eps = F32_ULP * (16 + 4 * reduced)
-    return {"rtol": eps, "atol": eps}
 
 
 def check(group, *inputs, dtype: str = "f32", reduced: int = 1, target=None) -> None:

@@ -51,7 +51,7 @@ def random_inputs(problem: Problem, seed: int = 0) -> list[np.ndarray]:
     arrays = []
     for v, t in zip(problem.inputs, problem.in_types(), strict=True):
         if v in problem.constants:
-            arrays.append(np.ascontiguousarray(problem.constants[v]))
+            arrays.append(np.asarray(problem.constants[v], order="C"))  # 0-d stays 0-d
         elif t.dtype.is_float:
             arrays.append(rng.standard_normal(t.shape).astype(t.dtype.np_dtype))
         elif str(t.dtype) == "bool":

@@ -96,7 +96,7 @@ class CompiledGroup:
         if plan is None:
             plan = self._plan(list(arrays))
         if plan.copy_inputs:
-            arrays = tuple(np.ascontiguousarray(a) for a in arrays)
+            arrays = tuple(np.asarray(a, order="C") for a in arrays)
         if out is None:
             outs = [np.empty(shape, dtype) for shape, dtype in plan.outputs]
         else:
@@ -156,7 +156,7 @@ class CompiledGroup:
         sizes = {c: d if isinstance(d, int) else bindings[d.name] for c, d in grp.sizes.items()}
         copy = any(s % a.itemsize for a in arrays for s in a.strides)
         strides: list[tuple[int, ...]] = []
-        inputs = [np.ascontiguousarray(a) if copy else a for a in arrays]
+        inputs = [np.asarray(a, order="C") if copy else a for a in arrays]  # 0-d stays 0-d
         consts = [spec.value for spec in grp.buffers if spec.value is not None]
         outputs = []
         for v in grp.outputs.values():

@@ -42,6 +42,7 @@ from tilefold.codegen.kernel.ir import (
 )
 from tilefold.errors import UnsupportedError
 from tilefold.ir import Block, Function, Operation, Value
+from tilefold.ir.axes import AxisClasses, is_one
 from tilefold.ir.types import Dim as IRDim
 
 UNARY = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "erf", "sigmoid",
@@ -98,25 +99,10 @@ class Layout:
             "i" + "_".join(map(str, self.axes[i]))
 
 
-class _Classes:
-    """Union-find over (value, dim) pairs."""
-
-    def __init__(self) -> None:
-        self.parent: dict[tuple[Value, int], tuple[Value, int]] = {}
-
-    def find(self, key: tuple[Value, int]) -> tuple[Value, int]:
-        self.parent.setdefault(key, key)
-        while self.parent[key] != key:
-            self.parent[key] = self.parent[self.parent[key]]
-            key = self.parent[key]
-        return key
-
-    def union(self, a: tuple[Value, int], b: tuple[Value, int]) -> None:
-        self.parent[self.find(a)] = self.find(b)
-
-
-def _is_one(d: IRDim) -> bool:
-    return isinstance(d, int) and d == 1
+# Ops `_build_exprs` lowers; `AxisClasses.align` relates their dims.
+LOWERED = UNARY | BINARY | set(REDUCE) | {"where", "cast", "gelu", "broadcast_to", "softmax",
+                                          "log_softmax", "layer_norm", "rms_norm",
+                                          "expand_dims", "squeeze", "transpose", "constant"}
 
 
 def _group_parts(group: Function | Block) -> tuple[str, list[Value], list[Operation], list[Value]]:
@@ -128,59 +114,6 @@ def _group_parts(group: Function | Block) -> tuple[str, list[Value], list[Operat
         list(term.operands) if term is not None else []
 
 
-def _align(uf: _Classes, op: Operation) -> frozenset[tuple[Value, int]]:
-    """Join the dims `op` aligns; return the (input, dim) pairs it reduces over."""
-    out = op.results[0] if op.results else None
-    name = op.name
-    if name in UNARY or name in BINARY or name in ("where", "cast", "gelu", "broadcast_to"):
-        operands = op.operands[:1] if name == "broadcast_to" else op.operands
-        for x in operands:
-            shift = out.type.rank - x.type.rank
-            for j, d in enumerate(x.type.shape):
-                if not (_is_one(d) and not _is_one(out.type.shape[j + shift])):
-                    uf.union((x, j), (out, j + shift))
-        return frozenset()
-    if name in REDUCE:
-        x = op.operands[0]
-        axes = op.attr("axes")
-        axes = tuple(range(x.type.rank)) if axes is None else \
-            tuple(a % x.type.rank for a in axes)
-        kept = [j for j in range(x.type.rank) if j not in axes]
-        if op.attr("keepdims"):
-            for j in kept:
-                uf.union((x, j), (out, j))
-        else:
-            for k, j in enumerate(kept):
-                uf.union((x, j), (out, k))
-        return frozenset((x, j) for j in axes)
-    if name in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
-        x = op.operands[0]
-        for j in range(x.type.rank):
-            uf.union((x, j), (out, j))
-        first = op.attr("axis") % x.type.rank
-        axes = (first,) if name in ("softmax", "log_softmax") else range(first, x.type.rank)
-        for w in op.operands[1:]:
-            for k in range(w.type.rank):
-                uf.union((w, k), (x, first + k))
-        return frozenset((x, j) for j in axes)
-    if name in ("expand_dims", "squeeze"):
-        x = op.operands[0]
-        axes = {a % (out.type.rank if name == "expand_dims" else x.type.rank)
-                for a in op.attr("axes")}
-        big, small = (out, x) if name == "expand_dims" else (x, out)
-        kept = [j for j in range(big.type.rank) if j not in axes]
-        for k, j in enumerate(kept):
-            uf.union((big, j), (small, k))
-        return frozenset()
-    if name == "transpose":
-        for i, p in enumerate(op.attr("perm")):
-            uf.union((out, i), (op.operands[0], p))
-        return frozenset()
-    if name == "constant":
-        return frozenset()
-    raise UnsupportedError(f"op '{name}' cannot be part of a memory-bound kernel")
-
-
 def analyze_group(group: Function | Block) -> Group:
     """The iteration space, reductions and per-value expressions of a memory-bound group."""
     name, args, ops, outputs = _group_parts(group)
@@ -190,10 +123,12 @@ def analyze_group(group: Function | Block) -> Group:
             raise UnsupportedError(
                 f"%{v.name}: {v.type} - kernels compute in f32 over f32/bf16/f16/bool data"
             )
-    uf = _Classes()
+    uf = AxisClasses()
     reduced_pairs: list[frozenset] = []
     for op in ops:
-        reduced_pairs.append(_align(uf, op))
+        if op.name not in LOWERED:
+            raise UnsupportedError(f"op '{op.name}' cannot be part of a memory-bound kernel")
+        reduced_pairs.append(uf.align(op))
     roots: dict[tuple[Value, int], int] = {}
     classes_of: dict[Value, tuple[int | None, ...]] = {}
     sizes: dict[int, IRDim] = {}
@@ -201,8 +136,8 @@ def analyze_group(group: Function | Block) -> Group:
         cls = []
         for j, d in enumerate(v.type.shape):
             c = roots.setdefault(uf.find((v, j)), len(roots))
-            if not _is_one(d) or sizes.get(c) in (None, 1):
-                sizes[c] = d if not isinstance(sizes.get(c), int) or _is_one(sizes[c]) else sizes[c]
+            if not is_one(d) or sizes.get(c) in (None, 1):
+                sizes[c] = d if not isinstance(sizes.get(c), int) or is_one(sizes[c]) else sizes[c]
             cls.append(c)
         if len(set(cls)) != len(cls):
             raise UnsupportedError(
@@ -226,7 +161,7 @@ def analyze_group(group: Function | Block) -> Group:
 
 
 def _buffer_classes(grp: Group, v: Value) -> tuple[int | None, ...]:
-    return tuple(None if _is_one(d) else c for d, c in zip(v.type.shape, grp.value_classes[v],
+    return tuple(None if is_one(d) else c for d, c in zip(v.type.shape, grp.value_classes[v],
                                                              strict=True))
 
 

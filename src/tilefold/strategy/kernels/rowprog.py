@@ -5,6 +5,10 @@ scaling, softmax/layer_norm rows of a GEMM's C). Ops are lowered to primitives; 
 that needs a row reduction's result runs in a later pass (stage) over the row, and vector
 values crossing stages are kept in a per-thread row buffer. Each stage is one vectorized loop
 with a masked tail, so C is read once from cache per stage.
+
+Whether an operand is a full tile, a row shared by all rows or one value per row follows from
+how the ops line its dims up with C's (`Space`, over `tilefold.ir.axes`), never from its shape:
+an [N] bias and an [M] row sum look alike when M == N.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.vecmath import MATH_FUNCTIONS, MathBuilder
+from tilefold.errors import UnsupportedError
 from tilefold.ir import Operation, Value
+from tilefold.ir.axes import NORMALIZING, AxisClasses
 from tilefold.strategy.problem import Problem
 
 BINARY = {"add", "sub", "mul", "div", "max", "min"}
@@ -37,6 +43,27 @@ class Prim:
     const: float = 0.0
 
 
+@dataclass(frozen=True)
+class Source:
+    """How an input is read for row r: from element ((r // div) % mod) * stride, plus the
+    column along the row when `vec` (mod 0: r itself, every row has its own)."""
+
+    arg: int
+    stride: int
+    vec: bool
+    div: int = 1
+    mod: int = 0
+
+    def offset(self, b: ir.IRBuilder, row: ir.Value) -> ir.Value:
+        if self.stride == 0:
+            return u.const(0)
+        if self.div != 1:
+            row = b.udiv(row, u.const(self.div))
+        if self.mod:
+            row = b.urem(row, u.const(self.mod))
+        return b.mul(row, u.const(self.stride))
+
+
 @dataclass
 class Program:
     """Primitives over numbered values; `sources[i]` says how input value i is loaded."""
@@ -44,7 +71,7 @@ class Program:
     rows: int
     n: int
     prims: dict[int, Prim] = field(default_factory=dict)
-    sources: dict[int, tuple[int, int, bool]] = field(default_factory=dict)  # arg, stride, vec
+    sources: dict[int, Source] = field(default_factory=dict)
     vec: dict[int, bool] = field(default_factory=dict)
     outputs: list[tuple[int, int]] = field(default_factory=list)  # (value, arg index)
     count: int = 0
@@ -64,24 +91,94 @@ class Program:
         return self.prim("const", const=value)
 
 
+class Space:
+    """The rows of `space`'s shape (a GEMM's C) and, from how `ops` line dims up, which of its
+    axes each value's dims index: a value's role (a full tile, one row shared by all rows, one
+    value per row, ...) comes from that, not from comparing its shape with C's."""
+
+    def __init__(self, problem: Problem, ops: list[Operation], space: Value):
+        self.problem = problem
+        self.domain = problem.shape(space)
+        if not self.domain:
+            raise NotARowProgram("a 0-d space has no rows")
+        self.last = len(self.domain) - 1
+        self.live = [i for i in range(self.last) if self.domain[i] > 1]  # the others index 0
+        self.classes = AxisClasses()
+        for op in ops:
+            try:
+                self.classes.align(op)
+            except UnsupportedError as exc:
+                raise NotARowProgram(exc.message) from None
+        self.axis_of = {self.classes.find((space, j)): j for j in range(len(self.domain))}
+        if len(self.axis_of) < len(self.domain):
+            raise NotARowProgram(
+                f"the ops line two axes of %{space.name} {list(self.domain)} up with each other "
+                "(NumPy aligns a keepdims=false row result with the last axis, not the rows: "
+                "keep the reduced dim)")
+
+    def axis(self, v: Value, dim: int) -> int | None:
+        """The axis of the space that `dim` of `v` indexes (None: it broadcasts)."""
+        return self.axis_of.get(self.classes.find((v, dim)))
+
+    def varies(self, v: Value) -> tuple[bool, list[int]]:
+        """Whether `v` varies along the row, and the row axes (of size > 1) it varies along."""
+        shape, domain = self.problem.shape(v), self.domain
+        axes = []
+        for j, size in enumerate(shape):
+            axis = self.axis(v, j)
+            if size != 1 and axis is None:
+                raise NotARowProgram(f"dim {j} of %{v.name} {list(shape)} lines up with no axis "
+                                     f"of the space {list(domain)}")
+            if size != 1:
+                axes.append(axis)
+        if axes != sorted(set(axes)):
+            raise NotARowProgram(f"%{v.name} {list(shape)} indexes the space {list(domain)} "
+                                 "out of order")
+        return self.last in axes, [i for i in self.live if i in axes]
+
+    def source(self, v: Value, arg: int) -> Source:
+        """How to address `v` (C-contiguous, argument `arg`) at a row and column."""
+        vec, picked = self.varies(v)
+        if self.live and not picked:
+            return Source(arg, 0, vec)
+        live, domain = self.live, self.domain
+        run = live[live.index(picked[0]):][:len(picked)] if picked else []
+        if picked != run:
+            raise NotARowProgram(f"%{v.name} {list(self.problem.shape(v))} varies along axes "
+                                 f"{picked} of the space {list(domain)}, which are not neighbours")
+        stride = domain[-1] if vec else 1
+        if picked == live:
+            return Source(arg, stride, vec)
+        after = live[live.index(picked[-1]) + 1:]
+        return Source(arg, stride, vec, math.prod(domain[i] for i in after),
+                      math.prod(domain[i] for i in picked))
+
+    def reduces_rows(self, x: Value, dims: list[int]) -> bool:
+        """Whether `dims` of `x` are exactly the one dim along the rows of the space."""
+        return [self.axis(x, j) for j in dims] == [self.last]
+
+
 def build_program(problem: Problem, ops: list[Operation], inputs: list[Value],
-                  outputs: list[Value], domain: tuple[int, ...]) -> Program:
-    """Lower `ops` (reading `inputs`, writing `outputs`) to a row program over `domain`."""
-    if not domain or domain[-1] < 2:
-        raise NotARowProgram(f"space {list(domain)} has rows of fewer than 2 elements")
-    prog = Program(math.prod(domain[:-1]), domain[-1])
+                  outputs: list[Value], space: Value) -> Program:
+    """Lower `ops` (reading `inputs`, writing `outputs`) to a row program over the rows of
+    `space`'s shape."""
+    rows = Space(problem, ops, space)
+    prog = Program(math.prod(rows.domain[:-1]), rows.domain[-1])
     ids: dict[Value, int] = {}
     for index, v in enumerate(inputs):
-        stride, vec = _layout(problem.shape(v), domain)
         _check_f32(problem, v)
-        ids[v] = prog.new(vec)
-        prog.sources[ids[v]] = (index, stride, vec)
+        source = rows.source(v, index)
+        ids[v] = prog.new(source.vec)
+        prog.sources[ids[v]] = source
     for op in ops:
         _check_f32(problem, op.results[0])
-        ids[op.results[0]] = _lower(prog, op, [ids[v] for v in op.operands], problem, domain)
+        missing = [v for v in op.operands if v not in ids]
+        if missing:
+            raise NotARowProgram(f"%{missing[0].name} is not an input of the row program")
+        ids[op.results[0]] = _lower(prog, op, [ids[v] for v in op.operands], problem, rows)
     for index, v in enumerate(outputs, start=len(inputs)):
-        stride, vec = _layout(problem.shape(v), domain)
-        if vec != prog.vec[ids[v]] or stride == 0:
+        vec, picked = rows.varies(v)
+        if vec != prog.vec[ids[v]] or picked != rows.live:  # each row writes its own part
             raise NotARowProgram(f"output %{v.name} {list(problem.shape(v))} is not a row value")
         prog.outputs.append((ids[v], index))
     return prog
@@ -92,28 +189,10 @@ def _check_f32(problem: Problem, v: Value) -> None:
         raise NotARowProgram(f"%{v.name} is {problem.types[v].dtype}; row programs are f32")
 
 
-def _layout(shape: tuple[int, ...], domain: tuple[int, ...]) -> tuple[int, bool]:
-    """(row stride in elements, varies along the row) of a tensor broadcast over `domain`."""
-    if len(shape) > len(domain):
-        raise NotARowProgram(f"shape {list(shape)} has more dims than the space {list(domain)}")
-    padded = (1,) * (len(domain) - len(shape)) + tuple(shape)
-    lead, last = padded[:-1], padded[-1]
-    reduced = len(shape) == len(domain) - 1 and tuple(shape) == domain[:-1]
-    if reduced:
-        return 1, False
-    vec = last == domain[-1]
-    if lead == domain[:-1]:
-        return (domain[-1] if vec else 1), vec
-    if all(d == 1 for d in lead):
-        return 0, vec
-    raise NotARowProgram(f"operand shape {list(shape)} broadcasts over {list(domain)} in a way "
-                         "row programs do not load (only full rows, one row, or one per row)")
-
-
-def _lower(prog: Program, op: Operation, args: list[int], problem: Problem,
-           domain: tuple[int, ...]) -> int:
+def _lower(prog: Program, op: Operation, args: list[int], problem: Problem, rows: Space) -> int:
     name = op.name
-    inv_n = 1.0 / domain[-1]
+    n = rows.domain[-1]
+    inv_n = 1.0 / n if n else math.nan  # the mean of an empty row is NaN, as in NumPy
     if name in BINARY:
         return prog.prim(name, *args)
     if name == "gelu":
@@ -124,14 +203,16 @@ def _lower(prog: Program, op: Operation, args: list[int], problem: Problem,
         return args[0]
     if name == "pow":
         return _pow(prog, op, args, problem)
-    rank = len(problem.shape(op.operands[0]))
+    x = op.operands[0]
+    rank = len(problem.shape(x))
     if name in REDUCE:
         axes = list(range(rank)) if op.attr("axes") is None else [a % rank for a in op.attr("axes")]
-        if axes != [rank - 1]:
-            raise NotARowProgram(f"{name} over axes {axes} is not a last-axis reduction")
+        if not rows.reduces_rows(x, sorted(axes)):
+            raise NotARowProgram(f"{name} over axes {axes} does not reduce the rows")
         out = prog.prim(REDUCE[name], args[0])
         return prog.prim("mul", out, prog.constant(inv_n)) if name == "reduce_mean" else out
-    if name in ("softmax", "log_softmax") and op.attr("axis") % rank == rank - 1:
+    first = op.attr("axis") % rank if name in NORMALIZING else None
+    if name in ("softmax", "log_softmax") and rows.reduces_rows(x, [first]):
         (x,) = args
         shifted = prog.prim("sub", x, prog.prim("rmax", x))
         e = prog.prim("exp", shifted)
@@ -139,7 +220,7 @@ def _lower(prog: Program, op: Operation, args: list[int], problem: Problem,
         if name == "softmax":
             return prog.prim("div", e, total)
         return prog.prim("sub", shifted, prog.prim("log", total))
-    if name in ("layer_norm", "rms_norm") and op.attr("axis") % rank == rank - 1:
+    if name in ("layer_norm", "rms_norm") and rows.reduces_rows(x, list(range(first, rank))):
         x, w, *bias = args
         eps = prog.constant(op.attr("eps"))
         if name == "layer_norm":
@@ -148,7 +229,7 @@ def _lower(prog: Program, op: Operation, args: list[int], problem: Problem,
         y = prog.prim("mul", prog.prim("mul", x, prog.prim("rsqrt", prog.prim("add", var, eps))),
                       w)
         return prog.prim("add", y, bias[0]) if bias else y
-    raise NotARowProgram(f"'{name}' has no row-program lowering")
+    raise NotARowProgram(f"'{name}' has no row-program lowering over these axes")
 
 
 def _pow(prog: Program, op: Operation, args: list[int], problem: Problem) -> int:
@@ -214,8 +295,8 @@ class Emitter:
             if self.p.vec[i] or i in scalars or self.stage[i] > stage:
                 continue
             if i in self.p.sources:
-                arg, stride, _ = self.p.sources[i]
-                scalars[i] = b.load(u.gep(b, ptrs[arg], b.mul(row, u.const(stride))))
+                src = self.p.sources[i]
+                scalars[i] = b.load(u.gep(b, ptrs[src.arg], src.offset(b, row)))
             elif self.p.prims[i].op not in IDENTITY:
                 prim = self.p.prims[i]
                 scalars[i] = self._op(m, prim, [scalars[a] for a in prim.args])
@@ -248,8 +329,8 @@ class Emitter:
             if not self.p.vec[i]:
                 values[i] = u.splat(b, scalars[i], self.lanes)
             elif i in self.p.sources:
-                arg, stride, _ = self.p.sources[i]
-                values[i] = self._load(b, ptrs[arg], b.add(b.mul(row, u.const(stride)), j), mask)
+                src = self.p.sources[i]
+                values[i] = self._load(b, ptrs[src.arg], b.add(src.offset(b, row), j), mask)
             elif self.stage[i] < stage:
                 values[i] = self._load(b, buffers[i], j, mask)
             else:

@@ -67,7 +67,7 @@ class GemmEpilogue(Method):
                                      if v in problem.inputs)]
             outs = [v for v in problem.outputs if v is not c]
             try:
-                epi = (build_program(problem, list(epilogue), ins, outs, problem.shape(c)),
+                epi = (build_program(problem, list(epilogue), ins, outs, c),
                        ins, outs)
             except NotARowProgram as exc:
                 return f"epilogue: {exc}"
@@ -113,10 +113,12 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
     probe = [np.empty(t.shape, np.float32) for t in problem.in_types()]
     a0 = oriented(operand(a_val, probe), attrs["transpose_a"])
     b0 = oriented(operand(b_val, probe), attrs["transpose_b"])
-    packed = None
+    packed = plan = None
     if prepack:  # once, at build time; a transposed weight is packed from its strided view
         packed = PackedMatrix(oriented(problem.constants[b_val], attrs["transpose_b"]), module)
-    plan = make_plan(module, a0, packed if packed is not None else b0, scratch, 0, ctx.threads)
+    if scratch.size and a0.shape[-1]:  # else C is empty or an empty sum (zeros): no GEMM
+        plan = make_plan(module, a0, packed if packed is not None else b0, scratch, 0,
+                         ctx.threads)
     b_arg = packed.data if packed is not None else None
     epi_kernel = _epilogue_kernel(problem, ctx, epi) if epi else None
     ta, tb = attrs["transpose_a"], attrs["transpose_b"]
@@ -127,9 +129,11 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
 
     def run(*arrays: np.ndarray) -> None:
         c = arrays[n_in + c_out] if c_out is not None else scratch
-        a = oriented(operand(a_val, arrays), ta)
-        b = b_arg if b_arg is not None else oriented(operand(b_val, arrays), tb)
-        plan.run(a, b, c)
+        if plan is None:
+            c[...] = 0
+        else:
+            a = oriented(operand(a_val, arrays), ta)
+            plan(a, b_arg if b_arg is not None else oriented(operand(b_val, arrays), tb), c)
         if epi_kernel is not None:
             epi_kernel.run(*(c if i < 0 else arrays[i] for i in picks))
 

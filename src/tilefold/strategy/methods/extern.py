@@ -44,7 +44,7 @@ def _matmul(a, b, attrs, mm=np.matmul):
 
 
 def _softmax(x, attrs):
-    e = np.exp(x - x.max(axis=attrs["axis"], keepdims=True))
+    e = np.exp(x - x.max(axis=attrs["axis"], keepdims=True, initial=-np.inf))  # empty rows
     return e / e.sum(axis=attrs["axis"], keepdims=True)
 
 
@@ -93,7 +93,7 @@ def _torch_table() -> dict[str, Fn] | None:
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                out = fn(*(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays), attrs)
+                out = fn(*(torch.from_numpy(np.asarray(a, order="C")) for a in arrays), attrs)
             finally:
                 torch.set_num_threads(threads)
             return out.numpy()

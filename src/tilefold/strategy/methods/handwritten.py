@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.kernels.native import (
     emit_row_kernel,
@@ -38,7 +40,7 @@ class ExpertSoftmax(Method):
 def build_softmax(problem: Problem, ctx: Context) -> Kernel:
     shape = problem.shape(problem.inputs[0])
     n = shape[-1]
-    rows = max(1, problem.elements(problem.inputs[0]) // max(1, n))
+    rows = math.prod(shape[:-1])  # not elements // n: an empty row is still a row
     lanes = max(4, ctx.target.vector_bits // 32)
     name = kernel_name("tf_softmax", problem)
     module = new_module(name, ctx.target)

@@ -4,6 +4,8 @@ epilogue, then inlined by LLVM: row sums/means over the last axis, and GEMV (mat
 
 from __future__ import annotations
 
+import math
+
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
@@ -61,7 +63,7 @@ def build_rows(problem: Problem, ctx: Context, kind: str) -> Kernel:
     op = problem.body[0]
     shape = problem.shape(op.operands[0])
     n = shape[-1]
-    rows = problem.elements(op.operands[0]) // max(1, n)
+    rows = math.prod(shape[:-1])  # not elements // n: with K = 0 every row is empty
     name = kernel_name(f"tf_lto_{kind}", problem)
     module = new_module(name, ctx.target)
     lib = "tf_lib_dot" if kind == "gemv" else "tf_lib_row_sum"
@@ -74,7 +76,7 @@ def build_rows(problem: Problem, ctx: Context, kind: str) -> Kernel:
         call_args = [x, ptrs[1], u.const(n)] if kind == "gemv" else [x, u.const(n)]
         value = b.call(fn, call_args)
         if kind == "mean":
-            value = b.fmul(value, ir.Constant(u.f32, 1.0 / n))
+            value = b.fmul(value, ir.Constant(u.f32, 1.0 / n if n else math.nan))  # NumPy: NaN
         b.store(value, u.gep(b, ptrs[-1], row))
 
     emit_row_kernel(module, name, nargs, rows, threads_for(4 * rows * n, ctx.threads), body)
