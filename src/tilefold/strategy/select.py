@@ -103,7 +103,7 @@ def _passed_over(problem: Problem, what: str, exc: Exception) -> None:
     if strict():
         raise FallbackError(f"{message} (strict mode: no fallback to another kernel method; "
                             "unset TILEFOLD_STRICT to allow it)") from exc
-    log.warning("%s; trying the next method", message)
+    log.warning("%s; trying the next one", message)
 
 
 def _build(decision: Decision, c: Candidate) -> bool:
