@@ -2,9 +2,10 @@
 
 Each op uses a library call in its own dtype when one has the reference's meaning, else the
 reference implementation itself, so an extern kernel is never wrong, only slower. In strict
-mode (`tilefold.errors.strict()`) an extern method that would evaluate math through a reference
-implementation (in f64, rounded once: the oracle tests compare with) declines the group;
-moving data and exact conversions (`EXACT_REFERENCE`) it may still run that way.
+mode (`tilefold.errors.strict()`) an extern method that would evaluate float math through a
+reference implementation (in f64, rounded once: the oracle tests compare with) declines the
+group; what the reference computes exactly (moving data, conversions, integer and bool results)
+it may still run that way.
 
 Libraries run on one thread: in a compiled graph tilefold's pool owns the cores. PyTorch's
 OpenMP workers and OpenBLAS's threads keep spinning after a parallel call, beside tilefold's
@@ -138,13 +139,19 @@ def op_function(op: Operation, problem: Problem, table: dict[str, Fn]) -> Callab
     return lambda *args: op.opdef.reference_op(list(args), attrs, op.regions, run_region)
 
 
+def _float_math_by_reference(op: Operation, problem: Problem, table: dict[str, Fn]) -> bool:
+    """Whether `op` would run through its reference and that computes a float in f64 (integer
+    and bool results, and the `EXACT_REFERENCE` ops, come out exact)."""
+    return (op.name not in EXACT_REFERENCE and not _library_runs(op, problem, table)
+            and any(problem.types[r].dtype.is_float for r in op.results))
+
+
 def strict_refusal(problem: Problem, table: dict[str, Fn], method: str) -> str | None:
     """In strict mode, why `method` declines `problem` (it would evaluate math through a
     reference implementation); None when it may run."""
     if not strict():
         return None
-    slow = sorted({op.name for op in problem.body
-                   if op.name not in EXACT_REFERENCE and not _library_runs(op, problem, table)})
+    slow = sorted({op.name for op in problem.body if _float_math_by_reference(op, problem, table)})
     if not slow:
         return None
     return (f"strict mode: {method} would run the reference implementation of "
