@@ -147,7 +147,7 @@ def _float_math_by_reference(op: Operation, problem: Problem, table: dict[str, F
 
 
 def strict_refusal(problem: Problem, table: dict[str, Fn], method: str) -> str | None:
-    """In strict mode, why `method` declines `problem` (it would evaluate math through a
+    """In strict mode, why `method` declines `problem` (it would evaluate float math through a
     reference implementation); None when it may run."""
     if not strict():
         return None
