@@ -1,4 +1,8 @@
-"""Suite-wide setup: a private tilefold cache for the session, and hypothesis profiles.
+"""Suite-wide setup: a private tilefold cache, strict mode, and hypothesis profiles.
+
+The suite runs strict (`TILEFOLD_STRICT=1`): a kernel method that fails, the reference
+interpreter taking over, or PyTorch running part of a compiled graph is a `FallbackError`, not a
+quiet pass. A test that exercises a fallback on purpose asks for the `allow_fallback` fixture.
 
 Profiles: "ci" (the default; derandomized, modest example counts, no deadline on shared
 machines) and "dev" (random seeds, more examples): `pytest --hypothesis-profile=dev`.
@@ -10,6 +14,7 @@ import os
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -27,8 +32,16 @@ _CACHE_DIR = tempfile.mkdtemp(prefix="tilefold-test-cache-")
 
 
 def pytest_configure(config) -> None:
-    """Point TILEFOLD_CACHE_DIR at a fresh folder before any test (or import) can read it."""
+    """Point TILEFOLD_CACHE_DIR at a fresh folder and turn strict mode on, before any test (or
+    import) can read them."""
     os.environ["TILEFOLD_CACHE_DIR"] = _CACHE_DIR
+    os.environ["TILEFOLD_STRICT"] = "1"
+
+
+@pytest.fixture
+def allow_fallback(monkeypatch):
+    """Strict mode off for one test that exercises a fallback on purpose."""
+    monkeypatch.delenv("TILEFOLD_STRICT", raising=False)
 
 
 def pytest_unconfigure(config) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefold.errors import ShapeError
+from tilefold.errors import ShapeError, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
@@ -60,9 +60,11 @@ class CompiledGraph:
     result of the function, even when there is one; each a fresh array the caller owns)."""
 
     def __init__(
-        self, module: Module, function: str, target: Target | None, fusion_refusals: list
+        self, module: Module, function: str, target: Target | None, fusion_refusals: list,
+        strict: bool | None = None,
     ) -> None:
         self.module = module
+        self.strict = strict  # None: TILEFOLD_STRICT decides when a plan is made
         self.function: Function = module[function]
         self.target = target
         self.refusals = fusion_refusals
@@ -107,7 +109,8 @@ class CompiledGraph:
             return self._plans[key]
 
     def _plan(self, shapes: list[tuple]) -> Plan:
-        return _Planner(self, shapes).plan()
+        with strict_mode(self.strict):
+            return _Planner(self, shapes).plan()
 
 
 class _Planner:
@@ -232,13 +235,16 @@ class _Planner:
 
 
 def compile(
-    module: Module, target: Target | None = None, *, function: str = "main"
+    module: Module, target: Target | None = None, *, function: str = "main",
+    strict: bool | None = None,
 ) -> CompiledGraph:
     """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays.
 
     Kernels are chosen per input-shape signature on first call: from the tuning database, by
     measurement when `TILEFOLD_TUNE` is set, else by the cost model. The compiled graph returns
-    a list with one array per function result.
+    a list with one array per function result. `strict=True` makes a kernel method's failure,
+    or an extern kernel running the reference implementation, a `FallbackError` instead of a
+    quiet switch to another method; None (the default) follows `TILEFOLD_STRICT`.
     """
     _register()
     # Constant arrays (weights) are never written by passes: the copy shares them.
@@ -250,4 +256,4 @@ def compile(
     refusals = [r for p in manager.passes for r in getattr(p, "refusals", [])]
     if function not in module.functions:
         raise ShapeError(f"module has no function @{function}")
-    return CompiledGraph(module, function, target, refusals)
+    return CompiledGraph(module, function, target, refusals, strict)

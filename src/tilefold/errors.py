@@ -1,7 +1,12 @@
-"""The exception hierarchy: every user mistake surfaces as a `TilefoldError` subclass."""
+"""The exception hierarchy: every user mistake surfaces as a `TilefoldError` subclass, and in
+strict mode so does every failure a slower path would otherwise hide."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 
@@ -68,3 +73,33 @@ class CompileError(TilefoldError):
 
 class CacheError(TilefoldError):
     """An on-disk cache or tuning database cannot be used."""
+
+
+class FallbackError(TilefoldError):
+    """Strict mode: something failed and would have been replaced by a slower path (the next
+    kernel method, the reference interpreter, PyTorch); the message names what and why."""
+
+
+_STRICT: ContextVar[bool | None] = ContextVar("tilefold_strict", default=None)
+
+
+def strict(flag: bool | None = None) -> bool:
+    """Whether hidden fallbacks raise `FallbackError`: `flag` when given, else the flag of the
+    innermost `strict_mode(flag)`, else `TILEFOLD_STRICT` (unset or 0: off)."""
+    forced = _STRICT.get() if flag is None else flag
+    if forced is not None:
+        return bool(forced)
+    return os.environ.get("TILEFOLD_STRICT", "").strip() not in ("", "0")
+
+
+@contextlib.contextmanager
+def strict_mode(flag: bool | None) -> Iterator[None]:
+    """`strict()` answers `flag` inside the block; None leaves the answer as it was."""
+    if flag is None:
+        yield
+        return
+    token = _STRICT.set(bool(flag))
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)

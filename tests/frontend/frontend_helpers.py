@@ -1,4 +1,5 @@
-"""Shared test helpers: export a function with torch.export, lower it, and compare with PyTorch."""
+"""Shared test helpers: export a function with torch.export, lower it, compare with PyTorch, and
+check what a compiled graph ran on."""
 
 from __future__ import annotations
 
@@ -36,3 +37,22 @@ def check(fn, *args, dynamic_shapes=None, atol: float = 1e-5) -> Module:
         assert g.shape == tuple(w.shape) and g.dtype == w.numpy().dtype
         np.testing.assert_allclose(g, w.numpy(), atol=atol, rtol=1e-5)
     return module
+
+
+# Ops whose group must run a native kernel method: GEMMs, attention and norms (whole, or the
+# rsqrt of a decomposed one).
+HEAVY = frozenset({"matmul", "scaled_dot_product_attention", "layer_norm", "rms_norm", "rsqrt"})
+
+
+def assert_native(graphs: list, expect: set[str]) -> None:
+    """Every graph ran whole on tilefold.compile, every group holding a `HEAVY` op ran a native
+    method (not extern, not the interpreter), and the ops in `expect` were among them."""
+    seen: set[str] = set()
+    for g in graphs:
+        assert g.mode == "tilefold" and g.executor == "tilefold.compile", g.format()
+        for names, method in g.groups():
+            heavy = HEAVY & set(names.split("+"))
+            seen |= heavy
+            assert not heavy or method.split(".")[0] not in ("extern", "interpreter"), (
+                f"graph {g.graph}: {names} ran on {method}")
+    assert expect <= seen, f"expected groups with {sorted(expect)}, saw {sorted(seen)}"

@@ -7,7 +7,9 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from frontend_helpers import assert_native
 
+from tilefold.errors import FallbackError
 from tilefold.frontend import report
 
 
@@ -48,9 +50,10 @@ def test_whole_graph_runs_in_tilefold_and_matches_eager():
     (graph,) = report.reports()
     assert graph.mode == "tilefold" and not graph.fallback
     assert graph.lowered.get("tilefold.sdpa.default") == 1  # attention kept whole
+    assert_native([graph], {"matmul", "scaled_dot_product_attention", "layer_norm"})
 
 
-def test_unsupported_op_is_partitioned_out_and_explained(caplog):
+def test_unsupported_op_is_partitioned_out_and_explained(caplog, allow_fallback):
     model = Block(odd_op=True).eval()
     compiled = torch.compile(model, backend="tilefold")
     x = torch.randn(2, 5, 16)
@@ -63,7 +66,7 @@ def test_unsupported_op_is_partitioned_out_and_explained(caplog):
     assert any("cumsum" in r.message for r in caplog.records)
 
 
-def test_partitions_freeze_weights_and_follow_in_place_updates():
+def test_partitions_freeze_weights_and_follow_in_place_updates(allow_fallback):
     """Weights feeding a tilefold partition are constants (the GEMM packs them once), as in a
     whole graph, and an in-place update lowers the partitions again."""
     model = Block(odd_op=True).eval()
@@ -79,7 +82,7 @@ def test_partitions_freeze_weights_and_follow_in_place_updates():
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
 
 
-def test_partitions_stop_pytorch_openmp_workers_first(monkeypatch):
+def test_partitions_stop_pytorch_openmp_workers_first(monkeypatch, allow_fallback):
     """PyTorch's OpenMP workers spin after the ops it runs; each tilefold partition stops them
     before its kernels start (they cost the next GEMM about 10 ms)."""
     from tilefold.frontend import openmp
@@ -97,7 +100,7 @@ def test_partitions_stop_pytorch_openmp_workers_first(monkeypatch):
     assert len(calls) == report.reports()[0].partitions
 
 
-def test_autograd_falls_back_to_eager_with_a_reason(caplog):
+def test_autograd_falls_back_to_eager_with_a_reason(caplog, allow_fallback):
     model = Block()
     compiled = torch.compile(model, backend="tilefold")
     x = torch.randn(2, 5, 16)
@@ -120,6 +123,7 @@ def test_new_sequence_lengths_reuse_the_symbolic_graph():
     graphs = report.reports()
     assert len(graphs) == 2  # static first, then one symbolic graph for every later length
     assert graphs[1].symbolic_dims
+    assert_native(graphs, {"matmul", "scaled_dot_product_attention", "layer_norm"})
 
 
 def test_frozen_weights_follow_in_place_updates():
@@ -132,7 +136,50 @@ def test_frozen_weights_follow_in_place_updates():
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
 
 
-def test_strict_option_raises_instead_of_falling_back():
+def test_strict_option_raises_instead_of_falling_back(allow_fallback):
     compiled = torch.compile(Block(), backend="tilefold", options={"strict": True})
-    with pytest.raises(Exception, match="no_grad"):
+    with pytest.raises(Exception, match="no_grad") as info:
         compiled(torch.randn(2, 5, 16))
+    assert isinstance(getattr(info.value, "inner_exception", None), FallbackError)
+
+
+def test_strict_mode_names_the_nodes_pytorch_would_run():
+    """Under TILEFOLD_STRICT (on for the suite) a graph tilefold would only partly run raises,
+    naming the op; `strict=False` lets it run partitioned."""
+    x = torch.randn(2, 5, 16)
+    compiled = torch.compile(Block(odd_op=True).eval(), backend="tilefold")
+    with torch.no_grad(), pytest.raises(Exception, match=r"aten\.cumsum\.default") as info:
+        compiled(x)
+    assert isinstance(getattr(info.value, "inner_exception", None), FallbackError)
+    torch._dynamo.reset()
+    model = Block(odd_op=True).eval()
+    lenient = torch.compile(model, backend="tilefold", options={"strict": False})
+    with torch.no_grad():
+        torch.testing.assert_close(lenient(x), model(x), atol=1e-5, rtol=1e-5)
+    assert report.reports()[-1].mode == "partitioned"
+
+
+def test_strict_mode_raises_when_the_interpreter_would_take_over(monkeypatch):
+    """A compiled graph whose kernels fail at run time is an error under strict mode, naming the
+    graph; without it the reference interpreter takes over and the report says so."""
+    from tilefold.compiler import CompiledGraph
+
+    def broken(self, *arrays):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(CompiledGraph, "__call__", broken)
+    model = Block().eval()
+    x = torch.randn(2, 5, 16)
+    compiled = torch.compile(model, backend="tilefold")
+    failed = r"graph #\d+: the compiled graph failed.*kernel exploded"
+    with torch.no_grad(), pytest.raises(FallbackError, match=failed):
+        compiled(x)
+    monkeypatch.delenv("TILEFOLD_STRICT")
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    compiled = torch.compile(model, backend="tilefold")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    (graph,) = report.reports()
+    assert graph.executor == "interpreter"
+    assert graph.groups() and {m for _, m in graph.groups()} == {"interpreter"}

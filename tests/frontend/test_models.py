@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from frontend_helpers import assert_native
 
 from tilefold.frontend import report
 
@@ -34,6 +35,10 @@ def _llama():
 
 
 MODELS = {"bert": _bert, "gpt2": _gpt2, "llama": _llama}
+# The heavy ops each model's groups hold (LLaMA's RMSNorm is decomposed around an rsqrt).
+NATIVE = {"bert": {"matmul", "scaled_dot_product_attention", "layer_norm"},
+          "gpt2": {"matmul", "scaled_dot_product_attention", "layer_norm"},
+          "llama": {"matmul", "scaled_dot_product_attention", "rsqrt"}}
 
 
 def _batch(batch: int, seq: int) -> dict:
@@ -58,6 +63,7 @@ def test_config_model_matches_eager_over_sequence_lengths(name):
             assert (got - want).abs().max().item() < 1e-5
     graphs = report.reports()
     assert all(g.mode == "tilefold" for g in graphs) and len(graphs) == 2
+    assert_native(graphs, NATIVE[name])
 
 
 class SentenceEmbedding(torch.nn.Module):
@@ -83,10 +89,12 @@ def test_minilm_real_weights_embeddings_match_eager():
                  "The girl is carrying a baby.", "A man is riding a white horse on a field."]
     inputs = tokenizer(sentences, padding=True, return_tensors="pt")
     torch._dynamo.reset()
+    report.REPORTS.clear()
     compiled = torch.compile(model, backend="tilefold", options={"strict": True})
     with torch.no_grad():
         got = compiled(inputs["input_ids"], inputs["attention_mask"])
         want = model(inputs["input_ids"], inputs["attention_mask"])
+    assert_native(report.reports(), {"matmul", "scaled_dot_product_attention", "layer_norm"})
     assert F.cosine_similarity(got, want).min().item() >= 0.99999
     assert (got - want).abs().max().item() < 1e-5
     similarity = got @ got.T

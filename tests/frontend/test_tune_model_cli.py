@@ -11,7 +11,9 @@ from tilefold.strategy.tuning_db import TuningDB
 pytest.importorskip("transformers")
 
 
-def test_tune_a_model_lists_groups_and_fills_the_database(tmp_path, monkeypatch, capsys):
+def test_tune_a_model_lists_groups_and_fills_the_database(tmp_path, monkeypatch, capsys,
+                                                         allow_fallback):
+    """extern runs attention on its reference, a contender only outside strict mode."""
     monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path))
     assert main(["tune", "--model", "bert", "--layers", "1", "--batch", "1", "--seq", "8",
                  "--budget", "0.2"]) == 0

@@ -7,7 +7,8 @@ import logging
 import numpy as np
 import pytest
 
-from tilefold.errors import TilefoldError
+import tilefold
+from tilefold.errors import FallbackError, TilefoldError
 from tilefold.ir import parse_module
 from tilefold.strategy import (
     FAMILIES,
@@ -65,7 +66,7 @@ def test_duplicate_and_unknown_family_rejected():
         register_method(bad)
 
 
-def test_failing_methods_fall_back_and_explain_why(tmp_path, caplog):
+def test_failing_methods_fall_back_and_explain_why(tmp_path, caplog, allow_fallback):
     register_method(Broken())
     register_method(Crashing())
     try:
@@ -83,6 +84,52 @@ def test_failing_methods_fall_back_and_explain_why(tmp_path, caplog):
     d.kernel.run(x, y)
     np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
     assert "trying the next one" in caplog.text
+
+
+@pytest.mark.parametrize("method, message", [(Broken, "no such instruction"),
+                                             (Crashing, "bug in a method")])
+def test_strict_mode_raises_when_a_method_fails(tmp_path, method, message):
+    """TILEFOLD_STRICT (on for the suite) turns the quiet move to the next method into an error
+    naming the group, the method and its failure."""
+    bad = method()
+    register_method(bad)
+    try:
+        with pytest.raises(FallbackError, match=f"softmax.*{bad.name}.*{message}"):
+            decide(_problem(), context(), TuningDB(tmp_path / "db.json"), None)
+    finally:
+        unregister_method(bad.name)
+
+
+def test_strict_extern_declines_math_it_would_run_on_the_reference(tmp_path, monkeypatch):
+    """A lone `log` has no native kernel and no library call in either extern table: strict
+    mode raises rather than evaluate it with the f64 reference; without strict, extern runs it."""
+    text = "func @main(%x: f32[3,5]) -> (f32[3,5]) {\n  %0 = log(%x) : f32[3,5]\n  return(%0)\n}"
+    problem = Problem.of(parse_module(text)["main"].ops[0], [(3, 5)])
+    db = TuningDB(tmp_path / "db.json")
+    with pytest.raises(FallbackError, match="reference implementation of log"):
+        decide(problem, context(), db, None)
+    monkeypatch.delenv("TILEFOLD_STRICT")
+    d = decide(problem, context(), db, None)
+    x = np.random.default_rng(1).uniform(0.1, 4.0, (3, 5)).astype(np.float32)
+    y = np.empty_like(x)
+    d.kernel.run(x, y)
+    np.testing.assert_allclose(y, np.log(x.astype(np.float64)), rtol=1e-6)
+
+
+def test_compile_strict_argument_overrides_the_environment(monkeypatch):
+    """`tilefold.compile(..., strict=)` decides over TILEFOLD_STRICT, both ways."""
+    x = np.random.default_rng(2).standard_normal((4, 32)).astype(np.float32)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    want = e / e.sum(axis=1, keepdims=True)
+    register_method(Broken())
+    try:
+        (got,) = tilefold.compile(parse_module(TEXT), strict=False)(x)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+        monkeypatch.delenv("TILEFOLD_STRICT")
+        with pytest.raises(FallbackError, match=r"test\.broken"):
+            tilefold.compile(parse_module(TEXT), strict=True)(x)
+    finally:
+        unregister_method("test.broken")
 
 
 def test_a_new_method_is_a_registration(tmp_path):

@@ -24,7 +24,7 @@ def _tune(path, capsys, *extra: str) -> str:
     return capsys.readouterr().out
 
 
-def test_tune_measures_keeps_and_measures_again(tmp_path, capsys):
+def test_tune_measures_keeps_and_measures_again(tmp_path, capsys, allow_fallback):
     path = tmp_path / "mlp.tfir"
     path.write_text(MLP)
     before = {k: os.environ.get(k) for k in ("TILEFOLD_TUNE", "TILEFOLD_RETUNE")}

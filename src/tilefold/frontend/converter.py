@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -116,7 +117,11 @@ def convert_graph(
                 result.unsupported[node] = exc.reason
                 ctx.env[node] = _stand_in(ctx, node, result) if trial else None
         elif node.op == "get_attr":
-            result.unsupported[node] = "get_attr nodes are not lowered"
+            try:
+                ctx.env[node] = _attribute(ctx, graph, node)
+            except NotApplicable as exc:
+                result.unsupported[node] = exc.reason
+                ctx.env[node] = Unavailable(f"{node.name}: {exc.reason}")
         elif node.op == "output":
             outputs = _outputs(ctx, node, result)
     if result.unsupported:
@@ -137,6 +142,17 @@ def _argument(ctx: LoweringContext, node: fx.Node, name: str, result: Converted)
     except NotApplicable as exc:
         raise UnsupportedError(f"input {node.name}: {exc.reason}") from None
     return ctx.b.arg(_ident(name), dtype, shape)
+
+
+def _attribute(ctx: LoweringContext, graph: fx.Graph, node: fx.Node) -> Tensor:
+    """A tensor the graph's module holds (a constant Dynamo lifted, such as a `torch.tensor`
+    literal) as an IR constant of its own: a copy, so later writes to it cannot reach ours."""
+    found: Any = graph.owning_module
+    for part in str(node.target).split("."):
+        found = getattr(found, part, None)
+    if not isinstance(found, torch.Tensor):
+        raise NotApplicable(f"get_attr {node.target} is {type(found).__name__}, not a tensor")
+    return ctx.b.constant(np.array(to_numpy(found)))
 
 
 def _ident(name: str) -> str:

@@ -3,8 +3,10 @@
 Dynamo's graph is traced to ATen by AOTAutograd for inference. Nodes without a lowering rule are
 partitioned out and left to PyTorch; everything else is lowered into tilefold functions (one per
 partition). Parameters become IR constants, frozen at compile time and re-lowered if PyTorch
-reports that they were modified in place. A graph that needs autograd, or that tilefold cannot
-handle for any reason, runs eagerly with a log line instead of failing the user's program.
+reports that they were modified in place (inference tensors, which keep no version, stay
+arguments). A graph that needs autograd, or that tilefold cannot handle for any reason, runs
+eagerly with a log line instead of failing the user's program; in strict mode (the option
+`strict`, else `TILEFOLD_STRICT`) that, and a node left to PyTorch, is a `FallbackError`.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from tilefold.errors import TilefoldError
+from tilefold.errors import FallbackError, TilefoldError, strict
 from tilefold.frontend import graph_cache, openmp
-from tilefold.frontend.converter import Input, convert_graph, is_size_node, op_name
+from tilefold.frontend.converter import (
+    Input,
+    convert_graph,
+    describe_unsupported,
+    is_size_node,
+    op_name,
+)
 from tilefold.frontend.export import inference_decompositions
 from tilefold.frontend.preserved import preserve
 from tilefold.frontend.report import GraphReport, record
@@ -44,9 +52,11 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
             ) -> Callable[..., Any]:
     """torch.compile entry: returns a callable running `gm` through tilefold where it can.
 
-    `options={"strict": True}` raises instead of falling back to eager (for tests).
+    `options={"strict": True}` raises `FallbackError` instead of leaving any of the graph to
+    PyTorch or to the reference interpreter; `False` allows that even under TILEFOLD_STRICT.
     """
-    strict = bool((options or {}).get("strict"))
+    flag = (options or {}).get("strict")
+    flag = None if flag is None else bool(flag)
     graph = f"#{len(_GRAPHS)}"
     _GRAPHS.append(graph)
     if torch.is_grad_enabled() and any(
@@ -56,17 +66,20 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
             "autograd is on (training, or inputs/weights that require grad): tilefold compiles "
             "inference; run the model under torch.no_grad() or torch.inference_mode()"
         )
-        return _eager(gm, graph, reason, strict)
+        return _eager(gm, graph, reason, flag)
     preserve(gm)
-    frozen = {i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)}
+    frozen = {i for i, t in enumerate(example_inputs)
+              if isinstance(t, torch.nn.Parameter) and not t.is_inference()}
     report = GraphReport(graph, "tilefold")
     started = time.perf_counter()
     key = graph_cache.graph_key(gm, example_inputs)
     entry = graph_cache.load(key) if key else None
     if entry is not None:
         try:
-            return _cached(entry, example_inputs, report)
+            return _cached(entry, example_inputs, report, flag)
         except TilefoldError as exc:  # e.g. a stale entry the IR no longer parses
+            if strict(flag):
+                raise FallbackError(f"graph {graph}: the cached lowering failed: {exc}") from exc
             log.warning("tilefold: graph %s: the cached lowering failed (%s); lowering afresh",
                         graph, exc)
 
@@ -74,15 +87,18 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
         report.trace_s = time.perf_counter() - started
         try:
             with unset_fake_temporarily():  # weights are read as real tensors
-                runner = _lower(aten_gm, example_inputs, frozen, report)
+                runner = _lower(aten_gm, example_inputs, frozen, report, flag)
             same_inputs = sum(n.op == "placeholder" for n in aten_gm.graph.nodes) == len(
                 example_inputs)
             if key and same_inputs and isinstance(runner, _Frozen) and graph_cache.storable():
                 graph_cache.store(key, runner.runner.converted, report.aten_nodes)
             return runner
-        except (TilefoldError, NotImplementedError, KeyError, ValueError, TypeError) as exc:
-            if strict:
-                raise
+        except FallbackError:
+            raise
+        except Exception as exc:  # whatever tilefold cannot do, PyTorch runs
+            if strict(flag):
+                raise FallbackError(f"graph {graph} would run in PyTorch: "
+                                    f"{type(exc).__name__}: {exc}") from exc
             report.mode, report.reason = "eager", f"{type(exc).__name__}: {exc}"
             log.warning("tilefold: graph %s runs in PyTorch: %s", graph, report.reason)
             return aten_gm.forward
@@ -103,27 +119,27 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
 _GRAPHS: list[str] = []
 
 
-def _cached(entry: graph_cache.Entry, real: list[Any], report: GraphReport) -> Callable:
+def _cached(entry: graph_cache.Entry, real: list[Any], report: GraphReport,
+            flag: bool | None) -> Callable:
     """The graph's runner from its stored lowering, bound to `real`'s weights (Dynamo calls it
     with the graph's inputs, as AOTAutograd's wrapper would be)."""
     started = time.perf_counter()
 
     def build() -> GraphRunner:
-        return GraphRunner(graph_cache.converted(entry, real))
+        return GraphRunner(graph_cache.converted(entry, real), f"graph {report.graph}", flag)
 
     runner = _Frozen(build, real, set(entry.frozen), build())
     report.cached, report.partitions = True, 1
     report.aten_nodes, report.lowered = entry.aten_nodes, dict(entry.lowered)
-    report.executor = runner.runner.executor
     report.executors.append(runner)
     report.convert_s = time.perf_counter() - started
     record(report)
     return lambda *args: tuple(runner(*args))
 
 
-def _eager(gm: fx.GraphModule, graph: str, reason: str, strict: bool) -> Callable:
-    if strict:
-        raise TilefoldError(reason)
+def _eager(gm: fx.GraphModule, graph: str, reason: str, flag: bool | None) -> Callable:
+    if strict(flag):
+        raise FallbackError(f"graph {graph} would run in PyTorch: {reason}")
     log.warning("tilefold: graph %s runs in PyTorch: %s", graph, reason)
     record(GraphReport(graph, "eager", reason=reason))
     return gm.forward
@@ -142,9 +158,11 @@ class _Supported(OperatorSupportBase):
         )
 
 
-def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphReport):
+def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphReport,
+           flag: bool | None):
     """Lower the ATen graph whole, or its supported partitions; return the callable to run."""
     started = time.perf_counter()
+    label = f"graph {report.graph}"
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(real):
         frozen = set()  # AOTAutograd reordered the inputs: keep every input an argument
@@ -159,13 +177,15 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
     report.symbolic_dims = sorted({str(d) for a in trial.module["main"].args for d in a.type.shape
                                    if not isinstance(d, int)})
     if not trial.unsupported:
-        runner = _Frozen(lambda: GraphRunner(convert_graph(gm.graph, top_inputs)), real, frozen,
-                         GraphRunner(trial))
+        runner = _Frozen(lambda: GraphRunner(convert_graph(gm.graph, top_inputs), label, flag),
+                         real, frozen, GraphRunner(trial, label, flag))
         report.partitions = 1
-        report.executor = runner.runner.executor
         report.executors.append(runner)
         report.convert_s = time.perf_counter() - started
         return runner
+    if strict(flag):
+        raise FallbackError(f"{label} would leave nodes to PyTorch: "
+                            f"{describe_unsupported(trial.unsupported)}")
     for node, why in trial.unsupported.items():
         report.fallback.setdefault(op_name(node), why)
         log.info("tilefold: PyTorch runs %s (%s): %s", op_name(node), node.name, why)
@@ -189,12 +209,13 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
                 return _input_kind(ph, -1, real, set())
 
             single = not isinstance(next(iter(reversed(sub.graph.nodes))).args[0], tuple | list)
-            part = _Partition(lambda sub=sub, sub_inputs=sub_inputs:
-                              GraphRunner(convert_graph(sub.graph, sub_inputs)), single)
+            part_label = f"{label} partition {node.target}"
+            part = _Partition(lambda sub=sub, sub_inputs=sub_inputs, part_label=part_label:
+                              GraphRunner(convert_graph(sub.graph, sub_inputs), part_label, flag),
+                              single)
             setattr(fused, node.target, part)
             partitions.append(part)
             report.partitions += 1
-            report.executor = part.runner.executor
             report.executors.append(part)
     fused.recompile()
     report.lowered = {k: v for k, v in report.lowered.items() if k not in report.fallback}
@@ -211,19 +232,32 @@ def _input_kind(node: fx.Node, i: int, real: list[Any], frozen: set[int]) -> Inp
     return ("arg", node.name)
 
 
-class _Partition(torch.nn.Module):
-    """A fused partition replaced by its tilefold runner (`build` lowers it again)."""
+class _Reported:
+    """What a graph report asks of a tilefold part, answered by its current `runner`."""
 
-    def __init__(self, build: Callable[[], GraphRunner], single: bool):
-        super().__init__()
-        self.build, self.single = build, single
-        self.runner = build()
+    runner: GraphRunner
+
+    @property
+    def executor(self) -> str:
+        return self.runner.executor
+
+    def groups(self) -> list[tuple[str, str]]:
+        return self.runner.run.groups()
 
     def methods(self) -> dict[str, int]:
         return self.runner.run.methods()
 
     def decisions(self) -> list[Any]:
         return self.runner.run.decisions()
+
+
+class _Partition(_Reported, torch.nn.Module):
+    """A fused partition replaced by its tilefold runner (`build` lowers it again)."""
+
+    def __init__(self, build: Callable[[], GraphRunner], single: bool):
+        super().__init__()
+        self.build, self.single = build, single
+        self.runner = build()
 
     def forward(self, *args: Any) -> Any:
         openmp.pause_workers()  # PyTorch ran the ops before this partition
@@ -240,7 +274,7 @@ def _changed(watch: list[tuple[int, Any, int]], args: tuple) -> bool:
     return any(args[i] is not t or t._version != v for i, t, v in watch)
 
 
-class _Frozen:
+class _Frozen(_Reported):
     """A whole-graph runner whose constants are re-lowered when a frozen weight changes."""
 
     def __init__(self, build: Callable[[], GraphRunner], real: list[Any], frozen: set[int],
@@ -248,12 +282,6 @@ class _Frozen:
         self.build = build
         self.watch = _watch(real, frozen)
         self.runner = runner
-
-    def methods(self) -> dict[str, int]:
-        return self.runner.run.methods()
-
-    def decisions(self) -> list[Any]:
-        return self.runner.run.decisions()
 
     def __call__(self, *args: Any) -> list[Any]:
         if _changed(self.watch, args):

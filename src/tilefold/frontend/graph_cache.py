@@ -70,7 +70,8 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
         # Which earlier input this one is (tied weights lower to one constant).
         same = first.setdefault(id(x), i)
         metas.append([list(x.shape), list(x.stride()), str(x.dtype),
-                      isinstance(x, torch.nn.Parameter), x.requires_grad, same])
+                      isinstance(x, torch.nn.Parameter), x.is_inference(), x.requires_grad,
+                      same])
     fields = {"schema": SCHEMA, "tilefold": __version__, "torch": torch.__version__,
               "lowering": source_digest(*_LOWERING), "code": gm.code, "inputs": metas,
               "grad": torch.is_grad_enabled()}

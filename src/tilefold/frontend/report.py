@@ -17,14 +17,25 @@ class GraphReport:
     fallback: dict[str, str] = field(default_factory=dict)  # ATen op -> why PyTorch runs it
     fallback_nodes: int = 0
     partitions: int = 0
-    executor: str = ""
     symbolic_dims: list[str] = field(default_factory=list)
     trace_s: float = 0.0
     convert_s: float = 0.0
     reason: str = ""  # why the whole graph runs eagerly, when it does
     cached: bool = False  # the lowering came from the graph cache (no ATen trace)
-    # what runs the graph's tilefold parts: objects with methods() and decisions()
+    # what runs the graph's tilefold parts: objects with executor, groups(), methods() and
+    # decisions() (one per partition)
     executors: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def executor(self) -> str:
+        """What runs the graph's tilefold parts now: "tilefold.compile" or "interpreter" (both,
+        comma-separated, when partitions differ); "PyTorch" when tilefold runs none of it."""
+        return ", ".join(sorted({e.executor for e in self.executors})) or "PyTorch"
+
+    def groups(self) -> list[tuple[str, str]]:
+        """(a group's ops joined by "+", the kernel method that ran it) for every group of every
+        tilefold part at the last call (ops the interpreter ran have method "interpreter")."""
+        return [g for executor in self.executors for g in executor.groups()]
 
     def methods(self) -> dict[str, int]:
         """Ops per kernel method at the last call (PyTorch's share as `extern (PyTorch)`)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefold.errors import TilefoldError
+from tilefold.errors import FallbackError, TilefoldError, strict
 from tilefold.frontend.converter import Converted
 from tilefold.frontend.tensors import to_numpy, to_torch
 from tilefold.ir import Module, interpret
@@ -19,24 +19,31 @@ log = logging.getLogger("tilefold.frontend")
 
 class Executor:
     """Runs a module on NumPy arrays with `tilefold.compile`; the reference interpreter takes
-    over (with a log line) if compilation or a kernel method fails for this module."""
+    over (with a log line) if compilation or a kernel method fails for this module, except in
+    strict mode (`strict`, else `TILEFOLD_STRICT`), where that failure is a `FallbackError`.
 
-    def __init__(self, module: Module):
-        self.module = module
+    `label` names the module in messages (the graph, and the partition when there are several).
+    """
+
+    def __init__(self, module: Module, label: str = "graph", strict: bool | None = None):
+        self.module, self.label, self.strict = module, label, strict
         self.compiled: Any = None
         self.name = "interpreter"
         self.last_shapes: list[tuple] | None = None
         try:
             from tilefold.compiler import compile as tilefold_compile
 
-            self.compiled = tilefold_compile(module)
+            self.compiled = tilefold_compile(module, strict=strict)
             self.name = "tilefold.compile"
         except (ImportError, TilefoldError) as exc:
-            self._fall_back(exc)
+            self._fall_back("tilefold.compile failed", exc)
 
-    def _fall_back(self, exc: Exception) -> None:
-        log.warning("tilefold: running on the reference interpreter: %s: %s",
-                    type(exc).__name__, exc)
+    def _fall_back(self, what: str, exc: Exception) -> None:
+        message = f"{self.label}: {what}: {type(exc).__name__}: {exc}"
+        if strict(self.strict):
+            raise FallbackError(f"{message} (strict mode: the reference interpreter does not take "
+                                "over; unset TILEFOLD_STRICT to allow it)") from exc
+        log.warning("tilefold: %s; running on the reference interpreter", message)
         self.compiled, self.name = None, "interpreter"
 
     def decisions(self) -> list[Any]:
@@ -45,16 +52,21 @@ class Executor:
             return []
         return self.compiled.decisions(*self.last_shapes)
 
+    def groups(self) -> list[tuple[str, str]]:
+        """(the group's ops joined by "+", the kernel method that ran it) per fused group at the
+        last call; on the interpreter, every op with the method "interpreter"."""
+        if self.compiled is None:
+            return [(op.name, "interpreter") for op in self.module.walk()
+                    if op.name not in ("constant", "return")]
+        return [("+".join(d.problem.names), d.winner.method if d.winner else "none")
+                for d in self.decisions()]
+
     def methods(self) -> dict[str, int]:
-        """How many ops (fused groups, when compiled) each kernel method ran at the last call."""
-        if self.compiled is not None and self.last_shapes is not None:
-            counts: dict[str, int] = {}
-            for d in self.decisions():
-                method = d.winner.method if d.winner is not None else "none"
-                counts[method] = counts.get(method, 0) + 1
-            return counts
-        ops = [op for op in self.module.walk() if op.name not in ("constant", "return")]
-        return {"interpreter": len(ops)}
+        """How many groups (ops, on the interpreter) each kernel method ran at the last call."""
+        counts: dict[str, int] = {}
+        for _, method in self.groups():
+            counts[method] = counts.get(method, 0) + 1
+        return counts
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         self.last_shapes = [a.shape for a in arrays]
@@ -62,7 +74,7 @@ class Executor:
             try:
                 return self.compiled(*arrays)
             except Exception as exc:  # a compiler gap must not fail the model: log, interpret
-                self._fall_back(exc)
+                self._fall_back("the compiled graph failed", exc)
         return interpret(self.module, *arrays)
 
 
@@ -73,10 +85,10 @@ class GraphRunner:
     dtype is a `ShapeError`/`DTypeError` naming the input, not a failure deep in a kernel.
     """
 
-    def __init__(self, converted: Converted):
+    def __init__(self, converted: Converted, label: str = "graph", strict: bool | None = None):
         self.converted = converted
         self.function = converted.module.functions[next(iter(converted.module.functions))]
-        self.run = Executor(converted.module)
+        self.run = Executor(converted.module, label, strict)
 
     @property
     def executor(self) -> str:

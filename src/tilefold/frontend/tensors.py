@@ -42,7 +42,8 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
-    a = np.ascontiguousarray(a)
+    """The array as a CPU tensor of the same shape (0-d stays 0-d; shares contiguous memory)."""
+    a = np.asarray(a, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)

@@ -2,6 +2,8 @@
 
 Every registered method is asked; the answer (`Decision`) keeps all candidates, every
 rejection with its reason, measured times and why the winner won, for `tilefold explain`.
+A method that fails to propose, build or run is passed over for the next one; in strict mode
+(`tilefold.errors.strict()`) that failure raises `FallbackError` instead.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 
+from tilefold.errors import FallbackError, strict
 from tilefold.runtime.thread_pool import thread_pool
 from tilefold.strategy import autotune
 from tilefold.strategy.method import METHODS, Candidate, Context, Kernel, Rejection
@@ -44,8 +47,7 @@ def propose_all(problem: Problem, ctx: Context) -> tuple[list[Candidate], list[R
         try:
             answer = method.propose(problem, ctx)
         except Exception as exc:  # a broken method must not break compilation
-            log.warning("method %s failed to propose for %s: %s", method.name,
-                        problem.describe(), exc)
+            _passed_over(problem, f"method {method.name} failed to propose", exc)
             answer = f"proposing failed: {type(exc).__name__}: {exc}"
         if isinstance(answer, str):
             rejections.append(Rejection(method.name, method.family, answer))
@@ -61,7 +63,8 @@ def db_key(problem: Problem, ctx: Context) -> tuple[str, dict]:
 
 
 def decide(problem: Problem, ctx: Context, db: TuningDB, budget: float | None) -> Decision:
-    """Pick and build the implementation of `problem` (never fails: extern always builds)."""
+    """Pick and build the implementation of `problem` (extern always builds, unless strict mode
+    has it decline a group it would run on the reference: then FallbackError)."""
     candidates, rejections = propose_all(problem, ctx)
     decision = Decision(problem, candidates, rejections)
     key, fields = db_key(problem, ctx)
@@ -88,7 +91,19 @@ def decide(problem: Problem, ctx: Context, db: TuningDB, budget: float | None) -
         if _build(decision, c):
             decision.why = "lowest estimated cost (cost model; set TILEFOLD_TUNE=1 to measure)"
             return decision
-    raise AssertionError("no candidate built, not even extern")
+    reasons = "; ".join([*(f"{r.method}: {r.reason}" for r in rejections),
+                         *(f"{k}: {v}" for k, v in decision.failures.items())])
+    raise FallbackError(f"no kernel method implements group {problem.describe()} ({reasons})")
+
+
+def _passed_over(problem: Problem, what: str, exc: Exception) -> None:
+    """A method failed on `problem`: FallbackError in strict mode, else a warning (the caller
+    goes on to the next method)."""
+    message = f"group {problem.describe()}: {what}: {type(exc).__name__}: {exc}"
+    if strict():
+        raise FallbackError(f"{message} (strict mode: no fallback to another kernel method; "
+                            "unset TILEFOLD_STRICT to allow it)") from exc
+    log.warning("%s; trying the next one", message)
 
 
 def _build(decision: Decision, c: Candidate) -> bool:
@@ -98,8 +113,7 @@ def _build(decision: Decision, c: Candidate) -> bool:
         log.info("built %s in %.1f ms", c.key, (time.perf_counter() - start) * 1e3)
     except Exception as exc:  # a failing method falls back to the next candidate
         decision.failures[c.key] = f"build failed: {type(exc).__name__}: {exc}"
-        log.warning("candidate %s for %s failed to build (%s); trying the next one", c.key,
-                    decision.problem.describe(), exc)
+        _passed_over(decision.problem, f"candidate {c.key} failed to build", exc)
         return False
     decision.winner = c
     return True
@@ -132,9 +146,9 @@ def _tune(decision: Decision, ctx: Context, budget: float) -> None:
             kernel.run(*inputs, *outs)
             if want is not None and not autotune.agrees(outs, want):
                 raise ValueError("wrong result against the extern reference")
-        except Exception as exc:  # scored inf, never fatal
+        except Exception as exc:  # scored inf, fatal only in strict mode
             decision.failures[c.key] = f"{type(exc).__name__}: {exc}"
-            log.warning("tuning: %s failed (%s); it scores inf", c.key, exc)
+            _passed_over(problem, f"candidate {c.key} failed when tuned (it scores inf)", exc)
             continue
         built[c.key] = (c, kernel, [*inputs, *outs])
     if not built:

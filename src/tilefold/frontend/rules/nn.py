@@ -180,6 +180,9 @@ def softmax(ctx: LoweringContext, x: Any, dim: int, dtype: Any = None) -> Any:
 def _softmax(ctx: LoweringContext, name: str, x: Any, dim: int) -> Any:
     vx = ctx.value(x)
     rank = ctx.rank(x)
+    if rank == 0:  # PyTorch takes a 0-d tensor as one element along dim 0 (or -1)
+        one = ctx.op("expand_dims", ctx.cast(ctx.tensor(x), ctx.out_dtype()), axes=[0])
+        return ctx.op("squeeze", ctx.op(name, one, axis=0), axes=[0])
     dim %= rank
     if isinstance(vx, Merged):
         if dim == 0:
@@ -190,6 +193,15 @@ def _softmax(ctx: LoweringContext, name: str, x: Any, dim: int) -> Any:
 
 
 # -- reductions ----------------------------------------------------------------------------
+
+
+def _reduced_axes(dim: Any, rank: int) -> list[int] | None:
+    """ATen's reduction dims as IR axes; None (all) for no dims, or for a 0-d tensor, whose
+    only dim PyTorch names 0 or -1."""
+    if dim is None or list(dim) == [] or rank == 0:
+        return None
+    return [d % rank for d in dim]
+
 
 REDUCTIONS = {  # ATen overload -> tilefold op
     aten.sum.dim_IntList: "reduce_sum",
@@ -207,8 +219,7 @@ def _reduction(name: str):
     def rule(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False, *,
              dtype: Any = None) -> Any:
         t = ctx.cast(ctx.tensor(x), ctx.out_dtype())
-        axes = None if dim is None or list(dim) == [] else [d % max(t.ndim, 1) for d in dim]
-        return ctx.op(name, t, axes=axes, keepdims=bool(keepdim))
+        return ctx.op(name, t, axes=_reduced_axes(dim, t.ndim), keepdims=bool(keepdim))
 
     rule.__doc__ = f"{name} over dims"
     return rule
@@ -223,7 +234,7 @@ def vector_norm(ctx: LoweringContext, x: Any, ord: float = 2, dim: Any = None,
                 keepdim: bool = False, *, dtype: Any = None) -> Any:
     """p-norm for p in {1, 2, inf} (F.normalize's norm)"""
     t = ctx.cast(ctx.tensor(x), ctx.out_dtype())
-    axes = None if dim is None or list(dim) == [] else [d % t.ndim for d in dim]
+    axes = _reduced_axes(dim, t.ndim)
     if ord == 2:
         return ctx.op("sqrt", ctx.op("reduce_sum", ctx.op("mul", t, t), axes=axes,
                                      keepdims=bool(keepdim)))

@@ -1,7 +1,11 @@
 """Extern methods: run a group op by op through NumPy or PyTorch (always available: NumPy).
 
 Each op uses a library call in its own dtype when one has the reference's meaning, else the
-reference implementation itself, so an extern kernel is never wrong, only slower.
+reference implementation itself, so an extern kernel is never wrong, only slower. In strict
+mode (`tilefold.errors.strict()`) an extern method that would evaluate float math through a
+reference implementation (in f64, rounded once: the oracle tests compare with) declines the
+group; what the reference computes exactly (moving data, conversions, integer and bool results)
+it may still run that way.
 
 Libraries run on one thread: in a compiled graph tilefold's pool owns the cores. PyTorch's
 OpenMP workers and OpenBLAS's threads keep spinning after a parallel call, beside tilefold's
@@ -21,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from tilefold.errors import strict
 from tilefold.ir import Operation
 from tilefold.ir.interpreter import run_region
 from tilefold.strategy.cost import Work, product_flops, roofline, work
@@ -77,6 +82,9 @@ NUMPY: dict[str, Fn] = {
     "broadcast_to": lambda x, attrs: np.broadcast_to(x, attrs["shape"]),
 }
 LAYOUT = {"transpose", "reshape", "expand_dims", "squeeze", "broadcast_to"}
+# Ops whose reference is plain NumPy data movement, selection or one exact conversion, with no
+# arithmetic evaluated in f64: running it is a library call like any other, even in strict mode.
+EXACT_REFERENCE = frozenset({"gather", "index", "concat", "slice", "where", "cast", *LAYOUT})
 
 
 @functools.cache
@@ -112,16 +120,42 @@ def _torch_table() -> dict[str, Fn] | None:
     }
 
 
+def _library_runs(op: Operation, problem: Problem, table: dict[str, Fn]) -> bool:
+    """Whether `table` computes `op` (library calls keep the dtype for floats; integer and bool
+    math follows the reference)."""
+    if op.name not in table:
+        return False
+    same = all(problem.types[v].dtype == problem.types[op.results[0]].dtype and
+               problem.types[v].dtype.is_float for v in op.operands)
+    return same or op.name in LAYOUT
+
+
 def op_function(op: Operation, problem: Problem, table: dict[str, Fn]) -> Callable:
     """A callable computing `op` on arrays: the library's version or the reference."""
     attrs = problem.attrs(op)
-    fast = table.get(op.name)
-    # Library calls keep the dtype for floats; integer and bool math follows the reference.
-    same = all(problem.types[v].dtype == problem.types[op.results[0]].dtype and
-               problem.types[v].dtype.is_float for v in op.operands)
-    if fast is not None and (same or op.name in LAYOUT):
+    if _library_runs(op, problem, table):
+        fast = table[op.name]
         return lambda *args: fast(*args, attrs)
     return lambda *args: op.opdef.reference_op(list(args), attrs, op.regions, run_region)
+
+
+def _float_math_by_reference(op: Operation, problem: Problem, table: dict[str, Fn]) -> bool:
+    """Whether `op` would run through its reference and that computes a float in f64 (integer
+    and bool results, and the `EXACT_REFERENCE` ops, come out exact)."""
+    return (op.name not in EXACT_REFERENCE and not _library_runs(op, problem, table)
+            and any(problem.types[r].dtype.is_float for r in op.results))
+
+
+def strict_refusal(problem: Problem, table: dict[str, Fn], method: str) -> str | None:
+    """In strict mode, why `method` declines `problem` (it would evaluate float math through a
+    reference implementation); None when it may run."""
+    if not strict():
+        return None
+    slow = sorted({op.name for op in problem.body if _float_math_by_reference(op, problem, table)})
+    if not slow:
+        return None
+    return (f"strict mode: {method} would run the reference implementation of "
+            f"{', '.join(slow)} (unset TILEFOLD_STRICT to allow it)")
 
 
 @functools.cache
@@ -179,6 +213,9 @@ class NumpyExtern(Method):
     family = "extern"
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
+        refusal = strict_refusal(problem, NUMPY, self.name)
+        if refusal is not None:
+            return refusal
         w = work(problem)
         slow = [op.name for op in problem.body if op.name not in NUMPY]
         note = f"reference implementation for {', '.join(slow)}" if slow else ""
@@ -199,6 +236,9 @@ class TorchExtern(Method):
         if table is None:
             return "PyTorch is not installed"
         merged = {**NUMPY, **table}
+        refusal = strict_refusal(problem, merged, self.name)
+        if refusal is not None:
+            return refusal
         w = work(problem)
         estimate = (extern_estimate(w, problem, ctx, 2 * ctx.machine.numpy_op_s,
                                     0.7 / ctx.threads)  # one thread (see the module's note)
