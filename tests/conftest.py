@@ -1,4 +1,5 @@
-"""Suite-wide setup: a private tilefold cache for the session, and hypothesis profiles.
+"""Suite-wide setup: a private tilefold cache for the session, hypothesis profiles, and speed
+tests left out unless asked for.
 
 Profiles: "ci" (the default; derandomized, modest example counts, no deadline on shared
 machines) and "dev" (random seeds, more examples): `pytest --hypothesis-profile=dev`.
@@ -29,6 +30,17 @@ _CACHE_DIR = tempfile.mkdtemp(prefix="tilefold-test-cache-")
 def pytest_configure(config) -> None:
     """Point TILEFOLD_CACHE_DIR at a fresh folder before any test (or import) can read it."""
     os.environ["TILEFOLD_CACHE_DIR"] = _CACHE_DIR
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Deselect tests marked `timing` (speed thresholds a busy host fails) unless
+    TILEFOLD_TIMING_TESTS=1 or a `-m` expression names them."""
+    if os.environ.get("TILEFOLD_TIMING_TESTS") == "1" or "timing" in config.option.markexpr:
+        return
+    timing = [item for item in items if item.get_closest_marker("timing")]
+    if timing:
+        config.hook.pytest_deselected(items=timing)
+        items[:] = [item for item in items if not item.get_closest_marker("timing")]
 
 
 def pytest_unconfigure(config) -> None:
