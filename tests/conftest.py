@@ -1,4 +1,5 @@
-"""Suite-wide setup: a private tilefold cache, strict mode, and hypothesis profiles.
+"""Suite-wide setup: a private tilefold cache, strict mode, hypothesis profiles, and speed
+tests left out unless asked for.
 
 The suite runs strict (`TILEFOLD_STRICT=1`): a kernel method that fails, the reference
 interpreter taking over, or PyTorch running part of a compiled graph is a `FallbackError`, not a
@@ -42,6 +43,17 @@ def pytest_configure(config) -> None:
 def allow_fallback(monkeypatch):
     """Strict mode off for one test that exercises a fallback on purpose."""
     monkeypatch.delenv("TILEFOLD_STRICT", raising=False)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Deselect tests marked `timing` (speed thresholds a busy host fails) unless
+    TILEFOLD_TIMING_TESTS=1 or a `-m` expression names them."""
+    if os.environ.get("TILEFOLD_TIMING_TESTS") == "1" or "timing" in config.option.markexpr:
+        return
+    timing = [item for item in items if item.get_closest_marker("timing")]
+    if timing:
+        config.hook.pytest_deselected(items=timing)
+        items[:] = [item for item in items if not item.get_closest_marker("timing")]
 
 
 def pytest_unconfigure(config) -> None:

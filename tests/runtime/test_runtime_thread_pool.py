@@ -202,16 +202,84 @@ def test_modules_naming_the_pool_in_quotes_start_it(run_python):
     assert out.strip() == "[1, 1]"
 
 
-def test_parked_workers_stop_spinning_and_still_run_regions(run_python):
-    """With a long spin window a worker burns a CPU after each region; parked, it sleeps."""
+# Worker threads and their scheduler states, read from /proc: "R" while a worker spins (even
+# when preempted, it stays runnable), "S" once it sleeps on its futex. No clock is involved.
+WORKER_STATES = """
+    import os
+    import time
+
+    def states():
+        found = {}
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/stat") as f:
+                    found[int(task)] = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:  # the thread has exited
+                pass
+        return found
+
+    def worker_states():
+        return sorted(s for t, s in states().items() if t in workers)
+
+    def all_asleep(deadline=30.0):
+        # Generous: on a loaded host a worker may wait long for a CPU to notice.
+        give_up = time.monotonic() + deadline
+        while worker_states() != ["S"] * len(workers):
+            if time.monotonic() > give_up:
+                return False
+            time.sleep(0.01)
+        return True
+
+    import runtime_pool_kernels as pk
+    from tilefold.runtime import thread_pool
+    before = set(states())
+    kernels = pk.load()  # its module names the pool, which starts
+    pool = thread_pool()
+    workers = set(states()) - before
+    rec = pk.record()
+"""
+
+
+def test_parked_workers_sleep_and_still_run_regions(run_python):
+    """With a long spin window a worker spins after each region; parked, it sleeps at once."""
+    out = run_python(
+        WORKER_STATES
+        + """
+    kernels.count(rec.ctypes.data, 2)
+    spinning = worker_states()
+    pool.park()
+    parked = all_asleep()
+    kernels.count(rec.ctypes.data, 2)
+    print(len(workers), spinning, parked, rec[:2].tolist())
+    """,
+        env={"TILEFOLD_NUM_THREADS": "2", "TILEFOLD_SPIN_US": "60000000"},
+    )
+    assert out.strip() == "1 ['R'] True [2, 2]", out
+
+
+def test_idle_workers_fall_asleep_after_the_spin_window(run_python):
+    out = run_python(
+        WORKER_STATES
+        + """
+    kernels.count(rec.ctypes.data, 3)
+    print(len(workers), all_asleep(), rec[:3].tolist())
+    """,
+        env={"TILEFOLD_NUM_THREADS": "3", "TILEFOLD_SPIN_US": "1000"},
+    )
+    assert out.strip() == "2 True [1, 1, 1]", out
+
+
+@pytest.mark.timing
+def test_spinning_workers_burn_cpu_until_parked(run_python):
+    """The spin window costs CPU time, and parking ends it (timing: needs an idle host)."""
     out = run_python(
         """
         import time
         import runtime_pool_kernels as pk
         from tilefold.runtime import thread_pool
 
-        def worker_cpu_seconds(pool):
-            start_cpu, start = time.process_time(), time.perf_counter()
+        def worker_cpu_seconds():
+            start_cpu = time.process_time()
             time.sleep(0.2)  # the caller sleeps: what the process burns is the worker's
             return time.process_time() - start_cpu
 
@@ -219,14 +287,11 @@ def test_parked_workers_stop_spinning_and_still_run_regions(run_python):
         pool = thread_pool()
         rec = pk.record()
         kernels.count(rec.ctypes.data, 2)
-        spinning = worker_cpu_seconds(pool)
+        spinning = worker_cpu_seconds()
         pool.park()
-        parked = worker_cpu_seconds(pool)
-        kernels.count(rec.ctypes.data, 2)
-        print(f"{spinning:.3f} {parked:.3f} {rec[:2].tolist()}")
+        print(f"{spinning:.3f} {worker_cpu_seconds():.3f}")
         """,
         env={"TILEFOLD_NUM_THREADS": "2", "TILEFOLD_SPIN_US": "10000000"},
     )
-    spinning, parked, counts = out.strip().split(maxsplit=2)
-    assert float(spinning) > 0.05 and float(parked) < 0.02, out
-    assert counts == "[2, 2]"
+    spinning, parked = map(float, out.split())
+    assert spinning > 0.05 and parked < 0.02, out

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -136,6 +137,7 @@ def test_results_are_fresh_lists_even_for_inputs_and_views():
         np.testing.assert_array_equal(a, b)  # a later call does not overwrite earlier results
 
 
+@pytest.mark.timing
 def test_kernel_launch_overhead_is_small():
     text = """func @main(%x: f32[8,16], %w: f32[16,16]) -> (f32[8,16]) {
       %0 = matmul(%x, %w) : f32[8,16]

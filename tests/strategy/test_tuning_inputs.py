@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tilefold as tf
 from tilefold.ir import Builder
@@ -31,11 +32,10 @@ def test_measuring_charges_the_kernel_for_what_it_leaves_behind():
     from tilefold.strategy import autotune
 
     calls = []
-    fast = autotune.measure({"run": lambda: calls.append("run")}, 0.0)["run"]
     charged = autotune.measure({"run": lambda: calls.append("run")}, 0.0,
                                neighbour=lambda: time.sleep(0.002))["run"]
-    assert fast < 0.001 <= 0.002 <= charged
-    assert len(calls) >= 8  # a warm-up and at least three timed calls each
+    assert charged >= 0.002  # every timed span holds the neighbour's 2 ms sleep
+    assert len(calls) >= 4  # a warm-up and at least three timed calls
 
 
 def test_candidates_are_timed_interleaved():
@@ -48,8 +48,16 @@ def test_candidates_are_timed_interleaved():
     order = []
     medians = autotune.measure({"slow": lambda: (order.append("slow"), time.sleep(0.003)),
                                 "fast": lambda: order.append("fast")}, 0.0)
-    assert medians["fast"] < 0.001 < 0.003 <= medians["slow"]
+    assert medians["slow"] >= 0.003
     assert order[:2] == ["slow", "fast"]  # the warm-up calls
     rounds = [order[i:i + 2] for i in range(2, len(order), 2)]
     assert len(rounds) >= 3 and all(sorted(r) == ["fast", "slow"] for r in rounds)
     assert rounds[0] != rounds[1]  # the starting candidate rotates
+
+
+@pytest.mark.timing
+def test_a_candidate_that_does_nothing_measures_under_a_millisecond():
+    from tilefold.strategy import autotune
+
+    medians = autotune.measure({"nothing": lambda: None, "also": lambda: None}, 0.0)
+    assert max(medians.values()) < 0.001, medians

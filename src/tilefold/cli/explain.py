@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
-from tilefold.errors import TilefoldError
+from tilefold.cli.inputs import load_function, parse_bindings, symbolic_dims
+from tilefold.ir.limits import check_function
 from tilefold.strategy import FAMILIES, Decision
+
+DEFAULT_SIZE = 128  # of a symbolic dim --bind leaves unbound
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", help="an IR file (.tfir)")
     p.add_argument("--function", default="main", help="function to explain (default: main)")
     p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
-                   help="size of a symbolic dim, e.g. --bind batch=128 (default 128)")
+                   help=f"size of a symbolic dim, e.g. --bind batch=8 (default {DEFAULT_SIZE})")
     p.add_argument("--tune", action="store_true", help="measure candidates now (TILEFOLD_TUNE=1)")
     p.add_argument("--kernel-ir", action="store_true", help="print each winner's kernel IR")
     p.add_argument("--asm", action="store_true", help="print each winner's assembly")
@@ -29,18 +33,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def compile_file(path: str, function: str, bind: list[str]):
     """`tilefold.compile` of `function` in the IR file, and its argument shapes with symbolic
-    dims bound by `bind` ("DIM=SIZE" texts; 128 when unbound)."""
-    from tilefold.cli.run import parse_pairs
+    dims bound by `bind` ("DIM=SIZE" texts; DEFAULT_SIZE, with a note, when unbound)."""
     from tilefold.compiler import compile
-    from tilefold.ir import SymDim, parse_file
 
-    try:
-        bindings = {k: int(v) for k, v in parse_pairs(bind, "--bind").items()}
-    except ValueError as exc:
-        raise TilefoldError(f"--bind sizes must be integers ({exc})") from None
-    graph = compile(parse_file(path), function=function)
-    shapes = [tuple(bindings.get(d.name, 128) if isinstance(d, SymDim) else d
-                    for d in a.type.shape) for a in graph.function.args]
+    module, fn = load_function(path, function)
+    bindings = parse_bindings(bind, fn)
+    for name in symbolic_dims(fn):
+        if name not in bindings:
+            bindings[name] = DEFAULT_SIZE
+            print(f"note: ?{name} is not bound: using {DEFAULT_SIZE} (--bind {name}=SIZE)",
+                  file=sys.stderr)
+    check_function(fn, bindings, module.source_text)
+    graph = compile(module, function=function)
+    shapes = [tuple(a.type.bind(bindings).shape) for a in graph.function.args]
     return graph, shapes
 
 

@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tilefold {__version__}")
     parser.add_argument(
-        "--debug", action="store_true", help="show Python tracebacks for tilefold errors"
+        "--debug", action="store_true", dest="show_traceback",
+        help="show Python tracebacks for tilefold errors",
     )
     parser.add_argument(
         "--log",
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except TilefoldError as exc:
-        if args.debug:
+        if args.show_traceback:
             raise
         print(f"tilefold {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
 from collections.abc import Iterator
 
-from tilefold.cli.explain import compile_file, format_ms
+from tilefold.cli.explain import DEFAULT_SIZE, compile_file, format_ms
+from tilefold.cli.inputs import count
 from tilefold.errors import TilefoldError
 from tilefold.strategy import Decision
 from tilefold.strategy.autotune import DEFAULT_BUDGET_S
@@ -31,10 +33,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", choices=MODELS, help="tune a model as `tilefold demo` runs it")
     p.add_argument("--function", default="main", help="function of FILE (default: main)")
     p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
-                   help="size of a symbolic dim of FILE, e.g. --bind batch=8 (default 128)")
-    p.add_argument("--batch", type=int, default=8, help="model: sequences per call (default 8)")
-    p.add_argument("--seq", type=int, default=128, help="model: tokens per sequence (default 128)")
-    p.add_argument("--layers", type=int, default=None,
+                   help="size of a symbolic dim of FILE, e.g. --bind batch=8 "
+                   f"(default {DEFAULT_SIZE})")
+    p.add_argument("--batch", type=count(1), default=8,
+                   help="model: sequences per call (default 8)")
+    p.add_argument("--seq", type=count(1), default=128,
+                   help="model: tokens per sequence (default 128)")
+    p.add_argument("--layers", type=count(1), default=None,
                    help="model: keep only this many layers (default: all)")
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                    help=f"seconds of measurement per compile (default {DEFAULT_BUDGET_S:g})")
@@ -45,9 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     if (args.file is None) == (args.model is None):
-        raise TilefoldError("tilefold tune: give an IR file or --model NAME (one of them)")
-    if not args.budget > 0:
-        raise TilefoldError(f"tilefold tune: --budget must be a positive number of seconds, "
+        raise TilefoldError("give an IR file or --model NAME (one of them)")
+    if not 0 < args.budget < math.inf:
+        raise TilefoldError(f"--budget must be a positive number of seconds, "
                             f"not {args.budget}")
     settings = {"TILEFOLD_TUNE": repr(args.budget), "TILEFOLD_RETUNE": "1" if args.again else "0"}
     with _environment(settings):

@@ -18,6 +18,7 @@ import numpy as np
 from tilefold import dtypes
 from tilefold.errors import Location, ParseError
 from tilefold.ir.core import NAME, Block, Function, Module, Operation, Value
+from tilefold.ir.limits import ADDRESS_LIMIT, size_problem
 from tilefold.ir.opdef import OPS, Attr, OpDef
 from tilefold.ir.ops.common import int_range
 from tilefold.ir.printer import decode_scalars
@@ -162,13 +163,22 @@ class Parser:
         tok = self.tok
         size = self.integer("a dimension")
         if size < 0:
-            raise self.error("tensor dimensions cannot be negative", tok)
+            raise self.error(f"tensor dimensions cannot be negative (got {size})", tok)
+        if size > ADDRESS_LIMIT:
+            raise self.error(f"tensor dimension {size} is above 2**63-1: no buffer is that big",
+                             tok)
         return size
 
     def type(self) -> TensorType:
+        start = self.tok
         dt = self.dtype()
         self.expect("[", "after the dtype of a tensor type")
         shape = self.comma_list("]", self.dim)
+        static = [d for d in shape if isinstance(d, int)]
+        why = size_problem(static, dt, ADDRESS_LIMIT)
+        if why is not None:
+            shown = f"{dt}[{','.join(map(str, shape))}]"
+            raise self.error(f"tensor type {shown} is too large: {why}", start)
         strides = None
         if self.at("{"):
             brace = self.next()
@@ -213,6 +223,9 @@ class Parser:
         if not t.is_static:
             raise self.error("a dense constant needs a static shape", start)
         count = t.num_elements
+        why = size_problem(t.shape, dt)  # type: ignore[arg-type]
+        if why is not None:
+            raise self.error(f"dense constant of type {t} is too large: {why}", start)
         tok = self.tok
         if self.accept("splat"):
             flat = decode_scalars([self.scalar_text(dt)], dt).repeat(count)
@@ -223,7 +236,7 @@ class Parser:
             if name in self.bound:
                 self.expect(">")
                 return self.bound_constant(name, t, tok)
-            flat = self.resource(name, tok, dt)
+            flat = self.resource(name, tok, t)
         else:
             raw = self.expect_kind("hex", "splat, [values], file or 0x hex data").text[2:]
             try:
@@ -262,16 +275,24 @@ class Parser:
         view.flags.writeable = False
         return view
 
-    def resource(self, name: str, tok: Token, dt: dtypes.DType) -> np.ndarray:
+    def resource(self, name: str, tok: Token, t: TensorType) -> np.ndarray:
+        """The constant's elements from its side file, whose size is checked before reading."""
         if self.resource_dir is None:
             raise self.error(f"constant refers to file {name!r}; pass resource_dir", tok)
         path = self.resource_dir / name
         if "/" in name or ".." in name or not path.is_file():
             raise self.error(f"resource file {str(path)!r} not found", tok)
-        raw = path.read_bytes()
-        if len(raw) % dt.itemsize:
+        size, itemsize = path.stat().st_size, t.dtype.itemsize
+        if size % itemsize:
             raise self.error(f"resource file {str(path)!r} is truncated", tok)
-        return np.frombuffer(raw, dtype=dt.np_dtype)
+        if size // itemsize != t.num_elements:
+            raise self.error(f"dense constant of type {t} holds {size // itemsize} elements", tok)
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise self.error(f"cannot read resource file {str(path)!r}: {exc.strerror}",
+                             tok) from None
+        return np.frombuffer(raw, dtype=t.dtype.np_dtype)
 
     def attr_dict(self, opdef: type[OpDef]) -> dict:
         attrs: dict = {}
@@ -425,4 +446,49 @@ def parse_module(
 
 def parse_file(path: str | Path, resource_dir: str | Path | None = None) -> Module:
     path = Path(path)
-    return parse_module(path.read_text(), str(path), resource_dir)
+    return parse_module(read_source(path), str(path), resource_dir)
+
+
+def read_source(path: str | Path) -> str:
+    """The text of an IR file, or a ParseError saying why it has none: missing, a directory,
+    unreadable, not UTF-8, binary or empty."""
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise ParseError(f"cannot read {path}: it is a directory, not an IR file") from None
+    except OSError as exc:
+        raise ParseError(f"cannot read {path}: {exc.strerror}") from None
+    return decode_source(data, str(path))
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]")
+
+
+def decode_source(data: bytes, file: str) -> str:
+    """`data` as IR text: UTF-8, no NUL characters (a sign of a binary file), not blank."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        at = exc.start
+        what = (f"byte 0x{data[at]:02x} is not UTF-8: IR files are UTF-8 text (is this a binary "
+                "file, or one saved in another encoding?)")
+        if exc.end == len(data) and "end of data" in exc.reason:
+            what = "the file ends inside a UTF-8 character: is it truncated?"
+        raise _located(what, file,
+                      data[:at].decode(), data[at:].decode(errors="replace")) from None
+    at = text.find("\0")
+    if at >= 0:
+        what = "a NUL character: IR files are text, and this looks like a binary file"
+        raise _located(what, file, text[:at], text[at:])
+    if not text.strip():
+        raise ParseError(f"{file} is empty: expected IR text, e.g. "
+                         "'func @main(%x: f32[4]) -> (f32[4]) { return(%x) }'")
+    return text
+
+
+def _located(what: str, file: str, before: str, after: str) -> ParseError:
+    """An error where `after` starts, quoting that line (cut short and made printable)."""
+    line = before.count("\n") + 1
+    head = before[before.rfind("\n") + 1 :]
+    shown = _UNPRINTABLE.sub("\ufffd", (head + after.split("\n", 1)[0])[: len(head) + 40])
+    return ParseError(what, Location(file, line, len(head) + 1), "\n" * (line - 1) + shown)

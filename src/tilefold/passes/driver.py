@@ -23,6 +23,7 @@ from typing import TextIO
 
 from tilefold.errors import TilefoldError
 from tilefold.ir import Module, parse_module, print_module, verify
+from tilefold.ir.parser import decode_source, read_source
 from tilefold.passes.diagnostics import check, expected_errors
 from tilefold.passes.manager import PassManager
 from tilefold.passes.registry import PASSES, PIPELINES
@@ -161,7 +162,7 @@ class Driver:
     def run(self, out: TextIO) -> int:
         args = self.args
         file = "<stdin>" if args.input == "-" else args.input
-        text = sys.stdin.read() if args.input == "-" else _read(args.input)
+        text = _read_stdin() if args.input == "-" else read_source(args.input)
         chunks = split_input(text) if args.split_input_file else [text]
         outputs, failed = [], False
         for chunk in chunks:
@@ -209,7 +210,10 @@ class Driver:
             out.write(text)
             out.flush()  # keep the order of output and reports when both go to one pipe
         else:
-            Path(self.args.output).write_text(text)
+            try:
+                Path(self.args.output).write_text(text)
+            except OSError as exc:
+                raise TilefoldError(f"cannot write {self.args.output}: {exc.strerror}") from None
 
 
 def split_input(text: str) -> list[str]:
@@ -254,11 +258,9 @@ def _names(values: list[str]) -> set[str]:
     return {n.strip() for v in values for n in v.split(",") if n.strip()}
 
 
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise TilefoldError(f"cannot read {path}: {exc.strerror}") from None
+def _read_stdin() -> str:
+    binary = getattr(sys.stdin, "buffer", None)  # absent when a test puts a StringIO there
+    return sys.stdin.read() if binary is None else decode_source(binary.read(), "<stdin>")
 
 
 def _render(exc: TilefoldError) -> str:
