@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     from tilefold.codegen.lowp.kernels import select_dot_kernel
     from tilefold.runtime import num_threads
     from tilefold.target import host_target, measured_bandwidth_gbps, measured_peak_gflops
+    from tilefold.target.probes import probe_kind
 
     threads = args.threads or num_threads()
     shapes = [parse_shape(s) for s in args.shape or SUITES[args.dtype]]
@@ -193,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
         vector_peak = measured_peak_gflops(dtype=args.dtype, threads=threads, refresh=True)
         peak = vector_peak
         unit = "GFLOP/s" if args.dtype == "bf16" else "GOP/s"
-        peaks = f"{vector_peak:.1f} ({args.dtype} vector)"
+        via = probe_kind(host_target(), args.dtype).via
+        peaks = f"{vector_peak:.1f} ({args.dtype} vector{f', via {via}' if via else ''})"
         if kernel.is_amx:
             peak = measured_peak_gflops(dtype=f"amx-{args.dtype}", threads=threads, refresh=True)
             peaks = f"{peak:.1f} (amx-{args.dtype} tiles, %peak below), " + peaks

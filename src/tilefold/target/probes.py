@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -17,9 +18,10 @@ class ProbeKind:
 
     acc_type: str  # the accumulator vector type
     operand_type: str  # the multiplicand vector type
-    call: str  # the intrinsic call, with {acc}, {a}, {b} holes
+    call: str  # instructions defining {out} from {acc}, {a} and {b}
     declaration: str
     ops_per_call: int  # FLOPs (or integer OPs) one call performs
+    via: str = ""  # how the dtype's math runs where the ISA has no unit of its own
 
 
 def probe_kind(target: Target, dtype: str) -> ProbeKind:
@@ -32,7 +34,7 @@ def probe_kind(target: Target, dtype: str) -> ProbeKind:
         return ProbeKind(
             vec,
             vec,
-            f"call {vec} @{name}({vec} {{a}}, {vec} {{b}}, {vec} {{acc}})",
+            f"{{out}} = call {vec} @{name}({vec} {{a}}, {vec} {{b}}, {vec} {{acc}})",
             f"declare {vec} @{name}({vec}, {vec}, {vec})",
             2 * lanes,
         )
@@ -43,7 +45,7 @@ def probe_kind(target: Target, dtype: str) -> ProbeKind:
         return ProbeKind(
             acc,
             pair,
-            f"call {acc} @{name}({acc} {{acc}}, {pair} {{a}}, {pair} {{b}})",
+            f"{{out}} = call {acc} @{name}({acc} {{acc}}, {pair} {{a}}, {pair} {{b}})",
             f"declare {acc} @{name}({acc}, {pair}, {pair})",
             4 * lanes,
         )
@@ -56,13 +58,29 @@ def probe_kind(target: Target, dtype: str) -> ProbeKind:
         return ProbeKind(
             acc,
             quad,
-            f"call {acc} @{name}({acc} {{acc}}, {quad} {{a}}, {quad} {{b}})",
+            f"{{out}} = call {acc} @{name}({acc} {{acc}}, {quad} {{a}}, {quad} {{b}})",
             f"declare {acc} @{name}({acc}, {quad}, {quad})",
             8 * lanes,
         )
+    if dtype == "bf16":  # no bf16 unit: the kernels widen bf16 to f32 and use the FMA
+        return dataclasses.replace(probe_kind(target, "f32"), via="f32 FMA")
+    if dtype == "int8" and target.has("avx2"):
+        # no VNNI: the kernels widen bytes to i16 and `pmaddwd` them (16 products and 16 adds
+        # a 256-bit call, the sums accumulated with `paddd`).
+        acc, pairs = "<8 x i32>", "<16 x i16>"
+        name = "llvm.x86.avx2.pmadd.wd"
+        return ProbeKind(
+            acc,
+            pairs,
+            f"{{out}}.p = call {acc} @{name}({pairs} {{a}}, {pairs} {{b}})\n"
+            f"  {{out}} = add {acc} {{acc}}, {{out}}.p",
+            f"declare {acc} @{name}({pairs}, {pairs})",
+            32,
+            via="i16 pmaddwd",
+        )
     raise UnsupportedError(
         f"no {dtype} multiply-accumulate probe for {target.name} ({bits}-bit SIMD); "
-        "f32 works everywhere, bf16 needs avx512bf16, int8 needs avx512vnni or avxvnni"
+        "f32 works everywhere, int8 needs avx512vnni, avxvnni or avx2"
     )
 
 
@@ -76,8 +94,7 @@ def fma_probe_ir(kind: ProbeKind, accumulators: int) -> str:
     phis, calls, sums = [], [], []
     for k in range(accumulators):
         phis.append(f"  %acc{k} = phi {acc_t} [ zeroinitializer, %entry ], [ %next{k}, %loop ]")
-        call = kind.call.format(acc=f"%acc{k}", a="%a", b="%b")
-        calls.append(f"  %next{k} = {call}")
+        calls.append("  " + kind.call.format(out=f"%next{k}", acc=f"%acc{k}", a="%a", b="%b"))
     total = "%next0"
     for k in range(1, accumulators):
         sums.append(
