@@ -61,7 +61,8 @@ def check_source(target: Target, kernel: MicroKernel, src: str) -> None:
     if src != "f32" and kernel.a_direct:
         raise UnsupportedError(f"GEMM: micro-kernel {kernel.name} reads A in place, so it "
                                f"cannot take {src} operands; use a packing ('general') kernel")
-    # Without F16C, LLVM lowers `fpext half` to a compiler-rt call the JIT cannot resolve.
+    # Without F16C, LLVM lowers `fpext half` to a call of `__extendhfsf2` (compiler-rt or
+    # libgcc), which the JIT is not promised to find.
     if src == "f16" and target.arch == "x86_64" and not target.has("f16c"):
         raise UnsupportedError(f"GEMM: f16 operands need F16C on {target.name}; convert them "
                                "to float32 first")
