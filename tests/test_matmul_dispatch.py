@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 import tilefold as tf
+from tests.tolerances import assert_close
 from tilefold.quant.accuracy import matmul_bound
+from tilefold.quant.api import widened_source
+from tilefold.target import host_target
 
 RNG = np.random.default_rng(7)
 
@@ -52,5 +55,45 @@ def test_bad_low_precision_calls_raise_tilefold_errors():
     with pytest.raises(tf.ShapeError, match="axis 0"):
         tf.matmul(x, torch_style)
     a = RNG.standard_normal((4, 8)).astype(ml_dtypes.bfloat16)
-    with pytest.raises(tf.ShapeError, match="out must be"):
+    # DTypeError where the f32 GEMM runs bf16 (widened), ShapeError from the bf16 kernels
+    with pytest.raises((tf.ShapeError, tf.DTypeError), match="out must be"):
         tf.matmul(a, a.T.copy(), out=np.empty((4, 4), ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 17, 40), (3, 40, 9)), ((40,), (40, 13)),
+                                                  ((5, 40), (40,)), ((2, 1, 7, 40), (3, 40, 5))])
+def test_half_precision_batched_and_vector_operands(dtype, a_shape, b_shape):
+    a = RNG.standard_normal(a_shape).astype(dtype)
+    b = RNG.standard_normal(b_shape).astype(dtype)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    out = np.full(want.shape, np.nan, np.float32)
+    c = tf.matmul(a, b, out=out)
+    assert c is out
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    assert_close(c, want, dtype="f32", reduced=40, scale=scale)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+def test_half_precision_transposed_operands(dtype):
+    a = RNG.standard_normal((70, 31)).astype(dtype).T  # [31, 70], column-major
+    b = RNG.standard_normal((45, 70)).astype(dtype).T[:, ::2]  # [70, 23], strided
+    c = tf.matmul(a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    assert_close(c, a64 @ b64, dtype="f32", reduced=70, scale=np.abs(a64) @ np.abs(b64))
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+def test_prepacked_half_precision_weights(dtype):
+    w = RNG.standard_normal((96, 50)).astype(dtype)
+    x = RNG.standard_normal((2, 7, 96)).astype(dtype)
+    if widened_source(w.dtype, w.dtype, host_target()) is None:  # a host with bf16/f16 units
+        with pytest.raises(tf.DTypeError, match="prepack_lowp"):
+            tf.prepack(w)
+        return
+    packed = tf.prepack(w)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    scale = np.abs(x64) @ np.abs(w64)
+    assert_close(tf.matmul(x, packed), x64 @ w64, dtype="f32", reduced=96, scale=scale)
+    x32 = x.astype(np.float32)  # the panels are f32: an f32 A may use them
+    assert_close(tf.matmul(x32, packed), x64 @ w64, dtype="f32", reduced=96, scale=scale)

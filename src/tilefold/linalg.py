@@ -1,9 +1,11 @@
 """NumPy-level linear algebra on tilefold's generated kernels: `matmul` and `prepack`.
 
 `matmul` follows `np.matmul` (1-D operands, broadcast batch dims, `out=`). float32 runs the
-compiled BLIS-shaped GEMM; bf16 x bf16 and f16 x f16 (-> f32), u8/i8 x i8 (-> int32) and a
-`QuantizedTensor` weight (weight-only int4/fp4/fp8/int8 -> f32) run the low-precision kernels of
-`tilefold.quant`; other dtypes run NumPy's matmul (the extern method) with a logged note. Every
+compiled BLIS-shaped GEMM, and so do bf16 x bf16 and f16 x f16 (-> f32) where the host has no
+unit for them (the low-precision registry says so: operands widened while packed); elsewhere
+these, u8/i8 x i8 (-> int32) and a `QuantizedTensor` weight (weight-only int4/fp4/fp8/int8 ->
+f32) run the low-precision kernels of `tilefold.quant`; other dtypes run NumPy's matmul (the
+extern method) with a logged note. Every
 check happens before native code runs, so bad input raises a `TilefoldError`.
 """
 
@@ -20,8 +22,9 @@ from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.errors import DTypeError, ShapeError, UnsupportedError
 from tilefold.quant import QuantizedTensor, matmul_lowp, quantized_matmul
-from tilefold.quant.api import PackedB, has_lowp_kernel
+from tilefold.quant.api import PackedB, has_lowp_kernel, widened_source
 from tilefold.runtime import thread_pool
+from tilefold.target import host_target
 
 __all__ = ["PackedMatrix", "matmul", "prepack"]
 
@@ -34,15 +37,32 @@ _noted: set[tuple[str, str]] = set()
 
 def prepack(b: np.ndarray) -> PackedMatrix:
     """Pack a constant float32 B[K, N] (weights) once for the host's GEMM; pass it as matmul's
-    `b` to skip B packing on every call."""
+    `b` to skip B packing on every call. bf16/f16 B is widened into the same f32 panels where
+    the host runs those GEMMs on the f32 one (else use `tilefold.quant.prepack_lowp`)."""
     b = np.asarray(b)
     if b.ndim != 2:
         raise ShapeError(f"prepack: B must be 2-D [K, N], got shape {b.shape}; "
                          "pre-pack each matrix of a batch separately")
-    if b.dtype != _F32:
-        raise DTypeError(f"prepack: B must be float32, got {b.dtype}; convert with "
-                         ".astype(np.float32) (other dtypes have no packed kernel yet)")
-    return PackedMatrix(b if b.flags.aligned else np.ascontiguousarray(b), gemm_module())
+    src = _source(b.dtype, b.dtype)
+    if src is None:
+        raise DTypeError(f"prepack: B must be float32 (or bf16/f16 on a host without units for "
+                         f"them), got {b.dtype}; convert with .astype(np.float32), or use "
+                         "tilefold.quant.prepack_lowp for bf16/f16/int8 kernels")
+    return PackedMatrix(b if b.flags.aligned else np.ascontiguousarray(b), _module(src))
+
+
+def _source(a_dtype: np.dtype, b_dtype: np.dtype) -> str | None:
+    """The element type A and B are packed from when the host's f32 GEMM runs this pair:
+    "f32", or "bf16"/"f16" when the low-precision registry widens that pair; else None."""
+    if a_dtype == _F32 and b_dtype == _F32:
+        return "f32"
+    return widened_source(a_dtype, b_dtype, host_target())
+
+
+def _module(src: str):
+    """The host's GEMM module for A and B of `src` elements (f32: the shared `gemm_module()`)."""
+    f32 = gemm_module()
+    return f32 if src == "f32" else gemm_module(f32.target, f32.kernel, src)
 
 
 def matmul(
@@ -78,11 +98,13 @@ def matmul(
            out_key, threads)
     entry = _plans.get(key)
     if entry is None:
-        if a.dtype != _F32 or b.dtype != _F32:
+        # Pre-packed B is f32 panels whatever it was packed from: A's dtype decides.
+        src = _source(a.dtype, a.dtype if packed else b.dtype)
+        if src is None:
             if not packed and b.ndim == 2 and has_lowp_kernel(a.dtype, b.dtype):
                 return _lowp(a, b, out, threads)
             return _extern(a, b, out, packed)
-        entry = _plan(a, b, out, threads or thread_pool().size, packed)
+        entry = _plan(a, b, out, threads or thread_pool().size, packed, src)
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[key] = entry
@@ -177,7 +199,7 @@ def _check_shapes(a, b) -> tuple[int, ...]:
                          f"{b.shape[:-2]} do not broadcast") from None
 
 
-def _plan(a, b, out, threads: int, packed: bool):
+def _plan(a, b, out, threads: int, packed: bool, src: str):
     """Validate once per (shapes, strides, out layout, threads); returns the cached entry:
     (plan, out shape, then the 2-D views of A, B, C the kernel runs on: None where the array
     already has that shape, and K)."""
@@ -206,13 +228,14 @@ def _plan(a, b, out, threads: int, packed: bool):
         if c.strides[-1] != 4:
             return _COPY, out_shape, *views, k
     a2 = a.reshape(a_shape) if a.shape != a_shape else a
+    module = _module(src)
     if packed:
-        if b.module is not gemm_module():
+        if (b.module.target, b.module.kernel) != (module.target, module.kernel):
             raise UnsupportedError(f"matmul: {b!r} was packed for another target; re-pack it")
         b2 = b
     else:
         b2 = b.reshape(b_shape) if b.shape != b_shape else b
-    plan = make_plan(gemm_module(), a2, b2, c, 0, threads)
+    plan = make_plan(module, a2, b2, c, 0, threads)
     return plan, out_shape, *views, k
 
 

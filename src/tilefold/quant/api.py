@@ -11,7 +11,7 @@ from tilefold.codegen.lowp.kernels import DotKernel, select_dot_kernel
 from tilefold.codegen.lowp.weight_only import weight_only_matmul
 from tilefold.dtypes import DType
 from tilefold.dtypes import dtype as to_dtype
-from tilefold.errors import DTypeError, ShapeError
+from tilefold.errors import DTypeError, ShapeError, UnsupportedError
 from tilefold.quant.quantize import quantize
 from tilefold.quant.tensor import QuantizedTensor
 from tilefold.target import Target, host_target
@@ -30,6 +30,16 @@ def has_lowp_kernel(a_dtype: np.dtype, b_dtype: np.dtype) -> bool:
         return (to_dtype(a_dtype).name, to_dtype(b_dtype).name) in _KERNEL_DTYPES
     except DTypeError:
         return False
+
+
+def widened_source(a_dtype: np.dtype, b_dtype: np.dtype, target: Target) -> str | None:
+    """"bf16" or "f16" when `target`'s registry entry for this pair of NumPy dtypes runs it on
+    the f32 GEMM with widening packing (no bf16/f16 dot unit), else None."""
+    try:
+        kind = _KERNEL_DTYPES.get((to_dtype(a_dtype).name, to_dtype(b_dtype).name))
+        return kind if kind is not None and select_dot_kernel(target, kind).widens else None
+    except (DTypeError, UnsupportedError):
+        return None
 
 
 def dequantize(qt: QuantizedTensor, dtype: str | DType = "f32") -> np.ndarray:

@@ -14,7 +14,7 @@ from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.microkernel import UKERNEL_TYPE
-from tilefold.codegen.gemm.packing import emit_pack_a, emit_pack_b
+from tilefold.codegen.gemm.packing import F32, Source, emit_pack_a, emit_pack_b
 from tilefold.codegen.gemm.registry import MicroKernel
 
 _FP = u.f32.as_pointer()
@@ -57,17 +57,20 @@ class BMode(enum.IntEnum):
     PACK = 0  # packed per (KC, NC) block into the workspace
     PREPACKED = 1  # packed once by `prepack`, the full-K panel layout
     DIRECT = 2  # read in place (unit column stride); a panel ending inside a vector is packed
+    # (f32 sources only: A and B of another element type are always packed, i.e. widened)
 
 
-def emit_gemm(module: ir.Module, kernel: MicroKernel, row_major_a: bool = True) -> ir.Function:
+def emit_gemm(module: ir.Module, kernel: MicroKernel, row_major_a: bool = True,
+              src: Source = F32) -> ir.Function:
     """Add `tf_gemm` and everything it calls for `kernel` to `module`; `row_major_a=False`
-    when plans never give the kernel A with contiguous rows to pack (see `emit_pack_a`)."""
+    when plans never give the kernel A with contiguous rows to pack (see `emit_pack_a`).
+    A and B hold `src` elements (C is f32); other than f32 they are widened while packed."""
     table = _kernel_table(module, kernel)
     pack_a = (None if kernel.a_direct
-              else emit_pack_a(module, kernel.m_sizes, row_major=row_major_a))
-    pack_b = emit_pack_b(module, kernel.nr, kernel.lanes, PACK_B)
-    block = _emit_block(module, kernel, table, pack_a, pack_b)
-    worker = _emit_worker(module, kernel, block)
+              else emit_pack_a(module, kernel.m_sizes, row_major=row_major_a, src=src))
+    pack_b = emit_pack_b(module, kernel.nr, kernel.lanes, PACK_B, src)
+    block = _emit_block(module, kernel, table, pack_a, pack_b, src)
+    worker = _emit_worker(module, kernel, block, src)
     return emit_entry(module, worker, ENTRY, Param.DATA_OFFSET, Param.THREADS)
 
 
@@ -94,12 +97,13 @@ _BLOCK_ARGS = ("m0", "m1", "n0", "n1", "k", "a", "rsa", "csa", "b", "rsb", "csb"
                "beta", "bmode", "mc_blk", "kc_blk", "nc_blk", "ws")
 
 
-def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
+def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Function:
     """The five loops over C[m0:m1, n0:n1] for one thread (its own packing buffers in `ws`).
 
-    `a_direct` kernels get A in place (row stride `rsa`, needs `csa` = 1), so no A buffer."""
-    i64 = u.i64
-    types = [i64] * 5 + [_FP, i64, i64, _FP, i64, i64, _FP, i64, u.i32, i64, i64, i64, i64, _FP]
+    `a_direct` kernels get A in place (row stride `rsa`, needs `csa` = 1), so no A buffer.
+    A and B point to `src` elements; pre-packed B (BMode.PREPACKED) is f32 panels."""
+    i64, sp = u.i64, src.ptr
+    types = [i64] * 5 + [sp, i64, i64, sp, i64, i64, _FP, i64, u.i32, i64, i64, i64, i64, _FP]
     fn = ir.Function(module, ir.FunctionType(u.void, types), name="tf_gemm_block")
     fn.linkage = "internal"
     for arg, name in zip(fn.args, _BLOCK_ARGS, strict=True):
@@ -113,6 +117,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
     is_pack = b.icmp_signed("==", bmode, u.const(BMode.PACK))
     is_pre = b.icmp_signed("==", bmode, u.const(BMode.PREPACKED))
     is_direct = b.icmp_signed("==", bmode, u.const(BMode.DIRECT))
+    b_pre = bm if src == F32 else b.bitcast(bm, _FP)
     with u.for_range(b, n0, n1, ncb, "jc") as jc:
         nc = u.smin(b, ncb, b.sub(n1, jc))
         with u.for_range(b, u.const(0), k, kcb, "pc") as pc:
@@ -135,7 +140,9 @@ def _emit_block(module, kernel, table, pack_a, pack_b) -> ir.Function:
                     nlast = b.sub(nr, b.mul(b.sub(nv, u.const(1)), u.const(vl)))
                     w = b.mul(nv, u.const(vl))
                     panel_packed = u.gep(b, bp, b.mul(jr, kc))
-                    panel_pre = u.gep(b, bm, b.add(b.mul(b.add(jc, jr), k), b.mul(pc, w)))
+                    panel_pre = u.gep(b, b_pre, b.add(b.mul(b.add(jc, jr), k), b.mul(pc, w)))
+                    if src != F32:  # plans never read such B in place
+                        return b.select(is_pre, panel_pre, panel_packed), w, nv, nr
                     panel_direct = u.gep(b, b_blk, jr)
                     in_place = b.and_(is_direct, b.icmp_signed("==", nlast, u.const(vl)))
                     with b.if_then(b.and_(is_direct, b.not_(in_place))):
@@ -188,7 +195,7 @@ def _unoptimized(fn: ir.Function) -> None:
     fn.attributes.add("optnone")
 
 
-def _emit_worker(module, kernel, block) -> ir.Function:
+def _emit_worker(module, kernel, block, src: Source) -> ir.Function:
     """Thread body: its share of the (batch x TM x TN) grid of sub-blocks."""
     fn = ir.Function(module, WORKER_TYPE, name="tf_gemm_worker")
     fn.linkage = "internal"
@@ -197,7 +204,8 @@ def _emit_worker(module, kernel, block) -> ir.Function:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     fields = b.bitcast(ctx, u.i64.as_pointer())
     params = b.inttoptr(b.load(u.gep(b, fields, 0)), _I64P)
-    a, bm, c, ws = (b.inttoptr(b.load(u.gep(b, fields, i)), _FP) for i in range(1, 5))
+    a, bm, c, ws = (b.inttoptr(b.load(u.gep(b, fields, i)), ty)
+                    for i, ty in enumerate((src.ptr, src.ptr, _FP, _FP), 1))
 
     def p(slot: Param):
         return b.load(u.gep(b, params, int(slot)))

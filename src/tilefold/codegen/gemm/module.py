@@ -15,7 +15,9 @@ from llvmlite import ir
 
 from tilefold.codegen.gemm.driver import ENTRY, PACK_B, emit_gemm
 from tilefold.codegen.gemm.gemv import GEMV_ENTRY, emit_gemv
+from tilefold.codegen.gemm.packing import SOURCES
 from tilefold.codegen.gemm.registry import MicroKernel, select_microkernel
+from tilefold.errors import UnsupportedError
 from tilefold.runtime import CompiledModule, compile_generated, source_digest
 from tilefold.target import Target, host_target
 
@@ -44,18 +46,36 @@ def _kernel_params(kernel: MicroKernel) -> dict:
             "generator": f"{gen.__module__}.{gen.__qualname__}"}
 
 
-def packs_row_major_a(target: Target, kernel: MicroKernel) -> bool:
-    """Whether plans give `kernel` A with contiguous rows to pack: only on targets without a
-    "rows" kernel, which otherwise reads such A in place (`plan._for_shape`)."""
-    return (not kernel.a_direct
-            and select_microkernel(target, kernel.dtype, "rows").shape_class != "rows")
+def packs_row_major_a(target: Target, kernel: MicroKernel, src: str = "f32") -> bool:
+    """Whether plans give `kernel` A with contiguous rows to pack: for f32 only on targets
+    without a "rows" kernel, which otherwise reads such A in place (`plan._for_shape`)."""
+    return not kernel.a_direct and (
+        src != "f32" or select_microkernel(target, kernel.dtype, "rows").shape_class != "rows")
 
 
-def gemm_ir(target: Target, kernel: MicroKernel) -> str:
-    """The LLVM IR text of the GEMM module for `kernel` on `target`."""
-    module = ir.Module(name=f"tf_gemm_{kernel.name}")
+def check_source(target: Target, kernel: MicroKernel, src: str) -> None:
+    """Refuse a source element type this module cannot widen while packing."""
+    if src not in SOURCES:
+        raise UnsupportedError(f"GEMM: no packing from {src!r} elements; known: "
+                               + ", ".join(SOURCES))
+    if src != "f32" and kernel.a_direct:
+        raise UnsupportedError(f"GEMM: micro-kernel {kernel.name} reads A in place, so it "
+                               f"cannot take {src} operands; use a packing ('general') kernel")
+    # Without F16C, LLVM lowers `fpext half` to a call of `__extendhfsf2` (compiler-rt or
+    # libgcc), which the JIT is not promised to find.
+    if src == "f16" and target.arch == "x86_64" and not target.has("f16c"):
+        raise UnsupportedError(f"GEMM: f16 operands need F16C on {target.name}; convert them "
+                               "to float32 first")
+
+
+def gemm_ir(target: Target, kernel: MicroKernel, src: str = "f32") -> str:
+    """The LLVM IR text of the GEMM module for `kernel` on `target`, A and B of `src`."""
+    check_source(target, kernel, src)
+    suffix = "" if src == "f32" else f"_{src}"
+    module = ir.Module(name=f"tf_gemm_{kernel.name}{suffix}")
     module.triple = target.triple
-    emit_gemm(module, kernel, row_major_a=packs_row_major_a(target, kernel))
+    emit_gemm(module, kernel, row_major_a=packs_row_major_a(target, kernel, src),
+              src=SOURCES[src])
     return str(module)
 
 
@@ -77,23 +97,30 @@ def _compile(target, name: str, fingerprint: str, make_ir, **options) -> Compile
 
 class GemmModule:
     """The GEMM module for `kernel` and its ctypes entry point `fn(params, A, B, C, ws)`; its
-    GEMV entry points come from a second module.
+    GEMV entry points come from a second module (f32 only). `src` is A's and B's element type
+    ("f32", "bf16", "f16"; C is f32): other than f32 they are widened while packed.
 
     Each module compiles on first use, not on construction: a plan often routes a product to
     another shape class's module (row-major A to "rows"), and the first call should not pay
     for compiling one it never runs.
     """
 
-    def __init__(self, target: Target, kernel: MicroKernel):
+    def __init__(self, target: Target, kernel: MicroKernel, src: str = "f32"):
+        check_source(target, kernel, src)
         self.target = target
         self.kernel = kernel
+        self.src = src
 
     @functools.cached_property
     def compiled(self) -> CompiledModule:
-        return _compile(self.target, f"gemm_{self.kernel.name}",
-                        _fingerprint("gemm", **_kernel_params(self.kernel),
-                                     row_major_a=packs_row_major_a(self.target, self.kernel)),
-                        lambda: gemm_ir(self.target, self.kernel), **CODEGEN_OPTIONS)
+        src = self.src
+        extra = {} if src == "f32" else {"src": src}  # f32 keys stay as they were
+        name = f"gemm_{self.kernel.name}" + ("" if src == "f32" else f"_{src}")
+        return _compile(self.target, name,
+                        _fingerprint("gemm", **_kernel_params(self.kernel), **extra,
+                                     row_major_a=packs_row_major_a(self.target, self.kernel,
+                                                                   src)),
+                        lambda: gemm_ir(self.target, self.kernel, src), **CODEGEN_OPTIONS)
 
     @functools.cached_property
     def entry(self) -> Callable[..., None]:
@@ -124,7 +151,9 @@ class GemmModule:
 
 
 @functools.cache
-def gemm_module(target: Target | None = None, kernel: MicroKernel | None = None) -> GemmModule:
-    """The (process-wide, cached) GEMM module for `target` (default: the host)."""
+def gemm_module(target: Target | None = None, kernel: MicroKernel | None = None,
+                src: str = "f32") -> GemmModule:
+    """The (process-wide, cached) GEMM module for `target` (default: the host) with A and B of
+    `src` elements."""
     target = target or host_target()
-    return GemmModule(target, kernel or select_microkernel(target))
+    return GemmModule(target, kernel or select_microkernel(target), src)

@@ -15,6 +15,7 @@ from tilefold.codegen.gemm.gemv import GemvMode, GemvParam
 from tilefold.codegen.gemm.module import GemmModule, gemm_module
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.gemm.registry import select_microkernel
+from tilefold.errors import UnsupportedError
 
 # Cache-line alignment for buffers the kernels stream (packed panels, workspaces).
 ALIGN = 64
@@ -292,32 +293,37 @@ def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c
     """Plan C (+)= A @ B for arrays of these shapes and strides (batch dims broadcast); the plan
     is called as `plan(a, b, c)` with `b` as given (an ndarray or a `PackedMatrix`'s data).
 
-    `c` must have a unit column stride."""
+    `c` must have a unit column stride. A and B (unless pre-packed) hold `module.src` elements
+    (C f32); other than f32 they are always packed: no GEMV, no in-place kernel or B."""
     m, k = a.shape[-2:]
     n = c.shape[-1]
-    el = a.itemsize
+    widened = module.src != "f32"
 
-    def es(x):
+    def es(x, el):
         return tuple(s // el for s in x.strides)
 
-    sa, sc = es(a), es(c)
+    sa, sc = es(a, a.itemsize), es(c, 4)
     batch_shape = c.shape[:-2]
     packed = isinstance(b, PackedMatrix)
-    if (not packed and math.prod(batch_shape) == 1 and (m == 1 or n == 1) and bmode is None
-            and blocking is None):
-        gemv = _gemv_plan(module, m, n, k, sa[-2:], es(b)[-2:], sc[-2:], beta, threads)
+    if (not packed and not widened and math.prod(batch_shape) == 1 and (m == 1 or n == 1)
+            and bmode is None and blocking is None):
+        gemv = _gemv_plan(module, m, n, k, sa[-2:], es(b, b.itemsize)[-2:], sc[-2:], beta,
+                          threads)
         if gemv is not None:
             return gemv
-    if blocking is None:
+    if blocking is None and not widened:
         module = _for_shape(module, n, sa[-1], prepacked=packed)
     if packed:
         sb, b_batch = (0, 0), ((), ())
         bmode = BMode.PREPACKED
     else:
-        sb = es(b)
+        sb = es(b, b.itemsize)
         b_batch = (b.shape[:-2], sb[:-2])
         if bmode is None:
-            bmode = choose_bmode(m, n, k, sb[-1], module)
+            bmode = BMode.PACK if widened else choose_bmode(m, n, k, sb[-1], module)
+        elif widened and bmode == BMode.DIRECT:
+            raise UnsupportedError(f"GEMM: {module.src} B cannot be read in place; it is "
+                                   "widened while packed (use BMode.PACK)")
     offsets = _batch_offsets(batch_shape, (a.shape[:-2], sa[:-2]), b_batch,
                              (c.shape[:-2], sc[:-2]))
     strides = (sa[-2], sa[-1], sb[-2], sb[-1], sc[-2])

@@ -20,6 +20,7 @@ from tilefold.codegen.lowp.amxrun import amx_k_words, run_amxgemm
 from tilefold.codegen.lowp.dotgemm import ENTRY, DParam, dotgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.codegen.lowp.packgen import PACK_B_ENTRY, pack_b_ir
+from tilefold.codegen.lowp.widened import prepack_widened, run_widened
 from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
 from tilefold.target import Target
 
@@ -56,12 +57,17 @@ def _pack_b_entry(nr: int, g: int, target: Target):
 
 class PackedB:
     """A constant B[K, N] packed once for one kernel (a weight), with its column sums: NR-column
-    panels of k-group words, K padded to whole tile steps for the AMX kernels."""
+    panels of k-group words, K padded to whole tile steps for the AMX kernels; for a widening
+    kernel, the f32 GEMM's panels (`matrix`)."""
 
     def __init__(self, b: np.ndarray, kernel: DotKernel, target: Target):
         self.kernel = kernel
         self.k, self.n = b.shape
         self.dtype = b.dtype
+        if kernel.widens:
+            self.matrix = prepack_widened(b if b.flags.aligned else np.ascontiguousarray(b),
+                                          kernel, target)
+            return
         b = np.ascontiguousarray(b)
         kgp = amx_k_words(self.k, kernel) if kernel.is_amx else math.ceil(self.k / kernel.kgroup)
         self.panels = aligned_empty((math.ceil(self.n / kernel.nr), kgp, kernel.nr), np.uint32)
@@ -106,6 +112,8 @@ def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, targe
                 threads: int | None = None) -> np.ndarray:
     """C = A @ B (B raw [K, N] or packed for `kernel`): f32 for bf16, i32 for 8-bit, or f32
     with `dequant` = (row_scale[M], col_scale[N], bias[N]) applied to the int32 sums."""
+    if kernel.widens:
+        return run_widened(a, b.matrix if isinstance(b, PackedB) else b, kernel, target, threads)
     if kernel.is_amx:
         n = b.n if isinstance(b, PackedB) else b.shape[1]
         data = b.panels if isinstance(b, PackedB) else b

@@ -2,8 +2,9 @@
 
 Entries sit beside the f32 ones of tilefold.codegen.gemm.registry and are chosen the same way,
 walking the target's family chain; each dtype has a portable entry on "x86-64-v3" so every x86
-target finds one (the fallbacks tests force with `host_target("x86-64-v3")`). AMX tile entries
-come first where the CPU has them and the OS lets this process use them; signed 8-bit A
+target finds one (the fallbacks tests force with `host_target("x86-64-v3")`). An entry whose
+`dot` is WIDEN_TO_F32 is the f32 GEMM run on operands widened to f32 while packed. AMX tile
+entries come first where the CPU has them and the OS lets this process use them; signed 8-bit A
 ("s8s8") runs on a u8s8 kernel (A + 128, compensated) where no s8s8 kernel applies.
 """
 
@@ -16,6 +17,7 @@ from tilefold.errors import UnsupportedError
 from tilefold.target import Target, enable_amx
 
 log = logging.getLogger("tilefold.codegen.lowp")
+WIDEN_TO_F32 = "widen_to_f32"
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class DotKernel:
     nr: int
     lanes: int
     features: frozenset[str]
-    dot: str  # key of tilefold.codegen.lowp.dot.DOT_STEPS, or an AMX instruction
+    dot: str  # key of tilefold.codegen.lowp.dot.DOT_STEPS, an AMX instruction, or WIDEN_TO_F32
     kgroup: int
 
     @property
@@ -39,6 +41,12 @@ class DotKernel:
     @property
     def acc_is_float(self) -> bool:
         return self.dtype in ("bf16", "f16")
+
+    @property
+    def widens(self) -> bool:
+        """Runs on the f32 GEMM (tilefold.codegen.gemm) with A and B widened while packed; the
+        tile fields then describe the f32 micro-kernel of that family."""
+        return self.dot == WIDEN_TO_F32
 
     @property
     def is_amx(self) -> bool:
@@ -60,10 +68,13 @@ DOT_KERNELS: tuple[DotKernel, ...] = (
     DotKernel("bf16_avx512bf16_8x48", "x86-64-v4", "bf16", 8, 48, 16,
               _f("avx512f", "avx512bf16"), "dpbf16", 2),
     DotKernel("bf16_avx512_6x48", "x86-64-v4", "bf16", 6, 48, 16, _f("avx512f"), "dpbf16_fma", 2),
-    DotKernel("bf16_avx2_4x16", "x86-64-v3", "bf16", 4, 16, 8, _f("avx2", "fma"), "dpbf16_fma", 2),
+    # Without a bf16/f16 dot unit, widening once while packing and running the f32 micro-kernel
+    # beats widening pairs in the k loop (`dpbf16_fma`, 4x16: about half the f32 GEMM's rate).
+    DotKernel("bf16_as_f32_avx2_6x16", "x86-64-v3", "bf16", 6, 16, 8, _f("avx2", "fma"),
+              WIDEN_TO_F32, 1),
     DotKernel("f16_avx512_6x48", "x86-64-v4", "f16", 6, 48, 16, _f("avx512f"), "dpf16_fma", 2),
-    DotKernel("f16_avx2_4x16", "x86-64-v3", "f16", 4, 16, 8, _f("avx2", "fma", "f16c"),
-              "dpf16_fma", 2),
+    DotKernel("f16_as_f32_avx2_6x16", "x86-64-v3", "f16", 6, 16, 8, _f("avx2", "fma", "f16c"),
+              WIDEN_TO_F32, 1),
     DotKernel("u8s8_avx512vnni_8x48", "x86-64-v4", "u8s8", 8, 48, 16,
               _f("avx512f", "avx512bw", "avx512vnni"), "dpbusd", 4),
     DotKernel("u8s8_avx512bw_6x32", "x86-64-v4", "u8s8", 6, 32, 16, _f("avx512bw"),
