@@ -24,7 +24,7 @@ class Block(torch.nn.Module):
         q = self.norm(self.proj(x)).view(x.shape[0], x.shape[1], 2, 16).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, q, q, is_causal=True)
         if self.odd_op:
-            o = torch.cumsum(o, -1)  # no tilefold rule: runs in PyTorch
+            o = torch.cumprod(o, -1)  # no tilefold rule: runs in PyTorch
         return F.gelu(o).softmax(-1)
 
 
@@ -61,9 +61,9 @@ def test_unsupported_op_is_partitioned_out_and_explained(caplog, allow_fallback)
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
     (graph,) = report.reports()
     assert graph.mode == "partitioned" and graph.partitions == 2
-    assert "aten.cumsum.default" in graph.fallback
-    assert "PyTorch runs aten.cumsum.default" in report.explain()
-    assert any("cumsum" in r.message for r in caplog.records)
+    assert "aten.cumprod.default" in graph.fallback
+    assert "PyTorch runs aten.cumprod.default" in report.explain()
+    assert any("cumprod" in r.message for r in caplog.records)
 
 
 def test_partitions_freeze_weights_and_follow_in_place_updates(allow_fallback):
@@ -148,7 +148,7 @@ def test_strict_mode_names_the_nodes_pytorch_would_run():
     naming the op; `strict=False` lets it run partitioned."""
     x = torch.randn(2, 5, 16)
     compiled = torch.compile(Block(odd_op=True).eval(), backend="tilefold")
-    with torch.no_grad(), pytest.raises(Exception, match=r"aten\.cumsum\.default") as info:
+    with torch.no_grad(), pytest.raises(Exception, match=r"aten\.cumprod\.default") as info:
         compiled(x)
     assert isinstance(getattr(info.value, "inner_exception", None), FallbackError)
     torch._dynamo.reset()

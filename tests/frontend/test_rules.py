@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from frontend_helpers import check, lower
 
 from tilefold.errors import TilefoldError, UnsupportedError
+from tilefold.frontend import report
 from tilefold.frontend.lowering import RULES, lowering
 
 torch.manual_seed(0)
@@ -98,9 +100,51 @@ def test_symbolic_sizes_lower_slices_and_flattened_rows():
     assert {"arange", "gather"} <= {op.name for op in module.walk()}
 
 
+CUMSUM_INPUTS = {  # name -> a random input (PyTorch sums bools and integers in i64)
+    "f32": torch.randn(3, 4, 5),
+    "f64": torch.randn(3, 4, 5, dtype=torch.float64) * 1e3,
+    "i32": torch.randint(-2**30, 2**30, (3, 4, 5), dtype=torch.int32),
+    "i64": torch.randint(-2**40, 2**40, (3, 4, 5)),
+    "bool": torch.rand(3, 4, 5) < 0.5,
+    "empty_axis": torch.randn(3, 0, 5),
+}
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("name", sorted(CUMSUM_INPUTS))
+def test_cumsum_matches_eager_and_float64_numpy(name, dim):
+    """cumsum lowers (checked on the reference) and compiles whole in strict mode: the extern
+    method runs it through NumPy; integer sums are exact, float sums within rounding."""
+    x = CUMSUM_INPUTS[name]
+    fn = lambda t: torch.cumsum(t, dim)  # noqa: E731
+    check(fn, x)
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    got = torch.compile(fn, backend="tilefold", options={"strict": True})(x)
+    want = fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    (graph,) = report.reports()
+    assert graph.mode == "tilefold"
+    assert dict(graph.groups())["cumsum"].startswith("extern.")  # a NumPy call
+    source = x.numpy()
+    if source.dtype.kind == "f":
+        exact = np.cumsum(source.astype(np.float64), axis=dim)
+        scale = np.cumsum(np.abs(source.astype(np.float64)), axis=dim)
+        eps = np.finfo(source.dtype).eps
+        assert np.all(np.abs(got.numpy() - exact) <= 2 * eps * scale)
+        torch.testing.assert_close(got, want)
+    else:
+        np.testing.assert_array_equal(got.numpy(), np.cumsum(source.astype(np.int64), axis=dim))
+
+
+def test_cumsum_of_a_zero_dim_tensor_is_itself():
+    x = torch.tensor(2.5)
+    check(lambda t: torch.cumsum(t, 0) + torch.cumsum(t, -1), x)
+
+
 def test_unsupported_op_names_the_op_and_reason():
-    with pytest.raises(UnsupportedError, match=r"aten\.cumsum\.default.*no lowering rule"):
-        lower(lambda x: torch.cumsum(x, 0), X)
+    with pytest.raises(UnsupportedError, match=r"aten\.cumprod\.default.*no lowering rule"):
+        lower(lambda x: torch.cumprod(x, 0), X)
 
 
 def test_duplicate_rule_is_rejected():

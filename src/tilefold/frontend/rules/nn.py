@@ -1,4 +1,5 @@
-"""Lowering rules for compute ATen ops: matmuls, attention, normalization, softmax, reductions."""
+"""Lowering rules for compute ATen ops: matmuls, attention, normalization, softmax, reductions,
+running sums."""
 
 from __future__ import annotations
 
@@ -227,6 +228,14 @@ def _reduction(name: str):
 
 for _target, _name in REDUCTIONS.items():
     lowering(_target)(_reduction(_name))
+
+
+@lowering(aten.cumsum.default)
+def cumsum(ctx: LoweringContext, x: Any, dim: int, *, dtype: Any = None) -> Any:
+    """running sum along dim, in the result's dtype (PyTorch sums bools and integers in i64;
+    a 0-d tensor is its own sum)"""
+    t = ctx.cast(ctx.tensor(x), ctx.out_dtype())
+    return ctx.op("cumsum", t, axis=dim % t.ndim) if t.ndim else t
 
 
 @lowering(aten.linalg_vector_norm.default)
