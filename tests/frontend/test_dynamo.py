@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -124,6 +125,55 @@ def test_new_sequence_lengths_reuse_the_symbolic_graph():
     assert len(graphs) == 2  # static first, then one symbolic graph for every later length
     assert graphs[1].symbolic_dims
     assert_native(graphs, {"matmul", "scaled_dot_product_attention", "layer_norm"})
+
+
+class FlatRows(torch.nn.Module):
+    """OPT's decoder MLP: rows flattened to [batch*seq, H], normalized, projected, added back
+    and returned flat; at a new length the flattened size is a product of symbols."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 16)
+        self.rms = torch.nn.RMSNorm(16, eps=1e-6)
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1))
+        h = self.fc(self.norm(flat)).relu() + flat
+        return torch.softmax(self.rms(h), -1), h
+
+
+def _flat_rows_f64(model: FlatRows, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """FlatRows in float64 NumPy."""
+    w = {k: v.detach().numpy().astype(np.float64) for k, v in model.state_dict().items()}
+    flat = x.numpy().astype(np.float64).reshape(-1, 16)
+    centered = flat - flat.mean(-1, keepdims=True)
+    normed = centered / np.sqrt((centered**2).mean(-1, keepdims=True) + 1e-5)
+    normed = normed * w["norm.weight"] + w["norm.bias"]
+    h = np.maximum(normed @ w["fc.weight"].T + w["fc.bias"], 0) + flat
+    r = h / np.sqrt((h**2).mean(-1, keepdims=True) + 1e-6) * w["rms.weight"]
+    e = np.exp(r - r.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True), h
+
+
+def test_rows_flattened_from_symbolic_dims_normalize_and_return_flat():
+    """A view(-1, H) of [?b,?s,H] stays unflattened through layer_norm, RMSNorm, softmax and
+    the residual add, and graph outputs of that size come back flattened as PyTorch has them."""
+    model = FlatRows().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p))
+    compiled = torch.compile(model, backend="tilefold", options={"strict": True})
+    with torch.no_grad():
+        for seq in (5, 7, 9):
+            x = torch.randn(2, seq, 16)
+            got = compiled(x)
+            for g, w in zip(got, _flat_rows_f64(model, x), strict=True):
+                assert tuple(g.shape) == w.shape == (2 * seq, 16)
+                np.testing.assert_allclose(g.numpy(), w, rtol=1e-4, atol=1e-5)
+    graphs = report.reports()
+    assert len(graphs) == 2 and graphs[1].symbolic_dims
+    assert_native(graphs, {"matmul", "layer_norm", "rsqrt"})  # RMSNorm arrives decomposed
 
 
 def test_frozen_weights_follow_in_place_updates():

@@ -100,6 +100,13 @@ def test_symbolic_sizes_lower_slices_and_flattened_rows():
     assert {"arange", "gather"} <= {op.name for op in module.walk()}
 
 
+def test_export_refuses_an_output_flattened_from_symbolic_sizes():
+    """A module's result cannot have the size ?b*?s: exporting such an output is refused."""
+    seq = torch.export.Dim("seq", max=64)
+    with pytest.raises(UnsupportedError, match="product of symbolic sizes"):
+        lower(lambda x: F.layer_norm(x.view(-1, 8), (8,)), X, dynamic_shapes=({1: seq},))
+
+
 CUMSUM_INPUTS = {  # name -> a random input (PyTorch sums bools and integers in i64)
     "f32": torch.randn(3, 4, 5),
     "f64": torch.randn(3, 4, 5, dtype=torch.float64) * 1e3,
