@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from frontend_helpers import assert_native
 
-from tilefold.errors import FallbackError
+from tilefold import FallbackError  # the public re-export of tilefold.errors.FallbackError
 from tilefold.frontend import report
 
 

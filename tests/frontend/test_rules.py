@@ -149,6 +149,22 @@ def test_cumsum_of_a_zero_dim_tensor_is_itself():
     check(lambda t: torch.cumsum(t, 0) + torch.cumsum(t, -1), x)
 
 
+def test_float_math_on_integers_runs_as_numpy_calls_in_strict_mode():
+    """T5's position buckets: log and div of integers cast to f32. Native kernels take no i64
+    data, so extern runs the group, with NumPy's f32 div and log (not the f64 reference)."""
+    fn = lambda i, x: torch.log(i.float() / 7.0 + 1) / x  # noqa: E731
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    compiled = torch.compile(fn, backend="tilefold", options={"strict": True})
+    for n in (5, 7):  # the second length traces symbolically
+        i, x = torch.randint(0, 1000, (3, n)), torch.rand(3, n) + 0.5
+        want = np.log(i.numpy() / 7.0 + 1) / x.numpy().astype(np.float64)
+        np.testing.assert_allclose(compiled(i, x).numpy(), want, rtol=1e-6)
+    for graph in report.reports():
+        assert graph.mode == "tilefold"
+        assert dict(graph.groups())["cast+div+add+log+div"].startswith("extern.")
+
+
 def test_unsupported_op_names_the_op_and_reason():
     with pytest.raises(UnsupportedError, match=r"aten\.cumprod\.default.*no lowering rule"):
         lower(lambda x: torch.cumprod(x, 0), X)
