@@ -40,10 +40,7 @@ def _add_bias(ctx: LoweringContext, product: Any, bias: Any) -> Any:
 
 
 def _rows_matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
-    va = ctx.value(a)
-    if isinstance(va, Merged):
-        return Merged(ctx.op("matmul", va.tensor, b), va.lead)
-    return ctx.op("matmul", va, b)
+    return ctx.trailing(a, lambda t: ctx.op("matmul", t, b), 1)  # rows are independent
 
 
 @lowering(aten.bmm.default)
@@ -78,10 +75,7 @@ def linear(ctx: LoweringContext, x: Any, weight: Any, bias: Any = None) -> Any:
 
 
 def _rows_matmul_t(ctx: LoweringContext, x: Any, w: Any) -> Any:
-    vx = ctx.value(x)
-    base = vx.tensor if isinstance(vx, Merged) else vx
-    out = ctx.op("matmul", base, w, transpose_b=True)
-    return Merged(out, vx.lead) if isinstance(vx, Merged) else out
+    return ctx.trailing(x, lambda t: ctx.op("matmul", t, w, transpose_b=True), 1)
 
 
 # -- attention -----------------------------------------------------------------------------
