@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from frontend_helpers import assert_native
 
-from tilefold.errors import FallbackError
+from tilefold import FallbackError  # the public re-export of tilefold.errors.FallbackError
 from tilefold.frontend import report
 
 
@@ -24,7 +25,7 @@ class Block(torch.nn.Module):
         q = self.norm(self.proj(x)).view(x.shape[0], x.shape[1], 2, 16).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, q, q, is_causal=True)
         if self.odd_op:
-            o = torch.cumsum(o, -1)  # no tilefold rule: runs in PyTorch
+            o = torch.cumprod(o, -1)  # no tilefold rule: runs in PyTorch
         return F.gelu(o).softmax(-1)
 
 
@@ -61,9 +62,9 @@ def test_unsupported_op_is_partitioned_out_and_explained(caplog, allow_fallback)
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
     (graph,) = report.reports()
     assert graph.mode == "partitioned" and graph.partitions == 2
-    assert "aten.cumsum.default" in graph.fallback
-    assert "PyTorch runs aten.cumsum.default" in report.explain()
-    assert any("cumsum" in r.message for r in caplog.records)
+    assert "aten.cumprod.default" in graph.fallback
+    assert "PyTorch runs aten.cumprod.default" in report.explain()
+    assert any("cumprod" in r.message for r in caplog.records)
 
 
 def test_partitions_freeze_weights_and_follow_in_place_updates(allow_fallback):
@@ -126,6 +127,55 @@ def test_new_sequence_lengths_reuse_the_symbolic_graph():
     assert_native(graphs, {"matmul", "scaled_dot_product_attention", "layer_norm"})
 
 
+class FlatRows(torch.nn.Module):
+    """OPT's decoder MLP: rows flattened to [batch*seq, H], normalized, projected, added back
+    and returned flat; at a new length the flattened size is a product of symbols."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 16)
+        self.rms = torch.nn.RMSNorm(16, eps=1e-6)
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1))
+        h = self.fc(self.norm(flat)).relu() + flat
+        return torch.softmax(self.rms(h), -1), h
+
+
+def _flat_rows_f64(model: FlatRows, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """FlatRows in float64 NumPy."""
+    w = {k: v.detach().numpy().astype(np.float64) for k, v in model.state_dict().items()}
+    flat = x.numpy().astype(np.float64).reshape(-1, 16)
+    centered = flat - flat.mean(-1, keepdims=True)
+    normed = centered / np.sqrt((centered**2).mean(-1, keepdims=True) + 1e-5)
+    normed = normed * w["norm.weight"] + w["norm.bias"]
+    h = np.maximum(normed @ w["fc.weight"].T + w["fc.bias"], 0) + flat
+    r = h / np.sqrt((h**2).mean(-1, keepdims=True) + 1e-6) * w["rms.weight"]
+    e = np.exp(r - r.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True), h
+
+
+def test_rows_flattened_from_symbolic_dims_normalize_and_return_flat():
+    """A view(-1, H) of [?b,?s,H] stays unflattened through layer_norm, RMSNorm, softmax and
+    the residual add, and graph outputs of that size come back flattened as PyTorch has them."""
+    model = FlatRows().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p))
+    compiled = torch.compile(model, backend="tilefold", options={"strict": True})
+    with torch.no_grad():
+        for seq in (5, 7, 9):
+            x = torch.randn(2, seq, 16)
+            got = compiled(x)
+            for g, w in zip(got, _flat_rows_f64(model, x), strict=True):
+                assert tuple(g.shape) == w.shape == (2 * seq, 16)
+                np.testing.assert_allclose(g.numpy(), w, rtol=1e-4, atol=1e-5)
+    graphs = report.reports()
+    assert len(graphs) == 2 and graphs[1].symbolic_dims
+    assert_native(graphs, {"matmul", "layer_norm", "rsqrt"})  # RMSNorm arrives decomposed
+
+
 def test_frozen_weights_follow_in_place_updates():
     model = Block().eval()
     compiled = torch.compile(model, backend="tilefold")
@@ -148,7 +198,7 @@ def test_strict_mode_names_the_nodes_pytorch_would_run():
     naming the op; `strict=False` lets it run partitioned."""
     x = torch.randn(2, 5, 16)
     compiled = torch.compile(Block(odd_op=True).eval(), backend="tilefold")
-    with torch.no_grad(), pytest.raises(Exception, match=r"aten\.cumsum\.default") as info:
+    with torch.no_grad(), pytest.raises(Exception, match=r"aten\.cumprod\.default") as info:
         compiled(x)
     assert isinstance(getattr(info.value, "inner_exception", None), FallbackError)
     torch._dynamo.reset()

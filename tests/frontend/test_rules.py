@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from frontend_helpers import check, lower
 
 from tilefold.errors import TilefoldError, UnsupportedError
+from tilefold.frontend import report
 from tilefold.frontend.lowering import RULES, lowering
 
 torch.manual_seed(0)
@@ -98,9 +100,74 @@ def test_symbolic_sizes_lower_slices_and_flattened_rows():
     assert {"arange", "gather"} <= {op.name for op in module.walk()}
 
 
+def test_export_refuses_an_output_flattened_from_symbolic_sizes():
+    """A module's result cannot have the size ?b*?s: exporting such an output is refused."""
+    seq = torch.export.Dim("seq", max=64)
+    with pytest.raises(UnsupportedError, match="product of symbolic sizes"):
+        lower(lambda x: F.layer_norm(x.view(-1, 8), (8,)), X, dynamic_shapes=({1: seq},))
+
+
+CUMSUM_INPUTS = {  # name -> a random input (PyTorch sums bools and integers in i64)
+    "f32": torch.randn(3, 4, 5),
+    "f64": torch.randn(3, 4, 5, dtype=torch.float64) * 1e3,
+    "i32": torch.randint(-2**30, 2**30, (3, 4, 5), dtype=torch.int32),
+    "i64": torch.randint(-2**40, 2**40, (3, 4, 5)),
+    "bool": torch.rand(3, 4, 5) < 0.5,
+    "empty_axis": torch.randn(3, 0, 5),
+}
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("name", sorted(CUMSUM_INPUTS))
+def test_cumsum_matches_eager_and_float64_numpy(name, dim):
+    """cumsum lowers (checked on the reference) and compiles whole in strict mode: the extern
+    method runs it through NumPy; integer sums are exact, float sums within rounding."""
+    x = CUMSUM_INPUTS[name]
+    fn = lambda t: torch.cumsum(t, dim)  # noqa: E731
+    check(fn, x)
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    got = torch.compile(fn, backend="tilefold", options={"strict": True})(x)
+    want = fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    (graph,) = report.reports()
+    assert graph.mode == "tilefold"
+    assert dict(graph.groups())["cumsum"].startswith("extern.")  # a NumPy call
+    source = x.numpy()
+    if source.dtype.kind == "f":
+        exact = np.cumsum(source.astype(np.float64), axis=dim)
+        scale = np.cumsum(np.abs(source.astype(np.float64)), axis=dim)
+        eps = np.finfo(source.dtype).eps
+        assert np.all(np.abs(got.numpy() - exact) <= 2 * eps * scale)
+        torch.testing.assert_close(got, want)
+    else:
+        np.testing.assert_array_equal(got.numpy(), np.cumsum(source.astype(np.int64), axis=dim))
+
+
+def test_cumsum_of_a_zero_dim_tensor_is_itself():
+    x = torch.tensor(2.5)
+    check(lambda t: torch.cumsum(t, 0) + torch.cumsum(t, -1), x)
+
+
+def test_float_math_on_integers_runs_as_numpy_calls_in_strict_mode():
+    """T5's position buckets: log and div of integers cast to f32. Native kernels take no i64
+    data, so extern runs the group, with NumPy's f32 div and log (not the f64 reference)."""
+    fn = lambda i, x: torch.log(i.float() / 7.0 + 1) / x  # noqa: E731
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    compiled = torch.compile(fn, backend="tilefold", options={"strict": True})
+    for n in (5, 7):  # the second length traces symbolically
+        i, x = torch.randint(0, 1000, (3, n)), torch.rand(3, n) + 0.5
+        want = np.log(i.numpy() / 7.0 + 1) / x.numpy().astype(np.float64)
+        np.testing.assert_allclose(compiled(i, x).numpy(), want, rtol=1e-6)
+    for graph in report.reports():
+        assert graph.mode == "tilefold"
+        assert dict(graph.groups())["cast+div+add+log+div"].startswith("extern.")
+
+
 def test_unsupported_op_names_the_op_and_reason():
-    with pytest.raises(UnsupportedError, match=r"aten\.cumsum\.default.*no lowering rule"):
-        lower(lambda x: torch.cumsum(x, 0), X)
+    with pytest.raises(UnsupportedError, match=r"aten\.cumprod\.default.*no lowering rule"):
+        lower(lambda x: torch.cumprod(x, 0), X)
 
 
 def test_duplicate_rule_is_rejected():

@@ -1,4 +1,5 @@
-"""Reductions, the softmax family and the norms against NumPy and their defining properties."""
+"""Reductions, the softmax family, the norms and cumsum against NumPy and their defining
+properties."""
 
 from __future__ import annotations
 
@@ -75,6 +76,27 @@ def test_integer_sums_wrap_and_nan_propagates() -> None:
         run_op("reduce_mean", np.array([1, 2], np.int32))
     with pytest.raises(DTypeError):
         run_op("reduce_sum", np.array([True, False]))
+
+
+@pytest.mark.parametrize("dt", [dtypes.f64, dtypes.f32, dtypes.bf16, dtypes.i32], ids=str)
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_cumsum_is_the_running_sum_rounded_once(dt, axis) -> None:
+    x = (np.random.default_rng(6).standard_normal((3, 4, 5)) * 40).astype(dt.np_dtype)
+    wide = x.astype(np.float64)
+    got = run_op("cumsum", x, axis=axis)
+    assert_close(got, np.cumsum(wide, axis=axis), scale=float(np.abs(wide).sum()) + 1)
+    last = np.take(got, [-1], axis=axis).squeeze(axis)
+    assert_close(last, wide.sum(axis=axis), scale=float(np.abs(wide).sum()) + 1)
+
+
+def test_cumsum_wraps_integers_keeps_empty_axes_and_rejects_bools() -> None:
+    np.testing.assert_array_equal(run_op("cumsum", np.full(3, 100, np.int8), axis=0),
+                                  np.array([100, -56, 44], np.int8))
+    assert run_op("cumsum", np.zeros((2, 0), np.float32), axis=1).shape == (2, 0)
+    with pytest.raises(DTypeError, match="cumsum"):
+        run_op("cumsum", np.array([True, False]), axis=0)
+    with pytest.raises(ShapeError, match="cumsum: axis 2"):
+        run_op("cumsum", np.zeros((2, 3)), axis=2)
 
 
 @pytest.mark.parametrize("dt", [dtypes.f64, dtypes.f32, dtypes.f16, dtypes.bf16], ids=str)

@@ -101,19 +101,19 @@ def test_strict_mode_raises_when_a_method_fails(tmp_path, method, message):
 
 
 def test_strict_extern_declines_math_it_would_run_on_the_reference(tmp_path, monkeypatch):
-    """A lone `log` has no native kernel and no library call in either extern table: strict
+    """A lone `sin` has no native kernel and no library call in either extern table: strict
     mode raises rather than evaluate it with the f64 reference; without strict, extern runs it."""
-    text = "func @main(%x: f32[3,5]) -> (f32[3,5]) {\n  %0 = log(%x) : f32[3,5]\n  return(%0)\n}"
+    text = "func @main(%x: f32[3,5]) -> (f32[3,5]) {\n  %0 = sin(%x) : f32[3,5]\n  return(%0)\n}"
     problem = Problem.of(parse_module(text)["main"].ops[0], [(3, 5)])
     db = TuningDB(tmp_path / "db.json")
-    with pytest.raises(FallbackError, match="reference implementation of log"):
+    with pytest.raises(FallbackError, match="reference implementation of sin"):
         decide(problem, context(), db, None)
     monkeypatch.delenv("TILEFOLD_STRICT")
     d = decide(problem, context(), db, None)
     x = np.random.default_rng(1).uniform(0.1, 4.0, (3, 5)).astype(np.float32)
     y = np.empty_like(x)
     d.kernel.run(x, y)
-    np.testing.assert_allclose(y, np.log(x.astype(np.float64)), rtol=1e-6)
+    np.testing.assert_allclose(y, np.sin(x.astype(np.float64)), rtol=1e-6)
 
 
 def test_compile_strict_argument_overrides_the_environment(monkeypatch):

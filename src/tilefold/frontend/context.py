@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +142,17 @@ class LoweringContext:
     def rank(self, arg: Any) -> int:
         return self.meta(arg).dim()
 
-    # -- elementwise over flattened tensors --------------------------------------------------
+    # -- ops over flattened tensors ----------------------------------------------------------
+
+    def trailing(self, arg: Any, fn: Callable[[Tensor], Tensor], dims: int) -> Any:
+        """`fn` of the argument, for an op touching only its last `dims` dims (negative axes,
+        trailing weights): a `Merged` argument is worked on unflattened and stays merged."""
+        found = self.value(arg)
+        if not isinstance(found, Merged):
+            return fn(self.tensor(arg))
+        if dims >= self.rank(arg):
+            raise NotApplicable(f"{self.node.target} over a merged symbolic dim")
+        return Merged(fn(found.tensor), found.lead)
 
     def elementwise(self, fn: Any, args: list[Any], dtype: DType) -> Any:
         """Apply `fn(*tensors)` to the arguments cast to `dtype` (numbers become scalars).

@@ -35,6 +35,9 @@ class Converted:
     lowered: dict[str, int] = field(default_factory=dict)  # ATen op -> count
     # placeholder position -> the module's constant array made from it (a frozen weight)
     frozen: dict[int, Any] = field(default_factory=dict)
+    # IR result index -> how many leading dims PyTorch sees as one (a `Merged` output: the IR
+    # returns it unflattened, and the caller merges them)
+    flattened: dict[int, int] = field(default_factory=dict)
 
 
 def is_size_node(node: fx.Node) -> bool:
@@ -231,7 +234,11 @@ def _outputs(ctx: LoweringContext, node: fx.Node, result: Converted) -> list[Ten
             result.outputs.append(None)
             continue
         try:
-            values.append(ctx.tensor(item))
+            found = ctx.value(item)
+            if isinstance(found, Merged):
+                result.flattened[len(values)] = found.lead
+                found = found.tensor
+            values.append(found if isinstance(found, Tensor) else ctx.tensor(item))
         except NotApplicable as exc:
             result.unsupported[item] = f"output: {exc.reason}"
             return []

@@ -69,7 +69,12 @@ def from_exported_program(
         return ("constant", _lifted(ep, spec))
 
     names = _symbol_names(placeholders, specs, dim_names or {})
-    return convert_graph(ep.graph, inputs, name=name, dim_names=names).module
+    converted = convert_graph(ep.graph, inputs, name=name, dim_names=names)
+    if converted.flattened:
+        outs = ", ".join(str(i) for i in sorted(converted.flattened))
+        raise UnsupportedError(f"output {outs}: its first size is a product of symbolic sizes, "
+                               "which an IR result cannot have; return the tensor unflattened")
+    return converted.module
 
 
 def _lifted(ep: ExportedProgram, spec: Any) -> torch.Tensor:

@@ -103,8 +103,8 @@ def storable() -> bool:
 
 def store(key: str, converted: Converted, aten_nodes: int) -> None:
     """Write the lowering atomically (a failure to write is logged, never raised)."""
-    if not all(o is None or isinstance(o, int) for o in converted.outputs):
-        return
+    if converted.flattened or not all(o is None or isinstance(o, int) for o in converted.outputs):
+        return  # (flattened outputs come only from symbolic graphs, which have no key)
     names = {id(array): f"input:{i}" for i, array in converted.frozen.items()}
     text = print_module(converted.module, external=names)
     if len(text) > MAX_TEXT_BYTES:

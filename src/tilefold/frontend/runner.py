@@ -100,4 +100,6 @@ class GraphRunner:
         outputs = self.run(*arrays)
         thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
         results = [to_torch(r) for r in outputs]
+        for i, lead in self.converted.flattened.items():  # as PyTorch sees them
+            results[i] = results[i].flatten(0, lead - 1)
         return [None if i is None else results[i] for i in self.converted.outputs]

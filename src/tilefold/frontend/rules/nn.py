@@ -1,4 +1,5 @@
-"""Lowering rules for compute ATen ops: matmuls, attention, normalization, softmax, reductions."""
+"""Lowering rules for compute ATen ops: matmuls, attention, normalization, softmax, reductions,
+running sums."""
 
 from __future__ import annotations
 
@@ -39,10 +40,7 @@ def _add_bias(ctx: LoweringContext, product: Any, bias: Any) -> Any:
 
 
 def _rows_matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
-    va = ctx.value(a)
-    if isinstance(va, Merged):
-        return Merged(ctx.op("matmul", va.tensor, b), va.lead)
-    return ctx.op("matmul", va, b)
+    return ctx.trailing(a, lambda t: ctx.op("matmul", t, b), 1)  # rows are independent
 
 
 @lowering(aten.bmm.default)
@@ -77,10 +75,7 @@ def linear(ctx: LoweringContext, x: Any, weight: Any, bias: Any = None) -> Any:
 
 
 def _rows_matmul_t(ctx: LoweringContext, x: Any, w: Any) -> Any:
-    vx = ctx.value(x)
-    base = vx.tensor if isinstance(vx, Merged) else vx
-    out = ctx.op("matmul", base, w, transpose_b=True)
-    return Merged(out, vx.lead) if isinstance(vx, Merged) else out
+    return ctx.trailing(x, lambda t: ctx.op("matmul", t, w, transpose_b=True), 1)
 
 
 # -- attention -----------------------------------------------------------------------------
@@ -147,20 +142,26 @@ def layer_norm(ctx: LoweringContext, x: Any, normalized_shape: list[int], weight
 
 
 def _layer_norm(ctx, x, normalized_shape, weight, bias, eps) -> Any:
-    t = ctx.tensor(x)
     n = len(normalized_shape)
-    w, b = _affine(ctx, weight, t, n, 1.0), _affine(ctx, bias, t, n, 0.0)
-    return ctx.op("layer_norm", t, w, b, axis=-n, eps=float(eps))
+
+    def norm(t):
+        w, b = _affine(ctx, weight, t, n, 1.0), _affine(ctx, bias, t, n, 0.0)
+        return ctx.op("layer_norm", t, w, b, axis=-n, eps=float(eps))
+
+    return ctx.trailing(x, norm, n)  # rows flattened from symbolic dims stay unflattened
 
 
 @lowering(aten.rms_norm.default)
 def rms_norm(ctx: LoweringContext, x: Any, normalized_shape: list[int], weight: Any = None,
              eps: float | None = None) -> Any:
     """RMSNorm; eps None means the dtype's machine epsilon, as PyTorch"""
-    t = ctx.tensor(x)
     n = len(normalized_shape)
-    eps = float(np.finfo(t.dtype.np_dtype).eps) if eps is None else float(eps)
-    return ctx.op("rms_norm", t, _affine(ctx, weight, t, n, 1.0), axis=-n, eps=eps)
+
+    def norm(t):
+        e = float(np.finfo(t.dtype.np_dtype).eps) if eps is None else float(eps)
+        return ctx.op("rms_norm", t, _affine(ctx, weight, t, n, 1.0), axis=-n, eps=e)
+
+    return ctx.trailing(x, norm, n)
 
 
 @lowering(aten._softmax.default, aten._log_softmax.default)
@@ -178,18 +179,14 @@ def softmax(ctx: LoweringContext, x: Any, dim: int, dtype: Any = None) -> Any:
 
 
 def _softmax(ctx: LoweringContext, name: str, x: Any, dim: int) -> Any:
-    vx = ctx.value(x)
     rank = ctx.rank(x)
     if rank == 0:  # PyTorch takes a 0-d tensor as one element along dim 0 (or -1)
         one = ctx.op("expand_dims", ctx.cast(ctx.tensor(x), ctx.out_dtype()), axes=[0])
         return ctx.op("squeeze", ctx.op(name, one, axis=0), axes=[0])
     dim %= rank
-    if isinstance(vx, Merged):
-        if dim == 0:
-            raise NotApplicable(f"{name} over a merged symbolic dim")
-        t = ctx.cast(vx.tensor, ctx.out_dtype())
-        return Merged(ctx.op(name, t, axis=dim + vx.lead - 1), vx.lead)
-    return ctx.op(name, ctx.cast(ctx.tensor(x), ctx.out_dtype()), axis=dim)
+    return ctx.trailing(  # a merged tensor has t.ndim - rank more leading dims
+        x, lambda t: ctx.op(name, ctx.cast(t, ctx.out_dtype()), axis=dim + t.ndim - rank),
+        rank - dim)
 
 
 # -- reductions ----------------------------------------------------------------------------
@@ -218,8 +215,15 @@ REDUCTIONS = {  # ATen overload -> tilefold op
 def _reduction(name: str):
     def rule(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False, *,
              dtype: Any = None) -> Any:
-        t = ctx.cast(ctx.tensor(x), ctx.out_dtype())
-        return ctx.op(name, t, axes=_reduced_axes(dim, t.ndim), keepdims=bool(keepdim))
+        rank = ctx.rank(x)
+        axes = _reduced_axes(dim, rank)
+
+        def reduce(t):  # a merged tensor has t.ndim - rank more leading dims
+            shifted = None if axes is None else [a + t.ndim - rank for a in axes]
+            return ctx.op(name, ctx.cast(t, ctx.out_dtype()), axes=shifted,
+                          keepdims=bool(keepdim))
+
+        return ctx.trailing(x, reduce, rank if axes is None else rank - min(axes, default=rank))
 
     rule.__doc__ = f"{name} over dims"
     return rule
@@ -227,6 +231,14 @@ def _reduction(name: str):
 
 for _target, _name in REDUCTIONS.items():
     lowering(_target)(_reduction(_name))
+
+
+@lowering(aten.cumsum.default)
+def cumsum(ctx: LoweringContext, x: Any, dim: int, *, dtype: Any = None) -> Any:
+    """running sum along dim, in the result's dtype (PyTorch sums bools and integers in i64;
+    a 0-d tensor is its own sum)"""
+    t = ctx.cast(ctx.tensor(x), ctx.out_dtype())
+    return ctx.op("cumsum", t, axis=dim % t.ndim) if t.ndim else t
 
 
 @lowering(aten.linalg_vector_norm.default)

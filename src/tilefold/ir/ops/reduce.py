@@ -1,4 +1,4 @@
-"""Reductions over axes (sum, max, min, mean) and the softmax family."""
+"""Reductions over axes (sum, max, min, mean), the softmax family and the running sum."""
 
 from __future__ import annotations
 
@@ -129,3 +129,27 @@ class LogSoftmax(SoftmaxFamily):
 
     name = "log_softmax"
     fn = staticmethod(_log_softmax)
+
+
+@register
+class Cumsum(OpDef):
+    """Running sum along `axis`: y[..., i, ...] = sum of x[..., :i+1, ...]; same shape and
+    dtype; integers wrap, floats are summed in f64 and rounded once.
+    `%y = cumsum(%x) {axis = 1} : i64[2,9]`"""
+
+    name = "cumsum"
+    operands = ("x",)
+    attributes = attr_table(axis=Attr("int"))
+    traits = frozenset({"pure"})
+
+    @classmethod
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+        (x,) = types
+        require(cls.name, x, "numeric")
+        normalize_axis(cls.name, attrs["axis"], x.rank)
+        return [x.without_layout()]
+
+    @classmethod
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
+        axis = normalize_axis(cls.name, attrs["axis"], args[0].ndim)
+        return evaluate(lambda v: np.cumsum(v, axis=axis), args, dtypes.dtype(args[0].dtype))

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from tilefold import dtypes
 from tilefold.errors import strict
 from tilefold.ir import Operation
 from tilefold.ir.interpreter import run_region
@@ -53,6 +54,14 @@ def _softmax(x, attrs):
     return e / e.sum(axis=attrs["axis"], keepdims=True)
 
 
+def _cumsum(x, attrs):
+    """Running sums as PyTorch's CPU kernel forms them: integers in their own dtype (wrapping
+    like the reference), f32 and f64 accumulated in f64, 16-bit floats in f32; rounded once."""
+    kind = dtypes.dtype(x.dtype)
+    wide = x.dtype if not kind.is_float else np.float64 if kind.bits >= 32 else np.float32
+    return np.cumsum(x, axis=attrs["axis"], dtype=wide).astype(x.dtype, copy=False)
+
+
 def _reduce(fn):
     return lambda x, attrs: fn(x, axis=_axes(attrs, x.ndim), keepdims=attrs["keepdims"])
 
@@ -62,11 +71,13 @@ NUMPY: dict[str, Fn] = {
     "add": lambda x, y, attrs: np.add(x, y),
     "sub": lambda x, y, attrs: np.subtract(x, y),
     "mul": lambda x, y, attrs: np.multiply(x, y),
+    "div": lambda x, y, attrs: np.divide(x, y),  # floats only (integers truncate: reference)
     "max": lambda x, y, attrs: np.maximum(x, y),
     "min": lambda x, y, attrs: np.minimum(x, y),
     "neg": lambda x, attrs: np.negative(x),
     "abs": lambda x, attrs: np.abs(x),
     "exp": lambda x, attrs: np.exp(x),
+    "log": lambda x, attrs: np.log(x),
     "tanh": lambda x, attrs: np.tanh(x),
     "sqrt": lambda x, attrs: np.sqrt(x),
     "relu": lambda x, attrs: np.maximum(x, x.dtype.type(0)),
@@ -75,6 +86,7 @@ NUMPY: dict[str, Fn] = {
     "reduce_min": _reduce(np.min),
     "reduce_mean": _reduce(np.mean),
     "softmax": _softmax,
+    "cumsum": _cumsum,
     "transpose": lambda x, attrs: np.transpose(x, attrs["perm"]),
     "reshape": lambda x, attrs: np.reshape(x, attrs["shape"]),
     "expand_dims": lambda x, attrs: np.expand_dims(x, tuple(attrs["axes"])),
@@ -82,6 +94,8 @@ NUMPY: dict[str, Fn] = {
     "broadcast_to": lambda x, attrs: np.broadcast_to(x, attrs["shape"]),
 }
 LAYOUT = {"transpose", "reshape", "expand_dims", "squeeze", "broadcast_to"}
+# Ops whose table entry is right for every dtype they accept, integers included.
+ANY_DTYPE = frozenset({"cumsum", *LAYOUT})
 # Ops whose reference is plain NumPy data movement, selection or one exact conversion, with no
 # arithmetic evaluated in f64: running it is a library call like any other, even in strict mode.
 EXACT_REFERENCE = frozenset({"gather", "index", "concat", "slice", "where", "cast", *LAYOUT})
@@ -127,7 +141,7 @@ def _library_runs(op: Operation, problem: Problem, table: dict[str, Fn]) -> bool
         return False
     same = all(problem.types[v].dtype == problem.types[op.results[0]].dtype and
                problem.types[v].dtype.is_float for v in op.operands)
-    return same or op.name in LAYOUT
+    return same or op.name in ANY_DTYPE
 
 
 def op_function(op: Operation, problem: Problem, table: dict[str, Fn]) -> Callable:
