@@ -204,6 +204,26 @@ REGRESSIONS = [
     # An empty slice shares no memory with its operand: it was taken for a reshape's copy.
     Program(inputs=[(1,)], steps=[("unary", 0, "abs"), ("slice", 1, (0,), (0,), (1,))],
             outputs=[2]),
+    # K = 0: C is a sum of no terms (zeros); the GEMM wrote garbage, swapped or batched.
+    Program(inputs=[(0, 1)], steps=[("matmul", 0, "matmul", (1, 0), False, True)], outputs=[1]),
+    Program(inputs=[(1, 0, 0)], steps=[("unary", 0, "abs"),
+                                       ("matmul", 1, "matmul", (0, 1), False, False),
+                                       ("matmul", 2, "matmul", (1, 0), False, True)],
+            outputs=[3, 1]),
+    # Empty tensors: NumPy's all-0 strides made a norm's rows look broadcast (kernel IR error).
+    Program(inputs=[(0, 8)], steps=[("layer_norm", 0, -1)], outputs=[1]),
+    Program(inputs=[(2, 0, 0)], steps=[("unary", 0, "abs"),
+                                       ("matmul", 1, "matmul", (0, 2), False, False),
+                                       ("reduce", 2, "reduce_sum", (0,), False),
+                                       ("layer_norm", 3, -1)], outputs=[4]),
+    # A reduction of a 0-d value reduces no axes: fusion indexed the first of them.
+    Program(inputs=[()], steps=[("binary", 0, "mul", (), True, False),
+                                ("reduce", 1, "reduce_sum", None, False)], outputs=[2]),
+    # A 1-D matmul with an epilogue: no method took it (blocks.gemm refused 1-D operands).
+    Program(inputs=[(0,)], steps=[("matmul", 0, "matmul", (0, 0), False, False),
+                                  ("unary", 1, "log_abs1")], outputs=[2]),
+    Program(inputs=[(3,)], steps=[("matmul", 0, "matmul", (3, 5), False, False),
+                                  ("unary", 1, "log_abs1")], outputs=[2]),
 ]
 
 

@@ -192,15 +192,13 @@ def test_batched_softmax_and_layer_norm_epilogues():
 @pytest.mark.parametrize("n", [8, 5])
 def test_keepdims_false_reduction_broadcast_along_the_rows(n):
     """C - max(C, -1) without keepdims: NumPy lines the [N] maxima up with C's columns, so
-    element (i, j) subtracts the maximum of row j; no row program computes that."""
+    element (i, j) subtracts the maximum of row j; no row program computes that, so fusion
+    leaves the sub out of the GEMM's group (which keeps its row max) instead of sending the
+    whole GEMM to extern."""
     a, w = rand(n, 3), rand(3, n)
     c = f64(a) @ f64(w)
-    graph = compiled(lambda b, x, y: (lambda t: t - F.max(t, -1))(x @ y), a, w)
-    assert_close(graph(a, w)[0], c - c.max(-1), 3 + n, 10.0)
-    (decision,) = graph.decisions(a.shape, w.shape)
-    (blocks,) = [r for r in decision.rejections if r.method == "blocks.gemm"]
-    assert "line two axes" in blocks.reason
-    every_candidate_agrees(graph, [a, w], c - c.max(-1), 3 + n, 10.0)
+    check(lambda b, x, y: (lambda t: t - F.max(t, -1))(x @ y), [a, w], c - c.max(-1),
+          ["blocks.gemm", "autocodegen.kernel"], 3 + n, 10.0)
 
 
 # --- matrix-vector products and K = 0 ---------------------------------------------------
@@ -221,6 +219,19 @@ def test_matrix_vector_products_and_empty_sums(a_shape, b_shape, method):
         bias = rand(b_shape[-1])
         check(lambda _, x, y, z: x @ y + z, [a, b, bias], want + bias, [method],
               a_shape[-1])
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [
+    ((9, 7), (7,)), ((7,), (7, 9)), ((2, 9, 7), (7,)), ((7,), (2, 7, 9)), ((7,), (7,)),
+    ((5, 0), (0,)), ((0,), (0, 4)),
+])
+def test_gemv_epilogues(a_shape, b_shape):
+    """A 1-D operand is a [1, K] row of A or a [K, 1] column of B, and the epilogue runs on C's
+    own shape (a dot product's: one row of one value); no method took these before."""
+    a, b, s = rand(*a_shape), rand(*b_shape), np.array(0.7, np.float32)
+    want = np.log(np.abs(f64(a) @ f64(b)) + 1.0) * 0.7
+    check(lambda _, x, y, z: F.log(F.abs(x @ y) + 1.0) * z, [a, b, s], want, ["blocks.gemm"],
+          a_shape[-1], 4.0)
 
 
 # --- memory-bound groups ----------------------------------------------------------------

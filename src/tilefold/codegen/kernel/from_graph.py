@@ -347,14 +347,32 @@ def _build_kernel(grp: Group, layout: Layout, stash: bool = True) -> Kernel:
     return verify_kernel(Kernel(grp.name, axes, buffers, stmts))
 
 
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides in elements, 0 along size-1 dims; a size-0 dim counts as a size-1
+    one, so an empty buffer lays out as a non-empty one does (NumPy reports all-0 strides for
+    an empty array, which would make it look broadcast along every axis)."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(0 if d == 1 else step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def element_strides(a: np.ndarray) -> tuple[int, ...]:
+    """`a`'s strides in elements, 0 along size-1 dims; an empty array has no memory to walk
+    and takes `row_major_strides` of its shape."""
+    if a.size == 0:
+        return row_major_strides(a.shape)
+    return tuple(0 if n == 1 else s // a.itemsize for n, s in zip(a.shape, a.strides,
+                                                                     strict=True))
+
+
 def contiguous_layout(grp: Group) -> Layout:
     """The layout when every buffer is row-major (symbolic sizes taken as 2: not 1, merged
     like any other size)."""
     sizes = {c: d if isinstance(d, int) else 2 for c, d in grp.sizes.items()}
-    strides = []
-    for spec in grp.buffers:
-        shape = tuple(1 if c is None else sizes[c] for c in spec.classes)
-        strides.append(tuple(s // 4 for s in np.empty(shape, np.float32).strides))
+    strides = [row_major_strides(tuple(1 if c is None else sizes[c] for c in spec.classes))
+               for spec in grp.buffers]
     return make_layout(grp, sizes, strides)[0]
 
 

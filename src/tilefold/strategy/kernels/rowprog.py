@@ -98,9 +98,8 @@ class Space:
 
     def __init__(self, problem: Problem, ops: list[Operation], space: Value):
         self.problem = problem
-        self.domain = problem.shape(space)
-        if not self.domain:
-            raise NotARowProgram("a 0-d space has no rows")
+        rank = len(problem.shape(space))
+        self.domain = problem.shape(space) or (1,)  # 0-d (a dot product): one row of one value
         self.last = len(self.domain) - 1
         self.live = [i for i in range(self.last) if self.domain[i] > 1]  # the others index 0
         self.classes = AxisClasses()
@@ -109,8 +108,8 @@ class Space:
                 self.classes.align(op)
             except UnsupportedError as exc:
                 raise NotARowProgram(exc.message) from None
-        self.axis_of = {self.classes.find((space, j)): j for j in range(len(self.domain))}
-        if len(self.axis_of) < len(self.domain):
+        self.axis_of = {self.classes.find((space, j)): j for j in range(rank)}
+        if len(self.axis_of) < rank:
             raise NotARowProgram(
                 f"the ops line two axes of %{space.name} {list(self.domain)} up with each other "
                 "(NumPy aligns a keepdims=false row result with the last axis, not the rows: "
