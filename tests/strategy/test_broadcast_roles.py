@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -210,6 +211,9 @@ def test_keepdims_false_reduction_broadcast_along_the_rows(n):
     ((5, 5, 0), (0, 5), "blocks.gemm"),
     ((5, 0), (0, 1), "blocks.gemm"),
     ((5, 0), (0,), "lto.rowlib"),
+    ((7,), (7, 9), "blocks.gemm"),        # vector @ matrix: A is a [1, K] row (was extern)
+    ((7,), (3, 7, 9), "blocks.gemm"),
+    ((7,), (7,), "blocks.gemm"),          # a dot product: C is 0-d
 ])
 def test_matrix_vector_products_and_empty_sums(a_shape, b_shape, method):
     a, b = rand(*a_shape), rand(*b_shape)
@@ -232,6 +236,30 @@ def test_gemv_epilogues(a_shape, b_shape):
     want = np.log(np.abs(f64(a) @ f64(b)) + 1.0) * 0.7
     check(lambda _, x, y, z: F.log(F.abs(x @ y) + 1.0) * z, [a, b, s], want, ["blocks.gemm"],
           a_shape[-1], 4.0)
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 8), (5, 13, 3), (1, 9, 4)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_epilogue_casts_and_masks_are_exact(shape):
+    """Round trips through f16/bf16 and where(C > bias, C, r) in a GEMM's epilogue (they sent
+    the whole GEMM to NumPy). Integer operands make C exact, so the f32 add and each rounding
+    to nearest even are reproduced bit for bit."""
+    m, n, k = shape
+    a = RNG.integers(-4, 5, (m, k)).astype(np.float32)
+    w = RNG.integers(-4, 5, (k, n)).astype(np.float32)
+    bias, r = rand(n), rand(m, n)
+    c = a @ w  # exact
+    for dtype, np_dtype in (("f16", np.float16), ("bf16", ml_dtypes.bfloat16)):
+        graph = compiled(lambda _, x, y, z, t=dtype: F.cast(F.cast(x @ y + z, t), "f32"), a, w,
+                         bias)
+        np.testing.assert_array_equal(graph(a, w, bias)[0],
+                                      (c + bias).astype(np_dtype).astype(np.float32))
+        assert [d.winner.method for d in graph.decisions(a.shape, w.shape, bias.shape)] == [
+            "blocks.gemm"]
+    graph = compiled(lambda _, x, y, z, q: F.where(x @ y > z, x @ y, q), a, w, bias, r)
+    np.testing.assert_array_equal(graph(a, w, bias, r)[0], np.where(c > bias, c, r))
+    assert [d.winner.method for d in graph.decisions(a.shape, w.shape, bias.shape, r.shape)
+            ] == ["blocks.gemm"]
 
 
 # --- memory-bound groups ----------------------------------------------------------------

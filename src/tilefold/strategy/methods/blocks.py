@@ -58,8 +58,8 @@ class GemmEpilogue(Method):
             return (f"prologue {', '.join(bad)} needs a packing-time conversion hook in the "
                     "GEMM (not available)")
         a_shape, b_shape = (problem.shape(v) for v in mm.operands)
-        if not epilogue and (len(a_shape) == 1 or len(b_shape) == 1):
-            return "a lone 1-D matmul (GEMV) is for the LTO/GEMV kernels"
+        if not epilogue and len(a_shape) == 2 and len(b_shape) == 1:
+            return "a lone matrix @ vector product is the LTO library's GEMV"
         epi = None
         if epilogue:
             c = mm.results[0]
