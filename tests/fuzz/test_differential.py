@@ -130,14 +130,27 @@ def programs(draw) -> Program:
         if kind == "matmul" and rank >= 1:
             swap = rank >= 2 and draw(st.integers(0, 3)) == 0
             batch = shape[:-2] if rank >= 3 and draw(st.booleans()) else ()
-            other = ((*batch, dim(), shape[-2]) if swap
-                     else (*batch, shape[-1], dim() if draw(st.booleans()) else shape[-1]))
+            if draw(st.integers(0, 4)) == 0:  # a vector: matrix @ vector, vector @ matrix, dot
+                other = (shape[-2],) if swap else (shape[-1],)
+            elif swap:
+                other = (*batch, dim(), shape[-2])
+            else:
+                other = (*batch, shape[-1], dim() if draw(st.booleans()) else shape[-1])
             steps = [("matmul", src, "matmul", other, draw(st.booleans()), swap)]
             for _ in range(draw(st.integers(0, 2))):  # an epilogue to fuse
                 out = _shape_of(steps[0], shapes)
-                if draw(st.booleans()):
+                pick = draw(st.sampled_from(("binary", "binary", "unary", "unary", "where",
+                                             "pow", "cast")))
+                if pick == "binary":
                     steps.append(("binary", None, draw(st.sampled_from(BINARY)), epilogue(out),
                                   True, draw(st.integers(0, 4)) == 0))
+                elif pick == "where":
+                    steps.append(("where", None, draw(st.sampled_from(sorted(COMPARE))),
+                                  epilogue(out), draw(st.booleans())))
+                elif pick == "pow":
+                    steps.append(("pow", None, draw(st.sampled_from(POWERS))))
+                elif pick == "cast":
+                    steps.append(("cast", None, draw(st.sampled_from(sorted(NARROW)))))
                 else:
                     steps.append(("unary", None, draw(st.sampled_from(sorted(UNARY)))))
             return steps

@@ -242,7 +242,7 @@ class Planner:
         if op.has_trait("reduction"):
             axes = reduction_axes(op)
             source = tuple(op.operands[0].type.shape)
-            if not lineup.faces(op.operands[0], _patterns(len(group.domain), None)[0]):
+            if not lineup.faces(op.operands[0], tuple(range(len(group.domain)))):
                 return f"it reduces {_shape(source)}, not the group's space {_shape(group.domain)}"
             if group.axes is not None and axes != group.axes:
                 return f"it reduces axes {list(axes)}, the group reduces {list(group.axes)}"
