@@ -252,6 +252,19 @@ def test_norms_of_empty_tensors(shape):
     check(sums, y, want=[np.zeros(shape[:-1])])
 
 
+def test_reductions_over_dims_of_size_one():
+    """A dim a reduction keeps (size 1) reduced again is a copy, not a second set of axes."""
+    rng = np.random.default_rng(7)
+    x = rand(rng, (6, 9))
+    group = trace(lambda a: F.max(F.sum(a, axis=1, keepdims=True), axis=1) * 2.0,
+                  ("x", "f32", (6, 9)))
+    check(group, x, want=[2 * f64(x).sum(1)], reduced=9)
+    y = rand(rng, (1, 1, 7))
+    group = trace(lambda a: a - F.mean(F.sum(a, axis=(0, 2), keepdims=True), axis=(0, 1, 2),
+                                       keepdims=True), ("y", "f32", (1, 1, 7)))
+    check(group, y, want=[f64(y) - f64(y).sum()], reduced=7)
+
+
 # --- dtypes, targets, threads -----------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_low_precision_inputs_and_outputs(dtype):

@@ -283,6 +283,14 @@ REGRESSIONS = [
     # A comparison mask in a GEMM epilogue: row programs refused bool values (no method).
     Program(inputs=[(0, 0)], steps=[("matmul", 0, "matmul", (0, 0), False, True),
                                     ("pow", 1, 2), ("where", 2, "ge", (), False)], outputs=[3]),
+    # x.T @ w with x.T also returned: the prologue's copy made fusion plan the matmul twice.
+    Program(inputs=[(5, 3)], steps=[("transpose", 0, (1, 0)),
+                                    ("matmul", 1, "matmul", (5, 4), False, False)],
+            outputs=[2, 1]),
+    # A sum over a dim of size 1 that a keepdims sum left: taken for a second set of axes.
+    Program(inputs=[(1,)], steps=[("reduce", 0, "reduce_sum", None, True),
+                                  ("reduce", 1, "reduce_sum", None, False), ("pow", 2, 2)],
+            outputs=[3]),
 ]
 
 

@@ -165,7 +165,7 @@ class Planner:
         log.info("fusion: %s", refusal)
 
     def plan(self) -> list[Group]:
-        for op in self.fn.ops:
+        for op in list(self.fn.ops):  # clone_before inserts prologue copies as we go
             if op.name in COMPUTE_OPS:
                 self.start(op, "compute")
                 self.absorb_prologues(op)
