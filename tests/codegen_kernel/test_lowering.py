@@ -237,6 +237,34 @@ def test_norms(a, b, c, seed):
     check(LAYER_NORM_2D, x3, w2, b2, want=[want], reduced=b * c, scale=scale)
 
 
+@pytest.mark.parametrize("shape", [(0, 8), (3, 0, 8), (0, 0, 8)])
+def test_norms_of_empty_tensors(shape):
+    """NumPy gives an empty array all-0 strides; read as strides, they made the rows look
+    broadcast and the kernel touched the weights outside the loop over them."""
+    rng = np.random.default_rng(6)
+    x, w, bias = rand(rng, shape), rand(rng, (8,)), rand(rng, (8,))
+    group = trace(lambda v, g, h: F.layer_norm(v, g, h), ("x", "f32", shape),
+                  ("w", "f32", (8,)), ("b", "f32", (8,)))
+    check(group, x, w, bias, want=[f64(x)], reduced=8)
+    assert "for r" in compile_group(group["main"]).kernel_text()
+    sums = trace(lambda v: F.sum(v, axis=-1) * 2.0, ("x", "f32", (*shape[:-1], 0)))
+    y = rand(rng, (*shape[:-1], 0))
+    check(sums, y, want=[np.zeros(shape[:-1])])
+
+
+def test_reductions_over_dims_of_size_one():
+    """A dim a reduction keeps (size 1) reduced again is a copy, not a second set of axes."""
+    rng = np.random.default_rng(7)
+    x = rand(rng, (6, 9))
+    group = trace(lambda a: F.max(F.sum(a, axis=1, keepdims=True), axis=1) * 2.0,
+                  ("x", "f32", (6, 9)))
+    check(group, x, want=[2 * f64(x).sum(1)], reduced=9)
+    y = rand(rng, (1, 1, 7))
+    group = trace(lambda a: a - F.mean(F.sum(a, axis=(0, 2), keepdims=True), axis=(0, 1, 2),
+                                       keepdims=True), ("y", "f32", (1, 1, 7)))
+    check(group, y, want=[f64(y) - f64(y).sum()], reduced=7)
+
+
 # --- dtypes, targets, threads -----------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_low_precision_inputs_and_outputs(dtype):

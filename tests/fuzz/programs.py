@@ -7,6 +7,9 @@ bound on the absolute error a float32 evaluation may make (`Ref.err`): each op a
 float32 ulps of its own result's magnitude and passes on its inputs' errors, scaled by how
 much the op can amplify them (a sum of L terms by L, a matmul by K times the other operand, a
 norm by 1/sqrt(var + eps)). A wrong kernel misses by the size of the values, far above it.
+
+A program whose values leave the range where such a bound means something (near float32's
+overflow, or float16's for a cast through it) raises `IllConditioned`; the fuzzer skips it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,17 @@ UNARY = {"neg": 1.0, "abs": 1.0, "relu": 1.0, "tanh": 1.0, "sigmoid": 0.25, "sil
          "gelu": 1.13, "exp_tanh": math.e, "sqrt_abs1": 0.5, "log_abs1": 1.0}
 BINARY = ("add", "sub", "mul", "max", "min", "div_abs1")
 REDUCE = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
+COMPARE = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
+POWERS = (2, 3, 4)
+# A round trip through a narrower float: its unit roundoff, half its smallest subnormal, and
+# the largest magnitude that does not round to infinity.
+NARROW = {"f16": (2.0**-11, 2.0**-25, 65504.0), "bf16": (2.0**-8, 2.0**-134, 3.38e38)}
 NORM_EPS = 1e-3
+LARGEST = 1e30  # values beyond this risk float32 overflow somewhere downstream
+
+
+class IllConditioned(Exception):
+    """The program's values leave the range its error bounds are made for."""
 
 
 @dataclass
@@ -100,6 +113,9 @@ def _binary_tf(name: str, x, y):
         x, y)
 
 
+_COMPARE_TF = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal"}
+
+
 def _binary_err(name: str, a: Ref, b: Ref, out: np.ndarray) -> float:
     if name == "mul":
         return _mag(b.value) * a.err + _mag(a.value) * b.err + a.err * b.err
@@ -138,7 +154,42 @@ def build(program: Program) -> Built:
     for step in program.steps:
         kind, src = step[0], step[1]
         x, rx = values[src], refs[src]
-        if kind == "unary":
+        if kind == "combine":  # a binary op between two values of the program
+            name, other, swap = step[2], step[3], step[4]
+            lhs, rhs, rl, rr = ((values[other], x, refs[other], rx) if swap
+                                else (x, values[other], rx, refs[other]))
+            out = _binary_np(name, rl.value, rr.value)
+            y = _binary_tf(name, lhs, rhs)
+            err = _binary_err(name, rl, rr, out) + ULPS * EPS32 * _mag(out)
+        elif kind == "where":  # where(x <cmp> t, x, u): t and u new operands of one shape
+            cmp, shape, as_const = step[2], tuple(step[3]), step[4]
+            t, rt = operand(shape, as_const)
+            u, ru = operand(shape, as_const)
+            mask = COMPARE[cmp](rx.value, rt.value)
+            out = np.where(mask, rx.value, ru.value)
+            y = F.where(getattr(F, _COMPARE_TF[cmp])(x, t), x, u)
+            # x's error may flip the mask where x is that close to t: there u stands for x
+            close = np.abs(rx.value - rt.value) <= 4 * rx.err
+            err = rx.err + _mag(np.where(close, rx.value - ru.value, 0.0))
+        elif kind == "pow":
+            e = step[2]
+            out = rx.value ** e
+            y = F.power(x, float(e))
+            err = e * (_mag(rx.value) + rx.err) ** (e - 1) * rx.err + ULPS * EPS32 * _mag(out)
+        elif kind == "cast":  # f32 -> f16/bf16 -> f32: the narrow format's rounding
+            unit, tiny, largest = NARROW[step[2]]
+            if _mag(rx.value) + 4 * rx.err >= largest:
+                raise IllConditioned(f"{_mag(rx.value):.3g} overflows {step[2]}")
+            out = rx.value
+            y = F.cast(F.cast(x, step[2]), "f32")
+            err = rx.err + unit * (_mag(out) + rx.err) + tiny
+        elif kind == "concat":
+            shape, axis, as_const, swap = tuple(step[2]), step[3], step[4], step[5]
+            t, rt = operand(shape, as_const)
+            pair, rpair = ((t, x), (rt, rx)) if swap else ((x, t), (rx, rt))
+            out = np.concatenate([r.value for r in rpair], axis)
+            y, err = F.concat(pair, axis), rx.err
+        elif kind == "unary":
             name = step[2]
             out = _unary_np(name, rx.value)
             y, err = _unary_tf(name, x), UNARY[name] * rx.err + ULPS * EPS32 * _mag(out)
@@ -216,6 +267,8 @@ def build(program: Program) -> Built:
             out, y, err = np.squeeze(rx.value, step[2]), F.squeeze(x, step[2]), rx.err
         else:
             raise ValueError(f"unknown step kind {kind!r}")
+        if _mag(np.asarray(out)) + 4 * err > LARGEST:
+            raise IllConditioned(f"step {step} reaches {_mag(np.asarray(out)):.3g}")
         values.append(y)
         refs.append(Ref(np.asarray(out, np.float64), err))
     module = b.build(*[values[i] for i in program.outputs])

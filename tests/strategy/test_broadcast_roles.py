@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -192,15 +193,13 @@ def test_batched_softmax_and_layer_norm_epilogues():
 @pytest.mark.parametrize("n", [8, 5])
 def test_keepdims_false_reduction_broadcast_along_the_rows(n):
     """C - max(C, -1) without keepdims: NumPy lines the [N] maxima up with C's columns, so
-    element (i, j) subtracts the maximum of row j; no row program computes that."""
+    element (i, j) subtracts the maximum of row j; no row program computes that, so fusion
+    leaves the sub out of the GEMM's group (which keeps its row max) instead of sending the
+    whole GEMM to extern."""
     a, w = rand(n, 3), rand(3, n)
     c = f64(a) @ f64(w)
-    graph = compiled(lambda b, x, y: (lambda t: t - F.max(t, -1))(x @ y), a, w)
-    assert_close(graph(a, w)[0], c - c.max(-1), 3 + n, 10.0)
-    (decision,) = graph.decisions(a.shape, w.shape)
-    (blocks,) = [r for r in decision.rejections if r.method == "blocks.gemm"]
-    assert "line two axes" in blocks.reason
-    every_candidate_agrees(graph, [a, w], c - c.max(-1), 3 + n, 10.0)
+    check(lambda b, x, y: (lambda t: t - F.max(t, -1))(x @ y), [a, w], c - c.max(-1),
+          ["blocks.gemm", "autocodegen.kernel"], 3 + n, 10.0)
 
 
 # --- matrix-vector products and K = 0 ---------------------------------------------------
@@ -212,6 +211,9 @@ def test_keepdims_false_reduction_broadcast_along_the_rows(n):
     ((5, 5, 0), (0, 5), "blocks.gemm"),
     ((5, 0), (0, 1), "blocks.gemm"),
     ((5, 0), (0,), "lto.rowlib"),
+    ((7,), (7, 9), "blocks.gemm"),        # vector @ matrix: A is a [1, K] row (was extern)
+    ((7,), (3, 7, 9), "blocks.gemm"),
+    ((7,), (7,), "blocks.gemm"),          # a dot product: C is 0-d
 ])
 def test_matrix_vector_products_and_empty_sums(a_shape, b_shape, method):
     a, b = rand(*a_shape), rand(*b_shape)
@@ -221,6 +223,43 @@ def test_matrix_vector_products_and_empty_sums(a_shape, b_shape, method):
         bias = rand(b_shape[-1])
         check(lambda _, x, y, z: x @ y + z, [a, b, bias], want + bias, [method],
               a_shape[-1])
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [
+    ((9, 7), (7,)), ((7,), (7, 9)), ((2, 9, 7), (7,)), ((7,), (2, 7, 9)), ((7,), (7,)),
+    ((5, 0), (0,)), ((0,), (0, 4)),
+])
+def test_gemv_epilogues(a_shape, b_shape):
+    """A 1-D operand is a [1, K] row of A or a [K, 1] column of B, and the epilogue runs on C's
+    own shape (a dot product's: one row of one value); no method took these before."""
+    a, b, s = rand(*a_shape), rand(*b_shape), np.array(0.7, np.float32)
+    want = np.log(np.abs(f64(a) @ f64(b)) + 1.0) * 0.7
+    check(lambda _, x, y, z: F.log(F.abs(x @ y) + 1.0) * z, [a, b, s], want, ["blocks.gemm"],
+          a_shape[-1], 4.0)
+
+
+@pytest.mark.parametrize("shape", [(8, 8, 8), (5, 13, 3), (1, 9, 4)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_epilogue_casts_and_masks_are_exact(shape):
+    """Round trips through f16/bf16 and where(C > bias, C, r) in a GEMM's epilogue (they sent
+    the whole GEMM to NumPy). Integer operands make C exact, so the f32 add and each rounding
+    to nearest even are reproduced bit for bit."""
+    m, n, k = shape
+    a = RNG.integers(-4, 5, (m, k)).astype(np.float32)
+    w = RNG.integers(-4, 5, (k, n)).astype(np.float32)
+    bias, r = rand(n), rand(m, n)
+    c = a @ w  # exact
+    for dtype, np_dtype in (("f16", np.float16), ("bf16", ml_dtypes.bfloat16)):
+        graph = compiled(lambda _, x, y, z, t=dtype: F.cast(F.cast(x @ y + z, t), "f32"), a, w,
+                         bias)
+        np.testing.assert_array_equal(graph(a, w, bias)[0],
+                                      (c + bias).astype(np_dtype).astype(np.float32))
+        assert [d.winner.method for d in graph.decisions(a.shape, w.shape, bias.shape)] == [
+            "blocks.gemm"]
+    graph = compiled(lambda _, x, y, z, q: F.where(x @ y > z, x @ y, q), a, w, bias, r)
+    np.testing.assert_array_equal(graph(a, w, bias, r)[0], np.where(c > bias, c, r))
+    assert [d.winner.method for d in graph.decisions(a.shape, w.shape, bias.shape, r.shape)
+            ] == ["blocks.gemm"]
 
 
 # --- memory-bound groups ----------------------------------------------------------------

@@ -6,6 +6,10 @@ Two families (DESIGN.md, "Fusion"):
 - memory: chains of elementwise ops and reductions over one iteration space (softmax,
   layer_norm, rms_norm, residual adds, ...).
 
+What may join a group is decided by how the ops line dims up (`tilefold.ir.axes`, as the
+kernels read them), not by comparing shapes: with M == N, an [M] row result and an [N] bias
+have the same shape, yet NumPy broadcasts both along the last axis of C.
+
 Every refused fusion is recorded with its reason (as Inductor's WhyNoFuse) in `refusals`, logged
 on `tilefold.passes` and shown by `tilefold explain`.
 """
@@ -16,7 +20,9 @@ import heapq
 import logging
 from dataclasses import dataclass, field
 
+from tilefold.errors import UnsupportedError
 from tilefold.ir import OPS, Block, Function, Operation, Value
+from tilefold.ir.axes import AxisClasses
 from tilefold.ir.shapes import normalize_axes, normalize_axis
 from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.registry import register_pass
@@ -50,12 +56,23 @@ class Group:
 
     ops: list[Operation]
     kind: str
-    domain: tuple = ()
+    space: Value  # the value spanning the group's iteration space (C of a GEMM)
     axes: tuple[int, ...] | None = None  # reduction axes of the domain, once a reduction joined
     members: set[Operation] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.members = set(self.ops)
+
+    @property
+    def domain(self) -> tuple:
+        return tuple(self.space.type.shape)
+
+    def spatial_ops(self) -> list[Operation]:
+        """The ops over the iteration space: all but a compute group's matmul and prologues."""
+        if self.kind != "compute":
+            return self.ops
+        at = next(i for i, op in enumerate(self.ops) if op.name in COMPUTE_OPS)
+        return self.ops[at + 1:]
 
     def add(self, op: Operation) -> None:
         self.ops.append(op)
@@ -88,11 +105,44 @@ def reduction_axes(op: Operation) -> tuple[int, ...]:
     return normalize_axes(op.name, op.attr("axes"), rank)
 
 
-def _reduced(domain: tuple, axes: tuple[int, ...]) -> set[tuple]:
-    """Shapes a value may have after reducing `axes` of `domain` (kept or dropped dims)."""
-    kept = tuple(1 if i in axes else d for i, d in enumerate(domain))
-    dropped = tuple(d for i, d in enumerate(domain) if i not in axes)
-    return {kept, dropped}
+def _patterns(rank: int, axes: tuple[int, ...] | None) -> list[tuple[int | None, ...]]:
+    """How a group value's dims may face the space's axes: all of them, or (once the group
+    reduces `axes`) the others with the reduced ones kept as 1 (None) or dropped."""
+    full = tuple(range(rank))
+    if axes is None:
+        return [full]
+    return [full, tuple(None if a in axes else a for a in full),
+            tuple(a for a in full if a not in axes)]
+
+
+class _Lineup:
+    """Which axis of a group's space each dim of its values indexes, after `op` joins."""
+
+    def __init__(self, group: Group, op: Operation):
+        self.classes = AxisClasses()
+        for o in (*group.spatial_ops(), op):
+            self.classes.align(o)  # UnsupportedError: the op maps no dims one to one
+        self.space = group.space
+        self.domain = group.domain
+        self.axis_of = {self.classes.find((self.space, j)): j for j in range(len(self.domain))}
+
+    def collapsed(self) -> bool:
+        """Whether two axes of the space now line up with each other."""
+        return len(self.axis_of) < len(self.domain)
+
+    def faces(self, v: Value, pattern: tuple[int | None, ...]) -> bool:
+        """Whether dim j of `v` indexes axis pattern[j] of the space (None: v is 1 there); a
+        size-1 dim only needs the size to match."""
+        shape = tuple(v.type.shape)
+        if len(shape) != len(pattern):
+            return False
+        for j, (d, a) in enumerate(zip(shape, pattern, strict=True)):
+            one = isinstance(d, int) and d == 1
+            if (a is None and not one) or (a is not None and d != self.domain[a]):
+                return False
+            if a is not None and not one and self.axis_of.get(self.classes.find((v, j))) != a:
+                return False
+        return True
 
 
 class Planner:
@@ -115,7 +165,7 @@ class Planner:
         log.info("fusion: %s", refusal)
 
     def plan(self) -> list[Group]:
-        for op in self.fn.ops:
+        for op in list(self.fn.ops):  # clone_before inserts prologue copies as we go
             if op.name in COMPUTE_OPS:
                 self.start(op, "compute")
                 self.absorb_prologues(op)
@@ -131,9 +181,9 @@ class Planner:
         return [g for g in self.groups if g.ops]
 
     def start(self, op: Operation, kind: str) -> Group:
-        group = Group([op], kind, tuple(op.results[0].type.shape))
+        group = Group([op], kind, op.results[0])
         if op.has_trait("reduction"):
-            group.domain = tuple(op.operands[0].type.shape)
+            group.space = op.operands[0]
             group.axes = reduction_axes(op)
         self.groups.append(group)
         self.group_of[op] = group
@@ -176,13 +226,23 @@ class Planner:
         return None
 
     def why_not_shapes(self, group: Group, op: Operation) -> str | None:
-        shape = tuple(op.results[0].type.shape)
+        """Why `op`'s dims do not line up with the group's iteration space (None: they do)."""
+        result = op.results[0]
+        shape = tuple(result.type.shape)
+        if op.has_trait("reduction") and op.operands[0].defining_op not in group.members:
+            return "the reduced operand comes from outside the group"
+        try:
+            lineup = _Lineup(group, op)
+        except UnsupportedError as exc:
+            return exc.message
+        if lineup.collapsed():
+            return (f"it lines two axes of the group's space {_shape(group.domain)} up with "
+                    "each other (NumPy aligns a keepdims=false row result with the last axis, "
+                    "not the rows)")
         if op.has_trait("reduction"):
             axes = reduction_axes(op)
             source = tuple(op.operands[0].type.shape)
-            if op.operands[0].defining_op not in group.members:
-                return "the reduced operand comes from outside the group"
-            if source != group.domain:
+            if not lineup.faces(op.operands[0], tuple(range(len(group.domain)))):
                 return f"it reduces {_shape(source)}, not the group's space {_shape(group.domain)}"
             if group.axes is not None and axes != group.axes:
                 return f"it reduces axes {list(axes)}, the group reduces {list(group.axes)}"
@@ -191,14 +251,12 @@ class Planner:
                     return "a GEMM epilogue may reduce only the last axis (rows of C)"
                 if isinstance(source[-1], int) and source[-1] > self.max_row:
                     return f"a row of {source[-1]} exceeds the epilogue row limit {self.max_row}"
-            if axes != tuple(range(axes[0], len(source))):
+            if axes and axes != tuple(range(axes[0], len(source))):
                 return f"axes {list(axes)} are not trailing axes (only row reductions fuse)"
             return None
-        allowed = {group.domain}
-        if group.axes is not None:
-            allowed |= _reduced(group.domain, group.axes)
-        if shape not in allowed:
-            return f"its shape {_shape(shape)} is not the group's space {_shape(group.domain)}"
+        if not any(lineup.faces(result, p) for p in _patterns(len(group.domain), group.axes)):
+            return (f"its result {_shape(shape)} does not line up with the group's space "
+                    f"{_shape(group.domain)}")
         return None
 
     def defined_in(self, group: Group) -> set[Value]:

@@ -18,6 +18,7 @@ from tilefold.codegen.kernel.from_graph import (
     Layout,
     analyze_group,
     contiguous_layout,
+    element_strides,
     make_layout,
 )
 from tilefold.codegen.kernel.ir import Kernel
@@ -155,7 +156,6 @@ class CompiledGroup:
         bindings = bind_symbols(_Signature(self.params, grp.name), arrays)
         sizes = {c: d if isinstance(d, int) else bindings[d.name] for c, d in grp.sizes.items()}
         copy = any(s % a.itemsize for a in arrays for s in a.strides)
-        strides: list[tuple[int, ...]] = []
         inputs = [np.asarray(a, order="C") if copy else a for a in arrays]  # 0-d stays 0-d
         consts = [spec.value for spec in grp.buffers if spec.value is not None]
         outputs = []
@@ -163,9 +163,7 @@ class CompiledGroup:
             shape = tuple(bindings[d.name] if isinstance(d, SymDim) else d for d in v.type.shape)
             outputs.append((shape, v.type.dtype.np_dtype))
         probes = inputs + consts + [np.empty(shape, dt) for shape, dt in outputs]
-        for a in probes:
-            strides.append(tuple(0 if n == 1 else s // a.itemsize
-                                 for n, s in zip(a.shape, a.strides, strict=True)))
+        strides = [element_strides(a) for a in probes]
         layout, axis_sizes, axis_strides = make_layout(grp, sizes, strides)
         compiled = self._kernel(layout)
         kernel = compiled.kernel

@@ -79,6 +79,7 @@ class Group:
     exprs: dict[Value, Expr] = field(default_factory=dict)
     reductions: list[tuple[Reduction, int, Operation]] = field(default_factory=list)
     value_classes: dict[Value, tuple[int | None, ...]] = field(default_factory=dict)
+    copies: set[Operation] = field(default_factory=set)  # reductions of one element each
 
     def kernel(self, layout: Layout, stash: bool = True) -> Kernel:
         """The loop nest for `layout`; `stash` keeps expensive per-element values of the
@@ -145,7 +146,16 @@ def analyze_group(group: Function | Block) -> Group:
                 "materialize the transpose first"
             )
         classes_of[v] = tuple(cls)
-    reduced_sets = {frozenset(roots[uf.find(p)] for p in pairs) for pairs in reduced_pairs if pairs}
+    # Dims of size 1 are dropped from the loop nest, so they take no part in what a reduction
+    # reduces (a kept dim and the dim it came from are different classes, both of size 1); a
+    # reduce_* over such dims only is a copy of its operand.
+    reduced_sets, copies = set(), set()
+    for op, pairs in zip(ops, reduced_pairs, strict=True):
+        live = frozenset(c for c in (roots[uf.find(p)] for p in pairs) if sizes[c] != 1)
+        if pairs and not live and op.name in REDUCE:
+            copies.add(op)
+        elif pairs:
+            reduced_sets.add(live)
     if len(reduced_sets) > 1:
         raise UnsupportedError(
             f"@{name} reduces over different axes ({len(reduced_sets)} sets); a kernel reduces "
@@ -155,7 +165,7 @@ def analyze_group(group: Function | Block) -> Group:
     order = list(classes_of[widest])
     order += [c for c in range(len(roots)) if c not in order]
     grp = Group(name, order, sizes, next(iter(reduced_sets), frozenset()), [], {},
-                value_classes=classes_of)
+                value_classes=classes_of, copies=copies)
     _build_exprs(grp, args, ops, outputs)
     return grp
 
@@ -214,7 +224,7 @@ def _build_exprs(grp: Group, args: list[Value], ops: list[Operation], outputs: l
             ex[out] = (call("ne", xs[0], Const(0.0)) if dst.kind == "bool"
                        else call(f"round_{dst.name}", xs[0]) if dst.name in ("bf16", "f16")
                        else xs[0])
-        elif name in ("expand_dims", "squeeze", "transpose", "broadcast_to"):
+        elif name in ("expand_dims", "squeeze", "transpose", "broadcast_to") or op in grp.copies:
             ex[out] = xs[0]
         elif name in REDUCE:
             r = reduce(op, REDUCE[name], xs[0])
@@ -347,14 +357,32 @@ def _build_kernel(grp: Group, layout: Layout, stash: bool = True) -> Kernel:
     return verify_kernel(Kernel(grp.name, axes, buffers, stmts))
 
 
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides in elements, 0 along size-1 dims; a size-0 dim counts as a size-1
+    one, so an empty buffer lays out as a non-empty one does (NumPy reports all-0 strides for
+    an empty array, which would make it look broadcast along every axis)."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(0 if d == 1 else step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def element_strides(a: np.ndarray) -> tuple[int, ...]:
+    """`a`'s strides in elements, 0 along size-1 dims; an empty array has no memory to walk
+    and takes `row_major_strides` of its shape."""
+    if a.size == 0:
+        return row_major_strides(a.shape)
+    return tuple(0 if n == 1 else s // a.itemsize for n, s in zip(a.shape, a.strides,
+                                                                     strict=True))
+
+
 def contiguous_layout(grp: Group) -> Layout:
     """The layout when every buffer is row-major (symbolic sizes taken as 2: not 1, merged
     like any other size)."""
     sizes = {c: d if isinstance(d, int) else 2 for c, d in grp.sizes.items()}
-    strides = []
-    for spec in grp.buffers:
-        shape = tuple(1 if c is None else sizes[c] for c in spec.classes)
-        strides.append(tuple(s // 4 for s in np.empty(shape, np.float32).strides))
+    strides = [row_major_strides(tuple(1 if c is None else sizes[c] for c in spec.classes))
+               for spec in grp.buffers]
     return make_layout(grp, sizes, strides)[0]
 
 

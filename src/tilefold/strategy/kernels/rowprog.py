@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
+from tilefold.codegen.kernel.memory import round_to
 from tilefold.codegen.vecmath import MATH_FUNCTIONS, MathBuilder
 from tilefold.errors import UnsupportedError
 from tilefold.ir import Operation, Value
@@ -26,6 +27,10 @@ from tilefold.ir.axes import NORMALIZING, AxisClasses
 from tilefold.strategy.problem import Problem
 
 BINARY = {"add", "sub", "mul", "div", "max", "min"}
+# Comparisons give 1.0 or 0.0 (NaN compares false, except for ne), as the kernel IR's do.
+COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+# Dtypes a value inside the program may have, held in f32 lanes: rounded values, 0/1 masks.
+INTERNAL = {"f32", "f16", "bf16", "bool"}
 UNARY = {"neg", "abs", "relu", "sqrt", "reciprocal", *MATH_FUNCTIONS}
 REDUCE = {"reduce_sum": "rsum", "reduce_max": "rmax", "reduce_min": "rmin", "reduce_mean": "rsum"}
 IDENTITY = {"rsum": 0.0, "rmax": -math.inf, "rmin": math.inf}
@@ -98,9 +103,8 @@ class Space:
 
     def __init__(self, problem: Problem, ops: list[Operation], space: Value):
         self.problem = problem
-        self.domain = problem.shape(space)
-        if not self.domain:
-            raise NotARowProgram("a 0-d space has no rows")
+        rank = len(problem.shape(space))
+        self.domain = problem.shape(space) or (1,)  # 0-d (a dot product): one row of one value
         self.last = len(self.domain) - 1
         self.live = [i for i in range(self.last) if self.domain[i] > 1]  # the others index 0
         self.classes = AxisClasses()
@@ -109,8 +113,8 @@ class Space:
                 self.classes.align(op)
             except UnsupportedError as exc:
                 raise NotARowProgram(exc.message) from None
-        self.axis_of = {self.classes.find((space, j)): j for j in range(len(self.domain))}
-        if len(self.axis_of) < len(self.domain):
+        self.axis_of = {self.classes.find((space, j)): j for j in range(rank)}
+        if len(self.axis_of) < rank:
             raise NotARowProgram(
                 f"the ops line two axes of %{space.name} {list(self.domain)} up with each other "
                 "(NumPy aligns a keepdims=false row result with the last axis, not the rows: "
@@ -166,17 +170,18 @@ def build_program(problem: Problem, ops: list[Operation], inputs: list[Value],
     prog = Program(math.prod(rows.domain[:-1]), rows.domain[-1])
     ids: dict[Value, int] = {}
     for index, v in enumerate(inputs):
-        _check_f32(problem, v)
+        _check_dtype(problem, v, {"f32"})
         source = rows.source(v, index)
         ids[v] = prog.new(source.vec)
         prog.sources[ids[v]] = source
     for op in ops:
-        _check_f32(problem, op.results[0])
+        _check_dtype(problem, op.results[0], INTERNAL)
         missing = [v for v in op.operands if v not in ids]
         if missing:
             raise NotARowProgram(f"%{missing[0].name} is not an input of the row program")
         ids[op.results[0]] = _lower(prog, op, [ids[v] for v in op.operands], problem, rows)
     for index, v in enumerate(outputs, start=len(inputs)):
+        _check_dtype(problem, v, {"f32"})
         vec, picked = rows.varies(v)
         if vec != prog.vec[ids[v]] or picked != rows.live:  # each row writes its own part
             raise NotARowProgram(f"output %{v.name} {list(problem.shape(v))} is not a row value")
@@ -184,9 +189,11 @@ def build_program(problem: Problem, ops: list[Operation], inputs: list[Value],
     return prog
 
 
-def _check_f32(problem: Problem, v: Value) -> None:
-    if str(problem.types[v].dtype) != "f32":
-        raise NotARowProgram(f"%{v.name} is {problem.types[v].dtype}; row programs are f32")
+def _check_dtype(problem: Problem, v: Value, allowed: set[str]) -> None:
+    if str(problem.types[v].dtype) not in allowed:
+        where = "inside" if len(allowed) > 1 else "in and out of"
+        raise NotARowProgram(f"%{v.name} is {problem.types[v].dtype}; {where} a row program "
+                             f"values are {'/'.join(sorted(allowed))}")
 
 
 def _lower(prog: Program, op: Operation, args: list[int], problem: Problem, rows: Space) -> int:
@@ -199,8 +206,13 @@ def _lower(prog: Program, op: Operation, args: list[int], problem: Problem, rows
         return prog.prim("gelu_tanh" if op.attr("approximate") == "tanh" else "gelu", *args)
     if name in UNARY:
         return prog.prim(name, *args)
-    if name == "cast" and str(op.attr("dtype")) == "f32":
-        return args[0]
+    if name in COMPARE:
+        return prog.prim(name, *args)
+    if name == "where":
+        return prog.prim("select", *args)
+    if name == "cast":
+        return _cast(prog, str(problem.types[op.operands[0]].dtype), str(op.attr("dtype")),
+                     args[0])
     if name == "pow":
         return _pow(prog, op, args, problem)
     x = op.operands[0]
@@ -230,6 +242,15 @@ def _lower(prog: Program, op: Operation, args: list[int], problem: Problem, rows
                       w)
         return prog.prim("add", y, bias[0]) if bias else y
     raise NotARowProgram(f"'{name}' has no row-program lowering over these axes")
+
+
+def _cast(prog: Program, src: str, dst: str, x: int) -> int:
+    """A cast between internal dtypes: f32 lanes hold every one of them exactly."""
+    if dst == "bool":
+        return x if src == "bool" else prog.prim("ne", x, prog.constant(0.0))
+    if dst in ("f16", "bf16") and src not in (dst, "bool"):  # 0 and 1 are exact in both
+        return prog.prim(f"round_{dst}", x)
+    return x  # to f32, or to the dtype x already has
 
 
 def _pow(prog: Program, op: Operation, args: list[int], problem: Problem) -> int:
@@ -390,6 +411,13 @@ class Emitter:
             return m.sqrt(args[0])
         if op == "reciprocal":
             return b.fdiv(m.c(1.0), args[0])
+        if op in COMPARE:
+            compare = b.fcmp_unordered if op == "ne" else b.fcmp_ordered
+            return b.uitofp(compare(COMPARE[op], *args), args[0].type)
+        if op == "select":
+            return b.select(b.fcmp_unordered("!=", args[0], m.c(0.0)), args[1], args[2])
+        if op in ("round_f16", "round_bf16"):
+            return round_to(b, args[0], op.removeprefix("round_"))
         return MATH_FUNCTIONS[op](m, args[0])
 
     def row_buffers(self, b: ir.IRBuilder) -> dict[int, ir.Value]:

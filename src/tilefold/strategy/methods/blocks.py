@@ -58,8 +58,8 @@ class GemmEpilogue(Method):
             return (f"prologue {', '.join(bad)} needs a packing-time conversion hook in the "
                     "GEMM (not available)")
         a_shape, b_shape = (problem.shape(v) for v in mm.operands)
-        if len(a_shape) < 2 or len(b_shape) < 2:
-            return "1-D matmul operands (GEMV) are for the LTO/GEMV kernels"
+        if not epilogue and len(a_shape) == 2 and len(b_shape) == 1:
+            return "a lone matrix @ vector product is the LTO library's GEMV"
         epi = None
         if epilogue:
             c = mm.results[0]
@@ -105,23 +105,37 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
     def oriented(x, flag):
         return x.swapaxes(-1, -2) if flag else x
 
+    # A 1-D operand is a [1, K] row (A) or a [K, 1] column (B) of a 2-D GEMM, as in NumPy;
+    # C gets the same size-1 dim back as a view, so the epilogue still sees C's own shape.
+    a_vec, b_vec = (len(problem.shape(v)) == 1 for v in mm.operands)
+
+    def gemm_a(arrays):
+        a = operand(a_val, arrays)
+        return a[None, :] if a_vec else oriented(a, attrs["transpose_a"])
+
+    def gemm_b(arrays):
+        b = operand(b_val, arrays)
+        return b[:, None] if b_vec else oriented(b, attrs["transpose_b"])
+
+    def gemm_c(c):
+        c = c[..., None] if b_vec else c
+        return c[..., None, :] if a_vec else c
+
     c_val = mm.results[0]
     c_shape = problem.shape(c_val)
     n_in = len(problem.inputs)
     c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
     scratch = np.empty(c_shape, np.float32)
     probe = [np.empty(t.shape, np.float32) for t in problem.in_types()]
-    a0 = oriented(operand(a_val, probe), attrs["transpose_a"])
-    b0 = oriented(operand(b_val, probe), attrs["transpose_b"])
+    a0, b0 = gemm_a(probe), gemm_b(probe)
     packed = plan = None
     if prepack:  # once, at build time; a transposed weight is packed from its strided view
         packed = PackedMatrix(oriented(problem.constants[b_val], attrs["transpose_b"]), module)
     if scratch.size and a0.shape[-1]:  # else C is empty or an empty sum (zeros): no GEMM
-        plan = make_plan(module, a0, packed if packed is not None else b0, scratch, 0,
+        plan = make_plan(module, a0, packed if packed is not None else b0, gemm_c(scratch), 0,
                          ctx.threads)
     b_arg = packed.data if packed is not None else None
     epi_kernel = _epilogue_kernel(problem, ctx, epi) if epi else None
-    ta, tb = attrs["transpose_a"], attrs["transpose_b"]
     _, epi_ins, epi_outs = epi or (None, [], [])
     # Where each epilogue argument comes from: -1 is C, else an index into the arrays.
     picks = [-1 if v is c_val else problem.inputs.index(v) for v in epi_ins]
@@ -132,8 +146,7 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
         if plan is None:
             c[...] = 0
         else:
-            a = oriented(operand(a_val, arrays), ta)
-            plan(a, b_arg if b_arg is not None else oriented(operand(b_val, arrays), tb), c)
+            plan(gemm_a(arrays), b_arg if b_arg is not None else gemm_b(arrays), gemm_c(c))
         if epi_kernel is not None:
             epi_kernel.run(*(c if i < 0 else arrays[i] for i in picks))
 
