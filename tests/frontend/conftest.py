@@ -1,5 +1,6 @@
 """Frontend tests need PyTorch; model tests also need transformers (the `demo` extra)."""
 
+import logging
 import os
 import sys
 
@@ -8,6 +9,13 @@ import pytest
 pytest.importorskip("torch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(autouse=True)
+def quiet_dynamo_trace(monkeypatch):
+    """Dynamo's structured trace log (always at DEBUG) would fill a failure's captured log with
+    thousands of lines."""
+    monkeypatch.setattr(logging.getLogger("torch.__trace"), "disabled", True)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
