@@ -23,29 +23,33 @@ from tilefold.frontend.tensors import DTYPES as FRONTEND_DTYPES
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 # An OpInfo supporting none of FLOATS (the bitwise ops) runs in these instead.
 NON_FLOATS = (torch.bool, torch.int64)
-# The default run takes CAP samples of each op and dtype, spread evenly over its list (about 560
+# The default run takes CAP samples of each op and dtype, spread evenly over its list (about 490
 # samples, ~0.5 s each); TILEFOLD_OPINFO_FULL=1 takes all (about 2900).
-CAP = {torch.float32: 4}
+CAP = {torch.float32: 3}
 CAP_OTHER = 1
 FULL = os.environ.get("TILEFOLD_OPINFO_FULL") == "1"
 ALLOWLIST = Path(__file__).with_name("opinfo_allowlist.txt")
 
-# The one place tolerances leave PyTorch's dtype defaults (assert_close's rtol, atol): ops that
-# accumulate (reductions, normalizations, matrix products) in bf16/f16. Both sides accumulate in
-# f32 but round on their own schedules (tilefold rounds a product before adding the bias, eager
-# rounds once), so they differ by up to a unit in the last place of a 3-8 bit mantissa.
+# The one place tolerances leave PyTorch's dtype defaults (assert_close's rtol, atol):
+# - ops that accumulate (reductions, normalizations, matrix products) in bf16/f16. Both sides
+#   accumulate in f32 but round on their own schedules (tilefold rounds a product before adding
+#   the bias, eager rounds once), so they differ by up to a unit in the last place;
+# - f32 attention: PyTorch's own OpInfo tests allow it atol 5e-5, rtol 5e-6 (against float64,
+#   eager and tilefold are both off by up to 1.7e-5 on these samples).
 ACCUMULATING = {"sum", "mean", "linalg.vector_norm", "softmax", "log_softmax",
                 "nn.functional.layer_norm", "native_layer_norm", "nn.functional.rms_norm",
                 "mm", "bmm", "addmm", "matmul", "nn.functional.linear",
                 "nn.functional.scaled_dot_product_attention"}
 LOW_PRECISION_ACCUMULATION = {torch.bfloat16: (3.2e-2, 1e-2), torch.float16: (4e-3, 1e-3)}
+OVERRIDES = {("nn.functional.scaled_dot_product_attention", torch.float32): (5e-6, 5e-5)}
 
 
 def tolerance(name: str, dtype: torch.dtype) -> dict[str, float]:
-    if name in ACCUMULATING and dtype in LOW_PRECISION_ACCUMULATION:
-        rtol, atol = LOW_PRECISION_ACCUMULATION[dtype]
-        return {"rtol": rtol, "atol": atol}
-    return {}
+    """assert_close's rtol and atol for an OpInfo (by name) in a dtype; {} for the defaults."""
+    found = OVERRIDES.get((name, dtype))
+    if found is None and name in ACCUMULATING:
+        found = LOW_PRECISION_ACCUMULATION.get(dtype)
+    return {} if found is None else {"rtol": found[0], "atol": found[1]}
 
 
 # -- which OpInfos --------------------------------------------------------------------------
@@ -284,9 +288,24 @@ def read_allowlist(path: Path = ALLOWLIST) -> dict[tuple[str, str, int], Entry]:
     return entries
 
 
-def format_entry(case: Case, index: int, inputs: str, outcome: Outcome) -> str:
-    """An allowlist line for a failing sample (the reason to be edited by hand)."""
-    return f"{case.op} | {case.dtype_name} | {index} | {inputs} | {outcome.kind}: {outcome.detail}"
+def format_entry(case: Case, index: int, inputs: str, reason: str) -> str:
+    return f"{case.op} | {case.dtype_name} | {index} | {inputs} | {reason}"
+
+
+def regenerate() -> Iterator[str]:
+    """The allowlist for every sample that fails now, and the flaky entries: the header and the
+    reasons of entries that stay are kept, a new failure's reason is its outcome (to be edited).
+    `python tests/frontend/opinfo_harness.py > tests/frontend/opinfo_allowlist.txt`"""
+    old = read_allowlist()
+    yield from (ln for ln in ALLOWLIST.read_text().splitlines() if ln.startswith("#"))
+    for case in cases():
+        for index, sample in enumerate(case.samples()):
+            kept = old.get((case.op, case.dtype_name, index))
+            flaky = kept is not None and kept.reason.startswith("flaky")
+            outcome = run_sample(case, sample)
+            if outcome.failed or flaky:
+                reason = kept.reason if kept else f"{outcome.kind}: {outcome.detail}"
+                yield format_entry(case, index, describe(sample, case.dtype), reason)
 
 
 # -- the summary ----------------------------------------------------------------------------
@@ -349,3 +368,9 @@ def _row(key: str, t: Tally) -> tuple[str, ...]:
     rate = f"{100 * passed / t.total:.0f}%" if t.total else "-"
     return (key, str(t.total), *(str(c.get(k, 0)) for k in ("tilefold", "interpreter",
             "fallback", "random")), str(t.allowlisted), str(failed - t.allowlisted), rate)
+
+
+if __name__ == "__main__":
+    os.environ["TILEFOLD_GRAPH_CACHE"] = "0"
+    for line in regenerate():
+        print(line, flush=True)
