@@ -1,9 +1,28 @@
 """Frontend tests need PyTorch; model tests also need transformers (the `demo` extra)."""
 
+import logging
 import os
+import sys
 
 import pytest
 
 pytest.importorskip("torch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(autouse=True)
+def quiet_dynamo_trace(monkeypatch):
+    """Dynamo's structured trace log (always at DEBUG) would fill a failure's captured log with
+    thousands of lines."""
+    monkeypatch.setattr(logging.getLogger("torch.__trace"), "disabled", True)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """After a run that included test_opinfo.py: the OpInfo pass rates per op and overall."""
+    harness = sys.modules.get("opinfo_harness")
+    if harness is None or not harness.RESULTS:
+        return
+    terminalreporter.section("OpInfo samples through the tilefold backend")
+    for line in harness.summary():
+        terminalreporter.write_line(line)

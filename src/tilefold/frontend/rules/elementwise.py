@@ -165,19 +165,24 @@ def gelu(ctx: LoweringContext, x: Any, approximate: str = "none") -> Any:
     )
 
 
-@lowering(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
+@lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,
+          aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp(ctx: LoweringContext, x: Any, min: Any = None, max: Any = None) -> Any:
-    """max(min(x, hi), lo); clamp_max passes its bound as the second argument"""
+    """min(max(x, lo), hi), so lo > hi gives hi as PyTorch; clamp_max's bound is its second arg"""
     lo, hi = min, max
-    if ctx.node.target is aten.clamp_max.default:
+    if ctx.node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, min
-    dt = ctx.out_dtype()
-    t = ctx.cast(ctx.tensor(x), dt)
-    if hi is not None:
-        t = ctx.op("min", t, ctx.operand(hi, dt))
-    if lo is not None:
-        t = ctx.op("max", t, ctx.operand(lo, dt))
-    return t
+    bounds = [b for b in (lo, hi) if b is not None]
+
+    def apply(t: Any, *given: Any) -> Any:
+        rest = list(given)
+        if lo is not None:
+            t = ctx.op("max", t, rest.pop(0))
+        if hi is not None:
+            t = ctx.op("min", t, rest.pop(0))
+        return t
+
+    return ctx.elementwise(apply, [x, *bounds], ctx.out_dtype())
 
 
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -185,13 +190,13 @@ def div_mode(ctx: LoweringContext, x: Any, y: Any, *, rounding_mode: str | None 
     """division with rounding: trunc or floor"""
     dt = ctx.out_dtype()
     a, b = ctx.operand(x, dt), ctx.operand(y, dt)
+    if dt.is_float and rounding_mode == "floor":
+        return ctx.cast(_floored(ctx, a, b)[0], dt)
+    if dt.is_float and rounding_mode == "trunc":
+        return _truncated(ctx, a, b)
     q = ctx.op("div", a, b)
-    if rounding_mode is None or (rounding_mode == "trunc" and dt.is_integer):
+    if rounding_mode in (None, "trunc"):
         return q
-    if rounding_mode == "trunc":
-        raise NotApplicable("trunc division of floats")
-    if dt.is_float:
-        return ctx.op("floor", q)
     fix = _sign_fix(ctx, a, b, q)  # floor(a/b) = trunc(a/b) - 1 where the remainder's sign differs
     return ctx.op("where", fix, ctx.op("sub", q, ctx.scalar(1, dt)), q)
 
@@ -202,16 +207,44 @@ def remainder(ctx: LoweringContext, x: Any, y: Any) -> Any:
     dt = ctx.out_dtype()
     a, b = ctx.operand(x, dt), ctx.operand(y, dt)
     if dt.is_float:
-        return ctx.op("sub", a, ctx.op("mul", ctx.op("floor", ctx.op("div", a, b)), b))
+        return ctx.cast(_floored(ctx, a, b)[1], dt)
     r = ctx.op("sub", a, ctx.op("mul", ctx.op("div", a, b), b))
     return ctx.op("where", _sign_fix(ctx, a, b, None, r), ctx.op("add", r, b), r)
+
+
+def _floored(ctx: LoweringContext, a: Any, b: Any) -> tuple[Any, Any]:
+    """floor(a / b) and a - floor(a / b) * b of floats, computed in f64.
+
+    PyTorch floors the exact quotient (through fmod). A quotient rounded to the operands' own
+    precision can land on the integer above it (bf16: 2.99 / 1 -> 3.0); in f64 the quotient of
+    two f32 (or narrower) numbers neither rounds onto an integer nor underflows, except for an
+    infinite b, which follows Python: -1 // inf = -1 and -1 % inf = inf.
+    """
+    a, b = ctx.cast(a, dtypes.f64), ctx.cast(b, dtypes.f64)
+    zero, inf = ctx.scalar(0, dtypes.f64), ctx.scalar(float("inf"), dtypes.f64)
+    q = ctx.op("floor", ctx.op("div", a, b))
+    r = ctx.op("sub", a, ctx.op("mul", q, b))
+    opposite = ctx.op("lt", ctx.op("mul", a, b), zero)  # signs differ, a != 0 (no underflow)
+    finite_by_inf = ctx.op("and", ctx.op("eq", ctx.op("abs", b), inf),
+                           ctx.op("lt", ctx.op("abs", a), inf))
+    q = ctx.op("where", ctx.op("and", finite_by_inf, opposite), ctx.scalar(-1, dtypes.f64), q)
+    r = ctx.op("where", finite_by_inf, ctx.op("where", opposite, b, a), r)
+    return q, r
+
+
+def _truncated(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    """trunc(a / b) of floats, the quotient rounded to their dtype first (as PyTorch, also for
+    bf16 and f16)."""
+    q = ctx.op("div", a, b)
+    up = ctx.op("neg", ctx.op("floor", ctx.op("neg", q)))  # ceil
+    return ctx.op("where", ctx.op("lt", q, ctx.scalar(0, q.dtype)), up, ctx.op("floor", q))
 
 
 def _sign_fix(ctx: LoweringContext, a: Any, b: Any, q: Any, r: Any = None) -> Any:
     """Where truncating division differs from flooring: remainder != 0 with b's other sign."""
     zero = ctx.scalar(0, a.dtype)
     r = ctx.op("sub", a, ctx.op("mul", q, b)) if r is None else r
-    signs = ctx.op("ne", ctx.op("lt", r, zero), ctx.op("lt", b, zero))
+    signs = ctx.op("where", ctx.op("lt", r, zero), ctx.op("ge", b, zero), ctx.op("lt", b, zero))
     return ctx.op("and", ctx.op("ne", r, zero), signs)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tilefold import dtypes
 from tilefold.frontend.context import LoweringContext, Merged, Unavailable
 from tilefold.frontend.lowering import NotApplicable, lowering
 from tilefold.frontend.preserved import linear as _opaque_linear  # noqa: F401  (defines the ops)
@@ -27,16 +28,30 @@ def mm(ctx: LoweringContext, a: Any, b: Any) -> Any:
 
 @lowering(aten.addmm.default)
 def addmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
-    """beta * bias + alpha * (a @ b)"""
-    if beta != 1 or alpha != 1:
+    """beta * bias + alpha * (a @ b); beta = 0 ignores bias (its NaNs too), as PyTorch"""
+    if not all(isinstance(v, int | float) for v in (beta, alpha)):
         raise NotApplicable(f"addmm with beta={beta}, alpha={alpha}")
-    return _add_bias(ctx, _rows_matmul(ctx, a, ctx.tensor(b)), bias)
+    product = _rows_matmul(ctx, a, ctx.tensor(b))
+    if alpha != 1:
+        product = _map(product, lambda t: ctx.op("mul", t, ctx.scalar(alpha, t.dtype)))
+    if beta == 0:  # the product is already [M, N], addmm's result shape
+        return product
+    return _add_bias(ctx, product, bias, beta)
 
 
-def _add_bias(ctx: LoweringContext, product: Any, bias: Any) -> Any:
-    t = product.tensor if isinstance(product, Merged) else product
-    out = ctx.op("add", t, ctx.cast(ctx.tensor(bias), t.dtype))
-    return Merged(out, product.lead) if isinstance(product, Merged) else out
+def _map(product: Any, fn: Any) -> Any:
+    """fn applied to a product's tensor, keeping it merged if it is."""
+    if isinstance(product, Merged):
+        return Merged(fn(product.tensor), product.lead)
+    return fn(product)
+
+
+def _add_bias(ctx: LoweringContext, product: Any, bias: Any, beta: float = 1) -> Any:
+    def add(t: Any) -> Any:
+        b = ctx.cast(ctx.tensor(bias), t.dtype)
+        return ctx.op("add", t, b if beta == 1 else ctx.op("mul", b, ctx.scalar(beta, t.dtype)))
+
+    return _map(product, add)
 
 
 def _rows_matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
@@ -129,9 +144,24 @@ def _affine(ctx: LoweringContext, arg: Any, x: Any, ndims: int, fill: float) -> 
 def native_layer_norm(
     ctx: LoweringContext, x: Any, normalized_shape: list[int], weight: Any, bias: Any, eps: float
 ) -> list:
-    """layer_norm; the saved mean and rstd are not computed"""
-    return [_layer_norm(ctx, x, normalized_shape, weight, bias, eps), Unavailable(SAVED),
-            Unavailable(SAVED)]
+    """layer_norm, its mean and its 1/sqrt(variance + eps) (unused ones are dead code)"""
+    out = _layer_norm(ctx, x, normalized_shape, weight, bias, eps)
+    try:
+        return [out, *_moments(ctx, ctx.tensor(x), len(normalized_shape), eps)]
+    except NotApplicable as exc:
+        return [out, Unavailable(exc.reason), Unavailable(exc.reason)]
+
+
+def _moments(ctx: LoweringContext, t: Any, n: int, eps: float) -> list[Any]:
+    """Mean and rstd over the last n dims, kept as size-1 dims; bf16/f16 computed in f32."""
+    wide = dtypes.f32 if t.dtype in (dtypes.bf16, dtypes.f16) else t.dtype
+    w = ctx.cast(t, wide)
+    axes = list(range(t.ndim - n, t.ndim))
+    mean = ctx.op("reduce_mean", w, axes=axes, keepdims=True)
+    centered = ctx.op("sub", w, mean)
+    var = ctx.op("reduce_mean", ctx.op("mul", centered, centered), axes=axes, keepdims=True)
+    rstd = ctx.op("rsqrt", ctx.op("add", var, ctx.scalar(float(eps), wide)))
+    return [ctx.cast(mean, ctx.out_dtype(1)), ctx.cast(rstd, ctx.out_dtype(2))]
 
 
 @lowering(aten.layer_norm.default)
@@ -244,14 +274,25 @@ def cumsum(ctx: LoweringContext, x: Any, dim: int, *, dtype: Any = None) -> Any:
 @lowering(aten.linalg_vector_norm.default)
 def vector_norm(ctx: LoweringContext, x: Any, ord: float = 2, dim: Any = None,
                 keepdim: bool = False, *, dtype: Any = None) -> Any:
-    """p-norm for p in {1, 2, inf} (F.normalize's norm)"""
-    t = ctx.cast(ctx.tensor(x), ctx.out_dtype())
+    """p-norm of any order; bf16/f16 are computed in f32 and rounded once, as PyTorch"""
+    out = ctx.out_dtype()
+    wide = dtypes.f32 if out in (dtypes.bf16, dtypes.f16) else out
+    t = ctx.cast(ctx.tensor(x), wide)
     axes = _reduced_axes(dim, t.ndim)
-    if ord == 2:
-        return ctx.op("sqrt", ctx.op("reduce_sum", ctx.op("mul", t, t), axes=axes,
-                                     keepdims=bool(keepdim)))
-    if ord == 1:
-        return ctx.op("reduce_sum", ctx.op("abs", t), axes=axes, keepdims=bool(keepdim))
-    if ord == float("inf"):
-        return ctx.op("reduce_max", ctx.op("abs", t), axes=axes, keepdims=bool(keepdim))
-    raise NotApplicable(f"vector norm of order {ord}")
+
+    def reduce(name: str, v: Any) -> Any:
+        return ctx.op(name, v, axes=axes, keepdims=bool(keepdim))
+
+    p = float(ord)
+    if p == float("inf") or p == float("-inf"):
+        norm = reduce("reduce_max" if p > 0 else "reduce_min", ctx.op("abs", t))
+    elif p == 0:  # the number of nonzero elements
+        norm = reduce("reduce_sum", ctx.cast(ctx.op("ne", t, ctx.scalar(0, wide)), wide))
+    elif p == 1:
+        norm = reduce("reduce_sum", ctx.op("abs", t))
+    elif p == 2:
+        norm = ctx.op("sqrt", reduce("reduce_sum", ctx.op("mul", t, t)))
+    else:
+        powers = ctx.op("pow", ctx.op("abs", t), ctx.scalar(p, wide))
+        norm = ctx.op("pow", reduce("reduce_sum", powers), ctx.scalar(1 / p, wide))
+    return ctx.cast(norm, out)

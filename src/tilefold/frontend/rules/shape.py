@@ -173,8 +173,15 @@ def index(ctx: LoweringContext, x: Any, indices: list[Any]) -> Any:
 
 @lowering(aten.index_select.default)
 def index_select(ctx: LoweringContext, x: Any, dim: int, idx: Any) -> Any:
-    """rows along dim picked by a 1-D index"""
-    return ctx.op("gather", ctx.tensor(x), ctx.tensor(idx), axis=dim)
+    """rows along dim picked by a 1-D index (a 0-d x gives a 0-d result)"""
+    t = ctx.tensor(x)
+    picked = ctx.op("gather", _at_least_1d(ctx, t), ctx.tensor(idx), axis=dim)
+    return ctx.op("reshape", picked, shape=[]) if t.ndim == 0 else picked
+
+
+def _at_least_1d(ctx: LoweringContext, t: Tensor) -> Tensor:
+    """A 0-d tensor as shape [1] (PyTorch's dim 0 or -1 of a 0-d tensor is that one element)."""
+    return ctx.op("reshape", t, shape=[1]) if t.ndim == 0 else t
 
 
 @lowering(aten.embedding.default)
@@ -187,6 +194,8 @@ def embedding(ctx: LoweringContext, weight: Any, indices: Any, *args: Any) -> An
 def gather(ctx: LoweringContext, x: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Any:
     """torch.gather (take along dim): advanced indexing with an arange on every other axis"""
     t, idx = ctx.tensor(x), ctx.tensor(index)
+    if t.ndim == 0:  # idx is 0-d or [1] and picks the one element
+        return ctx.op("gather", _at_least_1d(ctx, t), idx, axis=0)
     rank = t.ndim
     dim %= rank
     grids = []
