@@ -157,7 +157,7 @@ class Outcome:
 
     @property
     def failed(self) -> bool:
-        return self.kind in ("mismatch", "error")
+        return self.kind in ("interpreter", "mismatch", "error")
 
 
 KINDS = ("tilefold", "interpreter", "fallback", "random", "mismatch", "error")
@@ -182,7 +182,10 @@ def run_sample(case: Case, sample: SampleInput) -> Outcome:
         random_output = not _close(_seeded(call, tensors, 1), want, {})
         torch._dynamo.reset()
         report.REPORTS.clear()
-        compiled = torch.compile(call, backend="tilefold", dynamic=False)
+        # Not strict: leaving an op to PyTorch is the rule of the game here; the interpreter
+        # taking over a compiled graph still counts as a failure (`Outcome.failed`).
+        compiled = torch.compile(call, backend="tilefold", dynamic=False,
+                                 options={"strict": False})
         try:
             got = _seeded(compiled, tensors, 0)
         except Exception as exc:  # the rule of the game: tilefold falls back, never raises

@@ -103,3 +103,12 @@ def test_matmul_over_an_empty_inner_dim_is_zeros(a, b):
     got = _compiled(torch.matmul, x, y)
     assert got.shape == torch.matmul(x, y).shape
     np.testing.assert_array_equal(got.numpy(), np.zeros(got.shape, np.float32))
+
+
+@pytest.mark.parametrize("shape", [(20,), (1, 0, 3), (3, 17)])
+def test_comparisons_of_bools_compile(shape):
+    """bitwise_not of a bool tensor is `x == false`: comparing i1 lanes emitted `fcmp`, which
+    LLVM rejects, so the graph ran on the reference interpreter (an error under strict)."""
+    x = torch.rand(shape)
+    got = _compiled(lambda t: torch.bitwise_not(t > 0.5) != (t < 0.2), x)
+    np.testing.assert_array_equal(got.numpy(), ~(x.numpy() > 0.5) != (x.numpy() < 0.2))

@@ -355,6 +355,9 @@ class _Emitter:
             return binary[op](*xs)
         if op in ("max", "min"):
             return self._minmax(op, *xs)
+        scalar = ty.element if isinstance(ty, ir.VectorType) else ty
+        if isinstance(scalar, ir.IntType) and op in (*compare, "ne"):  # bools (0 or 1)
+            return b.icmp_unsigned({**compare, "ne": "!="}[op], *xs)
         if op in compare:
             return b.fcmp_ordered(compare[op], *xs)
         if op == "ne":
