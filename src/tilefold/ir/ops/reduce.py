@@ -91,12 +91,11 @@ def _log_softmax(x, axis):
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
-class SoftmaxFamily(OpDef):
-    """Base of softmax and log_softmax: normalize along one `axis`, same shape and dtype."""
+class AlongAxis(OpDef):
+    """Base of ops that map x to a result of its shape and dtype along one `axis`."""
 
     operands = ("x",)
-    attributes = attr_table(axis=Attr("int", -1))
-    traits = frozenset({"pure", "reduction"})
+    accepts = "float"  # operand kinds, see common._ACCEPTS
 
     @staticmethod
     def fn(x: np.ndarray, axis: int) -> np.ndarray:
@@ -105,7 +104,7 @@ class SoftmaxFamily(OpDef):
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
-        require(cls.name, x, "float")
+        require(cls.name, x, cls.accepts)
         normalize_axis(cls.name, attrs["axis"], x.rank)
         return [x.without_layout()]
 
@@ -113,6 +112,13 @@ class SoftmaxFamily(OpDef):
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         axis = normalize_axis(cls.name, attrs["axis"], args[0].ndim)
         return evaluate(lambda v: cls.fn(v, axis), args, dtypes.dtype(args[0].dtype))
+
+
+class SoftmaxFamily(AlongAxis):
+    """Base of softmax and log_softmax: normalize along one `axis`, same shape and dtype."""
+
+    attributes = attr_table(axis=Attr("int", -1))
+    traits = frozenset({"pure", "reduction"})
 
 
 @register
@@ -132,24 +138,13 @@ class LogSoftmax(SoftmaxFamily):
 
 
 @register
-class Cumsum(OpDef):
+class Cumsum(AlongAxis):
     """Running sum along `axis`: y[..., i, ...] = sum of x[..., :i+1, ...]; same shape and
     dtype; integers wrap, floats are summed in f64 and rounded once.
     `%y = cumsum(%x) {axis = 1} : i64[2,9]`"""
 
     name = "cumsum"
-    operands = ("x",)
     attributes = attr_table(axis=Attr("int"))
     traits = frozenset({"pure"})
-
-    @classmethod
-    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
-        (x,) = types
-        require(cls.name, x, "numeric")
-        normalize_axis(cls.name, attrs["axis"], x.rank)
-        return [x.without_layout()]
-
-    @classmethod
-    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        axis = normalize_axis(cls.name, attrs["axis"], args[0].ndim)
-        return evaluate(lambda v: np.cumsum(v, axis=axis), args, dtypes.dtype(args[0].dtype))
+    accepts = "numeric"
+    fn = staticmethod(lambda x, axis: np.cumsum(x, axis=axis))
