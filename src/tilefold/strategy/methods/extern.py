@@ -78,6 +78,7 @@ NUMPY: dict[str, Fn] = {
     "abs": lambda x, attrs: np.abs(x),
     "exp": lambda x, attrs: np.exp(x),
     "log": lambda x, attrs: np.log(x),
+    "floor": lambda x, attrs: np.floor(x),
     "tanh": lambda x, attrs: np.tanh(x),
     "sqrt": lambda x, attrs: np.sqrt(x),
     "relu": lambda x, attrs: np.maximum(x, x.dtype.type(0)),
