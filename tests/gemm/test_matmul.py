@@ -101,6 +101,35 @@ def test_strided_out_view():
     assert np.isnan(big[untouched]).all(), "wrote outside the out view"
 
 
+@pytest.mark.parametrize("form", ["x@W rows", "x@W cols", "W@x rows", "W@x cols"])
+def test_matrix_vector_every_tail(form):
+    """Both GEMV forms (dot and axpy) on every k and output count around the vector width and the
+    row blocks, into a NaN-filled C (beta 0: never read) and accumulating into C (beta 1)."""
+    from tilefold.codegen.gemm.module import gemm_module
+    from tilefold.codegen.gemm.plan import EmptyKPlan, GemvPlan, make_plan
+
+    rng = np.random.default_rng(11)
+    module = gemm_module()
+    for k in [*range(0, 35), 61]:
+        for outs in (1, 3, 4, 5, 8, 9, 16, 17, 33):
+            matrix = make(rng, (k, outs) if form.startswith("x") else (outs, k),
+                          "c" if form.endswith("rows") else "t")
+            vector = rng.standard_normal((1, k) if form.startswith("x") else (k, 1),
+                                         dtype=np.float32)
+            a, b = (vector, matrix) if form.startswith("x") else (matrix, vector)
+            for beta in (0, 1):
+                c0 = rng.standard_normal((a.shape[0], b.shape[1]), dtype=np.float32)
+                c = c0.copy() if beta else np.full_like(c0, np.nan)
+                plan = make_plan(module, a, b, c, beta, 2)
+                assert isinstance(plan, GemvPlan if k else EmptyKPlan)
+                plan(a, b, c)
+                if beta:
+                    ref = a.astype(np.float64) @ b + c0
+                    assert np.allclose(c, ref, rtol=1e-5, atol=1e-5 * np.sqrt(k + 1)), (k, outs)
+                else:
+                    check_matmul(c, a, b)
+
+
 def test_accumulate_into_c():
     """C += A @ B (beta = 1) through the plan API, on every edge-tile size."""
     from tilefold.codegen.gemm.module import gemm_module

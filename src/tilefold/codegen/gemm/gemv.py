@@ -101,26 +101,55 @@ def _hsum(b, v):
     return b.call(fn, [ir.Constant(u.f32, 0.0), v], fastmath=("reassoc",))
 
 
+def _full_and_tail(b, start, stop, lanes, body):
+    """`body(index, mask)` over [start, stop) in vectors of `lanes`: unmasked full vectors
+    (mask None; plain loads, which masked ones cost several times on AVX2), then one masked
+    tail vector if any lanes are left."""
+    full_stop = b.sub(stop, b.srem(b.sub(stop, start), u.const(lanes)))
+    with u.for_range(b, start, full_stop, lanes, "v") as i:
+        body(i, None)
+    with b.if_then(b.icmp_signed("<", full_stop, stop)):
+        body(full_stop, u.lane_mask(b, b.sub(stop, full_stop), lanes))
+
+
+def _load(b, ptr, mask, lanes):
+    vp = u.vptr(b, ptr, lanes)
+    return b.load(vp, align=4) if mask is None else u.masked_load(b, vp, mask, lanes)
+
+
+def _store(b, value, ptr, mask, lanes):
+    vp = u.vptr(b, ptr, lanes)
+    if mask is None:
+        b.store(value, vp, align=4)
+    else:
+        u.masked_store(b, value, vp, mask)
+
+
 def _emit_dot(module, lanes):
     """Rows i of W contiguous along k (W(i, k) = W[i * ldw + k]); x must be contiguous."""
     fn, b = _new(module, "tf_gemv_dot")
     i0, i1, k, w, ldw, x, _incx, y, incy, beta = fn.args
     zero = u.zeros(u.vec(u.f32, lanes))
+    full_k = b.sub(k, b.srem(k, u.const(lanes)))
     with u.for_chunks(b, i0, i1, (DOT_ROWS, 1), "i") as (i, rows):
         four = b.icmp_signed("==", rows, u.const(DOT_ROWS))
         with b.if_else(four) as (block, single):
             for count, branch in ((DOT_ROWS, block), (1, single)):
                 with branch:
                     ptrs = [u.gep(b, w, b.mul(b.add(i, u.const(r)), ldw)) for r in range(count)]
-                    with u.for_range_carry(b, u.const(0), k, lanes, [zero] * count, "kv") as lp:
-                        kv = lp.index
-                        mask = u.lane_mask(b, u.smin(b, b.sub(k, kv), u.const(lanes)), lanes)
-                        xv = u.masked_load(b, u.vptr(b, u.gep(b, x, kv), lanes), mask, lanes)
-                        lp.next = [
-                            u.fma(b, u.masked_load(b, u.vptr(b, u.gep(b, ptr, kv), lanes), mask,
-                                                   lanes), xv, acc)
-                            for ptr, acc in zip(ptrs, lp.values, strict=True)]
-                    for r, acc in enumerate(lp.result):
+
+                    def step(kv, mask, accs, ptrs=ptrs):
+                        xv = _load(b, u.gep(b, x, kv), mask, lanes)
+                        return [u.fma(b, _load(b, u.gep(b, ptr, kv), mask, lanes), xv, acc)
+                                for ptr, acc in zip(ptrs, accs, strict=True)]
+
+                    with u.for_range_carry(b, u.const(0), full_k, lanes, [zero] * count,
+                                           "kv") as lp:
+                        lp.next = step(lp.index, None, lp.values)
+                    accs = lp.result
+                    tail = u.lane_mask(b, b.sub(k, full_k), lanes)
+                    accs = step(full_k, tail, accs)  # an all-false mask loads nothing
+                    for r, acc in enumerate(accs):
                         out = u.gep(b, y, b.mul(b.add(i, u.const(r)), incy))
                         _finish(b, _hsum(b, acc), out, beta)
     b.ret_void()
@@ -130,30 +159,31 @@ def _emit_dot(module, lanes):
 def _emit_axpy(module, lanes):
     """W(i, k) = W[k * ldw + i], contiguous along i; y must be contiguous (incy = 1).
 
-    Rank-AXPY_ROWS updates of y: each pass reads AXPY_ROWS rows of W as sequential streams (the
-    hardware prefetcher's best case) and y, this thread's slice, stays in L1 between passes."""
+    Rank-AXPY_ROWS updates of y (rank-1 for the last k % AXPY_ROWS rows): each pass reads its
+    rows of W as sequential streams (the hardware prefetcher's best case) and y, this thread's
+    slice, stays in L1 between passes."""
     fn, b = _new(module, "tf_gemv_axpy")
     i0, i1, k, w, ldw, x, incx, y, _incy, beta = fn.args
-    rows = AXPY_ROWS
     keep_y = b.icmp_signed("!=", beta, u.const(0, u.i32))
-    with u.for_range(b, u.const(0), k, rows, "kb") as kb:
-        count = u.smin(b, u.const(rows), b.sub(k, kb))
-        valid = [b.icmp_signed("<", u.const(t), count) for t in range(rows)]
-        safe = [b.select(valid[t], b.add(kb, u.const(t)), kb) for t in range(rows)]
-        zero = ir.Constant(u.f32, 0.0)
-        xs = [u.splat(b, b.select(valid[t], b.load(u.gep(b, x, b.mul(safe[t], incx)), align=4),
-                                  zero), lanes) for t in range(rows)]
-        row_ptrs = [u.gep(b, w, b.mul(safe[t], ldw)) for t in range(rows)]
-        read_y = u.splat(b, b.or_(keep_y, b.icmp_signed(">", kb, u.const(0))), lanes)
-        with u.for_range(b, i0, i1, lanes, "i") as i:
-            mask = u.lane_mask(b, u.smin(b, b.sub(i1, i), u.const(lanes)), lanes)
-            yp = u.vptr(b, u.gep(b, y, i), lanes)
-            acc = u.masked_load(b, yp, b.and_(mask, read_y), lanes)
-            for t in range(rows):
-                row_mask = b.and_(mask, u.splat(b, valid[t], lanes))
-                wv = u.masked_load(b, u.vptr(b, u.gep(b, row_ptrs[t], i), lanes), row_mask,
-                                   lanes)
-                acc = u.fma(b, wv, xs[t], acc)
-            u.masked_store(b, acc, yp, mask)
+    zero = u.zeros(u.vec(u.f32, lanes))
+    with u.for_chunks(b, u.const(0), k, (AXPY_ROWS, 1), "kb") as (kb, count):
+        read_y = b.or_(keep_y, b.icmp_signed(">", kb, u.const(0)))
+        full = b.icmp_signed("==", count, u.const(AXPY_ROWS))
+        with b.if_else(full) as (block, single):
+            for rows, branch in ((AXPY_ROWS, block), (1, single)):
+                with branch:
+                    ks = [b.add(kb, u.const(t)) for t in range(rows)]
+                    xs = [u.splat(b, b.load(u.gep(b, x, b.mul(kt, incx)), align=4), lanes)
+                          for kt in ks]
+                    row_ptrs = [u.gep(b, w, b.mul(kt, ldw)) for kt in ks]
+
+                    def update(i, mask, xs=xs, row_ptrs=row_ptrs):
+                        yp = u.gep(b, y, i)
+                        acc = b.select(read_y, _load(b, yp, mask, lanes), zero)
+                        for xt, row in zip(xs, row_ptrs, strict=True):
+                            acc = u.fma(b, _load(b, u.gep(b, row, i), mask, lanes), xt, acc)
+                        _store(b, acc, yp, mask, lanes)
+
+                    _full_and_tail(b, i0, i1, lanes, update)
     b.ret_void()
     return fn

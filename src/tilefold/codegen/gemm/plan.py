@@ -218,6 +218,17 @@ class GemvPlan(_Plan):
             self.run(a, b, c)
 
 
+class EmptyKPlan:
+    """C (+)= A @ B with K = 0: nothing to add, so C becomes zeros (beta 0) or stays (beta 1)."""
+
+    def __init__(self, beta: int):
+        self.beta = beta
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+        if not self.beta:
+            c[...] = 0
+
+
 def _batch_offsets(batch_shape, *arrays_and_strides) -> np.ndarray:
     """[batch, 3] element offsets of each batch entry in A, B, C (broadcast dims: stride 0)."""
     if not batch_shape:
@@ -289,7 +300,7 @@ def _gemv_plan(module, m, n, k, sa, sb, sc, beta, threads) -> GemvPlan | None:
 
 def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c: np.ndarray,
               beta: int, threads: int, blocking: Blocking | None = None,
-              bmode: BMode | None = None) -> GemmPlan | GemvPlan:
+              bmode: BMode | None = None) -> GemmPlan | GemvPlan | EmptyKPlan:
     """Plan C (+)= A @ B for arrays of these shapes and strides (batch dims broadcast); the plan
     is called as `plan(a, b, c)` with `b` as given (an ndarray or a `PackedMatrix`'s data).
 
@@ -297,6 +308,8 @@ def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c
     (C f32); other than f32 they are always packed: no GEMV, no in-place kernel or B."""
     m, k = a.shape[-2:]
     n = c.shape[-1]
+    if k == 0:
+        return EmptyKPlan(beta)
     widened = module.src != "f32"
 
     def es(x, el):
