@@ -34,6 +34,14 @@ def _forced(target) -> str:
     return "" if target.cpu == machine else f" (TILEFOLD_HOST; the machine is {machine})"
 
 
+def _blocking_source(tuned: dict | None) -> str:
+    """Where a GEMM's blocking came from: the cache model, or a measurement on this machine."""
+    if tuned is None:
+        return "model blocking (`tune --gemm` measures)"
+    mc, kc, nc = tuned["model"]
+    return f"measured blocking, {tuned['speedup']:.2f}x the model's MC={mc} KC={kc} NC={nc}"
+
+
 def describe(target_name: str) -> dict:
     from tilefold.runtime import num_threads
 
@@ -41,7 +49,7 @@ def describe(target_name: str) -> dict:
     gemm = {
         f"gemm f32 ({name})": f"{c['microkernel']} ({c['mr']}x{c['nr']}), "
         f"MC={c['blocking']['mc']} KC={c['blocking']['kc']} NC={c['blocking']['nc']}, "
-        f"{c['loop_order']}"
+        f"{c['loop_order']}, {_blocking_source(c['tuned'])}"
         for name, c in describe_gemm(target)["shape_classes"].items()
     }
     lowp = {f"gemm {line.split(':')[0]}": line.split(": ", 1)[1] for line in describe_lowp(target)}

@@ -30,6 +30,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "a busy one makes poor picks.",
     )
     p.add_argument("file", nargs="?", help="an IR file (.tfir)")
+    p.add_argument("--gemm", action="store_true",
+                   help="refine this machine's GEMM cache blocking (MC/KC/NC) around the model; "
+                   "`tilefold info` then shows it")
+    p.add_argument("--threads", type=count(1), default=None,
+                   help="--gemm: threads per product (default: all this process may use)")
     p.add_argument("--model", choices=MODELS, help="tune a model as `tilefold demo` runs it")
     p.add_argument("--function", default="main", help="function of FILE (default: main)")
     p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
@@ -49,16 +54,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if (args.file is None) == (args.model is None):
-        raise TilefoldError("give an IR file or --model NAME (one of them)")
     if not 0 < args.budget < math.inf:
         raise TilefoldError(f"--budget must be a positive number of seconds, "
                             f"not {args.budget}")
+    if args.gemm:
+        if args.file is not None or args.model is not None:
+            raise TilefoldError("--gemm tunes the GEMM alone: give no IR file or --model")
+        return _tune_gemm(args)
+    if (args.file is None) == (args.model is None):
+        raise TilefoldError("give an IR file, --model NAME or --gemm (one of them)")
     settings = {"TILEFOLD_TUNE": repr(args.budget), "TILEFOLD_RETUNE": "1" if args.again else "0"}
     with _environment(settings):
         decisions = _model_decisions(args) if args.model else _file_decisions(args)
     print(format_decisions(decisions))
     print(f"tuning database: {TuningDB().path}")
+    return 0
+
+
+def _tune_gemm(args: argparse.Namespace) -> int:
+    from tilefold.codegen.gemm.tuned import store_path
+    from tilefold.codegen.gemm.tuning import tune_gemm
+    from tilefold.runtime import num_threads
+
+    threads = args.threads or num_threads()
+    print(f"{'micro-kernel':<16} {'model MC/KC/NC':>16} {'measured best':>16} {'speedup':>8}")
+
+    def report(o) -> None:
+        m, b = o.model, o.best
+        print(f"{o.kernel:<16} {f'{m.mc}/{m.kc}/{m.nc}':>16} {f'{b.mc}/{b.kc}/{b.nc}':>16} "
+              f"{o.speedup:>7.2f}x", flush=True)
+
+    tune_gemm(threads=threads, budget_s=args.budget, report=report)
+    print(f"{threads} thread(s); kept in {store_path()}")
     return 0
 
 

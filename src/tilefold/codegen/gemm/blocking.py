@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tilefold.codegen.gemm.registry import MicroKernel
+from tilefold.codegen.gemm.tuned import tuned_record
 from tilefold.target import Target
 
 
@@ -25,6 +26,14 @@ def _round_down(x: int, unit: int) -> int:
 
 
 def derive_blocking(target: Target, kernel: MicroKernel, itemsize: int = 4) -> Blocking:
+    """The blocking measured best on this machine (`tilefold tune --gemm`), else the model's."""
+    record = tuned_record(target, kernel.name, kernel.mr, kernel.nr)
+    if record is not None and record.get("itemsize", 4) == itemsize:
+        return Blocking(mc=int(record["mc"]), kc=int(record["kc"]), nc=int(record["nc"]))
+    return model_blocking(target, kernel, itemsize)
+
+
+def model_blocking(target: Target, kernel: MicroKernel, itemsize: int = 4) -> Blocking:
     """Sizes from the caches: a B micro-panel (KC x NR) fills about half of L1 (it is reused by
     every A micro-panel), the packed A block (MC x KC) about half of L2, the packed B block
     (KC x NC) a share of L3 large enough that A is re-packed rarely.

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from tilefold.codegen.gemm.blocking import derive_blocking
 from tilefold.codegen.gemm.registry import SHAPE_CLASSES, select_microkernel
+from tilefold.codegen.gemm.tuned import tuned_record
 from tilefold.target import Target, host_target
 
 
 def describe(target: Target | None = None, dtype: str = "f32") -> dict:
     """For `target` (default: the host), per shape class: the micro-kernel chosen, its tile and
-    the cache blocking derived for it (plain data, e.g. for `tilefold info`)."""
+    the cache blocking it uses, measured or modelled (plain data, e.g. for `tilefold info`)."""
     target = target or host_target()
     classes = {}
     for shape_class in SHAPE_CLASSES:
         kern = select_microkernel(target, dtype, shape_class)
         blk = derive_blocking(target, kern)
+        record = tuned_record(target, kern.name, kern.mr, kern.nr)
         classes[shape_class] = {
             "microkernel": kern.name,
             "isa_family": kern.family,
@@ -24,5 +26,8 @@ def describe(target: Target | None = None, dtype: str = "f32") -> dict:
             "a_packed": not kern.a_direct,
             "loop_order": "A micro-panel in L1" if kern.a_in_l1 else "B micro-panel in L1",
             "blocking": {"mc": blk.mc, "kc": blk.kc, "nc": blk.nc},
+            # None: the cache model's; else what `tilefold tune --gemm` measured against it
+            "tuned": None if record is None else {"model": record.get("model"),
+                                                  "speedup": record.get("speedup")},
         }
     return {"target": target.name, "dtype": dtype, "shape_classes": classes}

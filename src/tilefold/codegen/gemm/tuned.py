@@ -1,0 +1,104 @@
+"""GEMM blockings measured on this machine: one JSON record per (hardware, target, micro-kernel).
+
+`$TILEFOLD_CACHE_DIR/tuning/gemm.json` holds what `tilefold tune --gemm` found:
+
+    {"schema": 1, "entries": {"<fingerprint> <target> <kernel>":
+        {"mc": 252, "kc": 320, "nc": 2048, "model": [252, 256, 2048], "speedup": 1.04,
+         "shapes": [[1024, 1024, 1024], ...], "threads": 1, "tilefold": "0.2.0"}}}
+
+`derive_blocking` reads it; a record that does not fit its kernel (MC not a multiple of MR, a
+size out of range) or that another tilefold version wrote is ignored with a warning, so a bad
+file can slow a GEMM down but never make it wrong. Writes are atomic and merge under a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tilefold.target import Target, cache_dir, hardware_fingerprint
+from tilefold.target.paths import atomic_write
+from tilefold.version import __version__
+
+log = logging.getLogger("tilefold.tuning")
+SCHEMA = 1
+_LIMIT = 1 << 20  # elements: no block dimension is ever this large
+_memory: dict[str, Any] = {}
+
+
+def store_path() -> Path:
+    return cache_dir() / "tuning" / "gemm.json"
+
+
+def record_key(target: Target, kernel_name: str) -> str:
+    return f"{hardware_fingerprint()} {target.name} {kernel_name}"
+
+
+def _read() -> dict[str, Any]:
+    path = store_path()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s: %s (re-run `tilefold tune --gemm`)", path, exc)
+        return {}
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        log.warning("ignoring %s: not a schema-%d GEMM tuning file", path, SCHEMA)
+        return {}
+    entries = data.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def _entries() -> dict[str, Any]:
+    path = str(store_path())
+    if path not in _memory:
+        _memory[path] = _read()
+    return _memory[path]
+
+
+def tuned_record(target: Target, kernel_name: str, mr: int, nr: int) -> dict[str, Any] | None:
+    """The measured record for this kernel on this machine and target, if a valid one exists."""
+    record = _entries().get(record_key(target, kernel_name))
+    if record is None:
+        return None
+    try:
+        mc, kc, nc = (int(record[f]) for f in ("mc", "kc", "nc"))
+    except (KeyError, TypeError, ValueError):
+        mc = kc = nc = 0
+    fits = (0 < mc < _LIMIT and 0 < kc < _LIMIT and 0 < nc < _LIMIT
+            and mc % mr == 0 and nc % nr == 0 and kc % 4 == 0)
+    if not fits or record.get("tilefold") != __version__:
+        log.warning("ignoring the tuned blocking of %s in %s (does not fit the kernel, or stale); "
+                    "re-run `tilefold tune --gemm`", kernel_name, store_path())
+        return None
+    return record
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    path = store_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def save_record(target: Target, kernel_name: str, record: dict[str, Any]) -> None:
+    """Merge one record into the file (re-read under the lock, replaced atomically)."""
+    with _locked():
+        entries = _read()
+        entries[record_key(target, kernel_name)] = {**record, "tilefold": __version__}
+        data = {"schema": SCHEMA, "entries": entries}
+        atomic_write(store_path(), json.dumps(data, indent=1, sort_keys=True).encode())
+    _memory.clear()
+
+
+def forget() -> None:
+    """Drop what was read, so the next lookup reads the file again."""
+    _memory.clear()

@@ -1,0 +1,149 @@
+"""Refining the GEMM's cache blocking on the machine at hand (`tilefold tune --gemm`).
+
+For each micro-kernel the host's shape classes use, the analytic blocking (`model_blocking`)
+is the starting point; KC, then MC, then NC are varied around it, every candidate timed
+round-robin against the current best on a few products that exercise all three loops, within a
+time budget. A candidate replaces the best only when it is faster by more than `MARGIN` (the
+geometric mean over the products of median times), so noise leaves the model in place. Winners
+go to `tuned.py`'s store, keyed by the hardware fingerprint, where `derive_blocking` finds them.
+Only plan parameters change: the compiled kernels are the same, so a tuned blocking costs no
+compilation and cannot change a result.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tilefold.codegen.gemm.blocking import Blocking, model_blocking
+from tilefold.codegen.gemm.module import gemm_module
+from tilefold.codegen.gemm.plan import make_plan
+from tilefold.codegen.gemm.registry import SHAPE_CLASSES, MicroKernel, select_microkernel
+from tilefold.codegen.gemm.tuned import save_record
+from tilefold.target import Target, host_target
+
+MARGIN = 0.02
+MIN_ROUNDS = 3
+STAGES = (("kc", (0.5, 0.75, 1.25, 1.5, 2.0)), ("mc", (0.5, 0.75, 1.5, 2.0)), ("nc", (0.5, 2.0)))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What tuning found for one micro-kernel: the model's blocking, the best, and by how much."""
+
+    kernel: str
+    model: Blocking
+    best: Blocking
+    speedup: float  # model time / best time, geometric mean over the products
+    candidates: int
+    shapes: tuple[tuple[int, int, int], ...]
+
+
+def shapes_for(kernel: MicroKernel) -> tuple[tuple[int, int, int], ...]:
+    """(M, N, K) products on which `kernel`'s blocking matters: K past KC, M past MC, N past NC."""
+    if kernel.shape_class == "narrow":
+        return ((2048, kernel.nr, 2048), (4096, kernel.nr, 512))
+    return ((1024, 1024, 1024), (384, 3072, 768), (2048, 512, 1536))
+
+
+def tuned_kernels(target: Target, dtype: str = "f32") -> list[MicroKernel]:
+    """The distinct micro-kernels `target` uses for `dtype` across the shape classes."""
+    seen: dict[str, MicroKernel] = {}
+    for shape_class in SHAPE_CLASSES:
+        kern = select_microkernel(target, dtype, shape_class)
+        seen.setdefault(kern.name, kern)
+    return list(seen.values())
+
+
+def _variants(best: Blocking, field: str, factors, kernel: MicroKernel) -> list[Blocking]:
+    unit = {"mc": kernel.mr, "kc": 16, "nc": kernel.nr}[field]
+    base = getattr(best, field)
+    sizes = {max(unit, round(base * f / unit) * unit) for f in factors} - {base}
+    return [best.with_(**{field: size}) for size in sorted(sizes)]
+
+
+class _Bench:
+    """Plans of one kernel on fixed operands; times blockings round-robin."""
+
+    def __init__(self, target: Target, kernel: MicroKernel, threads: int, shapes, seed: int = 0):
+        self.module = gemm_module(target, kernel)
+        self.threads = threads
+        rng = np.random.default_rng(seed)
+        self.operands = [(rng.standard_normal((m, k), dtype=np.float32),
+                          rng.standard_normal((k, n), dtype=np.float32),
+                          np.empty((m, n), np.float32)) for m, n, k in shapes]
+
+    def plans(self, blocking: Blocking) -> list[Callable[[], None]]:
+        calls = []
+        for a, b, c in self.operands:
+            plan = make_plan(self.module, a, b, c, 0, self.threads, blocking=blocking)
+            calls.append(lambda plan=plan, a=a, b=b, c=c: plan(a, b, c))
+        return calls
+
+    def compare(self, blockings: list[Blocking], seconds: float) -> list[float]:
+        """Each blocking's time relative to the first's: per product, the median over rounds of
+        the ratio within a round (so drift on a shared host cancels), then the geometric mean
+        over the products."""
+        plans = [self.plans(blk) for blk in blockings]
+        for calls in plans:  # warm: workspace, pages, caches of the operands
+            for call in calls:
+                call()
+        times = [[[] for _ in self.operands] for _ in blockings]
+        start, rounds = time.perf_counter(), 0
+        while rounds < MIN_ROUNDS or time.perf_counter() - start < seconds:
+            order = list(range(len(blockings)))
+            order = order[rounds % len(order):] + order[:rounds % len(order)]
+            for index in order:
+                for shape, call in enumerate(plans[index]):
+                    t0 = time.perf_counter()
+                    call()
+                    times[index][shape].append(time.perf_counter() - t0)
+            rounds += 1
+        return [math.exp(statistics.fmean(
+            math.log(statistics.median(x / y for x, y in zip(mine, first, strict=True)))
+            for mine, first in zip(per, times[0], strict=True))) for per in times]
+
+
+def tune_kernel(target: Target, kernel: MicroKernel, threads: int, budget_s: float,
+                shapes: tuple[tuple[int, int, int], ...] | None = None) -> Outcome:
+    """Coordinate search over KC, MC, NC around the model, `budget_s` seconds in all, on
+    `shapes` (default `shapes_for(kernel)`)."""
+    model = model_blocking(target, kernel)
+    shapes = shapes or shapes_for(kernel)
+    bench = _Bench(target, kernel, threads, shapes)
+    best, tried, gain = model, 1, 1.0
+    for field, factors in STAGES:
+        variants = _variants(best, field, factors, kernel)
+        tried += len(variants)
+        relative = bench.compare([best, *variants], budget_s / len(STAGES))
+        winner = min(range(len(relative)), key=relative.__getitem__)
+        if winner and relative[winner] < 1 - MARGIN:
+            best, gain = variants[winner - 1], gain / relative[winner]
+    return Outcome(kernel.name, model, best, gain, tried, shapes)
+
+
+def tune_gemm(target: Target | None = None, *, threads: int = 1, budget_s: float = 60.0,
+              save: bool = True, report: Callable[[Outcome], None] | None = None,
+              shapes: tuple[tuple[int, int, int], ...] | None = None) -> list[Outcome]:
+    """Tune every f32 micro-kernel the target uses; record the winners (`save`)."""
+    target = target or host_target()
+    kernels = tuned_kernels(target)
+    outcomes = []
+    for kernel in kernels:
+        outcome = tune_kernel(target, kernel, threads, budget_s / len(kernels), shapes)
+        if save:
+            best = outcome.best
+            save_record(target, kernel.name, {
+                "mc": best.mc, "kc": best.kc, "nc": best.nc, "itemsize": 4,
+                "model": [outcome.model.mc, outcome.model.kc, outcome.model.nc],
+                "speedup": round(outcome.speedup, 4), "threads": threads,
+                "shapes": [list(s) for s in outcome.shapes]})
+        if report is not None:
+            report(outcome)
+        outcomes.append(outcome)
+    return outcomes
