@@ -79,3 +79,23 @@ def test_refresh_keeps_the_best_figure_ever_measured(monkeypatch, tmp_path):
     peaks._remember(key, 1e9)  # as if an earlier, quieter probe had seen this much
     assert measured_peak_gflops(dtype="f32", refresh=True) == 1e9
     assert peaks._remember(key, measured) == 1e9
+
+
+@pytest.mark.parametrize("streams, unroll", peaks.READ_FORMS)
+def test_read_probe_reads_every_vector_once(streams, unroll):
+    """The probe's sum over `streams` sections equals NumPy's: no vector skipped or read twice."""
+    import ctypes
+
+    import numpy as np
+
+    from tilefold.target.probe_jit import probe_function
+    from tilefold.target.probes import read_probe_ir
+
+    target = host_target()
+    lanes = target.vector_bits // 32
+    blocks = 37
+    data = np.random.default_rng(0).integers(0, 8, (streams * unroll * blocks, lanes))
+    data = data.astype(np.float32)  # small integers: every partial sum exact
+    read = probe_function(read_probe_ir(target, streams, unroll), target, "read",
+                          ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
+    assert read(data.ctypes.data, blocks) == data[:, 0].sum()

@@ -229,37 +229,48 @@ def peak_probe(target: Target, dtype: str) -> Probe:
     )
 
 
-def read_probe_ir(target: Target, unroll: int = 8) -> str:
-    """`float @read(ptr data, i64 blocks)`: sums `blocks` × `unroll` vectors (a read stream)."""
+def read_probe_ir(target: Target, streams: int = 1, unroll: int = 8) -> str:
+    """`float @read(ptr data, i64 blocks)`: sums `streams` consecutive sections of `blocks` ×
+    `unroll` vectors each, all sections advancing together (one read stream per section).
+
+    Several concurrent streams keep more cache-line fills in flight than one: on Zen a single
+    stream per core read 30-40% below what NumPy's GEMV (eight streams) reached."""
     lanes = target.vector_bits // 32
     vec = f"<{lanes} x float>"
-    phis, loads, adds = [], [], []
-    for k in range(unroll):
-        phis.append(f"  %acc{k} = phi {vec} [ zeroinitializer, %entry ], [ %next{k}, %loop ]")
-        loads.append(f"  %p{k} = getelementptr {vec}, ptr %block, i64 {k}")
-        loads.append(f"  %v{k} = load {vec}, ptr %p{k}, align 4")
-        adds.append(f"  %next{k} = fadd {vec} %acc{k}, %v{k}")
+    count = streams * unroll
+    phis = [f"  %acc{k} = phi {vec} [ zeroinitializer, %entry ], [ %next{k}, %loop ]"
+            for k in range(count)]
+    starts = [f"  %skip{s} = mul i64 %section, {s}\n"
+              f"  %start{s} = getelementptr {vec}, ptr %data, i64 %skip{s}" for s in range(streams)]
+    body = []
+    for s in range(streams):
+        body.append(f"  %block{s} = getelementptr {vec}, ptr %start{s}, i64 %offset")
+        for u in range(unroll):
+            k = s * unroll + u
+            body += [f"  %p{k} = getelementptr {vec}, ptr %block{s}, i64 {u}",
+                     f"  %v{k} = load {vec}, ptr %p{k}, align 4",
+                     f"  %next{k} = fadd {vec} %acc{k}, %v{k}"]
     total, sums = "%next0", []
-    for k in range(1, unroll):
+    for k in range(1, count):
         sums.append(f"  %sum{k} = fadd {vec} {total}, %next{k}")
         total = f"%sum{k}"
-    body = "\n".join(loads + adds)
-    phi_lines = "\n".join(phis)
+    nl = "\n"
     return f"""
 define float @read(ptr %data, i64 %blocks) {{
 entry:
+  %section = mul i64 %blocks, {unroll}
+{nl.join(starts)}
   br label %loop
 loop:
   %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
-{phi_lines}
+{nl.join(phis)}
   %offset = mul i64 %i, {unroll}
-  %block = getelementptr {vec}, ptr %data, i64 %offset
-{body}
+{nl.join(body)}
   %i.next = add i64 %i, 1
   %more = icmp ult i64 %i.next, %blocks
   br i1 %more, label %loop, label %exit
 exit:
-{chr(10).join(sums)}
+{nl.join(sums)}
   %lane = extractelement {vec} {total}, i64 0
   ret float %lane
 }}
