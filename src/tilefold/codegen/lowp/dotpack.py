@@ -94,17 +94,18 @@ def _split(m: int, n: int, threads: int, kernel: DotKernel) -> tuple[int, int]:
     return threads, 1
 
 
-def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, target: Target, *,
-                dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                threads: int | None = None) -> np.ndarray:
-    """C = A @ B (B raw [K, N] or packed for `kernel`): f32 for bf16, i32 for 8-bit, or f32
-    with `dequant` = (row_scale[M], col_scale[N], bias[N]) applied to the int32 sums."""
-    if kernel.widens:
-        return run_widened(a, b.matrix if isinstance(b, PackedB) else b, kernel, target, threads)
-    if kernel.is_amx:
-        n = b.n if isinstance(b, PackedB) else b.shape[1]
-        data = b.panels if isinstance(b, PackedB) else b
-        return run_amxgemm(a, data, kernel, n, target, dequant=dequant, threads=threads)
+def _run_widened(a, b, kernel, target, dequant, threads) -> np.ndarray:
+    return run_widened(a, b.matrix if isinstance(b, PackedB) else b, kernel, target, threads)
+
+
+def _run_tiles(a, b, kernel, target, dequant, threads) -> np.ndarray:
+    n = b.n if isinstance(b, PackedB) else b.shape[1]
+    data = b.panels if isinstance(b, PackedB) else b
+    return run_amxgemm(a, data, kernel, n, target, dequant=dequant, threads=threads)
+
+
+def _run_dots(a, b, kernel, target, dequant, threads) -> np.ndarray:
+    """The register-tile GEMM of dot steps (tilefold.codegen.lowp.dotgemm) on packed A and B."""
     pb = b if isinstance(b, PackedB) else PackedB(b, kernel, target)
     m, n = a.shape[0], pb.n
     ap = pack_a(a, kernel)
@@ -113,20 +114,16 @@ def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, targe
         threads = num_threads() if m * n * pb.k >= PARALLEL_MIN_MACS else 1
     tm, tn = _split(m, n, threads, kernel)
     blk = derive_blocking(target, kernel, k=kg)
-    out_float = kernel.acc_is_float or dequant is not None
-    c = np.empty((m, n), np.float32 if out_float else np.int32)
-    keep = [ap]
+    dq = dequant is not None
+    c = np.empty((m, n), np.float32 if kernel.acc_is_float or dq else np.int32)
     comp = np.zeros(n, np.int32)
     if kernel.dtype == "u8s8" and a.dtype == np.int8:
         comp = (pb.colsum * 128).astype(np.int32)
-    keep.append(comp)
     ptrs = {DParam.COMP: comp.ctypes.data}
-    if dequant is not None:
+    if dq:  # the arrays must outlive the call
         arrays = [np.ascontiguousarray(v, np.float32) for v in dequant]
-        keep += arrays
         ptrs.update({DParam.ROW_SCALE: arrays[0].ctypes.data,
                      DParam.COL_SCALE: arrays[1].ctypes.data, DParam.BIAS: arrays[2].ctypes.data})
-    dq = dequant is not None
     entries = compiled_entries(target, f"dotgemm_{kernel.name}{'_dq' if dq else ''}", ENTRY,
                                dotgemm_ir, kernel, target, dq)
     values = {DParam.M: m, DParam.N: n, DParam.KG: kg, DParam.LDC: n, DParam.MC: blk.mc,
@@ -134,3 +131,15 @@ def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, targe
               DParam.DATA_OFFSET: DATA_OFFSET, **ptrs}
     NativePlan(entries, DParam, values).run(ap, pb.panels, c)
     return c
+
+
+# The GEMM of each registry row's `driver`.
+_DRIVERS = {"f32": _run_widened, "amx": _run_tiles, "dot": _run_dots}
+
+
+def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, target: Target, *,
+                dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                threads: int | None = None) -> np.ndarray:
+    """C = A @ B (B raw [K, N] or packed for `kernel`): f32 for bf16, i32 for 8-bit, or f32
+    with `dequant` = (row_scale[M], col_scale[N], bias[N]) applied to the int32 sums."""
+    return _DRIVERS[kernel.driver](a, b, kernel, target, dequant, threads)

@@ -62,6 +62,13 @@ class DotKernel:
         return self.dot == WIDEN_TO_F32
 
     @property
+    def driver(self) -> str:
+        """The GEMM that runs this row (tilefold.codegen.lowp.dotpack's table): "f32" (the
+        f32 GEMM on widened operands), "amx" (tile blocks, amxgemm) or "dot" (register tiles
+        of dot steps, dotgemm)."""
+        return "f32" if self.widens else "amx" if self.is_amx else "dot"
+
+    @property
     def is_amx(self) -> bool:
         """Tile kernels (tilefold.codegen.lowp.amxgemm) rather than vector dot steps."""
         return "amx-tile" in self.features
