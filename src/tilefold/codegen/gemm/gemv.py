@@ -44,26 +44,24 @@ def emit_gemv(module: ir.Module, lanes: int) -> ir.Function:
     """Add `tf_gemv(params, x, W, y, ws)` for vectors of `lanes` floats."""
     dot = _emit_dot(module, lanes)
     axpy = _emit_axpy(module, lanes)
-    worker = emit_worker(module, "tf_gemv_worker", _FP, _FP, _FP)
-    b, x, w, y, tid64, nth64 = (worker.b, worker.x, worker.y, worker.z, worker.tid,
-                                worker.nth)
-    p = worker.__getitem__
-    n_out = p(GemvParam.N_OUT)
+    wk = emit_worker(module, "tf_gemv_worker", _FP, _FP, _FP)
+    b, x, w, y, tid64, nth64 = wk.b, wk.x, wk.y, wk.z, wk.tid, wk.nth
+    n_out = wk[GemvParam.N_OUT]
     unit = lanes * 4
     units = b.sdiv(b.add(n_out, u.const(unit - 1)), u.const(unit))
     i0 = u.smin(b, b.mul(b.sdiv(b.mul(units, tid64), nth64), u.const(unit)), n_out)
     i1 = u.smin(b, b.mul(b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64), u.const(unit)),
                 n_out)
-    args = [i0, i1, p(GemvParam.K), w, p(GemvParam.LDW), x, p(GemvParam.INC_X), y,
-            p(GemvParam.INC_Y), b.trunc(p(GemvParam.BETA), u.i32)]
-    is_dot = b.icmp_signed("==", p(GemvParam.MODE), u.const(GemvMode.DOT))
+    args = [i0, i1, wk[GemvParam.K], w, wk[GemvParam.LDW], x, wk[GemvParam.INC_X], y,
+            wk[GemvParam.INC_Y], b.trunc(wk[GemvParam.BETA], u.i32)]
+    is_dot = b.icmp_signed("==", wk[GemvParam.MODE], u.const(GemvMode.DOT))
     with b.if_else(is_dot) as (then, other):
         with then:
             b.call(dot, args)
         with other:
             b.call(axpy, args)
     b.ret_void()
-    return emit_entry(module, worker.fn, GEMV_ENTRY, GemvParam)
+    return emit_entry(module, wk.fn, GEMV_ENTRY, GemvParam)
 
 
 _ARGS = ("i0", "i1", "k", "w", "ldw", "x", "incx", "y", "incy", "beta")

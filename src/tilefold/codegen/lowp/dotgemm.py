@@ -131,11 +131,11 @@ def _epilogue(b, k, dequant, accs, c, ldc, first, last, rows, cols, comp, rs, cs
 def _emit_worker(module: ir.Module, k: DotKernel, uk: ir.Function) -> ir.Function:
     """Thread `tid` of TM x TN: its rectangle of C, loops pc (KC) > ic (MC) > jr > ir."""
     w = emit_worker(module, "tf_dotgemm_worker", _W, _W, _W)
-    b, a, bm, c, p = w.b, w.x, w.y, w.z, w.__getitem__
-    m, n, kg, ldc = p(DParam.M), p(DParam.N), p(DParam.KG), p(DParam.LDC)
-    mcb, kcb, tm, tn = p(DParam.MC), p(DParam.KC), p(DParam.TM), p(DParam.TN)
-    comp = b.inttoptr(p(DParam.COMP), _W)
-    rs, cs, bias = (b.inttoptr(p(s), _FP) for s in (DParam.ROW_SCALE, DParam.COL_SCALE,
+    b, a, bm, c = w.b, w.x, w.y, w.z
+    m, n, kg, ldc = w[DParam.M], w[DParam.N], w[DParam.KG], w[DParam.LDC]
+    mcb, kcb, tm, tn = w[DParam.MC], w[DParam.KC], w[DParam.TM], w[DParam.TN]
+    comp = b.inttoptr(w[DParam.COMP], _W)
+    rs, cs, bias = (b.inttoptr(w[s], _FP) for s in (DParam.ROW_SCALE, DParam.COL_SCALE,
                                                      DParam.BIAS))
     ti, tj = b.sdiv(w.tid, tn), b.srem(w.tid, tn)
 

@@ -153,12 +153,13 @@ def _emit_worker(module: ir.Module, spec: WgemvSpec) -> ir.Function:
     table.global_constant = True
     table.linkage = "internal"
     table.initializer = ir.Constant(ir.ArrayType(ptr, len(tiles)), tiles)
-    worker = emit_worker(module, "tf_wgemv_worker", _FP, _I8P, _FP)
-    b, x, w, y, p = worker.b, worker.x, worker.y, worker.z, worker.__getitem__
-    m, k, ldx, ldy, ng = p(WParam.M), p(WParam.K), p(WParam.LDX), p(WParam.LDY), p(WParam.GROUPS)
-    s, zc, sx = (b.inttoptr(p(slot), _FP) for slot in (WParam.SCALE, WParam.ZCORR, WParam.SX))
-    units = p(WParam.UNITS)
-    tid64, nth64 = worker.tid, worker.nth
+    wk = emit_worker(module, "tf_wgemv_worker", _FP, _I8P, _FP)
+    b, x, w, y = wk.b, wk.x, wk.y, wk.z
+    m, k, ldx, ldy = wk[WParam.M], wk[WParam.K], wk[WParam.LDX], wk[WParam.LDY]
+    ng = wk[WParam.GROUPS]
+    s, zc, sx = (b.inttoptr(wk[slot], _FP) for slot in (WParam.SCALE, WParam.ZCORR, WParam.SX))
+    units = wk[WParam.UNITS]
+    tid64, nth64 = wk.tid, wk.nth
     u0 = b.sdiv(b.mul(units, tid64), nth64)
     u1 = b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64)
     lanes, nv = spec.lanes, spec.nv
@@ -176,7 +177,7 @@ def _emit_worker(module: ir.Module, spec: WgemvSpec) -> ir.Function:
                                   u.gep(b, sx, b.mul(m0, ng)), ng,
                                   u.gep(b, y, b.add(b.mul(m0, ldy), col)), ldy, k])
     b.ret_void()
-    return worker.fn
+    return wk.fn
 
 
 def wgemv_ir(spec: WgemvSpec, target: Target) -> str:
