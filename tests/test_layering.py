@@ -1,4 +1,5 @@
-"""Each layer of src/tilefold imports only the layers before it, as docs/ARCHITECTURE.md lists them.
+"""Each layer of src/tilefold imports only the layers before it, as docs/ARCHITECTURE.md lists them,
+and the modules within a layer import each other without cycles.
 
 The layer table is read from the document itself, so the map and the code cannot drift apart:
 a new package needs a row there before its imports can be checked.
@@ -84,3 +85,116 @@ def test_imports_go_only_to_earlier_layers(path: Path) -> None:
     assert not upward, f"tilefold.{top} (layer {LAYERS[top]}) imports " + ", ".join(
         f"tilefold.{t} (layer {LAYERS[t]})" for t in upward
     )
+
+
+def module_name(path: Path) -> str:
+    """`tilefold.codegen.lowp.dotpack` for src/tilefold/codegen/lowp/dotpack.py (a package's
+    `__init__.py` is the package)."""
+    parts = ["tilefold", *path.relative_to(SRC).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in source_files()}
+
+
+def _is_type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def module_imports(path: Path) -> dict[str, bool]:
+    """The tilefold modules `path` imports at module level -> whether only for typing.
+
+    Module level means the module body and the blocks in it (`if`, `try`, `with`), including
+    `if TYPE_CHECKING:` (such an import is marked typing-only): an import that annotations need
+    is still a dependency, and a guard that hides a cycle from the interpreter hides it from
+    the reader too. Imports inside function bodies run late and are not counted. `from P import
+    x` goes to module `P.x` when there is one, else to `P` itself (its `__init__`)."""
+    this = module_name(path)
+    package = this.split(".") if path.name == "__init__.py" else this.split(".")[:-1]
+    found: dict[str, bool] = {}
+
+    def add(name: str, typing_only: bool) -> None:
+        if name in MODULES and name != this:
+            found[name] = found.get(name, True) and typing_only
+
+    def visit(nodes: list[ast.stmt], typing_only: bool) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    add(alias.name, typing_only)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    sub = f"{module}.{alias.name}"
+                    add(sub if sub in MODULES else module, typing_only)
+            elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                guarded = typing_only or _is_type_checking(node)
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    visit(getattr(node, field, []), guarded)
+
+    visit(ast.parse(path.read_text(), str(path)).body, False)
+    return found
+
+
+def runtime_cycles(edges: dict[str, dict[str, bool]]) -> list[list[str]]:
+    """Groups of modules that import each other in a cycle with at least one import needed at
+    run time (Tarjan's strongly connected components of `edges`: module -> {imported module:
+    typing only}; inside such a group every import lies on a cycle).
+
+    Modules that refer to each other's types only (`if TYPE_CHECKING:` both ways, such as
+    tilefold.ir.core's Operation and tilefold.ir.opdef's OpDef) need neither loaded first, so
+    a cycle made only of such imports is accepted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in edges:
+        if v not in index:
+            connect(v)
+    return [g for g in groups
+            if any(not typing for v in g for w, typing in edges[v].items() if w in g)]
+
+
+def same_layer_edges() -> dict[str, dict[str, bool]]:
+    """Module-level imports between modules of the same top-level package (a layer); imports
+    across layers are the business of the test above."""
+    return {m: {t: typing for t, typing in module_imports(p).items()
+                if t.split(".")[1] == m.split(".")[1]}
+            for m, p in MODULES.items() if m.count(".")}
+
+
+def test_no_import_cycles_within_a_layer() -> None:
+    cycles = runtime_cycles(same_layer_edges())
+    assert not cycles, "modules importing each other in a cycle (make one not need the other, "\
+        "or move what both need into a third module): " + "; ".join(
+            " <-> ".join(group) for group in cycles)
+
+
+def test_a_cycle_hidden_behind_type_checking_is_found() -> None:
+    """How lowp's amxrun <-> dotpack hid theirs: one import at run time, one for typing."""
+    hidden = {"x.a": {"x.b": False}, "x.b": {"x.c": False}, "x.c": {"x.a": True}, "x.d": {}}
+    assert runtime_cycles(hidden) == [["x.a", "x.b", "x.c"]]
+    annotations_only = {"x.a": {"x.b": True}, "x.b": {"x.a": True}}
+    assert runtime_cycles(annotations_only) == []
+    # and the reader sees the guard: ir.core imports ir.opdef for its annotations only
+    assert module_imports(SRC / "ir" / "core.py")["tilefold.ir.opdef"] is True
+    assert module_imports(SRC / "codegen" / "lowp" / "dotpack.py")[
+        "tilefold.codegen.lowp.amxrun"] is False

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
-from tilefold.codegen.gemm.plan import aligned_empty
-from tilefold.codegen.lowp import amxrun
+from tilefold.codegen.gemm.abi import aligned_empty
+from tilefold.codegen.gemm.blocking import derive_tile_blocking
 from tilefold.codegen.lowp import kernels as lowp_kernels
 from tilefold.codegen.lowp.amxgemm import BLOCK, KSTEP, ROWS, amxgemm_ir
 from tilefold.codegen.lowp.kernels import DOT_KERNELS, describe_lowp, select_dot_kernel
@@ -192,7 +192,9 @@ def test_amx_blocking_fits_the_caches(kgp):
     """The KC x 32 B slice fits in L1 and MC rows of packed A over all of K in a quarter of L2
     (or one 16-row block when even that is too much); blocks are whole tiles and balanced."""
     for host, m_share in itertools.product(_amx_chips(), (32, 100, 1024, 4096)):
-        mc, kc = amxrun._blocking(host, kgp, m_share)
+        amx = next(k for k in DOT_KERNELS if k.is_amx)
+        blk = derive_tile_blocking(host, amx, kgp, m_share, KSTEP)
+        mc, kc = blk.mc, blk.kc
         assert kc % KSTEP == 0 and kc <= kgp and kc * BLOCK * 4 <= host.l1d_bytes
         blocks = -(-kgp // kc)
         assert blocks == 1 or kgp - (blocks - 1) * kc > kc // 2  # no sliver of a K block

@@ -154,7 +154,7 @@ target = host_target()
 for shape_class in SHAPE_CLASSES:
     start = time.perf_counter()
     module = gemm_module(target, select_microkernel(target, shape_class=shape_class))
-    module.entry  # modules compile on first use
+    module.entries  # modules compile on first use
     print(shape_class, module.kernel.name, (time.perf_counter() - start) * 1e3)
 """
 

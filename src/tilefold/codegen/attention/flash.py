@@ -24,7 +24,7 @@ from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.attention.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
-from tilefold.codegen.gemm.driver import PARALLEL_TYPE, WORKER_TYPE
+from tilefold.codegen.gemm.abi import PARALLEL_TYPE, WORKER_TYPE
 from tilefold.codegen.vecmath import emit_math
 
 QB = 128  # query rows per task

@@ -13,6 +13,7 @@ import enum
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
+from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker, unoptimized
 from tilefold.codegen.gemm.microkernel import UKERNEL_TYPE
 from tilefold.codegen.gemm.packing import F32, Source, emit_pack_a, emit_pack_b
 from tilefold.codegen.gemm.registry import MicroKernel
@@ -21,11 +22,9 @@ _FP = u.f32.as_pointer()
 _I64P = u.i64.as_pointer()
 ENTRY = "tf_gemm"
 PACK_B = "tf_pack_b"
-WORKER_TYPE = ir.FunctionType(u.void, [u.i8.as_pointer(), u.i32, u.i32])
-PARALLEL_TYPE = ir.FunctionType(u.void, [WORKER_TYPE.as_pointer(), u.i8.as_pointer(), u.i32])
 
 
-class Param(enum.IntEnum):
+class Param(ParamBlock):
     """Slots of the int64 parameter block that a plan fills once per (shape, strides)."""
 
     M = 0
@@ -71,7 +70,7 @@ def emit_gemm(module: ir.Module, kernel: MicroKernel, row_major_a: bool = True,
     pack_b = emit_pack_b(module, kernel.nr, kernel.lanes, PACK_B, src)
     block = _emit_block(module, kernel, table, pack_a, pack_b, src)
     worker = _emit_worker(module, kernel, block, src)
-    return emit_entry(module, worker, ENTRY, Param.DATA_OFFSET, Param.THREADS)
+    return emit_entry(module, worker, ENTRY, Param)
 
 
 def _kernel_table(module: ir.Module, kernel: MicroKernel) -> ir.GlobalVariable:
@@ -187,38 +186,19 @@ def _split(b: ir.IRBuilder, extent, parts, index, unit):
     return u.smin(b, start, extent)
 
 
-def _unoptimized(fn: ir.Function) -> None:
-    """Compile `fn` at -O0 (fast instruction selection and register allocation): for code that
-    runs once per call or per sub-block, where the optimizing backend cost a tenth of the
-    module's compile time and its speed does not show."""
-    fn.attributes.add("noinline")
-    fn.attributes.add("optnone")
-
-
 def _emit_worker(module, kernel, block, src: Source) -> ir.Function:
     """Thread body: its share of the (batch x TM x TN) grid of sub-blocks."""
-    fn = ir.Function(module, WORKER_TYPE, name="tf_gemm_worker")
-    fn.linkage = "internal"
-    _unoptimized(fn)
-    ctx, tid, nth = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fields = b.bitcast(ctx, u.i64.as_pointer())
-    params = b.inttoptr(b.load(u.gep(b, fields, 0)), _I64P)
-    a, bm, c, ws = (b.inttoptr(b.load(u.gep(b, fields, i)), ty)
-                    for i, ty in enumerate((src.ptr, src.ptr, _FP, _FP), 1))
-
-    def p(slot: Param):
-        return b.load(u.gep(b, params, int(slot)))
-
-    m, n, k = p(Param.M), p(Param.N), p(Param.K)
-    tm, tn = p(Param.TM), p(Param.TN)
-    tid64, nth64 = b.sext(tid, u.i64), b.sext(nth, u.i64)
-    units = b.mul(p(Param.BATCH), b.mul(tm, tn))
+    w = emit_worker(module, "tf_gemm_worker", src.ptr, src.ptr, _FP, _FP)
+    unoptimized(w.fn)
+    b, a, bm, c, ws, tid64, nth64 = w.b, w.x, w.y, w.z, w.ws, w.tid, w.nth
+    m, n, k = w[Param.M], w[Param.N], w[Param.K]
+    tm, tn = w[Param.TM], w[Param.TN]
+    units = b.mul(w[Param.BATCH], b.mul(tm, tn))
     u0 = b.sdiv(b.mul(units, tid64), nth64)
     u1 = b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64)
-    offsets = b.inttoptr(p(Param.OFFSETS), _I64P)
-    my_ws = u.gep(b, ws, b.mul(tid64, p(Param.WS_PER_THREAD)))
-    beta = b.trunc(p(Param.BETA), u.i32)
+    offsets = b.inttoptr(w[Param.OFFSETS], _I64P)
+    my_ws = u.gep(b, ws, b.mul(tid64, w[Param.WS_PER_THREAD]))
+    beta = b.trunc(w[Param.BETA], u.i32)
     with u.for_range(b, u0, u1, 1, "unit") as unit:
         grid = b.mul(tm, tn)
         bi = b.sdiv(unit, grid)
@@ -226,52 +206,14 @@ def _emit_worker(module, kernel, block, src: Source) -> ir.Function:
         ti, tj = b.sdiv(r, tn), b.srem(r, tn)
         m0 = _split(b, m, tm, ti, kernel.mr)
         m1 = _split(b, m, tm, b.add(ti, u.const(1)), kernel.mr)
-        n_unit = p(Param.N_UNIT)
+        n_unit = w[Param.N_UNIT]
         n0 = _split(b, n, tn, tj, n_unit)
         n1 = _split(b, n, tn, b.add(tj, u.const(1)), n_unit)
         off = u.gep(b, offsets, b.mul(bi, u.const(3)))
         a_i, b_i, c_i = (u.gep(b, base, b.load(u.gep(b, off, j)))
                          for j, base in enumerate((a, bm, c)))
-        b.call(block, [m0, m1, n0, n1, k, a_i, p(Param.RSA), p(Param.CSA), b_i, p(Param.RSB),
-                       p(Param.CSB), c_i, p(Param.RSC), beta, p(Param.BMODE), p(Param.MC),
-                       p(Param.KC), p(Param.NC), my_ws])
+        b.call(block, [m0, m1, n0, n1, k, a_i, w[Param.RSA], w[Param.CSA], b_i, w[Param.RSB],
+                       w[Param.CSB], c_i, w[Param.RSC], beta, w[Param.BMODE], w[Param.MC],
+                       w[Param.KC], w[Param.NC], my_ws])
     b.ret_void()
-    return fn
-
-
-def emit_entry(module: ir.Module, worker: ir.Function, name: str, offset_slot: int,
-               threads_slot: int) -> ir.Function:
-    """`name(params, X, Y, Z, ws)`: one native call runs `worker` on `params[threads_slot]`
-    threads with ctx = [params, X, Y, Z, ws] (data pointers).
-
-    X, Y, Z are NumPy array objects whose data pointers are read here (≈ 1 µs per operand less
-    than `ndarray.ctypes.data` in Python), or raw pointers when `params[offset_slot]` is -1."""
-    i8p = u.i8.as_pointer()
-    fn = ir.Function(module, ir.FunctionType(u.void, [_I64P, i8p, i8p, i8p, _FP]), name=name)
-    _unoptimized(fn)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    params = fn.args[0]
-    ctx = b.alloca(ir.ArrayType(u.i64, 5), name="ctx")
-    slots = b.bitcast(ctx, u.i64.as_pointer())
-    offset = b.load(u.gep(b, params, int(offset_slot)))
-    objects = b.icmp_signed(">=", offset, u.const(0))
-    for i, arg in enumerate(fn.args):
-        if i in (1, 2, 3):
-            with b.if_else(objects) as (from_object, raw):
-                with from_object:
-                    field = b.bitcast(b.gep(arg, [offset]), u.i64.as_pointer())
-                    b.store(b.load(field), u.gep(b, slots, i))
-                with raw:
-                    b.store(b.ptrtoint(arg, u.i64), u.gep(b, slots, i))
-        else:
-            b.store(b.ptrtoint(arg, u.i64), u.gep(b, slots, i))
-    threads = b.trunc(b.load(u.gep(b, params, int(threads_slot))), u.i32)
-    ctx8 = b.bitcast(ctx, u.i8.as_pointer())
-    with b.if_else(b.icmp_signed("<=", threads, u.const(1, u.i32))) as (single, many):
-        with single:
-            b.call(worker, [ctx8, u.const(0, u.i32), u.const(1, u.i32)])
-        with many:
-            par = u.intrinsic(module, "tilefold_parallel", u.void, list(PARALLEL_TYPE.args))
-            b.call(par, [worker, ctx8, threads])
-    b.ret_void()
-    return fn
+    return w.fn

@@ -13,7 +13,7 @@ import enum
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
+from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker
 
 _FP = u.f32.as_pointer()
 GEMV_ENTRY = "tf_gemv"
@@ -21,7 +21,7 @@ DOT_ROWS = 4
 AXPY_ROWS = 8
 
 
-class GemvParam(enum.IntEnum):
+class GemvParam(ParamBlock):
     """Slots of the int64 parameter block of `tf_gemv`."""
 
     N_OUT = 0
@@ -44,34 +44,24 @@ def emit_gemv(module: ir.Module, lanes: int) -> ir.Function:
     """Add `tf_gemv(params, x, W, y, ws)` for vectors of `lanes` floats."""
     dot = _emit_dot(module, lanes)
     axpy = _emit_axpy(module, lanes)
-    worker = ir.Function(module, WORKER_TYPE, name="tf_gemv_worker")
-    worker.linkage = "internal"
-    ctx, tid, nth = worker.args
-    b = ir.IRBuilder(worker.append_basic_block("entry"))
-    fields = b.bitcast(ctx, u.i64.as_pointer())
-    params = b.inttoptr(b.load(u.gep(b, fields, 0)), u.i64.as_pointer())
-    x, w, y = (b.inttoptr(b.load(u.gep(b, fields, i)), _FP) for i in (1, 2, 3))
-
-    def p(slot):
-        return b.load(u.gep(b, params, int(slot)))
-
-    n_out = p(GemvParam.N_OUT)
+    wk = emit_worker(module, "tf_gemv_worker", _FP, _FP, _FP)
+    b, x, w, y, tid64, nth64 = wk.b, wk.x, wk.y, wk.z, wk.tid, wk.nth
+    n_out = wk[GemvParam.N_OUT]
     unit = lanes * 4
     units = b.sdiv(b.add(n_out, u.const(unit - 1)), u.const(unit))
-    tid64, nth64 = b.sext(tid, u.i64), b.sext(nth, u.i64)
     i0 = u.smin(b, b.mul(b.sdiv(b.mul(units, tid64), nth64), u.const(unit)), n_out)
     i1 = u.smin(b, b.mul(b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64), u.const(unit)),
                 n_out)
-    args = [i0, i1, p(GemvParam.K), w, p(GemvParam.LDW), x, p(GemvParam.INC_X), y,
-            p(GemvParam.INC_Y), b.trunc(p(GemvParam.BETA), u.i32)]
-    is_dot = b.icmp_signed("==", p(GemvParam.MODE), u.const(GemvMode.DOT))
+    args = [i0, i1, wk[GemvParam.K], w, wk[GemvParam.LDW], x, wk[GemvParam.INC_X], y,
+            wk[GemvParam.INC_Y], b.trunc(wk[GemvParam.BETA], u.i32)]
+    is_dot = b.icmp_signed("==", wk[GemvParam.MODE], u.const(GemvMode.DOT))
     with b.if_else(is_dot) as (then, other):
         with then:
             b.call(dot, args)
         with other:
             b.call(axpy, args)
     b.ret_void()
-    return emit_entry(module, worker, GEMV_ENTRY, GemvParam.DATA_OFFSET, GemvParam.THREADS)
+    return emit_entry(module, wk.fn, GEMV_ENTRY, GemvParam)
 
 
 _ARGS = ("i0", "i1", "k", "w", "ldw", "x", "incx", "y", "incy", "beta")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
+from tilefold.codegen.gemm.abi import Entries, entry_points
 from tilefold.codegen.gemm.driver import ENTRY, PACK_B, emit_gemm
 from tilefold.codegen.gemm.gemv import GEMV_ENTRY, emit_gemv
 from tilefold.codegen.gemm.packing import SOURCES
@@ -23,7 +24,6 @@ from tilefold.target import Target, host_target
 
 log = logging.getLogger("tilefold.kernels")
 _P = ctypes.c_void_p
-_OBJ = ctypes.py_object
 # How GEMM modules are compiled (tests check their assembly compiled the same way): the hot
 # loops (micro-kernels, packing) step their own pointers, so LLVM's loop strength reduction, a
 # fifth to a third of the backend's time on these modules, is left out.
@@ -123,12 +123,9 @@ class GemmModule:
                         lambda: gemm_ir(self.target, self.kernel, src), **CODEGEN_OPTIONS)
 
     @functools.cached_property
-    def entry(self) -> Callable[..., None]:
-        return self.compiled.function(ENTRY, None, _P, _P, _P, _P, _P)
-
-    @functools.cached_property
-    def entry_objects(self) -> Callable[..., None]:
-        return self.compiled.function(ENTRY, None, _P, _OBJ, _OBJ, _OBJ, _P)
+    def entries(self) -> Entries:
+        """`tf_gemm` taking array objects, and taking raw pointers (`abi.NativePlan`)."""
+        return entry_points(self.compiled, ENTRY)
 
     @functools.cached_property
     def pack_b(self) -> Callable[..., None]:
@@ -142,12 +139,8 @@ class GemmModule:
                         lambda: gemv_ir(self.target, lanes))
 
     @property
-    def gemv(self) -> Callable[..., None]:
-        return self.gemv_compiled.function(GEMV_ENTRY, None, _P, _P, _P, _P, _P)
-
-    @property
-    def gemv_objects(self) -> Callable[..., None]:
-        return self.gemv_compiled.function(GEMV_ENTRY, None, _P, _OBJ, _OBJ, _OBJ, _P)
+    def gemv_entries(self) -> Entries:
+        return entry_points(self.gemv_compiled, GEMV_ENTRY)
 
 
 @functools.cache

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import math
-import threading
 
 import numpy as np
 
-from tilefold.codegen.gemm.blocking import Blocking, derive_blocking
+from tilefold.codegen.gemm.abi import DATA_OFFSET, NativePlan
+from tilefold.codegen.gemm.blocking import Blocking, balanced_block, derive_blocking
 from tilefold.codegen.gemm.driver import BMode, Param
 from tilefold.codegen.gemm.gemv import GemvMode, GemvParam
 from tilefold.codegen.gemm.module import GemmModule, gemm_module
@@ -17,55 +16,8 @@ from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.gemm.registry import select_microkernel
 from tilefold.errors import UnsupportedError
 
-# Cache-line alignment for buffers the kernels stream (packed panels, workspaces).
-ALIGN = 64
 # Below this many flops a second thread costs more (wake-up, split) than it saves.
 PARALLEL_MIN_FLOPS = 2_000_000
-
-
-def _data_offset() -> int:
-    """Where CPython/NumPy keep an array's data pointer inside the object, or -1 if unknown."""
-    probe = np.arange(4, dtype=np.float32)[::-1]
-    offset = 2 * ctypes.sizeof(ctypes.c_void_p)  # after PyObject_HEAD
-    found = ctypes.c_void_p.from_address(id(probe) + offset).value
-    return offset if found == probe.ctypes.data else -1
-
-
-DATA_OFFSET = _data_offset()
-
-
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
-    """An uninitialized array whose data starts on a 64-byte boundary (NumPy only promises 16)."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-class _Workspace(threading.local):
-    """Packing buffers, one per calling thread so concurrent matmuls never share them."""
-
-    def __init__(self):
-        self.buf = aligned_empty((0,), np.uint8)
-        self.ptr = self.buf.ctypes.data  # kept: `.ctypes` costs a microsecond per call
-
-    def get(self, nbytes: int) -> int:
-        if self.buf.nbytes < nbytes:
-            self.buf = aligned_empty((nbytes,), np.uint8)
-            self.ptr = self.buf.ctypes.data
-        return self.ptr
-
-
-_workspace = _Workspace()
-
-
-def balanced_block(extent: int, block: int, unit: int) -> int:
-    """A block size <= `block` (in whole `unit`s) that splits `extent` into equal-ish blocks."""
-    if extent <= 0:
-        return unit
-    nblocks = math.ceil(extent / block)
-    return min(block, math.ceil(math.ceil(extent / nblocks) / unit) * unit)
 
 
 def _parts(extent: int, parts: int, unit: int) -> list[int]:
@@ -101,30 +53,7 @@ def _part_cost(rows: int, cols: int, kern, bmode: BMode) -> float:
     return cost
 
 
-class _Plan:
-    """Holds a filled parameter block and runs the module entry on three operands."""
-
-    ws_bytes = 0
-
-    def __init__(self, entry_objects, entry_raw, values: dict[int, int], size: int):
-        p = np.zeros(size, np.int64)
-        for slot, value in values.items():
-            p[slot] = value
-        self.params = p
-        self._params_ptr = p.ctypes.data
-        if DATA_OFFSET >= 0:  # native code reads the data pointers out of the array objects
-            self._entry = entry_objects
-        else:
-            def _entry(params, x, y, z, ws):
-                entry_raw(params, x.ctypes.data, y.ctypes.data, z.ctypes.data, ws)
-            self._entry = _entry
-
-    def run(self, x: np.ndarray, y: np.ndarray, z: np.ndarray) -> None:
-        """One native call. The caller guarantees the shapes, strides and dtypes planned for."""
-        self._entry(self._params_ptr, x, y, z, _workspace.get(self.ws_bytes))
-
-
-class GemmPlan(_Plan):
+class GemmPlan(NativePlan):
     """A ready-to-run (batched) GEMM of fixed shapes and strides; `run(a, b, c)`."""
 
     def __init__(self, module: GemmModule, m: int, n: int, k: int, strides: tuple[int, ...],
@@ -150,7 +79,7 @@ class GemmPlan(_Plan):
                   Param.BMODE: bmode, Param.OFFSETS: self.offsets.ctypes.data,
                   Param.WS_PER_THREAD: ws_floats, Param.MC: mc, Param.KC: kc, Param.NC: nc,
                   Param.DATA_OFFSET: DATA_OFFSET, Param.N_UNIT: n_unit}
-        super().__init__(module.entry_objects, module.entry, values, len(Param))
+        super().__init__(module.entries, Param, values)
         self.threads = threads
         self.kernel = kern
         self.bmode = bmode
@@ -193,10 +122,10 @@ class GemmPlan(_Plan):
                 best, best_cost = (tm, tn), cost
         return best
 
-    __call__ = _Plan.run
+    __call__ = NativePlan.run
 
 
-class GemvPlan(_Plan):
+class GemvPlan(NativePlan):
     """y (+)= W x for a GEMM with M = 1 or N = 1; `__call__(a, b, c)` maps the operands."""
 
     def __init__(self, module: GemmModule, n_out: int, k: int, ldw: int, incx: int, incy: int,
@@ -206,7 +135,7 @@ class GemvPlan(_Plan):
                   GemvParam.INC_X: incx, GemvParam.INC_Y: incy, GemvParam.BETA: beta,
                   GemvParam.THREADS: threads, GemvParam.MODE: mode,
                   GemvParam.DATA_OFFSET: DATA_OFFSET}
-        super().__init__(module.gemv_objects, module.gemv, values, len(GemvParam))
+        super().__init__(module.gemv_entries, GemvParam, values)
         self.threads = threads
         self.mode = mode
         self.w_is_a = w_is_a

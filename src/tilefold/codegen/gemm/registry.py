@@ -9,8 +9,9 @@ element is used once and packing it would cost as much as the product).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from llvmlite import ir
 
@@ -90,6 +91,39 @@ MICROKERNELS: tuple[MicroKernel, ...] = (
 )
 
 
+class Entry(Protocol):
+    """What the family-chain walk reads of a registry row (f32 or low-precision)."""
+
+    name: str
+    family: str
+    features: frozenset[str]
+
+
+E = TypeVar("E", bound=Entry)
+# Why a registry row cannot run on a target (None: it can).
+Refusal = Callable[[Target, Entry], "str | None"]
+
+
+def missing_features(target: Target, entry: Entry) -> str | None:
+    """Why `entry` cannot run on `target` (the features it lacks), or None when it can."""
+    if not target.has(*entry.features):
+        return f"{target.name} lacks {', '.join(sorted(entry.features - target.features))}"
+    return None
+
+
+def select_entry(target: Target, entries: Iterable[E], refusal: Refusal = missing_features,
+                 **fields: object) -> E | None:
+    """The kernel selector of every GEMM (BLIS's table lookup): the first row of `entries`
+    along the target's family chain whose `fields` match (e.g. dtype="f32") and which
+    `refusal` lets run on `target`; None when no family of the chain has one."""
+    rows = [e for e in entries if all(getattr(e, k) == v for k, v in fields.items())]
+    for family in target.family:
+        for entry in rows:
+            if entry.family == family and refusal(target, entry) is None:
+                return entry
+    return None
+
+
 def select_microkernel(target: Target, dtype: str = "f32", shape_class: str = "general"
                        ) -> MicroKernel:
     """First entry along the target's family chain for `shape_class` whose features the target
@@ -97,11 +131,9 @@ def select_microkernel(target: Target, dtype: str = "f32", shape_class: str = "g
     if shape_class not in SHAPE_CLASSES:
         raise UnsupportedError(f"unknown GEMM shape class {shape_class!r}; known: "
                                + ", ".join(SHAPE_CLASSES))
-    for family in target.family:
-        for entry in MICROKERNELS:
-            if (entry.family == family and entry.dtype == dtype
-                    and entry.shape_class == shape_class and target.has(*entry.features)):
-                return entry
+    entry = select_entry(target, MICROKERNELS, dtype=dtype, shape_class=shape_class)
+    if entry is not None:
+        return entry
     if shape_class != "general":
         return select_microkernel(target, dtype)
     raise UnsupportedError(

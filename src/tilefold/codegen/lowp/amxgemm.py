@@ -16,14 +16,13 @@ next block's C lines for writing.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
+from tilefold.codegen.gemm.abi import ParamBlock, Worker, emit_entry, emit_worker
 from tilefold.codegen.lowp import amx
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.codegen.lowp.packgen import emit_pack_a, emit_pack_b
@@ -37,7 +36,7 @@ _P8 = u.i8.as_pointer()
 _FP = u.f32.as_pointer()
 
 
-class AParam(enum.IntEnum):
+class AParam(ParamBlock):
     """Slots of the int64 parameter block of `tf_amxgemm`."""
 
     M = 0
@@ -61,39 +60,25 @@ class AParam(enum.IntEnum):
     BIAS = 18
 
 
-class _Ctx:
-    """The worker's parameter loads and data pointers."""
-
-    def __init__(self, b: ir.IRBuilder, ctx: ir.Value):
-        self.b = b
-        fields = b.bitcast(ctx, u.i64.as_pointer())
-        self.params = b.inttoptr(b.load(u.gep(b, fields, 0)), u.i64.as_pointer())
-        self.a, self.bsrc, self.c, self.ws = (b.inttoptr(b.load(u.gep(b, fields, i)), _P8)
-                                              for i in range(1, 5))
-
-    def __getitem__(self, slot: AParam) -> ir.Value:
-        return self.b.load(u.gep(self.b, self.params, int(slot)))
-
-
 def _share(b: ir.IRBuilder, extent, parts, index, unit: int):
     """Start of part `index` of `parts` over `extent`, in whole `unit`s."""
     units = b.sdiv(extent, u.const(unit))
     return b.mul(b.sdiv(b.mul(units, index), parts), u.const(unit))
 
 
-def _pack_shares(b, x: _Ctx, k: DotKernel, pack_a, pack_b, tid, nth, apack, counter) -> None:
+def _pack_shares(b, x: Worker, k: DotKernel, pack_a, pack_b, tid, nth, apack, counter) -> None:
     """This thread's share of A's 16-row tile rows into apack and (when raw) of B's panels
     into ws, and its unit counter zeroed; then the barrier (with company) after which all of
     both are packed and every counter is zero."""
     kgp = x[AParam.KGP]
     r0, r1 = (_share(b, x[AParam.MP], nth, t, amx.TILE_ROWS) for t in (tid, b.add(tid, u.const(1))))
     dst = u.gep(b, apack, b.mul(b.mul(r0, kgp), u.const(4)))
-    b.call(pack_a, [x.a, x[AParam.LDA], x[AParam.M], b.mul(x[AParam.K], u.const(4 // k.kgroup)),
+    b.call(pack_a, [x.x, x[AParam.LDA], x[AParam.M], b.mul(x[AParam.K], u.const(4 // k.kgroup)),
                     r0, b.sub(r1, r0), u.const(0), kgp, dst])
     with b.if_then(b.icmp_signed("!=", x[AParam.PACK_B], u.const(0))):
         panels = b.sdiv(x[AParam.NP], u.const(BLOCK))
         p0, p1 = (_share(b, panels, nth, t, 1) for t in (tid, b.add(tid, u.const(1))))
-        b.call(pack_b, [x.bsrc, x[AParam.LDB], x[AParam.K], x[AParam.N], kgp, p0, p1, x.ws])
+        b.call(pack_b, [x.y, x[AParam.LDB], x[AParam.K], x[AParam.N], kgp, p0, p1, x.ws])
     b.store(u.const(0), _counter(b, counter, tid))
     with b.if_then(b.icmp_signed(">", nth, u.const(1))):
         barrier = u.intrinsic(b.module, "tilefold_barrier", u.void, [u.i32])
@@ -137,7 +122,7 @@ def _block_tiles(b, k: DotKernel, apan, kts, bpan, c_in, c_out, first, last, c_n
         amx.store(b, t, at(c_out[0]), c_out[1])
 
 
-def _dequantize_block(b, x: _Ctx, cptr, row, col, ldc_bytes) -> None:
+def _dequantize_block(b, x: Worker, cptr, row, col, ldc_bytes) -> None:
     """C[ROWS, 32] at cptr, int32 -> f32 * row_scale[row + i] * col_scale[col + j] + bias[...]
     (the scale and bias vectors are padded to MP and NP)."""
     lanes = 16
@@ -197,17 +182,13 @@ def _each_unit(b: ir.IRBuilder, counters: ir.Value, tid, nth, panels,
 
 
 def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b):
-    fn = ir.Function(module, WORKER_TYPE, name="tf_amxgemm_worker")
-    fn.linkage = "internal"
-    ctx, tid32, nth32 = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    x = _Ctx(b, ctx)
-    tid, nth = b.sext(tid32, u.i64), b.sext(nth32, u.i64)
+    x = emit_worker(module, "tf_amxgemm_worker", _P8, _P8, _P8, _P8)
+    b, tid, nth = x.b, x.tid, x.nth
     kgp = x[AParam.KGP]
     apack = u.gep(b, x.ws, x[AParam.A_OFFSET])
     counters = u.gep(b, x.ws, x[AParam.NEXT_OFFSET])
     _pack_shares(b, x, k, pack_a, pack_b, tid, nth, apack, counters)
-    bm = b.select(b.icmp_signed("!=", x[AParam.PACK_B], u.const(0)), x.ws, x.bsrc)
+    bm = b.select(b.icmp_signed("!=", x[AParam.PACK_B], u.const(0)), x.ws, x.y)
     mcb, kcb = x[AParam.MC], x[AParam.KC]
     cbuf = u.gep(b, x.ws, b.add(x[AParam.SUM_OFFSET], b.mul(b.mul(tid, mcb), u.const(BLOCK * 4))))
     ldc_bytes = b.mul(x[AParam.NP], u.const(4))
@@ -228,7 +209,7 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
             bpan = u.gep(b, panel, b.mul(pc, u.const(BLOCK * 4)))
             with u.for_range(b, u.const(0), mc, ROWS, "ir") as ir_:
                 row = b.add(ic, ir_)
-                cptr = u.gep(b, x.c, b.mul(b.add(b.mul(row, x[AParam.NP]), jr), u.const(4)))
+                cptr = u.gep(b, x.z, b.mul(b.add(b.mul(row, x[AParam.NP]), jr), u.const(4)))
                 apan = u.gep(b, abuf, b.add(b.mul(b.sdiv(ir_, u.const(ROWS)), a_tiles),
                                             b.mul(b.sdiv(pc, u.const(KSTEP)),
                                                   u.const(amx.TILE_SIZE))))
@@ -243,7 +224,7 @@ def _emit_worker(module: ir.Module, k: DotKernel, dequant: bool, pack_a, pack_b)
                         _dequantize_block(b, x, cptr, row, jr, ldc_bytes)
     amx.release(b)
     b.ret_void()
-    return fn
+    return x.fn
 
 
 def amxgemm_ir(k: DotKernel, target: Target, dequant: bool = False) -> str:
@@ -253,5 +234,5 @@ def amxgemm_ir(k: DotKernel, target: Target, dequant: bool = False) -> str:
     pack_a = emit_pack_a(module)
     pack_b = emit_pack_b(module, BLOCK, k.kgroup)
     worker = _emit_worker(module, k, dequant, pack_a, pack_b)
-    emit_entry(module, worker, ENTRY, int(AParam.DATA_OFFSET), int(AParam.THREADS))
+    emit_entry(module, worker, ENTRY, AParam)
     return str(module)

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tilefold.codegen.gemm.plan import ALIGN, DATA_OFFSET, _Plan, balanced_block
+from tilefold.codegen.gemm.abi import ALIGN, DATA_OFFSET, NativePlan, compiled_entries
+from tilefold.codegen.gemm.blocking import derive_tile_blocking
 from tilefold.codegen.lowp.amxgemm import BLOCK, ENTRY, KSTEP, ROWS, AParam, amxgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
-from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
+from tilefold.runtime import num_threads
 from tilefold.target import Target
 
-if TYPE_CHECKING:  # dotpack imports this module
-    from tilefold.codegen.lowp.dotpack import PackedB
-
-_P = ctypes.c_void_p
 # Below this many multiply-adds a second thread costs more than it saves.
 PARALLEL_MIN_MACS = 1 << 21
 # Tile rows are 64 bytes (`ALIGN`): an unaligned row straddles two cache lines and a tile load
@@ -29,35 +24,9 @@ def _up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
 
 
-@functools.cache
-def _module(kernel: DotKernel, target: Target, dequant: bool):
-    thread_pool()  # `tilefold_parallel` must exist before the module links
-    compiled = compile_llvm_ir(amxgemm_ir(kernel, target, dequant), target,
-                               name=f"amxgemm_{kernel.name}{'_dq' if dequant else ''}")
-    obj = ctypes.py_object
-    return (compiled.function(ENTRY, None, _P, obj, obj, obj, _P),
-            compiled.function(ENTRY, None, _P, _P, _P, _P, _P))
-
-
-def amx_k_words(k: int, kernel: DotKernel) -> int:
-    """k-group words of K, padded to whole tile steps."""
-    return _up(math.ceil(k / kernel.kgroup), KSTEP)
-
-
-def _blocking(target: Target, kgp: int, rows: int) -> tuple[int, int]:
-    """(MC rows, KC words). The KC x 32 slice of a B panel stays in L1 and serves every
-    16-row block of the MC rows, whose A tiles stream from L2; MC rows of packed A over all
-    of K fill a quarter of L2, so each B slice is fetched from beyond L2 once per MC rows
-    (with MC = 32 at 2048^2, B was re-read from L3 for every 32 rows). Measured on Emerald
-    Rapids (1 thread, 1024^2 bf16, 512x768x3072 int8, 2048^2 bf16): a third of L1 (KC =
-    128 words) beats two thirds by 5-7% and all of K by 10%, though each K block but the
-    last stores its sums to the thread's MC x 32 buffer and the next reloads them; a
-    quarter of L2 for A beats half by 0-10% and all of it by 20%. Both are balanced so no
-    block is a sliver."""
-    kc_most = target.l1d_bytes // 3 // (BLOCK * 4) // KSTEP * KSTEP
-    kc = balanced_block(kgp, max(KSTEP, kc_most), KSTEP)
-    mc_most = max(ROWS, target.l2_bytes // 4 // (kgp * 4) // ROWS * ROWS)
-    return balanced_block(_up(rows, ROWS), mc_most, ROWS), kc
+def _entries(kernel: DotKernel, target: Target, dequant: bool):
+    return compiled_entries(target, f"amxgemm_{kernel.name}{'_dq' if dequant else ''}", ENTRY,
+                            amxgemm_ir, kernel, target, dequant)
 
 
 def _unit_rows(mp: int, panels: int, threads: int) -> int:
@@ -76,12 +45,13 @@ def _padded(v: np.ndarray, size: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=256)
 def _plan(kernel: DotKernel, target: Target, m: int, k: int, n: int, lda: int, ldb: int,
-          pack: bool, threads: int, dequant: bool) -> tuple[_Plan, dict[int, int]]:
+          pack: bool, threads: int, dequant: bool) -> tuple[NativePlan, dict[int, int]]:
     """The run plan of one shape (Python work that would cost more than a small GEMM itself
     if redone per call) and its parameter values (a dequantizing call adds its vectors);
     `pack`: B is raw [K, N] with rows `ldb` bytes apart, packed in the call."""
-    mp, np_, kgp = _up(m, ROWS), _up(n, BLOCK), amx_k_words(k, kernel)
-    mc, kc = _blocking(target, kgp, _unit_rows(mp, np_ // BLOCK, threads))
+    mp, np_, kgp = _up(m, ROWS), _up(n, BLOCK), kernel.k_words(k)
+    blk = derive_tile_blocking(target, kernel, kgp, _unit_rows(mp, np_ // BLOCK, threads), KSTEP)
+    mc, kc = blk.mc, blk.kc
     a_offset = _up(np_ * kgp * 4, ALIGN) if pack else 0
     sum_offset = a_offset + mp * kgp * 4  # packed A, then the partial sums
     next_offset = sum_offset + threads * mc * BLOCK * 4  # then the unit counters
@@ -90,16 +60,16 @@ def _plan(kernel: DotKernel, target: Target, m: int, k: int, n: int, lda: int, l
               AParam.THREADS: threads, AParam.DATA_OFFSET: DATA_OFFSET,
               AParam.PACK_B: int(pack), AParam.A_OFFSET: a_offset,
               AParam.SUM_OFFSET: sum_offset, AParam.NEXT_OFFSET: next_offset}
-    plan = _Plan(*_module(kernel, target, dequant), values, len(AParam))
+    plan = NativePlan(_entries(kernel, target, dequant), AParam, values)
     plan.ws_bytes = next_offset + threads * ALIGN
     return plan, values
 
 
-def run_amxgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, n: int,
-                target: Target, *,
+def run_amxgemm(a: np.ndarray, b: np.ndarray, kernel: DotKernel, n: int, target: Target, *,
                 dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
                 threads: int | None = None) -> np.ndarray:
-    """C = A[M, K] @ B with B raw [K, N] (packed per call, in parallel) or `PackedB` panels;
+    """C = A[M, K] @ B with B raw [K, N] (packed per call, in parallel) or the panels of a
+    `tilefold.codegen.lowp.dotpack.PackedB` ([N / 32, K words, 32]);
     f32 for bf16, i32 for 8-bit, or f32 with `dequant` = (row_scale[M], col_scale[N], bias[N])."""
     m, k = a.shape
     # The packers read whole rows: elements within a row must be adjacent (rows may be apart).
@@ -120,10 +90,9 @@ def run_amxgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, n: in
     c = np.empty((mp, np_), np.float32 if out_float else np.int32)
     if dequant is not None:
         keep = [_padded(v, size) for v, size in zip(dequant, (mp, np_, np_), strict=True)]
-        scaled = _Plan(*_module(kernel, target, True), {
+        scaled = NativePlan(_entries(kernel, target, True), AParam, {
             **values, AParam.ROW_SCALE: keep[0].ctypes.data,
-            AParam.COL_SCALE: keep[1].ctypes.data, AParam.BIAS: keep[2].ctypes.data},
-            len(AParam))
+            AParam.COL_SCALE: keep[1].ctypes.data, AParam.BIAS: keep[2].ctypes.data})
         scaled.ws_bytes = plan.ws_bytes
         plan = scaled
     plan.run(a, b, c)

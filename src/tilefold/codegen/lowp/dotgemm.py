@@ -9,12 +9,10 @@ optionally dequantize (row scale * column scale + bias) to f32 in place.
 
 from __future__ import annotations
 
-import enum
-
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
+from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker
 from tilefold.codegen.lowp.dot import DOT_STEPS
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.target import Target
@@ -26,7 +24,7 @@ UK_TYPE = ir.FunctionType(u.void, [u.i64, _W, _W, _W, u.i64, u.i32, u.i32, u.i64
                                    _FP, _FP, _FP])
 
 
-class DParam(enum.IntEnum):
+class DParam(ParamBlock):
     """Slots of the int64 parameter block of `tf_dotgemm`."""
 
     M = 0
@@ -132,24 +130,14 @@ def _epilogue(b, k, dequant, accs, c, ldc, first, last, rows, cols, comp, rs, cs
 
 def _emit_worker(module: ir.Module, k: DotKernel, uk: ir.Function) -> ir.Function:
     """Thread `tid` of TM x TN: its rectangle of C, loops pc (KC) > ic (MC) > jr > ir."""
-    fn = ir.Function(module, WORKER_TYPE, name="tf_dotgemm_worker")
-    fn.linkage = "internal"
-    ctx, tid, _ = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fields = b.bitcast(ctx, u.i64.as_pointer())
-    params = b.inttoptr(b.load(u.gep(b, fields, 0)), u.i64.as_pointer())
-    a, bm, c = (b.inttoptr(b.load(u.gep(b, fields, i)), _W) for i in (1, 2, 3))
-
-    def p(slot: DParam):
-        return b.load(u.gep(b, params, int(slot)))
-
-    m, n, kg, ldc = p(DParam.M), p(DParam.N), p(DParam.KG), p(DParam.LDC)
-    mcb, kcb, tm, tn = p(DParam.MC), p(DParam.KC), p(DParam.TM), p(DParam.TN)
-    comp = b.inttoptr(p(DParam.COMP), _W)
-    rs, cs, bias = (b.inttoptr(p(s), _FP) for s in (DParam.ROW_SCALE, DParam.COL_SCALE,
+    w = emit_worker(module, "tf_dotgemm_worker", _W, _W, _W)
+    b, a, bm, c = w.b, w.x, w.y, w.z
+    m, n, kg, ldc = w[DParam.M], w[DParam.N], w[DParam.KG], w[DParam.LDC]
+    mcb, kcb, tm, tn = w[DParam.MC], w[DParam.KC], w[DParam.TM], w[DParam.TN]
+    comp = b.inttoptr(w[DParam.COMP], _W)
+    rs, cs, bias = (b.inttoptr(w[s], _FP) for s in (DParam.ROW_SCALE, DParam.COL_SCALE,
                                                      DParam.BIAS))
-    tid64 = b.sext(tid, u.i64)
-    ti, tj = b.sdiv(tid64, tn), b.srem(tid64, tn)
+    ti, tj = b.sdiv(w.tid, tn), b.srem(w.tid, tn)
 
     def split(extent, parts, index, unit):
         units = b.sdiv(b.add(extent, u.const(unit - 1)), u.const(unit))
@@ -177,7 +165,7 @@ def _emit_worker(module: ir.Module, k: DotKernel, uk: ir.Function) -> ir.Functio
                                 first, last, rows, cols, u.gep(b, comp, jr), u.gep(b, rs, ir_),
                                 u.gep(b, cs, jr), u.gep(b, bias, jr)])
     b.ret_void()
-    return fn
+    return w.fn
 
 
 def dotgemm_ir(k: DotKernel, target: Target, dequant: bool = False) -> str:
@@ -186,5 +174,5 @@ def dotgemm_ir(k: DotKernel, target: Target, dequant: bool = False) -> str:
     module.triple = target.triple
     uk = _emit_microkernel(module, k, dequant)
     worker = _emit_worker(module, k, uk)
-    emit_entry(module, worker, ENTRY, int(DParam.DATA_OFFSET), int(DParam.THREADS))
+    emit_entry(module, worker, ENTRY, DParam)
     return str(module)

@@ -15,13 +15,14 @@ import math
 
 import numpy as np
 
-from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan, aligned_empty
-from tilefold.codegen.lowp.amxrun import amx_k_words, run_amxgemm
+from tilefold.codegen.gemm.abi import DATA_OFFSET, NativePlan, aligned_empty, compiled_entries
+from tilefold.codegen.gemm.blocking import derive_blocking
+from tilefold.codegen.lowp.amxrun import run_amxgemm
 from tilefold.codegen.lowp.dotgemm import ENTRY, DParam, dotgemm_ir
 from tilefold.codegen.lowp.kernels import DotKernel
 from tilefold.codegen.lowp.packgen import PACK_B_ENTRY, pack_b_ir
 from tilefold.codegen.lowp.widened import prepack_widened, run_widened
-from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
+from tilefold.runtime import compile_llvm_ir, num_threads
 from tilefold.target import Target
 
 _P = ctypes.c_void_p
@@ -69,11 +70,11 @@ class PackedB:
                                           kernel, target)
             return
         b = np.ascontiguousarray(b)
-        kgp = amx_k_words(self.k, kernel) if kernel.is_amx else math.ceil(self.k / kernel.kgroup)
+        kgp = kernel.k_words(self.k)
         self.panels = aligned_empty((math.ceil(self.n / kernel.nr), kgp, kernel.nr), np.uint32)
         _pack_b_entry(kernel.nr, kernel.kgroup, target)(
             b.ctypes.data, b.strides[0], self.k, self.n, kgp, self.panels.ctypes.data)
-        if kernel.dtype == "u8s8" and not kernel.is_amx:
+        if kernel.dtype == "u8s8":  # compensates signed A (+128) on the vector kernels
             self.colsum = b.sum(axis=0, dtype=np.int32)
 
 
@@ -82,16 +83,6 @@ def pack_a(a: np.ndarray, kernel: DotKernel) -> np.ndarray:
     if a.dtype == np.int8 and kernel.dtype == "u8s8":
         a = (a.view(np.uint8) ^ np.uint8(0x80))
     return _panels(_words(np.ascontiguousarray(a), kernel.kgroup), kernel.mr)
-
-
-@functools.cache
-def _module(kernel: DotKernel, target: Target, dequant: bool):
-    thread_pool()  # `tilefold_parallel` must exist before the module links
-    compiled = compile_llvm_ir(dotgemm_ir(kernel, target, dequant), target,
-                               name=f"dotgemm_{kernel.name}{'_dq' if dequant else ''}")
-    obj = ctypes.py_object
-    return (compiled.function(ENTRY, None, _P, obj, obj, obj, _P),
-            compiled.function(ENTRY, None, _P, _P, _P, _P, _P))
 
 
 def _split(m: int, n: int, threads: int, kernel: DotKernel) -> tuple[int, int]:
@@ -103,21 +94,18 @@ def _split(m: int, n: int, threads: int, kernel: DotKernel) -> tuple[int, int]:
     return threads, 1
 
 
-def _round_down(x: int, unit: int) -> int:
-    return max(unit, x // unit * unit)
+def _run_widened(a, b, kernel, target, dequant, threads) -> np.ndarray:
+    return run_widened(a, b.matrix if isinstance(b, PackedB) else b, kernel, target, threads)
 
 
-def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, target: Target, *,
-                dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                threads: int | None = None) -> np.ndarray:
-    """C = A @ B (B raw [K, N] or packed for `kernel`): f32 for bf16, i32 for 8-bit, or f32
-    with `dequant` = (row_scale[M], col_scale[N], bias[N]) applied to the int32 sums."""
-    if kernel.widens:
-        return run_widened(a, b.matrix if isinstance(b, PackedB) else b, kernel, target, threads)
-    if kernel.is_amx:
-        n = b.n if isinstance(b, PackedB) else b.shape[1]
-        data = b.panels if isinstance(b, PackedB) else b
-        return run_amxgemm(a, data, kernel, n, target, dequant=dequant, threads=threads)
+def _run_tiles(a, b, kernel, target, dequant, threads) -> np.ndarray:
+    n = b.n if isinstance(b, PackedB) else b.shape[1]
+    data = b.panels if isinstance(b, PackedB) else b
+    return run_amxgemm(a, data, kernel, n, target, dequant=dequant, threads=threads)
+
+
+def _run_dots(a, b, kernel, target, dequant, threads) -> np.ndarray:
+    """The register-tile GEMM of dot steps (tilefold.codegen.lowp.dotgemm) on packed A and B."""
     pb = b if isinstance(b, PackedB) else PackedB(b, kernel, target)
     m, n = a.shape[0], pb.n
     ap = pack_a(a, kernel)
@@ -125,24 +113,33 @@ def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, targe
     if threads is None:
         threads = num_threads() if m * n * pb.k >= PARALLEL_MIN_MACS else 1
     tm, tn = _split(m, n, threads, kernel)
-    kc = _round_down(target.l1d_bytes // 2 // (kernel.nr * 4), 16)
-    mc = _round_down(target.l2_bytes // 2 // (min(kc, kg) * 4), kernel.mr)
-    out_float = kernel.acc_is_float or dequant is not None
-    c = np.empty((m, n), np.float32 if out_float else np.int32)
-    keep = [ap]
+    blk = derive_blocking(target, kernel, k=kg)
+    dq = dequant is not None
+    c = np.empty((m, n), np.float32 if kernel.acc_is_float or dq else np.int32)
     comp = np.zeros(n, np.int32)
     if kernel.dtype == "u8s8" and a.dtype == np.int8:
         comp = (pb.colsum * 128).astype(np.int32)
-    keep.append(comp)
     ptrs = {DParam.COMP: comp.ctypes.data}
-    if dequant is not None:
+    if dq:  # the arrays must outlive the call
         arrays = [np.ascontiguousarray(v, np.float32) for v in dequant]
-        keep += arrays
         ptrs.update({DParam.ROW_SCALE: arrays[0].ctypes.data,
                      DParam.COL_SCALE: arrays[1].ctypes.data, DParam.BIAS: arrays[2].ctypes.data})
-    entry_objects, entry_raw = _module(kernel, target, dequant is not None)
-    values = {DParam.M: m, DParam.N: n, DParam.KG: kg, DParam.LDC: n, DParam.MC: mc,
-              DParam.KC: kc, DParam.TM: tm, DParam.TN: tn, DParam.THREADS: tm * tn,
+    entries = compiled_entries(target, f"dotgemm_{kernel.name}{'_dq' if dq else ''}", ENTRY,
+                               dotgemm_ir, kernel, target, dq)
+    values = {DParam.M: m, DParam.N: n, DParam.KG: kg, DParam.LDC: n, DParam.MC: blk.mc,
+              DParam.KC: blk.kc, DParam.TM: tm, DParam.TN: tn, DParam.THREADS: tm * tn,
               DParam.DATA_OFFSET: DATA_OFFSET, **ptrs}
-    _Plan(entry_objects, entry_raw, values, len(DParam)).run(ap, pb.panels, c)
+    NativePlan(entries, DParam, values).run(ap, pb.panels, c)
     return c
+
+
+# The GEMM of each registry row's `driver`.
+_DRIVERS = {"f32": _run_widened, "amx": _run_tiles, "dot": _run_dots}
+
+
+def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, target: Target, *,
+                dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                threads: int | None = None) -> np.ndarray:
+    """C = A @ B (B raw [K, N] or packed for `kernel`): f32 for bf16, i32 for 8-bit, or f32
+    with `dequant` = (row_scale[M], col_scale[N], bias[N]) applied to the int32 sums."""
+    return _DRIVERS[kernel.driver](a, b, kernel, target, dequant, threads)

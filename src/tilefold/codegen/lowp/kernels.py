@@ -1,18 +1,21 @@
 """Low-precision GEMM micro-kernels as registry data: (ISA family, dtype, MR, NR, features, dot).
 
-Entries sit beside the f32 ones of tilefold.codegen.gemm.registry and are chosen the same way,
-walking the target's family chain; each dtype has a portable entry on "x86-64-v3" so every x86
-target finds one (the fallbacks tests force with `host_target("x86-64-v3")`). An entry whose
-`dot` is WIDEN_TO_F32 is the f32 GEMM run on operands widened to f32 while packed. AMX tile
-entries come first where the CPU has them and the OS lets this process use them; signed 8-bit A
-("s8s8") runs on a u8s8 kernel (A + 128, compensated) where no s8s8 kernel applies.
+Entries sit beside the f32 ones of tilefold.codegen.gemm.registry and are chosen by the same
+selector (`select_entry`), walking the target's family chain; each dtype has a portable entry
+on "x86-64-v3" so every x86 target finds one (the fallbacks tests force with
+`host_target("x86-64-v3")`). An entry whose `dot` is WIDEN_TO_F32 is the f32 GEMM run on
+operands widened to f32 while packed. AMX tile entries come first where the CPU has them and
+the OS lets this process use them; signed 8-bit A ("s8s8") runs on a u8s8 kernel (A + 128,
+compensated) where no s8s8 kernel applies.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
+from tilefold.codegen.gemm.registry import missing_features, select_entry
 from tilefold.errors import UnsupportedError
 from tilefold.target import Target, enable_amx
 
@@ -33,10 +36,20 @@ class DotKernel:
     features: frozenset[str]
     dot: str  # key of tilefold.codegen.lowp.dot.DOT_STEPS, an AMX instruction, or WIDEN_TO_F32
     kgroup: int
+    kstep: int = 1  # K is padded to whole steps of this many words (AMX: one tile's 16)
 
     @property
     def nv(self) -> int:
         return self.nr // self.lanes
+
+    @property
+    def a_in_l1(self) -> bool:
+        """Blocking's loop order (tilefold.codegen.gemm.blocking): the B micro-panel stays in L1."""
+        return False
+
+    def k_words(self, k: int) -> int:
+        """32-bit k-group words of K elements, padded to whole `kstep`s (how panels hold K)."""
+        return math.ceil(math.ceil(k / self.kgroup) / self.kstep) * self.kstep
 
     @property
     def acc_is_float(self) -> bool:
@@ -47,6 +60,13 @@ class DotKernel:
         """Runs on the f32 GEMM (tilefold.codegen.gemm) with A and B widened while packed; the
         tile fields then describe the f32 micro-kernel of that family."""
         return self.dot == WIDEN_TO_F32
+
+    @property
+    def driver(self) -> str:
+        """The GEMM that runs this row (tilefold.codegen.lowp.dotpack's table): "f32" (the
+        f32 GEMM on widened operands), "amx" (tile blocks, amxgemm) or "dot" (register tiles
+        of dot steps, dotgemm)."""
+        return "f32" if self.widens else "amx" if self.is_amx else "dot"
 
     @property
     def is_amx(self) -> bool:
@@ -60,11 +80,11 @@ def _f(*names: str) -> frozenset[str]:
 
 DOT_KERNELS: tuple[DotKernel, ...] = (
     DotKernel("bf16_amx_16x32", "sapphirerapids", "bf16", 16, 32, 16, _f("amx-tile", "amx-bf16"),
-              "tdpbf16ps", 2),
+              "tdpbf16ps", 2, kstep=16),
     DotKernel("u8s8_amx_16x32", "sapphirerapids", "u8s8", 16, 32, 16, _f("amx-tile", "amx-int8"),
-              "tdpbusd", 4),
+              "tdpbusd", 4, kstep=16),
     DotKernel("s8s8_amx_16x32", "sapphirerapids", "s8s8", 16, 32, 16, _f("amx-tile", "amx-int8"),
-              "tdpbssd", 4),
+              "tdpbssd", 4, kstep=16),
     DotKernel("bf16_avx512bf16_8x48", "x86-64-v4", "bf16", 8, 48, 16,
               _f("avx512f", "avx512bf16"), "dpbf16", 2),
     DotKernel("bf16_avx512_6x48", "x86-64-v4", "bf16", 6, 48, 16, _f("avx512f"), "dpbf16_fma", 2),
@@ -90,24 +110,26 @@ DTYPES = ("bf16", "f16", "u8s8", "s8s8")
 
 def _refusal(target: Target, entry: DotKernel) -> str | None:
     """Why `entry` cannot run on `target`, or None when it can."""
-    if not target.has(*entry.features):
-        return f"{target.name} lacks {', '.join(sorted(entry.features - target.features))}"
-    if entry.is_amx and target.is_host() and not enable_amx():
+    reason = missing_features(target, entry)
+    if reason is None and entry.is_amx and target.is_host() and not enable_amx():
         return "the OS refused this process AMX tile data (arch_prctl XCOMP_PERM)"
-    return None
+    return reason
+
+
+def _logged_refusal(target: Target, entry: DotKernel) -> str | None:
+    reason = _refusal(target, entry)
+    if reason is not None and entry.is_amx and target.has(*entry.features):
+        log.info("skipping %s: %s", entry.name, reason)
+    return reason
 
 
 def select_dot_kernel(target: Target, dtype: str) -> DotKernel:
-    """The first entry along the target's family chain whose features the target has."""
+    """The first entry along the target's family chain whose features the target has (for
+    s8s8, a u8s8 entry when no s8s8 one applies)."""
     for kind in (dtype, *_RUNS_ON.get(dtype, ())):
-        for family in target.family:
-            for entry in DOT_KERNELS:
-                if entry.family == family and entry.dtype == kind:
-                    reason = _refusal(target, entry)
-                    if reason is None:
-                        return entry
-                    if entry.is_amx and target.has(*entry.features):
-                        log.info("skipping %s: %s", entry.name, reason)
+        entry = select_entry(target, DOT_KERNELS, _logged_refusal, dtype=kind)
+        if entry is not None:
+            return entry
     raise UnsupportedError(
         f"no {dtype} GEMM micro-kernel for target {target.name} (family {target.family}); "
         "low-precision GEMMs need x86-64-v3 (AVX2) or newer — convert the operands to f32 "

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 from typing import Any, Protocol
 
 import numpy as np
 
-from tilefold.codegen.gemm.plan import DATA_OFFSET, _Plan
+from tilefold.codegen.gemm.abi import DATA_OFFSET, NativePlan, compiled_entries
 from tilefold.codegen.lowp.decode import choose_decoder, octet_packed
 from tilefold.codegen.lowp.wgemv import ENTRY, WgemvSpec, WParam, wgemv_ir
 from tilefold.errors import UnsupportedError
-from tilefold.runtime import compile_llvm_ir, num_threads, thread_pool
+from tilefold.runtime import num_threads
 from tilefold.target import Target, host_target
 
 # Panels per tile by rows per pass: enough independent FMA chains (2 * mt * nv >= 8) to hide
 # latency, few enough accumulators to stay in registers.
 _TILES = ((1, 4), (2, 2), (4, 1), (8, 1))
 PANEL_PAD = 4  # panels are padded to a multiple of the widest tile
-_P = ctypes.c_void_p
 # Below this many weight bytes a second thread costs more than it saves.
 PARALLEL_MIN_BYTES = 1 << 18
 
@@ -91,7 +88,7 @@ class PanelLayout:
             zc = -qt.zero_point.astype(np.float64) * qt.scale.astype(np.float64)
             self.zcorr = self._per_column(qt, zc.astype(np.float32), 0.0)
         self.code = qt.code.name
-        self.plans: dict[tuple, _Plan] = {}  # see weight_only_matmul
+        self.plans: dict[tuple, NativePlan] = {}  # see weight_only_matmul
 
     def _per_column(self, qt, values: np.ndarray, pad: float) -> np.ndarray:
         """[groups, N'] blockwise values -> [panels, groups, lanes]."""
@@ -111,22 +108,12 @@ def panel_layout(qt: QuantizedWeight, lanes: int) -> PanelLayout:
     return qt.kernel_layouts[key]
 
 
-@functools.cache
-def _module(spec: WgemvSpec, target: Target):
-    thread_pool()  # `tilefold_parallel` must exist before the module links
-    compiled = compile_llvm_ir(wgemv_ir(spec, target), target, name=spec.name)
-    return (compiled.function(ENTRY, None, _P, ctypes.py_object, ctypes.py_object,
-                              ctypes.py_object, _P),
-            compiled.function(ENTRY, None, _P, _P, _P, _P, _P))
-
-
 def _plan(layout: PanelLayout, m: int, ldx: int, target: Target, threads: int,
-          sx: np.ndarray) -> _Plan:
+          sx: np.ndarray) -> NativePlan:
     """The ready-to-run call for M rows of stride `ldx` (y is written with stride N')."""
     mt, nv = tile_for(m)
     spec = WgemvSpec(choose_decoder(layout.code, target), layout.lanes, layout.group, mt, nv,
                      layout.zcorr is not None)
-    entry_objects, entry_raw = _module(spec, target)
     units = layout.panels // nv
     zc = layout.zcorr if layout.zcorr is not None else layout.scale
     values = {WParam.M: m, WParam.K: layout.k, WParam.LDX: ldx,
@@ -134,7 +121,8 @@ def _plan(layout: PanelLayout, m: int, ldx: int, target: Target, threads: int,
               WParam.GROUPS: layout.groups, WParam.THREADS: max(1, min(threads, units)),
               WParam.SCALE: layout.scale.ctypes.data, WParam.ZCORR: zc.ctypes.data,
               WParam.SX: sx.ctypes.data, WParam.DATA_OFFSET: DATA_OFFSET}
-    return _Plan(entry_objects, entry_raw, values, len(WParam))
+    return NativePlan(compiled_entries(target, spec.name, ENTRY, wgemv_ir, spec, target), WParam,
+                      values)
 
 
 _NO_SX = np.zeros(1, np.float32)

@@ -8,13 +8,12 @@ acc += tmp * scale[g, n] (+ zcorr[g, n] * sum_k x[m, k] for zero points).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.gemm.driver import WORKER_TYPE, emit_entry
+from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker
 from tilefold.codegen.lowp.decode import (
     Decoder,
     decode_octet,
@@ -34,7 +33,7 @@ _I8P = u.i8.as_pointer()
 TILE_TYPE = ir.FunctionType(u.void, [_FP, u.i64, _I8P, _FP, _FP, _FP, u.i64, _FP, u.i64, u.i64])
 
 
-class WParam(enum.IntEnum):
+class WParam(ParamBlock):
     """Slots of the int64 parameter block of `tf_wgemv`."""
 
     M = 0
@@ -154,23 +153,13 @@ def _emit_worker(module: ir.Module, spec: WgemvSpec) -> ir.Function:
     table.global_constant = True
     table.linkage = "internal"
     table.initializer = ir.Constant(ir.ArrayType(ptr, len(tiles)), tiles)
-    fn = ir.Function(module, WORKER_TYPE, name="tf_wgemv_worker")
-    fn.linkage = "internal"
-    ctx, tid, nth = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fields = b.bitcast(ctx, u.i64.as_pointer())
-    params = b.inttoptr(b.load(u.gep(b, fields, 0)), u.i64.as_pointer())
-    x = b.inttoptr(b.load(u.gep(b, fields, 1)), _FP)
-    w = b.inttoptr(b.load(u.gep(b, fields, 2)), _I8P)
-    y = b.inttoptr(b.load(u.gep(b, fields, 3)), _FP)
-
-    def p(slot: WParam):
-        return b.load(u.gep(b, params, int(slot)))
-
-    m, k, ldx, ldy, ng = p(WParam.M), p(WParam.K), p(WParam.LDX), p(WParam.LDY), p(WParam.GROUPS)
-    s, zc, sx = (b.inttoptr(p(slot), _FP) for slot in (WParam.SCALE, WParam.ZCORR, WParam.SX))
-    units = p(WParam.UNITS)
-    tid64, nth64 = b.sext(tid, u.i64), b.sext(nth, u.i64)
+    wk = emit_worker(module, "tf_wgemv_worker", _FP, _I8P, _FP)
+    b, x, w, y = wk.b, wk.x, wk.y, wk.z
+    m, k, ldx, ldy = wk[WParam.M], wk[WParam.K], wk[WParam.LDX], wk[WParam.LDY]
+    ng = wk[WParam.GROUPS]
+    s, zc, sx = (b.inttoptr(wk[slot], _FP) for slot in (WParam.SCALE, WParam.ZCORR, WParam.SX))
+    units = wk[WParam.UNITS]
+    tid64, nth64 = wk.tid, wk.nth
     u0 = b.sdiv(b.mul(units, tid64), nth64)
     u1 = b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64)
     lanes, nv = spec.lanes, spec.nv
@@ -188,7 +177,7 @@ def _emit_worker(module: ir.Module, spec: WgemvSpec) -> ir.Function:
                                   u.gep(b, sx, b.mul(m0, ng)), ng,
                                   u.gep(b, y, b.add(b.mul(m0, ldy), col)), ldy, k])
     b.ret_void()
-    return fn
+    return wk.fn
 
 
 def wgemv_ir(spec: WgemvSpec, target: Target) -> str:
@@ -196,5 +185,5 @@ def wgemv_ir(spec: WgemvSpec, target: Target) -> str:
     module = ir.Module(name=spec.name)
     module.triple = target.triple
     worker = _emit_worker(module, spec)
-    emit_entry(module, worker, ENTRY, int(WParam.DATA_OFFSET), int(WParam.THREADS))
+    emit_entry(module, worker, ENTRY, WParam)
     return str(module)

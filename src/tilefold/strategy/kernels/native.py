@@ -16,8 +16,7 @@ from typing import Any
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.gemm.driver import PARALLEL_TYPE, WORKER_TYPE
-from tilefold.codegen.gemm.plan import DATA_OFFSET
+from tilefold.codegen.gemm.abi import DATA_OFFSET, PARALLEL_TYPE, WORKER_TYPE
 from tilefold.errors import UnsupportedError
 from tilefold.runtime import compile_generated, compile_llvm_ir, emit_assembly, thread_pool
 from tilefold.strategy.method import Kernel

@@ -1,0 +1,99 @@
+"""Every low-precision driver path emits working assembly for every registered ISA it serves.
+
+This host (AVX2) cannot run the AVX-512, VNNI, BF16 or AMX kernels, so their modules are
+compiled for named targets that have them and the assembly is checked for each registry row's
+instruction, in its micro-kernel's inner loop, with nothing spilled to the stack there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tilefold.codegen.gemm.module import CODEGEN_OPTIONS, gemm_ir
+from tilefold.codegen.gemm.registry import select_microkernel
+from tilefold.codegen.lowp.amxgemm import amxgemm_ir
+from tilefold.codegen.lowp.decode import choose_decoder
+from tilefold.codegen.lowp.dotgemm import dotgemm_ir
+from tilefold.codegen.lowp.kernels import DOT_KERNELS
+from tilefold.codegen.lowp.wgemv import WgemvSpec, wgemv_ir
+from tilefold.runtime import emit_assembly
+from tilefold.target import named_target, target_names
+
+# The instruction each dot step compiles to (AMX rows: their own mnemonic).
+INSTRUCTION = {"dpbf16": "vdpbf16ps", "dpbf16_fma": "vfmadd231ps", "dpf16_fma": "vcvtph2ps",
+               "dpbusd": "vpdpbusd", "dpbusd_pmaddwd": "vpmaddwd"}
+
+
+def target_of(kernel):
+    """The first named target whose family chain reaches `kernel`'s family and that has its
+    features (the row's own family where that has them)."""
+    for name in target_names():
+        target = named_target(name)
+        if kernel.family in target.family and target.has(*kernel.features):
+            return target
+    raise AssertionError(f"no named target can run {kernel.name}")
+
+
+def rows(driver: str) -> list:
+    """The registry rows run by `driver`, as test parameters named after them."""
+    return [pytest.param(k, id=k.name) for k in DOT_KERNELS if k.driver == driver]
+
+
+def function_lines(asm: str, name: str) -> list[str]:
+    """The assembly lines of function `name` (its label to its `.size` line)."""
+    lines = asm.splitlines()
+    start = lines.index(f"{name}:")
+    end = next(i for i in range(start, len(lines)) if lines[i].lstrip().startswith(".size"))
+    return lines[start:end]
+
+
+def loop_block(lines: list[str], mnemonic: str) -> list[str]:
+    """The instructions of the basic block holding the first `mnemonic`."""
+    first = next(i for i, line in enumerate(lines) if line.split()[:1] == [mnemonic])
+    start = max(i for i in range(first) if lines[i].startswith(".LBB"))
+    end = next(i for i in range(first, len(lines)) if lines[i].startswith(".LBB"))
+    return [line for line in lines[start + 1:end] if line.startswith("\t")]
+
+
+@pytest.mark.parametrize("dequant", [False, True])
+@pytest.mark.parametrize("kernel", rows("dot"))
+def test_dot_driver_emits_each_rows_instruction(kernel, dequant):
+    asm = emit_assembly(dotgemm_ir(kernel, target_of(kernel), dequant), target_of(kernel))
+    body = function_lines(asm, f"tf_uk_{kernel.name}")
+    loop = loop_block(body, INSTRUCTION[kernel.dot])
+    assert not any("rsp" in line for line in loop), "\n".join(loop)
+    register = "zmm" if kernel.lanes == 16 else "ymm"
+    assert any(register in line for line in loop), "\n".join(loop)
+    if dequant and not kernel.acc_is_float:
+        assert "vcvtdq2ps" in "\n".join(body)
+
+
+@pytest.mark.parametrize("dequant", [False, True])
+@pytest.mark.parametrize("kernel", rows("amx"))
+def test_amx_driver_emits_each_rows_instruction(kernel, dequant):
+    asm = emit_assembly(amxgemm_ir(kernel, target_of(kernel), dequant), target_of(kernel))
+    loop = loop_block(asm.splitlines(), kernel.dot)
+    assert [line.split()[0] for line in loop].count(kernel.dot) == 2
+    assert not any("rsp" in line for line in loop)
+    assert ("vcvtdq2ps" in asm) == dequant
+
+
+@pytest.mark.parametrize("kernel", rows("f32"))
+def test_widening_rows_emit_the_f32_gemm_with_widening_packing(kernel):
+    target = target_of(kernel)
+    micro = select_microkernel(target)
+    asm = emit_assembly(gemm_ir(target, micro, kernel.dtype), target, **CODEGEN_OPTIONS)
+    assert "vfmadd231ps" in asm
+    widen = "vcvtph2ps" if kernel.dtype == "f16" else "vpslld"
+    assert widen in "\n".join(function_lines(asm, "tf_pack_b"))
+
+
+@pytest.mark.parametrize("target_name", ["x86-64-v3", "x86-64-v4"])
+@pytest.mark.parametrize("code", ["i4", "fp4e2m1", "fp8e4m3", "i8"])
+def test_weight_only_gemv_emits_for_each_vector_width(target_name, code):
+    target = named_target(target_name)
+    lanes = 16 if target.has("avx512f") else 8
+    spec = WgemvSpec(choose_decoder(code, target), lanes, 64, 2, 2, zero_point=True)
+    asm = emit_assembly(wgemv_ir(spec, target), target)
+    tile = "\n".join(function_lines(asm, "tf_wtile_2"))
+    assert "vfmadd" in tile and ("zmm" if lanes == 16 else "ymm") in tile
