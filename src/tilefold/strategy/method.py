@@ -1,6 +1,7 @@
 """Kernel methods and their registry: each proposes candidates for a problem, or says why not.
 
-Adding a method is `register_method(MyMethod())`; the selector never names methods.
+Adding a method is decorating its class with `@register_method` in its own file (under
+`strategy/methods/`, whose package imports every file); the selector never names methods.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from tilefold.errors import TilefoldError
 from tilefold.strategy.cost import Machine
@@ -35,6 +36,11 @@ class Kernel:
         self._asm = asm
         self.strided = strided
         self.strided_out = strided_out
+
+    @classmethod
+    def native(cls, loaded: Any) -> Kernel:
+        """A codegen row kernel (`function`, `source`, `assembly`) as a `Kernel`."""
+        return cls(loaded.function, loaded.source, loaded.assembly)
 
     @property
     def source(self) -> str:
@@ -100,10 +106,15 @@ class Method:
 
 
 METHODS: dict[str, Method] = {}
+M = TypeVar("M", Method, type[Method])
 
 
-def register_method(method: Method) -> Method:
-    """Add a method; a name registered twice or an unknown family is an error."""
+def register_method(method: M) -> M:
+    """Add a method: an instance, or a class (as a decorator: one instance is registered and
+    the class returned). A name registered twice or an unknown family is an error."""
+    if isinstance(method, type):
+        register_method(method())
+        return method
     if method.family not in FAMILIES:
         raise TilefoldError(f"method {method.name!r}: family {method.family!r} is not one of "
                             f"{', '.join(FAMILIES)}")

@@ -17,7 +17,7 @@ from functools import partial
 from tilefold.errors import FallbackError, strict
 from tilefold.runtime.thread_pool import thread_pool
 from tilefold.strategy import autotune
-from tilefold.strategy.method import METHODS, Candidate, Context, Kernel, Rejection
+from tilefold.strategy.method import FAMILIES, METHODS, Candidate, Context, Kernel, Rejection
 from tilefold.strategy.problem import Problem, shape_bucket
 from tilefold.strategy.tuning_db import TuningDB, key_fields, key_of
 
@@ -40,10 +40,11 @@ class Decision:
 
 
 def propose_all(problem: Problem, ctx: Context) -> tuple[list[Candidate], list[Rejection]]:
-    """Ask every method; a method that raises is a rejection with the error, not a crash."""
+    """Ask every method, family by family (FAMILIES' order; within one, as registered); a
+    method that raises is a rejection with the error, not a crash."""
     candidates: list[Candidate] = []
     rejections: list[Rejection] = []
-    for method in METHODS.values():
+    for method in sorted(METHODS.values(), key=lambda m: FAMILIES.index(m.family)):
         try:
             answer = method.propose(problem, ctx)
         except Exception as exc:  # a broken method must not break compilation

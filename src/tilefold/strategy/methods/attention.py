@@ -8,12 +8,13 @@ import numpy as np
 
 from tilefold.runtime import emit_assembly
 from tilefold.strategy.cost import roofline, work
-from tilefold.strategy.method import Candidate, Context, Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
 
 EFFICIENCY = 0.5  # of the GEMM peak: short dot products, a softmax and a K transpose per block
 
 
+@register_method
 class FlashAttention(Method):
     name = "handwritten.attention"
     family = "hand-written"
