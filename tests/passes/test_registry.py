@@ -20,7 +20,8 @@ def _pass_classes() -> list[type[Pass]]:
             continue
         module = importlib.import_module(f"tilefold.passes.{info.name}")
         found += [cls for _, cls in inspect.getmembers(module, inspect.isclass)
-                  if issubclass(cls, Pass) and cls.__module__ == module.__name__]
+                  if issubclass(cls, Pass) and cls is not Pass
+                  and cls.__module__ == module.__name__]
     return found
 
 
