@@ -91,10 +91,13 @@ class Context:
 
 
 class Method:
-    """Base of methods. Subclasses set `name` and `family` and implement `propose`."""
+    """Base of methods. Subclasses set `name` and `family` and implement `propose`;
+    `generators` names the modules (packages: every file) whose code shapes the method's
+    kernels besides its own module: their digest is part of the tuning key."""
 
     name: ClassVar[str]
     family: ClassVar[str]
+    generators: ClassVar[tuple[str, ...]] = ()
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         """Candidates for `problem`, or the reason this method does not apply."""

@@ -18,6 +18,7 @@ EFFICIENCY = 0.5  # of the GEMM peak: short dot products, a softmax and a K tran
 class FlashAttention(Method):
     name = "handwritten.attention"
     family = "hand-written"
+    generators = ("tilefold.codegen.attention", "tilefold.codegen.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if problem.names != ("scaled_dot_product_attention",):

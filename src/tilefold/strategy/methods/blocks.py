@@ -37,6 +37,8 @@ def _view(op: Operation, problem: Problem):
 class GemmEpilogue(Method):
     name = "blocks.gemm"
     family = "building-blocks"
+    generators = ("tilefold.codegen.gemm", "tilefold.codegen.cpu",
+                  "tilefold.strategy.kernels.rowprog")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         # On first use: `import tilefold` does not load the row-program generator.

@@ -14,6 +14,7 @@ from tilefold.strategy.problem import Problem
 class ExpertSoftmax(Method):
     name = "handwritten.softmax"
     family = "hand-written"
+    generators = ("tilefold.codegen.cpu", "tilefold.codegen.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if problem.names != ("softmax",):

@@ -34,6 +34,7 @@ def _shape_kind(problem: Problem) -> str | None:
 class RowLibrary(Method):
     name = "lto.rowlib"
     family = "lto"
+    generators = ("tilefold.codegen.cpu",)
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         kind = _shape_kind(problem)
