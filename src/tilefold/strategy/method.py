@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from tilefold.errors import TilefoldError
 from tilefold.strategy.cost import Machine
 from tilefold.strategy.problem import Problem
+
+if TYPE_CHECKING:
+    from tilefold.codegen.cpu.rowkernel import RowKernel
 
 FAMILIES = ("hand-written", "auto-codegen", "building-blocks", "lto", "extern")
 
@@ -38,7 +41,7 @@ class Kernel:
         self.strided_out = strided_out
 
     @classmethod
-    def native(cls, loaded: Any) -> Kernel:
+    def native(cls, loaded: RowKernel) -> Kernel:
         """A codegen row kernel (`function`, `source`, `assembly`) as a `Kernel`."""
         return cls(loaded.function, loaded.source, loaded.assembly)
 
