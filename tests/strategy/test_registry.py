@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
+import pkgutil
 
 import numpy as np
 import pytest
 
 import tilefold
+import tilefold.strategy.methods
 from tilefold.errors import FallbackError, TilefoldError
 from tilefold.ir import parse_module
 from tilefold.strategy import (
@@ -17,6 +21,7 @@ from tilefold.strategy import (
     Method,
     Problem,
     TuningDB,
+    builtin_methods,
     context,
     decide,
     register_method,
@@ -56,6 +61,30 @@ class Crashing(Method):
 
 def test_builtin_methods_cover_every_family():
     assert {m.family for m in METHODS.values()} >= set(FAMILIES)
+
+
+def test_every_method_class_registers_itself_in_its_file():
+    """One route: a method file decorates its class, the package imports every file."""
+    classes = []
+    for info in pkgutil.iter_modules(tilefold.strategy.methods.__path__):
+        module = importlib.import_module(f"tilefold.strategy.methods.{info.name}")
+        classes += [cls for _, cls in inspect.getmembers(module, inspect.isclass)
+                    if issubclass(cls, Method) and cls.__module__ == module.__name__]
+    assert len(classes) >= 7
+    assert {cls.name: cls for cls in classes} == {m.name: type(m) for m in builtin_methods()}
+    assert all(type(METHODS[cls.name]) is cls for cls in classes)
+
+
+def test_register_method_decorates_a_class():
+    @register_method
+    class Decorated(Method):
+        name = "test.decorated"
+        family = "extern"
+
+    try:
+        assert isinstance(METHODS["test.decorated"], Decorated)
+    finally:
+        unregister_method("test.decorated")
 
 
 def test_duplicate_and_unknown_family_rejected():

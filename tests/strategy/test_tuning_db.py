@@ -7,11 +7,13 @@ import logging
 import subprocess
 import sys
 
+import numpy as np
+
 from tilefold.strategy.tuning_db import SCHEMA, TuningDB, key_fields, key_of
 
 
 def _entry(signature: str, winner: str = "extern.numpy{}") -> tuple[str, dict]:
-    fields = key_fields(signature, [[128, 768]], 2)
+    fields = key_fields(signature, [[128, 768]], 2, candidates=[winner], generators="g")
     return key_of(fields), {**fields, "winner": winner, "timings": {winner: 1e-3}}
 
 
@@ -69,7 +71,8 @@ import sys
 from tilefold.strategy.tuning_db import TuningDB, key_fields, key_of
 db = TuningDB()
 for i in range(40):
-    fields = key_fields(f"{sys.argv[1]}-{i}", [[i]], 1)
+    fields = key_fields(f"{sys.argv[1]}-{i}", [[i]], 1, candidates=["extern.numpy{}"],
+                        generators="g")
     db.record(key_of(fields), {**fields, "winner": "extern.numpy{}", "timings": {}})
 """
 
@@ -81,3 +84,84 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path, monkeypatch):
     entries = TuningDB(tmp_path / "tuning" / "db.json").entries()
     assert len(entries) == 80
     assert not list((tmp_path / "tuning").glob(".db.*.tmp"))
+
+
+_SOFTMAX = """func @main(%x: f32[8,48]) -> (f32[8,48]) {
+  %0 = softmax(%x) : f32[8,48]
+  return(%0)
+}"""
+
+
+def _softmax_problem():
+    from tilefold.ir import parse_module
+    from tilefold.strategy import Problem
+
+    return Problem.of(parse_module(_SOFTMAX)["main"].ops[0], [(8, 48)])
+
+
+def _record_numpy_winner(db: TuningDB, problem, ctx) -> None:
+    """An entry naming extern.numpy the winner of the race among today's candidates."""
+    from tilefold.strategy import select
+
+    candidates, _ = select.propose_all(problem, ctx)
+    key, fields = select.db_key(problem, ctx, candidates)
+    db.record(key, {**fields, "winner": "extern.numpy{}", "timings": {"extern.numpy{}": 1e-6}})
+
+
+def _check_softmax(decision) -> None:
+    x = np.random.default_rng(7).standard_normal((8, 48)).astype(np.float32)
+    y = np.empty_like(x)
+    decision.kernel.run(x, y)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_a_new_candidate_is_not_answered_by_an_old_entry(tmp_path):
+    """The candidate set is in the key: once a method joins, the problem is chosen again
+    (before, the entry's winner came back and the newcomer was never measured)."""
+    from tilefold.strategy import (
+        Kernel,
+        Method,
+        context,
+        decide,
+        register_method,
+        unregister_method,
+    )
+
+    class Newcomer(Method):
+        name = "test.newcomer"
+        family = "extern"
+
+        def propose(self, problem, ctx):
+            def run(x, y):
+                e = np.exp(x - x.max(axis=1, keepdims=True))
+                np.copyto(y, e / e.sum(axis=1, keepdims=True))
+            return [self.candidate({}, 1e3, lambda: Kernel(run))]  # never the cost model's pick
+
+    db, problem, ctx = TuningDB(tmp_path / "db.json"), _softmax_problem(), context()
+    _record_numpy_winner(db, problem, ctx)
+    before = decide(problem, ctx, db, None)
+    assert before.winner.key == "extern.numpy{}" and "tuning database" in before.why
+    _check_softmax(before)
+    register_method(Newcomer())
+    try:
+        after = decide(problem, ctx, db, None)
+    finally:
+        unregister_method("test.newcomer")
+    assert "test.newcomer{}" in [c.key for c in after.candidates]
+    assert "tuning database" not in after.why and after.winner.key != "extern.numpy{}"
+    _check_softmax(after)
+
+
+def test_a_changed_generator_is_not_answered_by_an_old_entry(tmp_path, monkeypatch):
+    """The generators' digest is in the key: other generator code misses the old entry."""
+    from tilefold.strategy import METHODS, context, decide, select
+
+    db, problem, ctx = TuningDB(tmp_path / "db.json"), _softmax_problem(), context()
+    _record_numpy_winner(db, problem, ctx)
+    assert "tuning database" in decide(problem, ctx, db, None).why
+    monkeypatch.setattr(type(METHODS["extern.numpy"]), "generators", ("tilefold.codegen.cpu",))
+    select._digest.cache_clear()
+    after = decide(problem, ctx, db, None)
+    assert "tuning database" not in after.why
+    _check_softmax(after)

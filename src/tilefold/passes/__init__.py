@@ -1,6 +1,8 @@
 """Passes over the graph IR, the pass manager that runs them, and the `opt`-style driver."""
 
-from tilefold.passes import fusion as fusion  # registers the fusion pass (strategy's groups)
+# Every pass file registers its pass: importing each one here completes the table.
+from tilefold.passes import fusion as fusion
+from tilefold.passes import merge_matmuls as merge_matmuls
 from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.canonicalize import RULES, Canonicalize
 from tilefold.passes.constant_fold import ConstantFold

@@ -26,6 +26,7 @@ from tilefold.ir import OPS, Function, Operation, Value
 from tilefold.ir.types import TensorType
 from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.casts import holds, same_family
+from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter, constant_of, splat_of
 
 log = logging.getLogger("tilefold.passes")
@@ -208,6 +209,7 @@ RULES_BY_OP: dict[str, tuple[Rule, ...]] = {
 }
 
 
+@register_pass
 class Canonicalize(Pass):
     name = "canonicalize"
     summary = "Apply algebraic identities and fold layout ops (reshape, transpose, cast chains)"

@@ -14,11 +14,13 @@ import numpy as np
 from tilefold.errors import TilefoldError
 from tilefold.ir import Function, Operation
 from tilefold.passes.base import Option, Pass, Statistic
+from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter, constant_of, is_removable
 
 log = logging.getLogger("tilefold.passes")
 
 
+@register_pass
 class ConstantFold(Pass):
     name = "constant-fold"
     summary = "Replace ops whose operands are all constants by the constants they compute"

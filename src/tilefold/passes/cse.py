@@ -14,6 +14,7 @@ import numpy as np
 
 from tilefold.ir import Block, Function, Operation, Value
 from tilefold.passes.base import Pass, Statistic
+from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
 
 # Constants above this many bytes are keyed by a sample and compared in full only when two
@@ -53,6 +54,7 @@ def attr_key(value: Any) -> Hashable:
     return value
 
 
+@register_pass
 class CSE(Pass):
     name = "cse"
     summary = "Replace pure ops that repeat an earlier op (same operands and attributes)"

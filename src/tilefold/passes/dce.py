@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from tilefold.ir import Function
 from tilefold.passes.base import Pass, Statistic
+from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
 
 
+@register_pass
 class DCE(Pass):
     name = "dce"
     summary = "Erase pure ops whose results are unused (never a terminator)"

@@ -23,11 +23,13 @@ import numpy as np
 
 from tilefold.ir import Function, Operation
 from tilefold.passes.base import Pass, Statistic
+from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter, constant_of
 
 END = 9223372036854775807  # slice stop: to the end of the axis
 
 
+@register_pass
 class MergeMatmuls(Pass):
     name = "merge-matmuls"
     summary = "Merge matmuls of one activation by constant weights into one wider matmul"

@@ -1,4 +1,8 @@
-"""The pass and pipeline registries that `-p` looks names up in."""
+"""The pass and pipeline registries that `-p` looks names up in.
+
+Each pass registers itself with `@register_pass` in its own file; the package (`passes/__init__.py`)
+imports every pass file, so the table is complete whenever `tilefold.passes` is imported.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,8 @@ import re
 
 from tilefold.errors import PassError
 from tilefold.passes.base import Pass
-from tilefold.passes.canonicalize import Canonicalize
-from tilefold.passes.constant_fold import ConstantFold
-from tilefold.passes.cse import CSE
-from tilefold.passes.dce import DCE
-from tilefold.passes.merge_matmuls import MergeMatmuls
-from tilefold.passes.shape_inference import ShapeInference
 
-PASSES: dict[str, type[Pass]] = {
-    cls.name: cls for cls in (Canonicalize, CSE, DCE, ConstantFold, ShapeInference, MergeMatmuls)
-}
+PASSES: dict[str, type[Pass]] = {}
 
 # Named pipelines: a name that stands for a pipeline text wherever a pass name may appear.
 PIPELINES: dict[str, str] = {

@@ -12,10 +12,12 @@ from tilefold.errors import PassError, TilefoldError
 from tilefold.ir import Block, Function, Module, Operation
 from tilefold.ir.types import Dim, SymDim
 from tilefold.passes.base import Option, Pass, Statistic
+from tilefold.passes.registry import register_pass
 
 log = logging.getLogger("tilefold.passes")
 
 
+@register_pass
 class ShapeInference(Pass):
     name = "shape-inference"
     summary = "Re-infer result types from operands; bind symbolic dims to sizes"

@@ -4,13 +4,16 @@
     decision = decide(Problem.of(op, shapes), ctx, TuningDB(), tune_budget())
     decision.kernel.run(*inputs, *outputs)
 
-A method is a `Method` subclass registered with `register_method`; the five families are
-hand-written, auto-codegen, building blocks, LTO and extern (DESIGN.md, "The kernel framework").
+A method is a `Method` subclass decorated with `register_method` in its file under
+`strategy/methods/` (imported below, so every shipped method is registered); the five families
+are hand-written, auto-codegen, building blocks, LTO and extern (ARCHITECTURE.md, "The kernel
+framework").
 """
 
 from __future__ import annotations
 
 from tilefold.runtime import num_threads
+from tilefold.strategy import methods  # registers every shipped method
 from tilefold.strategy.autotune import tune_budget
 from tilefold.strategy.cost import machine_for
 from tilefold.strategy.method import (
@@ -32,20 +35,12 @@ from tilefold.target import Target, host_target
 
 def builtin_methods() -> list[Method]:
     """One instance of every method tilefold ships, in family order."""
-    # Imported here: each method module imports tilefold.strategy, which is importing this file.
-    from tilefold.strategy.methods.attention import FlashAttention
-    from tilefold.strategy.methods.autocodegen import KernelCodegen
-    from tilefold.strategy.methods.blocks import GemmEpilogue
-    from tilefold.strategy.methods.extern import NumpyExtern, TorchExtern
-    from tilefold.strategy.methods.handwritten import ExpertSoftmax
-    from tilefold.strategy.methods.lto import RowLibrary
-
-    return [ExpertSoftmax(), FlashAttention(), KernelCodegen(), GemmEpilogue(), RowLibrary(),
-            TorchExtern(), NumpyExtern()]
+    return list(methods.BUILTIN.values())
 
 
 def register_builtin_methods() -> None:
-    """Register the shipped methods once (later calls are no-ops)."""
+    """Register again any shipped method that was unregistered (importing this package
+    registers them all; later calls are no-ops)."""
     for method in builtin_methods():
         if method.name not in METHODS:
             register_method(method)

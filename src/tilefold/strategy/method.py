@@ -1,6 +1,7 @@
 """Kernel methods and their registry: each proposes candidates for a problem, or says why not.
 
-Adding a method is `register_method(MyMethod())`; the selector never names methods.
+Adding a method is decorating its class with `@register_method` in its own file (under
+`strategy/methods/`, whose package imports every file); the selector never names methods.
 """
 
 from __future__ import annotations
@@ -8,11 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from tilefold.errors import TilefoldError
 from tilefold.strategy.cost import Machine
 from tilefold.strategy.problem import Problem
+
+if TYPE_CHECKING:
+    from tilefold.codegen.cpu.rowkernel import RowKernel
 
 FAMILIES = ("hand-written", "auto-codegen", "building-blocks", "lto", "extern")
 
@@ -35,6 +39,11 @@ class Kernel:
         self._asm = asm
         self.strided = strided
         self.strided_out = strided_out
+
+    @classmethod
+    def native(cls, loaded: RowKernel) -> Kernel:
+        """A codegen row kernel (`function`, `source`, `assembly`) as a `Kernel`."""
+        return cls(loaded.function, loaded.source, loaded.assembly)
 
     @property
     def source(self) -> str:
@@ -85,10 +94,13 @@ class Context:
 
 
 class Method:
-    """Base of methods. Subclasses set `name` and `family` and implement `propose`."""
+    """Base of methods. Subclasses set `name` and `family` and implement `propose`;
+    `generators` names the modules (packages: every file) whose code shapes the method's
+    kernels besides its own module: their digest is part of the tuning key."""
 
     name: ClassVar[str]
     family: ClassVar[str]
+    generators: ClassVar[tuple[str, ...]] = ()
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         """Candidates for `problem`, or the reason this method does not apply."""
@@ -100,10 +112,15 @@ class Method:
 
 
 METHODS: dict[str, Method] = {}
+M = TypeVar("M", Method, type[Method])
 
 
-def register_method(method: Method) -> Method:
-    """Add a method; a name registered twice or an unknown family is an error."""
+def register_method(method: M) -> M:
+    """Add a method: an instance, or a class (as a decorator: one instance is registered and
+    the class returned). A name registered twice or an unknown family is an error."""
+    if isinstance(method, type):
+        register_method(method())
+        return method
     if method.family not in FAMILIES:
         raise TilefoldError(f"method {method.name!r}: family {method.family!r} is not one of "
                             f"{', '.join(FAMILIES)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -119,6 +120,12 @@ class Problem:
     @property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
         return tuple(self.shape(v) for v in self.inputs)
+
+    def kernel_symbol(self, prefix: str) -> str:
+        """A symbol for this problem's kernel, stable across processes (so the disk cache
+        hits): `prefix` and a hash of the signature and shapes."""
+        text = f"{self.signature}|{self.shapes}"
+        return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
     def describe(self) -> str:
         ins = ", ".join(str(t) for t in self.in_types())

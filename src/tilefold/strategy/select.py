@@ -8,16 +8,18 @@ A method that fails to propose, build or run is passed over for the next one; in
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from functools import partial
 
-from tilefold.errors import FallbackError, strict
+from tilefold.errors import FallbackError, TilefoldError, strict
+from tilefold.runtime import source_digest
 from tilefold.runtime.thread_pool import thread_pool
 from tilefold.strategy import autotune
-from tilefold.strategy.method import METHODS, Candidate, Context, Kernel, Rejection
+from tilefold.strategy.method import FAMILIES, METHODS, Candidate, Context, Kernel, Rejection
 from tilefold.strategy.problem import Problem, shape_bucket
 from tilefold.strategy.tuning_db import TuningDB, key_fields, key_of
 
@@ -40,10 +42,11 @@ class Decision:
 
 
 def propose_all(problem: Problem, ctx: Context) -> tuple[list[Candidate], list[Rejection]]:
-    """Ask every method; a method that raises is a rejection with the error, not a crash."""
+    """Ask every method, family by family (FAMILIES' order; within one, as registered); a
+    method that raises is a rejection with the error, not a crash."""
     candidates: list[Candidate] = []
     rejections: list[Rejection] = []
-    for method in METHODS.values():
+    for method in sorted(METHODS.values(), key=lambda m: FAMILIES.index(m.family)):
         try:
             answer = method.propose(problem, ctx)
         except Exception as exc:  # a broken method must not break compilation
@@ -57,8 +60,30 @@ def propose_all(problem: Problem, ctx: Context) -> tuple[list[Candidate], list[R
     return candidates, rejections
 
 
-def db_key(problem: Problem, ctx: Context) -> tuple[str, dict]:
-    fields = key_fields(problem.signature, [shape_bucket(s) for s in problem.shapes], ctx.threads)
+@functools.cache
+def _digest(modules: tuple[str, ...]) -> str:
+    """The modules' source digest (once a process: the files do not change under it); a
+    module without a source file (a method defined in `python -c`) counts by name."""
+    try:
+        return source_digest(*modules)
+    except TilefoldError:
+        return "no-source:" + ",".join(modules)
+
+
+def generators_digest(candidates: list[Candidate]) -> str:
+    """A digest of the code behind `candidates`: each proposing method's module and the
+    generator modules it names."""
+    methods = sorted({c.method for c in candidates})
+    modules = [m for name in methods if name in METHODS
+               for m in (type(METHODS[name]).__module__, *METHODS[name].generators)]
+    return _digest(tuple(dict.fromkeys(modules)))
+
+
+def db_key(problem: Problem, ctx: Context, candidates: list[Candidate]) -> tuple[str, dict]:
+    """The tuning database key of `problem` raced among `candidates`, and its fields."""
+    fields = key_fields(problem.signature, [shape_bucket(s) for s in problem.shapes], ctx.threads,
+                        candidates=[c.key for c in candidates],
+                        generators=generators_digest(candidates))
     return key_of(fields), fields
 
 
@@ -67,7 +92,7 @@ def decide(problem: Problem, ctx: Context, db: TuningDB, budget: float | None) -
     has it decline a group it would run on the reference: then FallbackError)."""
     candidates, rejections = propose_all(problem, ctx)
     decision = Decision(problem, candidates, rejections)
-    key, fields = db_key(problem, ctx)
+    key, fields = db_key(problem, ctx, candidates)
     entry = None if budget is not None and autotune.retune() else db.lookup(key)
     if entry is not None:
         decision.measured = {k: v for k, v in entry.get("timings", {}).items()

@@ -4,7 +4,13 @@ One human-readable JSON file, `$TILEFOLD_CACHE_DIR/tuning/db.json`:
 
     {"schema": 1, "tilefold": "0.2.0",
      "entries": {"<key>": {"fingerprint": ..., "signature": ..., "bucket": [[128, 768]],
-                           "winner": "handwritten.softmax{}", "timings": {...}, "env": {...}}}}
+                           "candidates": ["extern.numpy{}", "handwritten.softmax{}"],
+                           "generators": "<digest>", "winner": "handwritten.softmax{}",
+                           "timings": {...}, "env": {...}}}}
+
+The candidate set and the digest of the generators that proposed it are key fields: a new
+method, a dropped one or a changed generator misses every entry measured without it, so the
+problem is measured again instead of trusting a winner from a race it did not run.
 
 Readers never lock: writers replace the file atomically (temp file + `os.replace`) under an
 exclusive lock on `db.lock`, re-reading inside it so that concurrent tuners merge, not clobber.
@@ -22,7 +28,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +46,15 @@ def env_knobs() -> dict[str, str]:
     return {k: os.environ[k] for k in ENV_KNOBS if k in os.environ}
 
 
-KEY_FIELDS = ("fingerprint", "signature", "bucket", "threads", "tilefold", "env")
+KEY_FIELDS = ("fingerprint", "signature", "bucket", "threads", "tilefold", "env", "candidates",
+              "generators")
 
 
-def key_fields(signature: str, bucket: list, threads: int) -> dict[str, Any]:
-    """Everything a measurement depends on (Triton's autotuner cache key, in spirit)."""
+def key_fields(signature: str, bucket: list, threads: int, *, candidates: Iterable[str],
+               generators: str) -> dict[str, Any]:
+    """Everything a measurement depends on (Triton's autotuner cache key, in spirit):
+    `candidates` are the keys of the candidates that competed, `generators` a digest of the
+    code that proposed and generates them."""
     return {
         "fingerprint": hardware_fingerprint(),
         "signature": signature,
@@ -52,6 +62,8 @@ def key_fields(signature: str, bucket: list, threads: int) -> dict[str, Any]:
         "threads": threads,
         "tilefold": __version__,
         "env": env_knobs(),
+        "candidates": sorted(candidates),
+        "generators": generators,
     }
 
 

@@ -7,12 +7,12 @@ is then one dict lookup, the output allocations and one ctypes call.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
 
-from tilefold.codegen.kernel.emit import emit_kernel, param_layout
+from tilefold.codegen.backend.base import Backend, get_backend
+from tilefold.codegen.kernel.emit import param_layout
 from tilefold.codegen.kernel.from_graph import (
     Group,
     Layout,
@@ -24,29 +24,12 @@ from tilefold.codegen.kernel.from_graph import (
 from tilefold.codegen.kernel.ir import Kernel
 from tilefold.codegen.kernel.printer import print_kernel
 from tilefold.codegen.kernel.schedule import Schedule, choose_schedule
-from tilefold.errors import ShapeError
+from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.ir import Block, Function, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
-from tilefold.runtime import compile_generated, emit_assembly, num_threads, source_digest
+from tilefold.runtime import num_threads
 from tilefold.target import Target, host_target
-
-OPT_LEVEL = 2  # loop-invariant address arithmetic and SROA of the accumulators need the pipeline
-# The code that turns a kernel and schedule into LLVM IR (part of each kernel's cache key).
-_GENERATORS = ("tilefold.codegen.kernel", "tilefold.codegen.vecmath", "tilefold.codegen.llvm_util")
-
-
-def _array_data_offset() -> int:
-    """Where an ndarray object keeps its data pointer (16 on CPython: after the object
-    header); found by probing, so a differently laid out build is detected, not assumed."""
-    probe = np.empty(3, np.float32)
-    for offset in range(8, 129, 8):
-        if ctypes.c_void_p.from_address(id(probe) + offset).value == probe.ctypes.data:
-            return offset
-    raise RuntimeError("cannot find the data pointer in a NumPy array object")
-
-
-ARRAY_DATA_OFFSET = _array_data_offset()
 
 
 @dataclass
@@ -78,10 +61,13 @@ def _row_major(grp: Group, target: Target) -> tuple[Kernel, Schedule]:
 
 
 class CompiledGroup:
-    """A memory-bound group compiled for `target`; call it with the group's inputs."""
+    """A memory-bound group compiled for `target` by `backend` (a name in
+    `codegen.backend`'s table); call it with the group's inputs."""
 
-    def __init__(self, group: Function | Block, target: Target | None = None):
+    def __init__(self, group: Function | Block, target: Target | None = None,
+                 backend: str = "llvm"):
         self.target = target or host_target()
+        self.backend: Backend = get_backend(backend)
         self.group: Group = analyze_group(group)
         self.params: list[Value] = list(group.args)
         self._compiled: dict[Layout, _Compiled] = {}
@@ -126,26 +112,17 @@ class CompiledGroup:
 
     def assembly(self) -> str:
         """The native code of the row-major kernel as the JIT compiles it (`explain --asm`)."""
-        kernel, schedule = _row_major(self.group, self.target)
-        text = emit_kernel(kernel, schedule, self.target.features, ARRAY_DATA_OFFSET)
-        return emit_assembly(text, self.target, opt_level=OPT_LEVEL)
+        return self.backend.assembly(*_row_major(self.group, self.target), self.target)
 
     def _kernel(self, layout: Layout) -> _Compiled:
         compiled = self._compiled.get(layout)
         if compiled is None:
             kernel = self.group.kernel(layout)
             schedule = choose_schedule(kernel, self.target).check(kernel)
-            # The printed kernel and schedule determine the LLVM IR: a warm cache skips emitting.
-            fingerprint = (f"{source_digest(*_GENERATORS)}|{ARRAY_DATA_OFFSET}|"
-                           f"{print_kernel(kernel)}|{schedule!r}")
-            module = compile_generated(
-                fingerprint,
-                lambda: emit_kernel(kernel, schedule, self.target.features, ARRAY_DATA_OFFSET),
-                self.target, name=kernel.name, uses_pool=schedule.parallel_axis is not None,
-                opt_level=OPT_LEVEL)
-            nbuf = len(kernel.buffers)
-            cfunc = module.function(f"{kernel.name}.arrays", None,
-                                    *[ctypes.c_void_p] * (nbuf + 1), ctypes.c_int32)
+            reason = self.backend.supports(kernel, self.target)
+            if reason is not None:
+                raise UnsupportedError(f"@{self.group.name}: {reason}")
+            cfunc = self.backend.compile(kernel, schedule, self.target).entry
             compiled = self._compiled[layout] = _Compiled(kernel, schedule, cfunc)
         return compiled
 
@@ -196,6 +173,7 @@ class _Signature:
     name: str
 
 
-def compile_group(group: Function | Block, target: Target | None = None) -> CompiledGroup:
+def compile_group(group: Function | Block, target: Target | None = None,
+                  backend: str = "llvm") -> CompiledGroup:
     """Compile a memory-bound group (elementwise, reduce, softmax, norms) for `target`."""
-    return CompiledGroup(group, target)
+    return CompiledGroup(group, target, backend)

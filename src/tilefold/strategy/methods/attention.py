@@ -8,15 +8,17 @@ import numpy as np
 
 from tilefold.runtime import emit_assembly
 from tilefold.strategy.cost import roofline, work
-from tilefold.strategy.method import Candidate, Context, Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
 
 EFFICIENCY = 0.5  # of the GEMM peak: short dot products, a softmax and a K transpose per block
 
 
+@register_method
 class FlashAttention(Method):
     name = "handwritten.attention"
     family = "hand-written"
+    generators = ("tilefold.codegen.attention", "tilefold.codegen.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if problem.names != ("scaled_dot_product_attention",):

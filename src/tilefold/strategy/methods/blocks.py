@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from tilefold.codegen.cpu.rowkernel import generated_row_kernel
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.ir import Operation, Value
 from tilefold.runtime import source_digest
 from tilefold.strategy.cost import roofline, work
-from tilefold.strategy.kernels.native import (
-    emit_row_kernel,
-    kernel_name,
-    load_generated_kernel,
-    new_module,
-    threads_for,
-)
-from tilefold.strategy.kernels.rowprog import Emitter, NotARowProgram, build_program
-from tilefold.strategy.method import Candidate, Context, Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
 
 VIEW_PROLOGUES = ("transpose", "broadcast_to", "expand_dims")
@@ -40,11 +33,17 @@ def _view(op: Operation, problem: Problem):
     return lambda x: np.broadcast_to(x, attrs["shape"])
 
 
+@register_method
 class GemmEpilogue(Method):
     name = "blocks.gemm"
     family = "building-blocks"
+    generators = ("tilefold.codegen.gemm", "tilefold.codegen.cpu",
+                  "tilefold.strategy.kernels.rowprog")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
+        # On first use: `import tilefold` does not load the row-program generator.
+        from tilefold.strategy.kernels.rowprog import NotARowProgram, build_program
+
         matmuls = [op for op in problem.body if op.name == "matmul"]
         if len(matmuls) != 1:
             return "needs exactly one matmul in the group"
@@ -156,25 +155,16 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
                   epi_kernel.asm)
 
 
-# The modules whose code shapes an epilogue's IR (its cache fingerprint).
-_EPILOGUE_GENERATORS = ("tilefold.strategy.kernels.rowprog", "tilefold.strategy.kernels.native",
-                        "tilefold.codegen.llvm_util", "tilefold.codegen.vecmath")
+# The module whose code shapes an epilogue's rows (with the row kernel's: its cache fingerprint).
+_EPILOGUE_GENERATOR = "tilefold.strategy.kernels.rowprog"
 
 
 def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:
+    from tilefold.strategy.kernels.rowprog import Emitter  # on first use, as in `propose`
+
     prog, ins, outs = epi
     lanes = max(4, ctx.target.vector_bits // 32)
-    name = kernel_name("tf_epilogue", problem)
-    nargs = len(ins) + len(outs)
-    threads = threads_for(4 * prog.rows * prog.n * nargs, ctx.threads)
-
-    def make_ir() -> str:
-        emitter = Emitter(prog, lanes, ctx.target.features)
-        module = new_module(name, ctx.target)
-        emit_row_kernel(module, name, nargs, prog.rows, threads,
-                        lambda b, ptrs, row, buffers: emitter.emit(b, ptrs, row, buffers),
-                        emitter.row_buffers)
-        return str(module)
-
-    fingerprint = f"{source_digest(*_EPILOGUE_GENERATORS)}|{prog!r}|{lanes}"
-    return load_generated_kernel(fingerprint, make_ir, ctx.target, name, nargs, threads)
+    fingerprint = f"{source_digest(_EPILOGUE_GENERATOR)}|{prog!r}|{lanes}"
+    return Kernel.native(generated_row_kernel(
+        fingerprint, problem.kernel_symbol("tf_epilogue"), len(ins) + len(outs), prog.rows,
+        prog.n, ctx.threads, ctx.target, lambda: Emitter(prog, lanes, ctx.target.features)))

@@ -30,7 +30,7 @@ from tilefold.errors import strict
 from tilefold.ir import Operation
 from tilefold.ir.interpreter import run_region
 from tilefold.strategy.cost import Work, product_flops, roofline, work
-from tilefold.strategy.method import Candidate, Context, Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
 
 Fn = Callable[..., np.ndarray]
@@ -223,6 +223,7 @@ def reference_penalty(problem: Problem, table: dict[str, Fn]) -> float:
     return 20e-9 * elements + sum(product_flops(problem, op) for op in slow) / REFERENCE_FLOPS
 
 
+@register_method
 class NumpyExtern(Method):
     name = "extern.numpy"
     family = "extern"
@@ -242,6 +243,7 @@ class NumpyExtern(Method):
                                note)]
 
 
+@register_method
 class TorchExtern(Method):
     name = "extern.torch"
     family = "extern"

@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import math
 
+from tilefold.codegen.cpu.softmax import softmax_kernel
 from tilefold.strategy.cost import roofline, work
-from tilefold.strategy.kernels.native import (
-    emit_row_kernel,
-    kernel_name,
-    load_kernel,
-    new_module,
-    threads_for,
-)
-from tilefold.strategy.kernels.softmax import emit_softmax_row
-from tilefold.strategy.method import Candidate, Context, Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
 
 
+@register_method
 class ExpertSoftmax(Method):
     name = "handwritten.softmax"
     family = "hand-written"
+    generators = ("tilefold.codegen.cpu", "tilefold.codegen.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if problem.names != ("softmax",):
@@ -41,11 +36,5 @@ def build_softmax(problem: Problem, ctx: Context) -> Kernel:
     shape = problem.shape(problem.inputs[0])
     n = shape[-1]
     rows = math.prod(shape[:-1])  # not elements // n: an empty row is still a row
-    lanes = max(4, ctx.target.vector_bits // 32)
-    name = kernel_name("tf_softmax", problem)
-    module = new_module(name, ctx.target)
-    features = ctx.target.features
-    emit_row_kernel(module, name, 2, rows, threads_for(8 * rows * n, ctx.threads),
-                    lambda b, ptrs, row, _: emit_softmax_row(b, ptrs[0], ptrs[1], row, n, lanes,
-                                                             features))
-    return load_kernel(str(module), ctx.target, name, 2)
+    return Kernel.native(softmax_kernel(problem.kernel_symbol("tf_softmax"), rows, n,
+                                        ctx.target, ctx.threads))

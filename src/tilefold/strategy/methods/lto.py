@@ -6,23 +6,10 @@ from __future__ import annotations
 
 import math
 
-from llvmlite import ir
-
-from tilefold.codegen import llvm_util as u
+from tilefold.codegen.cpu.lto_rows import library_row_kernel
 from tilefold.strategy.cost import roofline, work
-from tilefold.strategy.kernels.lto_library import link_library
-from tilefold.strategy.kernels.native import (
-    FP,
-    emit_row_kernel,
-    kernel_name,
-    load_kernel,
-    new_module,
-    threads_for,
-)
-from tilefold.strategy.method import Candidate, Context, Kernel, Method
+from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
-
-OPT_LEVEL = 2  # the middle end must run: it is what inlines the library
 
 
 def _shape_kind(problem: Problem) -> str | None:
@@ -43,9 +30,11 @@ def _shape_kind(problem: Problem) -> str | None:
     return None
 
 
+@register_method
 class RowLibrary(Method):
     name = "lto.rowlib"
     family = "lto"
+    generators = ("tilefold.codegen.cpu",)
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         kind = _shape_kind(problem)
@@ -60,24 +49,7 @@ class RowLibrary(Method):
 
 def build_rows(problem: Problem, ctx: Context, kind: str) -> Kernel:
     """y[r] = lib(row r) (times 1/n for a mean), one row per iteration, rows over threads."""
-    op = problem.body[0]
-    shape = problem.shape(op.operands[0])
-    n = shape[-1]
+    shape = problem.shape(problem.body[0].operands[0])
     rows = math.prod(shape[:-1])  # not elements // n: with K = 0 every row is empty
-    name = kernel_name(f"tf_lto_{kind}", problem)
-    module = new_module(name, ctx.target)
-    lib = "tf_lib_dot" if kind == "gemv" else "tf_lib_row_sum"
-    args = [FP, FP, u.i64] if kind == "gemv" else [FP, u.i64]
-    fn = ir.Function(module, ir.FunctionType(u.f32, args), name=lib)
-    nargs = len(problem.inputs) + 1
-
-    def body(b: ir.IRBuilder, ptrs, row, _):
-        x = u.gep(b, ptrs[0], b.mul(row, u.const(n)))
-        call_args = [x, ptrs[1], u.const(n)] if kind == "gemv" else [x, u.const(n)]
-        value = b.call(fn, call_args)
-        if kind == "mean":
-            value = b.fmul(value, ir.Constant(u.f32, 1.0 / n if n else math.nan))  # NumPy: NaN
-        b.store(value, u.gep(b, ptrs[-1], row))
-
-    emit_row_kernel(module, name, nargs, rows, threads_for(4 * rows * n, ctx.threads), body)
-    return load_kernel(link_library(str(module), ctx.target), ctx.target, name, nargs, OPT_LEVEL)
+    return Kernel.native(library_row_kernel(kind, problem.kernel_symbol(f"tf_lto_{kind}"), rows,
+                                            shape[-1], ctx.target, ctx.threads))

@@ -1,4 +1,4 @@
-"""The calling convention of tilefold's generated row kernels, and loading them as `Kernel`s.
+"""The calling convention of tilefold's hand-built CPU row kernels, and loading them.
 
 `entry(PyObject *a0, ..., PyObject *an)`: the arguments are NumPy arrays (inputs, then
 outputs); their data pointers are read at `DATA_OFFSET` inside the native code, so a call costs
@@ -9,18 +9,22 @@ one ctypes dispatch. The entry stores the pointers in a context array and runs
 from __future__ import annotations
 
 import ctypes
-import hashlib
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.abi import DATA_OFFSET, PARALLEL_TYPE, WORKER_TYPE
 from tilefold.errors import UnsupportedError
-from tilefold.runtime import compile_generated, compile_llvm_ir, emit_assembly, thread_pool
-from tilefold.strategy.method import Kernel
-from tilefold.strategy.problem import Problem
+from tilefold.runtime import (
+    compile_generated,
+    compile_llvm_ir,
+    emit_assembly,
+    source_digest,
+    thread_pool,
+)
 from tilefold.target import Target
 
 FP = u.f32.as_pointer()
@@ -28,7 +32,26 @@ FP = u.f32.as_pointer()
 PARALLEL_MIN_BYTES = 256 * 1024
 
 
+@dataclass(frozen=True)
+class RowKernel:
+    """A loaded row kernel: `function(*arrays)` takes the inputs, then the outputs; `source`
+    is its LLVM IR or a function making it (a kernel loaded by fingerprint never built it)."""
+
+    function: Callable[..., None]
+    source: str | Callable[[], str]
+    assembly: Callable[[], str]
+
+
+class RowEmitter(Protocol):
+    """What emits one row of a generated row kernel: per-thread state, then each row."""
+
+    def row_buffers(self, b: ir.IRBuilder) -> Any: ...
+
+    def emit(self, b: ir.IRBuilder, ptrs: list[ir.Value], row: ir.Value, state: Any) -> None: ...
+
+
 def threads_for(nbytes: int, threads: int) -> int:
+    """`threads` when touching `nbytes` repays waking them, else 1."""
     return threads if nbytes >= PARALLEL_MIN_BYTES else 1
 
 
@@ -77,12 +100,6 @@ def emit_row_kernel(module: ir.Module, name: str, nargs: int, rows: int, threads
     b.ret_void()
 
 
-def kernel_name(prefix: str, problem: Problem) -> str:
-    """A symbol stable across processes (so the disk cache hits) for `problem`'s kernel."""
-    text = f"{problem.signature}|{problem.shapes}"
-    return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-
-
 def new_module(name: str, target: Target) -> ir.Module:
     module = ir.Module(name=name)
     module.triple = target.triple
@@ -90,20 +107,35 @@ def new_module(name: str, target: Target) -> ir.Module:
 
 
 def load_kernel(llvm_ir: str, target: Target, name: str, nargs: int, opt_level: int = 0
-                ) -> Kernel:
-    """Compile (or fetch from the disk cache) and wrap `name(a0..an)` as a `Kernel`."""
+                ) -> RowKernel:
+    """Compile (or fetch from the disk cache) and load `name(a0..an)`."""
     if "tilefold_parallel" in llvm_ir and target.is_host():
         thread_pool()  # llvmlite quotes the name, which compile_llvm_ir's check misses
     compiled = compile_llvm_ir(llvm_ir, target, name=name, opt_level=opt_level)
     fn = compiled.function(name, None, *([ctypes.py_object] * nargs))
-    return Kernel(fn, llvm_ir, lambda: emit_assembly(llvm_ir, target, opt_level=opt_level))
+    return RowKernel(fn, llvm_ir, lambda: emit_assembly(llvm_ir, target, opt_level=opt_level))
 
 
-def load_generated_kernel(fingerprint: str, make_ir: Callable[[], str], target: Target, name: str,
-                          nargs: int, threads: int) -> Kernel:
-    """`load_kernel` for a generator whose output `fingerprint` determines (its source digest
-    and parameters): a warm process loads the object without building the IR at all."""
-    compiled = compile_generated(f"{fingerprint}|{name}|{nargs}|{threads}", make_ir, target,
-                                 name=name, uses_pool=threads > 1)
+# The modules whose code shapes a generated row kernel (with its row emitter's: the caller's).
+GENERATORS = ("tilefold.codegen.cpu.rowkernel", "tilefold.codegen.llvm_util",
+              "tilefold.codegen.vecmath")
+
+
+def generated_row_kernel(fingerprint: str, name: str, nargs: int, rows: int, n: int,
+                         max_threads: int, target: Target,
+                         make_emitter: Callable[[], RowEmitter]) -> RowKernel:
+    """The row kernel `name(a0..an)` whose rows `make_emitter()` emits, when `fingerprint`
+    (the emitter's source digest and parameters) determines its IR: a warm process loads the
+    object without building the IR at all. Each argument is at most a [rows, n] f32 array."""
+    threads = threads_for(4 * rows * n * nargs, max_threads)
+
+    def make_ir() -> str:
+        emitter = make_emitter()
+        module = new_module(name, target)
+        emit_row_kernel(module, name, nargs, rows, threads, emitter.emit, emitter.row_buffers)
+        return str(module)
+
+    compiled = compile_generated(f"{source_digest(*GENERATORS)}|{fingerprint}|{name}|{nargs}|"
+                                 f"{threads}", make_ir, target, name=name, uses_pool=threads > 1)
     fn = compiled.function(name, None, *([ctypes.py_object] * nargs))
-    return Kernel(fn, make_ir, lambda: emit_assembly(make_ir(), target))
+    return RowKernel(fn, make_ir, lambda: emit_assembly(make_ir(), target))

@@ -13,7 +13,15 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
+from tilefold.codegen.cpu.rowkernel import (
+    RowKernel,
+    emit_row_kernel,
+    load_kernel,
+    new_module,
+    threads_for,
+)
 from tilefold.codegen.vecmath import MathBuilder, emit_math
+from tilefold.target import Target
 
 UNROLL = 4
 
@@ -86,3 +94,13 @@ def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n
         return accs
 
     _sweep(b, n, lanes, "scale", scale_step, lambda p, q: p, [m.c(0.0)] * UNROLL)
+
+
+def softmax_kernel(name: str, rows: int, n: int, target: Target, max_threads: int) -> RowKernel:
+    """`name(x, y)`: y = softmax of each of the `rows` rows of n floats of x, for `target`."""
+    lanes = max(4, target.vector_bits // 32)
+    module = new_module(name, target)
+    emit_row_kernel(module, name, 2, rows, threads_for(8 * rows * n, max_threads),
+                    lambda b, ptrs, row, _: emit_softmax_row(b, ptrs[0], ptrs[1], row, n, lanes,
+                                                             target.features))
+    return load_kernel(str(module), target, name, 2)
