@@ -116,7 +116,7 @@ def run_suite(suite: Suite, args: argparse.Namespace, out: TextIO | None = None)
     if len(counts) > 1 and not suite.multi_threads:
         raise SystemExit(f"bench {suite.name}: --threads takes one count here, not {args.threads}")
     args.thread_counts = counts
-    bench = Bench(suite.name, args.rounds, out or sys.stdout)
+    bench = Bench(suite.name, args.rounds, out)
     rc = int(suite.run(args, bench) or 0)
     if rc == 0 and args.json:
         with open(args.json, "w") as f:
@@ -249,14 +249,14 @@ class Bench:
     """What a suite's run fills: header lines and tables (printed as they come), the fair
     timing of its contenders, and extra fields for the JSON."""
 
-    def __init__(self, suite: str, rounds: int, out: TextIO = sys.stdout):
-        self.suite, self.rounds, self.out = suite, rounds, out
+    def __init__(self, suite: str, rounds: int, out: TextIO | None = None):
+        self.suite, self.rounds, self.out = suite, rounds, out  # None: sys.stdout when printing
         self.header: list[str] = []
         self.sections: list[Section] = []
         self.extra: dict[str, Any] = {}
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        print(text, file=self.out or sys.stdout, flush=True)
 
     def note(self, text: str) -> None:
         """A header line: printed now and kept in the JSON."""
