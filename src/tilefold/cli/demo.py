@@ -62,7 +62,7 @@ def handle(args: argparse.Namespace) -> int:
         timings = bench.measure({name: c.call for name, c in found.items()},
                                 settle=SETTLE_SECONDS, warm_calls=1)
     bench.table(Section(f"batch {args.batch} x {args.seq} tokens, {work.threads} threads",
-                        f"{args.model:<10}", "ms", [Row(args.model, f"{args.model:<10}", timings)],
+                        f"{'model':<10}", "ms", [Row(args.model, f"{args.model:<10}", timings)],
                         threads=work.threads))
     print("\n".join(models.format_compile_times(models.compile_rows(found, timings))))
     graphs = report.reports()
