@@ -74,3 +74,23 @@ def test_lowp_int8_gemm_runs_against_tilefolds_own_fp32(tmp_path):
     names = set(section["rows"][0]["contenders"])
     assert {"tilefold", "tf_unpacked_b", "fp32"} <= names
     assert section["unit"] == "GOP/s"
+
+
+def test_memory_bound_kernels_and_call_overhead(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEFOLD_NUM_THREADS", "1")  # the suite sets it for the process
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    out = tmp_path / "memory.json"
+    try:
+        assert main(["bench", "memory", "--only", "rms_norm", "--big-rows", "24", "--rounds", "1",
+                     "--threads", "1", "--no-torch-compile", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    kernels, overhead = json.loads(out.read_text())["sections"]
+    assert [r["case"] for r in kernels["rows"]] == ["rms_norm-512x4096", "rms_norm-24x2048"]
+    assert all(r["max_rel_err"] < 1e-5 for r in kernels["rows"])  # vs float64 NumPy
+    assert (kernels["unit"], kernels["peak"], overhead["unit"]) == ("GB/s", 20.0, "us")
+    for row in kernels["rows"]:
+        tf = row["contenders"]["tilefold"]
+        assert tf["GB/s"] == pytest.approx(row["bytes"] / tf["interleaved_s"] / 1e9)
+    assert set(overhead["rows"][0]["contenders"]) == {"tilefold", "numpy", "eager"}

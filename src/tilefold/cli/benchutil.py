@@ -20,6 +20,7 @@ from tilefold.runtime.timing import SETTLE_SECONDS, SLOWED_BY, Timing, fair_medi
 log = logging.getLogger("tilefold.bench")
 US = "tilefold"  # the contender every other one is compared with, unless a section says otherwise
 FRESH_TIMEOUT_S = 600
+TIME_UNITS = {"ms": 1e3, "us": 1e6}  # figures per call, lower is better; any other is a rate
 
 
 @dataclass
@@ -143,10 +144,11 @@ class Row:
     info: dict[str, Any] = field(default_factory=dict)
 
     def figure(self, name: str, unit: str, alone: bool = False) -> float:
-        """The contender's figure in `unit`: ms per call, or work per second in giga-units."""
+        """The contender's figure in `unit`: ms or us per call, or work per second in
+        giga-units (GFLOP/s, GB/s)."""
         seconds = self.timings[name].alone if alone else self.timings[name].interleaved
-        if unit == "ms":
-            return seconds * 1e3
+        if unit in TIME_UNITS:
+            return seconds * TIME_UNITS[unit]
         return self.work[name] / seconds / 1e9
 
     def speedup(self, us: str, peer: str) -> float:
@@ -157,7 +159,8 @@ class Row:
 @dataclass
 class Section:
     """One table: a title line, the header of the rows' lead text, the unit of the figures
-    (`ms`, lower is better, or a rate such as `GFLOP/s`), and `us`'s % of `peak` if given."""
+    (`ms` or `us` per call, lower is better, or a rate such as `GFLOP/s`), and `us`'s % of
+    `peak` if given."""
 
     title: str
     lead_head: str
@@ -195,7 +198,7 @@ def _row_json(row: Row, unit: str) -> dict[str, Any]:
     for name, t in row.timings.items():
         entry: dict[str, Any] = {"interleaved_s": t.interleaved, "alone_s": t.alone,
                                  "slowdown": t.slowdown, "slowed": t.slowed()}
-        if unit != "ms":
+        if unit not in TIME_UNITS:
             entry[unit] = row.figure(name, unit)
             entry[f"{unit} alone"] = row.figure(name, unit, alone=True)
         contenders[name] = entry
@@ -212,7 +215,7 @@ def _width(name: str) -> int:
 def _cell(row: Row, name: str, unit: str) -> str:
     if name not in row.timings:
         return f"{'-':>{_width(name)}}"
-    digits = 3 if unit == "ms" else 1
+    digits = {"ms": 3, "us": 2}.get(unit, 1)
     text = f"{row.figure(name, unit):.{digits}f}/{row.figure(name, unit, alone=True):.{digits}f}"
     return f"{text + ('!' if row.timings[name].slowed() else ' '):>{_width(name)}}"
 
@@ -308,7 +311,8 @@ def plot(bench: Bench, path: str) -> None:
             ax.bar(x + i * width, values, width, label=name)
         ax.set_xticks(x + 0.4 - width / 2, [r.case for r in section.rows], rotation=30,
                       ha="right")
-        ax.set_ylabel(section.unit + (" (lower is better)" if section.unit == "ms" else ""))
+        lower = " (lower is better)" if section.unit in TIME_UNITS else ""
+        ax.set_ylabel(section.unit + lower)
         ax.set_title(section.title)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -30,6 +30,18 @@ def time_block(fn: Callable[[], object], seconds: float) -> list[float]:
     return times
 
 
+def time_batch(fn: Callable[[], object], seconds: float = 2e-3) -> list[float]:
+    """Seconds per call of `fn`, averaged over one batch of calls lasting about `seconds` (its
+    size from one call), so the timer's own cost does not swamp a call of a microsecond."""
+    start = time.perf_counter()
+    fn()
+    calls = max(1, int(seconds / max(time.perf_counter() - start, 1e-7)))
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return [(time.perf_counter() - start) / calls]
+
+
 def time_once(fn: Callable[[], object]) -> list[float]:
     """Seconds of one call of `fn` (the caller warms it up)."""
     start = time.perf_counter()
