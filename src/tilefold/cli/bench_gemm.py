@@ -28,6 +28,7 @@ from tilefold.cli.benchutil import (
     Shape,
     Suite,
     fresh_process_runs,
+    optional_torch,
     parse_shape,
 )
 from tilefold.runtime.timing import time_block
@@ -58,14 +59,6 @@ def suite() -> list[Shape]:
             for s in json.loads(text)["shapes"]]
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
 def bench_shape(shape: Shape, threads: int, args: argparse.Namespace, torch: Any,
                 bench: Bench) -> Row:
     from threadpoolctl import threadpool_limits
@@ -86,7 +79,8 @@ def bench_shape(shape: Shape, threads: int, args: argparse.Namespace, torch: Any
         impls["torch"] = lambda: torch.matmul(ta, tb, out=tc)
         torch.set_num_threads(threads)
     with threadpool_limits(limits=threads):
-        timings = bench.measure(impls, lambda fn: time_block(fn, args.block_seconds))
+        timings = bench.measure(impls, lambda fn: time_block(fn, args.block_seconds),
+                                warm_calls=0)  # a block starts with two untimed calls
     ref = a.astype(np.float64) @ b.astype(np.float64)
     err = float(np.max(np.abs(c_tf - ref)) / (np.max(np.abs(ref)) or 1.0))
     return Row(shape.name, f"{shape.name:<14}{shape.batch:>4}{shape.m:>6}{shape.n:>6}{shape.k:>6}",
@@ -151,7 +145,7 @@ def _run(args: argparse.Namespace, bench: Bench) -> int:
     from tilefold.target import measured_peak_gflops
 
     shapes = [parse_shape(s) for s in args.shape] or suite()
-    torch = None if args.no_torch else _torch()
+    torch = None if args.no_torch else optional_torch()
     module = gemm_module()
     kern = module.kernel
     bench.note(f"tilefold GEMM on {module.target.name}: micro-kernel {kern.name} "

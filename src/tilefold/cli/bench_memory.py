@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tilefold.cli.benchutil import Bench, Row, Section, Suite
+from tilefold.cli.benchutil import Bench, Row, Section, Suite, optional_torch
 from tilefold.runtime.timing import time_batch
 
 SETTLE_SECONDS = 0.01  # a sample is a 2 ms batch
@@ -83,14 +83,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile")
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:  # the PyTorch columns are left out
-        return None
-    return torch
-
-
 def run(args: argparse.Namespace, bench: Bench) -> int:
     (threads,) = args.thread_counts
     os.environ["TILEFOLD_NUM_THREADS"] = str(threads)  # before tilefold's thread pool starts
@@ -101,7 +93,7 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
     target = host_target()
     bandwidth = measured_bandwidth_gbps(threads)
     big_rows = args.big_rows or min(int(1.25 * target.l3_bytes) // (2048 * 4), 65536)
-    torch = _torch()
+    torch = optional_torch()
     if torch is None:
         bench.note("PyTorch not installed: comparing with NumPy only")
     else:

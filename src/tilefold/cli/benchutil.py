@@ -55,6 +55,15 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def optional_torch() -> Any:
+    """PyTorch, or None when it is not installed (its columns are left out)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 def thread_counts(text: str) -> list[int]:
     """`--threads 1,2` (`all`: every core this process may run on): the distinct counts in
     order, each at least 1; exits with a message if malformed."""
