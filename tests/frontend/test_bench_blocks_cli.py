@@ -9,16 +9,7 @@ import pytest
 
 from tilefold.cli.main import main
 
-torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads(monkeypatch):
-    """The suite sets torch's and tilefold's thread counts for the whole process."""
-    monkeypatch.setenv("TILEFOLD_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def test_softmax_block_against_numpy_and_eager(tmp_path, capsys):

@@ -16,13 +16,7 @@ TINY = ["bench", "models", "--models", "bert", "--layers", "1", "--batch", "1", 
         "--rounds", "1", "--threads", "1", "--no-inductor"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads(monkeypatch):
-    """The suite sets torch's and tilefold's thread counts for the whole process."""
-    monkeypatch.setenv("TILEFOLD_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def _run(tmp_path, *extra: str) -> dict:
