@@ -21,6 +21,7 @@ from tilefold.cli.benchutil import (
     thread_counts,
 )
 from tilefold.cli.main import build_parser, main
+from tilefold.errors import TilefoldError
 from tilefold.runtime import timing
 from tilefold.runtime.timing import Timing, fair_medians
 
@@ -52,7 +53,7 @@ def test_thread_counts_parse_all_and_reject_nonsense():
     assert thread_counts("2,1,2") == [1, 2]
     assert thread_counts("1,all") == sorted({1, cores})
     for bad in ("", "0", "two", "1,-3"):
-        with pytest.raises(SystemExit, match="bad --threads"):
+        with pytest.raises(TilefoldError, match="bad --threads"):
             thread_counts(bad)
 
 
@@ -72,13 +73,13 @@ def _args(suite: Suite, *argv: str) -> argparse.Namespace:
     return parser.parse_args(["fake", *argv])
 
 
-def test_one_count_suites_refuse_a_list_and_rounds_must_be_positive():
+def test_one_count_suites_refuse_a_list_and_rounds_must_be_positive(capsys):
     seen: list = []
     single = _suite(False, seen)
-    with pytest.raises(SystemExit, match="one count"):
+    with pytest.raises(TilefoldError, match="runs at one thread count, not 1,2"):
         run_suite(single, _args(single, "--threads", "1,2"))
-    with pytest.raises(SystemExit, match="--rounds must be at least 1"):
-        run_suite(single, _args(single, "--rounds", "0"))
+    with pytest.raises(SystemExit):  # argparse: "0 is less than 1"
+        _args(single, "--rounds", "0")
     multi = _suite(True, seen)
     assert run_suite(multi, _args(multi, "--threads", "1,2")) == 0
     assert seen == [[1, 2]]
@@ -245,3 +246,10 @@ def test_bench_collects_tables_and_notes_in_order(capsys):
     assert b.table(_section())["torch"] == pytest.approx(4.0)
     assert [s.title for s in b.sections] == ["title"] and b.header == ["first"]
     assert "first" in capsys.readouterr().out
+
+
+def test_bad_shapes_and_thread_counts_are_one_line_errors(capsys):
+    assert main(["bench", "gemm", "--shape", "12x7", "--no-compile-times"]) == 1
+    assert "bad --shape '12x7'; write MxNxK or BxMxNxK" in capsys.readouterr().err
+    assert main(["bench", "blocks", "--threads", "1,2"]) == 1
+    assert "bench blocks runs at one thread count, not 1,2" in capsys.readouterr().err

@@ -29,6 +29,7 @@ from typing import Any
 from tilefold.cli import models
 from tilefold.cli.benchutil import Bench, Row, Section, Suite
 from tilefold.cli.models import EAGER, MODELS, Contender, Workload
+from tilefold.errors import TilefoldError
 
 ORT = "ONNX Runtime"
 SETTLE_SECONDS = 0.05  # one model call a sample
@@ -49,7 +50,7 @@ def _models(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
     if unknown or not names:
-        raise SystemExit(f"bench models: unknown model(s) {', '.join(unknown) or text!r}; "
+        raise TilefoldError(f"unknown model(s) {', '.join(unknown) or text!r}; "
                          f"choose from {','.join(MODELS)}")
     return names
 

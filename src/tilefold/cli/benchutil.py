@@ -15,6 +15,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from tilefold.cli.inputs import count
+from tilefold.errors import TilefoldError
 from tilefold.runtime.timing import SETTLE_SECONDS, SLOWED_BY, Timing, fair_medians, time_once
 
 log = logging.getLogger("tilefold.bench")
@@ -37,14 +39,14 @@ class Shape:
 
 
 def parse_shape(text: str) -> Shape:
-    """`MxNxK` or `BxMxNxK`, e.g. `1024x1024x1024`; exits with a message if malformed."""
+    """`MxNxK` or `BxMxNxK`, e.g. `1024x1024x1024`."""
     parts = text.lower().split("x")
     try:
         dims = [int(p) for p in parts]
     except ValueError:
         dims = []
     if len(dims) not in (3, 4) or min(dims) < 1:
-        raise SystemExit(f"bench: bad --shape {text!r}; write MxNxK or BxMxNxK, "
+        raise TilefoldError(f"bad --shape {text!r}; write MxNxK or BxMxNxK, "
                          "e.g. 1024x1024x1024")
     batch = dims[0] if len(dims) == 4 else 1
     m, n, k = dims[-3:]
@@ -66,14 +68,14 @@ def optional_torch() -> Any:
 
 def thread_counts(text: str) -> list[int]:
     """`--threads 1,2` (`all`: every core this process may run on): the distinct counts in
-    order, each at least 1; exits with a message if malformed."""
+    order, each at least 1."""
     cores = len(os.sched_getaffinity(0))
     try:
         counts = [cores if t.strip() == "all" else int(t) for t in text.split(",")]
     except ValueError:
         counts = []
     if not counts or min(counts) < 1:
-        raise SystemExit(f"bench: bad --threads {text!r}; write counts like 1, 1,2 or 1,all")
+        raise TilefoldError(f"bad --threads {text!r}; write counts like 1, 1,2 or 1,all")
     return sorted(set(counts))
 
 
@@ -108,7 +110,7 @@ class Suite:
 
 def add_common_arguments(parser: argparse.ArgumentParser, suite: Suite) -> None:
     many = "comma-separated thread counts" if suite.multi_threads else "threads"
-    parser.add_argument("--rounds", "--runs", type=int, default=suite.rounds,
+    parser.add_argument("--rounds", "--runs", type=count(1), default=suite.rounds,
                         help=f"timed rounds per case, interleaved and alone "
                              f"(default {suite.rounds})")
     parser.add_argument("--threads", default=suite.threads,
@@ -119,12 +121,11 @@ def add_common_arguments(parser: argparse.ArgumentParser, suite: Suite) -> None:
 
 
 def run_suite(suite: Suite, args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Check the common arguments, run the suite, then write its JSON and plot."""
-    if args.rounds < 1:
-        raise SystemExit(f"bench {suite.name}: --rounds must be at least 1, not {args.rounds}")
+    """Check the thread counts, run the suite, then write its JSON and plot."""
     counts = thread_counts(args.threads)
     if len(counts) > 1 and not suite.multi_threads:
-        raise SystemExit(f"bench {suite.name}: --threads takes one count here, not {args.threads}")
+        raise TilefoldError(f"bench {suite.name} runs at one thread count, not {args.threads}; "
+                            "run it once per count")
     args.thread_counts = counts
     bench = Bench(suite.name, args.rounds, out)
     rc = int(suite.run(args, bench) or 0)
