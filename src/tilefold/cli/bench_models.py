@@ -50,8 +50,9 @@ def _models(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
     if unknown or not names:
-        raise TilefoldError(f"unknown model(s) {', '.join(unknown) or text!r}; "
-                         f"choose from {','.join(MODELS)}")
+        named = ", ".join(unknown) if unknown else repr(text)
+        raise TilefoldError(f"unknown model(s) {named}; "
+                            f"choose from {','.join(MODELS)}")
     return names
 
 
