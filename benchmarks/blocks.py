@@ -1,11 +1,8 @@
 """`tilefold bench blocks` as a script (run it under `flock /tmp/tilefold-bench.lock`)."""
 
-import argparse
 import sys
 
-from tilefold.cli import bench_blocks
+from tilefold.cli.main import main
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=bench_blocks.__doc__)
-    bench_blocks.add_arguments(parser)
-    sys.exit(bench_blocks.run(parser.parse_args()))
+    sys.exit(main(["bench", "blocks", *sys.argv[1:]]))

@@ -26,3 +26,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.section("OpInfo samples through the tilefold backend")
     for line in harness.summary():
         terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def restore_threads(monkeypatch):
+    """For tools that set torch's and tilefold's thread counts for the whole process."""
+    import torch
+
+    monkeypatch.setenv("TILEFOLD_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

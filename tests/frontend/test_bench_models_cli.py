@@ -13,16 +13,10 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 TINY = ["bench", "models", "--models", "bert", "--layers", "1", "--batch", "1", "--seq", "8",
-        "--runs", "1", "--threads", "1", "--no-inductor"]
+        "--rounds", "1", "--threads", "1", "--no-inductor"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads(monkeypatch):
-    """The suite sets torch's and tilefold's thread counts for the whole process."""
-    monkeypatch.setenv("TILEFOLD_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
 def _run(tmp_path, *extra: str) -> dict:
@@ -32,7 +26,7 @@ def _run(tmp_path, *extra: str) -> dict:
 
 
 def _check_common(data: dict) -> dict:
-    assert (data["batch"], data["seq"], data["layers"], data["runs"], data["threads"]) == \
+    assert (data["batch"], data["seq"], data["layers"], data["rounds"], data["threads"]) == \
         (1, 8, 1, 1, 1)
     assert list(data["models"]) == ["bert"]
     bert = data["models"]["bert"]
@@ -40,12 +34,19 @@ def _check_common(data: dict) -> dict:
     rows = bert["contenders"]
     assert "torch.compile (inductor)" not in rows
     for row in rows.values():
-        assert row["latency"] > 0 and row["speedup_vs_eager"] > 0
+        assert row["latency"] > 0 and row["latency_alone"] > 0 and row["speedup_vs_eager"] > 0
     tf = rows["tilefold"]
     assert tf["cold"] >= 0 and tf["warm"] >= 0
     assert 0 <= tf["max_abs_error"] < 1e-3  # checked against eager
     assert rows["PyTorch eager"]["speedup_vs_eager"] == 1.0
-    assert bert["ratios"]["PyTorch eager"] == pytest.approx(
+    (section,) = data["sections"]
+    (row,) = section["rows"]
+    assert row["case"] == "bert" and set(row["contenders"]) == set(rows)
+    for name, timing in row["contenders"].items():
+        assert timing["interleaved_s"] == rows[name]["latency"]
+        assert timing["alone_s"] == rows[name]["latency_alone"]
+        assert timing["slowed"] == (timing["interleaved_s"] > 1.1 * timing["alone_s"])
+    assert section["geomean"]["PyTorch eager"] == pytest.approx(
         rows["PyTorch eager"]["latency"] / tf["latency"])
     return bert
 
@@ -60,7 +61,8 @@ def test_without_ort(tmp_path, capsys):
 
 def test_with_ort_and_plot(tmp_path, capsys):
     plot = tmp_path / "models.png"
-    bert = _check_common(_run(tmp_path, "--plot", str(plot)))
+    data = _run(tmp_path, "--plot", str(plot))
+    bert = _check_common(data)
     out = capsys.readouterr().out
     if importlib.util.find_spec("onnxruntime") is None:
         assert "ONNX Runtime" not in bert["contenders"]
@@ -69,12 +71,12 @@ def test_with_ort_and_plot(tmp_path, capsys):
         assert not bert["skipped"], bert["skipped"]
         ort = bert["contenders"]["ONNX Runtime"]
         assert ort["cold"] >= 0 and 0 <= ort["max_abs_error"] < 1e-3
-        assert bert["ratios"]["ONNX Runtime"] == pytest.approx(
+        assert data["sections"][0]["geomean"]["ONNX Runtime"] == pytest.approx(
             ort["latency"] / bert["contenders"]["tilefold"]["latency"])
         assert "vs ONNX Runtime" in out
     assert plot.exists() == (importlib.util.find_spec("matplotlib") is not None)
 
 
-def test_unknown_model_is_an_error():
-    with pytest.raises(SystemExit, match="unknown model"):
-        main(["bench", "models", "--models", "bert,t5"])
+def test_unknown_model_is_an_error(capsys):
+    assert main(["bench", "models", "--models", "bert,t5"]) == 1
+    assert "unknown model(s) t5; choose from minilm,bert,gpt2,llama" in capsys.readouterr().err

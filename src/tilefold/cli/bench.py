@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from tilefold.cli import bench_blocks, bench_gemm, bench_lowp, bench_models
+from tilefold.cli import bench_blocks, bench_gemm, bench_lowp, bench_memory, bench_models
+from tilefold.cli.benchutil import Suite
 
-SUITES = {"gemm": bench_gemm, "lowp": bench_lowp, "blocks": bench_blocks, "models": bench_models}
+SUITES: dict[str, Suite] = {s.name: s for s in (bench_gemm.SUITE, bench_lowp.SUITE,
+                                                bench_memory.SUITE, bench_blocks.SUITE,
+                                                bench_models.SUITE)}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark tilefold against NumPy and PyTorch")
+    p = sub.add_parser("bench", help="benchmark tilefold against NumPy, PyTorch and ONNX Runtime")
     suites = p.add_subparsers(dest="suite", metavar="SUITE", required=True)
-    for name, module in SUITES.items():
-        sp = suites.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
-        module.add_arguments(sp)
-        sp.set_defaults(handler=module.run)
+    for suite in SUITES.values():
+        suite.add_parser(suites)

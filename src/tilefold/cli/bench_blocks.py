@@ -3,8 +3,9 @@
 Blocks: the MLP gelu(x@W1+b1)@W2+b2 (x 128x768 and 1024x768, hidden 3072), layer_norm of a
 residual sum, softmax over attention scores (12x128x128, 12x512x512) and a BERT-base encoder
 layer (seq 128). Weights are graph constants (tilefold pre-packs them). Each round times every
-contender once after warm-up, in turn, with BLAS/OpenMP threads limited to the same count and a
-pause for spinning threads to settle; the figures are medians over the rounds.
+contender once after warm-up calls, in turn, with BLAS/OpenMP threads limited to the same count,
+tilefold's workers parked before a peer runs and a pause for spinning threads to settle; then
+each contender runs alone. The figures are medians over the rounds.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefold.runtime.timing import interleaved_medians
+from tilefold.cli.benchutil import Bench, Row, Section, Suite
 
-SETTLE_SECONDS = 0.02  # one call a sample here, so a shorter pause than benchutil's
+SETTLE_SECONDS = 0.02  # one call a sample here, so a shorter pause than the GEMM's blocks
+MISMATCH_RTOL = 1e-3
 HEADS, HIDDEN, FFN = 12, 768, 3072
 
 
@@ -153,52 +155,50 @@ BLOCKS = [
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=2, help="threads for every contender")
-    parser.add_argument("--rounds", type=int, default=15, help="timed rounds per block")
     parser.add_argument("--only", action="append", default=[], help="blocks whose name has this")
     parser.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile")
 
 
-def run(args: argparse.Namespace) -> int:
-    os.environ["TILEFOLD_NUM_THREADS"] = str(args.threads)
+def run(args: argparse.Namespace, bench: Bench) -> int:
+    (threads,) = args.thread_counts
+    os.environ["TILEFOLD_NUM_THREADS"] = str(threads)
     import torch
     from threadpoolctl import threadpool_limits
 
-    from tilefold.compiler import compile
-    from tilefold.ir import interpret
-
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
-    header = (f"{'block':<24}{'tilefold':>10}{'numpy':>10}{'eager':>10}{'compile':>10}"
-              f"{'vs eager':>10}{'vs compile':>11}")
-    print(f"threads={args.threads}, medians of {args.rounds} interleaved rounds (ms)")
-    print(header)
-    with threadpool_limits(limits=args.threads):
+    section = Section(f"threads={threads}, medians of {args.rounds} rounds",
+                      f"{'block':<24}", "ms", threads=threads)
+    with threadpool_limits(limits=threads):
         for block in BLOCKS:
             if args.only and not any(s in block.name for s in args.only):
                 continue
-            module, xs, torch_fn = block.graph(rng)
-            graph = compile(module)
-            txs = _torch(*xs)
-            contenders = {"tilefold": lambda g=graph, xs=xs: g(*xs),
-                          "numpy": lambda m=module, xs=xs: interpret(m, *xs),
-                          "eager": lambda f=torch_fn, t=txs: f(*t)}
-            if not args.no_torch_compile:
-                compiled = torch.compile(torch_fn)
-                contenders["compile"] = lambda f=compiled, t=txs: f(*t)
-            want = torch_fn(*txs).numpy()
-            got = graph(*xs)[0]
-            assert np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()), block.name
-            contenders["numpy"] = _numpy_contender(block, module, xs)
-            for fn in contenders.values():
-                fn()
-            seconds = interleaved_medians(contenders, args.rounds, settle=SETTLE_SECONDS)
-            med = {k: t * 1e3 for k, t in seconds.items()}
-            tf = med["tilefold"]
-            comp = med.get("compile", math.nan)
-            print(f"{block.name:<24}{tf:>10.3f}{med['numpy']:>10.3f}{med['eager']:>10.3f}"
-                  f"{comp:>10.3f}{med['eager'] / tf:>9.2f}x{comp / tf:>10.2f}x")
+            section.rows.append(_bench_block(block, rng, args, bench))
+    bench.table(section)
     return 0
+
+
+def _bench_block(block: Block, rng: np.random.Generator, args: argparse.Namespace,
+                 bench: Bench) -> Row:
+    import torch
+
+    from tilefold.compiler import compile
+
+    module, xs, torch_fn = block.graph(rng)
+    graph = compile(module)
+    txs = _torch(*xs)
+    contenders = {"tilefold": lambda: graph(*xs),
+                  "numpy": _numpy_contender(block, module, xs),
+                  "eager": lambda: torch_fn(*txs)}
+    if not args.no_torch_compile:
+        compiled = torch.compile(torch_fn)
+        contenders["compile"] = lambda: compiled(*txs)
+    want = torch_fn(*txs).numpy()
+    err = float(np.abs(graph(*xs)[0] - want).max() / (np.abs(want).max() or 1.0))
+    timings = bench.measure(contenders, settle=SETTLE_SECONDS)
+    note = f"  MISMATCH vs eager {err:.1e}" if err > MISMATCH_RTOL else ""
+    return Row(block.name, f"{block.name:<24}", timings, note=note,
+               info={"max_rel_err_vs_eager": err})
 
 
 def _numpy_contender(block: Block, module, xs) -> Callable:
@@ -242,3 +242,6 @@ def _numpy_extras() -> dict:
         return extras
     return {**extras, "gelu": lambda x, attrs: (
         0.5 * x * (1 + sp.erf(x * np.float32(0.7071067811865476)))).astype(x.dtype)}
+
+
+SUITE = Suite("blocks", __doc__, add_arguments, run, rounds=15, threads="2")

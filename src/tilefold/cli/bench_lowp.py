@@ -1,6 +1,8 @@
-"""Low-precision GEMM benchmark: bf16, int8 and weight-only int4/fp4/fp8 against tilefold's own
-fp32 and the peers (PyTorch bf16 matmul and `torch._int_mm`, ONNX Runtime MatMulInteger when
-installed), timed interleaved in one process like `bench gemm`.
+"""Low-precision benchmark: bf16 and int8 GEMMs, weight-only int4/fp4/fp8 GEMV, against fp32.
+
+The comparisons are tilefold's own fp32 and the peers (PyTorch bf16 matmul and `torch._int_mm`,
+ONNX Runtime MatMulInteger when installed), timed interleaved in one process and then alone,
+like `bench gemm`.
 
 `tilefold` uses B packed once (a weight, as ORT's constant initializer); `tf_unpacked_b` packs
 B on every call.
@@ -11,14 +13,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import sys
 
 import ml_dtypes
 import numpy as np
 
-from tilefold.cli.benchutil import Shape, TableRow, geomean, parse_shape, print_vs_table
+from tilefold.cli.benchutil import Bench, Row, Section, Shape, Suite, parse_shape
 from tilefold.quant import FORMATS, QuantizedTensor, quantize, quantized_matmul
-from tilefold.runtime.timing import interleaved_medians, time_block
+from tilefold.runtime.timing import Timing, time_block
 
 SUITES = {
     "bf16": ["512x512x512", "1024x1024x1024", "2048x2048x2048", "128x3072x768", "512x768x3072"],
@@ -36,8 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bf16 and int8 GEMMs; int4/fp4/fp8 weight-only GEMV (group 32)")
     parser.add_argument("--shape", action="append", default=[], metavar="MxNxK",
                         help="benchmark this shape instead of the suite (repeatable)")
-    parser.add_argument("--threads", type=int, default=None, help="threads (default: all)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
     parser.add_argument("--block-seconds", type=float, default=0.15,
                         help="timed seconds per implementation per round")
     parser.add_argument("--cold", action="store_true",
@@ -95,11 +94,22 @@ def _ort_matmul_integer(b: np.ndarray, threads: int):
                                 providers=["CPUExecutionProvider"])
 
 
-def _time_all(impls: dict, args) -> dict[str, float]:
-    return interleaved_medians(impls, args.rounds, lambda fn: time_block(fn, args.block_seconds))
+OURS = ("tilefold", "tf_unpacked_b", "fp32")  # tilefold's contenders: the rest are peers
 
 
-def _gemm_row(shape: Shape, dtype: str, threads: int, args) -> dict[str, float]:
+def _time_all(impls: dict, args, bench: Bench) -> dict[str, Timing]:
+    return bench.measure(impls, lambda fn: time_block(fn, args.block_seconds), ours=OURS,
+                         warm_calls=0)  # a block starts with two untimed calls
+
+
+def _lead(shape: Shape) -> str:
+    return f"{shape.name:<16}{shape.m:>6}{shape.n:>6}{shape.k:>6}"
+
+
+LEAD_HEAD = f"{'shape':<16}{'M':>6}{'N':>6}{'K':>6}"
+
+
+def _gemm_row(shape: Shape, dtype: str, threads: int, args, bench: Bench) -> Row:
     from tilefold.linalg import matmul
     from tilefold.quant import matmul_lowp, prepack_lowp
 
@@ -120,8 +130,8 @@ def _gemm_row(shape: Shape, dtype: str, threads: int, args) -> dict[str, float]:
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=threads):
-        seconds = _time_all({**impls, **peers}, args)
-    return {name: shape.flops / t / 1e9 for name, t in seconds.items()}
+        timings = _time_all({**impls, **peers}, args, bench)
+    return Row(shape.name, _lead(shape), timings, work=dict.fromkeys(timings, shape.flops))
 
 
 # Above this many f32 weight bytes the fp32 peer is skipped and codes are drawn at random
@@ -156,7 +166,7 @@ def _rotating(call, weights: list):
     return lambda: call(next(ring))
 
 
-def _gemv_row(shape: Shape, fmt: str, threads: int, args) -> dict[str, float]:
+def _gemv_row(shape: Shape, fmt: str, threads: int, args, bench: Bench) -> Row:
     """GB/s on packed bytes for the quantized weight; fp32 GEMV on its own bytes."""
     from tilefold.linalg import matmul
 
@@ -173,67 +183,53 @@ def _gemv_row(shape: Shape, fmt: str, threads: int, args) -> dict[str, float]:
     qws = [qw] + [QuantizedTensor(qw.format, qw.shape, qw.axis, qw.data.copy(), qw.scale.copy(),
                                   qw.zero_point) for _ in range(_copies(qw.nbytes, args.cold) - 1)]
     impls["tilefold"] = _rotating(lambda qi: quantized_matmul(x, qi, threads=threads), qws)
-    seconds = _time_all(impls, args)
-    fp32 = seconds.get("fp32", float("nan"))
-    return {"tilefold_gbps": qw.nbytes / seconds["tilefold"] / 1e9,
-            "fp32_gbps": shape.k * shape.n * 4 / fp32 / 1e9,
-            "speedup": fp32 / seconds["tilefold"]}
+    timings = _time_all(impls, args, bench)
+    return Row(shape.name, _lead(shape), timings,
+               work={"tilefold": qw.nbytes, "fp32": shape.k * shape.n * 4})
 
 
-def run(args: argparse.Namespace) -> int:
-    from tilefold.codegen.lowp.kernels import select_dot_kernel
-    from tilefold.runtime import num_threads
-    from tilefold.target import host_target, measured_bandwidth_gbps, measured_peak_gflops
-    from tilefold.target.probes import probe_kind
-
-    threads = args.threads or num_threads()
+def run(args: argparse.Namespace, bench: Bench) -> int:
     shapes = [parse_shape(s) for s in args.shape or SUITES[args.dtype]]
-    if args.dtype in ("bf16", "int8"):
-        kind = "bf16" if args.dtype == "bf16" else "u8s8"
-        kernel = select_dot_kernel(host_target(), kind)
-        vector_peak = measured_peak_gflops(dtype=args.dtype, threads=threads, refresh=True)
-        peak = vector_peak
-        unit = "GFLOP/s" if args.dtype == "bf16" else "GOP/s"
-        via = probe_kind(host_target(), args.dtype).via
-        peaks = f"{vector_peak:.1f} ({args.dtype} vector{f', via {via}' if via else ''})"
-        if kernel.is_amx:
-            peak = measured_peak_gflops(dtype=f"amx-{args.dtype}", threads=threads, refresh=True)
-            peaks = f"{peak:.1f} (amx-{args.dtype} tiles, %peak below), " + peaks
-        f32_peak = measured_peak_gflops(dtype="f32", threads=threads, refresh=True)
-        print(f"{args.dtype}, {threads} thread(s), micro-kernel {kernel.name}; measured peak "
-              f"{peaks}, {f32_peak:.1f} (f32); figures in {unit}")
-        rows = [(s, _gemm_row(s, args.dtype, threads, args)) for s in shapes]
-        peers = [p for p in rows[0][1] if p not in ("tilefold", "fp32")]  # incl. tf_unpacked_b
-        cols = ["fp32", *peers]
-        table = [TableRow(f"{s.name:<16}{s.m:>6}{s.n:>6}{s.k:>6}", g) for s, g in rows]
-        print_vs_table(f"{'shape':<16}{'M':>6}{'N':>6}{'K':>6}", table, cols, peak,
-                       value_width=13, ratio_width=16)
-        return 0
-    bandwidth = measured_bandwidth_gbps(threads)
-    where = "from DRAM (weights rotate past L3)" if args.cold else "hot (one weight, may be cached)"
-    print(f"{args.dtype} weight-only GEMV (group 32), {threads} thread(s), weights {where}; "
-          f"measured read bandwidth {bandwidth:.1f} GB/s; GB/s counted on packed bytes "
-          "(codes + scales)")
-    print(f"{'shape':<16}{'M':>6}{'N':>6}{'K':>6}{'GB/s':>9}{'%bw':>7}{'fp32 GB/s':>11}"
-          f"{'vs fp32':>10}")
-    speedups = []
-    for s in shapes:
-        g = _gemv_row(s, args.dtype, threads, args)
-        if not np.isnan(g["speedup"]):
-            speedups.append(g["speedup"])
-        print(f"{s.name:<16}{s.m:>6}{s.n:>6}{s.k:>6}{g['tilefold_gbps']:>9.1f}"
-              f"{100 * g['tilefold_gbps'] / bandwidth:>6.0f}%{g['fp32_gbps']:>11.1f}"
-              f"{g['speedup']:>9.2f}x")
-    print(f"{'geomean':<61}{geomean(speedups):>9.2f}x")
+    for threads in args.thread_counts:
+        if args.dtype in ("bf16", "int8"):
+            bench.table(_gemm_section(shapes, threads, args, bench))
+        else:
+            bench.table(_gemv_section(shapes, threads, args, bench))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tilefold.cli.bench_lowp",
-                                     description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+def _gemm_section(shapes: list[Shape], threads: int, args, bench: Bench) -> Section:
+    from tilefold.codegen.lowp.kernels import select_dot_kernel
+    from tilefold.target import host_target, measured_peak_gflops
+    from tilefold.target.probes import probe_kind
+
+    kind = "bf16" if args.dtype == "bf16" else "u8s8"
+    kernel = select_dot_kernel(host_target(), kind)
+    vector_peak = measured_peak_gflops(dtype=args.dtype, threads=threads, refresh=True)
+    peak = vector_peak
+    via = probe_kind(host_target(), args.dtype).via
+    peaks = f"{vector_peak:.1f} ({args.dtype} vector{f', via {via}' if via else ''})"
+    if kernel.is_amx:
+        peak = measured_peak_gflops(dtype=f"amx-{args.dtype}", threads=threads, refresh=True)
+        peaks = f"{peak:.1f} (amx-{args.dtype} tiles, %peak below), " + peaks
+    f32_peak = measured_peak_gflops(dtype="f32", threads=threads, refresh=True)
+    title = (f"{args.dtype}, {threads} thread(s), micro-kernel {kernel.name}; measured peak "
+             f"{peaks}, {f32_peak:.1f} (f32)")
+    unit = "GFLOP/s" if args.dtype == "bf16" else "GOP/s"
+    rows = [_gemm_row(s, args.dtype, threads, args, bench) for s in shapes]
+    return Section(title, LEAD_HEAD, unit, rows, peak=peak, threads=threads)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _gemv_section(shapes: list[Shape], threads: int, args, bench: Bench) -> Section:
+    from tilefold.target import measured_bandwidth_gbps
+
+    bandwidth = measured_bandwidth_gbps(threads)
+    where = "from DRAM (weights rotate past L3)" if args.cold else "hot (one weight, may be cached)"
+    title = (f"{args.dtype} weight-only GEMV (group 32), {threads} thread(s), weights {where}; "
+             f"measured read bandwidth {bandwidth:.1f} GB/s; tilefold's GB/s counted on packed "
+             "bytes (codes + scales), fp32's on its own")
+    rows = [_gemv_row(s, args.dtype, threads, args, bench) for s in shapes]
+    return Section(title, LEAD_HEAD, "GB/s", rows, peak=bandwidth, threads=threads)
+
+
+SUITE = Suite("lowp", __doc__, add_arguments, run, rounds=3, threads="all", multi_threads=True)

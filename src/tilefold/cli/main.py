@@ -8,9 +8,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tilefold.cli import bench, cache, explain, info, opt, run, tune
+from tilefold.cli import bench, cache, demo, explain, info, opt, run, tune
 from tilefold.errors import TilefoldError
-from tilefold.frontend import demo
 from tilefold.version import __version__
 
 COMMANDS = (demo, opt, run, explain, tune, info, bench, cache)

@@ -10,14 +10,13 @@ import math
 import os
 from collections.abc import Iterator
 
+from tilefold.cli import models
 from tilefold.cli.explain import DEFAULT_SIZE, compile_file, format_ms
 from tilefold.cli.inputs import count
 from tilefold.errors import TilefoldError
 from tilefold.strategy import Decision
 from tilefold.strategy.autotune import DEFAULT_BUDGET_S
 from tilefold.strategy.tuning_db import TuningDB
-
-MODELS = ("minilm", "bert", "gpt2", "llama")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "`tilefold info` then shows it")
     p.add_argument("--threads", type=count(1), default=None,
                    help="--gemm: threads per product (default: all this process may use)")
-    p.add_argument("--model", choices=MODELS, help="tune a model as `tilefold demo` runs it")
+    p.add_argument("--model", choices=models.MODELS, help="tune a model as `tilefold demo` runs it")
     p.add_argument("--function", default="main", help="function of FILE (default: main)")
     p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
                    help="size of a symbolic dim of FILE, e.g. --bind batch=8 "
@@ -112,10 +111,10 @@ def _file_decisions(args: argparse.Namespace) -> list[Decision]:
 def _model_decisions(args: argparse.Namespace) -> list[Decision]:
     if importlib.util.find_spec("torch") is None:
         raise TilefoldError("tilefold tune --model needs PyTorch: pip install torch")
-    from tilefold.frontend import demo, report
+    from tilefold.frontend import report
 
     first = len(report.reports())
-    demo.first_call(args.model, "tilefold", args.batch, args.seq, args.layers)
+    models.first_call(args.model, "tilefold", args.batch, args.seq, args.layers)
     return [d for graph in report.reports()[first:] for d in graph.decisions()]
 
 

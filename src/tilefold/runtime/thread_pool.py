@@ -164,6 +164,13 @@ def thread_pool() -> ThreadPool:
         return _pool
 
 
+def park_workers() -> None:
+    """Send the process's pool's spinning workers to sleep now, if it is running (starts none)."""
+    pool = _pool
+    if pool is not None and not pool.closed:
+        pool.park()
+
+
 def _after_fork_in_child() -> None:
     """The child has no workers: regions run serially until thread_pool() restarts them."""
     global _pool, _pool_lock
