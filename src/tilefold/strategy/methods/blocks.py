@@ -42,7 +42,7 @@ class GemmEpilogue(Method):
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         # On first use: `import tilefold` does not load the row-program generator.
-        from tilefold.strategy.kernels.rowprog import NotARowProgram, build_program
+        from tilefold.strategy.kernels.rowprog import Emitter, NotARowProgram, build_program
 
         matmuls = [op for op in problem.body if op.name == "matmul"]
         if len(matmuls) != 1:
@@ -68,6 +68,7 @@ class GemmEpilogue(Method):
             try:
                 epi = (build_program(problem, list(epilogue), ins, outs, c),
                        ins, outs)
+                Emitter(epi[0], _lanes(ctx))  # refuses now what it could not emit at build
             except NotARowProgram as exc:
                 return f"epilogue: {exc}"
         w = work(problem)
@@ -81,6 +82,11 @@ class GemmEpilogue(Method):
         return [self.candidate(config, estimate,
                                lambda: build_gemm(problem, ctx, mm, prologue, epi, prepack),
                                note)]
+
+
+def _lanes(ctx: Context) -> int:
+    """Vector width of the epilogue's row programs."""
+    return max(4, ctx.target.vector_bits // 32)
 
 
 def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
@@ -163,7 +169,7 @@ def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:
     from tilefold.strategy.kernels.rowprog import Emitter  # on first use, as in `propose`
 
     prog, ins, outs = epi
-    lanes = max(4, ctx.target.vector_bits // 32)
+    lanes = _lanes(ctx)
     fingerprint = f"{source_digest(_EPILOGUE_GENERATOR)}|{prog!r}|{lanes}"
     return Kernel.native(generated_row_kernel(
         fingerprint, problem.kernel_symbol("tf_epilogue"), len(ins) + len(outs), prog.rows,
