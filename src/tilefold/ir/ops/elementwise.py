@@ -22,7 +22,7 @@ class Unary(OpDef):
     """Base of `%y = NAME(%x) : T`: same shape and dtype in and out."""
 
     operands = ("x",)
-    traits = frozenset({"pure", "elementwise"})
+    traits = frozenset({"pure", "elementwise", "lowered"})
     accepts = "float"  # operand kinds, see common._ACCEPTS
 
     @staticmethod
@@ -91,7 +91,7 @@ class Binary(OpDef):
     """Base of `%z = NAME(%x, %y) : T`: NumPy broadcasting, both operands of one dtype."""
 
     operands = ("x", "y")
-    traits = frozenset({"pure", "elementwise"})
+    traits = frozenset({"pure", "elementwise", "lowered"})
     accepts = "numeric"  # operand kinds, see common._ACCEPTS
     result_dtype: dtypes.DType | None = None  # None: the operands' dtype
 
@@ -179,7 +179,7 @@ class Where(OpDef):
 
     name = "where"
     operands = ("cond", "x", "y")
-    traits = frozenset({"pure", "elementwise"})
+    traits = frozenset({"pure", "elementwise", "lowered"})
 
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
@@ -207,7 +207,7 @@ class Cast(OpDef):
     name = "cast"
     operands = ("x",)
     attributes = attr_table(dtype=Attr("dtype"))
-    traits = frozenset({"pure", "elementwise"})
+    traits = frozenset({"pure", "elementwise", "lowered"})
 
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:

@@ -1,1 +1,1 @@
-"""Generated native kernels: the row-kernel calling convention, row programs, expert kernels."""
+"""Generated native kernels: the row-kernel calling convention and expert kernels."""

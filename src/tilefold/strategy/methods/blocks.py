@@ -13,6 +13,7 @@ import numpy as np
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
+from tilefold.codegen.rowprog import Emitter, NotARowProgram, build_program
 from tilefold.ir import Operation, Value
 from tilefold.runtime import source_digest
 from tilefold.strategy.cost import roofline, work
@@ -23,7 +24,6 @@ from tilefold.strategy.kernels.native import (
     new_module,
     threads_for,
 )
-from tilefold.strategy.kernels.rowprog import Emitter, NotARowProgram, build_program
 from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
@@ -67,8 +67,8 @@ class GemmEpilogue(Method):
                                      if v in problem.inputs)]
             outs = [v for v in problem.outputs if v is not c]
             try:
-                epi = (build_program(problem, list(epilogue), ins, outs, c),
-                       ins, outs)
+                epi = (build_program(problem.types, problem.constants, list(epilogue), ins,
+                                     outs, c), ins, outs)
             except NotARowProgram as exc:
                 return f"epilogue: {exc}"
         w = work(problem)
@@ -157,8 +157,9 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
 
 
 # The modules whose code shapes an epilogue's IR (its cache fingerprint).
-_EPILOGUE_GENERATORS = ("tilefold.strategy.kernels.rowprog", "tilefold.strategy.kernels.native",
-                        "tilefold.codegen.llvm_util", "tilefold.codegen.vecmath")
+_EPILOGUE_GENERATORS = ("tilefold.codegen.rowprog", "tilefold.codegen.lower",
+                        "tilefold.strategy.kernels.native", "tilefold.codegen.llvm_util",
+                        "tilefold.codegen.vecmath")
 
 
 def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:
