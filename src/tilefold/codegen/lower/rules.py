@@ -82,6 +82,27 @@ def _pow(cx: Context, op: Operation, xs: list) -> Any:
             4.0: cx.call("mul", square, square)}[c]
 
 
+def _log1p(cx: Context, t: Any) -> Any:
+    """log(1 + t) for t >= 0 without losing t's digits when 1 + t rounds (Goldberg's trick:
+    log(u) * t / (u - 1) for u = 1 + t, t itself where u == 1)."""
+    u = cx.call("add", cx.const(1.0), t)
+    d = cx.call("sub", u, cx.const(1.0))
+    exact = cx.call("mul", cx.call("log", u), cx.call("div", t, d))
+    return cx.call("select", cx.call("eq", d, cx.const(0.0)), t, exact)
+
+
+def _softplus(cx: Context, op: Operation, xs: list) -> Any:
+    """log(1 + e**z) / beta for z = beta x, as max(z, 0) + log1p(e**-|z|): no overflow, and
+    e**z's digits kept where z << 0; x itself where z > threshold (as PyTorch)."""
+    (x,) = xs
+    beta = op.attr("beta")
+    z = x if beta == 1.0 else cx.call("mul", x, cx.const(beta))
+    s = cx.call("add", cx.call("max", z, cx.const(0.0)),
+                _log1p(cx, cx.call("exp", cx.call("neg", cx.call("abs", z)))))
+    s = s if beta == 1.0 else cx.call("div", s, cx.const(beta))
+    return cx.call("select", cx.call("gt", z, cx.const(op.attr("threshold"))), x, s)
+
+
 def _reduce(kind: str) -> Lower:
     return lambda cx, op, xs: cx.reduce(op, kind, xs[0])
 
@@ -132,6 +153,7 @@ _PRIMITIVE_OPS = {
 RULES: dict[str, Rule] = {
     **{name: Rule(_same(name), flops) for name, flops in _PRIMITIVE_OPS.items()},
     "gelu": Rule(_gelu, 24),
+    "softplus": Rule(_softplus, 40),
     "pow": Rule(_pow, 30),
     "where": Rule(_same("select")),
     "cast": Rule(_cast),

@@ -64,6 +64,11 @@ def _gelu(x, approximate="none"):
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
+def _softplus(x, beta=1.0, threshold=20.0):
+    z = x * beta
+    return np.where(z > threshold, x, np.logaddexp(0.0, z) / beta)
+
+
 unary("neg", np.negative, "-x; integers wrap", accepts="numeric")
 unary("abs", np.abs, "|x|; abs of the most negative integer wraps to itself", accepts="numeric")
 unary("exp", np.exp, "e**x")
@@ -79,6 +84,13 @@ unary("silu", lambda x: x / (1 + np.exp(-x)), "x*sigmoid(x)")
 unary("sin", np.sin, "sine")
 unary("cos", np.cos, "cosine")
 unary("floor", np.floor, "round toward -inf")
+unary(
+    "softplus",
+    _softplus,
+    "log(1 + e**(beta*x)) / beta, and x where beta*x > threshold (as torch.nn.functional)",
+    beta=Attr("float", 1.0),
+    threshold=Attr("float", 20.0),
+)
 unary(
     "gelu",
     _gelu,
