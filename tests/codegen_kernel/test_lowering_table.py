@@ -155,6 +155,8 @@ CASES = {
     **{u: (f"%r = {u}(%c) : {T}", lambda c, y, f=f: f(c), 1) for u, f in UNARY.items()},
     **{u: (f"%p = abs(%c) : {T}\n%r = {u}(%p) : {T}", lambda c, y, f=f: f(np.abs(c)), 1)
        for u, f in POSITIVE.items()},
+    "softplus": (f"%r = softplus(%c) {{beta = 2.0, threshold = 4.0}} : {T}",
+                 lambda c, y: np.where(2 * c > 4, c, np.logaddexp(0, 2 * c) / 2), 1),
     "gelu_tanh": (f'%r = gelu(%c) {{approximate = "tanh"}} : {T}',
                   lambda c, y: _gelu_tanh(c), 1),
     **{o: (f"%r = {o}(%c, %y) : {T}", lambda c, y, f=f: f(c, y), 1) for o, f in BINARY.items()},
