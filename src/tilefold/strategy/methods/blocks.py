@@ -15,6 +15,7 @@ from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.rowprog import Emitter, NotARowProgram, build_program
 from tilefold.ir import Operation, Value
+from tilefold.passes.fusion import FREE_PROLOGUES  # the prologues that are views
 from tilefold.runtime import source_digest
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.kernels.native import (
@@ -27,7 +28,6 @@ from tilefold.strategy.kernels.native import (
 from tilefold.strategy.method import Candidate, Context, Kernel, Method
 from tilefold.strategy.problem import Problem
 
-VIEW_PROLOGUES = ("transpose", "broadcast_to", "expand_dims")
 GEMM_EFFICIENCY = 0.8
 
 
@@ -53,7 +53,7 @@ class GemmEpilogue(Method):
             return "the GEMM building blocks are f32 here (bf16/int8 micro-kernels not wired)"
         at = problem.body.index(mm)
         prologue, epilogue = problem.body[:at], problem.body[at + 1:]
-        bad = [op.name for op in prologue if op.name not in VIEW_PROLOGUES]
+        bad = [op.name for op in prologue if op.name not in FREE_PROLOGUES]
         if bad:
             return (f"prologue {', '.join(bad)} needs a packing-time conversion hook in the "
                     "GEMM (not available)")
