@@ -13,6 +13,7 @@ import pytest
 
 from tests.tolerances import tolerance
 from tilefold.codegen.lower import PRIMITIVES, RULES, lower_op
+from tilefold.codegen.rowprog import Emitter, build_program
 from tilefold.ir import OPS, Builder, parse_module
 from tilefold.passes import PassManager
 from tilefold.strategy import METHODS, Problem, context, register_builtin_methods
@@ -248,3 +249,21 @@ def test_gemm_epilogue(case):
     c = x.astype(np.float64) @ w.astype(np.float64)
     assert np.array_equal(c, (x @ w).astype(np.float64))
     _check(case, _run("blocks.gemm", text, x, w, y), c.astype(np.float32), y)
+
+
+def test_a_row_program_computes_a_shared_value_once():
+    """softmax's rule asks for exp(x - max) twice (its sum and its result); the epilogue must
+    evaluate it once per element, kept in a row buffer across the reduction, as before the
+    table (the same loops and row buffers as the hand-written row-program lowering)."""
+    text = """func @main(%x: f32[5,24], %w: f32[24,33]) -> (f32[5,33]) {
+      %c = matmul(%x, %w) : f32[5,33]
+      %r = softmax(%c) : f32[5,33]
+      return(%r)
+    }"""
+    fn = parse_module(text)["main"]
+    mm, sm = fn.ops[0], fn.ops[1]
+    types = {v: v.type for op in fn.ops for v in (*op.operands, *op.results)}
+    prog = build_program(types, {}, [sm], [mm.results[0]], [sm.results[0]], mm.results[0])
+    assert [p.op for p in prog.prims.values()].count("exp") == 1
+    emitter = Emitter(prog, 8)
+    assert emitter.stages == 3 and len(emitter.kept) == 1

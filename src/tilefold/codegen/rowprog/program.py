@@ -63,6 +63,7 @@ class Program:
     vec: dict[int, bool] = field(default_factory=dict)
     outputs: list[tuple[int, int]] = field(default_factory=list)  # (value, arg index)
     count: int = 0
+    made: dict[tuple, int] = field(default_factory=dict, repr=False)  # prims are pure: one each
 
     def new(self, vec: bool) -> int:
         self.count += 1
@@ -70,10 +71,14 @@ class Program:
         return self.count
 
     def prim(self, op: str, *args: int, const: float = 0.0) -> int:
-        vec = op not in IDENTITY and any(self.vec[a] for a in args)
-        out = self.new(vec)
-        self.prims[out] = Prim(op, args, const)
-        return out
+        """The value of `op` on `args`, computed once however often a rule asks for it
+        (softmax's exp(x - max) feeds both its sum and its result)."""
+        key = (op, args, const)
+        if key not in self.made:
+            vec = op not in IDENTITY and any(self.vec[a] for a in args)
+            self.made[key] = out = self.new(vec)
+            self.prims[out] = Prim(op, args, const)
+        return self.made[key]
 
     def constant(self, value: float) -> int:
         return self.prim("const", const=value)
