@@ -200,11 +200,6 @@ def test_a_cycle_hidden_behind_type_checking_is_found() -> None:
         "tilefold.codegen.lowp.amxrun"] is False
 
 
-# Modules that still import llvmlite above codegen, each being moved into tilefold.codegen by
-# its own change; delete an entry when its file moves (the test below then keeps it out).
-LLVMLITE_ABOVE_CODEGEN_PENDING = {"strategy/kernels/rowprog.py"}
-
-
 def imports_llvmlite(path: Path) -> bool:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -225,5 +220,4 @@ def test_no_strategy_or_frontend_module_imports_llvmlite() -> None:
         str(p.relative_to(SRC)) for p in source_files()
         if top_level(p) in ("strategy", "frontend") and imports_llvmlite(p)
     )
-    unexpected = [p for p in offenders if p not in LLVMLITE_ABOVE_CODEGEN_PENDING]
-    assert not unexpected, f"move the LLVM code of {unexpected} into tilefold.codegen"
+    assert not offenders, f"move the LLVM code of {offenders} into tilefold.codegen"

@@ -26,6 +26,7 @@ CASES = {  # name -> (function, example inputs)
     "matmul": (lambda x, w: x @ w.t(), (X, W)),
     "gelu": (lambda x: F.gelu(x), (X,)),
     "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), (X,)),
+    "softplus": (lambda x: F.softplus(x) + F.softplus(x * 9, beta=0.5, threshold=3.0), (X,)),
     "unary": (lambda x: torch.tanh(x).exp() + torch.sigmoid(x) * F.silu(x) - F.relu(x), (X,)),
     "rsqrt_pow": (lambda x: torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * x, (X,)),
     "softmax": (lambda x: torch.softmax(x, -1) + torch.log_softmax(x, 1), (X,)),

@@ -46,6 +46,7 @@ UNARY = {
     "cos": np.cos,
     "floor": np.floor,
     "gelu": lambda x: x * 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
+    "softplus": lambda x: np.where(x > 20, x, np.log1p(np.exp(x))),
 }
 
 

@@ -12,28 +12,18 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from tilefold.errors import UnsupportedError
 from tilefold.frontend.converter import Input, convert_graph
+from tilefold.frontend.lowering import RULES
 from tilefold.ir import Module
 
 aten = torch.ops.aten
 
-# Kept whole by the decomposition: each has a rule that maps it to one IR op, which is both
-# smaller IR and what the fused kernels want (and SDPA's decomposition breaks on GPT-2).
-KEEP = (
-    aten.scaled_dot_product_attention.default,
-    aten.linear.default,
-    aten.matmul.default,
-    aten.layer_norm.default,
-    aten.rms_norm.default,
-    aten.softmax.int,
-    aten.log_softmax.int,
-)
-
-
 def inference_decompositions() -> dict:
-    """PyTorch's default decomposition table minus the ops tilefold lowers whole."""
+    """PyTorch's default decomposition table minus the ops tilefold lowers whole (rules
+    registered with `whole=True`; SDPA's decomposition also breaks on GPT-2)."""
     table = torch.export.default_decompositions()
-    for op in KEEP:
-        table.pop(op, None)
+    for target, rule in RULES.items():
+        if rule.whole:
+            table.pop(target, None)
     return table
 
 

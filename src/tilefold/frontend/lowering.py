@@ -31,19 +31,23 @@ class Rule:
     target: Any  # a torch OpOverload, or a Python callable such as operator.getitem
     fn: Callable[..., Any]
     summary: str
+    whole: bool = False  # kept out of PyTorch's decomposition: the rule lowers it in one piece
 
 
 RULES: dict[Any, Rule] = {}
 
 
-def lowering(*targets: Any, summary: str = "") -> Callable[[Callable], Callable]:
-    """Decorator registering `fn` as the rule for each of `targets`; a second rule is a bug."""
+def lowering(*targets: Any, summary: str = "", whole: bool = False
+             ) -> Callable[[Callable], Callable]:
+    """Decorator registering `fn` as the rule for each of `targets`; a second rule is a bug.
+    `whole`: PyTorch must not decompose the targets first (the rule maps each to one IR op,
+    smaller IR and what the fused kernels want)."""
 
     def add(fn: Callable) -> Callable:
         for target in targets:
             if target in RULES:
                 raise TilefoldError(f"two lowering rules for {target}: {RULES[target].fn} and {fn}")
-            RULES[target] = Rule(target, fn, summary or (fn.__doc__ or "").strip())
+            RULES[target] = Rule(target, fn, summary or (fn.__doc__ or "").strip(), whole)
         return fn
 
     return add

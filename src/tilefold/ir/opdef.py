@@ -107,6 +107,9 @@ class OpDef:
 
     operands: operand names; a name starting with `*` is variadic (only as the last one).
     traits:   "pure", "elementwise", "commutative", "reduction", "layout", "terminator", ...
+              "lowered": codegen's op-lowering table (`codegen/lower/rules.py`) has a rule for
+              the op, so fusion may put it in a generated kernel (passes cannot import codegen;
+              a test checks the trait and the table agree).
     regions:  how many regions (nested blocks) an instance carries.
     The number of results is whatever `infer` returns.
     """

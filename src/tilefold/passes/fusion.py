@@ -6,9 +6,12 @@ Two families (DESIGN.md, "Fusion"):
 - memory: chains of elementwise ops and reductions over one iteration space (softmax,
   layer_norm, rms_norm, residual adds, ...).
 
-What may join a group is decided by how the ops line dims up (`tilefold.ir.axes`, as the
-kernels read them), not by comparing shapes: with M == N, an [M] row result and an [N] bias
-have the same shape, yet NumPy broadcasts both along the last axis of C.
+Only ops with the `lowered` trait join groups: their IR declaration says codegen's op-lowering
+table (`codegen/lower/rules.py`) has a rule for them, so no group reaches codegen holding an op
+no kernel can compute. What may join a group is decided by how the ops line dims up
+(`tilefold.ir.axes`, as the kernels read them), not by comparing shapes: with M == N, an [M]
+row result and an [N] bias have the same shape, yet NumPy broadcasts both along the last axis
+of C.
 
 Every refused fusion is recorded with its reason (as Inductor's WhyNoFuse) in `refusals`, logged
 on `tilefold.passes` and shown by `tilefold explain`.
@@ -169,12 +172,15 @@ class Planner:
             if op.name in COMPUTE_OPS:
                 self.start(op, "compute")
                 self.absorb_prologues(op)
-            elif op.has_trait("elementwise") or op.has_trait("reduction"):
+            elif op.has_trait("lowered"):  # the lowering table has a rule for it
                 self.join_or_start(op)
             elif op.name not in ("constant", "return"):
                 reason = (
                     "a layout op changes the iteration space; it runs as its own step"
-                    if op.has_trait("layout") else f"'{op.name}' is not fusible"
+                    if op.has_trait("layout") else
+                    f"'{op.name}' has no kernel lowering rule (codegen/lower/rules.py)"
+                    if op.has_trait("elementwise") or op.has_trait("reduction") else
+                    f"'{op.name}' is not fusible"
                 )
                 for group in self.producer_groups(op):
                     self.refuse(group, op, reason)

@@ -8,16 +8,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from tilefold.codegen.lower import op_flops
 from tilefold.ir import Operation
 from tilefold.strategy.problem import Problem
 from tilefold.target import Target, measured_bandwidth_gbps, measured_peak_gflops
 
-# Flops charged per element for ops that are more than one instruction.
-_OP_FLOPS = {
-    "exp": 12, "log": 16, "tanh": 20, "erf": 20, "sigmoid": 16, "silu": 17, "gelu": 24,
-    "pow": 30, "rsqrt": 4, "sqrt": 4, "div": 4, "softmax": 18, "log_softmax": 22,
-    "layer_norm": 8, "rms_norm": 5, "sin": 20, "cos": 20,
-}
 CACHE_SPEEDUP = ((1, 4.0), (2, 2.0))  # (cache level, bandwidth multiple) when the data fits there
 
 
@@ -71,9 +66,9 @@ def work(problem: Problem) -> Work:
         products = product_flops(problem, op)
         gemm += products
         if not products:
-            flops += _OP_FLOPS.get(op.name, 1) * _prod(problem.shape(op.results[0]))
+            flops += op_flops(op.name) * _prod(problem.shape(op.results[0]))
         elif op.name == "scaled_dot_product_attention":
-            flops += _OP_FLOPS["softmax"] * products / (2 * problem.shape(op.operands[0])[-1])
+            flops += op_flops("softmax") * products / (2 * problem.shape(op.operands[0])[-1])
         unfused += sum(_nbytes(problem, v) for v in (*op.operands, *op.results))
     fused = sum(_nbytes(problem, v) for v in (*problem.inputs, *problem.outputs))
     return Work(flops + gemm, fused, unfused, gemm)

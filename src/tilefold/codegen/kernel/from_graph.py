@@ -40,19 +40,13 @@ from tilefold.codegen.kernel.ir import (
     verify_kernel,
     walk_expr,
 )
+from tilefold.codegen.lower import EXPENSIVE_PRIMITIVES, RULES, lower_op
 from tilefold.errors import UnsupportedError
 from tilefold.ir import Block, Function, Operation, Value
 from tilefold.ir.axes import AxisClasses, is_one
 from tilefold.ir.types import Dim as IRDim
 
-UNARY = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "erf", "sigmoid",
-         "relu", "silu", "sin", "cos", "floor"}
-BINARY = {"add", "sub", "mul", "div", "max", "min", "pow", "eq", "ne", "lt", "le", "gt", "ge",
-          "and", "or"}
-REDUCE = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_mean": "sum"}
 KERNEL_DTYPES = {"f32", "bf16", "f16", "bool"}
-EXPENSIVE = {"exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "gelu_tanh", "sin", "cos",
-             "pow"}
 
 
 @dataclass(frozen=True)
@@ -100,10 +94,8 @@ class Layout:
             "i" + "_".join(map(str, self.axes[i]))
 
 
-# Ops `_build_exprs` lowers; `AxisClasses.align` relates their dims.
-LOWERED = UNARY | BINARY | set(REDUCE) | {"where", "cast", "gelu", "broadcast_to", "softmax",
-                                          "log_softmax", "layer_norm", "rms_norm",
-                                          "expand_dims", "squeeze", "transpose", "constant"}
+# Ops `_build_exprs` lowers: the lowering table's, and constants (data, not math).
+LOWERED = frozenset(RULES) | {"constant"}
 
 
 def _group_parts(group: Function | Block) -> tuple[str, list[Value], list[Operation], list[Value]]:
@@ -152,7 +144,7 @@ def analyze_group(group: Function | Block) -> Group:
     reduced_sets, copies = set(), set()
     for op, pairs in zip(ops, reduced_pairs, strict=True):
         live = frozenset(c for c in (roots[uf.find(p)] for p in pairs) if sizes[c] != 1)
-        if pairs and not live and op.name in REDUCE:
+        if pairs and not live and _is_reduce(op):
             copies.add(op)
         elif pairs:
             reduced_sets.add(live)
@@ -175,32 +167,50 @@ def _buffer_classes(grp: Group, v: Value) -> tuple[int | None, ...]:
                                                              strict=True))
 
 
+def _is_reduce(op: Operation) -> bool:
+    """A reduce_* op (the Reduce family: reduces its `axes`), as opposed to softmax or a norm."""
+    return op.has_trait("reduction") and "axes" in op.opdef.attributes
+
+
+class _ExprContext:
+    """The lowering table's context (`codegen/lower/rules.py`) for kernel IR expressions:
+    a reduction becomes a `Reduction` run in the loop pass after the ones it reads."""
+
+    def __init__(self, grp: Group, ex: dict[Value, Expr]):
+        self.grp = grp
+        self.ex = ex
+        self.level: dict[str, int] = {}
+
+    def call(self, prim: str, *xs: Expr) -> Expr:
+        return Call(prim, tuple(xs))
+
+    def const(self, value: float) -> Expr:
+        return Const(value)
+
+    def reduce(self, op: Operation, kind: str, value: Expr) -> Expr:
+        name = f"t{len(self.grp.reductions)}"
+        refs = [self.level.get(e.name, 0) for e in walk_expr(value) if isinstance(e, Ref)]
+        self.level[name] = 1 + max(refs, default=0)
+        self.grp.reductions.append((Reduction(name, kind, value), self.level[name], op))
+        return Ref(name)
+
+    def inv_count(self, op: Operation) -> Expr:
+        return Call("div", (Const(1.0), Ref("n")))  # the group reduces one set of axes
+
+    def scalar(self, op: Operation, index: int) -> float | None:
+        e = self.ex[op.operands[index]]
+        return e.value if isinstance(e, Const) else None
+
+
 def _build_exprs(grp: Group, args: list[Value], ops: list[Operation], outputs: list[Value]) -> None:
     ex = grp.exprs
     for i, a in enumerate(args):
         grp.buffers.append(BufferSpec(f"in{i}", a.type.dtype.name, _buffer_classes(grp, a), False))
         ex[a] = Load(f"in{i}")
-    level: dict[str, int] = {}
-    count = [0]
-
-    def reduce(op: Operation, kind: str, value: Expr) -> Expr:
-        name = f"t{count[0]}"
-        count[0] += 1
-        refs = [level.get(e.name, 0) for e in walk_expr(value) if isinstance(e, Ref)]
-        lvl = 1 + max(refs, default=0)
-        level[name] = lvl
-        grp.reductions.append((Reduction(name, kind, value), lvl, op))
-        return Ref(name)
-
-    def call(op: str, *xs: Expr) -> Expr:
-        return Call(op, tuple(xs))
-
-    inv_n = Call("div", (Const(1.0), Ref("n")))
+    cx = _ExprContext(grp, ex)
     for op in ops:
-        xs = [ex[v] for v in op.operands]
         out = op.results[0]
-        name = op.name
-        if name == "constant":
+        if op.name == "constant":
             arr = np.asarray(op.attr("value"))
             if arr.size and np.all(arr == arr.flat[0]) and arr.dtype != np.bool_:
                 ex[out] = Const(float(arr.flat[0]))
@@ -209,49 +219,10 @@ def _build_exprs(grp: Group, args: list[Value], ops: list[Operation], outputs: l
                 grp.buffers.append(BufferSpec(buf, out.type.dtype.name,
                                               _buffer_classes(grp, out), False, arr))
                 ex[out] = Load(buf)
-        elif name in UNARY:
-            ex[out] = call(name, *xs)
-        elif name == "gelu":
-            ex[out] = call("gelu_tanh" if op.attr("approximate") == "tanh" else "gelu", *xs)
-        elif name in BINARY:
-            ex[out] = call(name, *xs)
-        elif name == "where":
-            ex[out] = call("select", *xs)
-        elif name == "cast":
-            src, dst = op.operands[0].type.dtype, op.attr("dtype")
-            if src.kind == "bool":
-                xs[0] = call("select", xs[0], Const(1.0), Const(0.0))
-            ex[out] = (call("ne", xs[0], Const(0.0)) if dst.kind == "bool"
-                       else call(f"round_{dst.name}", xs[0]) if dst.name in ("bf16", "f16")
-                       else xs[0])
-        elif name in ("expand_dims", "squeeze", "transpose", "broadcast_to") or op in grp.copies:
-            ex[out] = xs[0]
-        elif name in REDUCE:
-            r = reduce(op, REDUCE[name], xs[0])
-            ex[out] = call("mul", r, inv_n) if name == "reduce_mean" else r
-        elif name in ("softmax", "log_softmax"):
-            x = xs[0]
-            shifted = call("sub", x, reduce(op, "max", x))
-            total = reduce(op, "sum", call("exp", shifted))
-            ex[out] = (call("mul", call("exp", shifted), call("div", Const(1.0), total))
-                       if name == "softmax" else call("sub", shifted, call("log", total)))
-        elif name == "layer_norm":
-            x, w, b = xs
-            mean = call("mul", reduce(op, "sum", x), inv_n)
-            d = call("sub", x, mean)
-            var = call("mul", reduce(op, "sum", call("mul", d, d)), inv_n)
-            rstd = call("rsqrt", call("add", var, Const(op.attr("eps"))))
-            ex[out] = call("add", call("mul", call("mul", d, rstd), w), b)
-        elif name == "rms_norm":
-            x, w = xs
-            ms = call("mul", reduce(op, "sum", call("mul", x, x)), inv_n)
-            ex[out] = call("mul", call("mul", x, call("rsqrt", call("add", ms, Const(
-                op.attr("eps"))))), w)
+        elif op in grp.copies:  # a reduction of one element per result
+            ex[out] = ex[op.operands[0]]
         else:
-            raise UnsupportedError(f"op '{name}' cannot be part of a memory-bound kernel")
-        if out.type.dtype.name in ("bf16", "f16") and name not in ("constant", "cast") and \
-                ex[out] != xs[0]:
-            ex[out] = call(f"round_{out.type.dtype.name}", ex[out])
+            ex[out] = lower_op(cx, op, [ex[v] for v in op.operands])
     for i, v in enumerate(outputs):
         buf = f"out{i}"
         grp.buffers.append(BufferSpec(buf, v.type.dtype.name, _buffer_classes(grp, v), True))
@@ -308,8 +279,8 @@ def _stash(body: list[Stmt], outputs: list[tuple[str, Expr]], buffers: dict[str,
     stores = list(loop.body)
     result = []
     for buf, expr in outputs:
-        found = [e for e in walk_expr(expr) if isinstance(e, Call) and e.op in EXPENSIVE and
-                 e in computed]
+        found = [e for e in walk_expr(expr) if isinstance(e, Call)
+                 and e.op in EXPENSIVE_PRIMITIVES and e in computed]
         if found and buffers[buf].dtype == "f32":
             stores.append(Store(buf, found[-1]))
             expr = _replace(expr, found[-1], Load(buf))

@@ -20,19 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from tilefold.codegen.lower.primitives import BOOL_PRIMITIVES, PRIMITIVES
 from tilefold.errors import TilefoldError
 
-# op -> number of operands; comparisons and logic give booleans, everything else f32.
-CALL_OPS: dict[str, int] = {
-    **dict.fromkeys(("add", "sub", "mul", "div", "max", "min", "pow"), 2),
-    **dict.fromkeys(("lt", "le", "gt", "ge", "eq", "ne", "and", "or"), 2),
-    **dict.fromkeys(
-        ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "erf", "sigmoid",
-         "relu", "silu", "gelu", "gelu_tanh", "sin", "cos", "floor", "round_bf16",
-         "round_f16"), 1),
-    "select": 3,
-}
-BOOL_OPS = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or"})
+# Call ops are the lowering table's primitives: op -> number of operands; comparisons and
+# logic give booleans, everything else f32.
+CALL_OPS: dict[str, int] = {name: p.arity for name, p in PRIMITIVES.items()}
+BOOL_OPS = BOOL_PRIMITIVES
 REDUCE_OPS = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}  # op -> identity
 DTYPES = ("f32", "bf16", "f16", "bool")
 

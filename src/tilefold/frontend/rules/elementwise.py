@@ -122,6 +122,13 @@ for _target, _name in COMPARISON.items():
     lowering(_target)(_comparison(_name))
 
 
+@lowering(aten.softplus.default, whole=True)
+def softplus(ctx: LoweringContext, x: Any, beta: Any = 1, threshold: Any = 20) -> Any:
+    """log(1 + e**(beta x)) / beta, linear above the threshold"""
+    attrs = {"beta": float(beta), "threshold": float(threshold)}
+    return ctx.elementwise(lambda t: ctx.op("softplus", t, **attrs), [x], ctx.out_dtype())
+
+
 @lowering(*IDENTITY)
 def identity(ctx: LoweringContext, x: Any, *args: Any, **kwargs: Any) -> Any:
     """A copy or alias: the same value (the IR has value semantics)."""

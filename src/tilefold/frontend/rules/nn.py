@@ -74,7 +74,7 @@ def bmm(ctx: LoweringContext, a: Any, b: Any) -> Any:
     return ctx.op("matmul", va, vb)
 
 
-@lowering(aten.matmul.default)
+@lowering(aten.matmul.default, whole=True)
 def matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
     """np.matmul semantics, as torch.matmul (merged rows times a matrix stay merged)"""
     if isinstance(ctx.value(a), Merged) and ctx.rank(b) == 2:
@@ -82,7 +82,7 @@ def matmul(ctx: LoweringContext, a: Any, b: Any) -> Any:
     return ctx.op("matmul", ctx.tensor(a), ctx.tensor(b))
 
 
-@lowering(aten.linear.default, torch.ops.tilefold.linear.default)
+@lowering(aten.linear.default, torch.ops.tilefold.linear.default, whole=True)
 def linear(ctx: LoweringContext, x: Any, weight: Any, bias: Any = None) -> Any:
     """x @ weight^T + bias"""
     product = _rows_matmul_t(ctx, x, ctx.tensor(weight))
@@ -96,7 +96,7 @@ def _rows_matmul_t(ctx: LoweringContext, x: Any, w: Any) -> Any:
 # -- attention -----------------------------------------------------------------------------
 
 
-@lowering(aten.scaled_dot_product_attention.default, torch.ops.tilefold.sdpa.default)
+@lowering(aten.scaled_dot_product_attention.default, torch.ops.tilefold.sdpa.default, whole=True)
 def sdpa(
     ctx: LoweringContext, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
     is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
@@ -164,7 +164,7 @@ def _moments(ctx: LoweringContext, t: Any, n: int, eps: float) -> list[Any]:
     return [ctx.cast(mean, ctx.out_dtype(1)), ctx.cast(rstd, ctx.out_dtype(2))]
 
 
-@lowering(aten.layer_norm.default)
+@lowering(aten.layer_norm.default, whole=True)
 def layer_norm(ctx: LoweringContext, x: Any, normalized_shape: list[int], weight: Any = None,
                bias: Any = None, eps: float = 1e-5, cudnn_enable: bool = True) -> Any:
     """layer_norm over the trailing normalized_shape dims"""
@@ -181,7 +181,7 @@ def _layer_norm(ctx, x, normalized_shape, weight, bias, eps) -> Any:
     return ctx.trailing(x, norm, n)  # rows flattened from symbolic dims stay unflattened
 
 
-@lowering(aten.rms_norm.default)
+@lowering(aten.rms_norm.default, whole=True)
 def rms_norm(ctx: LoweringContext, x: Any, normalized_shape: list[int], weight: Any = None,
              eps: float | None = None) -> Any:
     """RMSNorm; eps None means the dtype's machine epsilon, as PyTorch"""
@@ -201,7 +201,7 @@ def softmax_(ctx: LoweringContext, x: Any, dim: int, half_to_float: bool) -> Any
     return _softmax(ctx, name, x, dim)
 
 
-@lowering(aten.softmax.int, aten.log_softmax.int)
+@lowering(aten.softmax.int, aten.log_softmax.int, whole=True)
 def softmax(ctx: LoweringContext, x: Any, dim: int, dtype: Any = None) -> Any:
     """softmax / log_softmax along dim, optionally in another dtype"""
     name = "softmax" if ctx.node.target is aten.softmax.int else "log_softmax"

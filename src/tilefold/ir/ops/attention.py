@@ -78,7 +78,8 @@ class ScaledDotProductAttention(OpDef):
                 rep = q.shape[-3] // k.shape[-3]
                 k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
             scale = attrs["scale"]
-            scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+            if scale is None:  # no features: every score is an empty sum, 0, at any scale
+                scale = 1 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
             scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
             keep = np.ones(scores.shape[-2:], dtype=bool)
             if attrs["is_causal"]:
@@ -88,7 +89,7 @@ class ScaledDotProductAttention(OpDef):
             elif mask:
                 scores = scores + mask[0]
             scores = np.where(keep, scores, -np.inf)
-            top = np.max(scores, axis=-1, keepdims=True)
+            top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)  # no keys: zeros
             e = np.exp(scores - np.where(np.isfinite(top), top, 0))
             total = np.sum(e, axis=-1, keepdims=True)
             return np.matmul(np.where(total > 0, e / np.where(total > 0, total, 1), 0), v)

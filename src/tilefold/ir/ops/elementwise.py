@@ -22,7 +22,7 @@ class Unary(OpDef):
     """Base of `%y = NAME(%x) : T`: same shape and dtype in and out."""
 
     operands = ("x",)
-    traits = frozenset({"pure", "elementwise"})
+    traits = frozenset({"pure", "elementwise", "lowered"})
     accepts = "float"  # operand kinds, see common._ACCEPTS
 
     @staticmethod
@@ -64,6 +64,11 @@ def _gelu(x, approximate="none"):
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
+def _softplus(x, beta=1.0, threshold=20.0):
+    z = x * beta
+    return np.where(z > threshold, x, np.logaddexp(0.0, z) / beta)
+
+
 unary("neg", np.negative, "-x; integers wrap", accepts="numeric")
 unary("abs", np.abs, "|x|; abs of the most negative integer wraps to itself", accepts="numeric")
 unary("exp", np.exp, "e**x")
@@ -80,6 +85,13 @@ unary("sin", np.sin, "sine")
 unary("cos", np.cos, "cosine")
 unary("floor", np.floor, "round toward -inf")
 unary(
+    "softplus",
+    _softplus,
+    "log(1 + e**(beta*x)) / beta, and x where beta*x > threshold (as torch.nn.functional)",
+    beta=Attr("float", 1.0),
+    threshold=Attr("float", 20.0),
+)
+unary(
     "gelu",
     _gelu,
     'x*Phi(x) (`approximate = "none"`, with erf) or its tanh approximation',
@@ -91,7 +103,7 @@ class Binary(OpDef):
     """Base of `%z = NAME(%x, %y) : T`: NumPy broadcasting, both operands of one dtype."""
 
     operands = ("x", "y")
-    traits = frozenset({"pure", "elementwise"})
+    traits = frozenset({"pure", "elementwise", "lowered"})
     accepts = "numeric"  # operand kinds, see common._ACCEPTS
     result_dtype: dtypes.DType | None = None  # None: the operands' dtype
 
@@ -179,7 +191,7 @@ class Where(OpDef):
 
     name = "where"
     operands = ("cond", "x", "y")
-    traits = frozenset({"pure", "elementwise"})
+    traits = frozenset({"pure", "elementwise", "lowered"})
 
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
@@ -207,7 +219,7 @@ class Cast(OpDef):
     name = "cast"
     operands = ("x",)
     attributes = attr_table(dtype=Attr("dtype"))
-    traits = frozenset({"pure", "elementwise"})
+    traits = frozenset({"pure", "elementwise", "lowered"})
 
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:

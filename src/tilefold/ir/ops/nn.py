@@ -18,7 +18,7 @@ class Norm(OpDef):
     """Normalizes x over axes [axis, rank); the affine operands have the shape of those axes."""
 
     attributes = attr_table(axis=Attr("int", -1), eps=Attr("float", 1e-5))
-    traits = frozenset({"pure", "reduction"})
+    traits = frozenset({"pure", "reduction", "lowered"})
 
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:

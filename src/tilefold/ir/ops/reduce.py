@@ -20,7 +20,7 @@ class Reduce(OpDef):
 
     operands = ("x",)
     attributes = attr_table(axes=Attr("ints", None), keepdims=Attr("bool", False))
-    traits = frozenset({"pure", "reduction"})
+    traits = frozenset({"pure", "reduction", "lowered"})
     accepts = "numeric"  # operand kinds, see common._ACCEPTS
     identity_free = False  # max/min have no identity: reducing an empty axis is an error
 
@@ -118,7 +118,7 @@ class SoftmaxFamily(AlongAxis):
     """Base of softmax and log_softmax: normalize along one `axis`, same shape and dtype."""
 
     attributes = attr_table(axis=Attr("int", -1))
-    traits = frozenset({"pure", "reduction"})
+    traits = frozenset({"pure", "reduction", "lowered"})
 
 
 @register

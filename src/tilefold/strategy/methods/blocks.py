@@ -15,12 +15,12 @@ from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.ir import Operation, Value
+from tilefold.passes.fusion import FREE_PROLOGUES  # the prologues that are views
 from tilefold.runtime import source_digest
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
 
-VIEW_PROLOGUES = ("transpose", "broadcast_to", "expand_dims")
 GEMM_EFFICIENCY = 0.8
 
 
@@ -38,11 +38,11 @@ class GemmEpilogue(Method):
     name = "blocks.gemm"
     family = "building-blocks"
     generators = ("tilefold.codegen.gemm", "tilefold.codegen.cpu",
-                  "tilefold.strategy.kernels.rowprog")
+                  "tilefold.codegen.rowprog", "tilefold.codegen.lower")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         # On first use: `import tilefold` does not load the row-program generator.
-        from tilefold.strategy.kernels.rowprog import Emitter, NotARowProgram, build_program
+        from tilefold.codegen.rowprog import Emitter, NotARowProgram, build_program
 
         matmuls = [op for op in problem.body if op.name == "matmul"]
         if len(matmuls) != 1:
@@ -52,7 +52,7 @@ class GemmEpilogue(Method):
             return "the GEMM building blocks are f32 here (bf16/int8 micro-kernels not wired)"
         at = problem.body.index(mm)
         prologue, epilogue = problem.body[:at], problem.body[at + 1:]
-        bad = [op.name for op in prologue if op.name not in VIEW_PROLOGUES]
+        bad = [op.name for op in prologue if op.name not in FREE_PROLOGUES]
         if bad:
             return (f"prologue {', '.join(bad)} needs a packing-time conversion hook in the "
                     "GEMM (not available)")
@@ -66,8 +66,8 @@ class GemmEpilogue(Method):
                                      if v in problem.inputs)]
             outs = [v for v in problem.outputs if v is not c]
             try:
-                epi = (build_program(problem, list(epilogue), ins, outs, c),
-                       ins, outs)
+                epi = (build_program(problem.types, problem.constants, list(epilogue), ins,
+                                     outs, c), ins, outs)
                 Emitter(epi[0], _lanes(ctx))  # refuses now what it could not emit at build
             except NotARowProgram as exc:
                 return f"epilogue: {exc}"
@@ -161,16 +161,17 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
                   epi_kernel.asm)
 
 
-# The module whose code shapes an epilogue's rows (with the row kernel's: its cache fingerprint).
-_EPILOGUE_GENERATOR = "tilefold.strategy.kernels.rowprog"
+# The modules whose code shapes an epilogue's IR (with the row kernel's: its cache fingerprint).
+_EPILOGUE_GENERATORS = ("tilefold.codegen.rowprog", "tilefold.codegen.lower",
+                        "tilefold.codegen.llvm_util", "tilefold.codegen.vecmath")
 
 
 def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:
-    from tilefold.strategy.kernels.rowprog import Emitter  # on first use, as in `propose`
+    from tilefold.codegen.rowprog import Emitter  # on first use, as in `propose`
 
     prog, ins, outs = epi
     lanes = _lanes(ctx)
-    fingerprint = f"{source_digest(_EPILOGUE_GENERATOR)}|{prog!r}|{lanes}"
+    fingerprint = f"{source_digest(*_EPILOGUE_GENERATORS)}|{prog!r}|{lanes}"
     return Kernel.native(generated_row_kernel(
         fingerprint, problem.kernel_symbol("tf_epilogue"), len(ins) + len(outs), prog.rows,
         prog.n, ctx.threads, ctx.target, lambda: Emitter(prog, lanes, ctx.target.features)))

@@ -1,0 +1,214 @@
+"""Emits a row program (`program.py`) as LLVM IR: per row, one vectorized loop with a masked
+tail per stage; vector values crossing stages are kept in a per-thread row buffer, so C is
+read once from cache per stage.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tilefold.codegen import llvm_util as u
+from tilefold.codegen.kernel.memory import round_to
+from tilefold.codegen.rowprog.program import IDENTITY, NotARowProgram, Prim, Program, Source
+from tilefold.codegen.vecmath import MATH_FUNCTIONS, MathBuilder
+
+ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+# Comparisons give 1.0 or 0.0 (NaN compares false, except for ne), as the kernel IR's do.
+COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+LLVM_MATH = {"sin": "sin", "cos": "cos", "floor": "floor", "pow": "pow"}  # LLVM intrinsics
+MAX_ROW_BUFFERS = 4
+
+
+def _offset(b: ir.IRBuilder, src: Source, row: ir.Value) -> ir.Value:
+    """The element offset of row `row`'s part of `src`."""
+    if src.stride == 0:
+        return u.const(0)
+    if src.div != 1:
+        row = b.udiv(row, u.const(src.div))
+    if src.mod:
+        row = b.urem(row, u.const(src.mod))
+    return b.mul(row, u.const(src.stride))
+
+
+class Emitter:
+    """Emits a `Program` as the per-row body of a row kernel (see `native.emit_row_kernel`)."""
+
+    def __init__(self, prog: Program, lanes: int, features: frozenset[str] = frozenset()):
+        self.p = prog
+        self.lanes = lanes
+        self.features = features  # the target's: ISA-specific math forms (vscalefps)
+        self.stage: dict[int, int] = {}
+        for i in sorted(prog.vec):
+            prim = prog.prims.get(i)
+            deps = [self.stage[a] for a in prim.args] if prim else []
+            self.stage[i] = max(deps, default=0) + (1 if prim and prim.op in IDENTITY else 0)
+        self.stages = max(self.stage.values(), default=0) + 1
+        self.kept = sorted(
+            i for i in prog.prims if prog.vec[i]
+            and any(self._use_stage(j) > self.stage[i] for j, q in prog.prims.items()
+                    if i in q.args)
+        )
+        if len(self.kept) > MAX_ROW_BUFFERS:
+            raise NotARowProgram(f"{len(self.kept)} row values cross reductions "
+                                 f"(limit {MAX_ROW_BUFFERS})")
+
+    def _use_stage(self, i: int) -> int:
+        """The stage whose loop evaluates prim `i` (a reduction finishes one stage later)."""
+        return self.stage[i] - (1 if self.p.prims[i].op in IDENTITY else 0)
+
+    def emit(self, b: ir.IRBuilder, ptrs: list[ir.Value], row: ir.Value,
+             buffers: dict[int, ir.Value]) -> None:
+        scalars: dict[int, ir.Value] = {}
+        for stage in range(self.stages):
+            self._scalars(b, ptrs, row, stage, scalars)
+            reductions = [i for i, q in self.p.prims.items()
+                          if q.op in IDENTITY and self.stage[i] == stage + 1]
+            vec_ops = [i for i in self.p.prims if self.p.vec[i] and self.stage[i] == stage]
+            if not vec_ops and not reductions:
+                continue
+            self._stage_loops(b, ptrs, row, stage, scalars, buffers, reductions)
+        self._scalars(b, ptrs, row, self.stages, scalars)
+        for value, arg in self.p.outputs:
+            if not self.p.vec[value]:
+                b.store(scalars[value], u.gep(b, ptrs[arg], row))
+
+    def _scalars(self, b, ptrs, row, stage, scalars) -> None:
+        """Scalar (per-row) values that become computable at the start of `stage`."""
+        m = MathBuilder(b, u.f32)
+        for i in sorted(self.p.vec):
+            if self.p.vec[i] or i in scalars or self.stage[i] > stage:
+                continue
+            if i in self.p.sources:
+                src = self.p.sources[i]
+                scalars[i] = b.load(u.gep(b, ptrs[src.arg], _offset(b, src, row)))
+            elif self.p.prims[i].op not in IDENTITY:
+                prim = self.p.prims[i]
+                scalars[i] = self._op(m, prim, [scalars[a] for a in prim.args])
+
+    def _stage_loops(self, b, ptrs, row, stage, scalars, buffers, reductions) -> None:
+        n, lanes = self.p.n, self.lanes
+        vty = u.vec(u.f32, lanes)
+        full = n - n % lanes
+        inits = [_splat_const(vty, IDENTITY[self.p.prims[r].op]) for r in reductions]
+        with u.for_range_carry(b, 0, full, lanes, inits, name=f"s{stage}") as loop:
+            phis = dict(zip(reductions, loop.values, strict=True))
+            new = self._iteration(b, ptrs, row, loop.index, None, stage, scalars, buffers,
+                                  reductions, phis)
+            loop.next = [new[r] for r in reductions]
+        accs = dict(zip(reductions, loop.result, strict=True))
+        if n % lanes:
+            mask = u.lane_mask(b, u.const(n % lanes), lanes)
+            accs = self._iteration(b, ptrs, row, u.const(full), mask, stage, scalars, buffers,
+                                   reductions, accs)
+        for r in reductions:
+            scalars[r] = _horizontal(b, self.p.prims[r].op, accs[r], lanes)
+
+    def _iteration(self, b, ptrs, row, j, mask, stage, scalars, buffers, reductions, accs):
+        m = MathBuilder(b, u.vec(u.f32, self.lanes), self.features)
+        values: dict[int, ir.Value] = {}
+
+        def get(i: int) -> ir.Value:
+            if i in values:
+                return values[i]
+            if not self.p.vec[i]:
+                values[i] = u.splat(b, scalars[i], self.lanes)
+            elif i in self.p.sources:
+                src = self.p.sources[i]
+                values[i] = self._load(b, ptrs[src.arg], b.add(_offset(b, src, row), j), mask)
+            elif self.stage[i] < stage:
+                values[i] = self._load(b, buffers[i], j, mask)
+            else:
+                prim = self.p.prims[i]
+                values[i] = self._op(m, prim, [get(a) for a in prim.args])
+            return values[i]
+
+        for i in sorted(self.p.prims):
+            if self.p.vec[i] and self.stage[i] == stage:
+                get(i)
+                if i in buffers:
+                    self._store(b, values[i], buffers[i], j, mask)
+        out = dict(accs)
+        for r in reductions:
+            prim = self.p.prims[r]
+            x = get(prim.args[0])
+            if mask is not None:
+                x = b.select(mask, x, _splat_const(x.type, IDENTITY[prim.op]))
+            out[r] = _combine(m, prim.op, accs[r], x)
+        for value, arg in self.p.outputs:
+            if self.p.vec[value] and self.stage[value] == stage:
+                offset = b.add(b.mul(row, u.const(self.p.n)), j)
+                self._store(b, get(value), ptrs[arg], offset, mask)
+        return out
+
+    def _load(self, b, base, offset, mask):
+        ptr = u.vptr(b, u.gep(b, base, offset), self.lanes)
+        if mask is None:
+            return b.load(ptr, align=4)
+        return u.masked_load(b, ptr, mask, self.lanes)
+
+    def _store(self, b, value, base, offset, mask):
+        ptr = u.vptr(b, u.gep(b, base, offset), self.lanes)
+        if mask is None:
+            b.store(value, ptr, align=4)
+        else:
+            u.masked_store(b, value, ptr, mask)
+
+    @staticmethod
+    def _op(m: MathBuilder, prim: Prim, args: list[ir.Value]) -> ir.Value:
+        """One primitive (`codegen/lower/primitives.py`) on f32 lanes; booleans are 0.0/1.0."""
+        b = m.b
+        op = prim.op
+        if op == "const":
+            return m.c(prim.const)
+        if op in ARITH:
+            return getattr(b, ARITH[op])(*args)
+        if op in ("max", "min"):
+            return m._call("maximum" if op == "max" else "minimum", *args)
+        if op == "relu":
+            return m._call("maximum", args[0], m.c(0.0))
+        if op == "neg":
+            return b.fneg(args[0])
+        if op == "abs":
+            return m.abs(args[0])
+        if op == "sqrt":
+            return m.sqrt(args[0])
+        if op == "reciprocal":
+            return b.fdiv(m.c(1.0), args[0])
+        if op in COMPARE:
+            compare = b.fcmp_unordered if op == "ne" else b.fcmp_ordered
+            return b.uitofp(compare(COMPARE[op], *args), args[0].type)
+        if op in ("and", "or"):
+            x, y = (b.fcmp_unordered("!=", a, m.c(0.0)) for a in args)
+            return b.uitofp((b.and_ if op == "and" else b.or_)(x, y), args[0].type)
+        if op == "select":
+            return b.select(b.fcmp_unordered("!=", args[0], m.c(0.0)), args[1], args[2])
+        if op in ("round_f16", "round_bf16"):
+            return round_to(b, args[0], op.removeprefix("round_"))
+        if op in LLVM_MATH:
+            return m._call(LLVM_MATH[op], *args)
+        return MATH_FUNCTIONS[op](m, args[0])
+
+    def row_buffers(self, b: ir.IRBuilder) -> dict[int, ir.Value]:
+        """Per-thread row buffers for values that cross a reduction (allocated once)."""
+        return {i: b.bitcast(b.alloca(ir.ArrayType(u.f32, self.p.n), name=f"row{i}"), u.f32
+                             .as_pointer()) for i in self.kept}
+
+
+def _splat_const(ty: ir.VectorType, value: float) -> ir.Constant:
+    return ir.Constant(ty, [value] * ty.count)
+
+
+def _combine(m: MathBuilder, op: str, acc: ir.Value, x: ir.Value) -> ir.Value:
+    if op == "rsum":
+        return m.b.fadd(acc, x)
+    return m._call("maximum" if op == "rmax" else "minimum", acc, x)
+
+
+def _horizontal(b: ir.IRBuilder, op: str, acc: ir.Value, lanes: int) -> ir.Value:
+    vty = acc.type
+    if op == "rsum":
+        fn = u.intrinsic(b.module, f"llvm.vector.reduce.fadd.v{lanes}f32", u.f32, [u.f32, vty])
+        return b.call(fn, [ir.Constant(u.f32, 0.0), acc])
+    name = "fmaximum" if op == "rmax" else "fminimum"
+    fn = u.intrinsic(b.module, f"llvm.vector.reduce.{name}.v{lanes}f32", u.f32, [vty])
+    return b.call(fn, [acc])

@@ -1,1 +1,0 @@
-"""Generated native kernels: the row-kernel calling convention, row programs, expert kernels."""
