@@ -169,7 +169,7 @@ class Mesh:
     def axis_index(self, axis: str) -> int:
         if axis not in self.names:
             raise ShapeError(
-                f"mesh {self.declaration()} has no axis {axis!r} (it has: {', '.join(self.names)})"
+                f"{self.declaration()} has no axis {axis!r} (it has: {', '.join(self.names)})"
             )
         return self.names.index(axis)
 
