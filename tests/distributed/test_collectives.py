@@ -141,6 +141,12 @@ def test_random_partial_sums_add_up_to_the_value(rng) -> None:
          r"'all_to_all' over axis tp takes a shard S\(i\) with i other than dim there"),
         ("f32[8] @m[R,R]", 'broadcast(%x) {axis = "dp", root = 2}', "f32[8] @m[R,R]",
          r"'broadcast' root 2 is not a device of axis dp \(size 2\)"),
+        ("f32[8] @m[P(sum),P(max)]", 'all_reduce(%x) {axis = "dp"}', "f32[8] @m[R,P(max)]",
+         r"'all_reduce' over axis dp reduces P\(sum\) of f32\[8\] @m\[P\(sum\),P\(max\)\], but "
+         r"the later axis tp holds P\(max\): reduce that axis first"),
+        ("f32[8] @m[P(sum),P(max)]", 'redistribute(%x) {placements = "[R,P(max)]"}',
+         "f32[8] @m[R,P(max)]", r"cannot reduce axis dp's P\(sum\) while the later axis tp "
+         r"stays P\(max\)"),
         ("f32[8] @m[R,S(0)]", 'redistribute(%x) {placements = "[P(sum),S(0)]"}',
          "f32[8] @m[P(sum),S(0)]", r"cannot make axis dp P\(sum\): only a partial value can "
          r"stay partial"),

@@ -59,7 +59,7 @@ def split_blocks(x: np.ndarray, n: int, placement: Placement,
     if isinstance(placement, Shard):
         return _split(x, n, placement.dim)
     if isinstance(placement, Replicate) or n == 1:
-        return [x.copy() for _ in range(n)]
+        return [x] * n  # one array: replicas split alike further down (`scatter` copies)
     floating = dtypes.dtype(x.dtype).is_float
     if placement.op == "sum":
         if rng is None or not floating:
@@ -102,11 +102,15 @@ def scatter(x: np.ndarray, t: TensorType, rng: np.random.Generator | None = None
     grid[()] = np.asarray(x)
     for n, placement in zip(mesh.sizes, t.sharding.placements, strict=True):
         bigger = np.empty((*grid.shape, n), dtype=object)
+        done: dict[int, list[np.ndarray]] = {}  # replicas of one block get the same parts
         for index in np.ndindex(grid.shape):
-            for k, block in enumerate(split_blocks(grid[index], n, placement, rng)):
-                bigger[(*index, k)] = block
+            block = grid[index]
+            if id(block) not in done:
+                done[id(block)] = split_blocks(block, n, placement, rng)
+            for k, part in enumerate(done[id(block)]):
+                bigger[(*index, k)] = part
         grid = bigger
-    return [grid[index] for index in np.ndindex(grid.shape)]
+    return [np.array(grid[index], copy=True) for index in np.ndindex(grid.shape)]
 
 
 def assemble(blocks: list[np.ndarray], t: TensorType, check: bool = True) -> np.ndarray:

@@ -11,11 +11,15 @@ from tilefold.passes.canonicalize import Canonicalize
 from tilefold.passes.constant_fold import ConstantFold
 from tilefold.passes.cse import CSE
 from tilefold.passes.dce import DCE
+from tilefold.passes.expand_redistribute import ExpandRedistribute
 from tilefold.passes.merge_matmuls import MergeMatmuls
 from tilefold.passes.shape_inference import ShapeInference
 
 PASSES: dict[str, type[Pass]] = {
-    cls.name: cls for cls in (Canonicalize, CSE, DCE, ConstantFold, ShapeInference, MergeMatmuls)
+    cls.name: cls
+    for cls in (
+        Canonicalize, CSE, DCE, ConstantFold, ShapeInference, MergeMatmuls, ExpandRedistribute
+    )
 }
 
 # Named pipelines: a name that stands for a pipeline text wherever a pass name may appear.

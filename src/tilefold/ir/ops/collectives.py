@@ -125,6 +125,23 @@ class FromPartial(Collective):
     def accepts(cls, p: Placement, attrs: dict[str, Any]) -> bool:
         return isinstance(p, Partial)
 
+    @classmethod
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+        """Partials of a later axis are reduced first: a sum of maxes is not a max of sums."""
+        result = super().infer(types, attrs)
+        sharding = types[0].sharding
+        axis = sharding.mesh.axis_index(attrs["axis"])
+        mine = sharding.placements[axis]
+        for later in range(axis + 1, len(sharding.placements)):
+            other = sharding.placements[later]
+            if isinstance(other, Partial) and other != mine:
+                raise VerificationError(
+                    f"'{cls.name}' over axis {attrs['axis']} reduces {mine} of {types[0]}, but "
+                    f"the later axis {sharding.mesh.names[later]} holds {other}: reduce that "
+                    "axis first"
+                )
+        return result
+
 
 @register
 class AllReduce(FromPartial):
@@ -298,11 +315,20 @@ class Redistribute(OpDef):
             target = parse_placements(attrs["placements"])
         except ShapeError as exc:
             raise VerificationError(f"'redistribute': {exc.message}") from None
+        names = t.sharding.mesh.names
         for axis, (old, new) in enumerate(zip(t.sharding.placements, target, strict=False)):
             if isinstance(new, Partial) and new != old:
                 raise VerificationError(
-                    f"'redistribute' of {t} cannot make axis {t.sharding.mesh.names[axis]} "
-                    f"{new}: only a partial value can stay partial"
+                    f"'redistribute' of {t} cannot make axis {names[axis]} {new}: only a "
+                    "partial value can stay partial"
+                )
+            kept = [b for b in range(axis + 1, len(target)) if isinstance(target[b], Partial)
+                    and target[b] != old]
+            if isinstance(old, Partial) and new != old and kept:
+                raise VerificationError(
+                    f"'redistribute' of {t} cannot reduce axis {names[axis]}'s {old} while the "
+                    f"later axis {names[kept[0]]} stays {target[kept[0]]}: a sum of maxes is "
+                    "not a max of sums; reduce that axis too"
                 )
         return target
 
