@@ -35,7 +35,7 @@ STEPS = {
     "scale": ("%{o} = mul(%{h}, %b) : f64[4,4]", lambda h, w, b: h * b),
     "matmul": ("%{o} = matmul(%{h}, %w) : f64[4,4]", lambda h, w, b: h @ w),
     "softmax": ("%{o} = softmax(%{h}) {{axis = 0}} : f64[4,4]", lambda h, w, b: softmax(h, 0)),
-    "exp": ("%{o} = exp(%{h}) : f64[4,4]", lambda h, w, b: np.exp(h)),
+    "tanh": ("%{o} = tanh(%{h}) : f64[4,4]", lambda h, w, b: np.tanh(h)),
 }
 ENDS = {
     "sum": ("%{o} = reduce_sum(%{h}) {{axes = [1]}} : f64[4]", lambda h: h.sum(1)),

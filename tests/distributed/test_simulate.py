@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilefold.distributed import ReplicaMismatchError, SimulationError, run_ranks, simulate
+from tilefold.distributed import (
+    ReplicaMismatchError,
+    SimulationError,
+    assemble,
+    run_ranks,
+    simulate,
+)
 from tilefold.errors import ShapeError
 from tilefold.ir import interpret, parse_module, verify
 
@@ -48,15 +54,40 @@ def test_row_parallel_matmul_matches_numpy_and_the_global_program() -> None:
     np.testing.assert_allclose(got, global_, rtol=1e-13, atol=1e-13)
 
 
-def test_a_missing_all_reduce_is_caught_as_a_wrong_answer() -> None:
-    """Without the all_reduce the partial sums are added to the bias four times."""
+def test_a_missing_all_reduce_is_refused() -> None:
+    """Adding the bias to partial sums would add it four times: no rule allows it."""
     text = ROW_PARALLEL.replace(
-        '%s = all_reduce(%p) {axis = "tp"} : f64[6,12] @m[S(0),R]',
-        "%s = relu(%p) : f64[6,12] @m[S(0),R]").replace("add(%s", "add(%p")
+        '%s = all_reduce(%p) {axis = "tp"} : f64[6,12] @m[S(0),R]\n', "").replace(
+        "add(%s", "add(%p")
     rng = np.random.default_rng(4)
     x, w, b = rng.standard_normal((6, 8)), rng.standard_normal((8, 12)), rng.standard_normal(12)
-    with pytest.raises(ReplicaMismatchError, match="replicated value differs"):
+    with pytest.raises(SimulationError, match=r"'add' has operands placed \['\[S\(0\),P\(sum\)"
+                       r"\]', '\[R,R\]'\] but 'add' by ab,b->ab gives \[S\(0\),R \(axis 1: "):
         simulate(verify(parse_module(text)), x, w, b)
+
+
+def test_placements_the_rules_do_not_give_are_refused() -> None:
+    text = """mesh @m [tp=2]
+func @main(%x: f32[4] @m[P(sum)]) -> (f32[4] @m[P(sum)]) {
+  %y = relu(%x) : f32[4] @m[P(sum)]
+  return(%y)
+}"""
+    with pytest.raises(SimulationError, match=r"'relu' has operands placed \['\[P\(sum\)\]'\]"):
+        simulate(verify(parse_module(text)), np.ones(4, np.float32))
+    text = text.replace("%x: f32[4] @m[P(sum)]", "%x: f32[4] @m[S(0)]")
+    with pytest.raises(SimulationError, match=r"'relu' result %y is declared f32\[4\] "
+                       r"@m\[P\(sum\)\], but its operands give \[S\(0\)\]"):
+        simulate(verify(parse_module(text)), np.ones(4, np.float32))
+
+
+def test_replicas_that_differ_are_caught() -> None:
+    module = verify(parse_module("mesh @m [tp=2]\nfunc @main(%x: f32[3] @m[R]) -> "
+                                 "(f32[3] @m[R]) { return(%x) }"))
+    t = module["main"].args[0].type
+    a = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(assemble([a, a.copy()], t), a)
+    with pytest.raises(ReplicaMismatchError, match="block 1 is not block 0"):
+        assemble([a, a + 1], t)
 
 
 def test_an_op_with_global_sizes_in_its_attributes_is_refused() -> None:
@@ -65,8 +96,8 @@ func @main(%x: f32[4,6] @m[S(0)]) -> (f32[24] @m[S(0)]) {
   %y = reshape(%x) {shape = [24]} : f32[24] @m[S(0)]
   return(%y)
 }"""
-    with pytest.raises(SimulationError, match=r"'reshape' cannot run on rank 0's blocks "
-                       r"\(\[2, 6\]\).*must first be partitioned per rank"):
+    with pytest.raises(SimulationError, match=r"'reshape' has no sharding rule: it runs "
+                       r"replicated: redistribute them first"):
         simulate(verify(parse_module(text)), np.ones((4, 6), np.float32))
 
 

@@ -1,7 +1,8 @@
 """The simulated mesh: runs a function on every rank of a mesh in one process, each rank on its
 own blocks, so that a sharded program has an oracle (its global program, run by the interpreter).
 
-Ordinary ops run their reference on each rank's blocks; collectives run their `group_reference`
+Ordinary ops run their reference on each rank's blocks, once their declared placements are
+checked against their sharding rules (`rules.py`); collectives run their `group_reference`
 on the blocks of each group of ranks along their axis; `redistribute` means "assemble the global
 value, then cut it to the new placements" (the `expand-redistribute` pass must agree).
 """
@@ -12,12 +13,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tilefold.distributed.rules import result_placements
 from tilefold.errors import ShapeError, TilefoldError, UnsupportedError
 from tilefold.ir.core import Block, Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols, run_region
 from tilefold.ir.ops.collectives import Collective, Redistribute
 from tilefold.ir.placements import assemble, axis_groups, scatter
-from tilefold.ir.types import Mesh, TensorType, local_shape
+from tilefold.ir.types import Mesh, Replicate, TensorType, format_placements, local_shape
 
 Ranks = list[np.ndarray]  # one block per rank, in rank order
 
@@ -109,18 +111,38 @@ class MeshRun:
                 for rank, b in zip(group, blocks, strict=True):
                     out[rank] = np.asarray(b)
             return [out]
+        self.check_placements(op)
         per_rank = []
         for rank in range(self.mesh.size):
-            try:
-                res = op.opdef.reference_op([a[rank] for a in args], attrs, op.regions, run_region)
-            except (ValueError, IndexError) as exc:  # a reference given blocks, not the whole
-                shapes = ", ".join(str(list(a[rank].shape)) for a in args)
-                raise SimulationError(
-                    f"'{op.name}' cannot run on rank {rank}'s blocks ({shapes}): {exc}; an op "
-                    "whose attributes name global sizes must first be partitioned per rank"
-                ) from None
+            res = op.opdef.reference_op([a[rank] for a in args], attrs, op.regions, run_region)
             per_rank.append(list(res) if isinstance(res, list | tuple) else [res])
         return [[np.asarray(r[i]) for r in per_rank] for i in range(len(op.results))]
+
+
+    def check_placements(self, op: Operation) -> None:
+        """An ordinary op's declared placements must be the ones its sharding rule derives (R on
+        the axes without a rule, whose operands must be R there): running an op on blocks
+        means nothing otherwise."""
+        everywhere = (Replicate(),) * len(self.mesh.axes)
+
+        def of(t: TensorType) -> tuple:
+            return t.sharding.placements if t.sharding is not None else everywhere
+
+        operands = [of(v.type) for v in op.operands]
+        derived, why = result_placements(op, operands)
+        for axis, placement in enumerate(derived):
+            if placement is None and any(ps[axis] != Replicate() for ps in operands):
+                raise SimulationError(
+                    f"'{op.name}' has operands placed {[format_placements(p) for p in operands]}"
+                    f" but {why}: redistribute them first (passes: propagate-sharding)"
+                )
+        want = tuple(Replicate() if p is None else p for p in derived)
+        for result in op.results:
+            if of(result.type) != want:
+                raise SimulationError(
+                    f"'{op.name}' result %{result.name} is declared {result.type}, but its "
+                    f"operands give {format_placements(want)} ({why})"
+                )
 
 
 def check_arg_block(param: Value, block: np.ndarray, rank: int) -> None:
