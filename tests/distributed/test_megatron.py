@@ -105,3 +105,21 @@ func @main(%x: f64[4,6] @m[S(1)]) -> (f64[4], f64[4], f64[4,6]) {
     np.testing.assert_array_equal(m, x.max(1))
     e = np.exp(x - x.max(1, keepdims=True))
     np.testing.assert_allclose(p, e / e.sum(1, keepdims=True), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("x_place, expected", [("S(0)", "S(0)"), ("S(1)", "R")])
+def test_layer_norm_splits_rows_but_not_the_normalized_dim(x_place, expected) -> None:
+    text = f"""mesh @m [tp=2]
+func @main(%x: f64[4,6] @m[{x_place}], %w: f64[6] @m[{"S(0)" if x_place == "S(1)" else "R"}],
+           %b: f64[6] @m[R]) -> (f64[4,6]) {{
+  %y = layer_norm(%x, %w, %b) : f64[4,6]
+  return(%y)
+}}"""
+    module = parse_module(text)
+    run_pipeline(module, "propagate-sharding,expand-redistribute")
+    assert str(module["main"].result_types[0]) == f"f64[4,6] @m[{expected}]"
+    rng = np.random.default_rng(8)
+    x, w, b = rng.standard_normal((4, 6)), rng.standard_normal(6), rng.standard_normal(6)
+    want = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5) * w + b
+    np.testing.assert_allclose(simulate(verify(module), x, w, b)[0], want, rtol=1e-12,
+                               atol=1e-12)

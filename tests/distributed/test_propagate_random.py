@@ -35,6 +35,10 @@ STEPS = {
     "scale": ("%{o} = mul(%{h}, %b) : f64[4,4]", lambda h, w, b: h * b),
     "matmul": ("%{o} = matmul(%{h}, %w) : f64[4,4]", lambda h, w, b: h @ w),
     "softmax": ("%{o} = softmax(%{h}) {{axis = 0}} : f64[4,4]", lambda h, w, b: softmax(h, 0)),
+    "transpose": ("%{o} = transpose(%{h}) {{perm = [1, 0]}} : f64[4,4]", lambda h, w, b: h.T),
+    "norm": ("%{o} = layer_norm(%{h}, %b, %b) : f64[4,4]",
+             lambda h, w, b: (h - h.mean(1, keepdims=True))
+             / np.sqrt(h.var(1, keepdims=True) + 1e-5) * b + b),
     "tanh": ("%{o} = tanh(%{h}) : f64[4,4]", lambda h, w, b: np.tanh(h)),
 }
 ENDS = {

@@ -5,7 +5,8 @@ replicated, and `explain` says so.
     matmul          "mk,kn->mn"   S(m)-,R -> S(m);  R,S(n) -> S(n);  S(k),S(k) -> P(sum)
     add (x, bias)   "ab,b->ab"    S on a letter every operand having it shards; P+P -> P
     reduce_sum      "ab->a"       S(b) -> P(sum);   reduce_max: S(b) -> P(max)
-    softmax axis 1  "ab->ab"      b is fixed: sharding it has no rule
+    softmax axis 1  "ab->ab"      b is fixed: sharding it has no rule (norms: their dims)
+    transpose       "ab->ba"      S(0) -> S(1); P(sum) -> P(sum)
 """
 
 from __future__ import annotations
@@ -166,6 +167,22 @@ def along_axis(op: Operation) -> Einsum:
     letters = LETTERS[: t.rank]
     return Einsum((letters,), letters, fixed=letters[normalize_axis(op.name, op.attr("axis"),
                                                                    t.rank)])
+
+
+@register_rule("layer_norm", "rms_norm")
+def norm(op: Operation) -> Einsum:
+    """Normalized dims [axis, rank) are fixed; weight and bias index them."""
+    t = op.operands[0].type
+    letters = LETTERS[: t.rank]
+    axis = normalize_axis(op.name, op.attr("axis"), t.rank)
+    affine = (letters[axis:],) * (len(op.operands) - 1)
+    return Einsum((letters, *affine), letters, fixed=letters[axis:])
+
+
+@register_rule("transpose")
+def transpose(op: Operation) -> Einsum:
+    letters = LETTERS[: op.operands[0].type.rank]
+    return Einsum((letters,), "".join(letters[p] for p in op.attr("perm")), partial="all")
 
 
 def result_placements(op: Operation, operand_placements: Sequence[Sequence[Placement]]
