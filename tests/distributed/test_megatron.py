@@ -109,9 +109,10 @@ func @main(%x: f64[4,6] @m[S(1)]) -> (f64[4], f64[4], f64[4,6]) {
 
 @pytest.mark.parametrize("x_place, expected", [("S(0)", "S(0)"), ("S(1)", "R")])
 def test_layer_norm_splits_rows_but_not_the_normalized_dim(x_place, expected) -> None:
+    affine = "S(0)" if x_place == "S(1)" else "R"  # what a split normalized dim would need
     text = f"""mesh @m [tp=2]
-func @main(%x: f64[4,6] @m[{x_place}], %w: f64[6] @m[{"S(0)" if x_place == "S(1)" else "R"}],
-           %b: f64[6] @m[R]) -> (f64[4,6]) {{
+func @main(%x: f64[4,6] @m[{x_place}], %w: f64[6] @m[{affine}],
+           %b: f64[6] @m[{affine}]) -> (f64[4,6]) {{
   %y = layer_norm(%x, %w, %b) : f64[4,6]
   return(%y)
 }}"""
