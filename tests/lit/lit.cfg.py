@@ -2,6 +2,7 @@
 
 Substitutions:
   %opt        the opt driver, `python -m tilefold.passes` (`tilefold opt` runs the same code)
+  %dist-opt   the same driver with the distributed passes, `python -m tilefold.distributed`
   FileCheck   the `filecheck` package from PyPI, LLVM FileCheck's Python clone
 """
 
@@ -24,5 +25,6 @@ src = Path(__file__).resolve().parents[2] / "src"
 config.environment["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(src), os.environ.get("PYTHONPATH", "")) if p
 )
+config.substitutions.append(("%dist-opt", f"{python} -m tilefold.distributed"))
 config.substitutions.append(("%opt", f"{python} -m tilefold.passes"))
 config.substitutions.append((r"\bFileCheck\b", f"{python} -m filecheck"))

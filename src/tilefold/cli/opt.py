@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+import tilefold.distributed  # noqa: F401  (registers the sharding passes with the driver)
 from tilefold.passes import driver
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tilefold.errors import Location
-from tilefold.ir.types import TensorType
+from tilefold.ir.types import Mesh, TensorType
 
 if TYPE_CHECKING:
     from tilefold.ir.opdef import OpDef
@@ -202,11 +202,13 @@ class Function:
 
 
 class Module:
-    """A collection of functions, the unit that is printed, parsed, passed over and compiled."""
+    """A collection of functions, the unit that is printed, parsed, passed over and compiled;
+    `meshes` are the device meshes its sharded types may name."""
 
     def __init__(self, name: str | None = None, functions: list[Function] | None = None):
         self.name = name
         self.functions: dict[str, Function] = {}
+        self.meshes: dict[str, Mesh] = {}
         self.source_text: str | None = None
         self.source_name: str | None = None
         for fn in functions or []:

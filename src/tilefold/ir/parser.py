@@ -16,13 +16,24 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tilefold import dtypes
-from tilefold.errors import Location, ParseError
+from tilefold.errors import Location, ParseError, TilefoldError
 from tilefold.ir.core import NAME, Block, Function, Module, Operation, Value
 from tilefold.ir.limits import ADDRESS_LIMIT, size_problem
 from tilefold.ir.opdef import OPS, Attr, OpDef
 from tilefold.ir.ops.common import int_range
 from tilefold.ir.printer import decode_scalars
-from tilefold.ir.types import Dim, SymDim, TensorType
+from tilefold.ir.types import (
+    PARTIAL_REDUCTIONS,
+    Dim,
+    Mesh,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    Sharding,
+    SymDim,
+    TensorType,
+)
 
 T = TypeVar("T")
 
@@ -85,6 +96,7 @@ class Parser:
         self.tokens = tokenize(text, file)
         self.pos = 0
         self.scope: dict[str, Value] = {}
+        self.meshes: dict[str, Mesh] = {}
 
     # -- token helpers -----------------------------------------------------------------------
 
@@ -187,7 +199,60 @@ class Parser:
                 raise self.error(
                     f"{len(strides)} strides given for a rank-{len(shape)} type", brace
                 )
-        return TensorType(tuple(shape), dt, None if strides is None else tuple(strides))
+        sharding = self.sharding() if self.tok.kind == "symbol" else None
+        return TensorType(tuple(shape), dt, None if strides is None else tuple(strides), sharding)
+
+    def sharding(self) -> Sharding:
+        """`@m[S(0),R]`: a declared mesh and its placements (checked against the shape by the
+        verifier, which names the value)."""
+        tok = self.next()
+        mesh = self.meshes.get(tok.text[1:])
+        if mesh is None:
+            known = ", ".join(f"@{m}" for m in self.meshes) or "none"
+            raise self.error(
+                f"unknown mesh {tok.text} (declared: {known}); declare it first with "
+                f"'mesh {tok.text} [axis=size, ...]'", tok)
+        self.expect("[", "after the mesh of a sharded type")
+        return Sharding(mesh, tuple(self.comma_list("]", self.placement)))
+
+    def placement(self) -> Placement:
+        tok = self.expect_kind("ident", "a placement (R, S(dim), P(sum) or P(max))")
+        if tok.text == "R":
+            return Replicate()
+        if tok.text == "S":
+            self.expect("(", "after S")
+            d = self.integer("the sharded dim")
+            self.expect(")")
+            return Shard(d)
+        if tok.text == "P":
+            self.expect("(", "after P")
+            op = self.expect_kind("ident", "sum or max")
+            if op.text not in PARTIAL_REDUCTIONS:
+                raise self.error(f"partial reduction '{op.text}': use sum or max", op)
+            self.expect(")")
+            return Partial(op.text)
+        raise self.error(f"unknown placement '{tok.text}': use R, S(dim), P(sum) or P(max)", tok)
+
+    def mesh(self) -> Mesh:
+        """`mesh @m [dp=2, tp=4]`."""
+        self.expect("mesh")
+        tok = self.expect_kind("symbol", "a mesh name (@name)")
+        if tok.text[1:] in self.meshes:
+            raise self.error(f"redefinition of mesh {tok.text}", tok)
+        self.expect("[", "after the mesh name")
+
+        def axis() -> tuple[str, int]:
+            name = self.expect_kind("ident", "a mesh axis name").text
+            self.expect("=", "after a mesh axis name")
+            return name, self.integer("the axis size")
+
+        axes = self.comma_list("]", axis)
+        try:
+            mesh = Mesh(tok.text[1:], tuple(axes))
+        except TilefoldError as exc:
+            raise self.error(exc.message, tok) from None
+        self.meshes[mesh.name] = mesh
+        return mesh
 
     def result_types(self) -> list[TensorType]:
         if self.accept("("):
@@ -420,6 +485,9 @@ class Parser:
             if self.tok.kind == "symbol":
                 module.name = self.next().text[1:]
             self.expect("{")
+        while self.at("mesh"):
+            self.mesh()
+        module.meshes = dict(self.meshes)
         while self.at("func"):
             tok = self.tok
             fn = self.function()
@@ -429,7 +497,9 @@ class Parser:
         if braced:
             self.expect("}", "to close the module")
         if self.tok.kind != "eof":
-            raise self.error(f"expected 'func' or end of input, found '{self.tok.text}'")
+            raise self.error(f"expected 'func' or end of input, found '{self.tok.text}'"
+                             + (" (meshes are declared before the functions)"
+                                if self.at("mesh") else ""))
         module.source_text, module.source_name = self.text, self.file
         return module
 

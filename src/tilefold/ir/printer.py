@@ -19,6 +19,9 @@ The grammar by example (`//` starts a comment, which the parser skips):
   in the resource dir given to `print_module`/`parse_module`, or an array the caller binds by
   name (`external` when printing, `bound` when parsing: weights kept out of the text).
 - Ops with regions: `%y = fused(%a) : T region (%r: T) {` ... `yield(%v)` ... `}`.
+- Device meshes: `mesh @m [dp=2, tp=4]` lines open the module; a type placed on one follows its
+  shape (and strides) with one placement per mesh axis, `f32[8,16] @m[S(0),R]`: `R` replicated,
+  `S(d)` dim d split in equal blocks, `P(sum)`/`P(max)` partial values still to be reduced.
 """
 
 from __future__ import annotations
@@ -202,6 +205,8 @@ class Printer:
     def module(self, module: Module) -> str:
         name = f" @{module.name}" if module.name else ""
         self.lines.append(f"module{name} {{")
+        for mesh in module.meshes.values():
+            self.lines.append(INDENT + mesh.declaration())
         for fn in module.functions.values():
             self.function(fn, 1)
         self.lines.append("}")

@@ -1,4 +1,5 @@
-"""Tensor types: a shape of static or named symbolic dims, an element dtype, optional strides."""
+"""Tensor types: a shape of static or named symbolic dims, an element dtype, optional strides,
+and optionally how the tensor is laid out over a device mesh (`f32[8,16] @m[S(0),R]`)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class TensorType:
     shape: tuple[Dim, ...]
     dtype: DType
     strides: tuple[int, ...] | None = None
+    sharding: Sharding | None = None
 
     def __post_init__(self) -> None:
         for d in self.shape:
@@ -57,6 +59,8 @@ class TensorType:
                 raise ShapeError(f"bad dimension {d!r} in a tensor type: use an int >= 0 or ?name")
         if self.strides is not None and len(self.strides) != len(self.shape):
             raise ShapeError(f"{len(self.strides)} strides given for a rank-{len(self.shape)} type")
+        if self.sharding is not None and not isinstance(self.sharding, Sharding):
+            raise ShapeError(f"a tensor type's sharding must be a Sharding, got {self.sharding!r}")
 
     @staticmethod
     def of(
@@ -92,18 +96,209 @@ class TensorType:
         return TensorType(tuple(dim(d) for d in shape), self.dtype)
 
     def with_dtype(self, dtype: str | DType) -> TensorType:
-        return TensorType(self.shape, to_dtype(dtype), self.strides)
+        return TensorType(self.shape, to_dtype(dtype), self.strides, self.sharding)
 
     def without_layout(self) -> TensorType:
-        return TensorType(self.shape, self.dtype) if self.strides is not None else self
+        """The type without strides (its sharding, if any, stays)."""
+        if self.strides is None:
+            return self
+        return TensorType(self.shape, self.dtype, None, self.sharding)
+
+    def with_sharding(self, sharding: Sharding | None) -> TensorType:
+        return TensorType(self.shape, self.dtype, self.strides, sharding)
+
+    def without_sharding(self) -> TensorType:
+        return self if self.sharding is None else self.with_sharding(None)
 
     def bind(self, bindings: dict[str, int]) -> TensorType:
         """Replace symbolic dims that `bindings` names with their sizes."""
         shape = tuple(bindings.get(d.name, d) if isinstance(d, SymDim) else d for d in self.shape)
-        return TensorType(shape, self.dtype, self.strides)
+        return TensorType(shape, self.dtype, self.strides, self.sharding)
 
     def __str__(self) -> str:
         text = f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
         if self.strides is not None:
             text += "{" + ",".join(str(s) for s in self.strides) + "}"
+        if self.sharding is not None:
+            text += f" {self.sharding}"
         return text
+
+
+# -- meshes and placements ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A named grid of devices, `mesh @m [dp=2, tp=4]`: axes in order, the last varying fastest
+    over rank numbers (rank = row-major index of its coordinates)."""
+
+    name: str
+    axes: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        if not SYMBOL.fullmatch(self.name):
+            raise ShapeError(f"mesh name @{self.name} is not an identifier")
+        names = [a for a, _ in self.axes]
+        for axis, size in self.axes:
+            if not SYMBOL.fullmatch(axis):
+                raise ShapeError(f"mesh @{self.name}: axis name {axis!r} is not an identifier")
+            if type(size) is not int or size < 1:
+                raise ShapeError(
+                    f"mesh @{self.name}: axis {axis} has size {size!r}; use an int >= 1"
+                )
+        if len(set(names)) != len(names):
+            raise ShapeError(f"mesh @{self.name} names an axis twice: {', '.join(names)}")
+
+    @staticmethod
+    def of(name: str, **axes: int) -> Mesh:
+        return Mesh(name, tuple(axes.items()))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.axes)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(s for _, s in self.axes)
+
+    @property
+    def size(self) -> int:
+        """How many devices (ranks) the mesh has."""
+        return math.prod(self.sizes)
+
+    def axis_index(self, axis: str) -> int:
+        if axis not in self.names:
+            raise ShapeError(
+                f"{self.declaration()} has no axis {axis!r} (it has: {', '.join(self.names)})"
+            )
+        return self.names.index(axis)
+
+    def declaration(self) -> str:
+        """The module-level text that declares the mesh."""
+        return f"mesh @{self.name} [{', '.join(f'{a}={s}' for a, s in self.axes)}]"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """Every device on the mesh axis holds the whole tensor."""
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The tensor's dim `dim` is split into equal contiguous blocks, one per device on the axis."""
+
+    dim: int
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+PARTIAL_REDUCTIONS = ("sum", "max")
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Each device holds a partial value; the tensor is their `op` (sum or max) over the axis."""
+
+    op: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.op not in PARTIAL_REDUCTIONS:
+            raise ShapeError(f"partial reduction {self.op!r}: use one of {PARTIAL_REDUCTIONS}")
+
+    def __str__(self) -> str:
+        return f"P({self.op})"
+
+
+Placement = Replicate | Shard | Partial
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """A tensor's placement over a mesh: one placement per mesh axis, `@m[S(0),R]`."""
+
+    mesh: Mesh
+    placements: tuple[Placement, ...]
+
+    def __str__(self) -> str:
+        return f"@{self.mesh.name}{format_placements(self.placements)}"
+
+    def replace(self, axis: int, placement: Placement) -> Sharding:
+        placements = list(self.placements)
+        placements[axis] = placement
+        return Sharding(self.mesh, tuple(placements))
+
+
+def format_placements(placements: Sequence[Placement]) -> str:
+    return "[" + ",".join(map(str, placements)) + "]"
+
+
+def parse_placement(text: str) -> Placement:
+    """`R`, `S(1)`, `P(sum)` or `P(max)` as a placement (ShapeError for anything else)."""
+    text = text.strip()
+    if text == "R":
+        return Replicate()
+    m = re.fullmatch(r"S\(\s*(\d+)\s*\)", text)
+    if m:
+        return Shard(int(m.group(1)))
+    m = re.fullmatch(r"P\(\s*(\w+)\s*\)", text)
+    if m:
+        return Partial(m.group(1))
+    raise ShapeError(f"placement {text!r} is not R, S(dim) or P(sum|max)")
+
+
+def parse_placements(text: str) -> tuple[Placement, ...]:
+    """`[S(0),R]` (the text `format_placements` writes) as placements."""
+    inner = text.strip()
+    if not (inner.startswith("[") and inner.endswith("]")):
+        raise ShapeError(f"placements {text!r} must be a bracketed list such as [S(0),R]")
+    inner = inner[1:-1].strip()
+    return tuple(parse_placement(p) for p in inner.split(",")) if inner else ()
+
+
+def sharding_problem(t: TensorType) -> str | None:
+    """Why the placements of `t` do not fit its shape and mesh, or None when they do.
+
+    One placement per mesh axis; `S(d)` needs `d < rank`; each static dim must split evenly over
+    the axes that shard it (in mesh order). Symbolic dims are checked when sizes are known.
+    """
+    sharding = t.sharding
+    if sharding is None:
+        return None
+    mesh = sharding.mesh
+    if len(sharding.placements) != len(mesh.axes):
+        return (
+            f"{len(sharding.placements)} placements for the {len(mesh.axes)} axes of "
+            f"{mesh.declaration()}; give one per axis"
+        )
+    sizes = list(t.shape)
+    for (axis, n), placement in zip(mesh.axes, sharding.placements, strict=True):
+        if not isinstance(placement, Shard):
+            continue
+        d = placement.dim
+        if d >= t.rank:
+            return f"S({d}) on axis {axis} is out of range for a rank-{t.rank} tensor"
+        size = sizes[d]
+        if isinstance(size, SymDim):
+            continue
+        if size % n:
+            return (
+                f"dim {d} ({size}{' per block' if size != t.shape[d] else ''}) does not split "
+                f"evenly over axis {axis}={n} of {mesh.declaration()}"
+            )
+        sizes[d] = size // n
+    return None
+
+
+def local_shape(t: TensorType) -> tuple[Dim, ...]:
+    """The shape each device holds of a sharded tensor (static dims divided by their axes)."""
+    if t.sharding is None:
+        return t.shape
+    sizes = list(t.shape)
+    for n, placement in zip(t.sharding.mesh.sizes, t.sharding.placements, strict=True):
+        if isinstance(placement, Shard) and isinstance(sizes[placement.dim], int):
+            sizes[placement.dim] //= n  # type: ignore[operator]
+    return tuple(sizes)

@@ -1,11 +1,12 @@
-"""Checks that a module obeys the IR's rules: op arity and attributes, SSA, types, terminators."""
+"""Checks that a module obeys the IR's rules: op arity and attributes, SSA, types, terminators,
+and placements that fit their tensors and declared meshes."""
 
 from __future__ import annotations
 
 from tilefold.errors import TilefoldError, VerificationError
 from tilefold.ir.core import NAME, Block, Function, Module, Operation, Value
 from tilefold.ir.printer import print_op
-from tilefold.ir.types import SymDim
+from tilefold.ir.types import SymDim, TensorType, sharding_problem
 
 
 class Verifier:
@@ -34,6 +35,8 @@ class Verifier:
     def function(self, fn: Function) -> None:
         symbols = set().union(*(arg.type.symbols for arg in fn.args))
         self.block(fn.body, set(), set(), symbols, "return", fn)
+        for i, t in enumerate(fn.result_types):
+            self.placed(t, f"@{fn.name} result {i}", fn)
         ret = fn.return_op
         got = [v.type for v in ret.operands]
         if got != fn.result_types:
@@ -47,6 +50,22 @@ class Verifier:
         if value.name in names:
             raise self.fail(f"value %{value.name} is defined twice", where)
         names.add(value.name)
+        self.placed(value.type, f"%{value.name}", where)
+
+    def placed(self, t: TensorType, what: str, where: Operation | Function) -> None:
+        """A sharded type names a mesh of this module and fits it (see `sharding_problem`)."""
+        if t.sharding is None:
+            return
+        mesh = t.sharding.mesh
+        if self.module.meshes.get(mesh.name) != mesh:
+            declared = self.module.meshes.get(mesh.name)
+            why = f"declared as '{declared.declaration()}'" if declared else "not declared"
+            raise self.fail(
+                f"{what} of type {t} is placed on '{mesh.declaration()}', which this module has "
+                f"{why}", where)
+        problem = sharding_problem(t)
+        if problem is not None:
+            raise self.fail(f"{what} of type {t}: {problem}", where)
 
     def block(
         self,
@@ -102,6 +121,9 @@ class Verifier:
         except TilefoldError as exc:
             raise self.fail(exc.message, op) from None
         declared = [r.type for r in op.results]
+        if not op.has_trait("sharding"):  # placements of ordinary ops are the sharding rules' job
+            declared = [t.without_sharding() for t in declared]
+            inferred = [t.without_sharding() for t in inferred]
         if [t.without_layout() for t in declared] != [t.without_layout() for t in inferred]:
             raise self.fail(
                 f"'{op.name}' result type {', '.join(map(str, declared))} does not match the "

@@ -1,6 +1,7 @@
 """Passes over the graph IR, the pass manager that runs them, and the `opt`-style driver."""
 
 # Every pass file registers its pass: importing each one here completes the table.
+from tilefold.passes import expand_redistribute as expand_redistribute
 from tilefold.passes import fusion as fusion
 from tilefold.passes import merge_matmuls as merge_matmuls
 from tilefold.passes.base import Option, Pass, Statistic

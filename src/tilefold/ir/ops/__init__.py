@@ -5,5 +5,6 @@ from tilefold.ir.ops import fusion as fusion  # the fused-region op of the fusio
 
 __all__ = ["control", "elementwise", "linalg", "nn", "reduce", "shape"]
 from tilefold.ir.ops import attention as attention  # scaled_dot_product_attention
+from tilefold.ir.ops import collectives as collectives  # all_reduce, all_gather, redistribute, ...
 from tilefold.ir.ops import index as index  # arange, advanced index
 from tilefold.ir.ops import quant as quant  # quantize, dequantize

@@ -1,0 +1,7 @@
+"""`python -m tilefold.distributed`: the opt driver with the distributed passes registered
+(propagate-sharding beside expand-redistribute and the built-in passes)."""
+
+import tilefold.distributed  # noqa: F401 - registers propagate-sharding
+from tilefold.passes.driver import main
+
+raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""expand-redistribute: rewrite each `redistribute` into the one-axis collectives that take its
+operand's placements to the target ones, by a shortest-path search over placements.
+
+One step changes one mesh axis (R->S: local_slice, S->R: all_gather, P->R: all_reduce,
+P->S: reduce_scatter, S(i)->S(j): all_to_all) and is legal when no later mesh axis splits a dim
+it touches (inner blocks must move first), no later axis holds partials of another reduction,
+and the new placements split the shape evenly. Among
+the paths, the fewest communicating steps win, then the fewest steps, so [S(0),S(1)] ->
+[S(1),S(0)] becomes all_gather, all_to_all, local_slice.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import NamedTuple
+
+from tilefold.errors import PassError, TilefoldError
+from tilefold.ir import Function
+from tilefold.ir.types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    Sharding,
+    TensorType,
+    sharding_problem,
+)
+from tilefold.passes.base import Pass, Statistic
+from tilefold.passes.registry import register_pass
+from tilefold.passes.rewrite import Rewriter
+
+
+class Step(NamedTuple):
+    """One collective: its op name, mesh axis name, and attributes besides the axis."""
+
+    op: str
+    axis: str
+    attrs: dict[str, int]
+
+
+def step_op(src: Placement, dst: Placement) -> str | None:
+    """The collective taking one axis from `src` to `dst`, or None if none does."""
+    if isinstance(src, Partial):
+        return {Replicate: "all_reduce", Shard: "reduce_scatter"}.get(type(dst))
+    if isinstance(src, Shard):
+        return {Replicate: "all_gather", Shard: "all_to_all"}.get(type(dst))
+    return "local_slice" if isinstance(dst, Shard) else None
+
+
+def legal(placements: tuple[Placement, ...], axis: int, dst: Placement) -> bool:
+    """No mesh axis after `axis` splits a dim that the step on `axis` moves, or holds partials
+    of another reduction than the one the step performs (sums and maxes do not commute)."""
+    src = placements[axis]
+    dims = {p.dim for p in (src, dst) if isinstance(p, Shard)}
+    later = placements[axis + 1 :]
+    if isinstance(src, Partial) and any(isinstance(p, Partial) and p != src for p in later):
+        return False
+    return not any(isinstance(p, Shard) and p.dim in dims for p in later)
+
+
+def redistribute_steps(t: TensorType, target: tuple[Placement, ...]) -> list[Step]:
+    """The collectives that take sharded type `t` to placements `target` (the cheapest path)."""
+    assert t.sharding is not None
+    mesh, start = t.sharding.mesh, t.sharding.placements
+    choices = [Replicate(), *(Shard(d) for d in range(t.rank))]
+    # Dijkstra over placement tuples; cost = (communicating steps, steps), ties broken by order.
+    queue: list[tuple[int, int, int, tuple[Placement, ...]]] = [(0, 0, 0, start)]
+    best: dict[tuple[Placement, ...], tuple[int, int]] = {start: (0, 0)}
+    back: dict[tuple[Placement, ...], tuple[tuple[Placement, ...], Step]] = {}
+    order = 0
+    while queue:
+        comm, steps, _, state = heapq.heappop(queue)
+        if best.get(state) != (comm, steps):
+            continue
+        if state == tuple(target):
+            path = []
+            while state != start:
+                state, step = back[state][0], back[state][1]
+                path.append(step)
+            return path[::-1]
+        for axis, name in enumerate(mesh.names):
+            for dst in choices:
+                op = step_op(state[axis], dst)
+                if op is None or dst == state[axis] or not legal(state, axis, dst):
+                    continue
+                new = Sharding(mesh, state).replace(axis, dst)
+                if sharding_problem(t.with_sharding(new)) is not None:
+                    continue
+                cost = (comm + (op != "local_slice"), steps + 1)
+                if cost < best.get(new.placements, (1 << 30, 0)):
+                    best[new.placements] = cost
+                    attrs = {"dim": dst.dim} if op in ("reduce_scatter", "all_to_all",
+                                                       "local_slice") else {}
+                    back[new.placements] = (state, Step(op, name, attrs))
+                    order += 1
+                    heapq.heappush(queue, (*cost, order, new.placements))
+    raise PassError(f"expand-redistribute: no collectives take {t} to {list(map(str, target))}")
+
+
+@register_pass
+class ExpandRedistribute(Pass):
+    name = "expand-redistribute"
+    summary = "Rewrite redistribute into all_gather, all_reduce, reduce_scatter, all_to_all, ..."
+    statistics = (
+        Statistic("num-expanded", "redistribute ops rewritten"),
+        Statistic("num-collectives", "collectives created"),
+    )
+
+    def run_on_function(self, fn: Function) -> None:
+        rewriter = Rewriter(fn)
+        for op in [op for op in fn.walk() if op.name == "redistribute"]:
+            value = op.operands[0]
+            target = op.result.type.sharding.placements
+            for step in redistribute_steps(value.type, target):
+                try:
+                    made = rewriter.create(op, step.op, [value], {"axis": step.axis, **step.attrs},
+                                           loc=op.loc)
+                except TilefoldError as exc:  # a bug in the search: it checked every step
+                    raise PassError(f"expand-redistribute: {exc.message}") from None
+                value = made.result
+                self.count("num-collectives")
+            rewriter.replace(op, [value])
+            self.count("num-expanded")
