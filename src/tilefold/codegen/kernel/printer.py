@@ -16,19 +16,7 @@
 
 from __future__ import annotations
 
-from tilefold.codegen.kernel.ir import (
-    Call,
-    Const,
-    Dim,
-    Expr,
-    Kernel,
-    Let,
-    Load,
-    Loop,
-    Reduction,
-    Ref,
-    Stmt,
-)
+from tilefold.codegen.kernel import ir as k
 
 INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">",
          "ge": ">=", "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
@@ -38,18 +26,18 @@ def _size(size: int | None) -> str:
     return "?" if size is None else str(size)
 
 
-def format_expr(expr: Expr, kernel: Kernel, nested: bool = False) -> str:
-    if isinstance(expr, Load):
+def format_expr(expr: k.Expr, kernel: k.Kernel, nested: bool = False) -> str:
+    if isinstance(expr, k.Load):
         buf = kernel.buffer(expr.buffer)
         index = [a.name for a, s in zip(kernel.axes, buf.strides, strict=True) if s != 0]
         return f"{expr.buffer}[{','.join(index)}]"
-    if isinstance(expr, Const):
+    if isinstance(expr, k.Const):
         return repr(expr.value)
-    if isinstance(expr, Dim):
+    if isinstance(expr, k.Dim):
         return f"dim({expr.axis})"
-    if isinstance(expr, Ref):
+    if isinstance(expr, k.Ref):
         return expr.name
-    assert isinstance(expr, Call)
+    assert isinstance(expr, k.Call)
     if expr.op in INFIX:
         lhs, rhs = (format_expr(a, kernel, nested=True) for a in expr.args)
         text = f"{lhs} {INFIX[expr.op]} {rhs}"
@@ -57,14 +45,14 @@ def format_expr(expr: Expr, kernel: Kernel, nested: bool = False) -> str:
     return f"{expr.op}({', '.join(format_expr(a, kernel) for a in expr.args)})"
 
 
-def _reduction(red: Reduction, kernel: Kernel) -> str:
+def _reduction(red: k.Reduction, kernel: k.Kernel) -> str:
     init = "" if red.init is None else f", init={red.init!r}"
     return f"{red.name} = {red.op}({format_expr(red.value, kernel)}{init})"
 
 
-def _stmts(stmts: tuple[Stmt, ...], kernel: Kernel, indent: str, out: list[str]) -> None:
+def _stmts(stmts: tuple[k.Stmt, ...], kernel: k.Kernel, indent: str, out: list[str]) -> None:
     for stmt in stmts:
-        if isinstance(stmt, Loop):
+        if isinstance(stmt, k.Loop):
             head = f"{indent}for {', '.join(stmt.axes) or '()'}"
             if stmt.reductions:
                 head += f" reduce({', '.join(_reduction(r, kernel) for r in stmt.reductions)})"
@@ -74,14 +62,14 @@ def _stmts(stmts: tuple[Stmt, ...], kernel: Kernel, indent: str, out: list[str])
             out.append(head + " {")
             _stmts(stmt.body, kernel, indent + "  ", out)
             out.append(indent + "}")
-        elif isinstance(stmt, Let):
+        elif isinstance(stmt, k.Let):
             out.append(f"{indent}{stmt.name} = {format_expr(stmt.value, kernel)}")
         else:
-            target = format_expr(Load(stmt.buffer), kernel)
+            target = format_expr(k.Load(stmt.buffer), kernel)
             out.append(f"{indent}{target} = {format_expr(stmt.value, kernel)}")
 
 
-def print_kernel(kernel: Kernel, schedule: object | None = None) -> str:
+def print_kernel(kernel: k.Kernel, schedule: object | None = None) -> str:
     """The kernel as text; with a schedule, a trailing `schedule ...` line describes it."""
     axes = ", ".join(f"{a.name} < {_size(a.size)}" for a in kernel.axes)
     out = [f"kernel @{kernel.name}({axes}) {{"]
