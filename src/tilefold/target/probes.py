@@ -84,6 +84,19 @@ def probe_kind(target: Target, dtype: str) -> ProbeKind:
     )
 
 
+def _loop(body: str, count: str) -> str:
+    """LLVM IR text of a loop from block %entry running `body` `count` times (`%i` counts from
+    0), ending at the start of block %exit."""
+    return f"""  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
+{body}
+  %i.next = add i64 %i, 1
+  %more = icmp ult i64 %i.next, {count}
+  br i1 %more, label %loop, label %exit
+exit:"""
+
+
 def fma_probe_ir(kind: ProbeKind, accumulators: int) -> str:
     """`void @probe(i64 iters, ptr inputs, ptr out)`: `accumulators` independent chains a loop.
 
@@ -111,14 +124,7 @@ entry:
   %a = load {op_t}, ptr %inputs, align 4
   %b.ptr = getelementptr {op_t}, ptr %inputs, i64 1
   %b = load {op_t}, ptr %b.ptr, align 4
-  br label %loop
-loop:
-  %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
-{body}
-  %i.next = add i64 %i, 1
-  %more = icmp ult i64 %i.next, %iters
-  br i1 %more, label %loop, label %exit
-exit:
+{_loop(body, '%iters')}
 {reduce}
   store {acc_t} {total}, ptr %out, align 4
   ret void
@@ -186,14 +192,7 @@ entry:
   %b = getelementptr i8, ptr %inputs, i64 1088
 {zero}
 {loads}
-  br label %loop
-loop:
-  %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
-{dots}
-  %i.next = add i64 %i, 1
-  %more = icmp ult i64 %i.next, %iters
-  br i1 %more, label %loop, label %exit
-exit:
+{_loop(dots, '%iters')}
 {stores}
   call void @llvm.x86.tilerelease()
   ret void
@@ -260,16 +259,7 @@ define float @read(ptr %data, i64 %blocks) {{
 entry:
   %section = mul i64 %blocks, {unroll}
 {nl.join(starts)}
-  br label %loop
-loop:
-  %i = phi i64 [ 0, %entry ], [ %i.next, %loop ]
-{nl.join(phis)}
-  %offset = mul i64 %i, {unroll}
-{nl.join(body)}
-  %i.next = add i64 %i, 1
-  %more = icmp ult i64 %i.next, %blocks
-  br i1 %more, label %loop, label %exit
-exit:
+{_loop(nl.join([*phis, f'  %offset = mul i64 %i, {unroll}', *body]), '%blocks')}
 {nl.join(sums)}
   %lane = extractelement {vec} {total}, i64 0
   ret float %lane
