@@ -115,6 +115,8 @@ DOT_KERNELS: tuple[DotKernel, ...] = (
     # Codes widened to s16 while packing: one `vpmaddwd` + `vpaddd` per B vector in the k loop
     # (splitting byte quads there took about 9 vector ops per 32 multiply-adds, 3x16). 6x16:
     # 12 accumulators, 2 B vectors, an A broadcast and a product fill the 16 ymm registers.
+    # Zen 1 issues ymm vpmaddwd at half its FMA rate, the same MAC ceiling as f32: 1024^3 ran
+    # 1.19x the f32 GEMM there (3x16: ~0.9x); cores with two vpmaddwd ports allow twice f32.
     DotKernel("u8s8_s16_avx2_6x16", "x86-64-v3", "u8s8", 6, 16, 8, _f("avx2"), "pmaddwd", 2),
 )
 
