@@ -15,13 +15,14 @@ from tilefold.codegen.lowp.amxgemm import amxgemm_ir
 from tilefold.codegen.lowp.decode import choose_decoder
 from tilefold.codegen.lowp.dotgemm import dotgemm_ir
 from tilefold.codegen.lowp.kernels import DOT_KERNELS
+from tilefold.codegen.lowp.packgen import pack_b_ir
 from tilefold.codegen.lowp.wgemv import WgemvSpec, wgemv_ir
 from tilefold.runtime import emit_assembly
 from tilefold.target import named_target, target_names
 
 # The instruction each dot step compiles to (AMX rows: their own mnemonic).
 INSTRUCTION = {"dpbf16": "vdpbf16ps", "dpbf16_fma": "vfmadd231ps", "dpf16_fma": "vcvtph2ps",
-               "dpbusd": "vpdpbusd", "dpbusd_pmaddwd": "vpmaddwd"}
+               "dpbusd": "vpdpbusd", "dpbusd_pmaddwd": "vpmaddwd", "pmaddwd": "vpmaddwd"}
 
 
 def target_of(kernel):
@@ -66,6 +67,26 @@ def test_dot_driver_emits_each_rows_instruction(kernel, dequant):
     assert any(register in line for line in loop), "\n".join(loop)
     if dequant and not kernel.acc_is_float:
         assert "vcvtdq2ps" in "\n".join(body)
+
+
+@pytest.mark.parametrize("kernel", [k for k in rows("dot") if k.values[0].s16_codes])
+def test_s16_rows_are_one_pmaddwd_and_one_add_per_b_vector(kernel):
+    """Codes widened while packing: the k loop holds MR x NV `vpmaddwd` and as many `vpaddd`,
+    MR broadcasts and NV loads, no byte splitting (shifts, masks) and no spills; B's packer
+    sign-extends its bytes."""
+    target = target_of(kernel)
+    loop = loop_block(function_lines(emit_assembly(dotgemm_ir(kernel, target), target),
+                                     f"tf_uk_{kernel.name}"), "vpmaddwd")
+    ops = [line.split()[0] for line in loop]
+    tile = kernel.mr * kernel.nv
+    assert ops.count("vpmaddwd") == tile and ops.count("vpaddd") == tile, "\n".join(loop)
+    loads = [op for op in ops if op.startswith("vmovdqu")]
+    assert ops.count("vpbroadcastd") == kernel.mr and len(loads) == kernel.nv
+    assert not any(op.startswith(("vpsr", "vpsl", "vpand")) for op in ops), "\n".join(loop)
+    assert not any("rsp" in line for line in loop), "\n".join(loop)
+    packer = emit_assembly(pack_b_ir(kernel.nr, kernel.kgroup, target, widen_bytes=True),
+                           target)
+    assert "vpmovsxbw" in packer
 
 
 @pytest.mark.parametrize("dequant", [False, True])

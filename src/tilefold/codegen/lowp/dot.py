@@ -1,9 +1,10 @@
 """Packed dot-product steps: acc[L] += sum over a k-group of A(broadcast) * B(per lane).
 
-A k-group is one 32-bit word per lane: two bf16 or f16 (`vdpbf16ps` order) or four 8-bit codes
-(`vpdpbusd` order: A unsigned, B signed). Each step exists as the ISA instruction and as a
-portable fallback with the same result (bf16 products are exact in f32; 8-bit products are
-widened to i16 and summed by `pmaddwd`, which never saturates, unlike `pmaddubsw`).
+A k-group is one 32-bit word per lane: two bf16 or f16 (`vdpbf16ps` order), four 8-bit codes
+(`vpdpbusd` order: A unsigned, B signed), or two 8-bit codes already widened to s16 by packing.
+Each step exists as the ISA instruction and as a portable fallback with the same result (bf16
+products are exact in f32; 8-bit products are widened to i16 and summed by `pmaddwd`, which
+never saturates, unlike `pmaddubsw`).
 """
 
 from __future__ import annotations
@@ -100,10 +101,19 @@ def dpbusd_pmaddwd(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) ->
     return b.add(acc, b.add(b.call(fn, [a_lo, b_lo]), b.call(fn, [a_hi, b_hi])))
 
 
+def pmaddwd(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
+    """s16 pair dot (AVX2 `vpmaddwd` + `vpaddd`): a, bv hold two s16 codes a 32-bit lane, as
+    packing widened u8/s8 to them; |a0 b0 + a1 b1| <= 2 * 255 * 128 < 2**31, so it is exact."""
+    w16 = _vi(16, 2 * acc.type.count)
+    fn = u.intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", acc.type, [w16, w16])
+    return b.add(acc, b.call(fn, [b.bitcast(a, w16), b.bitcast(bv, w16)]))
+
+
 DOT_STEPS: dict[str, DotStep] = {
     "dpbf16": dpbf16,
     "dpbf16_fma": dpbf16_fma,
     "dpf16_fma": dpf16_fma,
     "dpbusd": dpbusd,
     "dpbusd_pmaddwd": dpbusd_pmaddwd,
+    "pmaddwd": pmaddwd,
 }

@@ -3,8 +3,9 @@
 A[M, K] becomes MR-row panels and B[K, N] NR-column panels, each holding one 32-bit word per
 (k-group, row or column): bf16 pairs for `vdpbf16ps`, 8-bit quads for `vpdpbusd` (K zero-padded
 to whole groups, rows and columns to whole panels); B is packed by generated code
-(tilefold.codegen.lowp.packgen). Signed 8-bit A is stored as A + 128 (u8)
-and the GEMM subtracts 128 * colsum(B) in its epilogue.
+(tilefold.codegen.lowp.packgen). Kernels of s16 codes (`DotKernel.s16_codes`) get 8-bit A and
+B widened to s16 pairs instead, so signed A needs nothing more; on kernels of byte quads signed
+8-bit A is stored as A + 128 (u8) and the GEMM subtracts 128 * colsum(B) in its epilogue.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def _panels(words: np.ndarray, unit: int) -> np.ndarray:
 
 
 @functools.cache
-def _pack_b_entry(nr: int, g: int, target: Target):
-    compiled = compile_llvm_ir(pack_b_ir(nr, g, target), target, name=f"lowp_pack_b_{nr}x{g}")
+def _pack_b_entry(nr: int, g: int, target: Target, widen_bytes: bool = False):
+    name = f"lowp_pack_b_{nr}x{g}{'_s8' if widen_bytes else ''}"
+    compiled = compile_llvm_ir(pack_b_ir(nr, g, target, widen_bytes), target, name=name)
     return compiled.function(PACK_B_ENTRY, None, _P, ctypes.c_int64, ctypes.c_int64,
                              ctypes.c_int64, ctypes.c_int64, _P)
 
@@ -72,15 +74,18 @@ class PackedB:
         b = np.ascontiguousarray(b)
         kgp = kernel.k_words(self.k)
         self.panels = aligned_empty((math.ceil(self.n / kernel.nr), kgp, kernel.nr), np.uint32)
-        _pack_b_entry(kernel.nr, kernel.kgroup, target)(
+        _pack_b_entry(kernel.nr, kernel.kgroup, target, kernel.s16_codes)(
             b.ctypes.data, b.strides[0], self.k, self.n, kgp, self.panels.ctypes.data)
-        if kernel.dtype == "u8s8":  # compensates signed A (+128) on the vector kernels
+        if kernel.shifts_signed_a:  # compensates signed A (+128)
             self.colsum = b.sum(axis=0, dtype=np.int32)
 
 
 def pack_a(a: np.ndarray, kernel: DotKernel) -> np.ndarray:
-    """A[M, K] as MR-row panels (signed 8-bit shifted to unsigned by +128)."""
-    if a.dtype == np.int8 and kernel.dtype == "u8s8":
+    """A[M, K] as MR-row panels (8-bit widened to s16 for s16-code kernels, else signed 8-bit
+    shifted to unsigned by +128)."""
+    if kernel.s16_codes:
+        a = a.astype(np.int16)  # u8 zero- and s8 sign-extended: exact
+    elif a.dtype == np.int8 and kernel.shifts_signed_a:
         a = (a.view(np.uint8) ^ np.uint8(0x80))
     return _panels(_words(np.ascontiguousarray(a), kernel.kgroup), kernel.mr)
 
@@ -117,7 +122,7 @@ def _run_dots(a, b, kernel, target, dequant, threads) -> np.ndarray:
     dq = dequant is not None
     c = np.empty((m, n), np.float32 if kernel.acc_is_float or dq else np.int32)
     comp = np.zeros(n, np.int32)
-    if kernel.dtype == "u8s8" and a.dtype == np.int8:
+    if kernel.shifts_signed_a and a.dtype == np.int8:
         comp = (pb.colsum * 128).astype(np.int32)
     ptrs = {DParam.COMP: comp.ctypes.data}
     if dq:  # the arrays must outlive the call

@@ -5,8 +5,9 @@ selector (`select_entry`), walking the target's family chain; each dtype has a p
 on "x86-64-v3" so every x86 target finds one (the fallbacks tests force with
 `host_target("x86-64-v3")`). An entry whose `dot` is WIDEN_TO_F32 is the f32 GEMM run on
 operands widened to f32 while packed. AMX tile entries come first where the CPU has them and
-the OS lets this process use them; signed 8-bit A ("s8s8") runs on a u8s8 kernel (A + 128,
-compensated) where no s8s8 kernel applies.
+the OS lets this process use them; signed 8-bit A ("s8s8") runs on a u8s8 kernel where no
+s8s8 kernel applies: as A + 128, compensated, on kernels that read bytes, or sign-extended to s16
+(exact, no compensation) on the AVX2 row whose packing widens both operands' codes to s16.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class DotKernel:
     lanes: int
     features: frozenset[str]
     dot: str  # key of tilefold.codegen.lowp.dot.DOT_STEPS, an AMX instruction, or WIDEN_TO_F32
-    kgroup: int
+    kgroup: int  # codes a 32-bit word: 4 bytes, 2 bf16/f16/s16 (8-bit widened), 1 (f32 rows)
     kstep: int = 1  # K is padded to whole steps of this many words (AMX: one tile's 16)
 
     @property
@@ -54,6 +55,18 @@ class DotKernel:
     @property
     def acc_is_float(self) -> bool:
         return self.dtype in ("bf16", "f16")
+
+    @property
+    def s16_codes(self) -> bool:
+        """An 8-bit kernel whose packing widens A (u8 or s8) and B (s8) to s16 k-pairs, the
+        bf16 pair layout (kgroup 2): its dot step multiplies s16 and never sees a byte."""
+        return self.dtype in ("u8s8", "s8s8") and self.kgroup == 2
+
+    @property
+    def shifts_signed_a(self) -> bool:
+        """Signed A runs on this vector kernel of u8 quads as A + 128, less 128 * colsum(B)
+        (AMX has its own s8s8 rows; s16 codes hold s8 exactly)."""
+        return self.dtype == "u8s8" and not self.s16_codes and not self.is_amx
 
     @property
     def widens(self) -> bool:
@@ -99,7 +112,12 @@ DOT_KERNELS: tuple[DotKernel, ...] = (
               _f("avx512f", "avx512bw", "avx512vnni"), "dpbusd", 4),
     DotKernel("u8s8_avx512bw_6x32", "x86-64-v4", "u8s8", 6, 32, 16, _f("avx512bw"),
               "dpbusd_pmaddwd", 4),
-    DotKernel("u8s8_avx2_3x16", "x86-64-v3", "u8s8", 3, 16, 8, _f("avx2"), "dpbusd_pmaddwd", 4),
+    # Codes widened to s16 while packing: one `vpmaddwd` + `vpaddd` per B vector in the k loop
+    # (splitting byte quads there took about 9 vector ops per 32 multiply-adds, 3x16). 6x16:
+    # 12 accumulators, 2 B vectors, an A broadcast and a product fill the 16 ymm registers.
+    # Zen 1 issues ymm vpmaddwd at half its FMA rate, the same MAC ceiling as f32: 1024^3 ran
+    # 1.19x the f32 GEMM there (3x16: ~0.9x); cores with two vpmaddwd ports allow twice f32.
+    DotKernel("u8s8_s16_avx2_6x16", "x86-64-v3", "u8s8", 6, 16, 8, _f("avx2"), "pmaddwd", 2),
 )
 
 
@@ -148,7 +166,8 @@ def describe_lowp(target: Target) -> list[str]:
             continue
         line = f"{dtype}: {chosen.name}"
         if chosen.dtype != dtype:
-            line += f" (as {chosen.dtype}: A + 128, compensated)"
+            how = "s8 widened to s16, exact" if chosen.s16_codes else "A + 128, compensated"
+            line += f" (as {chosen.dtype}: {how})"
         kinds = (dtype, *_RUNS_ON.get(dtype, ()))
         refused = [f"{e.name}: {why}" for e in DOT_KERNELS[:DOT_KERNELS.index(chosen)]
                    if e.dtype in kinds and (why := _refusal(target, e)) is not None]

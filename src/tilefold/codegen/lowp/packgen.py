@@ -1,9 +1,10 @@
 """Packing low-precision operands in generated code: B into k-group panels, A into AMX tiles.
 
-A k-group is one 32-bit word of `g` K-consecutive elements (g = 2 for bf16, 4 for 8-bit). B[K, N]
-becomes NR-column panels of `kgp` word rows (`NR * 4` bytes each, the VNNI layout the dot
-instructions read); A rows become 16-row x 16-word tiles stored contiguously (1 KiB each), so a
-tile load never strides across pages. K, M and N tails are zero-filled by masked loads.
+A k-group is one 32-bit word of `g` K-consecutive elements (g = 2 for bf16 and for 8-bit codes
+widened to s16, 4 for 8-bit bytes). B[K, N] becomes NR-column panels of `kgp` word rows
+(`NR * 4` bytes each, the VNNI layout the dot instructions read); A rows become 16-row x
+16-word tiles stored contiguously (1 KiB each), so a tile load never strides across pages.
+K, M and N tails are zero-filled by masked loads.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ def _interleave(b: ir.IRBuilder, rows: list[ir.Value]) -> ir.Value:
     return b.shuffle_vector(rows[0], rows[1], ir.Constant(u.vec(u.i32, len(order)), order))
 
 
-def emit_pack_b(module: ir.Module, nr: int, g: int) -> ir.Function:
+def emit_pack_b(module: ir.Module, nr: int, g: int, widen_bytes: bool = False) -> ir.Function:
     """`pack_b(src, ldb, k, n, kgp, p0, p1, dst)`: panels p0..p1 of B (`ldb` bytes a row) to
-    dst + p * kgp * nr * 4, each `kgp` word rows of `nr` words (rows >= K and columns >= N 0)."""
+    dst + p * kgp * nr * 4, each `kgp` word rows of `nr` words (rows >= K and columns >= N 0).
+    With `widen_bytes`, B holds s8 codes, each sign-extended to the word's 32 / g bits."""
     elem = ir.IntType(32 // g)
-    es = 4 // g
+    src_elem = u.i8 if widen_bytes else elem
+    es = src_elem.width // 8
     types = [_P8, u.i64, u.i64, u.i64, u.i64, u.i64, u.i64, _P8]
     fn = ir.Function(module, ir.FunctionType(u.void, types), name=PACK_B)
     fn.linkage = "internal"
@@ -71,8 +74,9 @@ def emit_pack_b(module: ir.Module, nr: int, g: int) -> ir.Function:
             for q in range(g):
                 kq = b.add(b.mul(kk, u.const(g)), u.const(q))
                 valid = b.select(b.icmp_signed("<", kq, k), cols, u.const(0))
-                rows.append(masked_load(b, u.gep(b, base, b.mul(kq, ldb)),
-                                        prefix_mask(b, valid, nr), elem))
+                row = masked_load(b, u.gep(b, base, b.mul(kq, ldb)), prefix_mask(b, valid, nr),
+                                  src_elem)
+                rows.append(b.sext(row, u.vec(elem, nr)) if widen_bytes else row)
             words = _interleave(b, rows)
             ptr = b.bitcast(u.gep(b, out, b.mul(kk, u.const(row_bytes))),
                             words.type.as_pointer())
@@ -109,12 +113,12 @@ def emit_pack_a(module: ir.Module) -> ir.Function:
     return fn
 
 
-def pack_b_ir(nr: int, g: int, target: Target) -> str:
+def pack_b_ir(nr: int, g: int, target: Target, widen_bytes: bool = False) -> str:
     """A module whose `tf_lowp_pack_b_all(src, ldb, k, n, kgp, dst)` packs every panel of B
-    (one thread: for constant weights, packed once)."""
-    module = ir.Module(name=f"tf_lowp_pack_b_{nr}x{g}")
+    (one thread: for constant weights, packed once; `widen_bytes`: s8 codes to s16)."""
+    module = ir.Module(name=f"tf_lowp_pack_b_{nr}x{g}{'_s8' if widen_bytes else ''}")
     module.triple = target.triple
-    pack_b = emit_pack_b(module, nr, g)
+    pack_b = emit_pack_b(module, nr, g, widen_bytes)
     types = [_P8, u.i64, u.i64, u.i64, u.i64, _P8]
     fn = ir.Function(module, ir.FunctionType(u.void, types), name=PACK_B_ENTRY)
     src, ldb, k, n, kgp, dst = fn.args
