@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -141,11 +142,13 @@ def measured_peak_gflops(
             f"no peak probe for dtype {dtype!r}; use f32, bf16, int8, amx-bf16 or amx-int8"
         )
     threads = _check_threads(threads)
-    key = f"peak {kind_name} {target.cpu} {target.vector_bits}b x{threads}"
+    probe = peak_probe(target, kind_name)
+    # The probe's own text is part of the key: a figure a since-fixed probe measured is not kept.
+    digest = hashlib.sha256(probe.ir.encode()).hexdigest()[:8]
+    key = f"peak {kind_name} {target.cpu} {target.vector_bits}b x{threads} {digest}"
     cached = None if refresh else _recall(key)
     if cached is not None:
         return cached
-    probe = peak_probe(target, kind_name)
     if kind_name.startswith("amx") and not enable_amx():
         raise UnsupportedError("this process may not use AMX (the kernel refused permission)")
     run = probe_function(
