@@ -206,11 +206,12 @@ def measured_bandwidth_gbps(threads: int = 1, *, refresh: bool = False) -> float
     `refresh` probes again; the record keeps the best figure ever measured.
     """
     threads = _check_threads(threads)
-    key = f"read-bandwidth x{threads}"
+    target = host_target()
+    probes = "".join(read_probe_ir(target, streams, unroll) for streams, unroll in READ_FORMS)
+    key = f"read-bandwidth x{threads} {hashlib.sha256(probes.encode()).hexdigest()[:8]}"
     cached = None if refresh else _recall(key)
     if cached is not None:
         return cached
-    target = host_target()
     data = np.ones(_stream_bytes() // 4, np.float32)  # touched, so pages exist before timing
     gbps = max(_read_rate(target, data, threads, streams, unroll)
                for streams, unroll in READ_FORMS) / 1e9
