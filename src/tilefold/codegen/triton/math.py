@@ -1,0 +1,94 @@
+"""The kernel IR's call primitives as Triton expressions, one line a primitive.
+
+Each entry formats its operands (already named locals) into a Triton expression. The forms use
+`tl` only (no libdevice, whose module path moves between Triton releases), round as the LLVM
+backend does (IEEE division and square root: `div_rn`, `sqrt_rn`) and keep NaN semantics of
+NumPy (max/min propagate NaN from either side; `!=` is unordered). A few primitives need a
+helper `@triton.jit` function, emitted once into the source (`HELPERS`). A primitive missing
+from `PRIMITIVE_FORMS` is one the backend refuses (`supports` names it).
+
+On a GPU `tl.exp`/`tl.log`/`tl.sin`/`tl.cos` are Triton's fast forms: a few ulp near 0, and
+exp's relative error grows with |x| (ex2.approx of x log2 e); the interpreter runs NumPy's.
+"""
+
+from __future__ import annotations
+
+# name -> format string over operands {0}, {1}, {2}
+PRIMITIVE_FORMS: dict[str, str] = {
+    "add": "{0} + {1}",
+    "sub": "{0} - {1}",
+    "mul": "{0} * {1}",
+    "div": "tl.div_rn({0}, {1})",
+    "max": "_tf_max({0}, {1})",               # NaN from either side
+    "min": "_tf_min({0}, {1})",
+    "lt": "{0} < {1}",
+    "le": "{0} <= {1}",
+    "gt": "{0} > {1}",
+    "ge": "{0} >= {1}",
+    "eq": "{0} == {1}",
+    "ne": "{0} != {1}",                       # unordered: NaN != NaN
+    "and": "{0} & {1}",
+    "or": "{0} | {1}",
+    "select": "tl.where({0}, {1}, {2})",
+    "neg": "-{0}",
+    "abs": "tl.abs({0})",
+    "sqrt": "tl.sqrt_rn({0})",
+    "rsqrt": "tl.div_rn(1.0, tl.sqrt_rn({0}))",
+    "reciprocal": "tl.div_rn(1.0, {0})",
+    "relu": "tl.where({0} < 0.0, 0.0, {0})",  # NaN stays NaN
+    "floor": "tl.floor({0})",
+    "round_bf16": "_tf_round_bf16({0})",      # bit arithmetic: no bf16 in the interpreter
+    "round_f16": "{0}.to(tl.float16).to(tl.float32)",
+    "exp": "tl.exp({0})",
+    "log": "tl.log({0})",
+    "tanh": "_tf_tanh({0})",
+    "erf": "tl.erf({0})",
+    "sigmoid": "tl.div_rn(1.0, 1.0 + tl.exp(-{0}))",
+    "silu": "tl.div_rn({0}, 1.0 + tl.exp(-{0}))",
+    "gelu": "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))",
+    "gelu_tanh": "0.5 * {0} * (1.0 + _tf_tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0}"
+                 " * {0})))",
+    "sin": "tl.sin({0})",
+    "cos": "tl.cos({0})",
+}
+# "pow" has no libdevice-free form accurate for every sign of the base yet: refused.
+
+# helper name -> its @triton.jit source; emitted when a form names it.
+HELPERS: dict[str, str] = {
+    "_tf_max": """\
+@triton.jit
+def _tf_max(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+""",
+    "_tf_min": """\
+@triton.jit
+def _tf_min(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+""",
+    "_tf_round_bf16": """\
+@triton.jit
+def _tf_round_bf16(x):
+    # round to nearest even on the bits; NaN kept as it is (the carry would make it inf)
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+""",
+    "_tf_tanh": """\
+@triton.jit
+def _tf_tanh(x):
+    # Cephes tanhf: an odd polynomial below 0.625, else 1 - 2 / (e**2|x| + 1)
+    a = tl.abs(x)
+    z = x * x
+    p = (((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z
+         + 1.33314422036e-1) * z - 3.33332819422e-1
+    small = x + x * z * p
+    big = 1.0 - tl.div_rn(2.0, tl.exp(2.0 * a) + 1.0)
+    big = tl.where(x < 0.0, -big, big)
+    return tl.where(a < 0.625, small, big)
+""",
+}
+
+
+def helpers_used(forms: list[str]) -> list[str]:
+    """The helper sources the given forms call, in `HELPERS` order."""
+    return [src for name, src in HELPERS.items() if any(name + "(" in f for f in forms)]
