@@ -124,7 +124,8 @@ class _Emitter:
 
     def columns(self, start: str) -> None:
         """Column indices and masks of the chunk starting at `start`."""
-        self.line(f"cols = {start} + tl.arange(0, BLOCK_C)[None, :].to(tl.int64)")
+        self.line(f"cols = tl.multiple_of({start}, BLOCK_C) + tl.arange(0, BLOCK_C)[None, :]"
+                  ".to(tl.int64)")
         self.line("col_mask = cols < n_cols")
         self.line("tile_mask = row_mask & col_mask")
         self.decompose("cols", self.s.col_axes)
@@ -193,7 +194,7 @@ class _Emitter:
         accs = {r.name: self.local(f"tl.full([BLOCK_R, BLOCK_C], {IDENTITY[r.op]}, tl.float32)",
                                    "acc") for r in loop.reductions}
         # a while loop: Triton 3.6's interpreter cannot range() over a run-time bound
-        self.line("c0 = n_cols * 0")
+        self.line("c0 = tl.program_id(0) * 0")  # a tensor even when n_cols is a constexpr 1
         self.line("while c0 < n_cols:")
         self.depth += 1
         self.memo.append({})
@@ -246,8 +247,7 @@ class _Emitter:
         self.header()
         self.stmts(stmts)
         params = [param_name(p) for p in kernel_params(self.k)]
-        ints = [p for p in params if not p.endswith("_ptr")] + ["n_rows", "n_cols"]
-        head = [f"@triton.jit(do_not_specialize={ints!r})",
+        head = ["@triton.jit",
                 f"def {ident(self.k.name)}(",
                 *(f"    {p}," for p in [*params, "n_rows", "n_cols"]),
                 "    BLOCK_R: tl.constexpr,",
