@@ -40,30 +40,23 @@ def require_triton() -> None:
                                " (or pip install triton)")
 
 
-def load_jit(source: str, name: str, interpret: bool | None = None) -> Any:
-    """The `@triton.jit` function `name` that `source` defines, imported once per process and
-    interpreter setting (`triton.jit` decides when it runs whether it interprets; None:
-    TRITON_INTERPRET decides, False: a compilable function even while interpreting)."""
+def load_jit(source: str, name: str) -> Any:
+    """The `@triton.jit` function `name` that `source` defines, imported once per process.
+
+    A process either interprets or compiles: Triton turns its own library functions into
+    interpreted ones when it is imported under TRITON_INTERPRET=1 (so `ptx.py` compiles in a
+    child process then)."""
     require_triton()
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    interpret = interpreting() if interpret is None else interpret
-    key = (digest, interpret)
+    key = (digest, interpreting())
     if key not in _LOADED:
         path = cache_dir() / "triton" / f"{ident(name)}_{digest}.py"
         if not path.exists() or path.read_text() != source:
             atomic_write(path, source.encode())
         spec = importlib.util.spec_from_file_location(
-            f"tilefold_triton_{digest}_{int(interpret)}", path)
+            f"tilefold_triton_{digest}_{int(key[1])}", path)
         module = importlib.util.module_from_spec(spec)
-        saved = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            if saved is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = saved
+        spec.loader.exec_module(module)
         _LOADED[key] = getattr(module, ident(name))
     return _LOADED[key]
 
