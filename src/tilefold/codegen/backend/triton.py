@@ -8,7 +8,6 @@ buffer, on a CUDA device or on the CPU under TRITON_INTERPRET=1.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from tilefold.codegen.backend.base import Backend, Executable, register_backend
@@ -68,8 +67,3 @@ class TritonBackend(Backend):
         from tilefold.codegen.triton.ptx import compile_ptx
 
         return compile_ptx(kernel, _schedule(kernel, schedule, target), target).ptx
-
-
-def triton_installed() -> bool:
-    """Whether Triton can be imported (compiling and running need it; emitting does not)."""
-    return importlib.util.find_spec("triton") is not None

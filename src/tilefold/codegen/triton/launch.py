@@ -35,9 +35,11 @@ def interpreting() -> bool:
 
 def require_triton() -> None:
     """Raise a clear error when Triton is not installed."""
-    if importlib.util.find_spec("triton") is None:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
         raise UnsupportedError("the Triton backend needs Triton: pip install 'tilefold[triton]'"
-                               " (or pip install triton)")
+                               " (or pip install triton)") from None
 
 
 def load_jit(source: str, name: str) -> Any:
