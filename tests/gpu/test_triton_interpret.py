@@ -146,3 +146,23 @@ def test_rows_longer_than_a_chunk_take_several_masked_chunks():
     out = torch.empty(5, 37)
     launch([torch.from_numpy(x), out], [5, 37], [[37, 1], [37, 1]])  # 3 chunks, the last masked
     assert_close(out.numpy(), _softmax64(x.astype(np.float64), -1), dtype="f32", reduced=37)
+
+
+def test_bool_inputs_and_constant_buffers():
+    cond = RNG.standard_normal((4, 23)) > 0
+    x, y = _normal(4, 23), _normal(23)
+    scale = np.linspace(-2, 2, 23).astype(np.float32)  # not a splat: a hidden constant buffer
+    (got,) = _run(lambda c, x, y: F.where(c, x * scale, y),
+                  (("c", "bool", (4, 23)), ("x", "f32", (4, 23)), ("y", "f32", (23,))),
+                  cond, x, y)
+    want = np.where(cond, x.astype(np.float64) * scale, y)
+    assert_close(got, want, dtype="f32")
+
+
+def test_empty_rows_and_empty_reductions():
+    (got,) = _run(lambda x: F.softmax(x), (("x", "f32", ("n", 5)),), _normal(0, 5))
+    assert got.shape == (0, 5)
+    total, top = _run(lambda x: (F.sum(x, 1), F.max(x, 1)), (("x", "f32", (3, "m")),),
+                      _normal(3, 0))
+    np.testing.assert_array_equal(total, np.zeros(3))
+    np.testing.assert_array_equal(top, np.full(3, -np.inf))

@@ -11,7 +11,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from tilefold.codegen.kernel.from_graph import analyze_group, make_layout
+from tilefold.codegen.kernel.from_graph import analyze_group, make_layout, row_major_strides
 from tilefold.codegen.kernel.ir import Kernel
 from tilefold.codegen.triton.launch import TritonLaunch
 from tilefold.codegen.triton.schedule import GPUSchedule, choose_gpu_schedule
@@ -59,6 +59,11 @@ def _torch_dtype(dtype: np.dtype) -> Any:
 
 
 def _element_strides(t: Any) -> tuple[int, ...]:
+    """As `from_graph.element_strides` for NumPy: 0 along size-1 dims, and an empty tensor
+    laid out row-major (its own strides may be 0 along a dim, which would read as broadcast
+    and let the kernel load it outside the loop that never runs)."""
+    if t.numel() == 0:
+        return row_major_strides(tuple(t.shape))
     return tuple(0 if n == 1 else s for n, s in zip(t.shape, t.stride(), strict=True))
 
 
