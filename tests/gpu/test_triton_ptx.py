@@ -45,6 +45,10 @@ def test_bf16_layer_norm_for_sm_90():
     assert "cvt.rn.bf16" in report.ptx or "cvt.rn.bf16x2" in report.ptx, report.summary()
 
 
+def test_a_column_sum_reads_rows_in_vectors():
+    _check(_ptx(lambda x: F.sum(x, 0), ("x", "f32", ("n", "m"))), "ld.global.v4.b32")
+
+
 def test_ptx_is_for_nvidia_targets_only():
     kernel, _ = lower_group(trace(F.exp, ("x", "f32", (4, 4)))["main"])
     with pytest.raises(UnsupportedError, match="NVIDIA"):

@@ -71,6 +71,15 @@ def test_the_schedule_is_pinned():
     assert choose_gpu_schedule(ew, gpu_target("mi300x")).tile_elements == 4096  # 64-wide waves
 
 
+def test_a_sum_over_the_leading_axis_puts_rows_first():
+    colsum = _kernel(lambda x: F.sum(x, 0), ("x", "f32", ("n", "m")))
+    sched = choose_gpu_schedule(colsum, H200)
+    assert (sched.row_axes, sched.col_axes, sched.rows_first) == (("i1",), ("r0",), True)
+    assert sched.block_shape(48, 9) == (64, 16)    # lanes along the contiguous rows
+    assert sched.block_shape(1000, 3) == (128, 4)
+    assert not choose_gpu_schedule(_softmax(), H200).rows_first
+
+
 def test_source_names_the_kernel_and_masks_every_access():
     text = TRITON.source(_softmax(), None, H200)
     assert "@triton.jit" in text and "def main(" in text

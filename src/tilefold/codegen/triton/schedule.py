@@ -17,6 +17,7 @@ from tilefold.target.gpu import GPUTarget
 
 ELEMENTS_PER_THREAD = 16  # four 128-bit loads of f32 per thread per tile
 NUM_WARPS = 4
+MIN_COLS = 16  # columns of a rows-first tile, at least
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,18 @@ class GPUSchedule:
     tile_elements: int
     max_block_cols: int
     num_warps: int
+    rows_first: bool = False  # memory is contiguous along rows, not columns (column sums)
 
     def block_shape(self, n_rows: int | None, n_cols: int | None) -> tuple[int, int]:
         """(BLOCK_R, BLOCK_C), powers of two: columns first (up to the row's length), then as
-        many rows as fill the tile; None sizes (unknown) take the bounds."""
+        many rows as fill the tile; `rows_first` the other way round (up to MIN_COLS
+        columns), so neighbouring lanes read neighbouring addresses. None sizes (unknown)
+        take the bounds."""
+        if self.rows_first:
+            most = self.tile_elements // MIN_COLS
+            rows = most if n_rows is None else min(_pow2(n_rows), most)
+            cols = self.tile_elements // rows
+            return rows, cols if n_cols is None else min(cols, _pow2(n_cols))
         cols = self.max_block_cols if n_cols is None else min(_pow2(n_cols), self.max_block_cols)
         rows = max(1, self.tile_elements // cols)
         if n_rows is not None:
@@ -42,7 +51,8 @@ class GPUSchedule:
         return rows, cols
 
     def __str__(self) -> str:
-        how = "looped" if self.loop_cols else "split"
+        how = ("looped" if self.loop_cols else "split") + (", rows first" if self.rows_first
+                                                            else "")
         return (f"rows ({', '.join(self.row_axes)}) x cols ({', '.join(self.col_axes)}) {how}, "
                 f"tile <= {self.tile_elements}, chunk <= {self.max_block_cols}, "
                 f"{self.num_warps} warps")
@@ -75,7 +85,9 @@ def shape_problem(kernel: Kernel) -> str | None:
 def choose_gpu_schedule(kernel: Kernel, target: GPUTarget) -> GPUSchedule:
     """Columns: the reduced axes, else the outer axis most buffers walk with stride 1 (ties to
     the later axis). Tiles of ELEMENTS_PER_THREAD elements per thread of NUM_WARPS warps; a
-    reduction chunk of a whole tile (so rows up to that length take one pass each)."""
+    reduction chunk of a whole tile (so rows up to that length take one pass each). Rows come
+    first in a tile when some buffer is contiguous along the last row axis and none along the
+    columns (a sum over a leading axis)."""
     problem = shape_problem(kernel)
     if problem is not None:
         raise UnsupportedError(f"kernel @{kernel.name}: no GPU schedule: {problem}")
@@ -92,4 +104,9 @@ def choose_gpu_schedule(kernel: Kernel, target: GPUTarget) -> GPUSchedule:
     else:
         cols, loop = (), False
     rows = tuple(a for a in outer if a not in cols)
-    return GPUSchedule(rows, cols, loop, tile, tile, NUM_WARPS)
+
+    def unit(axes: tuple[str, ...]) -> bool:
+        return any(kernel.stride(b.name, a) == 1 for b in kernel.buffers for a in axes)
+
+    rows_first = bool(rows) and unit(rows[-1:]) and not unit(cols)
+    return GPUSchedule(rows, cols, loop, tile, tile, NUM_WARPS, rows_first)
