@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
 torch = pytest.importorskip("torch")
 
-from tests.tolerances import assert_close  # noqa: E402
+from tests.tolerances import assert_close, tolerance  # noqa: E402
 from tilefold.codegen.backend import get_backend  # noqa: E402
 from tilefold.codegen.kernel import lower_group  # noqa: E402
 from tilefold.codegen.triton.group import TritonGroup  # noqa: E402
@@ -166,3 +166,16 @@ def test_empty_rows_and_empty_reductions():
                       _normal(3, 0))
     np.testing.assert_array_equal(total, np.zeros(3))
     np.testing.assert_array_equal(top, np.full(3, -np.inf))
+
+
+def test_exp_over_its_whole_range():
+    x = np.concatenate([np.linspace(-110, 89, 97), [0.0, -0.0, 88.72, -103.3, np.inf, -np.inf,
+                                                    np.nan]]).astype(np.float32)
+    (got,) = _run(F.exp, (("x", "f32", (x.size,)),), x)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64))
+    finite = np.isfinite(want) & (want < float(np.finfo(np.float32).max))
+    assert_close(got[finite], want[finite], dtype="f32", scale=0.0)
+    normal = finite & (want > float(np.finfo(np.float32).tiny))  # relative error there too
+    np.testing.assert_allclose(got[normal], want[normal], rtol=tolerance("f32")["rtol"], atol=0)
+    assert np.isposinf(got[~finite & (x > 0)]).all() and np.isnan(got[-1])

@@ -7,8 +7,11 @@ NumPy (max/min propagate NaN from either side; `!=` is unordered). A few primiti
 helper `@triton.jit` function, emitted once into the source (`HELPERS`). A primitive missing
 from `PRIMITIVE_FORMS` is one the backend refuses (`supports` names it).
 
-On a GPU `tl.exp`/`tl.log`/`tl.sin`/`tl.cos` are Triton's fast forms: a few ulp near 0, and
-exp's relative error grows with |x| (ex2.approx of x log2 e); the interpreter runs NumPy's.
+Triton lowers f32 `tl.log`, `tl.sin`, `tl.cos` and `tl.erf` to libdevice's accurate functions on
+NVIDIA GPUs, but `tl.exp` to `ex2.approx(x log2 e)`, whose relative error grows with |x| (some
+80 ulp at x = 80): exp is `_tf_exp`, a Cody-Waite reduction to |r| <= ln 2 / 2 before the fast
+exp2, scaled by 2**k built from its bits (checked under the interpreter, which runs NumPy's
+exp2; its GPU error bound is still to be measured on a GPU).
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ PRIMITIVE_FORMS: dict[str, str] = {
     "floor": "tl.floor({0})",
     "round_bf16": "_tf_round_bf16({0})",      # bit arithmetic: no bf16 in the interpreter
     "round_f16": "{0}.to(tl.float16).to(tl.float32)",
-    "exp": "tl.exp({0})",
+    "exp": "_tf_exp({0})",
     "log": "tl.log({0})",
     "tanh": "_tf_tanh({0})",
     "erf": "tl.erf({0})",
-    "sigmoid": "tl.div_rn(1.0, 1.0 + tl.exp(-{0}))",
-    "silu": "tl.div_rn({0}, 1.0 + tl.exp(-{0}))",
+    "sigmoid": "tl.div_rn(1.0, 1.0 + _tf_exp(-{0}))",
+    "silu": "tl.div_rn({0}, 1.0 + _tf_exp(-{0}))",
     "gelu": "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))",
     "gelu_tanh": "0.5 * {0} * (1.0 + _tf_tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0}"
                  " * {0})))",
@@ -55,6 +58,25 @@ PRIMITIVE_FORMS: dict[str, str] = {
 
 # helper name -> its @triton.jit source; emitted when a form names it.
 HELPERS: dict[str, str] = {
+    "_tf_exp": """\
+@triton.jit
+def _tf_exp(x):
+    # e**x = 2**k e**r: k = round(x log2 e), r = x - k ln 2 with ln 2 in two parts (Cephes'
+    # 0.693359375, exact times any k here, minus 2.12194440e-4), so the fast exp2 sees
+    # |r log2 e| <= 1/2 and its error no longer grows with |x|
+    # clamped to +-160 (NaN to 0) first: beyond, r stays large and the result inf or 0,
+    # and an infinite x keeps a finite k (inf - inf would be NaN)
+    k = tl.floor(x * 1.4426950408889634 + 0.5)
+    k = tl.where(k > 160.0, 160.0, tl.where(k < -160.0, -160.0, k))
+    k = tl.where(k != k, 0.0, k)
+    r = x - k * 0.693359375 + k * 2.12194440e-4
+    p = tl.exp2(r * 1.4426950408889634)
+    # 2**k as two exact powers of two (k = 128 is finite times p < 1; -149 is subnormal)
+    half = tl.floor(k * 0.5)
+    lo = ((half.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    hi = (((k - half).to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return p * lo * hi
+""",
     "_tf_max": """\
 @triton.jit
 def _tf_max(a, b):
@@ -82,7 +104,7 @@ def _tf_tanh(x):
     p = (((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z
          + 1.33314422036e-1) * z - 3.33332819422e-1
     small = x + x * z * p
-    big = 1.0 - tl.div_rn(2.0, tl.exp(2.0 * a) + 1.0)
+    big = 1.0 - tl.div_rn(2.0, _tf_exp(2.0 * a) + 1.0)
     big = tl.where(x < 0.0, -big, big)
     return tl.where(a < 0.625, small, big)
 """,
@@ -90,5 +112,14 @@ def _tf_tanh(x):
 
 
 def helpers_used(forms: list[str]) -> list[str]:
-    """The helper sources the given forms call, in `HELPERS` order."""
-    return [src for name, src in HELPERS.items() if any(name + "(" in f for f in forms)]
+    """The helper sources the given forms call, directly or through other helpers, in
+    `HELPERS` order."""
+    used: set[str] = set()
+    texts = list(forms)
+    while True:
+        more = {name for name in HELPERS if name not in used
+                and any(name + "(" in text for text in texts)}
+        if not more:
+            return [src for name, src in HELPERS.items() if name in used]
+        used |= more
+        texts = [HELPERS[name] for name in more]
