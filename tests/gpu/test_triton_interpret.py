@@ -193,3 +193,23 @@ def test_three_dims_permuted_rows_flattened_over_two_axes():
                                               ("s", "f32", (1, 5, 1))), x, s)
     assert_close(got, np.exp(base.transpose(1, 2, 0).astype(np.float64)) - s, dtype="f32",
                  scale=np.exp(np.abs(x64)))
+
+
+def test_generated_code_calls_no_jit_function_of_triton_s_library():
+    """Those are interpreted only if Triton was imported under TRITON_INTERPRET=1; the rest
+    of a test suite (PyTorch) may import it first without."""
+    import triton.language.standard as standard
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    jitted = [n for n in dir(standard)
+              if isinstance(getattr(standard, n), JITFunction | InterpretedFunction)]
+    assert "sum" in jitted and "cdiv" in jitted
+    backend = get_backend("triton")
+    families = [lambda x: F.softmax(F.tanh(x)), lambda x: F.log_softmax(F.gelu(x)),
+                lambda x: F.sum(F.silu(x), 0), lambda x: F.exp(x) * F.sigmoid(x),
+                lambda x: F.rms_norm(x, np.ones(9, np.float32)), lambda x: F.min(x, 1)]
+    for fn in families:
+        kernel, _ = lower_group(trace(fn, ("x", "f32", ("n", 9)))["main"])
+        text = backend.source(kernel, None, H200)
+        assert not [n for n in jitted if f"tl.{n}(" in text], text

@@ -34,8 +34,8 @@ from tilefold.codegen.triton.math import PRIMITIVE_FORMS, helpers_used
 from tilefold.codegen.triton.schedule import GPUSchedule, row_body
 
 IDENTITY = {"sum": "0.0", "max": "-_TF_INF", "min": "_TF_INF"}
-COMBINE = {"sum": "{0} + {1}", "max": "_tf_max({0}, {1})", "min": "_tf_min({0}, {1})"}
-FINAL = {"sum": "tl.sum({0}, axis=1, keep_dims=True)",
+COMBINE = {"sum": "_tf_add({0}, {1})", "max": "_tf_max({0}, {1})", "min": "_tf_min({0}, {1})"}
+FINAL = {"sum": "tl.reduce({0}, 1, _tf_add, keep_dims=True)",
          "max": "tl.reduce({0}, 1, _tf_max, keep_dims=True)",
          "min": "tl.reduce({0}, 1, _tf_min, keep_dims=True)"}
 POINTER_TYPES = {"f32": "*fp32", "bf16": "*bf16", "f16": "*fp16", "bool": "*i1"}
@@ -227,7 +227,7 @@ class _Emitter:
         if s.loop_cols:
             self.line("pid_r = pid")
         else:
-            self.line("n_col_blocks = tl.cdiv(n_cols, BLOCK_C)")
+            self.line("n_col_blocks = (n_cols + BLOCK_C - 1) // BLOCK_C")
             self.line("pid_r = pid // n_col_blocks")
             self.line("pid_c = pid % n_col_blocks")
         self.line("rows = pid_r.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]")
@@ -237,8 +237,8 @@ class _Emitter:
             off = self.offset(buf.name, s.row_axes)
             if off is not None:
                 self.line(f"roff_{ident(buf.name)} = {off}")
-        self.line("zero_r = tl.zeros([BLOCK_R, 1], tl.int64)")
-        self.line("zero_t = tl.zeros([BLOCK_R, BLOCK_C], tl.int64)")
+        self.line("zero_r = tl.full([BLOCK_R, 1], 0, tl.int64)")
+        self.line("zero_t = tl.full([BLOCK_R, BLOCK_C], 0, tl.int64)")
         if not s.loop_cols:
             self.columns("pid_c.to(tl.int64) * BLOCK_C")
 

@@ -43,11 +43,13 @@ def require_triton() -> None:
 
 
 def load_jit(source: str, name: str) -> Any:
-    """The `@triton.jit` function `name` that `source` defines, imported once per process.
+    """The `@triton.jit` function `name` that `source` defines, imported once per process and
+    interpreter setting (`triton.jit` reads TRITON_INTERPRET when the source is loaded).
 
-    A process either interprets or compiles: Triton turns its own library functions into
-    interpreted ones when it is imported under TRITON_INTERPRET=1 (so `ptx.py` compiles in a
-    child process then)."""
+    Compiling needs a process where Triton was imported without TRITON_INTERPRET (its own
+    library functions are interpreted ones otherwise), so `ptx.py` compiles in a child process
+    while interpreting; generated kernels call none of those library functions, so they run
+    under the interpreter however Triton was imported."""
     require_triton()
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     key = (digest, interpreting())

@@ -57,7 +57,15 @@ PRIMITIVE_FORMS: dict[str, str] = {
 # "pow" has no libdevice-free form accurate for every sign of the base yet: refused.
 
 # helper name -> its @triton.jit source; emitted when a form names it.
+# Generated code calls only Triton builtins and these helpers, never a `@triton.jit` function
+# of Triton's own library (tl.sum, tl.cdiv, tl.zeros): those are interpreted only when Triton
+# was imported under TRITON_INTERPRET=1, so calling them would tie the interpreter to that.
 HELPERS: dict[str, str] = {
+    "_tf_add": """\
+@triton.jit
+def _tf_add(a, b):
+    return a + b
+""",
     "_tf_exp": """\
 @triton.jit
 def _tf_exp(x):
