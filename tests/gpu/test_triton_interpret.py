@@ -213,3 +213,14 @@ def test_generated_code_calls_no_jit_function_of_triton_s_library():
         kernel, _ = lower_group(trace(fn, ("x", "f32", ("n", 9)))["main"])
         text = backend.source(kernel, None, H200)
         assert not [n for n in jitted if f"tl.{n}(" in text], text
+
+
+@pytest.mark.parametrize("dtype, np_dtype", [("bf16", ml_dtypes.bfloat16), ("f16", np.float16)])
+def test_casts_round_to_nearest_even(dtype, np_dtype):
+    ties = [1 + 2.0**-8, 1 + 3 * 2.0**-8, -(1 + 2.0**-8), 1 + 2.0**-11, 1 + 3 * 2.0**-11]
+    special = [np.inf, -np.inf, np.nan, 3.4e38, 65519.0, 65520.0, 0.0, -0.0, 1e-30]
+    x = np.concatenate([_normal(40) * 100, ties, special]).astype(np.float32)
+    with np.errstate(over="ignore"):  # 65520 and up overflow f16, as they should
+        want = x.astype(np_dtype).astype(np.float32)
+    (got,) = _run(lambda x: F.cast(x, dtype), (("x", "f32", (x.size,)),), x)
+    np.testing.assert_array_equal(got.astype(np.float32), want)
