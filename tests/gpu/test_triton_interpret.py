@@ -185,12 +185,14 @@ def test_three_dims_permuted_rows_flattened_over_two_axes():
     base = _normal(7, 3, 5) * 2
     x = torch.from_numpy(base).permute(1, 2, 0)  # (3, 5, 7), no axis contiguous in order
     s = _normal(1, 5, 1)
-    (got,) = _run(lambda x, s: F.softmax(x * s, 1), (("x", "f32", (3, 5, 7)),
-                                                     ("s", "f32", (1, 5, 1))), x, s)
+    params = (("x", "f32", (3, 5, 7)), ("s", "f32", (1, 5, 1)))
+    group = TritonGroup(trace(lambda x, s: F.softmax(x * s, 1), *params)["main"], H200)
+    _, schedule = group.kernel_for(x, torch.from_numpy(s))
+    assert len(schedule.row_axes) == 2 and not schedule.rows_first
+    (got,) = _run(lambda x, s: F.softmax(x * s, 1), params, x, s)
     x64 = base.transpose(1, 2, 0).astype(np.float64) * s
     assert_close(got, _softmax64(x64, 1), dtype="f32", reduced=5)
-    (got,) = _run(lambda x, s: F.exp(x) - s, (("x", "f32", (3, 5, 7)),
-                                              ("s", "f32", (1, 5, 1))), x, s)
+    (got,) = _run(lambda x, s: F.exp(x) - s, params, x, s)
     assert_close(got, np.exp(base.transpose(1, 2, 0).astype(np.float64)) - s, dtype="f32",
                  scale=np.exp(np.abs(x64)))
 
