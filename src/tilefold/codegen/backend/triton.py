@@ -1,0 +1,69 @@
+"""The Triton backend for GPUs: kernel IR + GPU schedule -> Triton source
+(`codegen/triton/emit.py`) -> a launcher over torch tensors (`codegen/triton/launch.py`).
+
+Emitting source needs no Triton; compiling and running do (the `triton` extra). The entry it
+returns is a `TritonLaunch`: `entry(tensors, sizes, strides)`, one torch tensor per kernel
+buffer, on a CUDA device or on the CPU under TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tilefold.codegen.backend.base import Backend, Executable, register_backend
+from tilefold.codegen.kernel.ir import DTYPES, Call, Kernel, walk_expr
+from tilefold.codegen.triton.emit import emit_triton, kernel_expressions
+from tilefold.codegen.triton.math import PRIMITIVE_FORMS
+from tilefold.codegen.triton.schedule import GPUSchedule, choose_gpu_schedule, shape_problem
+from tilefold.runtime import source_digest
+from tilefold.target.gpu import GPUTarget
+
+GENERATORS = ("tilefold.codegen.triton", "tilefold.codegen.backend")
+
+
+def _schedule(kernel: Kernel, schedule: Any, target: GPUTarget) -> GPUSchedule:
+    return schedule if isinstance(schedule, GPUSchedule) else choose_gpu_schedule(kernel, target)
+
+
+@register_backend
+class TritonBackend(Backend):
+    name = "triton"
+
+    def supports(self, kernel: Kernel, target: Any) -> str | None:
+        if not isinstance(target, GPUTarget):
+            return f"the Triton backend generates GPU code; {target.name} is not a GPU target"
+        if target.vendor != "nvidia":
+            return (f"the Triton backend is checked on NVIDIA GPUs only; {target.name} is "
+                    f"{target.vendor}")
+        other = sorted({b.dtype for b in kernel.buffers} - set(DTYPES))
+        if other:
+            return (f"the Triton backend loads and stores {', '.join(DTYPES)}, "
+                    f"not {', '.join(other)}")
+        missing = sorted({e.op for x in kernel_expressions(kernel) for e in walk_expr(x)
+                          if isinstance(e, Call) and e.op not in PRIMITIVE_FORMS})
+        if missing:
+            return f"the Triton backend has no form for {', '.join(missing)} yet"
+        problem = shape_problem(kernel)
+        if problem is not None:
+            return f"the Triton backend runs rows of column passes; this kernel: {problem}"
+        return None
+
+    def fingerprint(self) -> str:
+        return f"{self.name}:{source_digest(*GENERATORS)}"
+
+    def source(self, kernel: Kernel, schedule: Any, target: GPUTarget) -> str:
+        """The Triton source `compile` runs."""
+        return emit_triton(kernel, _schedule(kernel, schedule, target))
+
+    def compile(self, kernel: Kernel, schedule: Any, target: GPUTarget) -> Executable:
+        from tilefold.codegen.triton.launch import TritonLaunch, load_jit
+
+        sched = _schedule(kernel, schedule, target)
+        text = emit_triton(kernel, sched)
+        return Executable(TritonLaunch(kernel, sched, load_jit(text, kernel.name)),
+                          lambda: text)
+
+    def assembly(self, kernel: Kernel, schedule: Any, target: GPUTarget) -> str:
+        from tilefold.codegen.triton.ptx import compile_ptx
+
+        return compile_ptx(kernel, _schedule(kernel, schedule, target), target).ptx

@@ -1,0 +1,1 @@
+"""Triton source for memory-bound kernel IR: math table, GPU schedule, emitter, launcher, PTX."""

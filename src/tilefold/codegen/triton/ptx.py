@@ -1,0 +1,125 @@
+"""Compile generated Triton source for an NVIDIA architecture without a GPU, and read the
+PTX and ptxas' resource report (registers, spills, shared memory).
+
+A process that interprets (TRITON_INTERPRET=1 when Triton was imported) cannot compile, so
+there the compile runs in a child process (`python -m tilefold.codegen.triton.ptx`, the job as
+JSON on stdin, the result as JSON on stdout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tilefold.codegen.kernel.ir import Kernel
+from tilefold.codegen.triton.emit import emit_triton, signature
+from tilefold.codegen.triton.launch import interpreting, load_jit, require_triton
+from tilefold.codegen.triton.schedule import GPUSchedule
+from tilefold.errors import CompileError, UnsupportedError
+from tilefold.target.gpu import GPUTarget
+
+
+@dataclass(frozen=True)
+class PTXReport:
+    """The PTX of one kernel config and what ptxas says it uses (None: not reported)."""
+
+    ptx: str
+    arch: str
+    block: tuple[int, int]
+    num_warps: int
+    shared_bytes: int
+    registers: int | None
+    spill_bytes: int | None
+
+    def summary(self) -> str:
+        regs = "?" if self.registers is None else str(self.registers)
+        spill = "?" if self.spill_bytes is None else str(self.spill_bytes)
+        return (f"{self.arch} BLOCK_R={self.block[0]} BLOCK_C={self.block[1]} "
+                f"warps={self.num_warps}: {regs} registers, {spill} bytes spilled, "
+                f"{self.shared_bytes} bytes shared memory, {len(self.ptx.splitlines())} PTX lines")
+
+
+def compile_ptx(kernel: Kernel, schedule: GPUSchedule, target: GPUTarget,
+                n_rows: int | None = None, n_cols: int | None = None) -> PTXReport:
+    """PTX for `target`'s architecture of the config `schedule` picks for these sizes
+    (unknown sizes take the schedule's bounds); runs on the CPU."""
+    require_triton()
+    if target.vendor != "nvidia" or target.compute_capability is None:
+        raise UnsupportedError(f"PTX is NVIDIA's; {target.name} is {target.vendor}")
+    major, minor = target.compute_capability
+    block = schedule.block_shape(n_rows, n_cols)
+    job = {"source": emit_triton(kernel, schedule), "name": kernel.name,
+           "signature": signature(kernel), "block": block, "num_warps": schedule.num_warps,
+           "capability": major * 10 + minor}
+    result = _in_child(job) if interpreting() else _compile(job)
+    return PTXReport(result["ptx"], f"sm_{major}{minor}", block, schedule.num_warps,
+                     result["shared"], result["registers"], result["spills"])
+
+
+def _in_child(job: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "tilefold.codegen.triton.ptx"],
+                         input=json.dumps(job), capture_output=True, text=True, env=env,
+                         check=False)
+    if run.returncode != 0:
+        raise CompileError(f"Triton could not compile @{job['name']} for "
+                           f"sm_{job['capability']}: {run.stderr.strip()[-2000:]}")
+    return json.loads(run.stdout)
+
+
+def _compile(job: dict) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget as TritonTarget
+
+    fn = load_jit(job["source"], job["name"])
+    sig = {**job["signature"], "BLOCK_R": "constexpr", "BLOCK_C": "constexpr"}
+    # as Triton specializes a launch over 16-byte aligned buffers whose sizes and strides are
+    # multiples of 16 (what lets it vectorize masked loads)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(sig)
+               if sig[name] != "constexpr"}
+    block_r, block_c = job["block"]
+    src = triton.compiler.ASTSource(fn, sig, {"BLOCK_R": block_r, "BLOCK_C": block_c},
+                                    aligned)
+    compiled = triton.compile(src, target=TritonTarget("cuda", job["capability"], 32),
+                              options={"num_warps": job["num_warps"]})
+    ptx = compiled.asm["ptx"]
+    cap = job["capability"]
+    registers, spills = _ptxas_report(ptx, cap, f"sm_{cap}{'a' if cap >= 90 else ''}")
+    return {"ptx": ptx, "shared": int(getattr(compiled.metadata, "shared", 0) or 0),
+            "registers": registers, "spills": spills}
+
+
+def _ptxas_report(ptx: str, capability: int, arch: str) -> tuple[int | None, int | None]:
+    """Registers and spill bytes from Triton's bundled ptxas -v (None when it cannot run)."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        try:
+            ptxas = get_ptxas(capability)  # Triton 3.6: a tool record per architecture
+        except TypeError:
+            ptxas = get_ptxas()
+        ptxas = getattr(ptxas, "path", ptxas)
+    except Exception:  # a Triton without a bundled ptxas reports nothing
+        return None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        run = subprocess.run([str(ptxas), "-v", f"--gpu-name={arch}", str(src), "-o",
+                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True,
+                             check=False)
+    text = run.stdout + run.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spill = re.findall(r"(\d+) bytes spill stores", text)
+    return (int(regs.group(1)) if regs else None,
+            sum(map(int, spill)) if spill else None)
+
+
+if __name__ == "__main__":
+    job = json.loads(sys.stdin.read())
+    json.dump(_compile(job), sys.stdout)
