@@ -181,3 +181,12 @@ def test_placement_text_helpers() -> None:
             parse_placements(bad)
     with pytest.raises(ShapeError, match="partial reduction 'min'"):
         Partial("min")
+
+
+def test_modules_differing_only_in_a_mesh_are_not_equal():
+    from tilefold.ir import first_difference, parse_module
+
+    body = "func @main(%x: f32[4]) -> (f32[4]) {\n  return(%x)\n}\n"
+    two, four = (parse_module(f"mesh @m [tp={n}]\n" + body) for n in (2, 4))
+    assert "meshes differ" in first_difference(two, four)
+    assert first_difference(two, parse_module("mesh @m [tp=2]\n" + body)) is None
