@@ -24,8 +24,8 @@ def first_difference(a: Module | Function, b: Module | Function, names: bool = F
         if names and a.name != b.name:
             return f"module names differ: {a.name} vs {b.name}"
         if a.meshes != b.meshes:
-            return (f"meshes differ: {sorted(map(str, a.meshes.values()))} vs "
-                    f"{sorted(map(str, b.meshes.values()))}")
+            return (f"meshes differ: {sorted(m.declaration() for m in a.meshes.values())} vs "
+                    f"{sorted(m.declaration() for m in b.meshes.values())}")
         if list(a.functions) != list(b.functions):
             return f"functions differ: {list(a.functions)} vs {list(b.functions)}"
         for fa, fb in zip(a.functions.values(), b.functions.values(), strict=True):
