@@ -65,17 +65,17 @@ class Collective(OpDef):
 
     @classmethod
     def accepts(cls, p: Placement, attrs: dict[str, Any]) -> bool:
-        raise NotImplementedError
+        raise NotImplementedError(f"collective {cls.name} must define accepts()")
 
     @classmethod
     def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
-        raise NotImplementedError
+        raise NotImplementedError(f"collective {cls.name} must define placement()")
 
     @classmethod
     def group_reference(cls, blocks: list[np.ndarray], p: Placement,
                         attrs: dict[str, Any]) -> list[np.ndarray]:
         """The blocks the devices of one axis group hold afterwards, from what they held."""
-        raise NotImplementedError
+        raise NotImplementedError(f"collective {cls.name} must define group_reference()")
 
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
