@@ -1,5 +1,6 @@
 """bf16/f16 and 8-bit GEMMs: every registered micro-kernel forced and checked (ints bit-exact),
-AMX tile edges, K blocking, signed-A compensation and the dequantizing epilogue."""
+AMX tile edges (on hosts without AMX, its tiles emulated in vector code around the same
+driver), K blocking, signed-A compensation and the dequantizing epilogue."""
 
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ from tests.quant.levels import LEVELS, target_for
 from tilefold.codegen.gemm.abi import aligned_empty
 from tilefold.codegen.gemm.blocking import derive_tile_blocking
 from tilefold.codegen.lowp import kernels as lowp_kernels
-from tilefold.codegen.lowp.amxgemm import BLOCK, KSTEP, ROWS, amxgemm_ir
-from tilefold.codegen.lowp.kernels import DOT_KERNELS, describe_lowp, select_dot_kernel
+from tilefold.codegen.lowp.dotpack import PackedB, run_native
+from tilefold.codegen.lowp.driver import lowp_gemm_ir
+from tilefold.codegen.lowp.kernels import (
+    CHUNK_WORDS,
+    DOT_KERNELS,
+    describe_lowp,
+    select_dot_kernel,
+)
 from tilefold.quant import matmul_lowp, prepack_lowp
 from tilefold.quant.accuracy import matmul_bound
 from tilefold.runtime import emit_assembly
@@ -123,23 +130,48 @@ def test_every_kernel_the_host_can_run_is_reached():
     assert {k for k in DOT_KERNELS if host.has(*k.features)} <= reached
 
 
+def _amx_row(kind: str):
+    return next(k for k in DOT_KERNELS if k.is_amx and k.dtype == kind)
+
+
+def _tile_gemm(host, emulate: bool):
+    """C = A @ B on the AMX rows: through `matmul_lowp` on a host with usable AMX, else the
+    same driver with the tiles emulated (`run_native(..., emulate=True)`)."""
+    if not emulate:
+        def run(a, b, threads):
+            return matmul_lowp(a, b, target=host, threads=threads)
+
+        def pack(b, a_dtype):
+            return prepack_lowp(b, a_dtype, target=host)
+        return run, pack
+    rows = {np.dtype(ml_dtypes.bfloat16): "bf16", np.dtype(np.uint8): "u8s8",
+            np.dtype(np.int8): "s8s8"}
+
+    def run(a, b, threads):
+        return run_native(a, b, _amx_row(rows[a.dtype]), host, None, threads, emulate=True)
+
+    def pack(b, a_dtype):
+        return PackedB(b, _amx_row(rows[np.dtype(a_dtype)]), host)
+    return run, pack
+
+
 @pytest.mark.parametrize(("threads", "l2_bytes"), [(1, None), (2, None), (2, 64 << 10)])
 def test_amx_blocks_threads_and_prepacking(rng, threads, l2_bytes):
     """Edges in M, N and K around the 32 x 32 blocks and 16-word K steps, raw and prepacked B,
     on one and two threads; K = 1100 spans several K blocks (partial sums kept), a 64 KiB
     L2 makes MC = 16 (several row blocks), and one panel on two threads leaves the second
-    thread only the first's units to take."""
+    thread only the first's units to take. Without AMX the tiles are emulated (smaller K)."""
     host = target_for("host")
-    if not select_dot_kernel(host, "bf16").is_amx:
-        pytest.skip("no usable AMX on this host")
+    emulate = not select_dot_kernel(host, "bf16").is_amx
     if l2_bytes is not None:
         host = dataclasses.replace(host, l2_bytes=l2_bytes)
-    for m, k, n in [(31, 33, 65), (96, 257, 64), (130, 1100, 47), (100, 70, 20)]:
+    run, pack = _tile_gemm(host, emulate)
+    shapes = [(31, 33, 65), (96, 257, 64), (130, 1100, 47), (100, 70, 20)]
+    for m, k, n in [*shapes[:2], (40, 300, 47)] if emulate else shapes:
         a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
         b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
-        c = matmul_lowp(a, b, target=host, threads=threads)
-        assert np.array_equal(c, matmul_lowp(a, prepack_lowp(b, a.dtype, target=host),
-                                              target=host, threads=threads))
+        c = run(a, b, threads)
+        assert np.array_equal(c, run(a, pack(b, a.dtype), threads))
         ref = a.astype(np.float64) @ b.astype(np.float64)
         assert (np.abs(c - ref) <= matmul_bound(a, b)).all()
         for a_dtype in (np.uint8, np.int8):
@@ -147,9 +179,24 @@ def test_amx_blocks_threads_and_prepacking(rng, threads, l2_bytes):
             ai = rng.integers(info.min, info.max + 1, (m, k)).astype(a_dtype)
             bi = rng.integers(-128, 128, (k, n)).astype(np.int8)
             exact = ai.astype(np.int64) @ bi.astype(np.int64)
-            assert np.array_equal(matmul_lowp(ai, bi, target=host, threads=threads), exact)
-            packed = prepack_lowp(bi, a_dtype, target=host)
-            assert np.array_equal(matmul_lowp(ai, packed, target=host, threads=threads), exact)
+            assert np.array_equal(run(ai, bi, threads), exact)
+            assert np.array_equal(run(ai, pack(bi, a_dtype), threads), exact)
+
+
+def test_emulated_amx_dequantizes_and_handles_empty_sums(rng):
+    """The dequantizing epilogue after the tile blocks, and K = 0 (no block runs: C is the
+    bias), on the emulated tiles."""
+    host = target_for("host")
+    row = _amx_row("s8s8")
+    a = rng.integers(-128, 128, (20, 90)).astype(np.int8)
+    b = rng.integers(-128, 128, (90, 40)).astype(np.int8)
+    rs, cs = rng.uniform(0.1, 1, 20).astype(np.float32), rng.uniform(0.1, 1, 40).astype(np.float32)
+    bias = rng.standard_normal(40).astype(np.float32)
+    c = run_native(a, b, row, host, (rs, cs, bias), 2, emulate=True)
+    ref = (a.astype(np.int64) @ b.astype(np.int64)) * rs[:, None] * cs + bias
+    assert c.dtype == np.float32 and np.allclose(c, ref, rtol=3e-7 * 4, atol=1e-5)
+    empty = run_native(a[:, :0], b[:0], row, host, (rs, cs, bias), 1, emulate=True)
+    assert np.array_equal(empty, np.broadcast_to(bias, (20, 40)))
 
 
 def test_amx_refused_falls_back_and_says_why(rng, monkeypatch):
@@ -169,7 +216,7 @@ def test_amx_refused_falls_back_and_says_why(rng, monkeypatch):
 def test_amx_inner_loop_is_tile_loads_and_dots(kernel):
     """The K loop is 3 tile loads + 2 dots of the kernel's instruction, nothing on the stack;
     the module touches five tiles (two accumulators, one A, two B)."""
-    asm = emit_assembly(amxgemm_ir(kernel, named_target("sapphirerapids")),
+    asm = emit_assembly(lowp_gemm_ir(kernel, named_target("sapphirerapids")),
                         named_target("sapphirerapids")).splitlines()
     first = next(i for i, line in enumerate(asm) if kernel.dot in line)
     start = max(i for i in range(first) if asm[i].startswith(".LBB"))
@@ -194,31 +241,29 @@ def test_amx_blocking_fits_the_caches(kgp):
     (or one 16-row block when even that is too much); blocks are whole tiles and balanced."""
     for host, m_share in itertools.product(_amx_chips(), (32, 100, 1024, 4096)):
         amx = next(k for k in DOT_KERNELS if k.is_amx)
-        blk = derive_tile_blocking(host, amx, kgp, m_share, KSTEP)
+        blk = derive_tile_blocking(host, amx, kgp, m_share, CHUNK_WORDS)
         mc, kc = blk.mc, blk.kc
-        assert kc % KSTEP == 0 and kc <= kgp and kc * BLOCK * 4 <= host.l1d_bytes
+        assert kc % CHUNK_WORDS == 0 and kc <= kgp and kc * amx.nr * 4 <= host.l1d_bytes
         blocks = -(-kgp // kc)
         assert blocks == 1 or kgp - (blocks - 1) * kc > kc // 2  # no sliver of a K block
-        assert mc % ROWS == 0 and mc <= -(-m_share // ROWS) * ROWS
-        assert mc == ROWS or mc * kgp * 4 <= host.l2_bytes // 4
+        assert mc % amx.mr == 0 and mc <= -(-m_share // amx.mr) * amx.mr
+        assert mc == amx.mr or mc * kgp * 4 <= host.l2_bytes // 4
 
 
-def test_amx_operands_are_64_byte_aligned(rng):
-    """Tile rows are 64 bytes: prepacked panels start on a cache line."""
+def test_prepacked_panels_are_64_byte_aligned(rng):
+    """Tile rows are 64 bytes and vector loads read whole lines: prepacked panels start on a
+    cache line (the host's row: AMX or not)."""
     host = target_for("host")
-    if not select_dot_kernel(host, "bf16").is_amx:
-        pytest.skip("no usable AMX on this host")
     for _ in range(4):
         b = rng.integers(-128, 128, (rng.integers(1, 300), rng.integers(1, 100))).astype(np.int8)
         assert prepack_lowp(b, np.uint8, target=host).panels.ctypes.data % 64 == 0
     assert aligned_empty((3, 5), np.int32).ctypes.data % 64 == 0
 
 
-def test_amx_plan_is_reused_with_fresh_scales(rng):
-    """A shape's run plan is cached; the dequantizing epilogue still reads each call's vectors."""
+def test_plan_is_reused_with_fresh_scales(rng):
+    """A shape's run plan is cached; the dequantizing epilogue still reads each call's vectors
+    (on the host's u8s8 row)."""
     host = target_for("host")
-    if not select_dot_kernel(host, "u8s8").is_amx:
-        pytest.skip("no usable AMX on this host")
     a = rng.integers(0, 256, (40, 96)).astype(np.uint8)
     b = rng.integers(-128, 128, (96, 50)).astype(np.int8)
     exact = a.astype(np.int64) @ b.astype(np.int64)

@@ -11,9 +11,8 @@ import pytest
 
 from tilefold.codegen.gemm.module import CODEGEN_OPTIONS, gemm_ir
 from tilefold.codegen.gemm.registry import select_microkernel
-from tilefold.codegen.lowp.amxgemm import amxgemm_ir
 from tilefold.codegen.lowp.decode import choose_decoder
-from tilefold.codegen.lowp.dotgemm import dotgemm_ir
+from tilefold.codegen.lowp.driver import lowp_gemm_ir
 from tilefold.codegen.lowp.kernels import DOT_KERNELS
 from tilefold.codegen.lowp.packgen import pack_b_ir
 from tilefold.codegen.lowp.wgemv import WgemvSpec, wgemv_ir
@@ -35,9 +34,14 @@ def target_of(kernel):
     raise AssertionError(f"no named target can run {kernel.name}")
 
 
-def rows(driver: str) -> list:
-    """The registry rows run by `driver`, as test parameters named after them."""
-    return [pytest.param(k, id=k.name) for k in DOT_KERNELS if k.driver == driver]
+def rows(driver: str, amx: bool | None = None) -> list:
+    """The registry rows run by `driver` (AMX rows or not), as test parameters named after
+    them."""
+    return [pytest.param(k, id=k.name) for k in DOT_KERNELS
+            if k.driver == driver and amx in (None, k.is_amx)]
+
+
+WORKER = "tf_lowp_gemm_worker"
 
 
 def function_lines(asm: str, name: str) -> list[str]:
@@ -56,32 +60,49 @@ def loop_block(lines: list[str], mnemonic: str) -> list[str]:
     return [line for line in lines[start + 1:end] if line.startswith("\t")]
 
 
+def a_codes(kernel) -> tuple[str, ...]:
+    """The A codes the driver packs for `kernel` (dotpack.a_code over u8 and s8 A)."""
+    if kernel.s16_codes:
+        return ("zext", "sext")
+    return ("copy", "flip") if kernel.shifts_signed_a else ("copy",)
+
+
 @pytest.mark.parametrize("dequant", [False, True])
-@pytest.mark.parametrize("kernel", rows("dot"))
+@pytest.mark.parametrize("kernel", rows("lowp", amx=False))
 def test_dot_driver_emits_each_rows_instruction(kernel, dequant):
-    asm = emit_assembly(dotgemm_ir(kernel, target_of(kernel), dequant), target_of(kernel))
-    body = function_lines(asm, f"tf_uk_{kernel.name}")
+    for code in a_codes(kernel):
+        check_dot_rows_assembly(kernel, code, dequant)
+
+
+def check_dot_rows_assembly(kernel, code: str, dequant: bool) -> None:
+    asm = emit_assembly(lowp_gemm_ir(kernel, target_of(kernel), code, dequant),
+                        target_of(kernel))
+    body = function_lines(asm, WORKER)
     loop = loop_block(body, INSTRUCTION[kernel.dot])
     assert not any("rsp" in line for line in loop), "\n".join(loop)
     register = "zmm" if kernel.lanes == 16 else "ymm"
     assert any(register in line for line in loop), "\n".join(loop)
     if dequant and not kernel.acc_is_float:
         assert "vcvtdq2ps" in "\n".join(body)
+    if code == "flip":  # s8 A + 128 in packing, 128 * colsum(B) subtracted after
+        assert "vpxor" in asm and "vpsubd" in "\n".join(body)
 
 
-@pytest.mark.parametrize("kernel", [k for k in rows("dot") if k.values[0].s16_codes])
+@pytest.mark.parametrize("kernel", [k for k in rows("lowp", amx=False)
+                                    if k.values[0].s16_codes])
 def test_s16_rows_are_one_pmaddwd_and_one_add_per_b_vector(kernel):
     """Codes widened while packing: the k loop holds MR x NV `vpmaddwd` and as many `vpaddd`,
-    MR broadcasts and NV loads, no byte splitting (shifts, masks) and no spills; B's packer
-    sign-extends its bytes."""
+    MR broadcasts and NV loads, no byte splitting (shifts, masks) and no spills; A's and B's
+    packers widen their bytes."""
     target = target_of(kernel)
-    loop = loop_block(function_lines(emit_assembly(dotgemm_ir(kernel, target), target),
-                                     f"tf_uk_{kernel.name}"), "vpmaddwd")
+    asm = emit_assembly(lowp_gemm_ir(kernel, target, "sext"), target)
+    loop = loop_block(function_lines(asm, WORKER), "vpmaddwd")
     ops = [line.split()[0] for line in loop]
     tile = kernel.mr * kernel.nv
     assert ops.count("vpmaddwd") == tile and ops.count("vpaddd") == tile, "\n".join(loop)
     loads = [op for op in ops if op.startswith("vmovdqu")]
     assert ops.count("vpbroadcastd") == kernel.mr and len(loads) == kernel.nv
+    assert "vpmovsxbw" in "\n".join(function_lines(asm, "tf_lowp_pack_a"))
     assert not any(op.startswith(("vpsr", "vpsl", "vpand")) for op in ops), "\n".join(loop)
     assert not any("rsp" in line for line in loop), "\n".join(loop)
     packer = emit_assembly(pack_b_ir(kernel.nr, kernel.kgroup, target, widen_bytes=True),
@@ -90,9 +111,10 @@ def test_s16_rows_are_one_pmaddwd_and_one_add_per_b_vector(kernel):
 
 
 @pytest.mark.parametrize("dequant", [False, True])
-@pytest.mark.parametrize("kernel", rows("amx"))
+@pytest.mark.parametrize("kernel", rows("lowp", amx=True))
 def test_amx_driver_emits_each_rows_instruction(kernel, dequant):
-    asm = emit_assembly(amxgemm_ir(kernel, target_of(kernel), dequant), target_of(kernel))
+    asm = emit_assembly(lowp_gemm_ir(kernel, target_of(kernel), "copy", dequant),
+                        target_of(kernel))
     loop = loop_block(asm.splitlines(), kernel.dot)
     assert [line.split()[0] for line in loop].count(kernel.dot) == 2
     assert not any("rsp" in line for line in loop)

@@ -101,6 +101,21 @@ def dpbusd_pmaddwd(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) ->
     return b.add(acc, b.add(b.call(fn, [a_lo, b_lo]), b.call(fn, [a_hi, b_hi])))
 
 
+def quad_dot(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value,
+             signed_a: bool) -> ir.Value:
+    """8-bit quads in plain vector code (any ISA): each byte of `a` (u8, or s8 with `signed_a`)
+    times the s8 byte of `bv` in its place, the four products of a lane added to it in i32."""
+    lanes = acc.type.count
+    bytes_ty, wide = _vi(8, 4 * lanes), _vi(32, 4 * lanes)
+    ax = b.bitcast(a, bytes_ty)
+    ax = b.sext(ax, wide) if signed_a else b.zext(ax, wide)
+    products = b.mul(ax, b.sext(b.bitcast(bv, bytes_ty), wide))
+    for q in range(4):
+        pick = ir.Constant(_vi(32, lanes), [4 * j + q for j in range(lanes)])
+        acc = b.add(acc, b.shuffle_vector(products, ir.Constant(wide, ir.Undefined), pick))
+    return acc
+
+
 def pmaddwd(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
     """s16 pair dot (AVX2 `vpmaddwd` + `vpaddd`): a, bv hold two s16 codes a 32-bit lane, as
     packing widened u8/s8 to them; |a0 b0 + a1 b1| <= 2 * 255 * 128 < 2**31, so it is exact."""

@@ -1,11 +1,11 @@
-"""Packing operands for the low-precision GEMM and running it: k-group words in panels, plans.
+"""Running the low-precision GEMM: constant B packed once, a plan per shape, one native call.
 
 A[M, K] becomes MR-row panels and B[K, N] NR-column panels, each holding one 32-bit word per
 (k-group, row or column): bf16 pairs for `vdpbf16ps`, 8-bit quads for `vpdpbusd` (K zero-padded
-to whole groups, rows and columns to whole panels); B is packed by generated code
-(tilefold.codegen.lowp.packgen). Kernels of s16 codes (`DotKernel.s16_codes`) get 8-bit A and
+to whole chunks, rows and columns to whole panels), by generated code (packgen) in the call or,
+for a constant B, once (`PackedB`). Kernels of s16 codes (`DotKernel.s16_codes`) get 8-bit A and
 B widened to s16 pairs instead, so signed A needs nothing more; on kernels of byte quads signed
-8-bit A is stored as A + 128 (u8) and the GEMM subtracts 128 * colsum(B) in its epilogue.
+8-bit A is packed as A + 128 (u8) and the GEMM subtracts 128 * colsum(B) as it finishes a block.
 """
 
 from __future__ import annotations
@@ -16,11 +16,17 @@ import math
 
 import numpy as np
 
-from tilefold.codegen.gemm.abi import DATA_OFFSET, NativePlan, aligned_empty, compiled_entries
-from tilefold.codegen.gemm.blocking import derive_blocking
-from tilefold.codegen.lowp.amxrun import run_amxgemm
-from tilefold.codegen.lowp.dotgemm import ENTRY, DParam, dotgemm_ir
-from tilefold.codegen.lowp.kernels import DotKernel
+from tilefold.codegen.gemm.abi import (
+    ALIGN,
+    DATA_OFFSET,
+    Entries,
+    NativePlan,
+    aligned_empty,
+    compiled_entries,
+)
+from tilefold.codegen.gemm.blocking import derive_tile_blocking
+from tilefold.codegen.lowp.driver import ENTRY, LParam, lowp_gemm_ir
+from tilefold.codegen.lowp.kernels import CHUNK_WORDS, DotKernel
 from tilefold.codegen.lowp.packgen import PACK_B_ENTRY, pack_b_ir
 from tilefold.codegen.lowp.widened import prepack_widened, run_widened
 from tilefold.runtime import compile_llvm_ir, num_threads
@@ -29,25 +35,6 @@ from tilefold.target import Target
 _P = ctypes.c_void_p
 # Below this many multiply-adds a second thread costs more than it saves.
 PARALLEL_MIN_MACS = 1 << 20
-
-
-def _words(x: np.ndarray, kgroup: int) -> np.ndarray:
-    """[R, K] of 8- or 16-bit codes -> [R, K/kgroup] uint32 words (K zero-padded)."""
-    bits = x.view(np.uint16 if x.itemsize == 2 else np.uint8)
-    rows, k = bits.shape
-    kg = math.ceil(k / kgroup) * kgroup
-    if kg != k:
-        bits = np.concatenate([bits, np.zeros((rows, kg - k), bits.dtype)], axis=1)
-    return np.ascontiguousarray(bits).view(np.uint32)
-
-
-def _panels(words: np.ndarray, unit: int) -> np.ndarray:
-    """[R, KG] words -> [ceil(R/unit), KG, unit] (rows zero-padded)."""
-    r, kg = words.shape
-    rp = math.ceil(r / unit) * unit
-    if rp != r:
-        words = np.concatenate([words, np.zeros((rp - r, kg), np.uint32)])
-    return np.ascontiguousarray(words.reshape(rp // unit, unit, kg).transpose(0, 2, 1))
 
 
 @functools.cache
@@ -60,7 +47,7 @@ def _pack_b_entry(nr: int, g: int, target: Target, widen_bytes: bool = False):
 
 class PackedB:
     """A constant B[K, N] packed once for one kernel (a weight), with its column sums: NR-column
-    panels of k-group words, K padded to whole tile steps for the AMX kernels; for a widening
+    panels of k-group words, K padded to whole 16-word chunks; for a widening
     kernel, the f32 GEMM's panels (`matrix`)."""
 
     def __init__(self, b: np.ndarray, kernel: DotKernel, target: Target):
@@ -80,66 +67,113 @@ class PackedB:
             self.colsum = b.sum(axis=0, dtype=np.int32)
 
 
-def pack_a(a: np.ndarray, kernel: DotKernel) -> np.ndarray:
-    """A[M, K] as MR-row panels (8-bit widened to s16 for s16-code kernels, else signed 8-bit
-    shifted to unsigned by +128)."""
+def a_code(kernel: DotKernel, a_dtype: np.dtype) -> str:
+    """How A's codes are packed for `kernel` (`packgen.A_CODES`): widened to s16 for s16-code
+    kernels, s8 flipped to u8 (+128, compensated) on kernels of u8 quads, else copied."""
     if kernel.s16_codes:
-        a = a.astype(np.int16)  # u8 zero- and s8 sign-extended: exact
-    elif a.dtype == np.int8 and kernel.shifts_signed_a:
-        a = (a.view(np.uint8) ^ np.uint8(0x80))
-    return _panels(_words(np.ascontiguousarray(a), kernel.kgroup), kernel.mr)
+        return "sext" if a_dtype == np.int8 else "zext"
+    if kernel.shifts_signed_a and a_dtype == np.int8:
+        return "flip"
+    return "copy"
 
 
-def _split(m: int, n: int, threads: int, kernel: DotKernel) -> tuple[int, int]:
-    """Threads over the dimension with more register tiles (one splits A, the other B)."""
+def _up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+def _unit_rows(mp: int, panels: int, threads: int, mr: int) -> int:
+    """At most this many rows per unit (MC rows x one panel) give the threads 8 units each
+    where the shape allows, so the last units taken leave little imbalance."""
     if threads == 1:
-        return 1, 1
-    if math.ceil(n / kernel.nr) >= math.ceil(m / kernel.mr):
-        return 1, threads
-    return threads, 1
+        return mp
+    return min(mp, max(mr, _up(math.ceil(mp * panels / (8 * threads)), mr)))
+
+
+def _padded(v: np.ndarray, size: int, dtype: type) -> np.ndarray:
+    out = np.zeros(size, dtype)
+    out[:len(v)] = v
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(kernel: DotKernel, target: Target, m: int, k: int, n: int, lda: int, a_bytes: int,
+          ldb: int, pack: bool, threads: int, code: str, dequant: bool,
+          emulate: bool) -> tuple[NativePlan, dict[int, int], Entries]:
+    """The run plan of one shape (Python work that would cost more than a small GEMM itself
+    if redone per call) and its parameter values (a call adds its vectors' pointers);
+    `pack`: B is raw [K, N] with rows `ldb` bytes apart, packed in the call."""
+    mp, np_, kgp = _up(m, kernel.mr), _up(n, kernel.nr), kernel.k_words(k)
+    blk = derive_tile_blocking(target, kernel, kgp,
+                               _unit_rows(mp, np_ // kernel.nr, threads, kernel.mr), CHUNK_WORDS)
+    mc, kc = blk.mc, blk.kc
+    a_offset = _up(np_ * kgp * 4, ALIGN) if pack else 0
+    sum_offset = a_offset + mp * kgp * 4  # packed A, then the partial sums
+    next_offset = sum_offset + threads * mc * kernel.nr * 4  # then the unit counters
+    values = {LParam.M: m, LParam.K: k, LParam.N: n, LParam.MP: mp, LParam.NP: np_,
+              LParam.KGP: kgp, LParam.LDA: lda, LParam.A_BYTES: a_bytes, LParam.LDB: ldb,
+              LParam.MC: mc, LParam.KC: kc, LParam.THREADS: threads,
+              LParam.DATA_OFFSET: DATA_OFFSET, LParam.PACK_B: int(pack),
+              LParam.A_OFFSET: a_offset, LParam.SUM_OFFSET: sum_offset,
+              LParam.NEXT_OFFSET: next_offset}
+    variant = f"{kernel.name}_{code}{'_dq' if dequant else ''}{'_emulated' if emulate else ''}"
+    entries = compiled_entries(target, f"lowp_gemm_{variant}", ENTRY, lowp_gemm_ir, kernel,
+                               target, code, dequant, emulate)
+    plan = NativePlan(entries, LParam, values)
+    plan.ws_bytes = next_offset + threads * ALIGN
+    return plan, values, entries
+
+
+def run_native(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, target: Target,
+               dequant: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+               threads: int | None, emulate: bool = False) -> np.ndarray:
+    """C = A[M, K] @ B on the driver around `kernel`'s micro-kernel: B raw [K, N] (packed per
+    call, in parallel) or `PackedB`; `emulate`: AMX tiles as vector code (tests)."""
+    m, k = a.shape
+    n = b.n if isinstance(b, PackedB) else b.shape[1]
+    out_float = kernel.acc_is_float or dequant is not None
+    if m == 0 or n == 0 or k == 0:  # an empty sum is 0 (dequantized: the bias)
+        c = np.zeros((m, n), np.float32 if out_float else np.int32)
+        return c + dequant[2].astype(np.float32) if dequant is not None else c
+    # The packers read whole rows: elements within a row must be adjacent (rows may be apart).
+    if a.strides[1] != a.itemsize:
+        a = np.ascontiguousarray(a)
+    pack = not isinstance(b, PackedB)
+    if pack and b.strides[1] != b.itemsize:
+        b = np.ascontiguousarray(b)
+    mp, np_ = _up(m, kernel.mr), _up(n, kernel.nr)
+    if threads is None:
+        threads = num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
+    threads = max(1, min(threads, (mp // kernel.mr) * (np_ // kernel.nr)))
+    code = a_code(kernel, a.dtype)
+    plan, values, entries = _plan(kernel, target, m, k, n, a.strides[0], k * a.itemsize,
+                         b.strides[0] if pack else 0, pack, threads, code, dequant is not None,
+                         emulate)
+    # C is written once per block, so its alignment hardly matters (aligning it would cost
+    # ~5 us a call, a third of a small GEMM); B's panels, read every step, are aligned.
+    c = np.empty((mp, np_), np.float32 if out_float else np.int32)
+    vectors = {}  # must outlive the call
+    if code == "flip":
+        colsum = b.colsum if not pack else b.sum(axis=0, dtype=np.int32)
+        vectors[LParam.COMP] = _padded(colsum * 128, np_, np.int32)
+    if dequant is not None:
+        for slot, v, size in zip((LParam.ROW_SCALE, LParam.COL_SCALE, LParam.BIAS), dequant,
+                                 (mp, np_, np_), strict=True):
+            vectors[slot] = _padded(v, size, np.float32)
+    if vectors:
+        ws_bytes = plan.ws_bytes
+        plan = NativePlan(entries, LParam,
+                          {**values, **{slot: v.ctypes.data for slot, v in vectors.items()}})
+        plan.ws_bytes = ws_bytes
+    plan.run(a, b.panels if not pack else b, c)
+    return c if (mp, np_) == (m, n) else np.ascontiguousarray(c[:m, :n])
 
 
 def _run_widened(a, b, kernel, target, dequant, threads) -> np.ndarray:
     return run_widened(a, b.matrix if isinstance(b, PackedB) else b, kernel, target, threads)
 
 
-def _run_tiles(a, b, kernel, target, dequant, threads) -> np.ndarray:
-    n = b.n if isinstance(b, PackedB) else b.shape[1]
-    data = b.panels if isinstance(b, PackedB) else b
-    return run_amxgemm(a, data, kernel, n, target, dequant=dequant, threads=threads)
-
-
-def _run_dots(a, b, kernel, target, dequant, threads) -> np.ndarray:
-    """The register-tile GEMM of dot steps (tilefold.codegen.lowp.dotgemm) on packed A and B."""
-    pb = b if isinstance(b, PackedB) else PackedB(b, kernel, target)
-    m, n = a.shape[0], pb.n
-    ap = pack_a(a, kernel)
-    kg = ap.shape[1]
-    if threads is None:
-        threads = num_threads() if m * n * pb.k >= PARALLEL_MIN_MACS else 1
-    tm, tn = _split(m, n, threads, kernel)
-    blk = derive_blocking(target, kernel, k=kg)
-    dq = dequant is not None
-    c = np.empty((m, n), np.float32 if kernel.acc_is_float or dq else np.int32)
-    comp = np.zeros(n, np.int32)
-    if kernel.shifts_signed_a and a.dtype == np.int8:
-        comp = (pb.colsum * 128).astype(np.int32)
-    ptrs = {DParam.COMP: comp.ctypes.data}
-    if dq:  # the arrays must outlive the call
-        arrays = [np.ascontiguousarray(v, np.float32) for v in dequant]
-        ptrs.update({DParam.ROW_SCALE: arrays[0].ctypes.data,
-                     DParam.COL_SCALE: arrays[1].ctypes.data, DParam.BIAS: arrays[2].ctypes.data})
-    entries = compiled_entries(target, f"dotgemm_{kernel.name}{'_dq' if dq else ''}", ENTRY,
-                               dotgemm_ir, kernel, target, dq)
-    values = {DParam.M: m, DParam.N: n, DParam.KG: kg, DParam.LDC: n, DParam.MC: blk.mc,
-              DParam.KC: blk.kc, DParam.TM: tm, DParam.TN: tn, DParam.THREADS: tm * tn,
-              DParam.DATA_OFFSET: DATA_OFFSET, **ptrs}
-    NativePlan(entries, DParam, values).run(ap, pb.panels, c)
-    return c
-
-
 # The GEMM of each registry row's `driver`.
-_DRIVERS = {"f32": _run_widened, "amx": _run_tiles, "dot": _run_dots}
+_DRIVERS = {"f32": _run_widened, "lowp": run_native}
 
 
 def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, target: Target, *,

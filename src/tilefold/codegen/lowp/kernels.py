@@ -22,6 +22,8 @@ from tilefold.target import Target, enable_amx
 
 log = logging.getLogger("tilefold.codegen.lowp")
 WIDEN_TO_F32 = "widen_to_f32"
+# K-group words of one chunk of a packed A panel (an AMX tile's row); K is padded to whole chunks.
+CHUNK_WORDS = 16
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,6 @@ class DotKernel:
     features: frozenset[str]
     dot: str  # key of tilefold.codegen.lowp.dot.DOT_STEPS, an AMX instruction, or WIDEN_TO_F32
     kgroup: int  # codes a 32-bit word: 4 bytes, 2 bf16/f16/s16 (8-bit widened), 1 (f32 rows)
-    kstep: int = 1  # K is padded to whole steps of this many words (AMX: one tile's 16)
 
     @property
     def nv(self) -> int:
@@ -49,8 +50,8 @@ class DotKernel:
         return False
 
     def k_words(self, k: int) -> int:
-        """32-bit k-group words of K elements, padded to whole `kstep`s (how panels hold K)."""
-        return math.ceil(math.ceil(k / self.kgroup) / self.kstep) * self.kstep
+        """32-bit k-group words of K elements, padded to whole chunks (how panels hold K)."""
+        return math.ceil(math.ceil(k / self.kgroup) / CHUNK_WORDS) * CHUNK_WORDS
 
     @property
     def acc_is_float(self) -> bool:
@@ -76,14 +77,13 @@ class DotKernel:
 
     @property
     def driver(self) -> str:
-        """The GEMM that runs this row (tilefold.codegen.lowp.dotpack's table): "f32" (the
-        f32 GEMM on widened operands), "amx" (tile blocks, amxgemm) or "dot" (register tiles
-        of dot steps, dotgemm)."""
-        return "f32" if self.widens else "amx" if self.is_amx else "dot"
+        """The GEMM that runs this row: "f32" (the f32 GEMM on widened operands) or "lowp"
+        (tilefold.codegen.lowp.driver, around the row's micro-kernel)."""
+        return "f32" if self.widens else "lowp"
 
     @property
     def is_amx(self) -> bool:
-        """Tile kernels (tilefold.codegen.lowp.amxgemm) rather than vector dot steps."""
+        """Tile kernels (tilefold.codegen.lowp.microkernel.TileBlock), not vector dot steps."""
         return "amx-tile" in self.features
 
 
@@ -93,11 +93,11 @@ def _f(*names: str) -> frozenset[str]:
 
 DOT_KERNELS: tuple[DotKernel, ...] = (
     DotKernel("bf16_amx_16x32", "sapphirerapids", "bf16", 16, 32, 16, _f("amx-tile", "amx-bf16"),
-              "tdpbf16ps", 2, kstep=16),
+              "tdpbf16ps", 2),
     DotKernel("u8s8_amx_16x32", "sapphirerapids", "u8s8", 16, 32, 16, _f("amx-tile", "amx-int8"),
-              "tdpbusd", 4, kstep=16),
+              "tdpbusd", 4),
     DotKernel("s8s8_amx_16x32", "sapphirerapids", "s8s8", 16, 32, 16, _f("amx-tile", "amx-int8"),
-              "tdpbssd", 4, kstep=16),
+              "tdpbssd", 4),
     DotKernel("bf16_avx512bf16_8x48", "x86-64-v4", "bf16", 8, 48, 16,
               _f("avx512f", "avx512bf16"), "dpbf16", 2),
     DotKernel("bf16_avx512_6x48", "x86-64-v4", "bf16", 6, 48, 16, _f("avx512f"), "dpbf16_fma", 2),

@@ -1,9 +1,10 @@
-"""Packing low-precision operands in generated code: B into k-group panels, A into AMX tiles.
+"""Packing low-precision operands in generated code: B into k-group panels, A into row panels.
 
 A k-group is one 32-bit word of `g` K-consecutive elements (g = 2 for bf16 and for 8-bit codes
 widened to s16, 4 for 8-bit bytes). B[K, N] becomes NR-column panels of `kgp` word rows
-(`NR * 4` bytes each, the VNNI layout the dot instructions read); A rows become 16-row x
-16-word tiles stored contiguously (1 KiB each), so a tile load never strides across pages.
+(`NR * 4` bytes each, the VNNI layout the dot instructions read); A rows become MR-row panels
+of 16-word chunks (MR x 64 bytes each: with MR = 16, an AMX tile stored contiguously, so a tile
+load never strides across pages).
 K, M and N tails are zero-filled by masked loads.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.lowp.amx import TILE_BYTES, TILE_ROWS, TILE_SIZE
+from tilefold.codegen.lowp.amx import TILE_BYTES
 from tilefold.target import Target
 
 _P8 = u.i8.as_pointer()
@@ -85,29 +86,46 @@ def emit_pack_b(module: ir.Module, nr: int, g: int, widen_bytes: bool = False) -
     return fn
 
 
-def emit_pack_a(module: ir.Module) -> ir.Function:
-    """`pack_a(src, lda, m, kbytes, r0, rows, w0, kc, dst)`: A rows r0..r0+rows, words
-    w0..w0+kc (kc a multiple of 16, `lda` and `kbytes` = K * element size in bytes) as tiles:
-    dst[(r / 16) * (kc / 16) + kt] holds rows r..r+15, words kt * 16 .. kt * 16 + 15."""
-    types = [_P8, u.i64, u.i64, u.i64, u.i64, u.i64, u.i64, u.i64, _P8]
+# How A's codes become packed words (`emit_pack_a`): copied, widened to s16 pairs (u8 zero-,
+# s8 sign-extended), or s8 flipped to u8 (+128, which the GEMM compensates).
+A_CODES = ("copy", "zext", "sext", "flip")
+
+
+def emit_pack_a(module: ir.Module, mr: int, code: str = "copy") -> ir.Function:
+    """`pack_a(src, lda, m, kbytes, r0, rows, kgp, dst)`: A rows r0..r0+rows (r0 a multiple of
+    `mr`; `lda` and `kbytes`, a row's codes, in bytes) as `mr`-row panels of `kgp` words (a
+    multiple of 16): chunk kt of the panel of row r holds its words 16 kt .. 16 kt + 15, at dst +
+    ((r - r0) / mr * kgp / 16 + kt) * mr * 64 + (r % mr) * 64 bytes. With mr = 16 a chunk is an
+    AMX tile; rows >= M and codes past the row are 0 (0x80 when flipped: a zero B row meets it).
+    """
+    if code not in A_CODES:
+        raise ValueError(f"A code {code!r} is not one of {', '.join(A_CODES)}")
+    widen = code in ("zext", "sext")
+    src_bytes = TILE_BYTES // 2 if widen else TILE_BYTES  # source bytes a 64-byte chunk holds
+    types = [_P8, u.i64, u.i64, u.i64, u.i64, u.i64, u.i64, _P8]
     fn = ir.Function(module, ir.FunctionType(u.void, types), name=PACK_A)
     fn.linkage = "internal"
-    src, lda, m, kbytes, r0, rows, w0, kc, dst = fn.args
+    src, lda, m, kbytes, r0, rows, kgp, dst = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    kts = b.sdiv(kc, u.const(TILE_BYTES // 4))
+    kts = b.sdiv(kgp, u.const(TILE_BYTES // 4))
+    chunk = mr * TILE_BYTES
     with u.for_range(b, u.const(0), rows, 1, "r") as r:
         row = b.add(r0, r)
         in_m = b.icmp_signed("<", row, m)
         src_row = u.gep(b, src, b.mul(row, lda))
-        tile_row = u.gep(b, dst, b.add(
-            b.mul(b.mul(b.sdiv(r, u.const(TILE_ROWS)), kts), u.const(TILE_SIZE)),
-            b.mul(b.srem(r, u.const(TILE_ROWS)), u.const(TILE_BYTES))))
+        panel_row = u.gep(b, dst, b.add(b.mul(b.mul(b.sdiv(r, u.const(mr)), kts), u.const(chunk)),
+                                        b.mul(b.srem(r, u.const(mr)), u.const(TILE_BYTES))))
         with u.for_range(b, u.const(0), kts, 1, "kt") as kt:
-            off = b.mul(b.add(w0, b.mul(kt, u.const(TILE_BYTES // 4))), u.const(4))
+            off = b.mul(kt, u.const(src_bytes))
             valid = b.select(in_m, b.sub(kbytes, off), u.const(0))
-            data = masked_load(b, u.gep(b, src_row, off), prefix_mask(b, valid, TILE_BYTES),
-                               u.i8)
-            ptr = u.gep(b, tile_row, b.mul(kt, u.const(TILE_SIZE)))
+            data = masked_load(b, u.gep(b, src_row, off), prefix_mask(b, valid, src_bytes), u.i8)
+            if widen:
+                ext = b.sext if code == "sext" else b.zext
+                data = b.bitcast(ext(data, u.vec(ir.IntType(16), src_bytes)),
+                                 u.vec(u.i8, TILE_BYTES))
+            elif code == "flip":
+                data = b.xor(data, ir.Constant(data.type, [0x80] * TILE_BYTES))
+            ptr = u.gep(b, panel_row, b.mul(kt, u.const(chunk)))
             b.store(data, b.bitcast(ptr, data.type.as_pointer()), align=64)
     b.ret_void()
     return fn
