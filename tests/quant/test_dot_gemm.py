@@ -81,6 +81,21 @@ def test_int8_kernels_bit_exact(rng, kernel, a_dtype):
         assert np.array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_empty_products(rng, level):
+    """K = 0 is an empty sum (zeros, or the bias when dequantized); M = 0 or N = 0 is empty."""
+    target = target_for(level)
+    a, b = np.zeros((5, 0), np.int8), np.zeros((0, 7), np.int8)
+    assert np.array_equal(matmul_lowp(a, b, target=target), np.zeros((5, 7), np.int32))
+    bias = rng.standard_normal(7).astype(np.float32)
+    got = matmul_lowp(a, b, col_scale=0.5, bias=bias, target=target)
+    assert np.array_equal(got, np.broadcast_to(bias, (5, 7)))
+    x = rng.standard_normal((0, 9)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((9, 4)).astype(ml_dtypes.bfloat16)
+    assert matmul_lowp(x, w, target=target).shape == (0, 4)
+    assert matmul_lowp(w.T[:0], w, target=target).shape == (0, 4)
+
+
 def test_int8_extremes_do_not_saturate():
     b = np.full((512, 16), -128, np.int8)
     for fill, dtype in ((255, np.uint8), (-128, np.int8)):

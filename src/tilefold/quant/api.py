@@ -3,6 +3,8 @@ bf16/f16 operands and 8-bit integers (what `tilefold.matmul` dispatches to)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -53,7 +55,7 @@ def _as_rows(x: np.ndarray, k: int, what: str) -> tuple[np.ndarray, tuple[int, .
         raise ShapeError(f"{what}: x has shape {list(x.shape)} but the contraction length is "
                          f"{k}; x's last dim must equal it")
     lead = x.shape[:-1]
-    return np.ascontiguousarray(x.reshape(-1, k)), lead
+    return np.ascontiguousarray(x.reshape(math.prod(lead), k)), lead  # (-1 fails for K = 0)
 
 
 def quantized_matmul(x: ArrayLike, qw: QuantizedTensor, *, target: Target | None = None,
