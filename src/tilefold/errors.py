@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,16 @@ class FallbackError(TilefoldError):
 
 
 _STRICT: ContextVar[bool | None] = ContextVar("tilefold_strict", default=None)
+
+
+def lookup(table: Mapping[str, T], name: str, what: str,
+           error: type[TilefoldError] = TilefoldError) -> T:
+    """`table[name]`, or `error` saying no `what` is called `name` and listing the names."""
+    try:
+        return table[name]
+    except KeyError:
+        raise error(f"no {what} named {name!r}; known: "
+                    f"{', '.join(sorted(table)) or 'none'}") from None
 
 
 def strict(flag: bool | None = None) -> bool:

@@ -39,7 +39,7 @@ def test_emit_names_what_the_backend_refuses(tmp_path, capsys):
 
 def test_emit_refuses_an_unknown_target(capsys):
     assert main(["emit", NORMS, "--target", "b200"]) == 1
-    assert "unknown GPU target 'b200'" in capsys.readouterr().err
+    assert "no GPU target named 'b200'" in capsys.readouterr().err
 
 
 def test_ptx_without_triton_is_one_clear_error(monkeypatch, capsys):

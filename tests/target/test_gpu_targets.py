@@ -59,7 +59,7 @@ def test_published_figures():
 
 
 def test_unknown_name_is_a_clear_error():
-    with pytest.raises(TilefoldError, match=r"unknown GPU target 'h300'.*h200.*mi300x"):
+    with pytest.raises(TilefoldError, match=r"no GPU target named 'h300'.*h200.*mi300x"):
         gpu_target("h300")
 
 

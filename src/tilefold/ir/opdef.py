@@ -23,6 +23,9 @@ from tilefold.ir.types import SymDim, TensorType, dim
 if TYPE_CHECKING:
     from tilefold.ir.core import Block
 
+# How an op with regions has one evaluated: run_region(block, arrays) -> the block's results.
+RunRegion = Callable[["Block", list[np.ndarray]], list[np.ndarray]]
+
 REQUIRED = object()
 
 # Attribute kinds: how a value is checked, normalized, printed and parsed.
@@ -145,13 +148,8 @@ class OpDef:
         return cls.infer(types, attrs)
 
     @classmethod
-    def reference_op(
-        cls,
-        args: list[np.ndarray],
-        attrs: dict[str, Any],
-        regions: Sequence[Block],
-        run_region: Callable[[Block, list[np.ndarray]], list[np.ndarray]],
-    ) -> Any:
+    def reference_op(cls, args: list[np.ndarray], attrs: dict[str, Any],
+                     regions: Sequence[Block], run_region: RunRegion) -> Any:
         """The meaning of one op instance; an op with regions overrides this and evaluates them
         with `run_region(block, arrays)`."""
         return cls.reference(args, attrs)

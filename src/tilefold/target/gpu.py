@@ -32,7 +32,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 
-from tilefold.errors import UnsupportedError
+from tilefold.errors import UnsupportedError, lookup
 
 KIB, MIB = 1024, 1024**2
 
@@ -107,11 +107,7 @@ def gpu_target_names() -> list[str]:
 
 def gpu_target(name: str) -> GPUTarget:
     """The GPU target called `name` (a chip such as "h100", or an architecture: "sm_90")."""
-    try:
-        return GPU_TARGETS[name]
-    except KeyError:
-        raise UnsupportedError(f"unknown GPU target {name!r}; known GPU targets: "
-                               f"{', '.join(gpu_target_names())}") from None
+    return lookup(GPU_TARGETS, name, "GPU target", UnsupportedError)
 
 
 def detect_gpu() -> GPUTarget | None:

@@ -24,6 +24,13 @@ class ProbeKind:
     via: str = ""  # how the dtype's math runs where the ISA has no unit of its own
 
 
+def _dot_kind(name: str, acc: str, operand: str, ops_per_call: int) -> ProbeKind:
+    """A dot-product instruction `name(acc, a, b)` accumulating into `acc`."""
+    args = f"{acc} {{acc}}, {operand} {{a}}, {operand} {{b}}"
+    return ProbeKind(acc, operand, f"{{out}} = call {acc} @{name}({args})",
+                     f"declare {acc} @{name}({acc}, {operand}, {operand})", ops_per_call)
+
+
 def probe_kind(target: Target, dtype: str) -> ProbeKind:
     """The widest multiply-accumulate of `dtype` that `target` has."""
     bits = target.vector_bits
@@ -39,29 +46,13 @@ def probe_kind(target: Target, dtype: str) -> ProbeKind:
             2 * lanes,
         )
     if dtype == "bf16" and target.has("avx512bf16") and bits >= 256:
-        lanes = bits // 32
-        acc, pair = f"<{lanes} x float>", f"<{2 * lanes} x bfloat>"
-        name = f"llvm.x86.avx512bf16.dpbf16ps.{bits}"
-        return ProbeKind(
-            acc,
-            pair,
-            f"{{out}} = call {acc} @{name}({acc} {{acc}}, {pair} {{a}}, {pair} {{b}})",
-            f"declare {acc} @{name}({acc}, {pair}, {pair})",
-            4 * lanes,
-        )
+        return _dot_kind(f"llvm.x86.avx512bf16.dpbf16ps.{bits}", f"<{bits // 32} x float>",
+                         f"<{bits // 16} x bfloat>", 4 * (bits // 32))
     vnni_256 = target.has("avxvnni") or target.has("avx512vnni", "avx512vl")
     vnni = target.has("avx512vnni") if bits == 512 else bits == 256 and vnni_256
     if dtype == "int8" and vnni:
-        lanes = bits // 32
-        acc, quad = f"<{lanes} x i32>", f"<{4 * lanes} x i8>"
-        name = f"llvm.x86.avx512.vpdpbusd.{bits}"
-        return ProbeKind(
-            acc,
-            quad,
-            f"{{out}} = call {acc} @{name}({acc} {{acc}}, {quad} {{a}}, {quad} {{b}})",
-            f"declare {acc} @{name}({acc}, {quad}, {quad})",
-            8 * lanes,
-        )
+        return _dot_kind(f"llvm.x86.avx512.vpdpbusd.{bits}", f"<{bits // 32} x i32>",
+                         f"<{bits // 8} x i8>", 8 * (bits // 32))
     if dtype == "bf16":  # no bf16 unit: the kernels widen bf16 to f32 and use the FMA
         return dataclasses.replace(probe_kind(target, "f32"), via="f32 FMA")
     if dtype == "int8" and target.has("avx2"):

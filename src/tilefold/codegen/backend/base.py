@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tilefold.errors import TilefoldError
+from tilefold.errors import TilefoldError, lookup
 
 if TYPE_CHECKING:  # the kernel driver imports this table: no import back at run time
     from tilefold.codegen.kernel.ir import Kernel
@@ -69,8 +69,4 @@ def register_backend(cls: type[Backend]) -> type[Backend]:
 
 def get_backend(name: str) -> Backend:
     """The backend registered as `name`."""
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise TilefoldError(f"no code generation backend named {name!r}; registered: "
-                            f"{', '.join(sorted(BACKENDS)) or 'none'}") from None
+    return lookup(BACKENDS, name, "code generation backend")

@@ -13,21 +13,8 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from tilefold.codegen.kernel import ir as kir
 from tilefold.codegen.kernel import memory
-from tilefold.codegen.kernel.ir import (
-    BOOL_OPS,
-    Call,
-    Const,
-    Dim,
-    Expr,
-    Kernel,
-    Let,
-    Load,
-    Loop,
-    Reduction,
-    Ref,
-    Stmt,
-)
 from tilefold.codegen.kernel.schedule import Schedule
 from tilefold.codegen.llvm_util import for_range, intrinsic, lane_mask, splat
 from tilefold.codegen.vecmath import MATH_FUNCTIONS, emit_math
@@ -39,7 +26,7 @@ LLVM_UNARY = {"sqrt": "sqrt", "sin": "sin", "cos": "cos", "floor": "floor", "abs
 Val = ir.Value | tuple  # scalar (uniform) or one vector per unrolled part
 
 
-def param_layout(kernel: Kernel) -> tuple[tuple[str, ...], ...]:
+def param_layout(kernel: kir.Kernel) -> tuple[tuple[str, ...], ...]:
     """What `params` holds: ("size", axis) for run-time sizes, ("stride", buffer, axis)."""
     sizes = [("size", a.name) for a in kernel.axes if a.size is None]
     strides = [
@@ -62,7 +49,7 @@ class _Lanes:
 
 
 class _Emitter:
-    def __init__(self, kernel: Kernel, schedule: Schedule, fn: ir.Function,
+    def __init__(self, kernel: kir.Kernel, schedule: Schedule, fn: ir.Function,
                  features: frozenset[str]):
         self.features = features
         self.k = kernel
@@ -74,7 +61,7 @@ class _Emitter:
         self.index: dict[str, ir.Value] = {}
         self.env: dict[str, Val] = {}
         self.lanes: _Lanes | None = None
-        self.memo: dict[Expr, Val] = {}
+        self.memo: dict[kir.Expr, Val] = {}
         self.bounds: dict[str, tuple[ir.Value, ir.Value]] = {}
 
     # --- set-up -------------------------------------------------------------------------
@@ -127,16 +114,16 @@ class _Emitter:
             return self.b.alloca(ty)
 
     # --- statements ---------------------------------------------------------------------
-    def stmts(self, stmts: tuple[Stmt, ...]) -> None:
+    def stmts(self, stmts: tuple[kir.Stmt, ...]) -> None:
         for stmt in stmts:
-            if isinstance(stmt, Loop):
+            if isinstance(stmt, kir.Loop):
                 self.loop(stmt)
-            elif isinstance(stmt, Let):
+            elif isinstance(stmt, kir.Let):
                 self.env[stmt.name] = self.expr(stmt.value)
             else:
                 self.store(stmt.buffer, self.expr(stmt.value))
 
-    def loop(self, loop: Loop) -> None:
+    def loop(self, loop: kir.Loop) -> None:
         vector_here = self.s.vector_axis in loop.axes
         parts = self.s.unroll if vector_here else (self.lanes.parts if self.lanes else 0)
         accs = {r.name: self._acc_init(r, parts) for r in loop.reductions}
@@ -190,14 +177,14 @@ class _Emitter:
         self.lanes = outer
 
     # --- reductions ---------------------------------------------------------------------
-    def _acc_init(self, red: Reduction, parts: int) -> list[ir.Value]:
+    def _acc_init(self, red: kir.Reduction, parts: int) -> list[ir.Value]:
         ty = ir.VectorType(F32, self.w) if parts else F32
         ptrs = [self.alloca(ty) for _ in range(max(parts, 1))]
         for p in ptrs:
             self.b.store(self._const(red.start, ty), p)
         return ptrs
 
-    def _accumulate(self, red: Reduction, ptrs: list[ir.Value], value: Val) -> None:
+    def _accumulate(self, red: kir.Reduction, ptrs: list[ir.Value], value: Val) -> None:
         b = self.b
         if self.lanes is None:
             b.store(self._combine(red.op, b.load(ptrs[0]), value), ptrs[0])
@@ -323,23 +310,23 @@ class _Emitter:
             return value
         return tuple(splat(self.b, value, self.w) for _ in range(self.lanes.parts))
 
-    def expr(self, e: Expr) -> Val:
+    def expr(self, e: kir.Expr) -> Val:
         if e in self.memo:
             return self.memo[e]
-        if isinstance(e, Load):
+        if isinstance(e, kir.Load):
             v = self.load(e.buffer)
-        elif isinstance(e, Const):
+        elif isinstance(e, kir.Const):
             v = ir.Constant(F32, e.value)
-        elif isinstance(e, Dim):
+        elif isinstance(e, kir.Dim):
             v = self.b.sitofp(self.size[e.axis], F32)
-        elif isinstance(e, Ref):
+        elif isinstance(e, kir.Ref):
             v = self.env[e.name]
         else:
             v = self.call(e)
         self.memo[e] = v
         return v
 
-    def call(self, e: Call) -> Val:
+    def call(self, e: kir.Call) -> Val:
         args = [self.expr(a) for a in e.args]
         if any(isinstance(a, tuple) for a in args):
             per_part = [self._parts(a) for a in args]
@@ -386,7 +373,7 @@ class _Emitter:
 
 
 def emit_kernel(
-    kernel: Kernel,
+    kernel: kir.Kernel,
     schedule: Schedule,
     features: frozenset[str] = frozenset(),
     array_data_offset: int | None = None,
@@ -437,4 +424,4 @@ def emit_kernel(
     return str(mod)
 
 
-__all__ = ["BOOL_OPS", "emit_kernel", "param_layout"]
+__all__ = ["emit_kernel", "param_layout"]

@@ -12,7 +12,7 @@ Region arguments stand for the operands in order; the region uses nothing from o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from tilefold.errors import VerificationError
 from tilefold.ir.core import Block
-from tilefold.ir.opdef import Attr, OpDef, register
+from tilefold.ir.opdef import Attr, OpDef, RunRegion, register
 from tilefold.ir.types import TensorType
 
 KINDS = ("compute", "memory")
@@ -57,12 +57,7 @@ class Fused(OpDef):
         return yielded_types(region)
 
     @classmethod
-    def reference_op(
-        cls,
-        args: list[np.ndarray],
-        attrs: dict[str, Any],
-        regions: Sequence[Block],
-        run_region: Callable[[Block, list[np.ndarray]], list[np.ndarray]],
-    ) -> Any:
+    def reference_op(cls, args: list[np.ndarray], attrs: dict[str, Any],
+                     regions: Sequence[Block], run_region: RunRegion) -> Any:
         outs = run_region(regions[0], list(args))
         return outs if len(outs) != 1 else outs[0]
