@@ -1,7 +1,8 @@
 """Timing candidates on the real machine within a budget, with a progress bar.
 
 `TILEFOLD_TUNE`: unset or 0 = cost model only; 1 = tune with the default budget; a number =
-that many seconds for one compile. `TILEFOLD_RETUNE=1` measures again problems the tuning
+that many seconds for one compile (the first compile with a GEMM also spends part of it on the
+GEMM's blocking, `tune_gemm_blocking_once`). `TILEFOLD_RETUNE=1` measures again problems the tuning
 database already holds (after a hardware or code change, or a tuning run on a busy host),
 replacing their entries. A candidate that fails to build, crashes or computes a
 wrong answer scores `inf` with its reason (Triton's autotuner habit) and never wins.
@@ -42,6 +43,33 @@ def tune_budget() -> float | None:
     if value <= 0:
         return None
     return DEFAULT_BUDGET_S if value == 1 else value
+
+
+# (target name, threads) whose GEMM blocking this process has already tuned or found tuned.
+_blocking_checked: set[tuple[str, int]] = set()
+BLOCKING_SHARE = 0.5  # of one compile's tuning budget, spent once per machine
+LAZY_MIN_S = 4.0  # a smaller share cannot time enough rounds (the default budget gives 10 s)
+
+
+def tune_gemm_blocking_once(target, threads: int, budget: float) -> list:
+    """Under `TILEFOLD_TUNE`, the first GEMM this process times or plans refines the cache
+    blocking of each f32 micro-kernel the host uses that has no measured record yet
+    (`tilefold tune --gemm`'s search, within `BLOCKING_SHARE` of `budget`), so candidates are
+    timed, and later processes run, with this machine's own blocking. Returns the outcomes
+    (none once the kernels are tuned, for a target that is not this host, or when the share
+    is under `LAZY_MIN_S`: then `tilefold tune --gemm` does it)."""
+    from tilefold.codegen.gemm.tuning import tune_gemm  # on first use: tuning is rare
+
+    key = (target.name, threads)
+    share = budget * BLOCKING_SHARE
+    if key in _blocking_checked or not target.is_host() or share < LAZY_MIN_S:
+        return []
+    _blocking_checked.add(key)
+    outcomes = tune_gemm(target, threads=threads, budget_s=share, missing_only=True)
+    for o in outcomes:
+        log.info("tuned the GEMM blocking of %s on first use: %s (%.2fx the model's %s)",
+                 o.kernel, o.best, o.speedup, o.model)
+    return outcomes
 
 
 def random_inputs(problem: Problem, seed: int = 0) -> list[np.ndarray]:

@@ -152,6 +152,8 @@ def _tune(decision: Decision, ctx: Context, budget: float) -> None:
     top = decision.candidates[:autotune.TOP_K]
     if extern is not None and extern not in top:
         top.append(extern)
+    if "matmul" in problem.names:
+        autotune.tune_gemm_blocking_once(ctx.target, ctx.threads, budget)
     inputs = autotune.random_inputs(problem)
     want = None
     if extern is not None:

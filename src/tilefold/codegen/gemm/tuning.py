@@ -24,7 +24,7 @@ from tilefold.codegen.gemm.blocking import Blocking, model_blocking
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.registry import SHAPE_CLASSES, MicroKernel, select_microkernel
-from tilefold.codegen.gemm.tuned import save_record
+from tilefold.codegen.gemm.tuned import save_record, tuned_record
 from tilefold.target import Target, host_target
 
 MARGIN = 0.02
@@ -129,10 +129,14 @@ def tune_kernel(target: Target, kernel: MicroKernel, threads: int, budget_s: flo
 
 def tune_gemm(target: Target | None = None, *, threads: int = 1, budget_s: float = 60.0,
               save: bool = True, report: Callable[[Outcome], None] | None = None,
-              shapes: tuple[tuple[int, int, int], ...] | None = None) -> list[Outcome]:
-    """Tune every f32 micro-kernel the target uses; record the winners (`save`)."""
+              shapes: tuple[tuple[int, int, int], ...] | None = None,
+              missing_only: bool = False) -> list[Outcome]:
+    """Tune every f32 micro-kernel the target uses (`missing_only`: those without a measured
+    record on this machine); record the winners (`save`)."""
     target = target or host_target()
     kernels = tuned_kernels(target)
+    if missing_only:
+        kernels = [k for k in kernels if tuned_record(target, k.name, k.mr, k.nr) is None]
     outcomes = []
     for kernel in kernels:
         outcome = tune_kernel(target, kernel, threads, budget_s / len(kernels), shapes)
