@@ -7,11 +7,14 @@ is then one dict lookup, the output allocations and one ctypes call.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from tilefold.codegen.backend.base import Backend, get_backend
+from tilefold.codegen.gemm.abi import aligned_empty
 from tilefold.codegen.kernel.emit import param_layout
 from tilefold.codegen.kernel.from_graph import (
     Group,
@@ -48,6 +51,7 @@ class _Plan:
     outputs: tuple[tuple[tuple[int, ...], np.dtype], ...]
     nthreads: int
     copy_inputs: bool
+    streaming: bool  # outputs past the last-level cache: stored around it, allocated aligned
 
 
 def lower_group(group: Function | Block, target: Target | None = None) -> tuple[Kernel, Schedule]:
@@ -70,7 +74,7 @@ class CompiledGroup:
         self.backend: Backend = get_backend(backend)
         self.group: Group = analyze_group(group)
         self.params: list[Value] = list(group.args)
-        self._compiled: dict[Layout, _Compiled] = {}
+        self._compiled: dict[tuple[Layout, bool], _Compiled] = {}
         self._plans: dict[tuple, _Plan] = {}
 
     def __call__(self, *arrays: np.ndarray, out: list[np.ndarray] | None = None
@@ -85,7 +89,8 @@ class CompiledGroup:
         if plan.copy_inputs:
             arrays = tuple(np.asarray(a, order="C") for a in arrays)
         if out is None:
-            outs = [np.empty(shape, dtype) for shape, dtype in plan.outputs]
+            empty = aligned_empty if plan.streaming else np.empty
+            outs = [empty(shape, dtype) for shape, dtype in plan.outputs]
         else:
             outs = list(out)
             if len(outs) != len(plan.outputs) or any(
@@ -114,16 +119,18 @@ class CompiledGroup:
         """The native code of the row-major kernel as the JIT compiles it (`explain --asm`)."""
         return self.backend.assembly(*_row_major(self.group, self.target), self.target)
 
-    def _kernel(self, layout: Layout) -> _Compiled:
-        compiled = self._compiled.get(layout)
+    def _kernel(self, layout: Layout, streaming: bool = False) -> _Compiled:
+        compiled = self._compiled.get((layout, streaming))
         if compiled is None:
             kernel = self.group.kernel(layout)
             schedule = choose_schedule(kernel, self.target).check(kernel)
+            if streaming:
+                schedule = dataclasses.replace(schedule, streaming_stores=True)
             reason = self.backend.supports(kernel, self.target)
             if reason is not None:
                 raise UnsupportedError(f"@{self.group.name}: {reason}")
             cfunc = self.backend.compile(kernel, schedule, self.target).entry
-            compiled = self._compiled[layout] = _Compiled(kernel, schedule, cfunc)
+            compiled = self._compiled[layout, streaming] = _Compiled(kernel, schedule, cfunc)
         return compiled
 
     def _plan(self, arrays: list[np.ndarray]) -> _Plan:
@@ -142,7 +149,9 @@ class CompiledGroup:
         probes = inputs + consts + [np.empty(shape, dt) for shape, dt in outputs]
         strides = [element_strides(a) for a in probes]
         layout, axis_sizes, axis_strides = make_layout(grp, sizes, strides)
-        compiled = self._kernel(layout)
+        out_bytes = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in outputs)
+        streaming = out_bytes > self.target.l3_bytes > 0
+        compiled = self._kernel(layout, streaming)
         kernel = compiled.kernel
         values = {("size", a.name): n for a, n in zip(kernel.axes, axis_sizes, strict=True)}
         for b, st in zip(kernel.buffers, axis_strides, strict=True):
@@ -151,7 +160,7 @@ class CompiledGroup:
         params = np.array([values[e] for e in param_layout(kernel)] or [0], np.int64)
         plan = _Plan(compiled.cfunc, tuple(map(id, consts)), params,
                      params.ctypes.data, tuple(outputs),
-                     self._threads(compiled.schedule, kernel, axis_sizes), copy)
+                     self._threads(compiled.schedule, kernel, axis_sizes), copy, streaming)
         self._plans[tuple([(a.shape, a.strides, a.dtype) for a in arrays])] = plan
         return plan
 

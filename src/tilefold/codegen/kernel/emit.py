@@ -15,7 +15,7 @@ from llvmlite import ir
 
 from tilefold.codegen.kernel import ir as kir
 from tilefold.codegen.kernel import memory
-from tilefold.codegen.kernel.schedule import Schedule
+from tilefold.codegen.kernel.schedule import Schedule, final_stores
 from tilefold.codegen.llvm_util import for_range, intrinsic, lane_mask, splat
 from tilefold.codegen.vecmath import MATH_FUNCTIONS, emit_math
 
@@ -54,6 +54,7 @@ class _Emitter:
         self.features = features
         self.k = kernel
         self.s = schedule
+        self.streamed = final_stores(kernel) if schedule.streaming_stores else set()
         self.w = schedule.vector_width
         self.fn = fn
         self.entry = fn.append_basic_block("entry")
@@ -121,7 +122,7 @@ class _Emitter:
             elif isinstance(stmt, kir.Let):
                 self.env[stmt.name] = self.expr(stmt.value)
             else:
-                self.store(stmt.buffer, self.expr(stmt.value))
+                self.store(stmt.buffer, self.expr(stmt.value), id(stmt) in self.streamed)
 
     def loop(self, loop: kir.Loop) -> None:
         vector_here = self.s.vector_axis in loop.axes
@@ -277,7 +278,7 @@ class _Emitter:
             v = b.insert_element(v, x, ir.Constant(I32, lane))
         return v
 
-    def store(self, buffer: str, value: Val) -> None:
+    def store(self, buffer: str, value: Val, streaming: bool = False) -> None:
         b, dtype = self.b, self.k.buffer(buffer).dtype
         base = self.ptr[buffer]
         if self.lanes is None or self._vector_stride(buffer) == 0:
@@ -290,7 +291,7 @@ class _Emitter:
         for k, part in enumerate(self._parts(value)):
             if self._vector_stride(buffer) == 1:
                 ptr = b.gep(base, [b.add(offset, ir.Constant(I64, k * self.w))])
-                memory.store_vector(b, part, ptr, dtype, self.lanes.mask)
+                memory.store_vector(b, part, ptr, dtype, self.lanes.mask, streaming)
                 continue
             for lane, off in enumerate(self._lane_offsets(buffer, offset, k)):
                 x = b.extract_element(part, ir.Constant(I32, lane))
@@ -390,6 +391,8 @@ def emit_kernel(
     em = _Emitter(kernel, schedule, body_fn, features)
     em.bind(*body_fn.args)
     em.stmts(kernel.body)
+    if schedule.streaming_stores:  # non-temporal stores are weakly ordered: drain them
+        em.b.fence("seq_cst")
     em.b.ret_void()
 
     nbuf = len(kernel.buffers)

@@ -8,7 +8,7 @@ from llvmlite import ir
 from tilefold.codegen.llvm_util import intrinsic
 
 F32 = ir.FloatType()
-I1, I8, I16, I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 MEMORY_TYPES = {"f32": F32, "bf16": I16, "f16": ir.HalfType(), "bool": I8}
 SUFFIX = {"f32": "f32", "bf16": "i16", "f16": "f16", "bool": "i8"}
 
@@ -75,11 +75,26 @@ def load_vector(b: ir.IRBuilder, ptr: ir.Value, dtype: str, lanes: int,
 
 
 def store_vector(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, dtype: str,
-                 mask: ir.Value | None) -> None:
+                 mask: ir.Value | None, streaming: bool = False) -> None:
+    """`value` to `lanes` consecutive elements at `ptr` (element-aligned), masked when `mask`;
+    `streaming`: a full store whose address is vector-aligned bypasses the caches
+    (non-temporal; the kernel ends with a fence), any other is an ordinary store."""
     lanes = value.type.count
     raw = narrow(b, value, dtype, lanes)
     vptr = b.bitcast(ptr, raw.type.as_pointer())
     align = element_size(dtype)
+    if mask is None and streaming:
+        nbytes = lanes * align
+        addr = b.ptrtoint(vptr, I64)
+        aligned = b.icmp_unsigned("==", b.and_(addr, ir.Constant(I64, nbytes - 1)),
+                                  ir.Constant(I64, 0))
+        with b.if_else(aligned, likely=True) as (stream, cached):
+            with stream:
+                store = b.store(raw, vptr, align=nbytes)
+                store.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(I32, 1)]))
+            with cached:
+                b.store(raw, vptr, align=align)
+        return
     if mask is None:
         b.store(raw, vptr, align=align)
         return

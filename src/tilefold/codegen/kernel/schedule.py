@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tilefold.codegen.kernel.ir import Kernel, Loop
+from tilefold.codegen.kernel.ir import Kernel, Load, Loop, Store, walk_expr
 from tilefold.errors import TilefoldError
 from tilefold.target import Target
 
@@ -19,13 +19,18 @@ class Schedule:
     never touch memory past the axis' end. Reductions along the vector axis combine lanes at
     the end (horizontal); loops nested inside it accumulate whole vectors (vertical).
     parallel_axis (the outermost loop's first axis) is split in contiguous blocks over threads
-    when a call has at least `min_elements_per_thread` elements per thread."""
+    when a call has at least `min_elements_per_thread` elements per thread. With
+    `streaming_stores`, the final full vector stores to outputs (`final_stores`) bypass the
+    caches (non-temporal, where the address is vector-aligned): outputs larger than the
+    last-level cache would only evict the inputs, and each cached store first reads its line
+    from memory."""
 
     vector_axis: str | None
     vector_width: int = 1
     unroll: int = 1
     parallel_axis: str | None = None
     min_elements_per_thread: int = MIN_ELEMENTS_PER_THREAD
+    streaming_stores: bool = False
 
     def __str__(self) -> str:
         parts = []
@@ -35,6 +40,8 @@ class Schedule:
         if self.parallel_axis is not None:
             parts.append(f"parallel {self.parallel_axis} (>= {self.min_elements_per_thread}"
                          " elements/thread)")
+        if self.streaming_stores:
+            parts.append("streaming stores")
         return ", ".join(parts) or "scalar"
 
     def check(self, kernel: Kernel) -> Schedule:
@@ -55,10 +62,41 @@ def vector_lanes(target: Target) -> int:
     return max(target.vector_bits // 32, 4)
 
 
+def final_stores(kernel: Kernel) -> set[int]:
+    """The ids of the stores after which (in program order) no load reads their buffer again:
+    the ones worth streaming past the caches (softmax's exp stored, then reloaded to scale,
+    is not; the scaled value stored last is)."""
+    events: list[tuple[str, object]] = []  # ("load", buffer) / ("store", stmt), in order
+
+    def loads(expr) -> None:
+        events.extend(("load", e.buffer) for e in walk_expr(expr) if isinstance(e, Load))
+
+    def visit(stmts) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, Loop):
+                for red in stmt.reductions:
+                    loads(red.value)
+                visit(stmt.body)
+            else:
+                loads(stmt.value)
+                if isinstance(stmt, Store):
+                    events.append(("store", stmt))
+
+    visit(kernel.body)
+    final, read_later = set(), set()
+    for kind, what in reversed(events):
+        if kind == "load":
+            read_later.add(what)
+        elif what.buffer not in read_later:
+            final.add(id(what))
+    return final
+
+
 def choose_schedule(kernel: Kernel, target: Target) -> Schedule:
     """Vectorize the loop-innermost axis along which the most data is contiguous (a buffer
     weighs as many as the axes it spans, as a proxy for its size; ties go to the later axis),
-    unroll to hide latency, and parallelize the outermost axis."""
+    unroll to hide latency, and parallelize the outermost axis (streaming stores are a call's
+    choice: `compile.py` makes it from the outputs' sizes)."""
     innermost = {lp.axes[-1] for lp in kernel.loops() if lp.axes}
     if not innermost:
         return Schedule(None)

@@ -1,0 +1,66 @@
+"""Outputs larger than the last-level cache are stored around it (non-temporal, where aligned):
+chosen per call from the outputs' size, only for stores no later load reads back, and the
+results equal float64 NumPy whatever the output buffer's alignment."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tests.tolerances import assert_close
+from tilefold.codegen.backend import get_backend
+from tilefold.codegen.kernel import compile_group, lower_group
+from tilefold.codegen.kernel.schedule import final_stores
+from tilefold.ir import functional as F
+from tilefold.ir import trace
+from tilefold.target import host_target
+
+
+def _softmax(shape):
+    return trace(lambda v: F.softmax(v, axis=-1), ("x", "f32", shape))["main"]
+
+
+def _np_softmax(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_only_the_last_store_of_a_buffer_streams():
+    """softmax stores exp(x - max), reloads it to scale by 1/sum and stores again: only the
+    second store is final; rms_norm's one store is."""
+    kernel, _ = lower_group(_softmax((4, 64)))
+    stores = [s for lp in kernel.loops() for s in lp.body if type(s).__name__ == "Store"]
+    assert len(stores) == 2
+    assert final_stores(kernel) == {id(stores[1])}
+    norm = trace(lambda v, w: F.rms_norm(v, w, eps=1e-6), ("x", "f32", (4, 64)),
+                 ("w", "f32", (64,)))["main"]
+    kernel, _ = lower_group(norm)
+    assert len(final_stores(kernel)) == 1
+
+
+def test_outputs_past_the_cache_stream_and_stay_right():
+    """A host whose L3 is 64 KiB: a 256 KiB output streams (vmovnt* in the code, the
+    schedule says so), a 16 KiB one does not; both match NumPy, with tilefold's aligned
+    outputs and with an `out` buffer 4 bytes off alignment."""
+    small = dataclasses.replace(host_target(), l3_bytes=64 << 10)
+    group = _softmax((128, 512))
+    run = compile_group(group, small)
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((128, 512)).astype(np.float32)
+    (got,) = run(big)
+    assert "streaming stores" in run.kernel_text(big)
+    assert_close(got, _np_softmax(big), dtype="f32", reduced=512)
+    base = np.empty(big.size + 1, np.float32)
+    off = base[1:].reshape(big.shape)  # 4 bytes past NumPy's 16-byte alignment
+    run(big, out=[off])
+    assert_close(off, _np_softmax(big), dtype="f32", reduced=512)
+    little = compile_group(_softmax((8, 512)), small)
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    assert "streaming stores" not in little.kernel_text(x)
+    assert_close(little(x)[0], _np_softmax(x), dtype="f32", reduced=512)
+    kernel, schedule = lower_group(group, small)
+    asm = get_backend("llvm").assembly(kernel, dataclasses.replace(schedule,
+                                                                  streaming_stores=True), small)
+    assert "vmovntps" in asm or "movntps" in asm
