@@ -32,6 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gemm", action="store_true",
                    help="refine this machine's GEMM cache blocking (MC/KC/NC) around the model; "
                    "`tilefold info` then shows it")
+    p.add_argument("--comm", action="store_true",
+                   help="time all_reduce on local torch.distributed ranks and fit the alpha-beta "
+                   "collective model the distributed cost model uses")
+    p.add_argument("--ranks", type=count(2), default=2,
+                   help="--comm: local ranks (default 2; more than the cores oversubscribes)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="--comm: torch.distributed backend (default gloo)")
     p.add_argument("--threads", type=count(1), default=None,
                    help="--gemm: threads per product (default: all this process may use)")
     p.add_argument("--model", choices=models.MODELS, help="tune a model as `tilefold demo` runs it")
@@ -56,12 +63,13 @@ def handle(args: argparse.Namespace) -> int:
     if not 0 < args.budget < math.inf:
         raise TilefoldError(f"--budget must be a positive number of seconds, "
                             f"not {args.budget}")
-    if args.gemm:
-        if args.file is not None or args.model is not None:
-            raise TilefoldError("--gemm tunes the GEMM alone: give no IR file or --model")
-        return _tune_gemm(args)
+    if args.gemm or args.comm:
+        flag = "--gemm" if args.gemm else "--comm"
+        if args.file is not None or args.model is not None or (args.gemm and args.comm):
+            raise TilefoldError(f"{flag} tunes alone: give no IR file, --model or other flag")
+        return _tune_gemm(args) if args.gemm else _tune_comm(args)
     if (args.file is None) == (args.model is None):
-        raise TilefoldError("give an IR file, --model NAME or --gemm (one of them)")
+        raise TilefoldError("give an IR file, --model NAME, --gemm or --comm (one of them)")
     settings = {"TILEFOLD_TUNE": repr(args.budget), "TILEFOLD_RETUNE": "1" if args.again else "0"}
     with _environment(settings):
         decisions = _model_decisions(args) if args.model else _file_decisions(args)
@@ -85,6 +93,18 @@ def _tune_gemm(args: argparse.Namespace) -> int:
 
     tune_gemm(threads=threads, budget_s=args.budget, report=report)
     print(f"{threads} thread(s); kept in {store_path()}")
+    return 0
+
+
+def _tune_comm(args: argparse.Namespace) -> int:
+    from tilefold.distributed import calibrate
+
+    cal = calibrate.calibrate(args.ranks, args.backend)
+    calibrate.save(cal)
+    print(f"all_reduce on {cal.world} local {cal.backend} ranks (medians):")
+    print(cal.table())
+    print(f"alpha {cal.alpha * 1e6:.1f} us per step, beta {1 / cal.beta / 1e9:.2f} GB/s; "
+          f"kept in {calibrate.store_path()}")
     return 0
 
 
