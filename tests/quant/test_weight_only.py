@@ -77,9 +77,10 @@ def test_nibble_packings_match_reference(rng, level, k, group, fmt, kw):
         assert (np.abs(y - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
 
 
-def test_octet_packing_is_chosen_on_avx512():
-    assert octet_packed(16, 32, True) and not octet_packed(16, 6, True)
-    assert not octet_packed(8, 32, True) and not octet_packed(16, 32, False)
+def test_octet_packing_is_chosen_for_nibbles_in_groups_of_8():
+    """AVX-512 (16 lanes) and AVX2 (8) alike; groups of 6 and byte codes keep k-pairs."""
+    assert octet_packed(16, 32, True) and octet_packed(8, 32, True)
+    assert not octet_packed(16, 6, True) and not octet_packed(8, 32, False)
 
 
 @pytest.mark.parametrize("kw", [{}, {"symmetric": False}])

@@ -111,16 +111,21 @@ def decode_pair(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lanes: int,
 
 def octet_packed(lanes: int, group: int, nibbles: bool) -> bool:
     """Whether panels hold 8 k per 32-bit lane (nibble j = code k0 + j) instead of k-pairs per
-    byte: with a 16-entry `vpermps` table (which reads only the low 4 index bits) one 64-byte
-    load and 7 shifts index 8 decodes, where byte pairs take a zero-extending load and a shift
-    per 2 decodes (fewer port 0/5 uops per weight)."""
-    return nibbles and lanes == 16 and group % 8 == 0
+    byte: one full-width load feeds 8 decodes, where byte pairs take a zero-extending load per
+    2 decodes. With a 16-entry `vpermps` table (which reads only the low 4 index bits) a decode
+    is a shift and the permute; signed int4 on AVX2 is a left and an arithmetic right shift
+    (the nibble sign-extended in place) and the conversion: 3 ops, where a nibble of a byte
+    pair took a mask, xor, subtract and conversion (and a shift for the high one)."""
+    return nibbles and group % 8 == 0
 
 
-def decode_octet(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lut: ir.Constant | None
-                 ) -> list[ir.Value]:
-    """Codes k0 .. k0+7 of 16 lanes as f32 vectors from the 64 octet-packed bytes at `ptr`."""
-    i32v = u.vec(u.i32, 16)
+def decode_octet(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lut: ir.Constant | None,
+                 lanes: int) -> list[ir.Value]:
+    """Codes k0 .. k0+7 of `lanes` lanes as f32 vectors from the octet-packed words at `ptr`."""
+    i32v = u.vec(u.i32, lanes)
     words = b.load(b.bitcast(ptr, i32v.as_pointer()), align=4)
-    return [_one(b, dec, b.lshr(words, _i32(b, 4 * j, 16)) if j else words, 16, lut)
+    if dec.method == "sext4":  # nibble j to the top, then back down with its sign
+        return [b.sitofp(b.ashr(b.shl(words, _i32(b, 28 - 4 * j, lanes)) if j < 7 else words,
+                                _i32(b, 28, lanes)), u.vec(u.f32, lanes)) for j in range(8)]
+    return [_one(b, dec, b.lshr(words, _i32(b, 4 * j, lanes)) if j else words, lanes, lut)
             for j in range(8)]

@@ -103,7 +103,7 @@ def _emit_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
                 kk = b.add(k0, b.mul(kp, u.const(2)))
                 byte_off = b.mul(b.sdiv(kk, u.const(2)), u.const(pair_bytes))
                 if spec.octets and step % 4 == 0:
-                    octets = [decode_octet(b, dec, u.gep(b, panels[v], byte_off), lut)
+                    octets = [decode_octet(b, dec, u.gep(b, panels[v], byte_off), lut, lanes)
                               for v in range(nv)]
                     for v in range(nv):
                         u.prefetch(b, u.gep(b, panels[v],
