@@ -26,7 +26,8 @@ from tilefold.passes import PassManager
 from tilefold.strategy import Decision, Problem, TuningDB, context, decide, tune_budget
 from tilefold.strategy import register_builtin_methods as _register
 from tilefold.strategy.problem import bind_shapes
-from tilefold.target import Target
+from tilefold.target import Target, named_target
+from tilefold.target.gpu import GPUTarget, gpu_target, gpu_target_names
 
 PIPELINE = "default,merge-matmuls,dce,fusion"
 
@@ -234,19 +235,9 @@ class _Planner:
                 self.free.setdefault((base.shape, base.dtype.str), []).append(base)
 
 
-def compile(
-    module: Module, target: Target | None = None, *, function: str = "main",
-    strict: bool | None = None,
-) -> CompiledGraph:
-    """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays.
-
-    Kernels are chosen per input-shape signature on first call: from the tuning database, by
-    measurement when `TILEFOLD_TUNE` is set, else by the cost model. The compiled graph returns
-    a list with one array per function result. `strict=True` makes a kernel method's failure,
-    or an extern kernel running the reference implementation, a `FallbackError` instead of a
-    quiet switch to another method; None (the default) follows `TILEFOLD_STRICT`.
-    """
-    _register()
+def optimized(module: Module, function: str = "main") -> tuple[Module, list]:
+    """A copy of `module` through the pipeline (its constant arrays shared), and the fusion
+    refusals."""
     # Constant arrays (weights) are never written by passes: the copy shares them.
     shared = {id(v): v for op in module.walk() for v in op.attrs.values()
               if isinstance(v, np.ndarray)}
@@ -256,4 +247,28 @@ def compile(
     refusals = [r for p in manager.passes for r in getattr(p, "refusals", [])]
     if function not in module.functions:
         raise ShapeError(f"module has no function @{function}")
+    return module, refusals
+
+
+def compile(
+    module: Module, target: Target | GPUTarget | str | None = None, *, function: str = "main",
+    strict: bool | None = None,
+) -> CompiledGraph:
+    """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays (for a GPU
+    target, named as "h200" or a `GPUTarget`: on torch tensors of that device, `tilefold.gpu`).
+
+    Kernels are chosen per input-shape signature on first call: from the tuning database, by
+    measurement when `TILEFOLD_TUNE` is set, else by the cost model. The compiled graph returns
+    a list with one array per function result. `strict=True` makes a kernel method's failure,
+    or an extern kernel running the reference implementation, a `FallbackError` instead of a
+    quiet switch to another method; None (the default) follows `TILEFOLD_STRICT`.
+    """
+    if isinstance(target, str):
+        target = gpu_target(target) if target in gpu_target_names() else named_target(target)
+    _register()
+    module, refusals = optimized(module, function)
+    if isinstance(target, GPUTarget):
+        from tilefold.gpu import GPUGraph  # on first use: it needs torch and Triton
+
+        return GPUGraph(module, function, target, strict)
     return CompiledGraph(module, function, target, refusals, strict)

@@ -1,0 +1,216 @@
+"""`tilefold.compile(module, target="h200")`: the fused graph run on torch tensors of one GPU.
+
+The same passes and fusion as the CPU path, then per op of the function:
+
+    fused memory group    one Triton kernel (`codegen/triton`, `TritonGroup`)
+    fused compute group   its prologue as torch views, the GEMM on `torch.matmul` (cuBLAS, the
+                          extern candidate), the epilogue over C as one Triton kernel
+    view op               a torch view (reshape, transpose, expand/squeeze, broadcast, slice)
+    anything else         the op's NumPy reference on host copies: a round trip that
+                          `GPUGraph.report()` names and strict mode refuses (FallbackError)
+
+Under `TRITON_INTERPRET=1` the kernels run on CPU tensors, so whole graphs are checked without a
+GPU (tests/gpu). Plans are made per input signature: the Triton kernels compile once per layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tilefold.codegen.triton.group import TritonGroup
+from tilefold.errors import FallbackError, TilefoldError, UnsupportedError, strict, strict_mode
+from tilefold.ir import OPS, Block, Module, Operation, Value
+from tilefold.ir.interpreter import run_region
+from tilefold.ir.types import TensorType
+from tilefold.target.gpu import GPUTarget
+
+# IR view op -> the torch view of a tensor (the CPU path makes the same ones with NumPy).
+VIEWS: dict[str, Callable[[Any, dict], Any]] = {
+    "reshape": lambda x, a: x.reshape(tuple(a["shape"])),
+    "transpose": lambda x, a: x.permute(*a["perm"]),
+    "expand_dims": lambda x, a: _unsqueeze(x, a["axes"]),
+    "squeeze": lambda x, a: x.squeeze(tuple(a["axes"])) if a["axes"] else x,
+    "broadcast_to": lambda x, a: _broadcast(x, tuple(a["shape"])),
+    "slice": lambda x, a: x[tuple(slice(*s) for s in zip(a["starts"], a["stops"], a["steps"],
+                                                          strict=True))],
+}
+
+
+def _unsqueeze(x, axes):
+    for axis in sorted(axes):
+        x = x.unsqueeze(axis)
+    return x
+
+
+def _broadcast(x, shape):
+    lead = len(shape) - x.dim()
+    return x.reshape((1,) * lead + tuple(x.shape)).expand(*shape)
+
+
+@dataclass
+class _Step:
+    """How one op of the function runs: `how` for the report, `run(tensors) -> tensors`."""
+
+    op: Operation
+    how: str
+    run: Callable[[list[Any]], list[Any]]
+
+
+@dataclass
+class GPUGraph:
+    """A compiled function for a GPU target: call it with torch tensors on one device (CPU ones
+    under Triton's interpreter); it returns a list of tensors there, one per result."""
+
+    module: Module
+    function: str
+    target: GPUTarget
+    strict: bool | None = None
+    steps: list[_Step] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        with strict_mode(self.strict):
+            fn = self.module[self.function]
+            self.steps = [self._step(op) for op in fn.ops if op.name != "return"]
+
+    def report(self) -> list[str]:
+        """One line per op: how it runs on the GPU (`explain` for this target)."""
+        return [f"%{s.op.results[0].name if s.op.results else '?'} = {s.op.name}: {s.how}"
+                for s in self.steps]
+
+    def __call__(self, *tensors: Any) -> list[Any]:
+        fn = self.module[self.function]
+        if len(tensors) != len(fn.args):
+            raise TilefoldError(f"@{fn.name} takes {len(fn.args)} inputs, got {len(tensors)}")
+        env: dict[Value, Any] = dict(zip(fn.args, tensors, strict=True))
+        for step in self.steps:
+            outs = step.run([env[v] for v in step.op.operands])
+            env.update(zip(step.op.results, outs, strict=True))
+        return [env[v] for v in fn.return_op.operands]
+
+    def _step(self, op: Operation) -> _Step:
+        if op.name in VIEWS:
+            view, attrs = VIEWS[op.name], op.opdef.full_attrs(op.attrs)
+            return _Step(op, "torch view", lambda xs: [view(xs[0], attrs)])
+        if op.name == "constant":
+            value = op.attrs["value"]
+            return _Step(op, "constant", lambda xs: [_to_device(value, None)])
+        if op.name == "fused" and op.attrs.get("kind", "memory") == "memory":
+            return self._memory_group(op)
+        if op.name == "fused":
+            return self._compute_group(op)
+        return self._host_step(op, f"'{op.name}' has no GPU lowering")
+
+    def _memory_group(self, op: Operation) -> _Step:
+        try:
+            group = TritonGroup(op.regions[0], self.target)
+        except UnsupportedError as exc:
+            return self._host_step(op, str(exc))
+        return _Step(op, "Triton kernel", lambda xs: group(*xs))
+
+    def _compute_group(self, op: Operation) -> _Step:
+        """Prologue views, torch.matmul, and the epilogue as one Triton kernel over C."""
+        region = op.regions[0]
+        body = [o for o in region.ops if o.name != "yield"]
+        matmuls = [o for o in body if o.name == "matmul"]
+        if len(matmuls) != 1 or any(o.name not in VIEWS for o in body[:body.index(matmuls[0])]):
+            return self._host_step(op, "a compute group needs one matmul after view prologues")
+        mm = matmuls[0]
+        at = body.index(mm)
+        if not all(v.type.dtype.is_float for v in mm.operands):
+            return self._host_step(op, f"torch.matmul on a GPU takes floats, not "
+                                       f"{mm.operands[0].type.dtype}")
+        prologue, epilogue = body[:at], body[at + 1:]
+        yielded = region.terminator.operands
+        epi = _epilogue_block(mm.results[0], epilogue, yielded) if epilogue else None
+        kernel = None
+        if epi is not None:
+            try:
+                kernel = TritonGroup(epi[0], self.target)
+            except UnsupportedError as exc:
+                return self._host_step(op, f"epilogue: {exc}")
+        attrs = mm.opdef.full_attrs(mm.attrs)
+
+        def run(xs: list[Any]) -> list[Any]:
+            env = dict(zip(region.args, xs, strict=True))
+            for p in prologue:
+                env[p.results[0]] = VIEWS[p.name](env[p.operands[0]],
+                                                  p.opdef.full_attrs(p.attrs))
+            a, b = (env[v] for v in mm.operands)
+            if attrs["transpose_a"] and a.dim() >= 2:
+                a = a.transpose(-1, -2)
+            if attrs["transpose_b"] and b.dim() >= 2:
+                b = b.transpose(-1, -2)
+            env[mm.results[0]] = _matmul(a, b)
+            if kernel is not None:
+                _, ins, outs = epi
+                results = kernel(*[env[v] for v in ins])
+                env.update(zip(outs, results, strict=True))
+            return [env[v] for v in yielded]
+
+        how = "torch.matmul" + (" + Triton epilogue" if kernel is not None else "")
+        return _Step(op, how, run)
+
+    def _host_step(self, op: Operation, why: str) -> _Step:
+        if strict():
+            raise FallbackError(f"{op.name}: {why}; on {self.target.name} it would run its "
+                                "NumPy reference on host copies (strict mode forbids it)")
+        attrs = op.opdef.full_attrs(op.attrs)
+
+        def run(xs: list[Any]) -> list[Any]:
+            device = xs[0].device if xs else None
+            arrays = [_to_host(x) for x in xs]
+            out = op.opdef.reference_op(arrays, attrs, op.regions, run_region)
+            outs = list(out) if len(op.results) > 1 else [out]
+            return [_to_device(np.asarray(o), device) for o in outs]
+
+        return _Step(op, f"host NumPy reference ({why})", run)
+
+
+def _matmul(a, b):
+    import torch
+
+    return torch.matmul(a, b)
+
+
+def _to_host(x) -> np.ndarray:
+    import torch
+
+    if x.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return x.detach().cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return x.detach().cpu().numpy()
+
+
+def _to_device(a: np.ndarray, device):
+    import torch
+
+    a = np.asarray(a)
+    if a.dtype.name == "bfloat16":
+        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.to(device) if device is not None else t
+
+
+def _epilogue_block(c: Value, ops: Sequence[Operation], yielded: Sequence[Value]
+                    ) -> tuple[Block, list[Value], list[Value]]:
+    """A region computing the epilogue `ops` from C and their other inputs: (block, the
+    outer values its arguments stand for, the outer values it yields)."""
+    made = {r for o in ops for r in o.results}
+    ins = [c, *dict.fromkeys(v for o in ops for v in o.operands if v not in made and v is not c)]
+    block = Block([Value(TensorType(v.type.shape, v.type.dtype), f"a{i}", None, i)
+                   for i, v in enumerate(ins)])
+    remap = dict(zip(ins, block.args, strict=True))
+    for o in ops:
+        clone = Operation(o.opdef, [remap[v] for v in o.operands], o.attrs,
+                          [r.type for r in o.results], [r.name for r in o.results])
+        block.append(clone)
+        remap.update(zip(o.results, clone.results, strict=True))
+    outs = [v for v in yielded if v in made]
+    block.append(Operation(OPS["yield"], [remap[v] for v in outs], {}, [], []))
+    return block, ins, outs

@@ -1,0 +1,97 @@
+"""`tilefold.compile(module, target="h200")` on CPU torch tensors under Triton's interpreter:
+whole fused graphs (memory-bound groups as Triton kernels, GEMM groups as torch.matmul plus a
+Triton epilogue) against float64 NumPy, and strict mode refusing host round trips."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
+torch = pytest.importorskip("torch")
+
+import tilefold as tf  # noqa: E402
+from tests.tolerances import assert_close  # noqa: E402
+from tilefold.errors import FallbackError  # noqa: E402
+from tilefold.ir import Builder  # noqa: E402
+from tilefold.ir import functional as F  # noqa: E402
+
+RNG = np.random.default_rng(61)
+erf = np.vectorize(math.erf)
+
+
+def _block(n: int, d: int, f: int):
+    """x -> layer_norm -> matmul + bias -> gelu -> matmul + bias -> residual -> softmax."""
+    b = Builder("main")
+    x = b.arg("x", "f32", (n, d))
+    w1 = b.constant((RNG.standard_normal((d, f)) / np.sqrt(d)).astype(np.float32))
+    b1 = b.constant(RNG.standard_normal(f).astype(np.float32))
+    w2 = b.constant((RNG.standard_normal((f, d)) / np.sqrt(f)).astype(np.float32))
+    b2 = b.constant(RNG.standard_normal(d).astype(np.float32))
+    g = b.constant(RNG.uniform(0.5, 1.5, d).astype(np.float32))
+    beta = b.constant(RNG.standard_normal(d).astype(np.float32))
+    h = F.layer_norm(x, g, beta, eps=1e-5)
+    h = F.gelu(F.matmul(h, w1) + b1)
+    y = F.matmul(h, w2) + b2 + x
+    return b.build(F.softmax(y, axis=-1)), [w1, b1, w2, b2, g, beta]
+
+
+def _reference(x, module):
+    consts = [op.attrs["value"].astype(np.float64) for op in module["main"].ops
+              if op.name == "constant"]
+    w1, b1, w2, b2, g, beta = consts
+    x = x.astype(np.float64)
+    mu = x.mean(-1, keepdims=True)
+    h = (x - mu) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + beta
+    a = h @ w1 + b1
+    h = 0.5 * a * (1 + erf(a / np.sqrt(2)))
+    y = h @ w2 + b2 + x
+    e = np.exp(y - y.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("n, d, f", [(7, 32, 48), (1, 16, 16), (33, 64, 96)])
+def test_a_block_runs_on_the_gpu_path(n, d, f):
+    module, _ = _block(n, d, f)
+    graph = tf.compile(module, target="h200", strict=True)
+    lines = graph.report()
+    assert any("torch.matmul + Triton epilogue" in line for line in lines), lines
+    assert any(line.endswith("Triton kernel") for line in lines), lines
+    assert not any("host" in line for line in lines), lines
+    x = RNG.standard_normal((n, d)).astype(np.float32)
+    (got,) = graph(torch.from_numpy(x))
+    assert isinstance(got, torch.Tensor)
+    assert_close(got.numpy(), _reference(x, module), dtype="f32", reduced=f)
+
+
+def test_transposed_weight_prologue_and_views():
+    """A transposed constant weight (a view prologue), a reshape of the result, and an output
+    that is the GEMM's C itself."""
+    b = Builder("main")
+    x = b.arg("x", "f32", (6, 20))
+    w = b.constant(RNG.standard_normal((12, 20)).astype(np.float32))
+    c = F.matmul(x, F.transpose(w, (1, 0)))
+    module = b.build(F.reshape(F.relu(c), (3, 24)), c)
+    graph = tf.compile(module, target="h200", strict=True)
+    xv = RNG.standard_normal((6, 20)).astype(np.float32)
+    got_r, got_c = graph(torch.from_numpy(xv))
+    wv = next(op.attrs["value"] for op in module["main"].ops if op.name == "constant")
+    want_c = xv.astype(np.float64) @ wv.astype(np.float64).T
+    assert_close(got_c.numpy(), want_c, dtype="f32", reduced=20)
+    assert_close(got_r.numpy(), np.maximum(want_c, 0).reshape(3, 24), dtype="f32", reduced=20)
+
+
+def test_strict_mode_refuses_a_host_round_trip():
+    b = Builder("main")
+    x = b.arg("x", "f32", (5, 8))
+    module = b.build(b.op("cumsum", x, axis=1))
+    with pytest.raises(FallbackError, match=r"cumsum.*host"):
+        tf.compile(module, target="h200", strict=True)
+    graph = tf.compile(module, target="h200", strict=False)
+    assert any("host NumPy reference" in line for line in graph.report())
+    xv = RNG.standard_normal((5, 8)).astype(np.float32)
+    (got,) = graph(torch.from_numpy(xv))
+    np.testing.assert_allclose(got.numpy(), np.cumsum(xv.astype(np.float64), axis=1),
+                               rtol=1e-5, atol=1e-5)
