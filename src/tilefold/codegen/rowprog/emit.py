@@ -69,8 +69,7 @@ class Emitter:
             reductions = [i for i, q in self.p.prims.items()
                           if q.op in IDENTITY and self.stage[i] == stage + 1]
             vec_ops = [i for i in self.p.prims if self.p.vec[i] and self.stage[i] == stage]
-            stores = [v for v, _ in self.p.outputs if self.p.vec[v] and self.stage[v] == stage]
-            if not vec_ops and not reductions and not stores:
+            if not vec_ops and not reductions:
                 continue
             self._stage_loops(b, ptrs, row, stage, scalars, buffers, reductions)
         self._scalars(b, ptrs, row, self.stages, scalars)
@@ -126,8 +125,6 @@ class Emitter:
                                        self.p.memory[src.arg])
             elif self.stage[i] < stage:
                 values[i] = self._load(b, buffers[i], j, mask)
-                if i in self.p.ints:  # the row buffer holds its bits
-                    values[i] = b.bitcast(values[i], u.vec(u.i32, self.lanes))
             else:
                 prim = self.p.prims[i]
                 values[i] = self._op(m, prim, [get(a) for a in prim.args])
@@ -136,11 +133,8 @@ class Emitter:
         for i in sorted(self.p.prims):
             if self.p.vec[i] and self.stage[i] == stage:
                 get(i)
-                if i in buffers:
-                    kept = values[i]
-                    if i in self.p.ints:
-                        kept = b.bitcast(kept, u.vec(u.f32, self.lanes))
-                    self._store(b, kept, buffers[i], j, mask)
+                if i in buffers:  # never an i32 value: those do not depend on reductions
+                    self._store(b, values[i], buffers[i], j, mask)
         out = dict(accs)
         for r in reductions:
             prim = self.p.prims[r]
