@@ -230,3 +230,36 @@ def test_integer_division_epilogue_is_refused_with_the_reason(allow_fallback):
     c = a.astype(np.int64) @ w.astype(np.int64)
     np.testing.assert_array_equal(got, np.trunc(c / d).astype(np.int32))
     assert "'div' of i32 values is not in row programs" in _rejection(graph, [a, d])
+
+
+def test_every_candidate_of_a_bf16_group_runs(allow_fallback):
+    """Each candidate the selector could pick for a bf16 group (blocks.gemm refuses batched B)
+    computes it; extern.torch crashed on bf16 arrays (torch.from_numpy has none) before it
+    declined them."""
+    a, w = draw("bf16", (2, 3, 8)), draw("bf16", (2, 8, 5))
+    bld = Builder("main")
+    x, wt = bld.arg("a", "bf16", a.shape), bld.arg("w", "bf16", w.shape)
+    graph = tilefold.compile(bld.build(bld.op("matmul", x, wt)))
+    (decision,) = graph.decisions(a.shape, w.shape)
+    want = rounded(a.astype(np.float64) @ w.astype(np.float64), "bf16")
+    assert decision.candidates
+    for candidate in decision.candidates:
+        out = np.full(want.shape, np.nan, ml_dtypes.bfloat16)
+        candidate.build().run(a, w, out)
+        check_result(out, want, "bf16", 8, 4.0 + float(np.abs(want).max()))
+
+
+def test_numpy_extern_charges_matmuls_without_blas():
+    """NumPy multiplies bf16 (and integer) matrices in plain loops: extern.numpy's estimate
+    charges those products at the reference's rate, so it no longer claims BLAS speed."""
+    from tilefold.strategy.methods.extern import REFERENCE_FLOPS
+
+    estimates = {}
+    for dtype in ("f32", "bf16"):
+        bld = Builder("main")
+        x, wt = bld.arg("a", dtype, (4, 64, 64)), bld.arg("w", dtype, (4, 64, 64))
+        graph = tilefold.compile(bld.build(bld.op("matmul", x, wt)))
+        (decision,) = graph.decisions((4, 64, 64), (4, 64, 64))
+        (numpy,) = [c for c in decision.candidates if c.method == "extern.numpy"]
+        estimates[dtype] = numpy.estimate
+    assert estimates["bf16"] - estimates["f32"] >= 0.99 * 2 * 4 * 64 ** 3 / REFERENCE_FLOPS

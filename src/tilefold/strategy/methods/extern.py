@@ -260,6 +260,8 @@ class TorchExtern(Method):
         table = _torch_table()
         if table is None:
             return "PyTorch is not installed"
+        if any(str(t.dtype) == "bf16" for t in problem.types.values()):
+            return "bf16 arrays do not pass to PyTorch here (torch.from_numpy has no bf16)"
         merged = {**NUMPY, **table}
         refusal = strict_refusal(problem, merged, self.name)
         if refusal is not None:
