@@ -263,3 +263,16 @@ def test_numpy_extern_charges_matmuls_without_blas():
         (numpy,) = [c for c in decision.candidates if c.method == "extern.numpy"]
         estimates[dtype] = numpy.estimate
     assert estimates["bf16"] - estimates["f32"] >= 0.99 * 2 * 4 * 64 ** 3 / REFERENCE_FLOPS
+
+
+def test_f32_gemm_epilogue_writes_bf16():
+    """An f32 GEMM whose epilogue ends in a bf16 cast: the row program stores bf16 itself (it
+    took f32 arguments only)."""
+    a, w, bias = draw("f32", (6, 23)), draw("f32", (23, 10)), draw("f32", (10,))
+    bld = Builder("main")
+    x, bv = bld.arg("a", "f32", a.shape), bld.arg("b", "f32", bias.shape)
+    c = bld.op("matmul", x, bld.constant(w))
+    graph = tilefold.compile(bld.build(F.cast(F.relu(c + bv), "bf16")))
+    c64 = a.astype(np.float64) @ w.astype(np.float64)
+    want = rounded(np.maximum(c64 + bias.astype(np.float64), 0), "bf16")
+    check(graph, [a, bias], [want], ["bf16"], 23, 4.0 + float(np.abs(c64).max()))
