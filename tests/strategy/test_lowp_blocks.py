@@ -51,6 +51,11 @@ def _gelu(x):
     return 0.5 * x * (1 + ERF(x / math.sqrt(2)))
 
 
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
 # name: (extra operands' dtype and shape given (C dtype, m, n), graph of (C, *extras), oracle of
 # (C, *extras, r) where r rounds to C's dtype). An extra named "c_*" is a constant.
 EPILOGUES = {
@@ -59,6 +64,8 @@ EPILOGUES = {
                 lambda c, bb, r: r(c + bb)),
     "bias[N] constant": (lambda dt, m, n: {"c_b": (dt, (n,))}, lambda c, bb: c + bb,
                          lambda c, bb, r: r(c + bb)),
+    "bias[M,1]": (lambda dt, m, n: {"b": (dt, (m, 1))}, lambda c, bb: c + bb,
+                  lambda c, bb, r: r(c + bb)),
     "relu(C + bias[N])": (lambda dt, m, n: {"b": (dt, (n,))}, lambda c, bb: F.relu(c + bb),
                           lambda c, bb, r: np.maximum(r(c + bb), 0)),
     "residual C - R[M,N]": (lambda dt, m, n: {"r": (dt, (m, n))}, lambda c, x: c - x,
@@ -67,6 +74,9 @@ EPILOGUES = {
 FLOAT_EPILOGUES = {
     "gelu(C + bias[N])": (lambda dt, m, n: {"b": (dt, (n,))}, lambda c, bb: F.gelu(c + bb),
                           lambda c, bb, r: r(_gelu(r(c + bb)))),
+    "softmax(C + bias[N])": (lambda dt, m, n: {"c_b": (dt, (n,))},
+                             lambda c, bb: F.softmax(c + bb),
+                             lambda c, bb, r: r(_softmax(r(c + bb)))),
 }
 # (M, N, K) with how B is given: M == N, primes and K tails, M == 1, K == 1, N tails.
 SHAPES = [((8, 8, 8), "constant [N,K]"), ((5, 19, 37), "argument [K,N]"),
