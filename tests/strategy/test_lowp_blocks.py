@@ -163,6 +163,14 @@ def test_lowp_gemm_epilogues(kind, name, shape, b_mode):
     check(graph, args, [want], [dtype], k, scale)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_lowp_gemm_past_one_block(kind):
+    """A GEMM of several register tiles and K blocks, its epilogue on both threads."""
+    graph, args, want, dtype, k, scale = compiled_case(kind, "relu(C + bias[N])",
+                                                       (131, 520, 301), "constant [N,K]")
+    check(graph, args, [want], [dtype], k, scale)
+
+
 @pytest.mark.parametrize("kind", ["u8s8", "s8s8"])
 @pytest.mark.parametrize(("shape", "b_mode"), [((6, 6, 37), "constant [N,K]"),
                                                ((4, 17, 64), "argument [K,N]")])
