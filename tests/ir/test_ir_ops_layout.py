@@ -63,6 +63,19 @@ def test_matmul_integers_accumulate_wide_and_low_precision_rounds_once() -> None
         run_op("matmul", np.ones((2, 2), bool), np.ones((2, 2), bool))
 
 
+def test_matmul_takes_unsigned_bytes_by_signed_bytes() -> None:
+    """u8 @ i8 (quantized activations by weights) accumulates exactly in i32; i8 @ u8 and
+    other mixes still need a cast."""
+    rng = np.random.default_rng(8)
+    a = rng.integers(0, 256, (3, 40)).astype(np.uint8)
+    b = rng.integers(-128, 128, (40, 5)).astype(np.int8)
+    got = run_op("matmul", a, b)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+    with pytest.raises(DTypeError, match="share one dtype"):
+        run_op("matmul", b.T.copy(), a.T.copy())
+
+
 def test_reshape_transpose_broadcast_expand_squeeze() -> None:
     x = rand(2, 3, 4)
     np.testing.assert_array_equal(run_op("reshape", x, shape=[4, -1]), x.reshape(4, -1))

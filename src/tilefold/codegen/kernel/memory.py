@@ -1,5 +1,6 @@
-"""Element loads and stores for kernel buffers: f32/bf16/f16/bool in memory, f32/i1 in registers,
-unaligned full vectors, masked vectors (never touching memory past the mask), and per lane."""
+"""Element loads and stores for kernel buffers: f32/bf16/f16/bool/i32 in memory, f32/i1/i32 in
+registers, unaligned full vectors, masked vectors (never touching memory past the mask), and per
+lane."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from tilefold.codegen.llvm_util import intrinsic
 
 F32 = ir.FloatType()
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-MEMORY_TYPES = {"f32": F32, "bf16": I16, "f16": ir.HalfType(), "bool": I8}
-SUFFIX = {"f32": "f32", "bf16": "i16", "f16": "f16", "bool": "i8"}
+MEMORY_TYPES = {"f32": F32, "bf16": I16, "f16": ir.HalfType(), "bool": I8, "i32": I32}
+SUFFIX = {"f32": "f32", "bf16": "i16", "f16": "f16", "bool": "i8", "i32": "i32"}
 
 
 def element_size(dtype: str) -> int:
-    return {"f32": 4, "bf16": 2, "f16": 2, "bool": 1}[dtype]
+    return {"f32": 4, "bf16": 2, "f16": 2, "bool": 1, "i32": 4}[dtype]
 
 
 def _vec(ty: ir.Type, lanes: int | None) -> ir.Type:
@@ -26,8 +27,8 @@ def _const(ty: ir.Type, value, lanes: int | None) -> ir.Constant:
 
 
 def widen(b: ir.IRBuilder, raw: ir.Value, dtype: str, lanes: int | None) -> ir.Value:
-    """Memory element(s) to register form: f32, or i1 for bool."""
-    if dtype == "f32":
+    """Memory element(s) to register form: f32, i1 for bool, i32 as it is."""
+    if dtype in ("f32", "i32"):
         return raw
     if dtype == "f16":
         return b.fpext(raw, _vec(F32, lanes))
@@ -39,7 +40,7 @@ def widen(b: ir.IRBuilder, raw: ir.Value, dtype: str, lanes: int | None) -> ir.V
 
 def narrow(b: ir.IRBuilder, value: ir.Value, dtype: str, lanes: int | None) -> ir.Value:
     """Register form to memory element(s); bf16 rounds to nearest even, NaN stays quiet NaN."""
-    if dtype == "f32":
+    if dtype in ("f32", "i32"):
         return value
     if dtype == "f16":
         return b.fptrunc(value, _vec(MEMORY_TYPES["f16"], lanes))

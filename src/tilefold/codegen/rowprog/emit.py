@@ -1,6 +1,7 @@
 """Emits a row program (`program.py`) as LLVM IR: per row, one vectorized loop with a masked
 tail per stage; vector values crossing stages are kept in a per-thread row buffer, so C is
-read once from cache per stage.
+read once from cache per stage. Arguments are loaded and stored in their element types
+(`codegen/kernel/memory.py`: bf16 stores round to nearest even).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
+from tilefold.codegen.kernel import memory
 from tilefold.codegen.kernel.memory import round_to
 from tilefold.codegen.rowprog.program import IDENTITY, NotARowProgram, Prim, Program, Source
 from tilefold.codegen.vecmath import MATH_FUNCTIONS, MathBuilder
@@ -16,6 +18,7 @@ ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
 # Comparisons give 1.0 or 0.0 (NaN compares false, except for ne), as the kernel IR's do.
 COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 LLVM_MATH = {"sin": "sin", "cos": "cos", "floor": "floor", "pow": "pow"}  # LLVM intrinsics
+INT_ARITH = {"add": "add", "sub": "sub", "mul": "mul"}  # i32 lanes wrap, as the reference
 MAX_ROW_BUFFERS = 4
 
 
@@ -58,6 +61,8 @@ class Emitter:
 
     def emit(self, b: ir.IRBuilder, ptrs: list[ir.Value], row: ir.Value,
              buffers: dict[int, ir.Value]) -> None:
+        ptrs = [b.bitcast(p, memory.MEMORY_TYPES[self.p.memory[arg]].as_pointer())
+                for arg, p in enumerate(ptrs)]
         scalars: dict[int, ir.Value] = {}
         for stage in range(self.stages):
             self._scalars(b, ptrs, row, stage, scalars)
@@ -70,7 +75,8 @@ class Emitter:
         self._scalars(b, ptrs, row, self.stages, scalars)
         for value, arg in self.p.outputs:
             if not self.p.vec[value]:
-                b.store(scalars[value], u.gep(b, ptrs[arg], row))
+                memory.store_scalar(b, scalars[value], u.gep(b, ptrs[arg], row),
+                                    self.p.memory[arg])
 
     def _scalars(self, b, ptrs, row, stage, scalars) -> None:
         """Scalar (per-row) values that become computable at the start of `stage`."""
@@ -80,7 +86,8 @@ class Emitter:
                 continue
             if i in self.p.sources:
                 src = self.p.sources[i]
-                scalars[i] = b.load(u.gep(b, ptrs[src.arg], _offset(b, src, row)))
+                scalars[i] = memory.load_scalar(b, u.gep(b, ptrs[src.arg], _offset(b, src, row)),
+                                                self.p.memory[src.arg])
             elif self.p.prims[i].op not in IDENTITY:
                 prim = self.p.prims[i]
                 scalars[i] = self._op(m, prim, [scalars[a] for a in prim.args])
@@ -114,7 +121,8 @@ class Emitter:
                 values[i] = u.splat(b, scalars[i], self.lanes)
             elif i in self.p.sources:
                 src = self.p.sources[i]
-                values[i] = self._load(b, ptrs[src.arg], b.add(_offset(b, src, row), j), mask)
+                values[i] = self._load(b, ptrs[src.arg], b.add(_offset(b, src, row), j), mask,
+                                       self.p.memory[src.arg])
             elif self.stage[i] < stage:
                 values[i] = self._load(b, buffers[i], j, mask)
             else:
@@ -125,7 +133,7 @@ class Emitter:
         for i in sorted(self.p.prims):
             if self.p.vec[i] and self.stage[i] == stage:
                 get(i)
-                if i in buffers:
+                if i in buffers:  # never an i32 value: those do not depend on reductions
                     self._store(b, values[i], buffers[i], j, mask)
         out = dict(accs)
         for r in reductions:
@@ -137,27 +145,23 @@ class Emitter:
         for value, arg in self.p.outputs:
             if self.p.vec[value] and self.stage[value] == stage:
                 offset = b.add(b.mul(row, u.const(self.p.n)), j)
-                self._store(b, get(value), ptrs[arg], offset, mask)
+                self._store(b, get(value), ptrs[arg], offset, mask, self.p.memory[arg])
         return out
 
-    def _load(self, b, base, offset, mask):
-        ptr = u.vptr(b, u.gep(b, base, offset), self.lanes)
-        if mask is None:
-            return b.load(ptr, align=4)
-        return u.masked_load(b, ptr, mask, self.lanes)
+    def _load(self, b, base, offset, mask, dtype: str = "f32"):
+        return memory.load_vector(b, u.gep(b, base, offset), dtype, self.lanes, mask)
 
-    def _store(self, b, value, base, offset, mask):
-        ptr = u.vptr(b, u.gep(b, base, offset), self.lanes)
-        if mask is None:
-            b.store(value, ptr, align=4)
-        else:
-            u.masked_store(b, value, ptr, mask)
+    def _store(self, b, value, base, offset, mask, dtype: str = "f32"):
+        memory.store_vector(b, value, u.gep(b, base, offset), dtype, mask)
 
     @staticmethod
     def _op(m: MathBuilder, prim: Prim, args: list[ir.Value]) -> ir.Value:
-        """One primitive (`codegen/lower/primitives.py`) on f32 lanes; booleans are 0.0/1.0."""
+        """One primitive (`codegen/lower/primitives.py`) on f32 lanes, booleans as 0.0/1.0, or
+        on i32 lanes (`program.INT_ARITH`, `INT_COMPARE`, "itof")."""
         b = m.b
         op = prim.op
+        if args and _is_int(args[0].type):
+            return _int_op(b, op, args)
         if op == "const":
             return m.c(prim.const)
         if op in ARITH:
@@ -192,6 +196,35 @@ class Emitter:
         """Per-thread row buffers for values that cross a reduction (allocated once)."""
         return {i: b.bitcast(b.alloca(ir.ArrayType(u.f32, self.p.n), name=f"row{i}"), u.f32
                              .as_pointer()) for i in self.kept}
+
+
+def _is_int(ty: ir.Type) -> bool:
+    return isinstance(ty.element if isinstance(ty, ir.VectorType) else ty, ir.IntType)
+
+
+def _float_like(ty: ir.Type) -> ir.Type:
+    return u.vec(u.f32, ty.count) if isinstance(ty, ir.VectorType) else u.f32
+
+
+def _int_op(b: ir.IRBuilder, op: str, args: list[ir.Value]) -> ir.Value:
+    """A primitive on i32 lanes: arithmetic wraps, comparisons give 0.0/1.0 in f32."""
+    x = args[0]
+    zero = ir.Constant(x.type, [0] * x.type.count if isinstance(x.type, ir.VectorType) else 0)
+    if op in INT_ARITH:
+        return getattr(b, INT_ARITH[op])(*args)
+    if op in ("max", "min"):
+        return b.select(b.icmp_signed(">" if op == "max" else "<", *args), *args)
+    if op == "relu":
+        return b.select(b.icmp_signed(">", x, zero), x, zero)
+    if op == "neg":
+        return b.sub(zero, x)
+    if op == "abs":  # the most negative value wraps to itself, as the reference's
+        return b.select(b.icmp_signed("<", x, zero), b.sub(zero, x), x)
+    if op in COMPARE:
+        return b.uitofp(b.icmp_signed(COMPARE[op], *args), _float_like(x.type))
+    if op == "itof":
+        return b.sitofp(x, _float_like(x.type))
+    raise NotARowProgram(f"'{op}' of i32 values is not in row programs")
 
 
 def _splat_const(ty: ir.VectorType, value: float) -> ir.Constant:

@@ -8,6 +8,11 @@ needs a row reduction's result in a later pass (stage) over the row.
 Whether an operand is a full tile, a row shared by all rows or one value per row follows from
 how the ops line its dims up with C's (`Space`, over `tilefold.ir.axes`), never from its shape:
 an [N] bias and an [M] row sum look alike when M == N.
+
+Values are f32 lanes (bf16/f16 results rounded after each op, bools as 0/1) or i32 lanes
+(integer arithmetic, wrapping as the reference's); arguments are f32, bf16, f16 or i32 in
+memory, and an input may be stored wider than its IR type (a bf16 GEMM's f32 sums, rounded
+to bf16 when loaded).
 """
 
 from __future__ import annotations
@@ -19,13 +24,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tilefold.codegen.lower import lower_op
+from tilefold.codegen.lower.rules import ROUNDED
 from tilefold.errors import UnsupportedError
 from tilefold.ir import Operation, Value
 from tilefold.ir.axes import AxisClasses, Pair
 from tilefold.ir.types import TensorType
 
 # Dtypes a value inside the program may have, held in f32 lanes: rounded values, 0/1 masks.
-INTERNAL = {"f32", "f16", "bf16", "bool"}
+INTERNAL = {"f32", "f16", "bf16", "bool", "i32"}
+MEMORY = {"f32", "f16", "bf16", "i32"}  # element types of the arguments
+INT_ARITH = {"add", "sub", "mul", "max", "min", "relu", "neg", "abs"}  # i32 in, i32 out
+INT_COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}  # i32 in, 0/1 in f32 out
 IDENTITY = {"rsum": 0.0, "rmax": -math.inf, "rmin": math.inf}  # row reductions
 
 
@@ -54,7 +63,9 @@ class Source:
 
 @dataclass
 class Program:
-    """Primitives over numbered values; `sources[i]` says how input value i is loaded."""
+    """Primitives over numbered values; `sources[i]` says how input value i is loaded,
+    `memory[arg]` what element type argument `arg` holds, `ints` the values in i32 lanes
+    ("itof" converts one to f32)."""
 
     rows: int
     n: int
@@ -62,12 +73,16 @@ class Program:
     sources: dict[int, Source] = field(default_factory=dict)
     vec: dict[int, bool] = field(default_factory=dict)
     outputs: list[tuple[int, int]] = field(default_factory=list)  # (value, arg index)
+    memory: dict[int, str] = field(default_factory=dict)
+    ints: set[int] = field(default_factory=set)
     count: int = 0
     made: dict[tuple, int] = field(default_factory=dict, repr=False)  # prims are pure: one each
 
-    def new(self, vec: bool) -> int:
+    def new(self, vec: bool, integer: bool = False) -> int:
         self.count += 1
         self.vec[self.count] = vec
+        if integer:
+            self.ints.add(self.count)
         return self.count
 
     def prim(self, op: str, *args: int, const: float = 0.0) -> int:
@@ -76,12 +91,25 @@ class Program:
         key = (op, args, const)
         if key not in self.made:
             vec = op not in IDENTITY and any(self.vec[a] for a in args)
-            self.made[key] = out = self.new(vec)
+            self.made[key] = out = self.new(vec, self._integer(op, args))
             self.prims[out] = Prim(op, args, const)
         return self.made[key]
 
     def constant(self, value: float) -> int:
         return self.prim("const", const=value)
+
+    def _integer(self, op: str, args: tuple[int, ...]) -> bool:
+        """Whether `op` on `args` gives i32 lanes; refuses what i32 lanes cannot compute."""
+        ints = [a in self.ints for a in args]
+        if not any(ints):
+            return False
+        if not all(ints):
+            raise NotARowProgram(f"'{op}' mixes i32 and float values")
+        if op not in INT_ARITH | INT_COMPARE | {"itof"}:
+            raise NotARowProgram(f"'{op}' of i32 values is not in row programs (i32 lanes do "
+                                 f"{', '.join(sorted(INT_ARITH | INT_COMPARE))} and casts to "
+                                 "float)")
+        return op in INT_ARITH
 
 
 class Space:
@@ -186,30 +214,47 @@ class _RowContext:
 
 def build_program(types: Mapping[Value, TensorType], constants: Mapping[Value, np.ndarray],
                   ops: list[Operation], inputs: list[Value], outputs: list[Value],
-                  space: Value) -> Program:
+                  space: Value, stored: Mapping[Value, str] | None = None) -> Program:
     """Lower `ops` (reading `inputs`, writing `outputs`; `types` are every value's concrete
     types, `constants` the inputs bound to constants) to a row program over the rows of
-    `space`'s shape."""
+    `space`'s shape. Arguments hold their IR dtype, except inputs `stored` names: f32 memory
+    for a bf16/f16 value (a low-precision GEMM's sums), rounded when loaded."""
     rows = Space(types, ops, space)
     prog = Program(math.prod(rows.domain[:-1]), rows.domain[-1])
     cx = _RowContext(prog, rows, constants)
     ids: dict[Value, int] = {}
     for index, v in enumerate(inputs):
-        _check_dtype(types, v, {"f32"})
+        dtype = str(types[v].dtype)
+        prog.memory[index] = memory = (stored or {}).get(v, dtype)
+        _check_dtype(v, memory, MEMORY, "in memory")
+        if memory != dtype and not (memory == "f32" and dtype in ROUNDED):
+            raise NotARowProgram(f"%{v.name} is {dtype}, stored as {memory}: only bf16/f16 "
+                                 "values may be stored as f32")
         source = rows.source(v, index)
-        ids[v] = prog.new(source.vec)
+        ids[v] = prog.new(source.vec, memory == "i32")
         prog.sources[ids[v]] = source
+        if memory != dtype:
+            ids[v] = prog.prim(f"round_{dtype}", ids[v])
     for op in ops:
-        _check_dtype(types, op.results[0], INTERNAL)
+        result = str(types[op.results[0]].dtype)
+        _check_dtype(op.results[0], result, INTERNAL, "inside")
         missing = [v for v in op.operands if v not in ids]
         if missing:
             raise NotARowProgram(f"%{missing[0].name} is not an input of the row program")
+        args = [ids[v] for v in op.operands]
+        if op.name == "cast" and result != "i32":
+            args = [prog.prim("itof", a) if a in prog.ints else a for a in args]
         try:
-            ids[op.results[0]] = lower_op(cx, op, [ids[v] for v in op.operands])
+            ids[op.results[0]] = out = lower_op(cx, op, args)
         except UnsupportedError as exc:
             raise NotARowProgram(exc.message) from None
+        if (out in prog.ints) != (result == "i32"):
+            source = str(types[op.operands[0]].dtype)
+            raise NotARowProgram(f"'{op.name}' from {source} to {result} is not in row programs "
+                                 "(i32 values come from i32 inputs and convert only to floats)")
     for index, v in enumerate(outputs, start=len(inputs)):
-        _check_dtype(types, v, {"f32"})
+        prog.memory[index] = str(types[v].dtype)
+        _check_dtype(v, prog.memory[index], MEMORY, "in memory")
         vec, picked = rows.varies(v)
         if vec != prog.vec[ids[v]] or picked != rows.live:  # each row writes its own part
             raise NotARowProgram(f"output %{v.name} {list(rows.shape(v))} is not a row value")
@@ -217,8 +262,7 @@ def build_program(types: Mapping[Value, TensorType], constants: Mapping[Value, n
     return prog
 
 
-def _check_dtype(types: Mapping[Value, TensorType], v: Value, allowed: set[str]) -> None:
-    if str(types[v].dtype) not in allowed:
-        where = "inside" if len(allowed) > 1 else "in and out of"
-        raise NotARowProgram(f"%{v.name} is {types[v].dtype}; {where} a row program "
-                             f"values are {'/'.join(sorted(allowed))}")
+def _check_dtype(v: Value, dtype: str, allowed: set[str], where: str) -> None:
+    if dtype not in allowed:
+        raise NotARowProgram(f"%{v.name} is {dtype}; {where} a row program values are "
+                             f"{'/'.join(sorted(allowed))}")

@@ -18,6 +18,13 @@ def _swap_last(shape):
     return (*shape[:-2], shape[-1], shape[-2]) if len(shape) >= 2 else shape
 
 
+def _operand_dtype(types: list[TensorType]) -> dtypes.DType:
+    """The operands' one dtype; u8 @ i8 (unsigned activations, signed weights) counts as i8."""
+    if [t.dtype for t in types] == [dtypes.u8, dtypes.i8]:
+        return dtypes.i8
+    return same_dtype("matmul", types)
+
+
 def _result_dtype(dt: dtypes.DType) -> dtypes.DType:
     """Integers accumulate and return in i32 (i64 for i64); floats keep their dtype."""
     if dt.is_integer:
@@ -31,7 +38,8 @@ class Matmul(OpDef):
 
     A 1-D `a` is a row vector and a 1-D `b` a column vector (the unit dim is dropped).
     `transpose_a`/`transpose_b` swap the last two dims of a rank >= 2 operand first.
-    Integer operands accumulate in i32 (i64 for i64). `%c = matmul(%a, %b) : f32[8,16]`
+    Integer operands accumulate in i32 (i64 for i64); `a` may be u8 with an i8 `b` (the
+    8-bit GEMM's quantized activations and weights). `%c = matmul(%a, %b) : f32[8,16]`
     """
 
     name = "matmul"
@@ -41,7 +49,7 @@ class Matmul(OpDef):
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         a, b = types
-        dt = same_dtype("matmul", types)
+        dt = _operand_dtype(types)
         require("matmul", a, "numeric")
         sa = _swap_last(a.shape) if attrs["transpose_a"] else a.shape
         sb = _swap_last(b.shape) if attrs["transpose_b"] else b.shape

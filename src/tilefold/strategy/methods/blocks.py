@@ -4,9 +4,18 @@ Prologues become strided views (transposes) or broadcast batch dims the GEMM rea
 constant B is packed once. The epilogue (bias, activation, residual, scaling, row softmax or
 norms) is a row program run over C right after the GEMM, while C is still in cache. The GEMM
 has no in-register epilogue hook yet, so C makes one extra trip through the caches.
+
+f32 operands run the f32 GEMM (`codegen/gemm`); bf16 x bf16, f16 x f16, u8 x i8 and i8 x i8
+run the low-precision GEMM through `quant.api.matmul_lowp` (a constant B packed once with
+`prepack_lowp`): its f32 or i32 sums are C's scratch, which the row program reads (a bf16/f16 C
+rounded as it is loaded) to write the group's outputs in their own dtypes; a bf16/f16 matmul
+with no epilogue still runs a row program, the one rounding of the f32 sums to C's dtype.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import numpy as np
 
@@ -14,14 +23,22 @@ from tilefold.codegen.cpu.rowkernel import generated_row_kernel
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
+from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
 from tilefold.passes.fusion import FREE_PROLOGUES  # the prologues that are views
 from tilefold.runtime import source_digest
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
+from tilefold.target import Target, measured_peak_gflops
 
-GEMM_EFFICIENCY = 0.8
+GEMM_EFFICIENCY = 0.8  # of the measured peak of the GEMM's dtype, f32 and low precision alike
+# The low-precision GEMM's operand pairs and the peak probe (`target/peaks.py`) of its rate:
+# "bf16" falls back to the f32 FMA where bf16 is widened; f16 has no probe, and runs at most
+# at the f32 rate on the hosts tilefold has kernels for; AMX tiles are not counted (the
+# estimate is low there, which only ranks blocks.gemm below a faster candidate it beats).
+LOWP_PEAKS = {("bf16", "bf16"): "bf16", ("f16", "f16"): "f32", ("u8", "i8"): "int8",
+              ("i8", "i8"): "int8"}
 
 
 def _view(op: Operation, problem: Problem):
@@ -38,7 +55,8 @@ class GemmEpilogue(Method):
     name = "blocks.gemm"
     family = "building-blocks"
     generators = ("tilefold.codegen.gemm", "tilefold.codegen.cpu",
-                  "tilefold.codegen.rowprog", "tilefold.codegen.lower")
+                  "tilefold.codegen.rowprog", "tilefold.codegen.lower",
+                  "tilefold.codegen.lowp", "tilefold.quant")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         # On first use: `import tilefold` does not load the row-program generator.
@@ -48,8 +66,12 @@ class GemmEpilogue(Method):
         if len(matmuls) != 1:
             return "needs exactly one matmul in the group"
         mm = matmuls[0]
-        if any(str(t.dtype) != "f32" for t in problem.in_types()):
-            return "the GEMM building blocks are f32 here (bf16/int8 micro-kernels not wired)"
+        pair = tuple(str(problem.types[v].dtype) for v in mm.operands)
+        lowp = pair != ("f32", "f32")
+        if lowp:
+            refusal = _lowp_refusal(problem, mm, ctx.target)
+            if refusal:
+                return refusal
         at = problem.body.index(mm)
         prologue, epilogue = problem.body[:at], problem.body[at + 1:]
         bad = [op.name for op in prologue if op.name not in FREE_PROLOGUES]
@@ -57,31 +79,41 @@ class GemmEpilogue(Method):
             return (f"prologue {', '.join(bad)} needs a packing-time conversion hook in the "
                     "GEMM (not available)")
         a_shape, b_shape = (problem.shape(v) for v in mm.operands)
-        if not epilogue and len(a_shape) == 2 and len(b_shape) == 1:
+        if not epilogue and not lowp and len(a_shape) == 2 and len(b_shape) == 1:
             return "a lone matrix @ vector product is the LTO library's GEMV"
+        c = mm.results[0]
+        rounded = str(problem.types[c].dtype) in ("bf16", "f16")  # C's f32 sums, rounded
         epi = None
-        if epilogue:
-            c = mm.results[0]
+        if epilogue or rounded:
             ins = [c, *dict.fromkeys(v for op in epilogue for v in op.operands
                                      if v in problem.inputs)]
-            outs = [v for v in problem.outputs if v is not c]
+            outs = [v for v in problem.outputs if v is not c or rounded]
             try:
                 epi = (build_program(problem.types, problem.constants, list(epilogue), ins,
-                                     outs, c), ins, outs)
+                                     outs, c, {c: "f32"} if rounded else None), ins, outs)
                 Emitter(epi[0], _lanes(ctx))  # refuses now what it could not emit at build
             except NotARowProgram as exc:
                 return f"epilogue: {exc}"
         w = work(problem)
-        c_bytes = 4 * float(np.prod(problem.shape(mm.results[0])))
-        estimate = (roofline(w.gemm_flops, w.bytes_fused, ctx.machine, GEMM_EFFICIENCY)
-                    + (roofline(w.flops - w.gemm_flops, 2 * c_bytes, ctx.machine, 0.5)
-                       if epi else 0.0) + ctx.machine.call_s * (2 if epi else 1))
+        c_bytes = 4 * float(np.prod(problem.shape(c)))
         prepack = mm.operands[1] in problem.constants and len(b_shape) == 2
-        config = {"prepack": prepack, "epilogue": bool(epi)}
-        note = "epilogue as a row program over C" if epi else ""
+        machine, nbytes, calls = ctx.machine, w.bytes_fused, 2 if epi else 1
+        if lowp:
+            machine = dataclasses.replace(machine, gflops=_lowp_gflops(ctx, LOWP_PEAKS[pair]))
+            nbytes += _lowp_extra_bytes(problem, mm, prepack, c)
+            calls -= not w.gemm_flops  # C empty or zeros: no matmul_lowp call
+        estimate = (roofline(w.gemm_flops, nbytes, machine, GEMM_EFFICIENCY)
+                    + (roofline(w.flops - w.gemm_flops, 2 * c_bytes, ctx.machine, 0.5)
+                       if epi else 0.0) + ctx.machine.call_s * calls)
+        config = {"prepack": prepack, "epilogue": bool(epilogue)}
+        if lowp:
+            config["lowp"] = "x".join(pair)
+        note = "epilogue as a row program over C" if epilogue else ""
+        if rounded and not epilogue:
+            note = f"C rounded to {problem.types[c].dtype} by a row program"
+        build = build_lowp_gemm if lowp else build_gemm
         return [self.candidate(config, estimate,
-                               lambda: build_gemm(problem, ctx, mm, prologue, epi, prepack),
-                               note)]
+                               lambda: build(problem, ctx, mm, prologue, epi, prepack), note)]
 
 
 def _lanes(ctx: Context) -> int:
@@ -89,81 +121,191 @@ def _lanes(ctx: Context) -> int:
     return max(4, ctx.target.vector_bits // 32)
 
 
-def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
-               epi: tuple | None, prepack: bool) -> Kernel:
-    module = gemm_module(ctx.target)
-    views: dict[Value, tuple] = {v: (i, []) for i, v in enumerate(problem.inputs)}
-    for op in prologue:
-        index, chain = views[op.operands[0]]
-        views[op.results[0]] = (index, [*chain, _view(op, problem)])
+def _lowp_refusal(problem: Problem, mm: Operation, target: Target) -> str | None:
+    """Why the low-precision GEMM cannot run this matmul, or None."""
+    from tilefold.quant.api import has_lowp_kernel
 
-    def operand(v: Value, arrays) -> np.ndarray:
-        index, chain = views[v]
+    a, b = (problem.types[v] for v in mm.operands)
+    if not has_lowp_kernel(a.dtype.np_dtype, b.dtype.np_dtype):
+        return (f"no GEMM for {a.dtype} x {b.dtype} (building blocks: f32 x f32, bf16 x bf16, "
+                "f16 x f16, u8 x i8, i8 x i8)")
+    if len(b.shape) > 2:
+        return (f"the low-precision GEMM takes a 2-D B (matmul_lowp: B[K, N]); B is {b} "
+                "(batched B runs op by op)")
+    return _target_refusal(target, a.dtype.np_dtype, b.dtype.np_dtype)
+
+
+@functools.cache
+def _target_refusal(target: Target, a: np.dtype, b: np.dtype) -> str | None:
+    """Why `target` has no low-precision kernel for A of dtype `a` and B of `b`, or None."""
+    from tilefold.quant.api import prepack_lowp
+
+    try:
+        prepack_lowp(np.zeros((1, 1), b), a, target=target)
+    except TilefoldError as exc:
+        return f"no low-precision kernel on {target.name}: {exc.message}"
+    return None
+
+
+def _lowp_extra_bytes(problem: Problem, mm: Operation, prepack: bool, c: Value) -> float:
+    """What `matmul_lowp` moves beyond the group's inputs and outputs: A packed on each call
+    (read and written once more), B too unless prepacked, and an i32 C that is an output
+    copied there from the sums it returns."""
+    def size(v: Value) -> float:
+        t = problem.types[v]
+        return float(np.prod(t.shape)) * t.dtype.bits / 8
+
+    a, b = mm.operands
+    extra = 2 * size(a) + (0.0 if prepack else 2 * size(b))
+    if problem.types[c].dtype.is_integer and c in problem.outputs:
+        extra += 2 * size(c)
+    return extra
+
+
+def _lowp_gflops(ctx: Context, peak: str) -> float:
+    """The measured multiply-accumulate peak of the probe `peak` (f32's where none runs)."""
+    try:
+        return measured_peak_gflops(ctx.target, peak, ctx.threads)
+    except TilefoldError:
+        return ctx.machine.gflops
+
+
+class _Operands:
+    """How the GEMM reads A and B from a call's arrays: through the prologue's views, with the
+    transpose flags applied; a 1-D operand is a [1, K] row (A) or a [K, 1] column (B) of a 2-D
+    GEMM, as in NumPy, and C gets the same size-1 dim back (`c`), so the epilogue still sees
+    C's own shape."""
+
+    def __init__(self, problem: Problem, mm: Operation, prologue: list[Operation]):
+        self.views: dict[Value, tuple] = {v: (i, []) for i, v in enumerate(problem.inputs)}
+        for op in prologue:
+            index, chain = self.views[op.operands[0]]
+            self.views[op.results[0]] = (index, [*chain, _view(op, problem)])
+        attrs = problem.attrs(mm)
+        self.a_val, self.b_val = mm.operands
+        self.ta, self.tb = attrs["transpose_a"], attrs["transpose_b"]
+        self.a_vec, self.b_vec = (len(problem.shape(v)) == 1 for v in mm.operands)
+
+    def operand(self, v: Value, arrays) -> np.ndarray:
+        index, chain = self.views[v]
         x = arrays[index]
         for f in chain:
             x = f(x)
         return x
 
-    attrs = problem.attrs(mm)
-    a_val, b_val = mm.operands
-
-    def oriented(x, flag):
+    @staticmethod
+    def oriented(x: np.ndarray, flag: bool) -> np.ndarray:
         return x.swapaxes(-1, -2) if flag else x
 
-    # A 1-D operand is a [1, K] row (A) or a [K, 1] column (B) of a 2-D GEMM, as in NumPy;
-    # C gets the same size-1 dim back as a view, so the epilogue still sees C's own shape.
-    a_vec, b_vec = (len(problem.shape(v)) == 1 for v in mm.operands)
+    def a(self, arrays) -> np.ndarray:
+        a = self.operand(self.a_val, arrays)
+        return a[None, :] if self.a_vec else self.oriented(a, self.ta)
 
-    def gemm_a(arrays):
-        a = operand(a_val, arrays)
-        return a[None, :] if a_vec else oriented(a, attrs["transpose_a"])
+    def b(self, arrays) -> np.ndarray:
+        b = self.operand(self.b_val, arrays)
+        return b[:, None] if self.b_vec else self.oriented(b, self.tb)
 
-    def gemm_b(arrays):
-        b = operand(b_val, arrays)
-        return b[:, None] if b_vec else oriented(b, attrs["transpose_b"])
+    def c(self, c: np.ndarray) -> np.ndarray:
+        c = c[..., None] if self.b_vec else c
+        return c[..., None, :] if self.a_vec else c
 
-    def gemm_c(c):
-        c = c[..., None] if b_vec else c
-        return c[..., None, :] if a_vec else c
 
+def _epilogue_runner(problem: Problem, ctx: Context, epi: tuple | None, c_val: Value):
+    """`run(c, arrays)`: the epilogue's row kernel over C and the call's arrays (or nothing),
+    and the kernel itself (None without an epilogue)."""
+    if epi is None:
+        return lambda c, arrays: None, None
+    kernel = _epilogue_kernel(problem, ctx, epi)
+    _, ins, outs = epi
+    n_in = len(problem.inputs)
+    # Where each epilogue argument comes from: -1 is C, else an index into the arrays.
+    picks = [-1 if v is c_val else problem.inputs.index(v) for v in ins]
+    picks += [n_in + problem.outputs.index(v) for v in outs]
+
+    def run(c: np.ndarray, arrays) -> None:
+        kernel.run(*(c if i < 0 else arrays[i] for i in picks))
+
+    return run, kernel
+
+
+def _kernel(run, gemm: str, epi_kernel: Kernel | None) -> Kernel:
+    if epi_kernel is None:
+        return Kernel(run, f"// GEMM {gemm} only")
+    return Kernel(run, lambda: f"// GEMM {gemm} + epilogue\n{epi_kernel.source}",
+                  epi_kernel.asm)
+
+
+def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
+               epi: tuple | None, prepack: bool) -> Kernel:
+    module = gemm_module(ctx.target)
+    ops = _Operands(problem, mm, prologue)
     c_val = mm.results[0]
-    c_shape = problem.shape(c_val)
     n_in = len(problem.inputs)
     c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
-    scratch = np.empty(c_shape, np.float32)
+    scratch = np.empty(problem.shape(c_val), np.float32)
     probe = [np.empty(t.shape, np.float32) for t in problem.in_types()]
-    a0, b0 = gemm_a(probe), gemm_b(probe)
+    a0, b0 = ops.a(probe), ops.b(probe)
     packed = plan = None
     if prepack:  # once, at build time; a transposed weight is packed from its strided view
-        packed = PackedMatrix(oriented(problem.constants[b_val], attrs["transpose_b"]), module)
+        packed = PackedMatrix(ops.oriented(problem.constants[ops.b_val], ops.tb), module)
     if scratch.size and a0.shape[-1]:  # else C is empty or an empty sum (zeros): no GEMM
-        plan = make_plan(module, a0, packed if packed is not None else b0, gemm_c(scratch), 0,
+        plan = make_plan(module, a0, packed if packed is not None else b0, ops.c(scratch), 0,
                          ctx.threads)
     b_arg = packed.data if packed is not None else None
-    epi_kernel = _epilogue_kernel(problem, ctx, epi) if epi else None
-    _, epi_ins, epi_outs = epi or (None, [], [])
-    # Where each epilogue argument comes from: -1 is C, else an index into the arrays.
-    picks = [-1 if v is c_val else problem.inputs.index(v) for v in epi_ins]
-    picks += [n_in + problem.outputs.index(v) for v in epi_outs]
+    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
 
     def run(*arrays: np.ndarray) -> None:
         c = arrays[n_in + c_out] if c_out is not None else scratch
         if plan is None:
             c[...] = 0
         else:
-            plan(gemm_a(arrays), b_arg if b_arg is not None else gemm_b(arrays), gemm_c(c))
-        if epi_kernel is not None:
-            epi_kernel.run(*(c if i < 0 else arrays[i] for i in picks))
+            plan(ops.a(arrays), b_arg if b_arg is not None else ops.b(arrays), ops.c(c))
+        epilogue(c, arrays)
 
-    if epi_kernel is None:
-        return Kernel(run, f"// GEMM {module.kernel.name} only")
-    return Kernel(run, lambda: f"// GEMM {module.kernel.name} + epilogue\n{epi_kernel.source}",
-                  epi_kernel.asm)
+    return _kernel(run, module.kernel.name, epi_kernel)
+
+
+def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
+                    epi: tuple | None, prepack: bool) -> Kernel:
+    """The low-precision GEMM (`matmul_lowp`) into f32 (bf16/f16) or i32 (8-bit) sums, then the
+    row program; an i32 C that is an output is copied there."""
+    from tilefold.quant.api import matmul_lowp, prepack_lowp
+
+    ops = _Operands(problem, mm, prologue)
+    c_val = mm.results[0]
+    c_shape = problem.shape(c_val)
+    integer = problem.types[c_val].dtype.is_integer
+    acc = np.int32 if integer else np.float32
+    n_in = len(problem.inputs)
+    c_out = problem.outputs.index(c_val) if integer and c_val in problem.outputs else None
+    a_dtype = problem.types[ops.a_val].dtype.np_dtype
+    probe = [np.empty(t.shape, t.dtype.np_dtype) for t in problem.in_types()]
+    empty = not np.prod(c_shape) or not ops.a(probe).shape[-1]  # C is empty or zeros
+    b_arg = None
+    if prepack and not empty:  # once, at build time, from the (transposed) weight's view
+        b_arg = prepack_lowp(ops.oriented(problem.constants[ops.b_val], ops.tb), a_dtype,
+                             target=ctx.target)
+    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
+
+    def run(*arrays: np.ndarray) -> None:
+        if empty:
+            c = np.zeros(c_shape, acc)
+        else:
+            b = b_arg if b_arg is not None else ops.b(arrays)
+            c = matmul_lowp(ops.a(arrays), b, target=ctx.target, threads=ctx.threads)
+            c = c.reshape(c_shape)
+        if c_out is not None:
+            arrays[n_in + c_out][...] = c
+        epilogue(c, arrays)
+
+    kind = "x".join(str(problem.types[v].dtype) for v in mm.operands)
+    return _kernel(run, f"matmul_lowp {kind}", epi_kernel)
 
 
 # The modules whose code shapes an epilogue's IR (with the row kernel's: its cache fingerprint).
 _EPILOGUE_GENERATORS = ("tilefold.codegen.rowprog", "tilefold.codegen.lower",
-                        "tilefold.codegen.llvm_util", "tilefold.codegen.vecmath")
+                        "tilefold.codegen.llvm_util", "tilefold.codegen.vecmath",
+                        "tilefold.codegen.kernel.memory")
 
 
 def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:

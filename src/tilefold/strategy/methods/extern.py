@@ -223,6 +223,14 @@ def reference_penalty(problem: Problem, table: dict[str, Fn]) -> float:
     return 20e-9 * elements + sum(product_flops(problem, op) for op in slow) / REFERENCE_FLOPS
 
 
+def _loop_products(problem: Problem) -> float:
+    """Extra seconds for matmuls NumPy runs as plain loops, not BLAS: operands other than f32
+    and f64 (bf16, f16, integers), charged at the reference's matrix-product rate."""
+    loops = [op for op in problem.body if op.name == "matmul"
+             and str(problem.types[op.operands[0]].dtype) not in ("f32", "f64")]
+    return sum(product_flops(problem, op) for op in loops) / REFERENCE_FLOPS
+
+
 @register_method
 class NumpyExtern(Method):
     name = "extern.numpy"
@@ -238,7 +246,7 @@ class NumpyExtern(Method):
         blas = any(op.name == "matmul" for op in problem.body)
         estimate = (extern_estimate(w, problem, ctx, ctx.machine.numpy_op_s,
                                     0.7 / ctx.threads if blas else 0.7)
-                    + reference_penalty(problem, NUMPY))
+                    + reference_penalty(problem, NUMPY) + _loop_products(problem))
         return [self.candidate({}, estimate, lambda: build_extern(problem, NUMPY, blas),
                                note)]
 
@@ -252,6 +260,8 @@ class TorchExtern(Method):
         table = _torch_table()
         if table is None:
             return "PyTorch is not installed"
+        if any(str(t.dtype) == "bf16" for t in problem.types.values()):
+            return "bf16 arrays do not pass to PyTorch here (torch.from_numpy has no bf16)"
         merged = {**NUMPY, **table}
         refusal = strict_refusal(problem, merged, self.name)
         if refusal is not None:
