@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefold.errors import ShapeError, strict_mode
+from tilefold.errors import ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
@@ -54,6 +54,17 @@ class Plan:
     results: list[tuple[int, bool]]  # (slot, copy: a view, input or constant)
     decisions: list[Decision]
     layout: dict[str, str]  # layout op result -> "view" or "copy" (for explain)
+    poisoned: bool = False  # strict: fresh buffers start as NaN (int max), never stale values
+
+
+def poison(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A buffer no correct kernel leaves as it is: NaN, or the integer type's largest value
+    (strict mode allocates outputs and intermediates so, where `np.empty` could hand a kernel
+    that never writes memory already holding the right answer)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "fc" or dtype.name == "bfloat16":
+        return np.full(shape, np.nan, dtype)
+    return np.full(shape, True if dtype.kind == "b" else np.iinfo(dtype).max, dtype)
 
 
 class CompiledGraph:
@@ -87,8 +98,9 @@ class CompiledGraph:
             env = plan.env
             for slot, a in zip(plan.input_slots, arrays, strict=True):
                 env[slot] = a
+            fresh = poison if plan.poisoned else np.empty
             for slot, shape, dtype in plan.output_slots:
-                env[slot] = np.empty(shape, dtype)
+                env[slot] = fresh(shape, dtype)
             for run, slots in plan.steps:
                 run(*[env[s] for s in slots])
             results = [np.array(env[s]) if copied else env[s] for s, copied in plan.results]
@@ -129,6 +141,7 @@ class _Planner:
         self.free: dict[tuple, list[np.ndarray]] = {}
         self.owned: dict[Value, np.ndarray] = {}  # planned intermediate -> its (base) buffer
         self.per_call: set[Value] = set(fn.args)  # values whose arrays change every call
+        self.alloc = poison if strict(graph.strict) else np.empty
         for a, shape in zip(fn.args, shapes, strict=True):  # probes: views learn layouts
             self.env[self.slot[a]] = np.empty(shape, a.type.dtype.np_dtype)
         self.ops = [op for op in fn.ops if op.name != "return"]
@@ -158,7 +171,7 @@ class _Planner:
         for v in self.per_call:  # drop the probes
             self.env[self.slot[v]] = None
         return Plan(self.steps, self.env, [self.slot[a] for a in self.fn.args], self.fresh,
-                    results, decisions, self.layout)
+                    results, decisions, self.layout, self.alloc is poison)
 
     def _attrs(self, op: Operation) -> dict:
         def size(d):
@@ -206,7 +219,7 @@ class _Planner:
             perm = self._transposed_by_user(r) if kernel.strided_out else None
             stored = shape if perm is None else tuple(shape[p] for p in perm)
             pool = self.free.get((stored, dtype.str))
-            base = self.owned[r] = pool.pop() if pool else np.empty(stored, dtype)
+            base = self.owned[r] = pool.pop() if pool else self.alloc(stored, dtype)
             env[slot[r]] = base if perm is None else base.transpose(np.argsort(perm))
         self.steps.append((kernel.run, args))
         return decision

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import tilefold
 from tilefold.compiler import compile
-from tilefold.ir import interpret, parse_module
+from tilefold.ir import Builder, interpret, parse_module
+from tilefold.ir import functional as F
 
 MLP = """func @main(%x: f32[?b,16], %w1: f32[16,40], %b1: f32[40], %w2: f32[40,16],
                   %b2: f32[16]) -> (f32[?b,16]) {
@@ -199,3 +200,18 @@ def test_tuned_graph_reloads_without_tuning_llvm_or_building_ir(tmp_path):
     compiles, tuned, built = run()
     assert compiles > 0 and tuned > 0 and built > 0
     assert run() == [0, 0, 0]  # a warm process loads objects by generator fingerprint
+
+
+def test_strict_plans_poison_fresh_buffers():
+    """Strict mode hands kernels NaN-filled outputs and intermediates, so a kernel that wrote
+    nothing cannot pass on memory that happened to hold the answer."""
+    b = Builder("main")
+    x = b.arg("x", "f32", (4, 8))
+    module = b.build(F.relu(F.exp(x) * 2.0) + x)
+    graph = compile(module, strict=True)
+    plan = graph.plan_for((4, 8))
+    assert plan.poisoned
+    plan.steps[:] = [(lambda *arrays: None, slots) for _, slots in plan.steps]
+    (got,) = graph(np.ones((4, 8), np.float32))
+    assert np.isnan(got).all()
+    assert not compile(module, strict=False).plan_for((4, 8)).poisoned
