@@ -1,0 +1,5 @@
+"""placeholder"""
+
+
+class ILP:
+    pass
