@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from tilefold.errors import TilefoldError
+from tilefold.errors import PassError, TilefoldError
 from tilefold.ir.core import Function, Operation
 from tilefold.ir.types import (
     Mesh,
@@ -25,7 +25,7 @@ from tilefold.ir.types import (
     TensorType,
     local_shape,
 )
-from tilefold.passes.expand_redistribute import redistribute_steps
+from tilefold.passes.expand_redistribute import Step, redistribute_paths, redistribute_steps
 
 
 class CostModelError(TilefoldError):
@@ -157,6 +157,26 @@ def after_step(t: TensorType, op: str, axis: str, attrs: dict) -> TensorType:
     return t.with_sharding(t.sharding.replace(t.sharding.mesh.axis_index(axis), p))
 
 
+def steps(t: TensorType, target: tuple[Placement, ...]) -> list[Step]:
+    """expand-redistribute's path for `t`, its paths found once per shape class: a path
+    depends on the shape only through which mesh sizes divide each dim, i.e. through
+    gcd(dim, mesh size)."""
+    if not t.is_static:
+        return redistribute_steps(t, target)
+    n = t.sharding.mesh.size
+    canonical = t.with_shape([math.gcd(d, n) for d in t.shape]).with_sharding(t.sharding)
+    paths = _paths(canonical)
+    if target not in paths:
+        raise PassError(f"expand-redistribute: no collectives take {t} to "
+                        f"{list(map(str, target))}")
+    return paths[target]
+
+
+@lru_cache(maxsize=1 << 14)
+def _paths(t: TensorType) -> dict[tuple[Placement, ...], list[Step]]:
+    return redistribute_paths(t)
+
+
 def collective_bytes(op: str, before: TensorType, after: TensorType) -> int:
     """The per-device buffer B a collective is priced on: the gathered block for all_gather,
     the operand's block otherwise."""
@@ -182,15 +202,10 @@ class CostModel(ABC):
     def redistribute(self, t: TensorType, target: tuple[Placement, ...],
                      what: str = "") -> Estimate:
         """The collectives expand-redistribute makes of taking `t` to `target`."""
-        return self._redistribute(t, tuple(target), what)
-
-    @lru_cache(maxsize=1 << 16)  # noqa: B019 - types are immutable; one cache per model
-    def _redistribute(self, t: TensorType, target: tuple[Placement, ...],
-                      what: str) -> Estimate:
         total = Estimate()
-        if t.sharding is None or t.sharding.placements == target:
+        if t.sharding is None or t.sharding.placements == tuple(target):
             return total
-        for step in redistribute_steps(t, target):
+        for step in steps(t, tuple(target)):
             new = after_step(t, step.op, step.axis, step.attrs)
             total += self.collective(step.op, collective_bytes(step.op, t, new), step.axis, what)
             t = new
@@ -303,8 +318,6 @@ class AlphaBeta(CostModel):
             raise CostModelError(f"links name axes {sorted(unknown)} that "
                                  f"{self.mesh.declaration()} does not have")
         self.links = links
-
-    __hash__ = object.__hash__  # the redistribute cache is keyed by the model itself
 
     def compute(self, op: Operation) -> Estimate:
         flops = op_flops(op)
