@@ -66,6 +66,7 @@ class Problem:
     integer: list[int] = field(default_factory=list)
     upper: list[float] = field(default_factory=list)
     rows: list[tuple[dict[int, float], float, float]] = field(default_factory=list)
+    objective: float = 0.0
 
     def column(self, cost: float, binary: bool) -> int:
         self.costs.append(cost)
@@ -90,6 +91,7 @@ class Problem:
                                                    [hi for _, _, hi in self.rows]))
         if result.x is None:
             raise StrategyError(f"ilp: no plan fits the constraints ({result.message})")
+        self.objective = float(result.fun)
         return result.x
 
 
@@ -119,6 +121,8 @@ def per_axis(einsum: Einsum, op: Operation, args: set[Value]) -> list[tuple]:
 
 class Search:
     """One ILP search over one function (a scratch copy whose types it rewrites freely)."""
+
+    objective: float = 0.0
 
     def __init__(self, fn: Function, mesh: Mesh, cost: CostModel, constraints: Constraints):
         self.fn, self.mesh, self.cost, self.constraints = fn, mesh, cost, constraints
@@ -263,6 +267,7 @@ class Search:
         if self.constraints.memory_limit is not None:
             prob.row(memory, 0, self.constraints.memory_limit)
         x = prob.solve()
+        self.objective = prob.objective
         chosen = {}
         for key, cols in [*pick.items(), *delivered.items()]:
             best = max(cols, key=lambda ps, cols=cols: x[cols[ps]])
@@ -278,7 +283,10 @@ class Search:
 
 @register_strategy("ilp")
 class ILP(Strategy):
-    """The cheapest plan under the cost model, as an integer program."""
+    """The cheapest plan under the cost model, as an integer program; `objective` is the
+    modeled seconds of the last plan found."""
+
+    objective: float = 0.0
 
     def search(self, module: Module, mesh: Mesh, cost: CostModel,
                constraints: Constraints) -> Plan:
@@ -288,7 +296,9 @@ class ILP(Strategy):
             if not v.type.is_static:
                 raise StrategyError(f"ilp: %{v.name} is {v.type}; planning needs static "
                                     "shapes (bind the symbolic dims first)")
-        chosen = Search(fn, mesh, cost, constraints).run()
+        found = Search(fn, mesh, cost, constraints)
+        chosen = found.run()
+        self.objective = found.objective  # the modeled seconds of the plan
         entries = [(a.name, chosen[a]) for a in fn.args]
         entries += [(v.name, chosen[v]) for op in fn.ops for v in op.results if v in chosen]
         return Plan(mesh, tuple(entries), "ilp", fn.name)
