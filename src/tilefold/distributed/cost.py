@@ -116,10 +116,11 @@ class Estimate:
         rows = list(self.items if detail else self.by_kind().values())
         rows.append(Item("total", "", self.flops, self.comm_bytes, self.seconds))
         width = max([len(r.what) for r in rows] + [4])
-        lines = [f"{'what':<{width}}  {'kind':<14}  {'GFLOP':>10}  {'MB moved':>10}  "
+        kind = max([len(r.kind) for r in rows] + [4])
+        lines = [f"{'what':<{width}}  {'kind':<{kind}}  {'GFLOP':>10}  {'MB moved':>10}  "
                  f"{'ms':>10}"]
         for r in rows:
-            lines.append(f"{r.what:<{width}}  {r.kind:<14}  {r.flops / 1e9:>10.3f}  "
+            lines.append(f"{r.what:<{width}}  {r.kind:<{kind}}  {r.flops / 1e9:>10.3f}  "
                          f"{r.bytes / 1e6:>10.3f}  {r.seconds * 1e3:>10.4f}")
         return "\n".join(lines)
 
