@@ -105,8 +105,8 @@ def test_an_edited_plan_is_applied_as_written() -> None:
     module = gpt2(shape)
     mesh = parse_mesh("tp=2")
     text = search(module, mesh, "megatron").text
-    edited = Plan.parse(text.replace("%l0_fc2_w: @m[S(0)]", "%l0_fc2_w: @m[R]")
-                        + "%l0_gelu: @m[R]\n")
+    edited = Plan.parse(text.replace("%l0_fc2_w: @m[S(0)]", "%l0_fc2_w: @m[R]  # whole")
+                        + "%l0_gelu: @m[R]  # gathered where it is made\n")
     assert edited["l0_fc2_w"] == edited["l0_gelu"] == (Replicate(),)
     partitioned = edited.apply(module)
     assert collectives(partitioned) == {"all_reduce": 1, "all_gather": 1}

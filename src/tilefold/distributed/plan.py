@@ -7,7 +7,7 @@ redistributed where they are defined, expand-redistribute).
     mesh @m [dp=2, tp=4]
     %x: @m[S(0),R]
     %l0_fc1_w: @m[R,S(1)]
-    %l0_n1: @m[S(0),R]          (an intermediate: redistributed after its op)
+    %l0_n1: @m[S(0),R]          # an intermediate: redistributed after its op
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ class Plan:
         strategy, function, mesh, entries = "", "main", None, []
         for number, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()
+            if not line.startswith("#"):
+                line = line.split("#", 1)[0].strip()  # a comment after an entry
             if line.startswith("# strategy:"):
                 strategy = line.split(":", 1)[1].strip()
             elif line.startswith("# function:"):

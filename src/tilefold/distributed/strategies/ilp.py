@@ -20,8 +20,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
 from tilefold.distributed.cost import FREE, CostModel, nbytes, split_elsewhere
 from tilefold.distributed.plan import Placements, Plan, function
@@ -78,6 +76,12 @@ class Problem:
         self.rows.append((coefs, low, high))
 
     def solve(self) -> np.ndarray:
+        try:
+            from scipy.optimize import Bounds, LinearConstraint, milp
+            from scipy.sparse import coo_array
+        except ImportError:
+            raise StrategyError("the ilp strategy solves with scipy.optimize.milp: install "
+                                "scipy>=1.9 (pip install 'tilefold[distributed]')") from None
         r, c, v = [], [], []
         for i, (coefs, _, _) in enumerate(self.rows):
             for j, a in coefs.items():
