@@ -78,7 +78,8 @@ func @main(%x: f64[4,6] @m[S(0),S(1)]) -> (f64[4,1,6], f64[4,6], f64[4,3]) {
 
 
 @pytest.mark.parametrize("table, expected", [
-    ("[S(0),R]", "[P(sum),R]"), ("[R,S(1)]", "[R,S(2)]"), ("[S(0),S(1)]", "[P(sum),S(2)]")])
+    ("[S(0),R]", "[P(sum),R]"), ("[R,S(1)]", "[R,S(2)]"), ("[S(0),S(1)]", "[P(sum),S(2)]"),
+    ("[S(0),S(0)]", "[P(sum),P(sum)]")])
 def test_embedding_vocab_parallel_gives_partial_sums(table, expected) -> None:
     text = f"""mesh @m [a=2, b=2]
 func @main(%w: f64[8,4] @m{table}, %ids: i64[3,5] @m[R,R]) -> (f64[3,5,4], f64[3,5,4]) {{
@@ -126,15 +127,17 @@ func @main(%q: f64[2,4,6,4] @m{q_place}, %k: f64[2,2,6,4] @m{kv_place},
     np.testing.assert_allclose(simulate(module, q, k, v)[0], sdpa(q, k, v, causal), **TOL)
 
 
-def test_attention_with_a_mask_splits_heads_the_mask_has() -> None:
-    text = """mesh @m [tp=2]
-func @main(%q: f64[2,4,6,3] @m[S(1)], %k: f64[2,4,6,3] @m[S(1)], %v: f64[2,4,6,3] @m[S(1)],
-           %mask: f64[1,4,6,6] @m[S(1)]) -> (f64[2,4,6,3]) {
+@pytest.mark.parametrize("place, mask_place", [("[S(1),R]", "[S(1),R]"),   # heads
+                                              ("[R,S(0)]", "[R,R]")])     # broadcast batch
+def test_attention_with_a_mask_splits_heads_and_batch(place, mask_place) -> None:
+    text = f"""mesh @m [a=2, b=2]
+func @main(%q: f64[2,4,6,3] @m{place}, %k: f64[2,4,6,3] @m{place}, %v: f64[2,4,6,3] @m{place},
+           %mask: f64[1,4,6,6] @m{mask_place}) -> (f64[2,4,6,3]) {{
   %o = scaled_dot_product_attention(%q, %k, %v, %mask) : f64[2,4,6,3]
   return(%o)
-}"""
+}}"""
     module = placed(text)
-    assert result_placements(module) == ["[S(1)]"]
+    assert result_placements(module) == [place]
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((2, 4, 6, 3)) for _ in range(3))
     mask = rng.standard_normal((1, 4, 6, 6))

@@ -281,9 +281,9 @@ def attention(op: Operation) -> Einsum:
         scores = (*op.result.type.shape[:-1], k.shape[-2])
         letters = out_batch + "LS"
         m = mask[0].shape
+        offset = len(scores) - len(m)  # a broadcast dim of the mask gets a digit of its own
         inputs.append("".join(
-            letters[len(scores) - len(m) + d].lower() if size == 1 and
-            scores[len(scores) - len(m) + d] != 1 else letters[len(scores) - len(m) + d]
+            str(d) if size == 1 and scores[offset + d] != 1 else letters[offset + d]
             for d, size in enumerate(m)))
     fixed = "SE" + ("L" if mask or op.attr("is_causal") else "")
     return Einsum(tuple(inputs), out_batch + "LF", fixed=fixed)
