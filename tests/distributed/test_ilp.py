@@ -105,3 +105,11 @@ def test_search_times() -> None:
     plan = search(module, mesh, "ilp", AlphaBeta(mesh), constraints)
     assert time.perf_counter() - start < 60.0
     assert memory(plan, module, True) <= 16 << 30
+
+
+def test_an_axis_of_one_device_stays_replicated() -> None:
+    module = gpt2(BlockShape(batch=4))
+    mesh = parse_mesh("dp=1,tp=4")
+    plan = search(module, mesh, "ilp", AlphaBeta(mesh), Constraints(memory_limit=200_000))
+    assert all(ps[0] == Replicate() for _, ps in plan.entries)
+    assert any(ps[1] != Replicate() for _, ps in plan.entries)

@@ -71,6 +71,19 @@ def test_every_strategy_matches_numpy_on_the_simulated_mesh(block, strategy) -> 
         assert sum(nbytes(a.type) for a in placed["main"].args) <= constraints.memory_limit
 
 
+@pytest.mark.parametrize("strategy", ["megatron", "megatron-sp", "dp", "ilp"])
+def test_llama_with_gqa_on_8_simulated_ranks(strategy) -> None:
+    shape = BlockShape(d=32, heads=8, kv_heads=4, ffn=32, batch=2, seq=4, dtype="f64")
+    module = llama(shape)
+    mesh = parse_mesh("dp=2,tp=4")
+    plan = search(module, mesh, strategy, AlphaBeta(mesh),
+                  Constraints(memory_limit=megatron_memory(module, mesh)))
+    prm = random_params(module, seed=len(strategy))
+    (got,) = simulate(plan.apply(module), *(prm[a.name] for a in module["main"].args),
+                      rng=np.random.default_rng(1))
+    np.testing.assert_allclose(got, blockref.llama(prm, shape), rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("block", sorted(BLOCKS))
 def test_megatron_emits_two_all_reduces_per_block_and_sp_two_gathers_two_scatters(block) -> None:
     shape = BlockShape(d=1024, heads=16, kv_heads=8 if block == "llama" else None, batch=8,

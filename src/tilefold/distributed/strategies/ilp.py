@@ -104,9 +104,11 @@ def axis_options(t: TensorType, partial: bool) -> list[Placement]:
 
 
 def tuples(t: TensorType, mesh: Mesh) -> list[Placements]:
-    """Every placement tuple of an argument of type `t` that splits it evenly."""
+    """Every placement tuple of an argument of type `t` that splits it evenly (R alone on an
+    axis of one device)."""
     out = []
-    for ps in itertools.product(axis_options(t, False), repeat=len(mesh.axes)):
+    options = [axis_options(t, False) if n > 1 else [Replicate()] for n in mesh.sizes]
+    for ps in itertools.product(*options):
         if sharding_problem(t.with_sharding(Sharding(mesh, ps))) is None:
             out.append(ps)
     return out
@@ -159,7 +161,10 @@ class Search:
         if einsum is None or len(op.results) != 1:
             combos = [((tuple((Replicate(),) * n for _ in op.operands)), (Replicate(),) * n)]
         else:
-            axes = [per_axis(einsum, op, self.args)] * n
+            options = per_axis(einsum, op, self.args)
+            whole = [c for c in options if c[1] == Replicate()
+                     and all(p == Replicate() for p in c[0])]
+            axes = [options if size > 1 else whole for size in self.mesh.sizes]
             combos = []
             for pick in itertools.product(*axes):
                 operands = tuple(tuple(p[0][i] for p in pick) for i in range(len(op.operands)))
