@@ -5,7 +5,8 @@ placements -> result placement), and for every op result, the placement its user
     minimize   sum  compute(op, strategy)  +  sum  redistribute(result placement -> delivered)
     subject to one choice per argument, op and result;
                an op's strategy needs each operand delivered as it requires;
-               sum of the arguments' bytes per device <= memory limit
+               sum of the arguments' bytes per device <= memory limit (parameters times
+               TRAINING_STATE for a training step; activations are not counted)
     (values named alike in repeated layers, `%l0_q` and `%l1_q`, share one choice.)
 
 The redistribute edges are a transportation polytope between an op's result placement and the
@@ -45,6 +46,7 @@ from tilefold.ir.types import (
 )
 
 TRAINING_STATE = 4  # bytes per parameter byte in training: weight, gradient, two moments
+# (the data arguments count once)
 
 
 @dataclass
@@ -209,6 +211,7 @@ class Search:
         rep = {k: v[0] for k, v in self.classes.items()}
         pick: dict[str, dict[Placements, int]] = {}  # arg class -> placement -> column
         memory: dict[int, float] = {}
+        data = set(self.constraints.data_args(self.fn))
         state = TRAINING_STATE if self.constraints.training else 1
         for key, v in rep.items():
             if v in self.args:
@@ -216,7 +219,7 @@ class Search:
                 for ps in tuples(v.type, self.mesh):
                     cols[ps] = prob.column(0.0, True)
                     t = v.type.with_sharding(Sharding(self.mesh, ps))
-                    memory[cols[ps]] = count[key] * nbytes(t) * state
+                    memory[cols[ps]] = count[key] * nbytes(t) * (1 if v in data else state)
                 prob.row({c: 1.0 for c in cols.values()}, 1, 1)
                 pick[key] = cols
         ops: dict[str, tuple[Operation, list[Choice], list[int]]] = {}
