@@ -135,7 +135,12 @@ class Search:
     def __init__(self, fn: Function, mesh: Mesh, cost: CostModel, constraints: Constraints):
         self.fn, self.mesh, self.cost, self.constraints = fn, mesh, cost, constraints
         self.args = set(fn.args)
+        self.edges: dict[tuple, float | None] = {}
         self.share = re.compile(constraints.share) if constraints.share else None
+        self.users: dict[Value, list[tuple[str, int]]] = defaultdict(list)
+        for u in fn.ops:
+            for i, w in enumerate(u.operands):
+                self.users[w].append((self.key(u.results[0]) if u.results else u.name, i))
         self.classes: dict[str, list[Value]] = defaultdict(list)
         for v in fn.values():
             self.classes[self.key(v)].append(v)
@@ -152,8 +157,7 @@ class Search:
 
     def signature(self, v: Value) -> tuple:
         op = v.defining_op
-        users = sorted((self.key(u.results[0]) if u.results else u.name, i)
-                       for u in self.fn.ops for i, w in enumerate(u.operands) if w is v)
+        users = sorted(self.users[v])
         return (str(v.type), op.name if op else "arg", str(op.attrs) if op else "",
                 tuple(self.key(w) for w in op.operands) if op else (), tuple(users))
 
@@ -198,11 +202,14 @@ class Search:
         return seconds
 
     def edge(self, t: TensorType, src: Placements, dst: Placements) -> float | None:
-        try:
-            est = self.cost.redistribute(t.with_sharding(Sharding(self.mesh, src)), dst)
-        except TilefoldError:
-            return None
-        return est.seconds * (2 if self.constraints.training else 1)
+        """Seconds to redistribute `t` from `src` to `dst` (None: no path), once per key."""
+        if (t, src, dst) not in self.edges:
+            try:
+                est = self.cost.redistribute(t.with_sharding(Sharding(self.mesh, src)), dst)
+                self.edges[t, src, dst] = est.seconds * (2 if self.constraints.training else 1)
+            except TilefoldError:
+                self.edges[t, src, dst] = None
+        return self.edges[t, src, dst]
 
     def run(self) -> dict[Value, Placements]:
         """The chosen placement of every argument and the delivered one of every result."""
@@ -245,36 +252,35 @@ class Search:
                 seen.add((key, i, self.of[w]))
                 for c, col in zip(found, cols, strict=True):
                     needs[(self.of[w], key, i)][c.operands[i]][col] = 1.0
+        wanted: dict[str, set[Placements]] = defaultdict(set)
+        for (w, _, _), by in needs.items():
+            wanted[w] |= set(by)
         delivered: dict[str, dict[Placements, int]] = {}
         for key, (op, found, cols) in ops.items():
-            wanted = {ps for (w, _, _), by in needs.items() if w == key for ps in by}
-            results = {c.result for c in found}
-            ys = {d: prob.column(0.0, True) for d in sorted(wanted | results, key=str)}
+            results = list(dict.fromkeys(c.result for c in found))
+            ys = {d: prob.column(0.0, True) for d in sorted(wanted[key] | set(results), key=str)}
             prob.row({y: 1.0 for y in ys.values()}, 1, 1)
             delivered[key] = ys
+            # edges: each result placement flows to one delivered placement
+            out_rows: dict[Placements, dict[int, float]] = {r: {} for r in results}
+            in_rows = {d: {y: -1.0} for d, y in ys.items()}
             t = op.result.type.without_sharding()
-            edges: dict[tuple, int] = {}
             for r in results:
                 for d in ys:
                     seconds = self.edge(t, r, d)
                     if seconds is not None:
-                        edges[r, d] = prob.column(seconds * count[key], False)
-            for r in results:
-                row = {col: 1.0 for (a, _), col in edges.items() if a == r}
-                for c, col in zip(found, cols, strict=True):
-                    if c.result == r:
-                        row[col] = row.get(col, 0.0) - 1.0
+                        col = prob.column(seconds * count[key], False)
+                        out_rows[r][col] = in_rows[d][col] = 1.0
+            for c, col in zip(found, cols, strict=True):
+                out_rows[c.result][col] = -1.0
+            for row in [*out_rows.values(), *in_rows.values()]:
                 prob.row(row, 0, 0)
-            for d, y in ys.items():
-                row = {col: 1.0 for (_, b), col in edges.items() if b == d}
-                row[y] = row.get(y, 0.0) - 1.0
-                prob.row(row, 0, 0)
-        for (w, _, _), by in needs.items():
+        for (w, _, _), by in needs.items():  # each operand is delivered as its user needs
             targets = pick.get(w) or delivered[w]
-            for ps in set(by) | set(targets):
+            for ps in sorted(set(by) | set(targets), key=str):
                 row = dict(by.get(ps, {}))
                 if ps in targets:
-                    row[targets[ps]] = row.get(targets[ps], 0.0) - 1.0
+                    row[targets[ps]] = -1.0
                 prob.row(row, 0, 0)
         if self.constraints.memory_limit is not None:
             prob.row(memory, 0, self.constraints.memory_limit)
