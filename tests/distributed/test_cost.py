@@ -129,3 +129,23 @@ def test_bad_links_and_axes_are_named() -> None:
         AlphaBeta(mesh).collective("all_reduce", 8, "dp")
     with pytest.raises(CostModelError, match="no alpha-beta price for collective 'gossip'"):
         AlphaBeta(mesh).collective("gossip", 8, "tp")
+
+
+@pytest.mark.parametrize("shape, start", [
+    ((96, 40, 6), "[S(0),S(1),R]"), ((12, 8, 10), "[P(sum),S(0),S(2)]"), ((8, 8, 8), "[R,R,R]")])
+def test_paths_to_every_target_are_the_pass_paths_and_depend_on_divisibility_only(
+        shape, start) -> None:
+    from math import gcd
+
+    from tilefold.distributed.cost import steps
+    from tilefold.ir.types import Mesh, Sharding, TensorType
+    from tilefold.passes.expand_redistribute import redistribute_paths, redistribute_steps
+
+    mesh = Mesh.of("m", a=2, b=2, c=3)
+    t = TensorType.of("f32", shape).with_sharding(Sharding(mesh, parse_placements(start)))
+    paths = redistribute_paths(t)
+    assert len(paths) > 10
+    for target, path in paths.items():
+        assert redistribute_steps(t, target) == path == steps(t, target)
+    small = t.with_shape([gcd(d, mesh.size) for d in shape]).with_sharding(t.sharding)
+    assert redistribute_paths(small) == paths
