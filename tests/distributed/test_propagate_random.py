@@ -40,6 +40,12 @@ STEPS = {
              lambda h, w, b: (h - h.mean(1, keepdims=True))
              / np.sqrt(h.var(1, keepdims=True) + 1e-5) * b + b),
     "tanh": ("%{o} = tanh(%{h}) : f64[4,4]", lambda h, w, b: np.tanh(h)),
+    "heads": ("%{o}_h = reshape(%{h}) {{shape = [4,2,2]}} : f64[4,2,2]\n"
+              "  %{o}_t = transpose(%{o}_h) {{perm = [1,0,2]}} : f64[2,4,2]\n"
+              "  %{o} = reshape(%{o}_t) {{shape = [4,4]}} : f64[4,4]",
+              lambda h, w, b: h.reshape(4, 2, 2).transpose(1, 0, 2).reshape(4, 4)),
+    "unit": ("%{o}_e = expand_dims(%{h}) {{axes = [0]}} : f64[1,4,4]\n"
+             "  %{o} = squeeze(%{o}_e) {{axes = [0]}} : f64[4,4]", lambda h, w, b: h),
 }
 ENDS = {
     "sum": ("%{o} = reduce_sum(%{h}) {{axes = [1]}} : f64[4]", lambda h: h.sum(1)),

@@ -92,11 +92,11 @@ def test_replicas_that_differ_are_caught() -> None:
 
 def test_an_op_with_global_sizes_in_its_attributes_is_refused() -> None:
     text = """mesh @m [tp=2]
-func @main(%x: f32[4,6] @m[S(0)]) -> (f32[24] @m[S(0)]) {
-  %y = reshape(%x) {shape = [24]} : f32[24] @m[S(0)]
+func @main(%x: f32[4,6] @m[S(0)]) -> (f32[2,4,6] @m[S(1)]) {
+  %y = broadcast_to(%x) {shape = [2,4,6]} : f32[2,4,6] @m[S(1)]
   return(%y)
 }"""
-    with pytest.raises(SimulationError, match=r"'reshape' has no sharding rule: it runs "
+    with pytest.raises(SimulationError, match=r"'broadcast_to' has no sharding rule: it runs "
                        r"replicated: redistribute them first"):
         simulate(verify(parse_module(text)), np.ones((4, 6), np.float32))
 

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from tilefold.errors import TilefoldError
 from tilefold.ir.core import Operation
 from tilefold.ir.shapes import normalize_axes, normalize_axis
-from tilefold.ir.types import Partial, Placement, Replicate, Shard, TensorType
+from tilefold.ir.types import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    Sharding,
+    TensorType,
+    sharding_problem,
+)
 
 LETTERS = string.ascii_lowercase
 
@@ -185,6 +193,120 @@ def transpose(op: Operation) -> Einsum:
     return Einsum((letters,), "".join(letters[p] for p in op.attr("perm")), partial="all")
 
 
+@register_rule("reshape")
+def reshape(op: Operation) -> Einsum:
+    """Dims are grouped where the running element counts of input and output agree; in each
+    group the leading non-unit input dim shares a letter with the leading non-unit output dim
+    (cutting one in contiguous blocks cuts the other alike), the rest of the group is fixed."""
+    src, dst = op.operands[0].type.shape, op.result.type.shape
+    spare = iter(LETTERS[::-1])
+    inputs, output, fixed = [""] * len(src), [""] * len(dst), ""
+    i = o = 0
+    while i < len(src) or o < len(dst):
+        gi, go = [i], [o]
+        ni = src[i] if i < len(src) else 1
+        no = dst[o] if o < len(dst) else 1
+        while ni != no and isinstance(ni, int) and isinstance(no, int):
+            if ni < no and i + len(gi) < len(src):
+                gi.append(i + len(gi))
+                ni *= src[gi[-1]]
+            elif o + len(go) < len(dst):
+                go.append(o + len(go))
+                no *= dst[go[-1]]
+            else:
+                break
+        step_i, step_o = len(gi), len(go)
+        gi, go = [d for d in gi if d < len(src)], [d for d in go if d < len(dst)]
+        lead_i = next((d for d in gi if src[d] != 1), None)
+        lead_o = next((d for d in go if dst[d] != 1), None)
+        shared = next(spare)
+        if ni != no or lead_i is None or lead_o is None:
+            fixed += shared
+        for d in gi:
+            inputs[d] = shared if d == lead_i else next(spare)
+        for d in go:
+            output[d] = shared if d == lead_o else next(spare)
+        fixed += "".join(inputs[d] for d in gi if d != lead_i)
+        i, o = i + step_i, o + step_o
+    return Einsum(("".join(inputs),), "".join(output), partial="all", fixed=fixed)
+
+
+@register_rule("expand_dims", "squeeze")
+def unit_dims(op: Operation) -> Einsum:
+    """Kept dims keep their letters; inserted or dropped unit dims get their own."""
+    src, dst = op.operands[0].type, op.result.type
+    letters = LETTERS[: max(src.rank, dst.rank)]
+    axes = set(normalize_axes(op.name, op.attr("axes"), max(src.rank, dst.rank)))
+    kept = "".join(c for d, c in enumerate(letters) if d not in axes)
+    inserted = op.name == "expand_dims"
+    return Einsum((kept if inserted else letters,), letters if inserted else kept, partial="all")
+
+
+@register_rule("slice")
+def slice_rule(op: Operation) -> Einsum:
+    """A dim kept whole in order may be split; a dim the slice cuts is fixed."""
+    t = op.operands[0].type
+    letters = LETTERS[: t.rank]
+    fixed = ""
+    for c, d, a, b, s in zip(letters, t.shape, op.attr("starts"), op.attr("stops"),
+                             op.attr("steps"), strict=True):
+        if not isinstance(d, int) or range(*slice(a, b, s).indices(d)) != range(d):
+            fixed += c
+    return Einsum((letters,), letters, partial="all", fixed=fixed)
+
+
+@register_rule("gather")
+def gather(op: Operation) -> Einsum:
+    """Table dims besides `axis` pass to the result; splitting the looked-up dim (a
+    vocab-parallel embedding) leaves each device the rows it holds and zeros: P(sum)."""
+    x, ids = (v.type for v in op.operands)
+    axis = normalize_axis("gather", op.attr("axis"), x.rank)
+    table = LETTERS[: x.rank]
+    index = LETTERS[x.rank : x.rank + ids.rank]
+    return Einsum((table, index), table[:axis] + index + table[axis + 1 :], contract="sum",
+                  partial="one")
+
+
+@register_rule("scaled_dot_product_attention")
+def attention(op: Operation) -> Einsum:
+    """Batch and head dims split freely (with GQA the query and key/value heads together),
+    value features too; key positions and q/k features are reduced inside the softmax, and query
+    positions are fixed under a causal or explicit mask (they index it globally)."""
+    q, k, _, *mask = (v.type for v in op.operands)
+    batch = broadcast_letters([TensorType.of(q.dtype, q.shape[:-2]),
+                               TensorType.of(k.dtype, k.shape[:-2])], q.rank - 2)
+    out_batch = LETTERS[: q.rank - 2]
+    inputs = [batch[0] + "LE", batch[1] + "SE", batch[1] + "SF"]
+    if mask:
+        scores = (*op.result.type.shape[:-1], k.shape[-2])
+        letters = out_batch + "LS"
+        m = mask[0].shape
+        offset = len(scores) - len(m)  # a broadcast dim of the mask gets a digit of its own
+        inputs.append("".join(
+            str(d) if size == 1 and scores[offset + d] != 1 else letters[offset + d]
+            for d, size in enumerate(m)))
+    fixed = "SE" + ("L" if mask or op.attr("is_causal") else "")
+    return Einsum(tuple(inputs), out_batch + "LF", fixed=fixed)
+
+
+def uneven_axes(op: Operation, placements: Sequence[Placement | None]) -> dict[int, str]:
+    """The mesh axes whose derived shard does not split the result evenly, with the reason."""
+    meshes = [v.type.sharding.mesh for v in op.operands if v.type.sharding is not None]
+    if not meshes:
+        return {}
+    done: list[Placement] = [Replicate()] * len(placements)
+    bad = {}
+    for axis, p in enumerate(placements):
+        if isinstance(p, Shard):
+            done[axis] = p
+            problem = sharding_problem(op.results[0].type.with_sharding(
+                Sharding(meshes[0], tuple(done))))
+            if problem is not None:
+                bad[axis] = problem
+                done[axis] = Replicate()
+    return bad
+
+
 def result_placements(op: Operation, operand_placements: Sequence[Sequence[Placement]]
                       ) -> tuple[list[Placement | None], str]:
     """The result's placement on each mesh axis (None where no rule applies: the op must run
@@ -195,8 +317,11 @@ def result_placements(op: Operation, operand_placements: Sequence[Sequence[Place
         return [None] * len(axes), f"'{op.name}' has no sharding rule: it runs replicated"
     placements: list[Placement | None] = []
     notes = []
-    for axis, on_axis in enumerate(axes):
-        got = einsum.on_axis(on_axis)
-        placements.append(None if isinstance(got, str) else got)
-        notes.append(f"R (axis {axis}: {got}: replicated)" if isinstance(got, str) else str(got))
+    got = [einsum.on_axis(on_axis) for on_axis in axes]
+    derived = [None if isinstance(g, str) else g for g in got]
+    for axis, problem in uneven_axes(op, derived).items():
+        got[axis] = f"{got[axis]} is uneven ({problem})"
+    for axis, g in enumerate(got):
+        placements.append(None if isinstance(g, str) else g)
+        notes.append(f"R (axis {axis}: {g}: replicated)" if isinstance(g, str) else str(g))
     return placements, f"'{op.name}' by {einsum} gives [{','.join(notes)}]"

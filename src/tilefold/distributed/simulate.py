@@ -1,8 +1,9 @@
 """The simulated mesh: runs a function on every rank of a mesh in one process, each rank on its
 own blocks, so that a sharded program has an oracle (its global program, run by the interpreter).
 
-Ordinary ops run their reference on each rank's blocks, once their declared placements are
-checked against their sharding rules (`rules.py`); collectives run their `group_reference`
+Ordinary ops run their reference (or their per-rank meaning, `local.py`) on each rank's
+blocks, once their declared placements are checked against their sharding rules (`rules.py`);
+collectives run their `group_reference`
 on the blocks of each group of ranks along their axis; `redistribute` means "assemble the global
 value, then cut it to the new placements" (the `expand-redistribute` pass must agree).
 """
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tilefold.distributed.local import LOCAL
 from tilefold.distributed.rules import result_placements
 from tilefold.errors import ShapeError, TilefoldError, UnsupportedError
 from tilefold.ir.core import Block, Function, Module, Operation, Value
@@ -113,8 +115,11 @@ class MeshRun:
             return [out]
         self.check_placements(op)
         per_rank = []
+        local = LOCAL.get(op.name)
         for rank in range(self.mesh.size):
-            res = op.opdef.reference_op([a[rank] for a in args], attrs, op.regions, run_region)
+            blocks = [a[rank] for a in args]
+            res = (local(op, self.mesh, rank, blocks, attrs) if local is not None
+                   else op.opdef.reference_op(blocks, attrs, op.regions, run_region))
             per_rank.append(list(res) if isinstance(res, list | tuple) else [res])
         return [[np.asarray(r[i]) for r in per_rank] for i in range(len(op.results))]
 

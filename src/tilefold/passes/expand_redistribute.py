@@ -60,24 +60,38 @@ def legal(placements: tuple[Placement, ...], axis: int, dst: Placement) -> bool:
 
 def redistribute_steps(t: TensorType, target: tuple[Placement, ...]) -> list[Step]:
     """The collectives that take sharded type `t` to placements `target` (the cheapest path)."""
+    paths = _search(t, tuple(target))
+    if tuple(target) not in paths:
+        raise PassError(f"expand-redistribute: no collectives take {t} to "
+                        f"{list(map(str, target))}")
+    return paths[tuple(target)]
+
+
+def redistribute_paths(t: TensorType) -> dict[tuple[Placement, ...], list[Step]]:
+    """The cheapest path from sharded type `t` to every placement tuple it can reach (each
+    the one `redistribute_steps` gives)."""
+    return _search(t, None)
+
+
+def _search(t: TensorType, target: tuple[Placement, ...] | None
+            ) -> dict[tuple[Placement, ...], list[Step]]:
+    """Dijkstra over placement tuples from `t`'s, until `target` (None: everywhere);
+    cost = (communicating steps, steps), ties broken by the order states were reached."""
     assert t.sharding is not None
     mesh, start = t.sharding.mesh, t.sharding.placements
     choices = [Replicate(), *(Shard(d) for d in range(t.rank))]
-    # Dijkstra over placement tuples; cost = (communicating steps, steps), ties broken by order.
     queue: list[tuple[int, int, int, tuple[Placement, ...]]] = [(0, 0, 0, start)]
     best: dict[tuple[Placement, ...], tuple[int, int]] = {start: (0, 0)}
     back: dict[tuple[Placement, ...], tuple[tuple[Placement, ...], Step]] = {}
+    done: list[tuple[Placement, ...]] = []
     order = 0
     while queue:
         comm, steps, _, state = heapq.heappop(queue)
         if best.get(state) != (comm, steps):
             continue
-        if state == tuple(target):
-            path = []
-            while state != start:
-                state, step = back[state][0], back[state][1]
-                path.append(step)
-            return path[::-1]
+        done.append(state)
+        if state == target:
+            break
         for axis, name in enumerate(mesh.names):
             for dst in choices:
                 op = step_op(state[axis], dst)
@@ -94,7 +108,14 @@ def redistribute_steps(t: TensorType, target: tuple[Placement, ...]) -> list[Ste
                     back[new.placements] = (state, Step(op, name, attrs))
                     order += 1
                     heapq.heappush(queue, (*cost, order, new.placements))
-    raise PassError(f"expand-redistribute: no collectives take {t} to {list(map(str, target))}")
+    paths: dict[tuple[Placement, ...], list[Step]] = {}
+    for state in done if target is None else [s for s in done if s == target]:
+        path, at = [], state
+        while at != start:
+            at, step = back[at]
+            path.append(step)
+        paths[state] = path[::-1]
+    return paths
 
 
 @register_pass

@@ -1,0 +1,97 @@
+"""`tilefold shard`: the plan it prints parses back, the partitioned IR parses and verifies,
+the cost table ends in a total; edited plans load; bad sizes and meshes are named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tilefold.cli.main import main
+from tilefold.distributed import BlockShape, Plan, llama, parse_mesh, search
+from tilefold.ir import parse_file, parse_module, print_module, verify
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "llama_block.tfir"
+
+
+def sections(out: str) -> dict[str, str]:
+    """The output cut at its `# plan`, `# partitioned IR` and `# cost` headers."""
+    parts: dict[str, list[str]] = {}
+    current = None
+    for line in out.splitlines():
+        for head in ("# plan", "# partitioned IR", "# cost", "# peak memory"):
+            if line.startswith(head):
+                current = head
+                parts[current] = [line] if head == "# peak memory" else []
+                break
+        else:
+            parts[current].append(line)
+    return {k: "\n".join(v).strip() + "\n" for k, v in parts.items()}
+
+
+def test_the_example_is_the_llama_block_the_planner_builds() -> None:
+    shape = BlockShape(d=4096, heads=32, kv_heads=8, ffn=14336, batch=1, seq=2048,
+                       dtype="bf16")
+    assert print_module(parse_file(str(EXAMPLE))) == print_module(llama(shape))
+
+
+@pytest.mark.parametrize("strategy, collectives", [
+    ("megatron", {"all_reduce": 2}), ("megatron-sp", {"all_gather": 2, "reduce_scatter": 2})])
+def test_shard_prints_plan_partitioned_ir_and_costs(strategy, collectives, capsys) -> None:
+    assert main(["shard", str(EXAMPLE), "--mesh", "tp=8", "--strategy", strategy,
+                 "--training"]) == 0
+    out = sections(capsys.readouterr().out)
+    plan = Plan.parse(out["# plan"])
+    module = parse_file(str(EXAMPLE))
+    assert plan == search(module, parse_mesh("tp=8"), strategy)
+    partitioned = verify(parse_module(out["# partitioned IR"]))
+    names = [op.name for op in partitioned["main"].ops]
+    assert {c: names.count(c) for c in collectives} == collectives
+    assert print_module(partitioned) == print_module(plan.apply(module))
+    table = out["# cost"].splitlines()
+    assert table[0].split()[:2] == ["what", "kind"] and table[-1].split()[0] == "total"
+    assert any(line.startswith("all_reduce@tp") for line in table)  # gradients or TP
+    assert out["# peak memory"].startswith("# peak memory per device: ")
+
+
+def test_shard_searches_under_a_memory_limit_and_loads_an_edited_plan(tmp_path,
+                                                                      capsys) -> None:
+    assert main(["shard", str(EXAMPLE), "--mesh", "tp=8", "--memory-limit", "90MiB",
+                 "--no-ir"]) == 0
+    out = sections(capsys.readouterr().out)
+    assert "(limit 0.09 GiB)" in out["# peak memory"]
+    plan = Plan.parse(out["# plan"])
+    assert plan.strategy == "ilp"
+    edited = tmp_path / "edited.plan"
+    edited.write_text(plan.text.replace("%l0_down_w: @m[S(0)]", "%l0_down_w: @m[R]")
+                      .replace("%l0_down_w: @m[S(1)]", "%l0_down_w: @m[R]"))
+    assert main(["shard", str(EXAMPLE), "--plan", str(edited), "--detail"]) == 0
+    out = sections(capsys.readouterr().out)
+    assert Plan.parse(out["# plan"]) == Plan.parse(edited.read_text())
+    assert "%l0_down matmul" in out["# cost"]
+
+
+def test_propagate_takes_the_files_own_mesh(tmp_path, capsys) -> None:
+    path = tmp_path / "annotated.tfir"
+    path.write_text("""mesh @m [tp=2]
+func @main(%x: f32[4,8] @m[R], %w: f32[8,16] @m[S(1)]) -> (f32[4,16]) {
+  %y = matmul(%x, %w) : f32[4,16]
+  return(%y)
+}
+""")
+    assert main(["shard", str(path), "--strategy", "propagate"]) == 0
+    out = sections(capsys.readouterr().out)
+    assert out["# plan"].splitlines()[1:] == ["mesh @m [tp=2]", "%x: @m[R]", "%w: @m[S(1)]"]
+    assert "%y = matmul(%x, %w) : f32[4,16] @m[S(1)]" in out["# partitioned IR"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mesh", "tp=8", "--memory-limit", "lots"], "--memory-limit 'lots': write a size"),
+    (["--mesh", "tp"], "write axes as name=size"),
+    ([], "declares 0 meshes: give one with --mesh"),
+    (["--mesh", "tp=8", "--link", "tp=smoke"], "unknown link class 'smoke'"),
+    (["--mesh", "tp=8", "--memory-limit", "1MB"], "ilp: no plan fits the constraints"),
+])
+def test_bad_arguments_are_named(argv, message, capsys) -> None:
+    assert main(["shard", str(EXAMPLE), *argv]) == 1
+    assert message in capsys.readouterr().err
