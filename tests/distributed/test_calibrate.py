@@ -8,6 +8,8 @@ import pytest
 
 from tilefold.cli.main import main
 from tilefold.distributed import calibrate
+from tilefold.distributed.cost import AlphaBeta, CostModelError
+from tilefold.ir.types import Mesh
 
 pytest.importorskip("torch.distributed")
 
@@ -33,6 +35,16 @@ def test_calibrated_model_predicts_a_16_mib_all_reduce(tmp_path, monkeypatch, ca
     (measured,) = calibrate.measure_all_reduce(2, "gloo", sizes=(16 << 20,), rounds=5)
     predicted = cal.all_reduce_seconds(16 << 20)
     assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
+    # the cost model prices a 16 MiB all_reduce on a 2-way axis with the measured link alike
+    model = AlphaBeta(Mesh("m", (("tp", 2),)), links={"tp": "measured"})
+    est = model.collective("all_reduce", 16 << 20, "tp")
+    assert est.seconds == pytest.approx(predicted, rel=1e-12)
+
+
+def test_the_measured_link_needs_tune_comm(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path))
+    with pytest.raises(CostModelError, match="tune --comm"):
+        AlphaBeta(Mesh("m", (("tp", 2),)), links={"tp": "measured"})
 
 
 def test_one_rank_is_a_clear_error():

@@ -39,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="h100", choices=sorted(DEVICES),
                    help="the device roofline (default: h100)")
     p.add_argument("--link", action="append", default=[], metavar="AXIS=CLASS",
-                   help=f"the link class of a mesh axis ({', '.join(LINKS)}); default: "
+                   help=f"the link class of a mesh axis ({', '.join(LINKS)}, or measured: what "
+                   "`tilefold tune --comm` fitted here); default: "
                    "nvlink within a node of 8, ib beyond")
     p.add_argument("--detail", action="store_true", help="one cost row per op and collective")
     p.add_argument("--no-ir", action="store_true", help="leave out the partitioned IR")

@@ -357,6 +357,16 @@ def ring(kind: str, nbytes: float, t: int) -> tuple[int, float]:
 
 
 def link(name: str) -> Link:
+    """The link class `name`; "measured" is what `tilefold tune --comm` fitted on this machine
+    (2 gloo ranks)."""
+    if name == "measured":
+        from tilefold.distributed.calibrate import measured
+
+        cal = measured()
+        if cal is None:
+            raise CostModelError("no measured link on this machine: run `tilefold tune --comm`")
+        return Link("measured", cal.alpha, cal.beta)
     if name not in LINKS:
-        raise CostModelError(f"unknown link class {name!r}; known: {', '.join(LINKS)}")
+        raise CostModelError(f"unknown link class {name!r}; known: {', '.join(LINKS)}, "
+                             "measured")
     return LINKS[name]
