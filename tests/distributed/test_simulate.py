@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from tilefold.distributed import (
+    RULES,
+    Einsum,
     ReplicaMismatchError,
     SimulationError,
     assemble,
@@ -90,14 +92,27 @@ def test_replicas_that_differ_are_caught() -> None:
         assemble([a, a + 1], t)
 
 
-def test_an_op_with_global_sizes_in_its_attributes_is_refused() -> None:
+def test_a_sharded_reshape_runs_on_local_sizes() -> None:
+    """The rule ties S(0) of [4,6] to S(0) of [24]; each rank reshapes its block to [12]."""
     text = """mesh @m [tp=2]
 func @main(%x: f32[4,6] @m[S(0)]) -> (f32[24] @m[S(0)]) {
   %y = reshape(%x) {shape = [24]} : f32[24] @m[S(0)]
   return(%y)
 }"""
-    with pytest.raises(SimulationError, match=r"'reshape' has no sharding rule: it runs "
-                       r"replicated: redistribute them first"):
+    x = np.random.default_rng(6).standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(simulate(verify(parse_module(text)), x)[0], x.reshape(24))
+
+
+def test_an_op_whose_attributes_name_global_sizes_is_refused(monkeypatch) -> None:
+    """A slice with a rule but no per-rank bounds would slice each block by global bounds."""
+    monkeypatch.setitem(RULES, "slice", lambda op: Einsum(("ab",), "ab"))
+    text = """mesh @m [tp=2]
+func @main(%x: f32[4,6] @m[S(0)]) -> (f32[4,3] @m[S(0)]) {
+  %y = slice(%x) {starts = [0, 0], stops = [4, 3], steps = [1, 1]} : f32[4,3] @m[S(0)]
+  return(%y)
+}"""
+    with pytest.raises(SimulationError, match=r"'slice' attribute\(s\) starts, stops name "
+                       r"global sizes.*add the op to LOCAL_ATTRS"):
         simulate(verify(parse_module(text)), np.ones((4, 6), np.float32))
 
 

@@ -1,6 +1,8 @@
 """Distributed programs: tensors placed on device meshes, collectives, and the simulated mesh
 that gives every sharded program an oracle."""
 
+from tilefold.distributed.local import PlacementError, local_attrs, local_type
+from tilefold.distributed.partition import PartitionError, SpmdPartition
 from tilefold.distributed.propagate import PropagateSharding, explain
 from tilefold.distributed.rules import RULES, Einsum, register_rule, rule_for
 from tilefold.distributed.simulate import SimulationError, join, run_ranks, simulate, split
@@ -12,15 +14,20 @@ __all__ = [
     "Einsum",
     "Mesh",
     "Partial",
+    "PartitionError",
+    "PlacementError",
     "PropagateSharding",
     "ReplicaMismatchError",
     "Replicate",
     "Shard",
     "Sharding",
     "SimulationError",
+    "SpmdPartition",
     "assemble",
     "explain",
     "join",
+    "local_attrs",
+    "local_type",
     "register_rule",
     "rule_for",
     "run_ranks",

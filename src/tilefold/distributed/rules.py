@@ -200,3 +200,76 @@ def result_placements(op: Operation, operand_placements: Sequence[Sequence[Place
         placements.append(None if isinstance(got, str) else got)
         notes.append(f"R (axis {axis}: {got}: replicated)" if isinstance(got, str) else str(got))
     return placements, f"'{op.name}' by {einsum} gives [{','.join(notes)}]"
+
+
+# -- views and attention: the rules a transformer block needs to run sharded -------------------
+# (reshape between head-split and merged layouts, scaled_dot_product_attention over heads)
+
+
+def view_groups(src: Sequence[object], dst: Sequence[object]
+                ) -> list[tuple[list[int], list[int]]] | None:
+    """The dims of a reshape's operand and result in groups whose sizes multiply alike, in
+    order ([8,64] -> [8,4,16]: ([0],[0]), ([1],[1,2])); None when a size is symbolic or 0."""
+    if not all(isinstance(d, int) and d > 0 for d in (*src, *dst)):
+        return None
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        gi, gj, pi, pj = [], [], 1, 1
+        if i < len(src):
+            gi, pi, i = [i], src[i], i + 1
+        if j < len(dst):
+            gj, pj, j = [j], dst[j], j + 1
+        while pi != pj:
+            if pi < pj and i < len(src):
+                gi, pi, i = [*gi, i], pi * src[i], i + 1
+            elif pj < pi and j < len(dst):
+                gj, pj, j = [*gj, j], pj * dst[j], j + 1
+            else:
+                return None
+        groups.append((gi, gj))
+    return groups
+
+
+@register_rule("reshape")
+def reshape(op: Operation) -> Einsum:
+    """Within a group of dims that a reshape merges or splits, only the most major dim longer
+    than 1 may be split, and its blocks are those of the other side's most major dim: [8,64]
+    -> [8,4,16] takes S(1) to S(1) (the heads); S on dim 2 of the result has no operand dim."""
+    src, dst = op.operands[0].type.shape, op.result.type.shape
+    spare = iter(LETTERS[::-1])
+    inputs = [next(spare) for _ in src]
+    output = [next(spare) for _ in dst]
+    for gi, gj in view_groups(src, dst) or []:
+        major_in = [d for d in gi if src[d] > 1][:1]
+        major_out = [d for d in gj if dst[d] > 1][:1]
+        if major_in and major_out:
+            output[major_out[0]] = inputs[major_in[0]]
+    carried = set(output)
+    fixed = "".join(c for c in inputs if c not in carried)
+    return Einsum(("".join(inputs),), "".join(output), partial="all", fixed=fixed)
+
+
+@register_rule("scaled_dot_product_attention")
+def attention(op: Operation) -> Einsum:
+    """q [.., L, E], k [.., S, E], v [.., S, F] -> [.., L, F]: batch and head dims split (with
+    GQA too: a block of query heads uses the same block of key/value heads), as does F; S and
+    E may not (softmax over S is not linear); L may unless the mask is causal, which counts
+    query rows from the first."""
+    q, k, _, *mask = (t.type for t in op.operands)
+    lead = broadcast_letters([TensorType.of(q.dtype, q.shape[:-2]),
+                              TensorType.of(k.dtype, k.shape[:-2])], q.rank - 2)
+    queries, keys = lead[0] + "ln", lead[1] + "mn"
+    fixed = "mn" + ("l" if op.attr("is_causal") else "")
+    letters = [queries, keys, lead[1] + "mo"]
+    if mask:
+        scores = lead[0] + "lm"
+        (m,) = mask
+        spare = iter("pqrstu")  # a size-1 dim broadcast over the scores: not split
+        full = (*op.result.type.shape[:-1], k.shape[-2])
+        own = ""
+        for d, size in enumerate(m.shape):
+            out_d = len(full) - m.rank + d
+            own += next(spare) if size == 1 and full[out_d] != 1 else scores[out_d]
+        letters.append(own)
+        fixed += "".join(c for c in own if c not in scores)
+    return Einsum(tuple(letters), lead[0] + "lo", fixed=fixed)
