@@ -231,7 +231,7 @@ func @main(%q: f64[1,2,4,8] @m[S(2)], %k: f64[1,2,4,8] @m[R], %v: f64[1,2,4,8] @
   return(%o)
 }"""
     global_ = placed(text)
-    assert [op.name for op in global_["main"].ops][0] == "all_gather"
+    assert global_["main"].ops[0].name == "all_gather"
     rng = np.random.default_rng(4)
     q, k, v = (rng.standard_normal((1, 2, 4, 8)) for _ in range(3))
     (got,) = run_spmd(global_, partitioned(global_), [q, k, v])

@@ -6,17 +6,21 @@ from tilefold.distributed.partition import PartitionError, SpmdPartition
 from tilefold.distributed.propagate import PropagateSharding, explain
 from tilefold.distributed.rules import RULES, Einsum, register_rule, rule_for
 from tilefold.distributed.simulate import SimulationError, join, run_ranks, simulate, split
+from tilefold.distributed.torchrun import RUNNERS, ExecutorError, RankProgram, runner
 from tilefold.ir.placements import ReplicaMismatchError, assemble, scatter
 from tilefold.ir.types import Mesh, Partial, Replicate, Shard, Sharding
 
 __all__ = [
     "RULES",
+    "RUNNERS",
     "Einsum",
+    "ExecutorError",
     "Mesh",
     "Partial",
     "PartitionError",
     "PlacementError",
     "PropagateSharding",
+    "RankProgram",
     "ReplicaMismatchError",
     "Replicate",
     "Shard",
@@ -31,6 +35,7 @@ __all__ = [
     "register_rule",
     "rule_for",
     "run_ranks",
+    "runner",
     "scatter",
     "simulate",
     "split",
