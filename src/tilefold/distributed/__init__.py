@@ -1,5 +1,11 @@
-"""Distributed programs: tensors placed on device meshes, collectives, and the simulated mesh
-that gives every sharded program an oracle."""
+"""Distributed programs: tensors placed on device meshes, collectives, the per-rank programs
+they partition into, and their runtimes (the simulated mesh, every sharded program's oracle,
+and the torchrun executor)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from tilefold.distributed.local import PlacementError, local_attrs, local_type
 from tilefold.distributed.partition import PartitionError, SpmdPartition
@@ -9,6 +15,22 @@ from tilefold.distributed.simulate import SimulationError, join, run_ranks, simu
 from tilefold.distributed.torchrun import RUNNERS, ExecutorError, RankProgram, runner
 from tilefold.ir.placements import ReplicaMismatchError, assemble, scatter
 from tilefold.ir.types import Mesh, Partial, Replicate, Shard, Sharding
+
+if TYPE_CHECKING:
+    import torch
+
+    from tilefold.distributed.parallelize import ParallelModel
+
+
+def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
+                example_inputs: Sequence[torch.Tensor],
+                strategy: str | Mapping[str, str] = "dp") -> ParallelModel:
+    """An nn.Module's forward partitioned over `mesh` for a torch.distributed job (needs
+    PyTorch): strategy "dp", or placements per parameter or input name."""
+    from tilefold.distributed.parallelize import parallelize as build
+
+    return build(model, mesh, example_inputs, strategy)
+
 
 __all__ = [
     "RULES",
@@ -32,6 +54,7 @@ __all__ = [
     "join",
     "local_attrs",
     "local_type",
+    "parallelize",
     "register_rule",
     "rule_for",
     "run_ranks",

@@ -92,8 +92,8 @@ class Comm:
         return self.torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
 
     def empty(self, shape: Sequence[int], like: np.ndarray):
-        return self.torch.empty(tuple(shape), dtype=self.tensor(like[:0]).dtype,
-                                device=self.device)
+        dtype = self.torch.from_numpy(np.empty(0, like.dtype)).dtype
+        return self.torch.empty(tuple(shape), dtype=dtype, device=self.device)
 
     def array(self, t) -> np.ndarray:
         return t.cpu().numpy()
@@ -210,7 +210,7 @@ class RankProgram:
     job whose world is the mesh. Every process must build it (process groups are collective)."""
 
     def __init__(self, module: Module, function: str = "main", *, device: str | None = None,
-                 compile: Callable[[Module], CompiledGraph] = compile_module):
+                 compiler: Callable[[Module], CompiledGraph] = compile_module):
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -232,7 +232,7 @@ class RankProgram:
         self.rank = dist.get_rank()
         self.comm = Comm(device)
         self.groups = self._groups(dist)
-        self.steps = self._steps(compile)
+        self.steps = self._steps(compiler)
 
     def _groups(self, dist) -> dict[str, Group]:
         """One process group per axis group, made by every process in the same order."""
@@ -244,7 +244,7 @@ class RankProgram:
                     mine[name] = Group(handle, ranks, ranks.index(self.rank))
         return mine
 
-    def _steps(self, compile: Callable[[Module], CompiledGraph]) -> list[Segment | Operation]:
+    def _steps(self, compiler: Callable[[Module], CompiledGraph]) -> list[Segment | Operation]:
         body = [op for op in self.fn.ops if not op.has_trait("terminator")]
         steps: list[Segment | Operation] = []
         run: list[Operation] = []
@@ -258,7 +258,7 @@ class RankProgram:
             outputs = [r for op in run for r in op.results if r in needed]
             if outputs:  # a run whose results nothing reads is dead code
                 module = segment_function(run, inputs, outputs)
-                steps.append(Segment(compile(module), inputs, outputs))
+                steps.append(Segment(compiler(module), inputs, outputs))
             run.clear()
 
         for i, op in enumerate(body):
