@@ -1,6 +1,6 @@
-"""Programs for the per-rank tests: Megatron's MLP and a GPT-2-style block as IR text with
-placements per strategy (dp, tp, dp+tp), their float64 NumPy meaning, and running a
-partitioned program's ranks on global inputs."""
+"""Programs for the per-rank tests: Megatron's MLP, a GPT-2-style block and a LLaMA-style
+block as IR text with placements per strategy (dp, tp, dp+tp), their float64 NumPy meaning,
+and running a partitioned program's ranks on global inputs."""
 
 from __future__ import annotations
 
@@ -182,3 +182,83 @@ def run_spmd(global_: Module, per_rank: Module, arrays, rng=None) -> list[np.nda
                                                                        strict=True)]
     outs = run_ranks(per_rank, blocks)
     return [join(b, t) for b, t in zip(outs, fn.result_types, strict=True)]
+
+
+# -- a LLaMA-style block: RMSNorm, grouped-query attention, SwiGLU -----------------------------
+
+KV_HEADS, FFN = 2, 96
+LLAMA_ARGS = ("x", "g1", "wq", "wk", "wv", "wo", "g2", "w1", "w3", "w2")
+LLAMA_TP = {"x": "R", "g1": "R", "g2": "R", "wq": "S(1)", "wk": "S(1)", "wv": "S(1)",
+            "wo": "S(0)", "w1": "S(1)", "w3": "S(1)", "w2": "S(0)"}
+
+
+def llama_shapes(batch: int, seq: int) -> dict[str, tuple[int, ...]]:
+    e = D // HEADS
+    return {"x": (batch, seq, D), "g1": (D,), "g2": (D,), "wq": (D, D),
+            "wk": (D, KV_HEADS * e), "wv": (D, KV_HEADS * e), "wo": (D, D),
+            "w1": (D, FFN), "w3": (D, FFN), "w2": (FFN, D)}
+
+
+def llama_text(mesh: str, batch: int = 4, seq: int = 4, dt: str = "f64") -> str:
+    """x + o(gqa(rms1(x))), then + w2(silu(w1 h) * w3 h) with h = rms2(.); 4 query heads
+    share 2 key/value heads."""
+    _, roles = MESHES[mesh]
+    e, shapes = D // HEADS, llama_shapes(batch, seq)
+
+    def ty(shape) -> str:
+        return f"{dt}[{','.join(map(str, shape))}]"
+
+    def at(name: str) -> str:
+        each = [("S(0)" if name == "x" else "R") if r == "d" else LLAMA_TP[name] for r in roles]
+        return f"@m[{','.join(each)}]"
+
+    sig = ",\n    ".join(f"%{n}: {ty(shapes[n])} {at(n)}" for n in LLAMA_ARGS)
+    act, b, s = ty((batch, seq, D)), batch, seq
+    lines = [f"%h1 = rms_norm(%x, %g1) : {act}"]
+    for n, heads in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+        lines += [f"%{n}0 = matmul(%h1, %w{n}) : {ty((b, s, heads * e))}",
+                  f"%{n}1 = reshape(%{n}0) {{shape = [{b}, {s}, {heads}, {e}]}} : "
+                  f"{ty((b, s, heads, e))}",
+                  f"%{n} = transpose(%{n}1) {{perm = [0, 2, 1, 3]}} : {ty((b, heads, s, e))}"]
+    lines += [f"%a0 = scaled_dot_product_attention(%q, %k, %v) {{is_causal = true, "
+              f"enable_gqa = true}} : {ty((b, HEADS, s, e))}",
+              f"%a1 = transpose(%a0) {{perm = [0, 2, 1, 3]}} : {ty((b, s, HEADS, e))}",
+              f"%a2 = reshape(%a1) {{shape = [{b}, {s}, {D}]}} : {act}",
+              f"%o = matmul(%a2, %wo) : {act}", f"%r1 = add(%x, %o) : {act}",
+              f"%h2 = rms_norm(%r1, %g2) : {act}",
+              f"%gate = matmul(%h2, %w1) : {ty((b, s, FFN))}",
+              f"%up = matmul(%h2, %w3) : {ty((b, s, FFN))}",
+              f"%act = silu(%gate) : {ty((b, s, FFN))}",
+              f"%m = mul(%act, %up) : {ty((b, s, FFN))}",
+              f"%d = matmul(%m, %w2) : {act}", f"%y = add(%r1, %d) : {act}", "return(%y)"]
+    body = "\n  ".join(lines)
+    return f"{mesh_line(mesh)}\nfunc @main(\n    {sig}) -> ({act}) {{\n  {body}\n}}"
+
+
+def llama_inputs(rng: np.random.Generator, batch: int = 4, seq: int = 4, dt=np.float64):
+    shapes = llama_shapes(batch, seq)
+    return [(rng.standard_normal(shapes[n]) * (1.0 if n in ("x", "g1", "g2") else 0.2))
+            .astype(dt) for n in LLAMA_ARGS]
+
+
+def numpy_llama(*arrays: np.ndarray) -> np.ndarray:
+    a = {n: np.asarray(v, np.float64) for n, v in zip(LLAMA_ARGS, arrays, strict=True)}
+    b, s, _ = a["x"].shape
+    e = D // HEADS
+
+    def rms(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g
+
+    def heads(t, n):
+        return t.reshape(b, s, n, e).transpose(0, 2, 1, 3)
+
+    h = rms(a["x"], a["g1"])
+    q = heads(h @ a["wq"], HEADS)
+    k, v = (np.repeat(heads(h @ a[w], KV_HEADS), HEADS // KV_HEADS, axis=1) for w in ("wk", "wv"))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(e) + np.triu(np.full((s, s), -np.inf), 1)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    att = ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(b, s, D)
+    r1 = a["x"] + att @ a["wo"]
+    h2 = rms(r1, a["g2"])
+    gate = h2 @ a["w1"]
+    return r1 + (gate / (1 + np.exp(-gate)) * (h2 @ a["w3"])) @ a["w2"]

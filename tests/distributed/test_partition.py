@@ -1,6 +1,7 @@
 """spmd-partition: the per-rank program of a placed function (local shapes, per-rank
 collectives, local size attributes) run on every simulated rank equals float64 NumPy and the
-simulated global program, for Megatron's MLP and a GPT-2-style block under DP, TP and DP+TP."""
+simulated global program, for Megatron's MLP, a GPT-2-style block and a LLaMA-style block
+under DP, TP and DP+TP."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import pytest
 from tests.distributed.spmd_models import (
     block_inputs,
     block_text,
+    llama_inputs,
+    llama_text,
     mlp_inputs,
     mlp_text,
     numpy_block,
+    numpy_llama,
     numpy_mlp,
     partitioned,
     placed,
@@ -238,3 +242,17 @@ func @main(%q: f64[1,2,4,8] @m[S(2)], %k: f64[1,2,4,8] @m[R], %v: f64[1,2,4,8] @
     np.testing.assert_allclose(got, numpy_attention(q, k, v, np.triu(np.full((4, 4), -np.inf),
                                                                        1)), rtol=1e-12,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("mesh", ["dp4", "tp2", "dp2tp2"])
+def test_a_llama_block_with_grouped_query_attention(mesh) -> None:
+    """RMSNorm, 4 query heads on 2 key/value heads, SwiGLU: two all_reduces under TP."""
+    rng = np.random.default_rng(12)
+    args = llama_inputs(rng)
+    global_ = placed(llama_text(mesh))
+    per_rank = partitioned(global_)
+    assert per_rank_ops(per_rank).count("spmd.all_reduce") == (2 if "tp" in mesh else 0)
+    assert not [n for n in per_rank_ops(per_rank) if n.startswith("spmd.")
+                and n != "spmd.all_reduce"]
+    (got,) = run_spmd(global_, per_rank, args)
+    np.testing.assert_allclose(got, numpy_llama(*args), rtol=1e-11, atol=1e-11)
