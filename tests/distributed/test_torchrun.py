@@ -143,7 +143,7 @@ def test_every_collective_and_the_mlp_on_4_gloo_ranks(tmp_path) -> None:
     np.testing.assert_array_equal(join(got[6], types[6]), shifted)
 
 
-def test_a_job_of_the_wrong_size_or_a_placed_program_is_refused(tmp_path) -> None:
+def test_a_job_of_the_wrong_size_or_a_placed_program_is_refused() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1)
     try:
@@ -154,5 +154,16 @@ def test_a_job_of_the_wrong_size_or_a_placed_program_is_refused(tmp_path) -> Non
         with pytest.raises(ExecutorError, match=r"still has placed types \(%x: f32\[8,16\] "
                            r"@m\[R\]\): run propagate-sharding"):
             RankProgram(placed(mlp_text("tp2", dt="f32")))
+        wrong_size = parse_module("""mesh @m [tp=1]
+func @main(%x: f32[4]) -> (f32[4]) {
+  %y = spmd.all_reduce(%x) {axis = "tp", size = 2} : f32[4]
+  return(%y)
+}""")
+        with pytest.raises(ExecutorError, match=r"says axis tp has 2 devices, but mesh @m "
+                           r"\[tp=1\] gives it 1"):
+            RankProgram(wrong_size)
+        one = RankProgram(parse_module(print_module(wrong_size).replace("size = 2", "size = 1")))
+        x = np.random.default_rng(0).standard_normal(4).astype(np.float32)
+        np.testing.assert_array_equal(one(x)[0], x)  # a group of one reduces to itself
     finally:
         dist.destroy_process_group()

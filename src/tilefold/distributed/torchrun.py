@@ -23,6 +23,7 @@ import numpy as np
 from tilefold.compiler import CompiledGraph
 from tilefold.compiler import compile as compile_module
 from tilefold.errors import ShapeError, TilefoldError, UnsupportedError
+from tilefold.ir import verify
 from tilefold.ir.core import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.opdef import OPS
@@ -218,7 +219,7 @@ class RankProgram:
                                 "dist.init_process_group first (torchrun sets the rendezvous)")
         if function not in module.functions:
             raise ExecutorError(f"module has no function @{function}")
-        self.fn = module[function]
+        self.fn = verify(module)[function]
         self.mesh = program_mesh(module, self.fn)
         if dist.get_world_size() != self.mesh.size:
             raise ExecutorError(
@@ -264,17 +265,31 @@ class RankProgram:
         for i, op in enumerate(body):
             if issubclass(op.opdef, RankCollective):
                 close(i)
-                if op.name not in RUNNERS:
-                    raise ExecutorError(f"no torch.distributed runner for '{op.name}' (add one "
-                                        "with @runner in tilefold/distributed/torchrun.py)")
+                self._check_collective(op)
                 steps.append(op)
             elif op.has_trait("collective"):
                 raise ExecutorError(f"'{op.name}' is a global collective: partition the "
                                     "function per rank first (passes: spmd-partition)")
+            elif op.regions:
+                raise ExecutorError(f"'{op.name}' has regions: give the executor the per-rank "
+                                    "program before fusion (tilefold.compile fuses segments)")
             else:
                 run.append(op)
         close(len(body))
         return steps
+
+    def _check_collective(self, op: Operation) -> None:
+        if op.name not in RUNNERS:
+            raise ExecutorError(f"no torch.distributed runner for '{op.name}' (add one with "
+                                "@runner in tilefold/distributed/torchrun.py)")
+        attrs = op.opdef.full_attrs(op.attrs)
+        if attrs["axis"] not in self.mesh.names:
+            raise ExecutorError(f"'{op.name}' talks over axis {attrs['axis']!r}, which "
+                                f"{self.mesh.declaration()} does not have")
+        size = self.mesh.sizes[self.mesh.axis_index(attrs["axis"])]
+        if attrs["size"] != size:
+            raise ExecutorError(f"'{op.name}' says axis {attrs['axis']} has {attrs['size']} "
+                                f"devices, but {self.mesh.declaration()} gives it {size}")
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """Run this rank's blocks through the program; its outputs, this rank's blocks."""
