@@ -127,17 +127,23 @@ class ParallelModel:
     initialized, world = mesh)."""
 
     def __init__(self, placed: Module, per_rank: Module, args: Mapping[str, str],
-                 parameters: Mapping[str, torch.Tensor]):
+                 parameters: Mapping[str, np.ndarray]):
         self.placed, self.per_rank = placed, per_rank
         fn = placed["main"]
         by_arg = {arg: name for name, arg in args.items()}
         self._types = {v.name: v.type for v in fn.args}
         self._order = [by_arg[v.name] for v in fn.args]
         self._inputs = [n for n in self._order if n not in parameters]
-        self._parameters = {n: t.detach().cpu().numpy() for n, t in parameters.items()}
+        self._parameters = dict(parameters)
         self._args = dict(args)
         self._program: RankProgram | None = None
         self._blocks: dict[int, dict[str, np.ndarray]] = {}
+
+    def __reduce__(self) -> tuple:
+        """Pickled as text (op classes made by factories do not pickle): a model parallelized
+        once can be handed to spawned processes."""
+        return (_from_text, (print_module(self.placed), print_module(self.per_rank), self._args,
+                             self._parameters))
 
     def block(self, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """Rank `rank`'s block of the global value of parameter or input `name`."""
@@ -164,6 +170,12 @@ class ParallelModel:
         return results[0] if len(results) == 1 else tuple(results)
 
 
+def _from_text(placed: str, per_rank: str, args: Mapping[str, str],
+               parameters: Mapping[str, np.ndarray]) -> ParallelModel:
+    return ParallelModel(verify(parse_module(placed)), verify(parse_module(per_rank)), args,
+                         parameters)
+
+
 def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
                 example_inputs: Sequence[torch.Tensor],
                 strategy: str | Mapping[str, str] = "dp") -> ParallelModel:
@@ -183,4 +195,5 @@ def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
     placed = verify(module)
     per_rank = parse_module(print_module(placed))
     run_pipeline(per_rank, "spmd-partition")
-    return ParallelModel(placed, verify(per_rank), args, parameters)
+    weights = {n: t.detach().cpu().numpy() for n, t in parameters.items()}
+    return ParallelModel(placed, verify(per_rank), args, weights)

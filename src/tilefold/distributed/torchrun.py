@@ -206,6 +206,58 @@ def segment_function(ops: list[Operation], inputs: list[Value], outputs: list[Va
     return Module(functions=[fn])
 
 
+def program_steps(fn: Function, mesh: Mesh, compiler: Callable[[Module], CompiledGraph]
+                  ) -> list[Segment | Operation]:
+    """`fn` cut at its collectives: a compiled `Segment` for each run of ordinary ops whose
+    results are read, and each per-rank collective (checked against `mesh`) between them."""
+    body = [op for op in fn.ops if not op.has_trait("terminator")]
+    steps: list[Segment | Operation] = []
+    run: list[Operation] = []
+
+    def close(until: int) -> None:
+        if not run:
+            return
+        made = {r for op in run for r in op.results}
+        needed = {v for op in body[until:] for v in op.operands} | set(fn.outputs)
+        inputs = list(dict.fromkeys(v for op in run for v in op.operands if v not in made))
+        outputs = [r for op in run for r in op.results if r in needed]
+        if outputs:  # a run whose results nothing reads is dead code
+            steps.append(Segment(compiler(segment_function(run, inputs, outputs)), inputs,
+                                 outputs))
+        run.clear()
+
+    for i, op in enumerate(body):
+        if issubclass(op.opdef, RankCollective):
+            close(i)
+            check_collective(op, mesh)
+            steps.append(op)
+        elif op.has_trait("collective"):
+            raise ExecutorError(f"'{op.name}' is a global collective: partition the "
+                                "function per rank first (passes: spmd-partition)")
+        elif op.regions:
+            raise ExecutorError(f"'{op.name}' has regions: give the executor the per-rank "
+                                "program before fusion (tilefold.compile fuses segments)")
+        else:
+            run.append(op)
+    close(len(body))
+    return steps
+
+
+def check_collective(op: Operation, mesh: Mesh) -> None:
+    """A per-rank collective needs a runner, and its axis and size must be the mesh's."""
+    if op.name not in RUNNERS:
+        raise ExecutorError(f"no torch.distributed runner for '{op.name}' (add one with "
+                            "@runner in tilefold/distributed/torchrun.py)")
+    attrs = op.opdef.full_attrs(op.attrs)
+    if attrs["axis"] not in mesh.names:
+        raise ExecutorError(f"'{op.name}' talks over axis {attrs['axis']!r}, which "
+                            f"{mesh.declaration()} does not have")
+    size = mesh.sizes[mesh.axis_index(attrs["axis"])]
+    if attrs["size"] != size:
+        raise ExecutorError(f"'{op.name}' says axis {attrs['axis']} has {attrs['size']} "
+                            f"devices, but {mesh.declaration()} gives it {size}")
+
+
 class RankProgram:
     """A per-rank function ready to run in this process of an initialized torch.distributed
     job whose world is the mesh. Every process must build it (process groups are collective)."""
@@ -233,7 +285,7 @@ class RankProgram:
         self.rank = dist.get_rank()
         self.comm = Comm(device)
         self.groups = self._groups(dist)
-        self.steps = self._steps(compiler)
+        self.steps = program_steps(self.fn, self.mesh, compiler)
 
     def _groups(self, dist) -> dict[str, Group]:
         """One process group per axis group, made by every process in the same order."""
@@ -244,52 +296,6 @@ class RankProgram:
                 if self.rank in ranks:
                     mine[name] = Group(handle, ranks, ranks.index(self.rank))
         return mine
-
-    def _steps(self, compiler: Callable[[Module], CompiledGraph]) -> list[Segment | Operation]:
-        body = [op for op in self.fn.ops if not op.has_trait("terminator")]
-        steps: list[Segment | Operation] = []
-        run: list[Operation] = []
-
-        def close(until: int) -> None:
-            if not run:
-                return
-            made = {r for op in run for r in op.results}
-            needed = {v for op in body[until:] for v in op.operands} | set(self.fn.outputs)
-            inputs = list(dict.fromkeys(v for op in run for v in op.operands if v not in made))
-            outputs = [r for op in run for r in op.results if r in needed]
-            if outputs:  # a run whose results nothing reads is dead code
-                module = segment_function(run, inputs, outputs)
-                steps.append(Segment(compiler(module), inputs, outputs))
-            run.clear()
-
-        for i, op in enumerate(body):
-            if issubclass(op.opdef, RankCollective):
-                close(i)
-                self._check_collective(op)
-                steps.append(op)
-            elif op.has_trait("collective"):
-                raise ExecutorError(f"'{op.name}' is a global collective: partition the "
-                                    "function per rank first (passes: spmd-partition)")
-            elif op.regions:
-                raise ExecutorError(f"'{op.name}' has regions: give the executor the per-rank "
-                                    "program before fusion (tilefold.compile fuses segments)")
-            else:
-                run.append(op)
-        close(len(body))
-        return steps
-
-    def _check_collective(self, op: Operation) -> None:
-        if op.name not in RUNNERS:
-            raise ExecutorError(f"no torch.distributed runner for '{op.name}' (add one with "
-                                "@runner in tilefold/distributed/torchrun.py)")
-        attrs = op.opdef.full_attrs(op.attrs)
-        if attrs["axis"] not in self.mesh.names:
-            raise ExecutorError(f"'{op.name}' talks over axis {attrs['axis']!r}, which "
-                                f"{self.mesh.declaration()} does not have")
-        size = self.mesh.sizes[self.mesh.axis_index(attrs["axis"])]
-        if attrs["size"] != size:
-            raise ExecutorError(f"'{op.name}' says axis {attrs['axis']} has {attrs['size']} "
-                                f"devices, but {self.mesh.declaration()} gives it {size}")
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """Run this rank's blocks through the program; its outputs, this rank's blocks."""
