@@ -119,7 +119,8 @@ def _all_reduce(comm: Comm, x: np.ndarray, group: Group, attrs: dict[str, Any]) 
 def _all_gather(comm: Comm, x: np.ndarray, group: Group, attrs: dict[str, Any]) -> np.ndarray:
     front = _front(x, attrs["dim"])
     out = comm.empty((group.size * front.shape[0], *front.shape[1:]), x)
-    gather = getattr(comm.dist, "all_gather_single", None) or comm.dist.all_gather_into_tensor
+    gather = (getattr(comm.dist, "all_gather_single", None)
+              or comm.dist.all_gather_into_tensor)  # the newer name where torch has it
     gather(out, comm.tensor(front), group=group.handle)
     return np.moveaxis(comm.array(out), 0, attrs["dim"])
 
@@ -135,7 +136,9 @@ def _reduce_scatter(comm: Comm, x: np.ndarray, group: Group,
         mine = np.split(comm.array(t), group.size, axis=0)[group.index]
     else:
         out = comm.empty((front.shape[0] // group.size, *front.shape[1:]), x)
-        comm.dist.reduce_scatter_tensor(out, comm.tensor(front), op=op, group=group.handle)
+        scatter = (getattr(comm.dist, "reduce_scatter_single", None)
+                   or comm.dist.reduce_scatter_tensor)  # the newer name where torch has it
+        scatter(out, comm.tensor(front), op=op, group=group.handle)
         mine = comm.array(out)
     return np.moveaxis(mine, 0, attrs["dim"])
 
