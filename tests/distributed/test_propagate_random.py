@@ -1,5 +1,6 @@
 """propagate-sharding + expand-redistribute on random chains with random input placements:
-whatever the rules derive (or replicate), the simulated mesh matches float64 NumPy."""
+whatever the rules derive (or replicate), the simulated mesh, and the per-rank program that
+spmd-partition makes of it, match float64 NumPy."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.distributed.spmd_models import partitioned, run_spmd
 from tilefold.distributed import simulate
 from tilefold.ir import parse_module, verify
 from tilefold.passes import run_pipeline
@@ -46,6 +48,10 @@ STEPS = {
               lambda h, w, b: h.reshape(4, 2, 2).transpose(1, 0, 2).reshape(4, 4)),
     "unit": ("%{o}_e = expand_dims(%{h}) {{axes = [0]}} : f64[1,4,4]\n"
              "  %{o} = squeeze(%{o}_e) {{axes = [0]}} : f64[4,4]", lambda h, w, b: h),
+    "flatten": ("%{o}f = reshape(%{h}) {{shape = [16]}} : f64[16]\n"
+                "  %{o} = reshape(%{o}f) {{shape = [4, 4]}} : f64[4,4]", lambda h, w, b: h),
+    "unsqueeze": ("%{o}u = reshape(%{h}) {{shape = [4, 1, 4]}} : f64[4,1,4]\n"
+                  "  %{o} = reshape(%{o}u) {{shape = [4, 4]}} : f64[4,4]", lambda h, w, b: h),
 }
 ENDS = {
     "sum": ("%{o} = reduce_sum(%{h}) {{axes = [1]}} : f64[4]", lambda h: h.sum(1)),
@@ -99,3 +105,5 @@ def test_random_chains_match_numpy(chain, seed) -> None:
     want = ENDS[end][1](want)
     (got,) = simulate(module, x, w, b, rng=rng)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    (per_rank,) = run_spmd(module, partitioned(module), [x, w, b], rng=rng)
+    np.testing.assert_allclose(per_rank, want, rtol=1e-9, atol=1e-9)

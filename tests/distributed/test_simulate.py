@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from tilefold.distributed import (
+    RULES,
+    Einsum,
     ReplicaMismatchError,
     SimulationError,
     assemble,
@@ -90,7 +92,18 @@ def test_replicas_that_differ_are_caught() -> None:
         assemble([a, a + 1], t)
 
 
-def test_an_op_with_global_sizes_in_its_attributes_is_refused() -> None:
+def test_a_sharded_reshape_runs_on_local_sizes() -> None:
+    """The rule ties S(0) of [4,6] to S(0) of [24]; each rank reshapes its block to [12]."""
+    text = """mesh @m [tp=2]
+func @main(%x: f32[4,6] @m[S(0)]) -> (f32[24] @m[S(0)]) {
+  %y = reshape(%x) {shape = [24]} : f32[24] @m[S(0)]
+  return(%y)
+}"""
+    x = np.random.default_rng(6).standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(simulate(verify(parse_module(text)), x)[0], x.reshape(24))
+
+
+def test_a_sharded_op_without_a_rule_is_refused() -> None:
     text = """mesh @m [tp=2]
 func @main(%x: f32[4,6] @m[S(0)]) -> (f32[2,4,6] @m[S(1)]) {
   %y = broadcast_to(%x) {shape = [2,4,6]} : f32[2,4,6] @m[S(1)]
@@ -99,6 +112,30 @@ func @main(%x: f32[4,6] @m[S(0)]) -> (f32[2,4,6] @m[S(1)]) {
     with pytest.raises(SimulationError, match=r"'broadcast_to' has no sharding rule: it runs "
                        r"replicated: redistribute them first"):
         simulate(verify(parse_module(text)), np.ones((4, 6), np.float32))
+
+
+def test_an_op_whose_attributes_name_global_sizes_is_refused(monkeypatch) -> None:
+    """A broadcast_to given a rule but no per-rank shape would broadcast each block to the
+    global shape."""
+    monkeypatch.setitem(RULES, "broadcast_to", lambda op: Einsum(("bc",), "abc"))
+    text = """mesh @m [tp=2]
+func @main(%x: f32[4,6] @m[S(0)]) -> (f32[2,4,6] @m[S(1)]) {
+  %y = broadcast_to(%x) {shape = [2,4,6]} : f32[2,4,6] @m[S(1)]
+  return(%y)
+}"""
+    with pytest.raises(SimulationError, match=r"'broadcast_to' attribute\(s\) shape name "
+                       r"global sizes.*add the op to LOCAL_ATTRS"):
+        simulate(verify(parse_module(text)), np.ones((4, 6), np.float32))
+
+
+def test_a_slice_keeping_a_split_dim_whole_runs_on_local_bounds() -> None:
+    text = """mesh @m [tp=2]
+func @main(%x: f32[4,6] @m[S(0)]) -> (f32[4,3] @m[S(0)]) {
+  %y = slice(%x) {starts = [0, 1], stops = [4, 4], steps = [1, 1]} : f32[4,3] @m[S(0)]
+  return(%y)
+}"""
+    x = np.random.default_rng(8).standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(simulate(verify(parse_module(text)), x)[0], x[:, 1:4])
 
 
 def test_blocks_of_the_wrong_local_shape_are_refused() -> None:

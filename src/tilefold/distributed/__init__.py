@@ -1,5 +1,11 @@
-"""Distributed programs: tensors placed on device meshes, collectives, the simulated mesh
-that gives every sharded program an oracle, cost models, and the strategies that plan."""
+"""Distributed programs: tensors placed on device meshes, collectives, the per-rank programs
+they partition into, cost models and the strategies that plan, and the runtimes (the simulated
+mesh, every sharded program's oracle, and the torchrun executor)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from tilefold.distributed.blocks import BlockShape, gpt2, llama
 from tilefold.distributed.cost import (
@@ -14,6 +20,8 @@ from tilefold.distributed.cost import (
     Link,
     nbytes,
 )
+from tilefold.distributed.local import PlacementError, local_attrs, local_type
+from tilefold.distributed.partition import PartitionError, SpmdPartition
 from tilefold.distributed.plan import Plan, PlanError, parse_mesh
 from tilefold.distributed.propagate import PropagateSharding, explain
 from tilefold.distributed.rules import RULES, Einsum, register_rule, rule_for
@@ -28,13 +36,31 @@ from tilefold.distributed.strategies import (
     register_strategy,
     search,
 )
+from tilefold.distributed.torchrun import RUNNERS, ExecutorError, RankProgram, runner
 from tilefold.ir.placements import ReplicaMismatchError, assemble, scatter
 from tilefold.ir.types import Mesh, Partial, Replicate, Shard, Sharding
+
+if TYPE_CHECKING:
+    import torch
+
+    from tilefold.distributed.parallelize import ParallelModel
+
+
+def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
+                example_inputs: Sequence[torch.Tensor],
+                strategy: str | Mapping[str, str] = "dp") -> ParallelModel:
+    """An nn.Module's forward partitioned over `mesh` for a torch.distributed job (needs
+    PyTorch): strategy "dp", or placements per parameter or input name."""
+    from tilefold.distributed.parallelize import parallelize as build
+
+    return build(model, mesh, example_inputs, strategy)
+
 
 __all__ = [
     "DEVICES",
     "LINKS",
     "RULES",
+    "RUNNERS",
     "STRATEGIES",
     "AlphaBeta",
     "BlockShape",
@@ -44,18 +70,23 @@ __all__ = [
     "DeviceSpec",
     "Einsum",
     "Estimate",
+    "ExecutorError",
     "Item",
     "Link",
     "Mesh",
     "Partial",
+    "PartitionError",
+    "PlacementError",
     "Plan",
     "PlanError",
     "PropagateSharding",
+    "RankProgram",
     "ReplicaMismatchError",
     "Replicate",
     "Shard",
     "Sharding",
     "SimulationError",
+    "SpmdPartition",
     "Strategy",
     "StrategyError",
     "assemble",
@@ -64,13 +95,17 @@ __all__ = [
     "gpt2",
     "join",
     "llama",
+    "local_attrs",
+    "local_type",
     "nbytes",
+    "parallelize",
     "parse_mesh",
     "plan_cost",
     "register_rule",
     "register_strategy",
     "rule_for",
     "run_ranks",
+    "runner",
     "scatter",
     "search",
     "simulate",

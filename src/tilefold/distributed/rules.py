@@ -269,24 +269,28 @@ def gather(op: Operation) -> Einsum:
 
 @register_rule("scaled_dot_product_attention")
 def attention(op: Operation) -> Einsum:
-    """Batch and head dims split freely (with GQA the query and key/value heads together),
-    value features too; key positions and q/k features are reduced inside the softmax, and query
-    positions are fixed under a causal or explicit mask (they index it globally)."""
-    q, k, _, *mask = (v.type for v in op.operands)
-    batch = broadcast_letters([TensorType.of(q.dtype, q.shape[:-2]),
-                               TensorType.of(k.dtype, k.shape[:-2])], q.rank - 2)
-    out_batch = LETTERS[: q.rank - 2]
-    inputs = [batch[0] + "LE", batch[1] + "SE", batch[1] + "SF"]
+    """q [.., L, E], k [.., S, E], v [.., S, F] -> [.., L, F]: batch and head dims split (with
+    GQA too: a block of query heads uses the same block of key/value heads), as does F; S and
+    E may not (softmax over S is not linear); L may unless the mask is causal, which counts
+    query rows from the first."""
+    q, k, _, *mask = (t.type for t in op.operands)
+    lead = broadcast_letters([TensorType.of(q.dtype, q.shape[:-2]),
+                              TensorType.of(k.dtype, k.shape[:-2])], q.rank - 2)
+    queries, keys = lead[0] + "ln", lead[1] + "mn"
+    fixed = "mn" + ("l" if op.attr("is_causal") else "")
+    letters = [queries, keys, lead[1] + "mo"]
     if mask:
-        scores = (*op.result.type.shape[:-1], k.shape[-2])
-        letters = out_batch + "LS"
-        m = mask[0].shape
-        offset = len(scores) - len(m)  # a broadcast dim of the mask gets a digit of its own
-        inputs.append("".join(
-            str(d) if size == 1 and scores[offset + d] != 1 else letters[offset + d]
-            for d, size in enumerate(m)))
-    fixed = "SE" + ("L" if mask or op.attr("is_causal") else "")
-    return Einsum(tuple(inputs), out_batch + "LF", fixed=fixed)
+        scores = lead[0] + "lm"
+        (m,) = mask
+        spare = iter("pqrstu")  # a size-1 dim broadcast over the scores: not split
+        full = (*op.result.type.shape[:-1], k.shape[-2])
+        own = ""
+        for d, size in enumerate(m.shape):
+            out_d = len(full) - m.rank + d
+            own += next(spare) if size == 1 and full[out_d] != 1 else scores[out_d]
+        letters.append(own)
+        fixed += "".join(c for c in own if c not in scores)
+    return Einsum(tuple(letters), lead[0] + "lo", fixed=fixed)
 
 
 def uneven_axes(op: Operation, placements: Sequence[Placement | None]) -> dict[int, str]:

@@ -1,11 +1,13 @@
 """The simulated mesh: runs a function on every rank of a mesh in one process, each rank on its
 own blocks, so that a sharded program has an oracle (its global program, run by the interpreter).
 
-Ordinary ops run their reference (or their per-rank meaning, `local.py`) on each rank's
-blocks, once their declared placements are checked against their sharding rules (`rules.py`);
-collectives run their `group_reference`
-on the blocks of each group of ranks along their axis; `redistribute` means "assemble the global
-value, then cut it to the new placements" (the `expand-redistribute` pass must agree).
+Ordinary ops run their reference on each rank's blocks, once their declared placements are
+checked against their sharding rules and their size attributes made local (`local.py`), or
+their per-rank meaning where a block's work differs (`per_rank.py`: gather from a split table);
+collectives run their `group_reference` on the blocks of each group of ranks along their axis;
+`redistribute` means "assemble the global value, then cut it to the new placements" (the
+`expand-redistribute` pass must agree). A per-rank program (`spmd-partition`'s output: local
+types, `spmd.*` collectives) runs the same way with `run_ranks`, on the module's one mesh.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tilefold.distributed.local import LOCAL
-from tilefold.distributed.rules import result_placements
+from tilefold.distributed.local import PlacementError, check_placements, local_attrs
+from tilefold.distributed.per_rank import PER_RANK
 from tilefold.errors import ShapeError, TilefoldError, UnsupportedError
 from tilefold.ir.core import Block, Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols, run_region
 from tilefold.ir.ops.collectives import Collective, Redistribute
+from tilefold.ir.ops.rank_collectives import RankCollective
 from tilefold.ir.placements import assemble, axis_groups, scatter
-from tilefold.ir.types import Mesh, Replicate, TensorType, format_placements, local_shape
+from tilefold.ir.types import Mesh, TensorType, local_shape
 
 Ranks = list[np.ndarray]  # one block per rank, in rank order
 
@@ -99,23 +102,18 @@ class MeshRun:
         raise AssertionError("block without terminator")
 
     def op(self, op: Operation, args: list[Ranks]) -> list[Ranks]:
-        attrs = op.opdef.full_attrs(op.attrs)
         if issubclass(op.opdef, Redistribute):
             t_in, t_out = op.operands[0].type, op.result.type
             return [scatter(assemble(args[0], t_in), t_out)]
-        if issubclass(op.opdef, Collective):
-            t = op.operands[0].type
-            axis = t.sharding.mesh.axis_index(attrs["axis"])
-            placement = t.sharding.placements[axis]
-            out: Ranks = [None] * self.mesh.size  # type: ignore[list-item]
-            for group in axis_groups(self.mesh, axis):
-                blocks = op.opdef.group_reference([args[0][r] for r in group], placement, attrs)
-                for rank, b in zip(group, blocks, strict=True):
-                    out[rank] = np.asarray(b)
-            return [out]
+        if issubclass(op.opdef, Collective | RankCollective):
+            return [self.collective(op, args[0])]
         self.check_placements(op)
+        try:
+            attrs = op.opdef.full_attrs(local_attrs(op, self.mesh))
+        except PlacementError as exc:
+            raise SimulationError(exc.message) from None
         per_rank = []
-        local = LOCAL.get(op.name)
+        local = PER_RANK.get(op.name)
         for rank in range(self.mesh.size):
             blocks = [a[rank] for a in args]
             res = (local(op, self.mesh, rank, blocks, attrs) if local is not None
@@ -123,31 +121,36 @@ class MeshRun:
             per_rank.append(list(res) if isinstance(res, list | tuple) else [res])
         return [[np.asarray(r[i]) for r in per_rank] for i in range(len(op.results))]
 
+    def collective(self, op: Operation, blocks: Ranks) -> Ranks:
+        """A collective on each group of ranks along its axis: a global one on placed blocks,
+        or the per-rank form of a partitioned program."""
+        attrs = op.opdef.full_attrs(op.attrs)
+        axis = self.mesh.axis_index(attrs["axis"])
+        if issubclass(op.opdef, RankCollective):
+            if attrs["size"] != self.mesh.sizes[axis]:
+                raise SimulationError(
+                    f"'{op.name}' says axis {attrs['axis']} has {attrs['size']} devices, but "
+                    f"{self.mesh.declaration()} gives it {self.mesh.sizes[axis]}"
+                )
+
+            def meaning(group: list[np.ndarray]) -> list[np.ndarray]:
+                return op.opdef.group_reference(group, attrs)
+        else:
+            placement = op.operands[0].type.sharding.placements[axis]
+
+            def meaning(group: list[np.ndarray]) -> list[np.ndarray]:
+                return op.opdef.group_reference(group, placement, attrs)
+        out: Ranks = [None] * self.mesh.size  # type: ignore[list-item]
+        for group in axis_groups(self.mesh, axis):
+            for rank, b in zip(group, meaning([blocks[r] for r in group]), strict=True):
+                out[rank] = np.asarray(b)
+        return out
 
     def check_placements(self, op: Operation) -> None:
-        """An ordinary op's declared placements must be the ones its sharding rule derives (R on
-        the axes without a rule, whose operands must be R there): running an op on blocks
-        means nothing otherwise."""
-        everywhere = (Replicate(),) * len(self.mesh.axes)
-
-        def of(t: TensorType) -> tuple:
-            return t.sharding.placements if t.sharding is not None else everywhere
-
-        operands = [of(v.type) for v in op.operands]
-        derived, why = result_placements(op, operands)
-        for axis, placement in enumerate(derived):
-            if placement is None and any(ps[axis] != Replicate() for ps in operands):
-                raise SimulationError(
-                    f"'{op.name}' has operands placed {[format_placements(p) for p in operands]}"
-                    f" but {why}: redistribute them first (passes: propagate-sharding)"
-                )
-        want = tuple(Replicate() if p is None else p for p in derived)
-        for result in op.results:
-            if of(result.type) != want:
-                raise SimulationError(
-                    f"'{op.name}' result %{result.name} is declared {result.type}, but its "
-                    f"operands give {format_placements(want)} ({why})"
-                )
+        try:
+            check_placements(op, self.mesh)
+        except PlacementError as exc:
+            raise SimulationError(exc.message) from None
 
 
 def check_arg_block(param: Value, block: np.ndarray, rank: int) -> None:

@@ -1,0 +1,199 @@
+"""`parallelize`: an nn.Module's inference forward as a per-rank program on a device mesh, run
+in each process of a torch.distributed job; placements from a strategy ("dp") or given per
+parameter.
+
+    model = parallelize(mlp, {"tp": 2}, (x,), strategy={"fc1.weight": "[S(0)]",
+                        "fc1.bias": "[S(0)]", "fc2.weight": "[S(1)]"})
+    y = model(x)        # in every process: the whole output, as one process computes it
+
+The module is exported (`torch.export`, the inference decompositions) with its parameters as
+function arguments, placed, propagated (`propagate-sharding`), its outputs made replicated,
+expanded and partitioned (`spmd-partition`). Every process passes the same global inputs and
+keeps its own block of each; the parameters' blocks are cut once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.export.graph_signature import InputKind
+
+from tilefold.distributed.torchrun import RankProgram
+from tilefold.errors import TilefoldError
+from tilefold.frontend.converter import convert_graph
+from tilefold.frontend.export import inference_decompositions
+from tilefold.ir import Module, parse_module, print_module, verify
+from tilefold.ir.placements import scatter
+from tilefold.ir.types import (
+    Mesh,
+    Placement,
+    Replicate,
+    Shard,
+    Sharding,
+    TensorType,
+    format_placements,
+    parse_placements,
+)
+from tilefold.passes import run_pipeline
+from tilefold.passes.rewrite import Rewriter
+
+STRATEGIES = ("dp",)
+
+
+def as_mesh(mesh: Mesh | Mapping[str, int]) -> Mesh:
+    """A `Mesh`, or `{"dp": 2, "tp": 4}` as the mesh @m with those axes."""
+    return mesh if isinstance(mesh, Mesh) else Mesh.of("m", **dict(mesh))
+
+
+def export_with_parameters(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]
+                           ) -> tuple[Module, dict[str, str], dict[str, torch.Tensor]]:
+    """The forward as IR whose arguments are the parameters and buffers (named as the model
+    names them, `fc1.weight`) and then the inputs; the IR argument of each name; the tensors."""
+    ep = torch.export.export(model, tuple(example_inputs))
+    ep = ep.run_decompositions(inference_decompositions())
+    specs = ep.graph_signature.input_specs
+    names, tensors = [], {}
+    for spec in specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            names.append(spec.target)
+            tensors[spec.target] = ep.state_dict[spec.target]
+        elif spec.kind == InputKind.USER_INPUT:
+            names.append(spec.arg.name)
+        else:
+            raise TilefoldError(f"parallelize: input {spec.arg.name} is a {spec.kind.name}; "
+                                "only parameters, buffers and tensor inputs are supported")
+
+    def inputs(i: int, node: Any) -> tuple[str, Any]:
+        return ("arg", names[i].replace(".", "_"))
+
+    module = convert_graph(ep.graph, inputs, name="main", dim_names={}).module
+    args = {name: arg.name for name, arg in zip(names, module["main"].args, strict=True)}
+    return module, args, tensors
+
+
+def strategy_placements(strategy: str | Mapping[str, str], mesh: Mesh, names: Sequence[str],
+                        parameters: Mapping[str, Any]) -> dict[str, tuple[Placement, ...]]:
+    """Each argument's placements: "dp" splits the inputs' first dim over the mesh's `dp` axis
+    (or its only one) and replicates the parameters; a mapping names the placements of some
+    parameters or inputs (`{"fc1.weight": "[R,S(0)]"}`), the rest replicated."""
+    everywhere = (Replicate(),) * len(mesh.axes)
+    placed = dict.fromkeys(names, everywhere)
+    if isinstance(strategy, str):
+        if strategy not in STRATEGIES:
+            raise TilefoldError(f"parallelize: strategy {strategy!r} is not one of "
+                                f"{', '.join(STRATEGIES)}, or a mapping of names to placements")
+        axis = "dp" if "dp" in mesh.names else mesh.names[0] if len(mesh.axes) == 1 else None
+        if axis is None:
+            raise TilefoldError(f"parallelize: strategy 'dp' needs an axis named dp, or a mesh "
+                                f"of one axis; {mesh.declaration()} has neither")
+        data = tuple(Shard(0) if a == axis else Replicate() for a in mesh.names)
+        return {n: everywhere if n in parameters else data for n in names}
+    for name, text in strategy.items():
+        if name not in placed:
+            raise TilefoldError(f"parallelize: the model has no parameter or input {name!r} "
+                                f"(it has: {', '.join(names)})")
+        placements = parse_placements(text)
+        if len(placements) != len(mesh.axes):
+            raise TilefoldError(f"parallelize: {name} {text} gives {len(placements)} "
+                                f"placements for the {len(mesh.axes)} axes of "
+                                f"{mesh.declaration()}")
+        placed[name] = placements
+    return placed
+
+
+def replicate_outputs(module: Module) -> None:
+    """Redistribute every output to R on every axis (each process returns the whole)."""
+    fn = module["main"]
+    rewriter = Rewriter(fn)
+    ret = fn.return_op
+    outs = []
+    for v in ret.operands:
+        sharding = v.type.sharding
+        if sharding is None or all(p == Replicate() for p in sharding.placements):
+            outs.append(v)
+            continue
+        target = format_placements((Replicate(),) * len(sharding.placements))
+        outs.append(rewriter.create(ret, "redistribute", [v], {"placements": target}).result)
+    ret.operands = outs
+    fn.result_types = [v.type for v in outs]
+
+
+class ParallelModel:
+    """A model's forward partitioned over a mesh: `placed` (global types), `per_rank` (the
+    program each process runs); calling it runs this process's rank (torch.distributed
+    initialized, world = mesh)."""
+
+    def __init__(self, placed: Module, per_rank: Module, args: Mapping[str, str],
+                 parameters: Mapping[str, np.ndarray]):
+        self.placed, self.per_rank = placed, per_rank
+        fn = placed["main"]
+        by_arg = {arg: name for name, arg in args.items()}
+        self._types = {v.name: v.type for v in fn.args}
+        self._order = [by_arg[v.name] for v in fn.args]
+        self._inputs = [n for n in self._order if n not in parameters]
+        self._parameters = dict(parameters)
+        self._args = dict(args)
+        self._program: RankProgram | None = None
+        self._blocks: dict[int, dict[str, np.ndarray]] = {}
+
+    def __reduce__(self) -> tuple:
+        """Pickled as text (op classes made by factories do not pickle): a model parallelized
+        once can be handed to spawned processes."""
+        return (_from_text, (print_module(self.placed), print_module(self.per_rank), self._args,
+                             self._parameters))
+
+    def block(self, name: str, value: np.ndarray, rank: int) -> np.ndarray:
+        """Rank `rank`'s block of the global value of parameter or input `name`."""
+        t: TensorType = self._types[self._args[name]]
+        return scatter(np.ascontiguousarray(value), t)[rank] if t.sharding else value
+
+    def arguments(self, rank: int, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The per-rank program's arguments on rank `rank` for these global inputs."""
+        if len(inputs) != len(self._inputs):
+            raise TilefoldError(f"the parallelized model takes {len(self._inputs)} inputs "
+                                f"({', '.join(self._inputs)}), got {len(inputs)}")
+        if rank not in self._blocks:  # the parameters' blocks, cut once per rank
+            self._blocks[rank] = {n: self.block(n, a, rank) for n, a in self._parameters.items()}
+        given = {n: self.block(n, np.asarray(x), rank)
+                 for n, x in zip(self._inputs, inputs, strict=True)}
+        return [self._blocks[rank].get(n, given.get(n)) for n in self._order]
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        if self._program is None:
+            self._program = RankProgram(self.per_rank)
+        arrays = [x.detach().cpu().numpy() for x in inputs]
+        outs = self._program(*self.arguments(self._program.rank, arrays))
+        results = [torch.from_numpy(o) for o in outs]
+        return results[0] if len(results) == 1 else tuple(results)
+
+
+def _from_text(placed: str, per_rank: str, args: Mapping[str, str],
+               parameters: Mapping[str, np.ndarray]) -> ParallelModel:
+    return ParallelModel(verify(parse_module(placed)), verify(parse_module(per_rank)), args,
+                         parameters)
+
+
+def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
+                example_inputs: Sequence[torch.Tensor],
+                strategy: str | Mapping[str, str] = "dp") -> ParallelModel:
+    """`model`'s inference forward on `mesh` (see the module docstring)."""
+    mesh = as_mesh(mesh)
+    module, args, parameters = export_with_parameters(model, example_inputs)
+    placements = strategy_placements(strategy, mesh, list(args), parameters)
+    module.meshes[mesh.name] = mesh
+    fn = module["main"]
+    for name, arg in args.items():
+        value = next(v for v in fn.args if v.name == arg)
+        value.type = value.type.with_sharding(Sharding(mesh, placements[name]))
+    verify(module)
+    run_pipeline(module, "propagate-sharding")
+    replicate_outputs(module)
+    run_pipeline(module, "expand-redistribute")
+    placed = verify(module)
+    per_rank = parse_module(print_module(placed))
+    run_pipeline(per_rank, "spmd-partition")
+    weights = {n: t.detach().cpu().numpy() for n, t in parameters.items()}
+    return ParallelModel(placed, verify(per_rank), args, weights)
