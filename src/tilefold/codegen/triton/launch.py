@@ -61,8 +61,8 @@ def load_jit(source: str, name: str) -> Any:
             f"tilefold_triton_{digest}_{int(key[1])}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _LOADED[key] = getattr(module, ident(name))
-    return _LOADED[key]
+        _LOADED[key] = module
+    return getattr(_LOADED[key], ident(name))  # a source may define several kernels
 
 
 def _widened(t: Any) -> tuple[Any, Any]:
