@@ -186,16 +186,17 @@ class _RowContext:
 
 def build_program(types: Mapping[Value, TensorType], constants: Mapping[Value, np.ndarray],
                   ops: list[Operation], inputs: list[Value], outputs: list[Value],
-                  space: Value) -> Program:
+                  space: Value, io: frozenset[str] = frozenset({"f32"})) -> Program:
     """Lower `ops` (reading `inputs`, writing `outputs`; `types` are every value's concrete
     types, `constants` the inputs bound to constants) to a row program over the rows of
-    `space`'s shape."""
+    `space`'s shape; `io` are the dtypes the caller's loads and stores convert (f32 only
+    for the CPU's row kernels)."""
     rows = Space(types, ops, space)
     prog = Program(math.prod(rows.domain[:-1]), rows.domain[-1])
     cx = _RowContext(prog, rows, constants)
     ids: dict[Value, int] = {}
     for index, v in enumerate(inputs):
-        _check_dtype(types, v, {"f32"})
+        _check_dtype(types, v, io)
         source = rows.source(v, index)
         ids[v] = prog.new(source.vec)
         prog.sources[ids[v]] = source
@@ -209,7 +210,7 @@ def build_program(types: Mapping[Value, TensorType], constants: Mapping[Value, n
         except UnsupportedError as exc:
             raise NotARowProgram(exc.message) from None
     for index, v in enumerate(outputs, start=len(inputs)):
-        _check_dtype(types, v, {"f32"})
+        _check_dtype(types, v, io)
         vec, picked = rows.varies(v)
         if vec != prog.vec[ids[v]] or picked != rows.live:  # each row writes its own part
             raise NotARowProgram(f"output %{v.name} {list(rows.shape(v))} is not a row value")

@@ -158,8 +158,8 @@ def _store(out: _Lines, spec: GemmSpec, names: dict[int | None, str]) -> None:
 
 
 def _tile(out: _Lines) -> None:
-    out("rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)")
-    out("rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)")
+    out("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)")
+    out("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)")
     out("m_mask = rm[:, None] < M")
     out("n_mask = rn[None, :] < N")
     out("tile_mask = m_mask & n_mask")
@@ -167,22 +167,31 @@ def _tile(out: _Lines) -> None:
 
 
 def _operand_loads(out: _Lines, spec: GemmSpec) -> None:
-    out("rk = i * BLOCK_K + tl.arange(0, BLOCK_K)")
     out("k_mask = rk < K")
     # fp8 comes as its bytes (the interpreter cannot fill masked lanes of an fp8 load)
     fp8 = ".to(tl.float8e4nv, bitcast=True)" if spec.a == "fp8e4m3" else ""
-    out(f"a = tl.load(a_base + rk[None, :] * sa_k, mask=m_mask & k_mask[None, :], other=0){fp8}")
-    b_mask = "mask=k_mask[:, None] & n_mask, other=0"
+    out(f"a = tl.load(a_ptrs, mask=k_mask[None, :], other=0){fp8}")
+    b_mask = "mask=k_mask[:, None], other=0"
     if spec.b not in QUANTIZED:
-        out(f"b = tl.load(b_base + rk[:, None] * sb_k, {b_mask}){fp8}")
+        out(f"b = tl.load(b_ptrs, {b_mask}){fp8}")
         return
     if spec.b == "i8":
-        out(f"q = tl.load(b_base + rk[:, None] * sb_k, {b_mask}).to(tl.float32)")
+        out(f"q = tl.load(b_ptrs, {b_mask}).to(tl.float32)")
     else:  # two codes a byte along K: k even in the low nibble; sign-extend the four bits
-        out(f"byte = tl.load(b_base + (rk[:, None] // 2) * sb_k, {b_mask}).to(tl.int32)")
+        out(f"byte = tl.load(b_ptrs, {b_mask}).to(tl.int32)")
         out("q = ((((byte >> ((rk[:, None] % 2) * 4)) & 15) ^ 8) - 8).to(tl.float32)")
     out(f"sc = tl.load(s_base + (rk[:, None] // QGROUP) * ss_g, {b_mask})")
     out("b = (q * sc).to(a.dtype)")
+
+
+def _advance(out: _Lines, spec: GemmSpec) -> None:
+    """Step the operand pointers and K indices to the next K block."""
+    out("a_ptrs += BLOCK_K * sa_k")
+    if spec.b == "i4":  # a byte holds two rows of K: the next block starts BLOCK_K / 2 on
+        out("b_ptrs += (BLOCK_K // 2) * sb_k")
+    else:
+        out("b_ptrs += BLOCK_K * sb_k")
+    out("rk += BLOCK_K")
 
 
 def main_params(spec: GemmSpec) -> list[str]:
@@ -219,21 +228,27 @@ def _main_kernel(spec: GemmSpec) -> list[str]:
     out("pid_m = first_m + (pid % in_group) % group_rows")
     out("pid_n = (pid % in_group) // group_rows")
     _tile(out)
-    out("a_base = a_ptr + pid_b * sa_b + rm[:, None] * sa_m")
-    out("b_base = b_ptr + pid_b * sb_b + rn[None, :] * sb_n")
+    out("# rows and columns past M and N read row M - 1 and column N - 1 again (never stored),")
+    out("# so only K is masked in the loop")
+    out("a_base = a_ptr + pid_b * sa_b + (rm % M)[:, None] * sa_m")
+    out("b_base = b_ptr + pid_b * sb_b + (rn % N)[None, :] * sb_n")
     if quant:
-        out("s_base = s_ptr + pid_b * ss_b + rn[None, :] * ss_n")
+        out("s_base = s_ptr + pid_b * ss_b + (rn % N)[None, :] * ss_n")
     out("acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)")
-    out("k_first = pid_k * K_ITERS")
+    out("rk = pid_k * K_ITERS * BLOCK_K + tl.arange(0, BLOCK_K)  # this split's first K block")
+    out("a_ptrs = a_base + rk[None, :] * sa_k")
+    b_rows = "(rk[:, None] // 2)" if spec.b == "i4" else "rk[:, None]"
+    out(f"b_ptrs = b_base + {b_rows} * sb_k")
     if spec.pipelined:
-        out("for i in range(k_first, k_first + K_ITERS):")
+        out("for _ in range(0, K_ITERS):")
     else:  # Triton 3.6's interpreter cannot range() over a run-time bound
-        out("i = k_first")
-        out("while i < k_first + K_ITERS:")
+        out("i = pid_k * 0")
+        out("while i < K_ITERS:")
     out.depth += 1
     _operand_loads(out, spec)
     precision = ', input_precision="ieee"' if spec.a == "f32" else ""
     out(f"acc = tl.dot(a, b, acc{precision})")
+    _advance(out, spec)
     if not spec.pipelined:
         out("i += 1")
     out.depth -= 1

@@ -5,7 +5,8 @@
 deepest software pipeline whose shared memory (`num_stages` copies of an A and a B tile, in
 the dtype the dot reads) fits the target's per-block limit (227 KB on sm_90), and adds split-K
 when too few output tiles would leave most SMs idle while K is long. Configs are ordered by a
-rough estimate (waves of tiles over the SMs, then tile size); measuring them is the tuner's job.
+rough estimate (waves of tiles over the SMs, a thin tile costing its loads, then tile
+size); measuring them is the tuner's job.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ TILES = ((128, 256, 64), (256, 128, 64), (128, 128, 64), (128, 64, 64), (64, 128
          (64, 64, 64), (64, 64, 32), (32, 64, 64), (16, 64, 128), (16, 32, 64))
 MAX_STAGES = 5
 MAX_SPLIT_K = 16
+LOAD_COST = 64  # products a tile must do per element it loads to keep the matrix units busy
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,9 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
         config = GemmConfig(bm, bn, bk, 8, warps, stages, split)
         sms = target.sm_count or tiles
         waves = math.ceil(tiles * split / sms)
-        # a wave costs a tile's work; padding past M and N is work thrown away
-        work = waves * bm * bn * -(-k // split)
+        # a wave takes one tile's time: its products, or its loads when the tile is too thin
+        # to hide them (below 64 products an element loaded, as a 128 x 128 tile has)
+        work = waves * max(bm * bn, LOAD_COST * (bm + bn)) * -(-k // split)
         scored.append((work, -bm * bn, config))
     if not scored:
         raise UnsupportedError(f"propose_configs: no tile of {dtype} fits {target.name}'s "
