@@ -20,7 +20,8 @@ from tilefold.target.gpu import GPUTarget
 # bytes per element of the operands the dot reads from shared memory
 ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "fp8e4m3": 1}
 TILES = ((128, 256, 64), (256, 128, 64), (128, 128, 64), (128, 64, 64), (64, 128, 64),
-         (64, 64, 64), (64, 64, 32), (32, 64, 64), (16, 64, 128), (16, 32, 64))
+         (64, 64, 64), (64, 64, 32), (32, 64, 64), (32, 32, 32), (16, 64, 128), (16, 32, 64),
+         (16, 16, 32))
 MAX_STAGES = 5
 MAX_SPLIT_K = 16
 LOAD_COST = 64  # products a tile must do per element it loads to keep the matrix units busy
@@ -111,8 +112,9 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
         work = waves * max(bm * bn, LOAD_COST * (bm + bn)) * -(-k // split)
         scored.append((work, -bm * bn, config))
     if not scored:
-        raise UnsupportedError(f"propose_configs: no tile of {dtype} fits {target.name}'s "
-                               f"{target.shared_memory_per_block} bytes of shared memory")
+        raise UnsupportedError(f"propose_configs: no tile of {dtype} for {m} x {n} x {k} fits "
+                               f"{target.name}'s {target.shared_memory_per_block} bytes of "
+                               "shared memory in two stages")
     scored.sort(key=lambda s: (s[0], s[1]))
     return [config for _, _, config in scored[:limit]]
 

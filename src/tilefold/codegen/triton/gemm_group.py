@@ -99,11 +99,12 @@ def _bind(params: Sequence[Value], shapes: Sequence[tuple[int, ...]]) -> dict[st
 
 
 class TritonGemmGroup:
-    """`group` (a compute group: matmul + epilogue) for `target`; call it with torch tensors
-    and get its outputs as fresh tensors on their device."""
+    """`group` (a compute group: matmul + epilogue) for `target`, split over K as `split`
+    says ("none", "workspace", "atomic"); call it with torch tensors and get its outputs as
+    fresh tensors on their device."""
 
-    def __init__(self, group: Function | Block, target: GPUTarget):
-        self.group, self.target = group, target
+    def __init__(self, group: Function | Block, target: GPUTarget, split: str = "none"):
+        self.group, self.target, self.split = group, target, split
         self.params, self.ops, _ = _ops(group)
         self._made: dict[tuple, tuple[GemmPlan, Any]] = {}
 
@@ -118,7 +119,8 @@ class TritonGemmGroup:
             plan = plan_gemm(self.group, _bind(self.params, key))
             dtype = str(plan.matmul.operands[0].type.dtype)
             gemm = TritonGemm(dtype, dtype, epilogue=plan.program, stores=plan.stores,
-                              c_round=plan.c_round, out_dtypes=plan.out_dtypes)
+                              c_round=plan.c_round, split=self.split,
+                              out_dtypes=plan.out_dtypes)
             self._made[key] = (plan, gemm)
         return self._made[key]
 
@@ -141,7 +143,8 @@ class TritonGemmGroup:
             m, k = a.shape[-2:]
             best = propose_configs(self.target, m, b.shape[-1], k,
                                    str(mm.operands[0].type.dtype))[0]
-            config = dataclasses.replace(best, split_k=1)  # split-K has no epilogue here yet
+            config = dataclasses.replace(
+                best, split_k=1 if self.split == "none" else max(2, best.split_k))
         return gemm(a, b, epilogue_inputs=[values[v] for v in plan.extra], config=config)
 
 

@@ -1,0 +1,239 @@
+"""The Triton GEMM template run by Triton's interpreter on CPU torch tensors against float64
+NumPy (shapes of 1, primes, M == N == K, K tails, strided and broadcast operands, each
+epilogue, int8/int4 weights, both split-K variants, fp16 and fp8), its configs, and its sm_90
+PTX: wgmma for bf16, fp16 and fp8, and shared memory within the 227 KB of a Hopper block.
+
+Triton's interpreter computes bf16 wrongly, so a bf16 GEMM runs there as an f32 one on f32
+copies of its bf16 operands (`codegen/triton/gemm_launch.py`): the bf16 cases check the
+widening and the rounding of C, not Triton's bf16 dot (the PTX test compiles that).
+TILEFOLD_GPU_SWEEP=1 adds a larger sweep of shapes and tiles.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
+torch = pytest.importorskip("torch")
+
+from tests.tolerances import assert_close  # noqa: E402
+from tilefold.codegen.triton.gemm import GemmSpec  # noqa: E402
+from tilefold.codegen.triton.gemm_config import GemmConfig, propose_configs  # noqa: E402
+from tilefold.codegen.triton.gemm_group import TritonGemmGroup  # noqa: E402
+from tilefold.codegen.triton.gemm_launch import TritonGemm  # noqa: E402
+from tilefold.codegen.triton.ptx import compile_gemm_ptx  # noqa: E402
+from tilefold.errors import ShapeError, UnsupportedError  # noqa: E402
+from tilefold.ir import functional as F  # noqa: E402
+from tilefold.ir import trace  # noqa: E402
+from tilefold.quant import quantize  # noqa: E402
+from tilefold.target import gpu_target  # noqa: E402
+
+H200 = gpu_target("h200")
+RNG = np.random.default_rng(1616)
+SMALL = GemmConfig(16, 16, 32, 2, 4, 2)  # several tiles, a partial swizzle group, K tails
+SWEEP = os.environ.get("TILEFOLD_GPU_SWEEP") == "1"
+erf = np.vectorize(math.erf)
+
+
+def _normal(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _t(x):
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _f64(t):
+    return t.double().numpy()
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + erf(x / np.sqrt(2)))
+
+
+SHAPES = [(1, 1, 1), (7, 13, 29), (37, 37, 37), (33, 17, 100), (64, 64, 64)]
+if SWEEP:
+    SHAPES += [(m, n, k) for m in (1, 31, 128) for n in (1, 67, 128) for k in (1, 97, 128)]
+
+
+@pytest.mark.parametrize("mnk", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_f32_gemm_of_odd_shapes(mnk):
+    m, n, k = mnk
+    a, b = _normal(m, k), _normal(k, n)
+    (c,) = TritonGemm("f32", "f32")(_t(a), _t(b), config=SMALL)
+    assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=k)
+
+
+def test_transposed_operands_are_strides():
+    at, bt = _normal(45, 19), _normal(23, 45)  # A^T [K, M] and B^T [N, K] in memory
+    a, b = _t(at).t(), _t(bt).t()
+    assert a.stride() == (1, 19) and b.stride() == (1, 45)
+    (c,) = TritonGemm("f32", "f32")(a, b, config=SMALL)
+    assert_close(c.numpy(), at.T.astype(np.float64) @ bt.T, dtype="f32", reduced=45)
+
+
+def test_broadcast_batch_reads_b_once_per_batch():
+    a, b = _normal(3, 2, 11, 40), _normal(40, 9)  # B broadcast: batch stride 0
+    (c,) = TritonGemm("f32", "f32")(_t(a), _t(b), config=SMALL)
+    assert c.shape == (3, 2, 11, 9)
+    assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=40)
+    a1, b3 = _normal(1, 6, 20), _normal(4, 20, 5)  # A broadcast along the batch
+    (c,) = TritonGemm("f32", "f32")(_t(a1), _t(b3), config=SMALL)
+    assert_close(c.numpy(), a1.astype(np.float64) @ b3, dtype="f32", reduced=20)
+
+
+def test_swizzle_covers_every_tile_once():
+    for group_m in (1, 3, 8):  # 7 row blocks: groups of 3 leave a partial group
+        a, b = _normal(100, 33), _normal(33, 70)
+        config = GemmConfig(16, 16, 32, group_m, 4, 2)
+        (c,) = TritonGemm("f32", "f32")(_t(a), _t(b), config=config)
+        assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=33)
+
+
+@pytest.mark.parametrize("dtype,out", [("f16", "f32"), ("f16", "f16"), ("fp8e4m3", "f32"),
+                                       ("fp8e4m3", "bf16")])
+def test_low_precision_operands_accumulate_in_f32(dtype, out):
+    td = {"f16": torch.float16, "fp8e4m3": torch.float8_e4m3fn}[dtype]
+    a, b = _t(_normal(29, 70)).to(td), _t(_normal(70, 31)).to(td)
+    (c,) = TritonGemm(dtype, dtype, out_dtypes=(out,))(a, b, config=SMALL)
+    want = _f64(a) @ _f64(b)  # the operands' own values: only the f32 sums and C round
+    assert_close(_f64(c), want, dtype=out, reduced=70)
+
+
+@pytest.mark.parametrize("split", ["none", "workspace"])
+def test_bf16_widened_to_f32_under_interpreter(split):
+    a = _t(_normal(2, 19, 45)).to(torch.bfloat16)
+    b = _t(_normal(45, 24)).to(torch.bfloat16).t().contiguous().t()  # strided bf16 B
+    config = SMALL if split == "none" else GemmConfig(16, 16, 16, 2, 4, 2, 3)
+    gemm = TritonGemm("bf16", "bf16", split=split, out_dtypes=("bf16",))
+    (c,) = gemm(a, b, config=config)
+    assert c.dtype == torch.bfloat16 and gemm.spec.a == "f32"
+    assert_close(_f64(c), _f64(a) @ _f64(b), dtype="bf16", reduced=45)
+
+
+def _group(fn, *params, split="none"):
+    return TritonGemmGroup(trace(fn, *params)["main"], H200, split=split)
+
+
+def test_bias_on_m_and_on_n_take_their_roles_from_the_ir():
+    n = 24  # M == N == K: a bias on M and one on N have the same shape
+    x, w, bm, bn = _normal(n, n), _normal(n, n), _normal(n), _normal(n)
+    g = _group(lambda x, w, bm, bn: F.matmul(x, w) + F.expand_dims(bm, [1]) + bn,
+               ("x", "f32", (n, n)), ("w", "f32", (n, n)), ("bm", "f32", (n,)),
+               ("bn", "f32", (n,)))
+    (c,) = g(_t(x), _t(w), _t(bm), _t(bn), config=SMALL)
+    want = x.astype(np.float64) @ w + bm[:, None] + bn
+    assert_close(c.numpy(), want, dtype="f32", reduced=n)
+    src = g._prepare([_t(x), _t(w), _t(bm), _t(bn)])[1].source
+    assert "mask=m_mask" in src and "mask=n_mask" in src  # one row value, one shared row
+
+
+def test_activation_residual_and_scale_fused_before_the_store():
+    m, n, k = 21, 35, 50
+    x, w, b, r = _normal(m, k), _normal(k, n), _normal(n), _normal(m, n)
+    def fn(x, w, b, r):
+        t = F.matmul(x, w) + b
+        return F.gelu(t) * 0.25 + r, F.silu(t)
+
+    g = _group(fn, ("x", "f32", (m, k)), ("w", "f32", (k, n)), ("b", "f32", (n,)),
+               ("r", "f32", (m, n)))
+    got = g(_t(x), _t(w), _t(b), _t(r), config=SMALL)
+    t = x.astype(np.float64) @ w + b
+    want = [_gelu(t) * 0.25 + r, t / (1 + np.exp(-t))]
+    for c, expect in zip(got, want, strict=True):
+        assert_close(c.numpy(), expect, dtype="f32", reduced=k, scale=np.abs(t) + 1)
+
+
+def test_bf16_group_rounds_c_before_its_epilogue():
+    m, n, k = 17, 40, 33
+    xs, ws, bs = (_t(_normal(*s)).to(torch.bfloat16) for s in ((m, k), (k, n), (n,)))
+    g = _group(lambda x, w, b: F.relu(F.matmul(x, w) + b), ("x", "bf16", (m, k)),
+               ("w", "bf16", (k, n)), ("b", "bf16", (n,)))
+    (c,) = g(xs, ws, bs, config=SMALL)
+    c64 = torch.from_numpy(_f64(xs) @ _f64(ws)).to(torch.bfloat16).double().numpy()
+    want = np.maximum(c64 + _f64(bs), 0)  # C rounded to bf16, then the sum rounded once
+    assert c.dtype == torch.bfloat16
+    assert_close(_f64(c), want, dtype="bf16", scale=np.abs(c64) + 1)
+
+
+def test_split_k_workspace_keeps_the_epilogue():
+    m, n, k = 3, 20, 257  # small M, long K, a K tail in the last split
+    x, w, b = _normal(m, k), _normal(k, n), _normal(n)
+    g = _group(lambda x, w, b: F.gelu(F.matmul(x, w) + b), ("x", "f32", (m, k)),
+               ("w", "f32", (k, n)), ("b", "f32", (n,)), split="workspace")
+    (c,) = g(_t(x), _t(w), _t(b), config=GemmConfig(16, 16, 32, 8, 4, 2, 4))
+    t = x.astype(np.float64) @ w + b
+    assert_close(c.numpy(), _gelu(t), dtype="f32", reduced=k, scale=np.abs(t) + 1)
+
+
+@pytest.mark.parametrize("split_k", [2, 5])
+def test_split_k_atomic_adds_partials(split_k):
+    a, b = _normal(2, 3, 200), _normal(200, 30)
+    gemm = TritonGemm("f32", "f32", split="atomic")
+    (c,) = gemm(_t(a), _t(b), config=GemmConfig(16, 16, 32, 8, 4, 2, split_k))
+    assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=200)
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", None), ("int4", 32), ("int4", 16)])
+def test_dequantized_weights(fmt, group):
+    k, n = 96, 27
+    w = _normal(k, n)
+    qt = quantize(w, fmt, group_size=group)
+    x = _normal(2, 9, k)
+    (c,) = TritonGemm("f32", "i8" if fmt == "int8" else "i4")(
+        _t(x), _t(qt.data), scale=_t(qt.scale), config=SMALL)
+    g = k // qt.scale.shape[0]
+    deq = qt.codes().astype(np.float64) * np.repeat(qt.scale.astype(np.float64), g, axis=0)
+    assert_close(c.numpy(), x.astype(np.float64) @ deq, dtype="f32", reduced=k)
+
+
+def test_int4_weights_dequantize_to_an_f16_activation():
+    k, n = 64, 19
+    qt = quantize(_normal(k, n), "int4", group_size=32)
+    x = _t(_normal(11, k)).to(torch.float16)
+    (c,) = TritonGemm("f16", "i4")(x, _t(qt.data), scale=_t(qt.scale), config=SMALL)
+    deq = qt.codes().astype(np.float64) * np.repeat(qt.scale.astype(np.float64), 32, axis=0)
+    deq16 = deq.astype(np.float16).astype(np.float64)  # the weight in A's dtype, as documented
+    assert_close(c.numpy(), _f64(x) @ deq16, dtype="f32", reduced=k)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(UnsupportedError, match="atomic split-K"):
+        TritonGemm("f32", "f32", split="atomic", out_dtypes=("bf16",))
+    with pytest.raises(ShapeError, match="K = 7"):
+        TritonGemm("f32", "f32")(_t(_normal(3, 7)), _t(_normal(8, 2)))
+    with pytest.raises(ShapeError, match="scales"):
+        TritonGemm("f32", "i8")(_t(_normal(3, 8)), torch.zeros(8, 2, dtype=torch.int8))
+    with pytest.raises(UnsupportedError, match="one dtype"):
+        GemmSpec("f16", "f32")
+    g = _group(lambda x, w: F.softmax(F.matmul(x, w)), ("x", "f32", (4, 8)),
+               ("w", "f32", (8, 6)))
+    with pytest.raises(UnsupportedError, match="reduces along C's rows"):
+        g(_t(_normal(4, 8)), _t(_normal(8, 6)))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "fp8e4m3"])
+def test_configs_fit_shared_memory_and_split_small_m(dtype):
+    for m, n, k in ((4096, 4096, 4096), (1, 4096, 4096), (16, 128, 8192), (5, 7, 3)):
+        configs = propose_configs(H200, m, n, k, dtype)
+        assert configs
+        for c in configs:
+            assert c.shared_bytes(dtype) <= H200.shared_memory_per_block == 227 * 1024
+    assert propose_configs(H200, 16, 128, 8192, dtype)[0].split_k > 1  # 1 tile, 132 SMs
+    assert propose_configs(H200, 4096, 4096, 4096, dtype)[0].split_k == 1
+    assert propose_configs(gpu_target("sm_90"), 16, 128, 8192, dtype)[0].split_k == 1
+
+
+@pytest.mark.parametrize("dtype,out", [("bf16", "bf16"), ("f16", "f16"), ("fp8e4m3", "bf16")])
+def test_sm_90_ptx_uses_wgmma_within_shared_memory(dtype, out):
+    config = propose_configs(H200, 4096, 4096, 4096, dtype)[0]
+    report = compile_gemm_ptx(GemmSpec(dtype, dtype), config, H200, out)
+    assert ".target sm_90" in report["ptx"]
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k\d+\.f32", report["ptx"])
+    assert 0 < report["shared"] <= H200.shared_memory_per_block
+    assert report["spills"] == 0
