@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,8 +233,22 @@ def test_configs_fit_shared_memory_and_split_small_m(dtype):
 @pytest.mark.parametrize("dtype,out", [("bf16", "bf16"), ("f16", "f16"), ("fp8e4m3", "bf16")])
 def test_sm_90_ptx_uses_wgmma_within_shared_memory(dtype, out):
     config = propose_configs(H200, 4096, 4096, 4096, dtype)[0]
-    report = compile_gemm_ptx(GemmSpec(dtype, dtype), config, H200, out)
+    report = compile_gemm_ptx(GemmSpec(dtype, dtype), config, H200, (out,))
     assert ".target sm_90" in report["ptx"]
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k\d+\.f32", report["ptx"])
     assert 0 < report["shared"] <= H200.shared_memory_per_block
     assert report["spills"] == 0
+
+
+def test_a_fused_compute_group_runs_through_the_backend():
+    from tilefold.cli.emit import fused_groups
+    from tilefold.codegen.backend import get_backend
+
+    path = str(Path(__file__).resolve().parents[2] / "examples" / "linear_gelu.tfir")
+    ((kind, names, region),) = fused_groups(path, "main")
+    assert (kind, names) == ("compute", ["matmul", "add", "gelu"])
+    x, w, b = (_t(_normal(*s)).to(torch.bfloat16) for s in ((9, 256), (256, 512), (512,)))
+    (c,) = get_backend("triton").gemm(region, H200)(x, w, b, config=GemmConfig(16, 128, 128))
+    c64 = torch.from_numpy(_f64(x) @ _f64(w)).to(torch.bfloat16).double().numpy()
+    t = torch.from_numpy(c64 + _f64(b)).to(torch.bfloat16).double().numpy()
+    assert_close(_f64(c), _gelu(t), dtype="bf16", scale=np.abs(t) + 1)

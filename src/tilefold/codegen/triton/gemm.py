@@ -306,13 +306,12 @@ def emit_gemm(spec: GemmSpec) -> str:
     return "\n".join(out)
 
 
-def signature(spec: GemmSpec, kernel: str, a_ty: str, b_ty: str,
-              outs: tuple[str, ...]) -> dict[str, str]:
+def signature(spec: GemmSpec, kernel: str, pointers: dict[str, str]) -> dict[str, str]:
     """Triton's type of every run-time parameter of `kernel` (for `triton.compile` without a
-    GPU); `a_ty`, `b_ty` and each of `outs` are pointer types such as "*bf16"."""
-    named = {"a_ptr": a_ty, "b_ptr": b_ty, **{f"o{j}_ptr": t for j, t in enumerate(outs)}}
+    GPU): `pointers` maps pointer parameters ("a_ptr", "o0_ptr", "e1_ptr", ...) to types such
+    as "*bf16"; the others are "*fp32", integers "i32"."""
     params = main_params(spec) if kernel == KERNEL else reduce_params(spec)
-    return {p: named.get(p, "*fp32" if p.endswith("_ptr") else "i32") for p in params}
+    return {p: pointers.get(p, "*fp32" if p.endswith("_ptr") else "i32") for p in params}
 
 
 __all__ = ["GemmSpec", "emit_gemm", "main_params", "reduce_params", "signature"]

@@ -84,15 +84,19 @@ GEMM_POINTERS = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8e4m3": "*u
 
 
 def compile_gemm_ptx(spec: GemmSpec, config: GemmConfig, target: GPUTarget,
-                     out_dtype: str = "f32",
+                     out_dtypes: tuple[str, ...] = ("f32",), input_dtypes: tuple[str, ...] = (),
                      unit_strides: tuple[str, ...] = ("sa_k", "sb_n", "so_n")) -> dict:
     """The GEMM template's main kernel for `spec` and `config`, compiled for `target` (see
-    `compile_source`); every output is `out_dtype`. The strides in `unit_strides` are 1, as
-    Triton specializes a launch whose stride is 1 (A and B row-major by default): that is
-    what lets it copy tiles to shared memory asynchronously and pipeline the K loop."""
-    outs = tuple(GEMM_POINTERS[out_dtype] for _ in spec.stores)
-    sig = gemm_signature(spec, KERNEL, GEMM_POINTERS[spec.a], GEMM_POINTERS[spec.b], outs)
-    sig = {name: ty for name, ty in sig.items() if name not in unit_strides}
+    `compile_source`); `out_dtypes` are the outputs', `input_dtypes` the epilogue inputs'
+    (f32 where not given). The strides in `unit_strides` are 1, as Triton specializes a launch
+    whose stride is 1 (A and B row-major by default): that is what lets it copy tiles to shared
+    memory asynchronously and pipeline the K loop."""
+    pointers = {"a_ptr": GEMM_POINTERS[spec.a], "b_ptr": GEMM_POINTERS[spec.b],
+                **{f"o{j}_ptr": GEMM_POINTERS[d] for j, d in enumerate(out_dtypes)},
+                **{f"e{arg}_ptr": GEMM_POINTERS[d]
+                   for arg, d in zip(spec.inputs, input_dtypes, strict=False)}}
+    sig = {name: ty for name, ty in gemm_signature(spec, KERNEL, pointers).items()
+           if name not in unit_strides}
     constants = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
                  "BLOCK_K": config.block_k, "GROUP_M": config.group_m,
                  **dict.fromkeys(unit_strides, 1)}
