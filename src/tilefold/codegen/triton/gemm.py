@@ -6,7 +6,8 @@ weight-dequantizing prologue and fused epilogue, plus the split-K reduce kernel.
 - program ids are swizzled so GROUP_M consecutive row blocks walk the same columns of B while
   they are in L2; axis 1 of the grid is the (flattened) batch, axis 2 the K split;
 - every operand is addressed by its strides, so a transposed A or B is a strided view and a
-  broadcast batch a zero batch stride; M, N and K tails are masked (loads give 0);
+  broadcast batch a zero batch stride; K tails are masked (loads give 0), and rows and
+  columns past M and N wrap around to the first ones, which the masked stores never write;
 - the dot accumulates in f32 (`input_precision="ieee"` for f32 operands: no TF32 rounding);
   fp8 e4m3 operands go to the matrix units as they are;
 - quantized weights (`b` = "i8": one int8 code an element, "i4": two int4 codes a byte along K,
@@ -228,8 +229,8 @@ def _main_kernel(spec: GemmSpec) -> list[str]:
     out("pid_m = first_m + (pid % in_group) % group_rows")
     out("pid_n = (pid % in_group) // group_rows")
     _tile(out)
-    out("# rows and columns past M and N read row M - 1 and column N - 1 again (never stored),")
-    out("# so only K is masked in the loop")
+    out("# rows and columns past M and N wrap around to the first ones (never stored), so")
+    out("# only K is masked in the loop")
     out("a_base = a_ptr + pid_b * sa_b + (rm % M)[:, None] * sa_m")
     out("b_base = b_ptr + pid_b * sb_b + (rn % N)[None, :] * sb_n")
     if quant:
