@@ -252,3 +252,47 @@ def test_a_fused_compute_group_runs_through_the_backend():
     c64 = torch.from_numpy(_f64(x) @ _f64(w)).to(torch.bfloat16).double().numpy()
     t = torch.from_numpy(c64 + _f64(b)).to(torch.bfloat16).double().numpy()
     assert_close(_f64(c), _gelu(t), dtype="bf16", scale=np.abs(t) + 1)
+
+
+def test_view_prologues_become_strides():
+    def fn(xt, w):  # A given as [batch, K, M], B broadcast to the batch
+        return F.matmul(F.transpose(xt, (0, 2, 1)), F.broadcast_to(F.expand_dims(w, 0),
+                                                                   (3, 30, 14)))
+
+    g = _group(fn, ("xt", "f32", (3, 30, 11)), ("w", "f32", (30, 14)))
+    xt, w = _normal(3, 30, 11), _normal(30, 14)
+    (c,) = g(_t(xt), _t(w), config=SMALL)
+    want = np.swapaxes(xt, 1, 2).astype(np.float64) @ w
+    assert_close(c.numpy(), want, dtype="f32", reduced=30)
+
+
+DEQUANT = """module {
+  func @main(%x: f32[2,9,40], %q: i8[24,40], %s: f32[24,1], %b: f32[24]) -> (f32[2,9,24]) {
+    %0 = dequantize(%q, %s) {dtype = f32} : f32[24,40]
+    %1 = transpose(%0) {perm = [1, 0]} : f32[40,24]
+    %2 = matmul(%x, %1) : f32[2,9,24]
+    %3 = add(%2, %b) : f32[2,9,24]
+    return(%3)
+  }
+}
+"""
+
+
+def test_dequantize_prologue_of_a_torch_layout_weight():
+    from tilefold.ir import parse_module
+
+    w = _normal(24, 40)  # [N, K] as torch stores a linear weight, one scale per output row
+    qt = quantize(w, "int8", axis=1)
+    x, b = _normal(2, 9, 40), _normal(24)
+    g = TritonGemmGroup(parse_module(DEQUANT).functions["main"], H200)
+    (c,) = g(_t(x), _t(qt.data), _t(qt.scale), _t(b), config=SMALL)
+    deq = qt.data.astype(np.float64) * qt.scale
+    assert_close(c.numpy(), x.astype(np.float64) @ deq.T + b, dtype="f32", reduced=40)
+    assert g.plan(_t(x), _t(qt.data), _t(qt.scale), _t(b)).dequantize is not None
+
+
+def test_prologues_the_template_lacks_are_named():
+    g = _group(lambda x, w: F.matmul(F.cast(x, "f32"), w), ("x", "f16", (4, 8)),
+               ("w", "f32", (8, 6)))
+    with pytest.raises(UnsupportedError, match=r"prologue 'cast'.*cast outside the group"):
+        g(_t(_normal(4, 8)).half(), _t(_normal(8, 6)))

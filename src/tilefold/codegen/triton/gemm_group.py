@@ -21,17 +21,25 @@ from tilefold.target.gpu import GPUTarget
 GEMM_DTYPES = frozenset({"f32", "f16", "bf16"})  # of the group's tensors (fp8: the template)
 
 
+VIEWS = frozenset({"transpose", "broadcast_to", "expand_dims"})  # strides, no copy
+
+
 @dataclass(frozen=True)
 class GemmPlan:
-    """What the template runs for one set of shapes: the matmul, its epilogue program (None:
-    none), the epilogue's tensors (group inputs or constants) and what each output holds."""
+    """What the template runs for one set of shapes: the matmul, the view ops from each of its
+    operands' roots (a group input, or a `dequantize`'s codes and scales for B) outwards, the
+    dequantize (None: none), its epilogue program (None: none), the epilogue's tensors (group
+    inputs or constants) and what each output holds."""
 
     matmul: Operation
+    views: tuple[tuple[Operation, ...], tuple[Operation, ...]]
+    dequantize: Operation | None
     program: Any
     extra: tuple[Value, ...]
     stores: tuple[int | None, ...]
     out_dtypes: tuple[str, ...]
     c_round: str | None
+    shapes: dict[Value, tuple[int, ...]]  # of each view's result, at these sizes
 
 
 def _ops(group: Function | Block) -> tuple[list[Value], list[Operation], list[Value]]:
@@ -40,18 +48,49 @@ def _ops(group: Function | Block) -> tuple[list[Value], list[Operation], list[Va
     return list(block.args), ops, list(ret.operands)
 
 
+def _chain(name: str, v: Value, prologue: list[Operation], b_side: bool
+           ) -> tuple[tuple[Operation, ...], Operation | None]:
+    """The view ops from `v`'s root to `v` (outermost last), and the dequantize at the root."""
+    views: list[Operation] = []
+    op = v.defining_op
+    while op is not None and op in prologue and op.name in VIEWS:
+        views.insert(0, op)
+        op = op.operands[0].defining_op
+    if op is None or op not in prologue:
+        return tuple(views), None
+    if op.name != "dequantize" or not b_side:
+        why = ("a cast has no in-kernel conversion in the template yet; cast outside the group"
+               if op.name == "cast" else "only B's weights dequantize in the template")
+        raise UnsupportedError(f"@{name}: prologue '{op.name}' of the matmul's "
+                               f"{'B' if b_side else 'A'}: {why}")
+    if len(op.operands) > 2:
+        raise UnsupportedError(f"@{name}: dequantize with a zero point is not in the Triton "
+                               "GEMM template yet; quantize symmetrically")
+    return tuple(views), op
+
+
 def plan_gemm(group: Function | Block, bindings: dict[str, int]) -> GemmPlan:
     """The template's plan for `group` with its symbolic dims bound; `UnsupportedError` saying
-    why when the group is not one matmul (of rank >= 2 operands, no prologue) and an
-    elementwise epilogue the template can fuse."""
+    why when the group is not one matmul of rank >= 2 operands, reached from its inputs by
+    views (and, for B, a symmetric int8 `dequantize`), and an elementwise epilogue."""
     args, ops, outputs = _ops(group)
     body = [op for op in ops if op.name != "constant"]
     name = getattr(group, "name", "fused")
-    if [op.name for op in body[:1]] != ["matmul"] or any(op.name == "matmul" for op in body[1:]):
-        raise UnsupportedError(f"@{name}: the Triton GEMM template takes one matmul first "
-                               f"(ops: {', '.join(op.name for op in body)}); prologue ops "
-                               "must be views the operands' strides can express")
-    mm, epilogue = body[0], body[1:]
+    matmuls = [op for op in body if op.name == "matmul"]
+    if len(matmuls) != 1:
+        raise UnsupportedError(f"@{name}: the Triton GEMM template takes one matmul, not "
+                               f"{len(matmuls)} (ops: {', '.join(op.name for op in body)})")
+    mm = matmuls[0]
+    at = body.index(mm)
+    prologue, epilogue = body[:at], body[at + 1:]
+    (a_views, _), (b_views, b_deq) = (_chain(name, v, prologue, side)
+                                      for v, side in zip(mm.operands, (False, True),
+                                                         strict=True))
+    used = {*a_views, *b_views, *([b_deq] if b_deq else [])}
+    stray = [op.name for op in prologue if op not in used]
+    if stray:
+        raise UnsupportedError(f"@{name}: prologue ops {', '.join(stray)} feed no operand of "
+                               "the matmul")
     types: dict[Value, TensorType] = {}
     for op in ops:
         for v in [*op.operands, *op.results]:
@@ -61,10 +100,15 @@ def plan_gemm(group: Function | Block, bindings: dict[str, int]) -> GemmPlan:
     for v in types.values():
         if any(isinstance(d, SymDim) for d in v.shape):
             raise ShapeError(f"@{name}: symbolic dims of {v} are not bound")
-    bad = sorted({str(t.dtype) for t in types.values()} - GEMM_DTYPES)
+    codes = {b_deq.operands[0]} if b_deq else set()
+    bad = sorted({str(t.dtype) for v, t in types.items() if v not in codes} - GEMM_DTYPES)
     if bad:
         raise UnsupportedError(f"@{name}: the Triton GEMM of a graph group takes "
                                f"{'/'.join(sorted(GEMM_DTYPES))} tensors, not {', '.join(bad)}")
+    if codes and str(types[b_deq.operands[0]].dtype) != "i8":
+        raise UnsupportedError(f"@{name}: dequantize of {types[b_deq.operands[0]].dtype} codes: "
+                               "the graph path takes int8 (int4 codes have no torch dtype; "
+                               "pass packed int4 weights to TritonGemm)")
     if any(len(types[v].shape) < 2 for v in mm.operands):
         raise UnsupportedError(f"@{name}: a matrix-vector matmul is memory-bound (a GEMV), "
                                "not the GEMM template's")
@@ -82,8 +126,23 @@ def plan_gemm(group: Function | Block, bindings: dict[str, int]) -> GemmPlan:
     ids = dict(zip(outs, [v for v, _ in program.outputs], strict=True)) if program else {}
     stores = tuple(None if v is c else ids[v] for v in outputs)
     dtype = str(types[c].dtype)
-    return GemmPlan(mm, program, extra, stores, tuple(str(types[v].dtype) for v in outputs),
-                    dtype if dtype != "f32" else None)
+    shapes = {op.results[0]: tuple(types[op.results[0]].shape) for op in (*a_views, *b_views)}
+    return GemmPlan(mm, (a_views, b_views), b_deq, program, extra, stores,
+                    tuple(str(types[v].dtype) for v in outputs), dtype if dtype != "f32" else None,
+                    shapes)
+
+
+def _view(op: Operation, t: Any, shape: tuple[int, ...], scale: bool = False) -> Any:
+    """`op` (a view whose result has `shape`) applied to the torch tensor `t`; for a scale
+    tensor (`scale`), only the batch dims a broadcast adds (its last two dims are blocks)."""
+    if op.name == "transpose":
+        return t.permute(*op.attr("perm"))
+    if op.name == "expand_dims":
+        rank = t.dim() + len(op.attr("axes"))
+        for axis in sorted(a % rank for a in op.attr("axes")):
+            t = t.unsqueeze(axis)
+        return t
+    return t.expand(*shape[:-2], *t.shape[-2:]) if scale else t.expand(*shape)
 
 
 def _bind(params: Sequence[Value], shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
@@ -118,8 +177,8 @@ class TritonGemmGroup:
         if key not in self._made:
             plan = plan_gemm(self.group, _bind(self.params, key))
             dtype = str(plan.matmul.operands[0].type.dtype)
-            gemm = TritonGemm(dtype, dtype, epilogue=plan.program, stores=plan.stores,
-                              c_round=plan.c_round, split=self.split,
+            gemm = TritonGemm(dtype, "i8" if plan.dequantize else dtype, epilogue=plan.program,
+                              stores=plan.stores, c_round=plan.c_round, split=self.split,
                               out_dtypes=plan.out_dtypes)
             self._made[key] = (plan, gemm)
         return self._made[key]
@@ -134,18 +193,34 @@ class TritonGemmGroup:
                 values[op.results[0]] = torch.from_numpy(
                     np.asarray(op.attrs["value"], np.float32)).to(tensors[0].device)
         mm = plan.matmul
-        a, b = (values[v] for v in mm.operands)
+        roots = [_root(v, views) for v, views in zip(mm.operands, plan.views, strict=True)]
+        a = values[roots[0]]
+        deq = plan.dequantize
+        b, scale = (values[deq.operands[0]], values[deq.operands[1]]) if deq else \
+            (values[roots[1]], None)
+        for op in plan.views[0]:
+            a = _view(op, a, plan.shapes[op.results[0]])
+        for op in plan.views[1]:
+            b = _view(op, b, plan.shapes[op.results[0]])
+            scale = None if scale is None else _view(op, scale, plan.shapes[op.results[0]], True)
         if mm.attr("transpose_a"):
             a = a.transpose(-1, -2)
         if mm.attr("transpose_b"):
             b = b.transpose(-1, -2)
+            scale = None if scale is None else scale.transpose(-1, -2)
         if config is None:
             m, k = a.shape[-2:]
             best = propose_configs(self.target, m, b.shape[-1], k,
                                    str(mm.operands[0].type.dtype))[0]
             config = dataclasses.replace(
                 best, split_k=1 if self.split == "none" else max(2, best.split_k))
-        return gemm(a, b, epilogue_inputs=[values[v] for v in plan.extra], config=config)
+        return gemm(a, b, scale=scale, epilogue_inputs=[values[v] for v in plan.extra],
+                    config=config)
+
+
+def _root(v: Value, views: tuple[Operation, ...]) -> Value:
+    """The value the first of `views` reads (`v` itself without views)."""
+    return views[0].operands[0] if views else v
 
 
 __all__ = ["GemmPlan", "TritonGemmGroup", "plan_gemm"]

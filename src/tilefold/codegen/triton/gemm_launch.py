@@ -71,11 +71,11 @@ class TritonGemm:
         if kb != k:
             raise ShapeError(f"{op}: A {list(a.shape)} has K = {k} but B {list(b.shape)} "
                              f"holds {kb} rows of K{' (two int4 codes a byte)' * (self.b == 'i4')}")
-        if self.b in QUANTIZED and (scale is None or scale.dim() < 2 or
-                                    scale.shape[-1] != b.shape[-1] or k % scale.shape[-2]):
+        if self.b in QUANTIZED and (scale is None or scale.dim() < 2 or k % scale.shape[-2] or
+                                    scale.shape[-1] not in (1, b.shape[-1])):
             got = None if scale is None else list(scale.shape)
             raise ShapeError(f"{op}: quantized B {list(b.shape)} needs f32 scales "
-                             f"[K / group, N] with a group dividing K = {k}, got {got}")
+                             f"[K / group, N or 1] with a group dividing K = {k}, got {got}")
         return m, b.shape[-1], k
 
     def __call__(self, a: Any, b: Any, *, scale: Any = None,
@@ -125,6 +125,7 @@ class TritonGemm:
         args: list[Any] = [a3, b3]
         qargs: list[int] = []
         if quant:
+            scale = scale.expand(*scale.shape[:-1], n)  # one scale for every column: stride 0
             s3 = scale.float().reshape(-1, *scale.shape[-2:])
             if s3.shape[0] not in (1, count):
                 raise ShapeError(f"Triton GEMM: scales {list(scale.shape)} have "
