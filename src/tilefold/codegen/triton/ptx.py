@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilefold.codegen.kernel.ir import Kernel
+from tilefold.codegen.triton.attention import KERNEL as ATTENTION
+from tilefold.codegen.triton.attention import AttentionSpec, emit_attention
+from tilefold.codegen.triton.attention import signature as attention_signature
 from tilefold.codegen.triton.emit import emit_triton, signature
 from tilefold.codegen.triton.gemm import KERNEL, GemmSpec, emit_gemm
 from tilefold.codegen.triton.gemm import signature as gemm_signature
@@ -102,6 +105,20 @@ def compile_gemm_ptx(spec: GemmSpec, config: GemmConfig, target: GPUTarget,
                  **dict.fromkeys(unit_strides, 1)}
     return compile_source(emit_gemm(spec), KERNEL, sig, constants, target, config.num_warps,
                           config.num_stages)
+
+
+def compile_attention_ptx(spec: AttentionSpec, target: GPUTarget, head_d: int = 128,
+                          block_m: int = 128, block_n: int = 64, num_warps: int = 8,
+                          num_stages: int = 2) -> dict:
+    """The attention template for `spec` compiled for `target` (see `compile_source`), with
+    unit strides along the head dim, as contiguous q, k, v and output have."""
+    unit = ("sq_d", "sk_d", "sv_d", "so_d")
+    sig = {name: ty for name, ty in attention_signature(spec, GEMM_POINTERS[spec.dtype]).items()
+           if name not in unit}
+    constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "HEAD_D": head_d,
+                 **dict.fromkeys(unit, 1)}
+    return compile_source(emit_attention(spec), ATTENTION, sig, constants, target, num_warps,
+                          num_stages)
 
 
 def _in_child(job: dict) -> dict:

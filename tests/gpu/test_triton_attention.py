@@ -1,0 +1,101 @@
+"""The Triton attention template run by Triton's interpreter on CPU torch tensors against
+float64 NumPy (causal and key-padding masks, grouped-query heads, several key blocks, a head
+dim below its tile, f32 and f16), and compiled for sm_90: wgmma for both products.
+
+Triton's interpreter computes bf16 wrongly, so bf16 runs there as f32 on f32 copies of the
+bf16 operands (the bf16 case checks the widening; the PTX test compiles the bf16 kernel). The
+interpreter runs `tl.reduce` one element at a time, so the shapes stay small.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
+torch = pytest.importorskip("torch")
+
+from tests.tolerances import assert_close  # noqa: E402
+from tilefold.codegen.triton.attention import AttentionSpec, TritonAttention  # noqa: E402
+from tilefold.codegen.triton.ptx import compile_attention_ptx  # noqa: E402
+from tilefold.errors import ShapeError, UnsupportedError  # noqa: E402
+from tilefold.target import gpu_target  # noqa: E402
+
+H200 = gpu_target("h200")
+RNG = np.random.default_rng(1617)
+TD = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _reference(q, k, v, causal, lens):
+    """softmax(q k^T / sqrt(D) + mask) v in float64, each query head on its key head."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    sq, sk = s.shape[-2:]
+    mask = np.ones((q.shape[0], 1, sq, sk), bool)
+    if causal:
+        mask &= np.tril(np.ones((sq, sk), bool))
+    if lens is not None:
+        mask &= (np.arange(sk)[None, :] < np.asarray(lens)[:, None])[:, None, None, :]
+    s = np.where(mask, s, -np.inf)
+    with np.errstate(invalid="ignore"):  # a row without keys: -inf - -inf is NaN, as wanted
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def _run(dtype, causal, lens, shape=(2, 4, 2, 11, 29, 24)):
+    b, hq, hkv, sq, sk, d = shape
+    q, k, v = (torch.from_numpy(RNG.standard_normal(s).astype(np.float32)).to(TD[dtype])
+               for s in ((b, hq, sq, d), (b, hkv, sk, d), (b, hkv, sk, d)))
+    att = TritonAttention(dtype, causal=causal, padded=lens is not None)
+    kv = None if lens is None else torch.tensor(lens, dtype=torch.int32)
+    out = att(q, k, v, kv_lens=kv, block_m=16, block_n=16)  # two key blocks, a D tail
+    want = _reference(*(t.double().numpy() for t in (q, k, v)), causal, lens)
+    return out, want, att
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lens", [None, [29, 12]], ids=["dense", "padded"])
+def test_f32_attention_with_masks_and_grouped_heads(causal, lens):
+    out, want, _ = _run("f32", causal, lens)
+    assert_close(out.numpy(), want, dtype="f32", reduced=29)
+
+
+def test_f16_attention():
+    out, want, _ = _run("f16", True, None)
+    assert out.dtype == torch.float16
+    assert_close(out.double().numpy(), want, dtype="f16", reduced=29)
+
+
+def test_bf16_widened_to_f32_under_interpreter():
+    out, want, att = _run("bf16", False, [5, 29], shape=(2, 2, 1, 7, 29, 16))
+    assert out.dtype == torch.bfloat16 and att.spec.dtype == "f32"
+    assert_close(out.double().numpy(), want, dtype="bf16", reduced=29)
+
+
+def test_a_row_without_keys_is_nan_as_a_softmax_over_nothing():
+    out, want, _ = _run("f32", False, [0, 29], shape=(2, 1, 1, 3, 29, 16))
+    assert np.isnan(out[0].numpy()).all() and np.isnan(want[0]).all()
+    assert_close(out[1].numpy(), want[1], dtype="f32", reduced=29)
+
+
+def test_bad_input_is_a_clear_error():
+    q = torch.zeros(1, 3, 4, 8)
+    with pytest.raises(ShapeError, match="heads dividing"):
+        TritonAttention("f32")(q, torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8))
+    with pytest.raises(UnsupportedError, match="kv_lens"):
+        TritonAttention("f32")(q, torch.zeros(1, 1, 5, 8), torch.zeros(1, 1, 5, 8),
+                               kv_lens=torch.tensor([5], dtype=torch.int32))
+    with pytest.raises(UnsupportedError, match="one of f32"):
+        AttentionSpec("fp8e4m3")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_sm_90_ptx_uses_wgmma_for_both_products(dtype):
+    report = compile_attention_ptx(AttentionSpec(dtype, causal=True), H200)
+    forms = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", report["ptx"]))
+    assert forms == {"64", "128"}  # scores over 64 keys, then P V over D = 128
+    assert 0 < report["shared"] <= H200.shared_memory_per_block
+    assert report["spills"] == 0
