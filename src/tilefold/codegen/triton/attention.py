@@ -6,8 +6,9 @@ BLOCK_N keys it forms the scores with the matrix units, masks them (keys past th
 sequence length, and past the query's position when causal: query i sees keys j <= i, the
 top-left alignment of PyTorch's `is_causal`), and folds them into a running row maximum m,
 row sum l and output accumulator: with m' = max(m, max_j s_j), acc = acc e^(m - m') +
-e^(s - m') V and l = l e^(m - m') + sum_j e^(s_j - m'). The output is acc / l, so a row
-that sees no key is NaN, as a softmax over nothing is. Query head h reads key/value head
+e^(s - m') V and l = l e^(m - m') + sum_j e^(s_j - m'). The output is acc / l, and zeros
+for a row that sees no key, as the graph IR's `scaled_dot_product_attention` and PyTorch
+give. Query head h reads key/value head
 h // (Hq / Hkv) (grouped-query attention; Hq == Hkv is plain multi-head). The head dim is a
 power-of-two tile of at least 16, masked down to the real D.
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefold.codegen.triton.launch import _widened, interpreting, load_jit
+from tilefold.codegen.triton.launch import interpreting, load_jit, widened_f32
 from tilefold.codegen.triton.math import HELPERS
 from tilefold.errors import ShapeError, UnsupportedError
 
@@ -111,7 +112,7 @@ def {KERNEL}(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v{precision})
         m_i = m_new
 {step}\
-    out = acc / l_i[:, None]
+    out = tl.where(l_i[:, None] > 0.0, acc / l_i[:, None], 0.0)  # no key seen: zeros
     tl.store(o_ptr + b * so_b + h.to(tl.int64) * so_h + rm[:, None] * so_s + rd[None, :] * so_d,
              out.to(o_ptr.dtype.element_ty), mask=q_mask)
 '''
@@ -174,7 +175,7 @@ class TritonAttention:
         wide = interpreting() and self.dtype == "bf16"
         out = torch.empty(q.shape, dtype=torch.float32 if wide else want, device=q.device)
         if wide:
-            q, k, v = (_widened(t)[0] for t in (q, k, v))
+            q, k, v = (widened_f32(t)[0] for t in (q, k, v))
         sk = k.shape[2]
         lens = kv_lens if kv_lens is not None else torch.zeros(1, dtype=torch.int32,
                                                                device=q.device)

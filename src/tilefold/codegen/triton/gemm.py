@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tilefold.codegen.rowprog.program import IDENTITY, Program
-from tilefold.codegen.triton.emit import _literal
+from tilefold.codegen.triton.emit import literal
 from tilefold.codegen.triton.math import PRIMITIVE_FORMS, helpers_used
 from tilefold.errors import UnsupportedError
 
@@ -140,7 +140,7 @@ def _epilogue(out: _Lines, spec: GemmSpec) -> dict[int | None, str]:
         names[vid] = f"v{vid}"
     for vid, prim in sorted(prog.prims.items()):
         if prim.op == "const":
-            text = _literal(prim.const)
+            text = literal(prim.const)
         else:
             text = PRIMITIVE_FORMS[prim.op].format(*(names[a] for a in prim.args))
         out(f"v{vid} = {text}")

@@ -17,7 +17,7 @@ import numpy as np
 from tilefold.codegen.rowprog.program import Program
 from tilefold.codegen.triton.gemm import KERNEL, QUANTIZED, REDUCE, GemmSpec, emit_gemm
 from tilefold.codegen.triton.gemm_config import GemmConfig
-from tilefold.codegen.triton.launch import _widened, interpreting, load_jit
+from tilefold.codegen.triton.launch import interpreting, load_jit, widened_f32
 from tilefold.errors import ShapeError, UnsupportedError
 
 TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16",
@@ -100,8 +100,8 @@ class TritonGemm:
                         dtype=torch.float32 if w else _torch_dtype(d))
                    for d, w in zip(self.out_dtypes, wide, strict=True)]
         if interp and self.a == "bf16":
-            a3, _ = _widened(a3)
-            b3, _ = _widened(b3)
+            a3, _ = widened_f32(a3)
+            b3, _ = widened_f32(b3)
         if self.a == "fp8e4m3":  # the kernel loads its bytes and bitcasts them
             a3, b3 = a3.view(torch.uint8), b3.view(torch.uint8)
         extra = [t.contiguous().float() if interp and t.dtype == torch.bfloat16
