@@ -150,6 +150,17 @@ def test_activation_residual_and_scale_fused_before_the_store():
         assert_close(c.numpy(), expect, dtype="f32", reduced=k, scale=np.abs(t) + 1)
 
 
+def test_batched_epilogue_operands_index_their_own_dims():
+    bsz, m, n, k = 3, 13, 18, 21  # a residual shared by the batch, a bias per batch entry
+    x, w, r, b = _normal(bsz, m, k), _normal(k, n), _normal(m, n), _normal(bsz, 1, n)
+    g = _group(lambda x, w, r, b: F.matmul(x, w) * 2.0 + r + b,
+               ("x", "f32", (bsz, m, k)), ("w", "f32", (k, n)), ("r", "f32", (m, n)),
+               ("b", "f32", (bsz, 1, n)))
+    (c,) = g(_t(x), _t(w), _t(r), _t(b), config=SMALL)
+    want = (x.astype(np.float64) @ w) * 2 + r + b
+    assert_close(c.numpy(), want, dtype="f32", reduced=k, scale=2.0)
+
+
 def test_bf16_group_rounds_c_before_its_epilogue():
     m, n, k = 17, 40, 33
     xs, ws, bs = (_t(_normal(*s)).to(torch.bfloat16) for s in ((m, k), (k, n), (n,)))
