@@ -307,3 +307,12 @@ def test_prologues_the_template_lacks_are_named():
                ("w", "f32", (8, 6)))
     with pytest.raises(UnsupportedError, match=r"prologue 'cast'.*cast outside the group"):
         g(_t(_normal(4, 8)).half(), _t(_normal(8, 6)))
+
+
+@pytest.mark.parametrize("a,b,split", [("f16", "i4", "none"), ("bf16", "i8", "workspace")])
+def test_sm_90_ptx_of_dequantizing_and_split_k_gemms(a, b, split):
+    config = GemmConfig(128, 128, 64, 8, 8, 3, 1 if split == "none" else 4)
+    report = compile_gemm_ptx(GemmSpec(a, b, split=split), config, H200)
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.{a}\.{a}",
+                     report["ptx"])
+    assert report["shared"] <= H200.shared_memory_per_block and report["spills"] == 0
