@@ -130,8 +130,10 @@ def test_bias_on_m_and_on_n_take_their_roles_from_the_ir():
     (c,) = g(_t(x), _t(w), _t(bm), _t(bn), config=SMALL)
     want = x.astype(np.float64) @ w + bm[:, None] + bn
     assert_close(c.numpy(), want, dtype="f32", reduced=n)
-    src = g._prepare([_t(x), _t(w), _t(bm), _t(bn)])[1].source
+    src = g.source(_t(x), _t(w), _t(bm), _t(bn))
     assert "mask=m_mask" in src and "mask=n_mask" in src  # one row value, one shared row
+    (proposed,) = g(_t(x), _t(w), _t(bm), _t(bn))  # the config propose_configs picks
+    assert_close(proposed.numpy(), want, dtype="f32", reduced=n)
 
 
 def test_activation_residual_and_scale_fused_before_the_store():

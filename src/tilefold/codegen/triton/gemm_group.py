@@ -168,7 +168,12 @@ class TritonGemmGroup:
         self._made: dict[tuple, tuple[GemmPlan, Any]] = {}
 
     def plan(self, *tensors: Any) -> GemmPlan:
+        """What the template runs for tensors of these shapes."""
         return self._prepare(tensors)[0]
+
+    def source(self, *tensors: Any) -> str:
+        """The Triton source that runs for tensors of these shapes."""
+        return self._prepare(tensors)[1].source
 
     def _prepare(self, tensors: Sequence[Any]) -> tuple[GemmPlan, Any]:
         from tilefold.codegen.triton.gemm_launch import TritonGemm
