@@ -193,6 +193,15 @@ def test_split_k_atomic_adds_partials(split_k):
     assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=200)
 
 
+def _dequantized(qt) -> np.ndarray:
+    """(codes - zero point) * scale in float64, each block's values repeated over it."""
+    group = qt.shape[0] // qt.scale.shape[0]
+    codes = qt.codes().astype(np.float64)
+    if qt.zero_point is not None:
+        codes = codes - np.repeat(qt.zero_point.astype(np.float64), group, axis=0)
+    return codes * np.repeat(qt.scale.astype(np.float64), group, axis=0)
+
+
 @pytest.mark.parametrize("fmt,group", [("int8", None), ("int4", 32), ("int4", 16)])
 def test_dequantized_weights(fmt, group):
     k, n = 96, 27
@@ -201,9 +210,31 @@ def test_dequantized_weights(fmt, group):
     x = _normal(2, 9, k)
     (c,) = TritonGemm("f32", "i8" if fmt == "int8" else "i4")(
         _t(x), _t(qt.data), scale=_t(qt.scale), config=SMALL)
-    g = k // qt.scale.shape[0]
-    deq = qt.codes().astype(np.float64) * np.repeat(qt.scale.astype(np.float64), g, axis=0)
-    assert_close(c.numpy(), x.astype(np.float64) @ deq, dtype="f32", reduced=k)
+    assert_close(c.numpy(), x.astype(np.float64) @ _dequantized(qt), dtype="f32", reduced=k)
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", None), ("int4", 32)])
+def test_asymmetric_weights_subtract_their_zero_points(fmt, group):
+    k, n = 64, 21
+    qt = quantize(_normal(k, n) + 0.7, fmt, group_size=group, symmetric=False)
+    x = _normal(5, k)
+    zero = torch.from_numpy(qt.zero_point.astype(np.int16)).to(  # int4's i4 as bytes
+        torch.uint8 if fmt == "int8" else torch.int8)
+    gemm = TritonGemm("f32", "u8" if fmt == "int8" else "i4", zero_point=True)
+    (c,) = gemm(_t(x), _t(qt.data), scale=_t(qt.scale), zero_point=zero, config=SMALL)
+    assert_close(c.numpy(), x.astype(np.float64) @ _dequantized(qt), dtype="f32", reduced=k)
+
+
+def test_fp8_weights_with_scales_under_an_f16_activation():
+    k, n = 48, 17
+    qt = quantize(_normal(k, n), "fp8")  # one scale a column
+    codes = torch.from_numpy(qt.data.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    x = _t(_normal(2, 7, k)).to(torch.float16)
+    (c,) = TritonGemm("f16", "fp8e4m3", out_dtypes=("f16",))(
+        x, codes, scale=_t(qt.scale), config=SMALL)
+    # each weight rounded to the activation's f16 before the dot, as the template documents
+    deq = _dequantized(qt).astype(np.float16).astype(np.float64)
+    assert_close(_f64(c), _f64(x) @ deq, dtype="f16", reduced=k)
 
 
 def test_int4_weights_dequantize_to_an_f16_activation():
@@ -211,8 +242,7 @@ def test_int4_weights_dequantize_to_an_f16_activation():
     qt = quantize(_normal(k, n), "int4", group_size=32)
     x = _t(_normal(11, k)).to(torch.float16)
     (c,) = TritonGemm("f16", "i4")(x, _t(qt.data), scale=_t(qt.scale), config=SMALL)
-    deq = qt.codes().astype(np.float64) * np.repeat(qt.scale.astype(np.float64), 32, axis=0)
-    deq16 = deq.astype(np.float16).astype(np.float64)  # the weight in A's dtype, as documented
+    deq16 = _dequantized(qt).astype(np.float16).astype(np.float64)  # in A's dtype, as documented
     assert_close(c.numpy(), _f64(x) @ deq16, dtype="f32", reduced=k)
 
 

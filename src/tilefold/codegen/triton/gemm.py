@@ -10,9 +10,10 @@ weight-dequantizing prologue and fused epilogue, plus the split-K reduce kernel.
   columns past M and N wrap around to the first ones, which the masked stores never write;
 - the dot accumulates in f32 (`input_precision="ieee"` for f32 operands: no TF32 rounding);
   fp8 e4m3 operands go to the matrix units as they are;
-- quantized weights (`b` = "i8": one int8 code an element, "i4": two int4 codes a byte along K,
-  the even k in the low nibble, as `tilefold.quant` packs them) are dequantized per tile,
-  code * scale[k // QGROUP, n], to A's dtype before the dot;
+- quantized weights (`b` = "i8"/"u8": one int8 code an element, "i4": two int4 codes a byte
+  along K, the even k in the low nibble, as `tilefold.quant` packs them, "fp8e4m3" under an
+  f32/f16/bf16 A: fp8 codes) are dequantized per tile, (code - zero[k // QGROUP, n]) *
+  scale[k // QGROUP, n] with the zero point only when given, to A's dtype before the dot;
 - the epilogue is a row program (`codegen/rowprog/program.py`) over C's rows, lowered from the
   graph IR by the same table as every other kernel: each operand's role (a full tile, one row
   shared by all rows, one value per row, a scalar) comes from its `Source`, which the IR's axis
@@ -38,7 +39,7 @@ from tilefold.codegen.triton.math import PRIMITIVE_FORMS, helpers_used
 from tilefold.errors import UnsupportedError
 
 DOT_DTYPES = ("f32", "f16", "bf16", "fp8e4m3")
-QUANTIZED = ("i8", "i4")
+QUANTIZED = ("i8", "u8", "i4")  # B's weight codes besides fp8 ones (a fp8 B with a non-fp8 A)
 SPLITS = ("none", "workspace", "atomic")
 ROUND = {"bf16": "_tf_round_bf16({0})", "f16": "{0}.to(tl.float16).to(tl.float32)"}
 KERNEL, REDUCE = "tf_gemm", "tf_gemm_reduce"
@@ -48,8 +49,9 @@ KERNEL, REDUCE = "tf_gemm", "tf_gemm_reduce"
 class GemmSpec:
     """What one generated GEMM computes.
 
-    `a`: the dtype the dot reads from A; `b`: B's, or "i8"/"i4" for quantized weights with f32
-    group scales (dequantized to `a`). `epilogue`: a row program over C's rows whose source
+    `a`: the dtype the dot reads from A; `b`: B's, or "i8"/"u8"/"i4" (or "fp8e4m3" under a
+    wider A) for quantized weights with f32 group scales, dequantized to `a`, and zero points
+    when `zero_point`. `epilogue`: a row program over C's rows whose source
     argument 0 is C; `stores`: what each output holds (None: C itself, else a program value).
     `c_round`: "bf16"/"f16" when the matmul's result has that dtype, so C is rounded before
     the epilogue reads it, as the graph IR rounds each op's result.
@@ -62,7 +64,13 @@ class GemmSpec:
     c_round: str | None = None
     split: str = "none"
     pipelined: bool = True
+    zero_point: bool = False
     inputs: tuple[int, ...] = field(init=False)  # epilogue argument numbers the kernel reads
+
+    @property
+    def dequantizes(self) -> bool:
+        """Whether B holds weight codes the kernel dequantizes with scales."""
+        return self.b in QUANTIZED or self.b != self.a
 
     def __post_init__(self) -> None:
         op = f"Triton GEMM ({self.a} x {self.b})"
@@ -70,11 +78,13 @@ class GemmSpec:
             raise UnsupportedError(f"{op}: A must be one of {', '.join(DOT_DTYPES)}")
         if self.b not in (*DOT_DTYPES, *QUANTIZED):
             raise UnsupportedError(f"{op}: B must be one of {', '.join(DOT_DTYPES)}, or "
-                                   "i8/i4 quantized weights")
-        if self.b in QUANTIZED and self.a == "fp8e4m3":
+                                   "i8/u8/i4 quantized weights")
+        if self.dequantizes and self.a == "fp8e4m3":
             raise UnsupportedError(f"{op}: quantized weights dequantize to an f32/f16/bf16 A")
-        if self.b not in QUANTIZED and self.b != self.a:
+        if self.dequantizes and self.b not in (*QUANTIZED, "fp8e4m3"):
             raise UnsupportedError(f"{op}: A and B must have one dtype; cast one operand first")
+        if self.zero_point and self.b not in QUANTIZED:
+            raise UnsupportedError(f"{op}: zero points shift integer codes; {self.b} B has none")
         if self.split not in SPLITS:
             raise UnsupportedError(f"{op}: split is one of {', '.join(SPLITS)}, not "
                                    f"{self.split!r}")
@@ -170,18 +180,21 @@ def _tile(out: _Lines) -> None:
 def _operand_loads(out: _Lines, spec: GemmSpec) -> None:
     out("k_mask = rk < K")
     # fp8 comes as its bytes (the interpreter cannot fill masked lanes of an fp8 load)
-    fp8 = ".to(tl.float8e4nv, bitcast=True)" if spec.a == "fp8e4m3" else ""
-    out(f"a = tl.load(a_ptrs, mask=k_mask[None, :], other=0){fp8}")
+    fp8 = ".to(tl.float8e4nv, bitcast=True)"
+    out(f"a = tl.load(a_ptrs, mask=k_mask[None, :], other=0){fp8 * (spec.a == 'fp8e4m3')}")
     b_mask = "mask=k_mask[:, None], other=0"
-    if spec.b not in QUANTIZED:
-        out(f"b = tl.load(b_ptrs, {b_mask}){fp8}")
+    if not spec.dequantizes:
+        out(f"b = tl.load(b_ptrs, {b_mask}){fp8 * (spec.b == 'fp8e4m3')}")
         return
-    if spec.b == "i8":
-        out(f"q = tl.load(b_ptrs, {b_mask}).to(tl.float32)")
-    else:  # two codes a byte along K: k even in the low nibble; sign-extend the four bits
+    if spec.b == "i4":  # two codes a byte along K: k even in the low nibble; sign-extend
         out(f"byte = tl.load(b_ptrs, {b_mask}).to(tl.int32)")
         out("q = ((((byte >> ((rk[:, None] % 2) * 4)) & 15) ^ 8) - 8).to(tl.float32)")
-    out(f"sc = tl.load(s_base + (rk[:, None] // QGROUP) * ss_g, {b_mask})")
+    else:
+        out(f"q = tl.load(b_ptrs, {b_mask}){fp8 * (spec.b == 'fp8e4m3')}.to(tl.float32)")
+    group = "(rk[:, None] // QGROUP)"
+    if spec.zero_point:
+        out(f"q -= tl.load(z_base + {group} * sz_g, {b_mask}).to(tl.float32)")
+    out(f"sc = tl.load(s_base + {group} * ss_g, {b_mask})")
     out("b = (q * sc).to(a.dtype)")
 
 
@@ -197,14 +210,15 @@ def _advance(out: _Lines, spec: GemmSpec) -> None:
 
 def main_params(spec: GemmSpec) -> list[str]:
     """`tf_gemm`'s run-time parameters, in order (strides in elements)."""
-    quant = spec.b in QUANTIZED
+    quant, zp = spec.dequantizes, spec.zero_point
     outs = ["w_ptr"] if spec.split == "workspace" else \
         [f"o{j}_ptr" for j in range(len(spec.stores))]
-    return ["a_ptr", "b_ptr", *(["s_ptr"] if quant else []),
+    return ["a_ptr", "b_ptr", *(["s_ptr"] if quant else []), *(["z_ptr"] if zp else []),
             *([] if spec.split == "workspace" else [f"e{a}_ptr" for a in spec.inputs]),
             *outs, "M", "N", "K", "K_ITERS", *(["QGROUP"] if quant else []),
             "sa_b", "sa_m", "sa_k", "sb_b", "sb_k", "sb_n",
-            *(["ss_b", "ss_g", "ss_n"] if quant else []), "so_s", "so_b", "so_m", "so_n"]
+            *(["ss_b", "ss_g", "ss_n"] if quant else []),
+            *(["sz_b", "sz_g", "sz_n"] if zp else []), "so_s", "so_b", "so_m", "so_n"]
 
 
 def reduce_params(spec: GemmSpec) -> list[str]:
@@ -216,7 +230,7 @@ def reduce_params(spec: GemmSpec) -> list[str]:
 
 def _main_kernel(spec: GemmSpec) -> list[str]:
     out = _Lines()
-    quant = spec.b in QUANTIZED
+    quant = spec.dequantizes
     out("pid = tl.program_id(0)")
     out("pid_b = tl.program_id(1).to(tl.int64)")
     out("pid_k = tl.program_id(2)")
@@ -235,6 +249,8 @@ def _main_kernel(spec: GemmSpec) -> list[str]:
     out("b_base = b_ptr + pid_b * sb_b + (rn % N)[None, :] * sb_n")
     if quant:
         out("s_base = s_ptr + pid_b * ss_b + (rn % N)[None, :] * ss_n")
+    if spec.zero_point:
+        out("z_base = z_ptr + pid_b * sz_b + (rn % N)[None, :] * sz_n")
     out("acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)")
     out("rk = pid_k * K_ITERS * BLOCK_K + tl.arange(0, BLOCK_K)  # this split's first K block")
     out("a_ptrs = a_base + rk[None, :] * sa_k")
