@@ -348,3 +348,25 @@ def test_sm_90_ptx_of_dequantizing_and_split_k_gemms(a, b, split):
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.{a}\.{a}",
                      report["ptx"])
     assert report["shared"] <= H200.shared_memory_per_block and report["spills"] == 0
+
+
+ASYMMETRIC = """module {
+  func @main(%x: f32[5,40], %q: u8[40,24], %s: f32[1,24], %z: u8[1,24]) -> (f32[5,24]) {
+    %0 = dequantize(%q, %s, %z) {dtype = f32} : f32[40,24]
+    %1 = matmul(%x, %0) : f32[5,24]
+    %2 = relu(%1) : f32[5,24]
+    return(%2)
+  }
+}
+"""
+
+
+def test_asymmetric_dequantize_prologue_from_the_ir():
+    from tilefold.ir import parse_module
+
+    qt = quantize(_normal(40, 24) + 0.5, "int8", symmetric=False)
+    x = _normal(5, 40)
+    g = TritonGemmGroup(parse_module(ASYMMETRIC).functions["main"], H200)
+    (c,) = g(_t(x), _t(qt.data), _t(qt.scale), _t(qt.zero_point), config=SMALL)
+    t = x.astype(np.float64) @ _dequantized(qt)
+    assert_close(c.numpy(), np.maximum(t, 0), dtype="f32", reduced=40)

@@ -22,6 +22,7 @@ GEMM_DTYPES = frozenset({"f32", "f16", "bf16"})  # of the group's tensors (fp8: 
 
 
 VIEWS = frozenset({"transpose", "broadcast_to", "expand_dims"})  # strides, no copy
+GRAPH_CODES = ("i8", "u8", "fp8e4m3")  # weight codes a graph group's dequantize may read
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,14 @@ def _chain(name: str, v: Value, prologue: list[Operation], b_side: bool
                if op.name == "cast" else "only B's weights dequantize in the template")
         raise UnsupportedError(f"@{name}: prologue '{op.name}' of the matmul's "
                                f"{'B' if b_side else 'A'}: {why}")
-    if len(op.operands) > 2:
-        raise UnsupportedError(f"@{name}: dequantize with a zero point is not in the Triton "
-                               "GEMM template yet; quantize symmetrically")
     return tuple(views), op
 
 
 def plan_gemm(group: Function | Block, bindings: dict[str, int]) -> GemmPlan:
     """The template's plan for `group` with its symbolic dims bound; `UnsupportedError` saying
     why when the group is not one matmul of rank >= 2 operands, reached from its inputs by
-    views (and, for B, a symmetric int8 `dequantize`), and an elementwise epilogue."""
+    views (and, for B, a `dequantize` of int8, uint8 with zero points, or fp8 codes), and an
+    elementwise epilogue."""
     args, ops, outputs = _ops(group)
     body = [op for op in ops if op.name != "constant"]
     name = getattr(group, "name", "fused")
@@ -100,15 +99,15 @@ def plan_gemm(group: Function | Block, bindings: dict[str, int]) -> GemmPlan:
     for v in types.values():
         if any(isinstance(d, SymDim) for d in v.shape):
             raise ShapeError(f"@{name}: symbolic dims of {v} are not bound")
-    codes = {b_deq.operands[0]} if b_deq else set()
+    codes = {b_deq.operands[0], *b_deq.operands[2:]} if b_deq else set()  # and zero points
     bad = sorted({str(t.dtype) for v, t in types.items() if v not in codes} - GEMM_DTYPES)
     if bad:
         raise UnsupportedError(f"@{name}: the Triton GEMM of a graph group takes "
                                f"{'/'.join(sorted(GEMM_DTYPES))} tensors, not {', '.join(bad)}")
-    if codes and str(types[b_deq.operands[0]].dtype) != "i8":
+    if codes and str(types[b_deq.operands[0]].dtype) not in GRAPH_CODES:
         raise UnsupportedError(f"@{name}: dequantize of {types[b_deq.operands[0]].dtype} codes: "
-                               "the graph path takes int8 (int4 codes have no torch dtype; "
-                               "pass packed int4 weights to TritonGemm)")
+                               f"the graph path takes {'/'.join(GRAPH_CODES)} (int4 codes have "
+                               "no torch dtype; pass packed int4 weights to TritonGemm)")
     if any(len(types[v].shape) < 2 for v in mm.operands):
         raise UnsupportedError(f"@{name}: a matrix-vector matmul is memory-bound (a GEMV), "
                                "not the GEMM template's")
@@ -182,9 +181,11 @@ class TritonGemmGroup:
         if key not in self._made:
             plan = plan_gemm(self.group, _bind(self.params, key))
             dtype = str(plan.matmul.operands[0].type.dtype)
-            gemm = TritonGemm(dtype, "i8" if plan.dequantize else dtype, epilogue=plan.program,
-                              stores=plan.stores, c_round=plan.c_round, split=self.split,
-                              out_dtypes=plan.out_dtypes)
+            deq = plan.dequantize
+            gemm = TritonGemm(dtype, str(deq.operands[0].type.dtype) if deq else dtype,
+                              epilogue=plan.program, stores=plan.stores, c_round=plan.c_round,
+                              split=self.split, out_dtypes=plan.out_dtypes,
+                              zero_point=deq is not None and len(deq.operands) > 2)
             self._made[key] = (plan, gemm)
         return self._made[key]
 
@@ -201,26 +202,26 @@ class TritonGemmGroup:
         roots = [_root(v, views) for v, views in zip(mm.operands, plan.views, strict=True)]
         a = values[roots[0]]
         deq = plan.dequantize
-        b, scale = (values[deq.operands[0]], values[deq.operands[1]]) if deq else \
-            (values[roots[1]], None)
+        b, *blocks = [values[v] for v in deq.operands] if deq else [values[roots[1]]]
         for op in plan.views[0]:
             a = _view(op, a, plan.shapes[op.results[0]])
         for op in plan.views[1]:
             b = _view(op, b, plan.shapes[op.results[0]])
-            scale = None if scale is None else _view(op, scale, plan.shapes[op.results[0]], True)
+            blocks = [_view(op, t, plan.shapes[op.results[0]], True) for t in blocks]
         if mm.attr("transpose_a"):
             a = a.transpose(-1, -2)
         if mm.attr("transpose_b"):
             b = b.transpose(-1, -2)
-            scale = None if scale is None else scale.transpose(-1, -2)
+            blocks = [t.transpose(-1, -2) for t in blocks]
+        scale, zero = [*blocks, None, None][:2]
         if config is None:
             m, k = a.shape[-2:]
             best = propose_configs(self.target, m, b.shape[-1], k,
                                    str(mm.operands[0].type.dtype))[0]
             config = dataclasses.replace(
                 best, split_k=1 if self.split == "none" else max(2, best.split_k))
-        return gemm(a, b, scale=scale, epilogue_inputs=[values[v] for v in plan.extra],
-                    config=config)
+        return gemm(a, b, scale=scale, zero_point=zero,
+                    epilogue_inputs=[values[v] for v in plan.extra], config=config)
 
 
 def _root(v: Value, views: tuple[Operation, ...]) -> Value:
