@@ -15,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NORMS = str(EXAMPLES / "norms.tfir")
 LINEAR_GELU = str(EXAMPLES / "linear_gelu.tfir")
 MLP = str(EXAMPLES / "mlp.tfir")
+ATTENTION = str(EXAMPLES / "attention.tfir")
 POW = """module {
   func @main(%x: f32[3,5], %y: f32[3,5]) -> (f32[3,5]) {
     %0 = pow(%x, %y) : f32[3,5]
@@ -86,3 +87,12 @@ def test_gemm_ptx_summary_for_sm_90(capsys):
     assert main(["emit", LINEAR_GELU, "--ptx", "--summary"]) == 0
     out = capsys.readouterr().out
     assert out.count("// sm_90 GEMM BLOCK_M=") == 1 and " 0 bytes spilled" in out
+
+
+def test_emit_prints_the_attention_template_of_an_attention_op(capsys):
+    assert main(["emit", ATTENTION, "--target", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "0 compute group(s), 1 attention op(s)" in out
+    assert "# group 1/1: scaled_dot_product_attention (attention)" in out
+    assert "def tf_attention(" in out and "causal=True" in out
+    compile(out, "emitted", "exec")

@@ -100,3 +100,41 @@ def test_sm_90_ptx_uses_wgmma_for_both_products(dtype):
     assert forms == {"64", "128"}  # scores over 64 keys, then P V over D = 128
     assert 0 < report["shared"] <= H200.shared_memory_per_block
     assert report["spills"] == 0
+
+
+SDPA = """module {
+  func @main(%q: f32[1,4,9,16], %k: f32[1,2,21,16], %v: f32[1,2,21,16]) -> (f32[1,4,9,16]) {
+    %0 = scaled_dot_product_attention(%q, %k, %v) {is_causal = true, enable_gqa = true,
+                                                   scale = 0.3} : f32[1,4,9,16]
+    return(%0)
+  }
+}
+"""
+
+
+def test_the_ir_op_runs_through_the_backend_with_its_attributes():
+    from tilefold.codegen.backend import get_backend
+    from tilefold.ir import parse_module
+
+    (op, _) = parse_module(SDPA).functions["main"].body.ops
+    q, k, v = (RNG.standard_normal(s).astype(np.float32)
+               for s in ((1, 4, 9, 16), (1, 2, 21, 16), (1, 2, 21, 16)))
+    out = get_backend("triton").attention(op, H200)(
+        *map(torch.from_numpy, (q, k, v)), block_m=16, block_n=16)
+    group = 2
+    kk, vv = np.repeat(k, group, axis=1).astype(np.float64), np.repeat(v, group, axis=1)
+    s = np.where(np.tril(np.ones((9, 21), bool)), q.astype(np.float64) @ kk.swapaxes(-1, -2)
+                 * 0.3, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    assert_close(out.numpy(), (p / p.sum(-1, keepdims=True)) @ vv, dtype="f32", reduced=21)
+
+
+def test_ops_the_template_lacks_are_named():
+    from tilefold.codegen.triton.attention_op import attention_spec
+    from tilefold.ir import parse_module
+
+    masked = SDPA.replace("%v) {", "%v, %m) {").replace(
+        "%v: f32[1,2,21,16])", "%v: f32[1,2,21,16], %m: bool[9,21])")
+    (op, _) = parse_module(masked).functions["main"].body.ops
+    with pytest.raises(UnsupportedError, match="a mask tensor is not in the Triton template"):
+        attention_spec(op)

@@ -1,6 +1,7 @@
 """`tilefold emit FILE --target h200`: the Triton source (or sm_90 PTX) of every fused group of
 an IR file, fused as `tilefold.compile` fuses it: memory-bound groups from their kernel IR,
-compute groups (a matmul and its epilogue) as the GEMM template."""
+compute groups (a matmul and its epilogue) as the GEMM template, attention ops as the
+attention template."""
 
 from __future__ import annotations
 
@@ -32,15 +33,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def fused_groups(path: str, function: str) -> list:
-    """The `fused` regions of `function` after the compiler's passes and fusion, in program
-    order, as (kind, op names, region)."""
+    """The `fused` regions of `function` after the compiler's passes and fusion, and its
+    attention ops, in program order, as (kind, op names, region or op)."""
+    from tilefold.codegen.triton.attention_op import OP
     from tilefold.compiler import compile
 
     module, _ = load_function(path, function)
     fn = compile(module, function=function).function
-    return [(op.attr("kind"), [inner.name for inner in op.regions[0].ops if inner is not
-                               op.regions[0].terminator], op.regions[0])
-            for op in fn.ops if op.name == "fused"]
+    out = []
+    for op in fn.ops:
+        if op.name == "fused":
+            body = op.regions[0]
+            out.append((op.attr("kind"), [inner.name for inner in body.ops
+                                          if inner is not body.terminator], body))
+        elif op.name == OP:
+            out.append(("attention", [op.name], op))
+    return out
+
+
+def _attention(op, backend, target, args) -> None:
+    from tilefold.codegen.triton.attention import emit_attention, head_tile
+    from tilefold.codegen.triton.attention_op import attention_spec
+    from tilefold.codegen.triton.ptx import compile_attention_ptx
+
+    del backend
+    try:
+        spec = attention_spec(op)
+    except UnsupportedError as exc:
+        print(f"# not emitted: {exc.message}")
+        return
+    if not args.ptx:
+        print(emit_attention(spec), end="")
+        return
+    d = op.operands[0].type.shape[-1]
+    head = head_tile(d) if isinstance(d, int) else 128
+    report = compile_attention_ptx(spec, target, head_d=head)
+    print(f"// sm_{''.join(map(str, target.compute_capability))} attention BLOCK_M=128 "
+          f"BLOCK_N=64 HEAD_D={head}: {report['registers']} registers, {report['spills']} "
+          f"bytes spilled, {report['shared']} bytes shared memory")
+    if not args.summary:
+        print(report["ptx"], end="")
 
 
 def _memory(region, backend, target, args) -> None:
@@ -111,11 +143,14 @@ def handle(args: argparse.Namespace) -> int:
             raise UnsupportedError(f"--ptx compiles for NVIDIA GPUs; {target.name} is "
                                    f"{target.vendor}")
     groups = fused_groups(args.file, args.function)
-    memory = sum(kind == "memory" for kind, _, _ in groups)
+    count = {kind: sum(k == kind for k, _, _ in groups)
+             for kind in ("memory", "compute", "attention")}
     print(f"# tilefold emit {args.file} @{args.function} for {target}: "
-          f"{memory} memory-bound group(s), {len(groups) - memory} compute group(s)")
+          f"{count['memory']} memory-bound group(s), {count['compute']} compute group(s), "
+          f"{count['attention']} attention op(s)")
+    emitters = {"memory": _memory, "compute": _compute, "attention": _attention}
     for i, (kind, names, region) in enumerate(groups, 1):
         print(f"\n# group {i}/{len(groups)}: {' -> '.join(names)}"
-              + (" (compute)" if kind == "compute" else ""))
-        (_memory if kind == "memory" else _compute)(region, backend, target, args)
+              + (f" ({kind})" if kind != "memory" else ""))
+        emitters[kind](region, backend, target, args)
     return 0

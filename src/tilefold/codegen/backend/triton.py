@@ -5,7 +5,8 @@ Emitting source needs no Triton; compiling and running do (the `triton` extra). 
 returns is a `TritonLaunch`: `entry(tensors, sizes, strides)`, one torch tensor per kernel
 buffer, on a CUDA device or on the CPU under TRITON_INTERPRET=1. Compute groups (a matmul
 and its epilogue) take the GEMM template instead (`gemm_spec`, `gemm`:
-`codegen/triton/gemm*.py`), since the kernel IR holds no contraction.
+`codegen/triton/gemm*.py`), since the kernel IR holds no contraction, and attention ops the
+attention template (`attention`: `codegen/triton/attention*.py`).
 """
 
 from __future__ import annotations
@@ -92,3 +93,14 @@ class TritonBackend(Backend):
         from tilefold.codegen.triton.gemm_group import TritonGemmGroup
 
         return TritonGemmGroup(group, target, split)
+
+    # --- scaled_dot_product_attention, as the attention template -----------------------
+    def attention(self, op: Any, target: GPUTarget) -> Any:
+        """A `scaled_dot_product_attention` op as the attention template, called on torch
+        tensors (`UnsupportedError` says why the template cannot take it)."""
+        from tilefold.codegen.triton.attention_op import TritonAttentionOp
+
+        if not isinstance(target, GPUTarget) or target.vendor != "nvidia":
+            raise UnsupportedError(f"the Triton attention template is for NVIDIA GPU targets, "
+                                   f"not {target.name}")
+        return TritonAttentionOp(op)

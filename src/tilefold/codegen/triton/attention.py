@@ -134,7 +134,8 @@ def signature(spec: AttentionSpec, pointer: str) -> dict[str, str]:
     return {p: types.get(p, pointer if p.endswith("_ptr") else "i32") for p in PARAMS}
 
 
-def _head_tile(d: int) -> int:
+def head_tile(d: int) -> int:
+    """The head-dim tile for head dim `d`: a power of two of at least 16."""
     return max(16, 1 << max(0, (d - 1).bit_length()))
 
 
@@ -185,9 +186,9 @@ class TritonAttention:
                 self.fn[(-(-sq // block_m), bsz * hq)](
                     q, k, v, out, lens, sq, sk, d, hq, hq // k.shape[1], scale,
                     *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-                    BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=_head_tile(d),
+                    BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=head_tile(d),
                     num_warps=num_warps, num_stages=num_stages)
         return out.to(torch.bfloat16) if wide else out
 
 
-__all__ = ["AttentionSpec", "TritonAttention", "emit_attention", "signature"]
+__all__ = ["AttentionSpec", "TritonAttention", "emit_attention", "head_tile", "signature"]
