@@ -159,7 +159,7 @@ def _epilogue(out: _Lines, spec: GemmSpec) -> dict[int | None, str]:
 
 
 def _store(out: _Lines, spec: GemmSpec, names: dict[int | None, str]) -> None:
-    out("c_off = pid_b * so_b + rm[:, None] * so_m + rn[None, :] * so_n")
+    out("c_off = pid_b * so_b + rm.to(tl.int64)[:, None] * so_m + rn[None, :] * so_n")
     for j, value in enumerate(spec.stores):
         v = names[value]
         if value is not None and spec.epilogue is not None and \
@@ -245,16 +245,16 @@ def _main_kernel(spec: GemmSpec) -> list[str]:
     _tile(out)
     out("# rows and columns past M and N wrap around to the first ones (never stored), so")
     out("# only K is masked in the loop")
-    out("a_base = a_ptr + pid_b * sa_b + (rm % M)[:, None] * sa_m")
-    out("b_base = b_ptr + pid_b * sb_b + (rn % N)[None, :] * sb_n")
+    out("a_base = a_ptr + pid_b * sa_b + (rm % M).to(tl.int64)[:, None] * sa_m")
+    out("b_base = b_ptr + pid_b * sb_b + (rn % N).to(tl.int64)[None, :] * sb_n")
     if quant:
         out("s_base = s_ptr + pid_b * ss_b + (rn % N)[None, :] * ss_n")
     if spec.zero_point:
         out("z_base = z_ptr + pid_b * sz_b + (rn % N)[None, :] * sz_n")
     out("acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)")
     out("rk = pid_k * K_ITERS * BLOCK_K + tl.arange(0, BLOCK_K)  # this split's first K block")
-    out("a_ptrs = a_base + rk[None, :] * sa_k")
-    b_rows = "(rk[:, None] // 2)" if spec.b == "i4" else "rk[:, None]"
+    out("a_ptrs = a_base + rk.to(tl.int64)[None, :] * sa_k  # offsets past 2**31 stay exact")
+    b_rows = "(rk.to(tl.int64)[:, None] // 2)" if spec.b == "i4" else "rk.to(tl.int64)[:, None]"
     out(f"b_ptrs = b_base + {b_rows} * sb_k")
     if spec.pipelined:
         out("for _ in range(0, K_ITERS):")
@@ -270,10 +270,11 @@ def _main_kernel(spec: GemmSpec) -> list[str]:
         out("i += 1")
     out.depth -= 1
     if spec.split == "workspace":
-        out("w_off = pid_k * so_s + pid_b * so_b + rm[:, None] * so_m + rn[None, :] * so_n")
+        out("w_off = (pid_k * so_s + pid_b * so_b + rm.to(tl.int64)[:, None] * so_m"
+            " + rn[None, :] * so_n)")
         out("tl.store(w_ptr + w_off, acc, mask=tile_mask)")
     elif spec.split == "atomic":
-        out("c_off = pid_b * so_b + rm[:, None] * so_m + rn[None, :] * so_n")
+        out("c_off = pid_b * so_b + rm.to(tl.int64)[:, None] * so_m + rn[None, :] * so_n")
         out("tl.atomic_add(o0_ptr + c_off, acc, mask=tile_mask)")
     else:
         _store(out, spec, _epilogue(out, spec))
@@ -289,7 +290,7 @@ def _reduce_kernel(spec: GemmSpec) -> list[str]:
     out("pid_m = pid // blocks_n")
     out("pid_n = pid % blocks_n")
     _tile(out)
-    out("w_off = pid_b * sw_b + rm[:, None] * sw_m + rn[None, :] * sw_n")
+    out("w_off = pid_b * sw_b + rm.to(tl.int64)[:, None] * sw_m + rn[None, :] * sw_n")
     out("acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)")
     out("for s in tl.static_range(SPLIT_K):")
     out("    acc += tl.load(w_ptr + s * sw_s + w_off, mask=tile_mask, other=0.0)")
