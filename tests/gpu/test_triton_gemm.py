@@ -340,6 +340,14 @@ def test_prologues_the_template_lacks_are_named():
     with pytest.raises(UnsupportedError, match=r"prologue 'cast'.*cast outside the group"):
         g(_t(_normal(4, 8)).half(), _t(_normal(8, 6)))
 
+    def reuse(x, w):
+        wt = F.transpose(w, (1, 0))
+        return F.matmul(x, wt) + wt
+
+    g = _group(reuse, ("x", "f32", (4, 4)), ("w", "f32", (4, 4)))
+    with pytest.raises(UnsupportedError, match=r"the epilogue reads .*, a prologue value"):
+        g(_t(_normal(4, 4)), _t(_normal(4, 4)))
+
 
 @pytest.mark.parametrize("a,b,split", [("f16", "i4", "none"), ("bf16", "i8", "workspace")])
 def test_sm_90_ptx_of_dequantizing_and_split_k_gemms(a, b, split):

@@ -19,8 +19,6 @@ from tilefold.ir.types import SymDim, TensorType
 from tilefold.target.gpu import GPUTarget
 
 GEMM_DTYPES = frozenset({"f32", "f16", "bf16"})  # of the group's tensors (fp8: the template)
-
-
 VIEWS = frozenset({"transpose", "broadcast_to", "expand_dims"})  # strides, no copy
 GRAPH_CODES = ("i8", "u8", "fp8e4m3")  # weight codes a graph group's dequantize may read
 
@@ -114,6 +112,10 @@ def plan_gemm(group: Function | Block, bindings: dict[str, int]) -> GemmPlan:
     c = mm.results[0]
     extra = tuple(dict.fromkeys(v for op in epilogue for v in op.operands
                                 if v is not c and v.defining_op not in epilogue))
+    shared = [f"%{v.name}" for v in extra if v.defining_op in prologue]
+    if shared:
+        raise UnsupportedError(f"@{name}: the epilogue reads {', '.join(shared)}, a prologue "
+                               "value; give it to the group as an input")
     outs = [v for v in outputs if v is not c]
     program = None
     if epilogue:
