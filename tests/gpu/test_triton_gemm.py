@@ -273,6 +273,12 @@ def test_configs_fit_shared_memory_and_split_small_m(dtype):
     assert propose_configs(gpu_target("sm_90"), 16, 128, 8192, dtype)[0].split_k == 1
 
 
+def test_configs_refuse_a_dtype_the_matrix_units_lack():
+    with pytest.raises(UnsupportedError, match=r"a100's matrix units take .*not fp8e4m3"):
+        propose_configs(gpu_target("a100"), 64, 64, 64, "fp8e4m3")
+    assert propose_configs(gpu_target("a100"), 64, 64, 64, "bf16")
+
+
 @pytest.mark.parametrize("dtype,out", [("bf16", "bf16"), ("f16", "f16"), ("fp8e4m3", "bf16")])
 def test_sm_90_ptx_uses_wgmma_within_shared_memory(dtype, out):
     config = propose_configs(H200, 4096, 4096, 4096, dtype)[0]

@@ -93,6 +93,9 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
         raise UnsupportedError(f"propose_configs: M, N, K = {m}, {n}, {k}; every size must be "
                                ">= 1 (an empty GEMM launches nothing)")
     size = _element_bytes(dtype)
+    if dtype != "f32" and not target.has_matrix(dtype):  # f32 runs IEEE products, no TF32
+        raise UnsupportedError(f"propose_configs: {target.name}'s matrix units take "
+                               f"{', '.join(sorted(target.matrix_dtypes))}, not {dtype}")
     scored = []
     for bm, bn, bk in TILES:
         if bk * size < 32 or not (_fits(m, bm) and _fits(n, bn) and _fits(k, bk, 32)):
