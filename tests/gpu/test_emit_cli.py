@@ -96,3 +96,11 @@ def test_emit_prints_the_attention_template_of_an_attention_op(capsys):
     assert "# group 1/1: scaled_dot_product_attention (attention)" in out
     assert "def tf_attention(" in out and "causal=True" in out
     compile(out, "emitted", "exec")
+
+
+def test_templates_are_not_emitted_for_an_amd_target(capsys):
+    assert main(["emit", ATTENTION, "--target", "mi300x"]) == 0
+    assert main(["emit", LINEAR_GELU, "--target", "mi300x"]) == 0
+    out = capsys.readouterr().out
+    assert "# not emitted: the Triton attention template is for NVIDIA GPU targets" in out
+    assert "# not emitted: the Triton GEMM template is for NVIDIA GPU targets" in out

@@ -53,12 +53,10 @@ def fused_groups(path: str, function: str) -> list:
 
 def _attention(op, backend, target, args) -> None:
     from tilefold.codegen.triton.attention import emit_attention, head_tile
-    from tilefold.codegen.triton.attention_op import attention_spec
     from tilefold.codegen.triton.ptx import compile_attention_ptx
 
-    del backend
     try:
-        spec = attention_spec(op)
+        spec = backend.attention_spec(op, target)
     except UnsupportedError as exc:
         print(f"# not emitted: {exc.message}")
         return

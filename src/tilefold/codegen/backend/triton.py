@@ -95,12 +95,20 @@ class TritonBackend(Backend):
         return TritonGemmGroup(group, target, split)
 
     # --- scaled_dot_product_attention, as the attention template -----------------------
-    def attention(self, op: Any, target: GPUTarget) -> Any:
-        """A `scaled_dot_product_attention` op as the attention template, called on torch
-        tensors (`UnsupportedError` says why the template cannot take it)."""
-        from tilefold.codegen.triton.attention_op import TritonAttentionOp
+    def attention_spec(self, op: Any, target: GPUTarget) -> Any:
+        """The attention template's spec for a `scaled_dot_product_attention` op, as compiled
+        code runs it (`UnsupportedError` says why the template cannot take the op)."""
+        from tilefold.codegen.triton.attention_op import attention_spec
 
         if not isinstance(target, GPUTarget) or target.vendor != "nvidia":
             raise UnsupportedError(f"the Triton attention template is for NVIDIA GPU targets, "
                                    f"not {target.name}")
+        return attention_spec(op)
+
+    def attention(self, op: Any, target: GPUTarget) -> Any:
+        """A `scaled_dot_product_attention` op as the attention template, called on torch
+        tensors."""
+        from tilefold.codegen.triton.attention_op import TritonAttentionOp
+
+        self.attention_spec(op, target)
         return TritonAttentionOp(op)
