@@ -3,7 +3,10 @@
 
 Emitting source needs no Triton; compiling and running do (the `triton` extra). The entry it
 returns is a `TritonLaunch`: `entry(tensors, sizes, strides)`, one torch tensor per kernel
-buffer, on a CUDA device or on the CPU under TRITON_INTERPRET=1.
+buffer, on a CUDA device or on the CPU under TRITON_INTERPRET=1. Compute groups (a matmul
+and its epilogue) take the GEMM template instead (`gemm_spec`, `gemm`:
+`codegen/triton/gemm*.py`), since the kernel IR holds no contraction, and attention ops the
+attention template (`attention`: `codegen/triton/attention*.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from tilefold.codegen.kernel.ir import DTYPES, Call, Kernel, walk_expr
 from tilefold.codegen.triton.emit import emit_triton, kernel_expressions
 from tilefold.codegen.triton.math import PRIMITIVE_FORMS
 from tilefold.codegen.triton.schedule import GPUSchedule, choose_gpu_schedule, shape_problem
+from tilefold.errors import UnsupportedError
 from tilefold.runtime import source_digest
 from tilefold.target.gpu import GPUTarget
 
@@ -67,3 +71,44 @@ class TritonBackend(Backend):
         from tilefold.codegen.triton.ptx import compile_ptx
 
         return compile_ptx(kernel, _schedule(kernel, schedule, target), target).ptx
+
+    # --- compute groups: one matmul and its epilogue, as the GEMM template -------------
+    def gemm_template(self, group: Any, target: GPUTarget,
+                      bindings: dict[str, int]) -> tuple[Any, Any]:
+        """The GEMM template's plan and spec for a compute group (a `fused` region or a
+        function) at these symbolic dim sizes, as compiled code runs it (`UnsupportedError`
+        says why the template cannot take the group)."""
+        from tilefold.codegen.triton.gemm import GemmSpec
+        from tilefold.codegen.triton.gemm_group import plan_gemm
+
+        if not isinstance(target, GPUTarget) or target.vendor != "nvidia":
+            raise UnsupportedError(f"the Triton GEMM template is for NVIDIA GPU targets, not "
+                                   f"{target.name}")
+        plan = plan_gemm(group, bindings)
+        dtype = str(plan.matmul.operands[0].type.dtype)
+        return plan, GemmSpec(dtype, dtype, plan.program, plan.stores, plan.c_round)
+
+    def gemm(self, group: Any, target: GPUTarget, split: str = "none") -> Any:
+        """A compute group as the GEMM template, called on torch tensors (`TritonGemmGroup`)."""
+        from tilefold.codegen.triton.gemm_group import TritonGemmGroup
+
+        return TritonGemmGroup(group, target, split)
+
+    # --- scaled_dot_product_attention, as the attention template -----------------------
+    def attention_spec(self, op: Any, target: GPUTarget) -> Any:
+        """The attention template's spec for a `scaled_dot_product_attention` op, as compiled
+        code runs it (`UnsupportedError` says why the template cannot take the op)."""
+        from tilefold.codegen.triton.attention_op import attention_spec
+
+        if not isinstance(target, GPUTarget) or target.vendor != "nvidia":
+            raise UnsupportedError(f"the Triton attention template is for NVIDIA GPU targets, "
+                                   f"not {target.name}")
+        return attention_spec(op)
+
+    def attention(self, op: Any, target: GPUTarget) -> Any:
+        """A `scaled_dot_product_attention` op as the attention template, called on torch
+        tensors."""
+        from tilefold.codegen.triton.attention_op import TritonAttentionOp
+
+        self.attention_spec(op, target)
+        return TritonAttentionOp(op)

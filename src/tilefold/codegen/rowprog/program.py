@@ -214,11 +214,13 @@ class _RowContext:
 
 def build_program(types: Mapping[Value, TensorType], constants: Mapping[Value, np.ndarray],
                   ops: list[Operation], inputs: list[Value], outputs: list[Value],
-                  space: Value, stored: Mapping[Value, str] | None = None) -> Program:
+                  space: Value, stored: Mapping[Value, str] | None = None,
+                  io: frozenset[str] | set[str] = MEMORY) -> Program:
     """Lower `ops` (reading `inputs`, writing `outputs`; `types` are every value's concrete
     types, `constants` the inputs bound to constants) to a row program over the rows of
     `space`'s shape. Arguments hold their IR dtype, except inputs `stored` names: f32 memory
-    for a bf16/f16 value (a low-precision GEMM's sums), rounded when loaded."""
+    for a bf16/f16 value (a low-precision GEMM's sums), rounded when loaded; `io` are the
+    memory dtypes the caller's loads and stores convert (all of MEMORY for the CPU's)."""
     rows = Space(types, ops, space)
     prog = Program(math.prod(rows.domain[:-1]), rows.domain[-1])
     cx = _RowContext(prog, rows, constants)
@@ -226,7 +228,7 @@ def build_program(types: Mapping[Value, TensorType], constants: Mapping[Value, n
     for index, v in enumerate(inputs):
         dtype = str(types[v].dtype)
         prog.memory[index] = memory = (stored or {}).get(v, dtype)
-        _check_dtype(v, memory, MEMORY, "in memory")
+        _check_dtype(v, memory, io, "in memory")
         if memory != dtype and not (memory == "f32" and dtype in ROUNDED):
             raise NotARowProgram(f"%{v.name} is {dtype}, stored as {memory}: only bf16/f16 "
                                  "values may be stored as f32")
@@ -254,7 +256,7 @@ def build_program(types: Mapping[Value, TensorType], constants: Mapping[Value, n
                                  "(i32 values come from i32 inputs and convert only to floats)")
     for index, v in enumerate(outputs, start=len(inputs)):
         prog.memory[index] = str(types[v].dtype)
-        _check_dtype(v, prog.memory[index], MEMORY, "in memory")
+        _check_dtype(v, prog.memory[index], io, "in memory")
         vec, picked = rows.varies(v)
         if vec != prog.vec[ids[v]] or picked != rows.live:  # each row writes its own part
             raise NotARowProgram(f"output %{v.name} {list(rows.shape(v))} is not a row value")

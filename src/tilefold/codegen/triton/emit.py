@@ -164,7 +164,7 @@ class _Emitter:
     # --- expressions --------------------------------------------------------------------
     def expr(self, e: Expr) -> str:
         if isinstance(e, Const):
-            return _literal(e.value)
+            return literal(e.value)
         if isinstance(e, Ref):
             return self.env[e.name]
         for memo in reversed(self.memo):
@@ -218,7 +218,7 @@ class _Emitter:
         total = self.local(FINAL[red.op].format(acc), "t")
         if red.init is None:
             return total
-        return self.local(COMBINE[red.op].format(total, _literal(red.init)), "t")
+        return self.local(COMBINE[red.op].format(total, literal(red.init)), "t")
 
     # --- the whole kernel ---------------------------------------------------------------
     def header(self) -> None:
@@ -269,7 +269,8 @@ def kernel_expressions(kernel: Kernel) -> list[Expr]:
     return out
 
 
-def _literal(value: float) -> str:
+def literal(value: float) -> str:
+    """A float as Triton source (NaN and infinities as the module's constants)."""
     if math.isnan(value):
         return "_TF_NAN"
     if math.isinf(value):
@@ -297,4 +298,5 @@ def emit_triton(kernel: Kernel, schedule: GPUSchedule) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["emit_triton", "kernel_expressions", "kernel_params", "param_name", "signature"]
+__all__ = ["emit_triton", "kernel_expressions", "kernel_params", "literal", "param_name",
+           "signature"]

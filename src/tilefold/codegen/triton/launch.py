@@ -61,11 +61,11 @@ def load_jit(source: str, name: str) -> Any:
             f"tilefold_triton_{digest}_{int(key[1])}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _LOADED[key] = getattr(module, ident(name))
-    return _LOADED[key]
+        _LOADED[key] = module
+    return getattr(_LOADED[key], ident(name))  # a source may define several kernels
 
 
-def _widened(t: Any) -> tuple[Any, Any]:
+def widened_f32(t: Any) -> tuple[Any, Any]:
     """An f32 tensor with `t`'s sizes and strides over an f32 copy of the memory `t` spans
     (so broadcast and strided views stay valid), and that span of `t` itself."""
     import torch
@@ -105,7 +105,7 @@ class TritonLaunch:
         if interpreting():
             for i, t in enumerate(tensors):
                 if t.dtype == torch.bfloat16:
-                    passed[i], flat = _widened(t)
+                    passed[i], flat = widened_f32(t)
                     if k.buffers[i].output:
                         copy_back.append((flat, passed[i]))
         index = {b.name: i for i, b in enumerate(k.buffers)}

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilefold.codegen.kernel.ir import Kernel
+from tilefold.codegen.triton.attention import KERNEL as ATTENTION
+from tilefold.codegen.triton.attention import AttentionSpec, emit_attention
+from tilefold.codegen.triton.attention import signature as attention_signature
 from tilefold.codegen.triton.emit import emit_triton, signature
+from tilefold.codegen.triton.gemm import KERNEL, GemmSpec, emit_gemm
+from tilefold.codegen.triton.gemm import signature as gemm_signature
+from tilefold.codegen.triton.gemm_config import GemmConfig
 from tilefold.codegen.triton.launch import interpreting, load_jit, require_triton
 from tilefold.codegen.triton.schedule import GPUSchedule
 from tilefold.errors import CompileError, UnsupportedError
@@ -54,12 +60,65 @@ def compile_ptx(kernel: Kernel, schedule: GPUSchedule, target: GPUTarget,
         raise UnsupportedError(f"PTX is NVIDIA's; {target.name} is {target.vendor}")
     major, minor = target.compute_capability
     block = schedule.block_shape(n_rows, n_cols)
-    job = {"source": emit_triton(kernel, schedule), "name": kernel.name,
-           "signature": signature(kernel), "block": block, "num_warps": schedule.num_warps,
-           "capability": major * 10 + minor}
-    result = _in_child(job) if interpreting() else _compile(job)
+    result = compile_source(emit_triton(kernel, schedule), kernel.name, signature(kernel),
+                            {"BLOCK_R": block[0], "BLOCK_C": block[1]}, target,
+                            schedule.num_warps)
     return PTXReport(result["ptx"], f"sm_{major}{minor}", block, schedule.num_warps,
                      result["shared"], result["registers"], result["spills"])
+
+
+def compile_source(source: str, name: str, sig: dict[str, str], constants: dict[str, int],
+                   target: GPUTarget, num_warps: int, num_stages: int | None = None) -> dict:
+    """Compile kernel `name` of generated `source` for `target` with these run-time parameter
+    types and constexpr values: {"ptx", "shared", "registers", "spills"} (in a child process
+    while interpreting)."""
+    require_triton()
+    if target.vendor != "nvidia" or target.compute_capability is None:
+        raise UnsupportedError(f"PTX is NVIDIA's; {target.name} is {target.vendor}")
+    major, minor = target.compute_capability
+    job = {"source": source, "name": name, "signature": sig, "constants": constants,
+           "num_warps": num_warps, "num_stages": num_stages, "capability": major * 10 + minor}
+    return _in_child(job) if interpreting() else _compile(job)
+
+
+# pointer types of the GEMM's operands (fp8 passes its bytes; int4 two codes a byte)
+GEMM_POINTERS = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8e4m3": "*u8",
+                 "i8": "*i8", "i4": "*u8"}
+
+
+def compile_gemm_ptx(spec: GemmSpec, config: GemmConfig, target: GPUTarget,
+                     out_dtypes: tuple[str, ...] = ("f32",), input_dtypes: tuple[str, ...] = (),
+                     unit_strides: tuple[str, ...] = ("sa_k", "sb_n", "so_n")) -> dict:
+    """The GEMM template's main kernel for `spec` and `config`, compiled for `target` (see
+    `compile_source`); `out_dtypes` are the outputs', `input_dtypes` the epilogue inputs'
+    (f32 where not given). The strides in `unit_strides` are 1, as Triton specializes a launch
+    whose stride is 1 (A and B row-major by default): that is what lets it copy tiles to shared
+    memory asynchronously and pipeline the K loop."""
+    pointers = {"a_ptr": GEMM_POINTERS[spec.a], "b_ptr": GEMM_POINTERS[spec.b],
+                **{f"o{j}_ptr": GEMM_POINTERS[d] for j, d in enumerate(out_dtypes)},
+                **{f"e{arg}_ptr": GEMM_POINTERS[d]
+                   for arg, d in zip(spec.inputs, input_dtypes, strict=False)}}
+    sig = {name: ty for name, ty in gemm_signature(spec, KERNEL, pointers).items()
+           if name not in unit_strides}
+    constants = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+                 "BLOCK_K": config.block_k, "GROUP_M": config.group_m,
+                 **dict.fromkeys(unit_strides, 1)}
+    return compile_source(emit_gemm(spec), KERNEL, sig, constants, target, config.num_warps,
+                          config.num_stages)
+
+
+def compile_attention_ptx(spec: AttentionSpec, target: GPUTarget, head_d: int = 128,
+                          block_m: int = 128, block_n: int = 64, num_warps: int = 8,
+                          num_stages: int = 2) -> dict:
+    """The attention template for `spec` compiled for `target` (see `compile_source`), with
+    unit strides along the head dim, as contiguous q, k, v and output have."""
+    unit = ("sq_d", "sk_d", "sv_d", "so_d")
+    sig = {name: ty for name, ty in attention_signature(spec, GEMM_POINTERS[spec.dtype]).items()
+           if name not in unit}
+    constants = {"BLOCK_M": block_m, "BLOCK_N": block_n, "HEAD_D": head_d,
+                 **dict.fromkeys(unit, 1)}
+    return compile_source(emit_attention(spec), ATTENTION, sig, constants, target, num_warps,
+                          num_stages)
 
 
 def _in_child(job: dict) -> dict:
@@ -78,16 +137,17 @@ def _compile(job: dict) -> dict:
     from triton.backends.compiler import GPUTarget as TritonTarget
 
     fn = load_jit(job["source"], job["name"])
-    sig = {**job["signature"], "BLOCK_R": "constexpr", "BLOCK_C": "constexpr"}
+    sig = {**job["signature"], **{c: "constexpr" for c in job["constants"]}}
     # as Triton specializes a launch over 16-byte aligned buffers whose sizes and strides are
     # multiples of 16 (what lets it vectorize masked loads)
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(sig)
                if sig[name] != "constexpr"}
-    block_r, block_c = job["block"]
-    src = triton.compiler.ASTSource(fn, sig, {"BLOCK_R": block_r, "BLOCK_C": block_c},
-                                    aligned)
+    src = triton.compiler.ASTSource(fn, sig, job["constants"], aligned)
+    options = {"num_warps": job["num_warps"]}
+    if job.get("num_stages") is not None:
+        options["num_stages"] = job["num_stages"]
     compiled = triton.compile(src, target=TritonTarget("cuda", job["capability"], 32),
-                              options={"num_warps": job["num_warps"]})
+                              options=options)
     ptx = compiled.asm["ptx"]
     cap = job["capability"]
     registers, spills = _ptxas_report(ptx, cap, f"sm_{cap}{'a' if cap >= 90 else ''}")

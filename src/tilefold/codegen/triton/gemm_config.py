@@ -1,0 +1,125 @@
+"""Tile configs of the Triton GEMM template and the few a GPU target and shape make worth trying.
+
+`propose_configs` starts from tiles that suit the matrix units (multiples of 16, K steps of
+32 or more bytes' worth of elements), drops those far larger than the problem, gives each the
+deepest software pipeline whose shared memory (`num_stages` copies of an A and a B tile, in
+the dtype the dot reads) fits the target's per-block limit (227 KB on sm_90), and adds split-K
+when too few output tiles would leave most SMs idle while K is long. Configs are ordered by a
+rough estimate (waves of tiles over the SMs, a thin tile costing its loads, then tile
+size); measuring them is the tuner's job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tilefold.errors import UnsupportedError
+from tilefold.target.gpu import GPUTarget
+
+# bytes per element of the operands the dot reads from shared memory
+ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "fp8e4m3": 1}
+TILES = ((128, 256, 64), (256, 128, 64), (128, 128, 64), (128, 64, 64), (64, 128, 64),
+         (64, 64, 64), (64, 64, 32), (32, 64, 64), (32, 32, 32), (16, 64, 128), (16, 32, 64),
+         (16, 16, 32))
+MAX_STAGES = 5
+MAX_SPLIT_K = 16
+LOAD_COST = 64  # products a tile must do per element it loads to keep the matrix units busy
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One launch config: the output tile (BLOCK_M x BLOCK_N), the K step, how many row blocks
+    share B's columns in L2 (GROUP_M), warps, pipeline stages and the K split."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 32
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            size = getattr(self, name)
+            if size < 16 or size & (size - 1):
+                raise UnsupportedError(f"GemmConfig: {name} = {size}; Triton's dot takes tiles "
+                                       "of a power of two >= 16")
+        if self.group_m < 1 or self.split_k < 1 or self.num_stages < 1:
+            raise UnsupportedError(f"GemmConfig: group_m, split_k and num_stages must be >= 1, "
+                                   f"got {self.group_m}, {self.split_k}, {self.num_stages}")
+
+    def shared_bytes(self, dtype: str) -> int:
+        """Shared memory the pipelined A and B tiles take when the dot reads `dtype`."""
+        size = _element_bytes(dtype)
+        return self.num_stages * (self.block_m + self.block_n) * self.block_k * size
+
+    def grid(self, m: int, n: int, batch: int = 1) -> tuple[int, int, int]:
+        """Programs along (output tiles, batch, K splits)."""
+        return (-(-m // self.block_m) * -(-n // self.block_n), batch, self.split_k)
+
+
+def _element_bytes(dtype: str) -> int:
+    if dtype not in ELEMENT_BYTES:
+        raise UnsupportedError(f"the Triton GEMM's dot reads {', '.join(ELEMENT_BYTES)}, "
+                               f"not {dtype}")
+    return ELEMENT_BYTES[dtype]
+
+
+def _fits(size: int, block: int, floor: int = 16) -> bool:
+    """Whether a tile dimension is not far beyond the problem's: at most the power of two at
+    or above it, or `floor` (16 rows or columns for the matrix units, a 32-element K step)."""
+    return block <= max(floor, 1 << max(0, (size - 1).bit_length()))
+
+
+def _split(target: GPUTarget, tiles: int, k: int, block_k: int) -> int:
+    """K splits that fill the SMs when the output has too few tiles, each split keeping at
+    least four K steps of work."""
+    if target.sm_count is None or tiles >= target.sm_count:
+        return 1
+    split = 1
+    while (split * 2 <= MAX_SPLIT_K and tiles * split * 2 <= target.sm_count
+           and k // (split * 2) >= 4 * block_k):
+        split *= 2
+    return split
+
+
+def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
+                    limit: int = 4) -> list[GemmConfig]:
+    """Up to `limit` configs for an M x N x K GEMM whose dot reads `dtype`, best guess first,
+    each within `target`'s shared memory per block."""
+    if min(m, n, k) < 1:
+        raise UnsupportedError(f"propose_configs: M, N, K = {m}, {n}, {k}; every size must be "
+                               ">= 1 (an empty GEMM launches nothing)")
+    size = _element_bytes(dtype)
+    if dtype != "f32" and not target.has_matrix(dtype):  # f32 runs IEEE products, no TF32
+        raise UnsupportedError(f"propose_configs: {target.name}'s matrix units take "
+                               f"{', '.join(sorted(target.matrix_dtypes))}, not {dtype}")
+    scored = []
+    for bm, bn, bk in TILES:
+        if bk * size < 32 or not (_fits(m, bm) and _fits(n, bn) and _fits(k, bk, 32)):
+            continue
+        per_stage = (bm + bn) * bk * size
+        stages = min(MAX_STAGES, target.shared_memory_per_block // per_stage)
+        if stages < 2:
+            continue
+        tiles = -(-m // bm) * -(-n // bn)
+        split = _split(target, tiles, k, bk)
+        warps = 8 if bm * bn >= 128 * 128 else 4
+        config = GemmConfig(bm, bn, bk, 8, warps, stages, split)
+        sms = target.sm_count or tiles
+        waves = math.ceil(tiles * split / sms)
+        # a wave takes one tile's time: its products, or its loads when the tile is too thin
+        # to hide them (below 64 products an element loaded, as a 128 x 128 tile has)
+        work = waves * max(bm * bn, LOAD_COST * (bm + bn)) * -(-k // split)
+        scored.append((work, -bm * bn, config))
+    if not scored:
+        raise UnsupportedError(f"propose_configs: no tile of {dtype} for {m} x {n} x {k} fits "
+                               f"{target.name}'s {target.shared_memory_per_block} bytes of "
+                               "shared memory in two stages")
+    scored.sort(key=lambda s: (s[0], s[1]))
+    return [config for _, _, config in scored[:limit]]
+
+
+__all__ = ["GemmConfig", "propose_configs"]
