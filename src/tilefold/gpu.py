@@ -3,8 +3,10 @@
 The same passes and fusion as the CPU path, then per op of the function:
 
     fused memory group    one Triton kernel (`codegen/triton`, `TritonGroup`)
-    fused compute group   its prologue as torch views, the GEMM on `torch.matmul` (cuBLAS, the
-                          extern candidate), the epilogue over C as one Triton kernel
+    fused compute group   the GEMM template with its prologue and epilogue (`TritonGemmGroup`);
+                          where it refuses, the prologue as torch views, the GEMM on
+                          `torch.matmul` (cuBLAS) and the epilogue over C as one Triton kernel
+    attention             the fused-attention template (`TritonAttentionOp`)
     view op               a torch view (reshape, transpose, expand/squeeze, broadcast, slice)
     anything else         the op's NumPy reference on host copies: a round trip that
                           `GPUGraph.report()` names and strict mode refuses (FallbackError)
@@ -17,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from tilefold.codegen.triton.attention_op import OP, TritonAttentionOp
+from tilefold.codegen.triton.gemm_group import TritonGemmGroup
 from tilefold.codegen.triton.group import TritonGroup
 from tilefold.errors import FallbackError, TilefoldError, UnsupportedError, strict, strict_mode
 from tilefold.ir import OPS, Block, Module, Operation, Value
@@ -101,8 +106,29 @@ class GPUGraph:
         if op.name == "fused" and op.attrs.get("kind", "memory") == "memory":
             return self._memory_group(op)
         if op.name == "fused":
-            return self._compute_group(op)
+            return self._template_group(op) or self._compute_group(op)
+        if op.name == OP:
+            return self._attention(op)
         return self._host_step(op, f"'{op.name}' has no GPU lowering")
+
+    def _template_group(self, op: Operation) -> _Step | None:
+        """The GEMM template, when it takes the group at its (static) shapes."""
+        region = op.regions[0]
+        if not all(v.type.is_static for v in region.args):
+            return None
+        group = TritonGemmGroup(region, self.target)
+        try:  # the plan and the template's source at the static shapes (no tensors needed)
+            group.plan(*[SimpleNamespace(shape=tuple(v.type.shape)) for v in region.args])
+        except UnsupportedError:
+            return None
+        return _Step(op, "Triton GEMM template", lambda xs: group(*xs))
+
+    def _attention(self, op: Operation) -> _Step:
+        try:
+            kernel = TritonAttentionOp(op)
+        except UnsupportedError as exc:
+            return self._host_step(op, str(exc))
+        return _Step(op, "Triton attention template", lambda xs: [kernel(*xs)])
 
     def _memory_group(self, op: Operation) -> _Step:
         try:

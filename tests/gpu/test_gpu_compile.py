@@ -22,8 +22,9 @@ RNG = np.random.default_rng(61)
 erf = np.vectorize(math.erf)
 
 
-def _block(n: int, d: int, f: int):
-    """x -> layer_norm -> matmul + bias -> gelu -> matmul + bias -> residual -> softmax."""
+def _block(n, d: int, f: int):
+    """x -> layer_norm -> matmul + bias -> gelu -> matmul + bias -> residual -> softmax (`n`
+    may be a symbolic dim's name)."""
     b = Builder("main")
     x = b.arg("x", "f32", (n, d))
     w1 = b.constant((RNG.standard_normal((d, f)) / np.sqrt(d)).astype(np.float32))
@@ -52,14 +53,20 @@ def _reference(x, module):
     return e / e.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("n, d, f", [(7, 32, 48), (1, 16, 16), (33, 64, 96)])
-def test_a_block_runs_on_the_gpu_path(n, d, f):
+# (rows, features, hidden, GEMMs on the template, GEMMs on torch.matmul + a Triton epilogue):
+# the second GEMM's epilogue ends in a row softmax, which the template's column tiles refuse;
+# with a symbolic M both wait for torch.matmul.
+@pytest.mark.parametrize("n, d, f, template, cublas", [
+    (7, 32, 48, 1, 1), (1, 16, 16, 1, 1), (33, 64, 96, 1, 1), ("rows", 32, 48, 0, 2)])
+def test_a_block_runs_on_the_gpu_path(n, d, f, template, cublas):
     module, _ = _block(n, d, f)
     graph = tf.compile(module, target="h200", strict=True)
     lines = graph.report()
-    assert any("torch.matmul + Triton epilogue" in line for line in lines), lines
+    assert sum(line.endswith("Triton GEMM template") for line in lines) == template, lines
+    assert sum("torch.matmul + Triton epilogue" in line for line in lines) == cublas, lines
     assert any(line.endswith("Triton kernel") for line in lines), lines
     assert not any("host" in line for line in lines), lines
+    n = 9 if isinstance(n, str) else n
     x = RNG.standard_normal((n, d)).astype(np.float32)
     (got,) = graph(torch.from_numpy(x))
     assert isinstance(got, torch.Tensor)
@@ -95,3 +102,24 @@ def test_strict_mode_refuses_a_host_round_trip():
     (got,) = graph(torch.from_numpy(xv))
     np.testing.assert_allclose(got.numpy(), np.cumsum(xv.astype(np.float64), axis=1),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_attention_runs_on_the_attention_template():
+    """A causal scaled_dot_product_attention with grouped-query heads: the fused template."""
+    b = Builder("main")
+    q = b.arg("q", "f32", (1, 4, 9, 16))
+    k = b.arg("k", "f32", (1, 2, 9, 16))
+    v = b.arg("v", "f32", (1, 2, 9, 16))
+    module = b.build(b.op("scaled_dot_product_attention", q, k, v, is_causal=True,
+                          enable_gqa=True))
+    graph = tf.compile(module, target="h200", strict=True)
+    assert any(line.endswith("Triton attention template") for line in graph.report())
+    qv, kv, vv = (RNG.standard_normal(s).astype(np.float32)
+                  for s in ((1, 4, 9, 16), (1, 2, 9, 16), (1, 2, 9, 16)))
+    (got,) = graph(*map(torch.from_numpy, (qv, kv, vv)))
+    kr, vr = (np.repeat(a.astype(np.float64), 2, axis=1) for a in (kv, vv))
+    scores = qv.astype(np.float64) @ kr.transpose(0, 1, 3, 2) / 4.0
+    scores = np.where(np.tril(np.ones((9, 9), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ vr
+    assert_close(got.numpy(), want, dtype="f32", reduced=16)
