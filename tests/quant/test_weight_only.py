@@ -37,6 +37,28 @@ def test_fallback_decoders_are_chosen_without_avx512():
     assert choose_decoder("i4", host).method == ("lut" if host.has("avx512f") else "sext4")
 
 
+@pytest.mark.parametrize("kw, group, method", [
+    ({}, 32, "offset4"),                    # octets, symmetric: codes + 8, masked in place
+    ({}, 6, "sext4"),                       # k-pairs: groups of 6 are not whole octets
+    ({"symmetric": False}, 32, "sext4"),    # its own zero points
+])
+def test_avx2_int4_decoders_and_extreme_codes(rng, kw, group, method):
+    """On AVX2 each layout gets its decoder; codes at -8 and 7 (and all between) against
+    float64 NumPy, x spanning magnitudes, M of 1 and 3."""
+    v3 = target_for("x86-64-v3")
+    w = rng.choice([-8.0, -1.0, 0.0, 3.0, 7.0], (96, 40)) * rng.uniform(0.5, 2, (1, 40))
+    qw = quantize(w.astype(np.float32), "int4", group_size=group, **kw)
+    dq = dequantize(qw, "f64")
+    from tilefold.codegen.lowp.weight_only import panel_layout
+
+    assert panel_layout(qw, v3).decoder.method == method
+    for m in (1, 3):
+        x = (rng.standard_normal((m, 96)) * 10.0 ** rng.integers(-3, 4, (m, 96)))
+        x = x.astype(np.float32)
+        y = quantized_matmul(x, qw, target=v3)
+        assert (np.abs(y - x.astype(np.float64) @ dq) <= matmul_bound(x, dq)).all()
+
+
 def test_torch_layout_contracts_axis_one(rng):
     w = rng.standard_normal((48, 256)).astype(np.float32)  # [N, K] like nn.Linear.weight
     qw = quantize(w, "int4", group_size=64, axis=1)

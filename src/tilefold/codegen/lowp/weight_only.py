@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tilefold.codegen.gemm.abi import DATA_OFFSET, NativePlan, compiled_entries
-from tilefold.codegen.lowp.decode import choose_decoder, octet_packed
+from tilefold.codegen.lowp.decode import choose_decoder, octet_packed, octet_x_scales
 from tilefold.codegen.lowp.wgemv import ENTRY, WgemvSpec, WParam, wgemv_ir
 from tilefold.errors import UnsupportedError
 from tilefold.runtime import num_threads
@@ -47,10 +47,11 @@ def tile_for(m: int) -> tuple[int, int]:
 
 
 class PanelLayout:
-    """A [K, N] weight's codes in column panels of `lanes`, k-pairs interleaved per lane, plus
-    scales and zero-point corrections as [panels, groups, lanes] f32 (panels padded)."""
+    """A [K, N] weight's codes in column panels of `lanes`, k-pairs interleaved per lane (or
+    octets), plus scales and zero-point corrections as [panels, groups, lanes] f32 (panels
+    padded), stored for `decoder` (codes plus its offset, x scaled by `x_scale` per k)."""
 
-    def __init__(self, qt: QuantizedWeight, lanes: int):
+    def __init__(self, qt: QuantizedWeight, lanes: int, target: Target):
         codes = np.moveaxis(qt.codes(), qt.axis, 0)
         if codes.ndim != 2:
             raise UnsupportedError(
@@ -68,12 +69,14 @@ class PanelLayout:
         self.panels = math.ceil(panels / PANEL_PAD) * PANEL_PAD
         npad = self.panels * lanes
         bits = codes.view(np.uint8)
+        octets = octet_packed(lanes, group, qt.format.bits == 4)
+        self.decoder = choose_decoder(qt.code.name, target, octets and qt.zero_point is None)
         if qt.format.bits == 4:
-            bits = bits & 0x0F
+            bits = (bits + np.uint8(self.decoder.offset)) & 0x0F
         full = np.zeros((k, npad), np.uint8)
         full[:, :n] = bits
         pairs = full.reshape(k // 2, 2, self.panels, lanes)
-        if octet_packed(lanes, group, qt.format.bits == 4):
+        if octets:
             octets = full.reshape(k // 8, 8, self.panels, lanes).astype(np.uint32)
             words = sum(octets[:, j] << np.uint32(4 * j) for j in range(8))
             self.codes = np.ascontiguousarray(words.transpose(1, 0, 2)).view(np.uint8)
@@ -84,11 +87,14 @@ class PanelLayout:
             self.codes = np.ascontiguousarray(pairs.transpose(2, 0, 1, 3))
         self.scale = self._per_column(qt, qt.scale, 1.0)
         self.zcorr = None
-        if qt.zero_point is not None:
-            zc = -qt.zero_point.astype(np.float64) * qt.scale.astype(np.float64)
+        if qt.zero_point is not None or self.decoder.offset:
+            zp = qt.zero_point if qt.zero_point is not None else self.decoder.offset
+            zc = -np.asarray(zp, np.float64) * qt.scale.astype(np.float64)
             self.zcorr = self._per_column(qt, zc.astype(np.float32), 0.0)
+        scales = octet_x_scales(self.decoder)
+        self.x_scale = None if scales is None else np.tile(scales, k // 8)
         self.code = qt.code.name
-        self.plans: dict[tuple, NativePlan] = {}  # see weight_only_matmul
+        self.plans: dict[tuple, tuple[NativePlan, np.ndarray]] = {}  # see weight_only_matmul
 
     def _per_column(self, qt, values: np.ndarray, pad: float) -> np.ndarray:
         """[groups, N'] blockwise values -> [panels, groups, lanes]."""
@@ -100,11 +106,13 @@ class PanelLayout:
                                     .transpose(1, 0, 2))
 
 
-def panel_layout(qt: QuantizedWeight, lanes: int) -> PanelLayout:
-    """The weight's panel layout for `lanes`, built once and kept on the QuantizedTensor."""
-    key = ("panels", lanes)
+def panel_layout(qt: QuantizedWeight, target: Target) -> PanelLayout:
+    """The weight's panel layout for `target`'s vectors and decoder, built once and kept on the
+    QuantizedTensor."""
+    lanes = 16 if target.has("avx512f") else 8
+    key = ("panels", lanes, target.has("avx512f"))
     if key not in qt.kernel_layouts:
-        qt.kernel_layouts[key] = PanelLayout(qt, lanes)
+        qt.kernel_layouts[key] = PanelLayout(qt, lanes, target)
     return qt.kernel_layouts[key]
 
 
@@ -112,7 +120,7 @@ def _plan(layout: PanelLayout, m: int, ldx: int, target: Target, threads: int,
           sx: np.ndarray) -> NativePlan:
     """The ready-to-run call for M rows of stride `ldx` (y is written with stride N')."""
     mt, nv = tile_for(m)
-    spec = WgemvSpec(choose_decoder(layout.code, target), layout.lanes, layout.group, mt, nv,
+    spec = WgemvSpec(layout.decoder, layout.lanes, layout.group, mt, nv,
                      layout.zcorr is not None)
     units = layout.panels // nv
     zc = layout.zcorr if layout.zcorr is not None else layout.scale
@@ -133,25 +141,29 @@ def weight_only_matmul(x: np.ndarray, qt: QuantizedWeight, target: Target | None
                        threads: int | None = None) -> np.ndarray:
     """x[M, K] (f32, C-contiguous) @ dequantize(qt) -> f32[M, N], decoding in registers.
 
-    Plans without zero points are kept on the layout per (M, row stride, target, threads):
-    building one costs ~15 us of Python, 4% of a 4096 x 4096 int4 GEMV."""
+    Plans are kept on the layout per (M, row stride, target, threads), each with the buffer
+    its zero-point correction reads this call's row sums of x from: building one costs ~15 us
+    of Python, 4% of a 4096 x 4096 int4 GEMV."""
     target = target or host_target()
-    layout = panel_layout(qt, 16 if target.has("avx512f") else 8)
+    layout = panel_layout(qt, target)
     m = x.shape[0]
     ldx = x.strides[0] // 4
     if threads is None:
         threads = num_threads() if layout.codes.nbytes >= PARALLEL_MIN_BYTES else 1
     y = np.empty((m, layout.panels * layout.lanes), np.float32)
-    if layout.zcorr is not None:  # the per-call row sums of x go into the plan
-        sx = np.ascontiguousarray(x.reshape(m, layout.groups, layout.group).sum(-1,
-                                                                                dtype=np.float32))
-        plan = _plan(layout, m, ldx, target, threads, sx)
-    else:
-        key = (m, ldx, target, threads)
-        plan = layout.plans.get(key)
-        if plan is None:
-            if len(layout.plans) >= _MAX_PLANS:
-                layout.plans.clear()
-            plan = layout.plans[key] = _plan(layout, m, ldx, target, threads, _NO_SX)
+    rows = x
+    if layout.x_scale is not None:  # the decoder reads nibble j as u * 16**j
+        x = np.multiply(x, layout.x_scale, dtype=np.float32)
+        ldx = layout.k
+    key = (m, ldx, target, threads)
+    kept = layout.plans.get(key)
+    if kept is None:
+        if len(layout.plans) >= _MAX_PLANS:
+            layout.plans.clear()
+        sx = np.zeros((m, layout.groups), np.float32) if layout.zcorr is not None else _NO_SX
+        kept = layout.plans[key] = (_plan(layout, m, ldx, target, threads, sx), sx)
+    plan, sx = kept
+    if layout.zcorr is not None:  # this call's row sums of x, where the plan reads them
+        np.sum(rows.reshape(m, layout.groups, layout.group), axis=-1, dtype=np.float32, out=sx)
     plan.run(x, layout.codes, y)
     return y[:, :layout.n]
