@@ -14,14 +14,8 @@ LISTING_SIZE = 128  # what a symbolic dim is bound to for a compute group's list
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "emit",
-        help="print the GPU kernel source of each fused group",
-        description="Fuse FILE as tilefold.compile does, then print the Triton source of every "
-        "memory-bound group and of every compute group (the GEMM template with its epilogue) "
-        "for a GPU target (or, with --ptx, compile it for the target's architecture on this "
-        "machine, no GPU needed, and print the PTX).",
-    )
+    p = sub.add_parser("emit", description=__doc__,
+                       help="print the GPU kernel source of each fused group")
     p.add_argument("file", help="an IR file (.tfir)")
     p.add_argument("--function", default="main", help="function to emit (default: main)")
     p.add_argument("--target", default="h200", help="a GPU target name (default: h200)")

@@ -17,13 +17,8 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from tilefold.distributed import DEVICES, LINKS, STRATEGIES
 
-    p = sub.add_parser(
-        "shard",
-        help="plan a program over a device mesh: plan, partitioned IR, cost table",
-        description="Search (or load) a sharding plan for FILE on a device mesh, apply it "
-        "(propagate-sharding, expand-redistribute) and print the plan, the partitioned IR "
-        "and its modeled cost per device.",
-    )
+    p = sub.add_parser("shard", description=__doc__,
+                       help="plan a program over a device mesh: plan, partitioned IR, cost table")
     p.add_argument("file", help="an IR file (.tfir)")
     p.add_argument("--mesh", help="mesh axes, e.g. tp=8 or dp=2,tp=4 (default: the file's "
                    "one mesh, for --strategy propagate)")

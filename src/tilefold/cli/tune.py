@@ -1,5 +1,7 @@
 """`tilefold tune`: measure the kernel candidates of an IR file or a model now, keep the winners
-in the tuning database, and show where measurement overruled the cost model."""
+in the tuning database, and show where measurement overruled the cost model; `--gemm` refines
+the GEMM's blocking, `--comm` fits the collective model. Tune on a quiet host: a busy one makes
+poor picks."""
 
 from __future__ import annotations
 
@@ -20,14 +22,8 @@ from tilefold.strategy.tuning_db import TuningDB
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "tune",
-        help="measure kernel candidates now and keep the winners",
-        description="Compile FILE (or --model) with measurement on: the best few candidates of "
-        "each fused group are timed interleaved, and the winners are kept in the tuning "
-        "database, which later compiles read instead of the cost model. Tune on a quiet host: "
-        "a busy one makes poor picks.",
-    )
+    p = sub.add_parser("tune", description=__doc__,
+                       help="measure kernel candidates now and keep the winners")
     p.add_argument("file", nargs="?", help="an IR file (.tfir)")
     p.add_argument("--gemm", action="store_true",
                    help="refine this machine's GEMM cache blocking (MC/KC/NC) around the model; "

@@ -16,15 +16,7 @@ from typing import NamedTuple
 
 from tilefold.errors import PassError, TilefoldError
 from tilefold.ir import Function
-from tilefold.ir.types import (
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-    Sharding,
-    TensorType,
-    sharding_problem,
-)
+from tilefold.ir import types as ty
 from tilefold.passes.base import Pass, Statistic
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
@@ -38,27 +30,27 @@ class Step(NamedTuple):
     attrs: dict[str, int]
 
 
-def step_op(src: Placement, dst: Placement) -> str | None:
+def step_op(src: ty.Placement, dst: ty.Placement) -> str | None:
     """The collective taking one axis from `src` to `dst`, or None if none does."""
-    if isinstance(src, Partial):
-        return {Replicate: "all_reduce", Shard: "reduce_scatter"}.get(type(dst))
-    if isinstance(src, Shard):
-        return {Replicate: "all_gather", Shard: "all_to_all"}.get(type(dst))
-    return "local_slice" if isinstance(dst, Shard) else None
+    if isinstance(src, ty.Partial):
+        return {ty.Replicate: "all_reduce", ty.Shard: "reduce_scatter"}.get(type(dst))
+    if isinstance(src, ty.Shard):
+        return {ty.Replicate: "all_gather", ty.Shard: "all_to_all"}.get(type(dst))
+    return "local_slice" if isinstance(dst, ty.Shard) else None
 
 
-def legal(placements: tuple[Placement, ...], axis: int, dst: Placement) -> bool:
+def legal(placements: tuple[ty.Placement, ...], axis: int, dst: ty.Placement) -> bool:
     """No mesh axis after `axis` splits a dim that the step on `axis` moves, or holds partials
     of another reduction than the one the step performs (sums and maxes do not commute)."""
     src = placements[axis]
-    dims = {p.dim for p in (src, dst) if isinstance(p, Shard)}
+    dims = {p.dim for p in (src, dst) if isinstance(p, ty.Shard)}
     later = placements[axis + 1 :]
-    if isinstance(src, Partial) and any(isinstance(p, Partial) and p != src for p in later):
+    if isinstance(src, ty.Partial) and any(isinstance(p, ty.Partial) and p != src for p in later):
         return False
-    return not any(isinstance(p, Shard) and p.dim in dims for p in later)
+    return not any(isinstance(p, ty.Shard) and p.dim in dims for p in later)
 
 
-def redistribute_steps(t: TensorType, target: tuple[Placement, ...]) -> list[Step]:
+def redistribute_steps(t: ty.TensorType, target: tuple[ty.Placement, ...]) -> list[Step]:
     """The collectives that take sharded type `t` to placements `target` (the cheapest path)."""
     paths = _search(t, tuple(target))
     if tuple(target) not in paths:
@@ -67,23 +59,23 @@ def redistribute_steps(t: TensorType, target: tuple[Placement, ...]) -> list[Ste
     return paths[tuple(target)]
 
 
-def redistribute_paths(t: TensorType) -> dict[tuple[Placement, ...], list[Step]]:
+def redistribute_paths(t: ty.TensorType) -> dict[tuple[ty.Placement, ...], list[Step]]:
     """The cheapest path from sharded type `t` to every placement tuple it can reach (each
     the one `redistribute_steps` gives)."""
     return _search(t, None)
 
 
-def _search(t: TensorType, target: tuple[Placement, ...] | None
-            ) -> dict[tuple[Placement, ...], list[Step]]:
+def _search(t: ty.TensorType, target: tuple[ty.Placement, ...] | None
+            ) -> dict[tuple[ty.Placement, ...], list[Step]]:
     """Dijkstra over placement tuples from `t`'s, until `target` (None: everywhere);
     cost = (communicating steps, steps), ties broken by the order states were reached."""
     assert t.sharding is not None
     mesh, start = t.sharding.mesh, t.sharding.placements
-    choices = [Replicate(), *(Shard(d) for d in range(t.rank))]
-    queue: list[tuple[int, int, int, tuple[Placement, ...]]] = [(0, 0, 0, start)]
-    best: dict[tuple[Placement, ...], tuple[int, int]] = {start: (0, 0)}
-    back: dict[tuple[Placement, ...], tuple[tuple[Placement, ...], Step]] = {}
-    done: list[tuple[Placement, ...]] = []
+    choices = [ty.Replicate(), *(ty.Shard(d) for d in range(t.rank))]
+    queue: list[tuple[int, int, int, tuple[ty.Placement, ...]]] = [(0, 0, 0, start)]
+    best: dict[tuple[ty.Placement, ...], tuple[int, int]] = {start: (0, 0)}
+    back: dict[tuple[ty.Placement, ...], tuple[tuple[ty.Placement, ...], Step]] = {}
+    done: list[tuple[ty.Placement, ...]] = []
     order = 0
     while queue:
         comm, steps, _, state = heapq.heappop(queue)
@@ -97,8 +89,8 @@ def _search(t: TensorType, target: tuple[Placement, ...] | None
                 op = step_op(state[axis], dst)
                 if op is None or dst == state[axis] or not legal(state, axis, dst):
                     continue
-                new = Sharding(mesh, state).replace(axis, dst)
-                if sharding_problem(t.with_sharding(new)) is not None:
+                new = ty.Sharding(mesh, state).replace(axis, dst)
+                if ty.sharding_problem(t.with_sharding(new)) is not None:
                     continue
                 cost = (comm + (op != "local_slice"), steps + 1)
                 if cost < best.get(new.placements, (1 << 30, 0)):
@@ -108,7 +100,7 @@ def _search(t: TensorType, target: tuple[Placement, ...] | None
                     back[new.placements] = (state, Step(op, name, attrs))
                     order += 1
                     heapq.heappush(queue, (*cost, order, new.placements))
-    paths: dict[tuple[Placement, ...], list[Step]] = {}
+    paths: dict[tuple[ty.Placement, ...], list[Step]] = {}
     for state in done if target is None else [s for s in done if s == target]:
         path, at = [], state
         while at != start:

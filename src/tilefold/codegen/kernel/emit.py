@@ -48,7 +48,7 @@ class _Lanes:
     count: ir.Value | None  # active lanes in a masked step
 
 
-class _Emitter:
+class _Emitter(kir.StmtVisitor):
     def __init__(self, kernel: kir.Kernel, schedule: Schedule, fn: ir.Function,
                  features: frozenset[str]):
         self.features = features
@@ -115,16 +115,10 @@ class _Emitter:
             return self.b.alloca(ty)
 
     # --- statements ---------------------------------------------------------------------
-    def stmts(self, stmts: tuple[kir.Stmt, ...]) -> None:
-        for stmt in stmts:
-            if isinstance(stmt, kir.Loop):
-                self.loop(stmt)
-            elif isinstance(stmt, kir.Let):
-                self.env[stmt.name] = self.expr(stmt.value)
-            else:
-                self.store(stmt.buffer, self.expr(stmt.value), id(stmt) in self.streamed)
+    def on_store(self, stmt: kir.Store) -> None:
+        self.store(stmt.buffer, self.expr(stmt.value), id(stmt) in self.streamed)
 
-    def loop(self, loop: kir.Loop) -> None:
+    def on_loop(self, loop: kir.Loop) -> None:
         vector_here = self.s.vector_axis in loop.axes
         parts = self.s.unroll if vector_here else (self.lanes.parts if self.lanes else 0)
         accs = {r.name: self._acc_init(r, parts) for r in loop.reductions}

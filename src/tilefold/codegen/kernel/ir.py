@@ -121,6 +121,29 @@ class Loop:
 Stmt = Loop | Let | Store
 
 
+class StmtVisitor:
+    """Walks a statement list in order for a backend's emitter: `on_loop` and `on_store` per
+    statement, and a `Let` binds its name to `self.expr(value)` in `self.env`."""
+
+    env: dict
+    expr: Callable[[Expr], object]
+
+    def stmts(self, stmts: tuple[Stmt, ...]) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, Loop):
+                self.on_loop(stmt)
+            elif isinstance(stmt, Let):
+                self.env[stmt.name] = self.expr(stmt.value)
+            else:
+                self.on_store(stmt)
+
+    def on_loop(self, loop: Loop) -> None:
+        raise NotImplementedError
+
+    def on_store(self, store: Store) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class Kernel:
     name: str

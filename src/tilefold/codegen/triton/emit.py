@@ -14,21 +14,7 @@ from __future__ import annotations
 import math
 import re
 
-from tilefold.codegen.kernel.ir import (
-    Call,
-    Const,
-    Dim,
-    Expr,
-    Kernel,
-    Let,
-    Load,
-    Loop,
-    Reduction,
-    Ref,
-    Stmt,
-    Store,
-    walk_expr,
-)
+from tilefold.codegen.kernel import ir as kir
 from tilefold.codegen.kernel.printer import print_kernel
 from tilefold.codegen.triton.math import PRIMITIVE_FORMS, helpers_used
 from tilefold.codegen.triton.schedule import GPUSchedule, row_body
@@ -46,7 +32,7 @@ def ident(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
 
-def kernel_params(kernel: Kernel) -> tuple[tuple[str, ...], ...]:
+def kernel_params(kernel: kir.Kernel) -> tuple[tuple[str, ...], ...]:
     """The generated function's leading parameters: ("ptr", buffer), ("size", axis) for
     run-time sizes, ("stride", buffer, axis) for run-time strides."""
     ptrs = [("ptr", b.name) for b in kernel.buffers]
@@ -62,24 +48,24 @@ def param_name(param: tuple[str, ...]) -> str:
         *map(ident, names))
 
 
-def signature(kernel: Kernel) -> dict[str, str]:
+def signature(kernel: kir.Kernel) -> dict[str, str]:
     """Triton's type of every non-constexpr parameter (for `triton.compile` without a GPU)."""
     sig = {param_name(p): POINTER_TYPES[kernel.buffer(p[1]).dtype] if p[0] == "ptr" else "i32"
            for p in kernel_params(kernel)}
     return {**sig, "n_rows": "i32", "n_cols": "i32"}
 
 
-class _Emitter:
-    def __init__(self, kernel: Kernel, schedule: GPUSchedule):
+class _Emitter(kir.StmtVisitor):
+    def __init__(self, kernel: kir.Kernel, schedule: GPUSchedule):
         self.k, self.s = kernel, schedule
         self.lines: list[str] = []
         self.depth = 1
-        self.memo: list[dict[Expr, str]] = [{}]
+        self.memo: list[dict[kir.Expr, str]] = [{}]
         self.env: dict[str, str] = {}
         self.count = 0
         self.in_cols = False
-        self.loaded = {e.buffer for x in kernel_expressions(kernel) for e in walk_expr(x)
-                       if isinstance(e, Load)}
+        self.loaded = {e.buffer for x in kernel_expressions(kernel) for e in kir.walk_expr(x)
+                       if isinstance(e, kir.Load)}
 
     # --- text ---------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -152,45 +138,42 @@ class _Emitter:
             return self.local(f"{text} != 0")
         return self.local(f"{text}.to(tl.float32)")
 
-    def store(self, stmt: Store) -> None:
+    def store(self, stmt: kir.Store) -> None:
         ptr, _ = self.address(stmt.buffer)
         zero, mask = ("zero_t", "tile_mask") if self.in_cols else ("zero_r", "row_mask")
         value = self.expr(stmt.value)
-        if isinstance(stmt.value, Const):
+        if isinstance(stmt.value, kir.Const):
             value = self.local(f"tl.full([1, 1], {value}, tl.float32)")
         elem = f"{ident(stmt.buffer)}_ptr.dtype.element_ty"
         self.line(f"tl.store({ptr} + {zero}, {value}.to({elem}), mask={mask})")
 
     # --- expressions --------------------------------------------------------------------
-    def expr(self, e: Expr) -> str:
-        if isinstance(e, Const):
+    def expr(self, e: kir.Expr) -> str:
+        if isinstance(e, kir.Const):
             return literal(e.value)
-        if isinstance(e, Ref):
+        if isinstance(e, kir.Ref):
             return self.env[e.name]
         for memo in reversed(self.memo):
             if e in memo:
                 return memo[e]
-        if isinstance(e, Load):
+        if isinstance(e, kir.Load):
             name = self.load(e.buffer)
-        elif isinstance(e, Dim):
+        elif isinstance(e, kir.Dim):
             name = self.local(f"({self.size(e.axis)} + 0.0)")
         else:
-            assert isinstance(e, Call)
+            assert isinstance(e, kir.Call)
             name = self.local(PRIMITIVE_FORMS[e.op].format(*(self.expr(a) for a in e.args)))
         self.memo[-1][e] = name
         return name
 
     # --- statements ---------------------------------------------------------------------
-    def stmts(self, stmts: tuple[Stmt, ...]) -> None:
-        for stmt in stmts:
-            if isinstance(stmt, Loop):
-                self.column_loop(stmt)
-            elif isinstance(stmt, Let):
-                self.env[stmt.name] = self.expr(stmt.value)
-            else:
-                self.store(stmt)
+    def on_loop(self, loop: kir.Loop) -> None:
+        self.column_loop(loop)
 
-    def column_loop(self, loop: Loop) -> None:
+    def on_store(self, stmt: kir.Store) -> None:
+        self.store(stmt)
+
+    def column_loop(self, loop: kir.Loop) -> None:
         accs = {r.name: self.local(f"tl.full([BLOCK_R, BLOCK_C], {IDENTITY[r.op]}, tl.float32)",
                                    "acc") for r in loop.reductions}
         # a while loop: Triton 3.6's interpreter cannot range() over a run-time bound
@@ -208,13 +191,13 @@ class _Emitter:
         self.memo.pop()
         self.depth -= 1
         self.in_cols = False
-        stored = {st.buffer for st in loop.body if isinstance(st, Store)}
+        stored = {st.buffer for st in loop.body if isinstance(st, kir.Store)}
         if stored & self.loaded:  # a later pass reads what this one wrote: make it visible
             self.line("tl.debug_barrier()")
         for red in loop.reductions:
             self.env[red.name] = self.finish(red, accs[red.name])
 
-    def finish(self, red: Reduction, acc: str) -> str:
+    def finish(self, red: kir.Reduction, acc: str) -> str:
         total = self.local(FINAL[red.op].format(acc), "t")
         if red.init is None:
             return total
@@ -256,12 +239,12 @@ class _Emitter:
         return head + self.lines
 
 
-def kernel_expressions(kernel: Kernel) -> list[Expr]:
+def kernel_expressions(kernel: kir.Kernel) -> list[kir.Expr]:
     """Every expression the kernel's statements hold."""
     out, stack = [], list(kernel.body)
     while stack:
         stmt = stack.pop()
-        if isinstance(stmt, Loop):
+        if isinstance(stmt, kir.Loop):
             stack.extend(stmt.body)
             out.extend(r.value for r in stmt.reductions)
         else:
@@ -278,25 +261,24 @@ def literal(value: float) -> str:
     return f"({value!r})" if value < 0 else repr(float(value))
 
 
-def emit_triton(kernel: Kernel, schedule: GPUSchedule) -> str:
+def emit_triton(kernel: kir.Kernel, schedule: GPUSchedule) -> str:
     """The Python source of a module defining the kernel as a `@triton.jit` function named
     after it (the kernel IR and schedule in a comment above it)."""
     em = _Emitter(kernel, schedule)
     body = em.function()
     comment = [f"# {line}" for line in print_kernel(kernel).splitlines()]
-    out = [f'"""Triton kernel @{kernel.name}, generated by tilefold from its kernel IR."""',
-           "import triton",
-           "import triton.language as tl",
-           "",
-           '_TF_INF = tl.constexpr(float("inf"))',
-           '_TF_NAN = tl.constexpr(float("nan"))',
-           "",
-           *(h + "\n" for h in helpers_used(body)),
-           *comment,
-           f"# schedule: {schedule}",
-           *body]
+    return triton_module(f"Triton kernel @{kernel.name}, generated by tilefold from its kernel IR.",
+                         body, [*comment, f"# schedule: {schedule}"])
+
+
+def triton_module(doc: str, body: list[str], notes: list[str]) -> str:
+    """The Python source of a module of `@triton.jit` kernels `body`: its docstring, Triton's
+    imports, the constants and the math helpers the kernels call, `notes` (comment lines)."""
+    out = [f'"""{doc}"""', "import triton", "import triton.language as tl", "",
+           '_TF_INF = tl.constexpr(float("inf"))', '_TF_NAN = tl.constexpr(float("nan"))', "",
+           *(h + "\n" for h in helpers_used(body)), *notes, *body]
     return "\n".join(out) + "\n"
 
 
 __all__ = ["emit_triton", "kernel_expressions", "kernel_params", "literal", "param_name",
-           "signature"]
+           "signature", "triton_module"]

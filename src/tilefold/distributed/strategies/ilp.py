@@ -33,17 +33,8 @@ from tilefold.distributed.strategies.base import (
 )
 from tilefold.errors import TilefoldError
 from tilefold.ir import Module, parse_module, print_module
+from tilefold.ir import types as ty
 from tilefold.ir.core import Function, Operation, Value
-from tilefold.ir.types import (
-    Mesh,
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-    Sharding,
-    TensorType,
-    sharding_problem,
-)
 
 TRAINING_STATE = 4  # bytes per parameter byte in training: weight, gradient, two moments
 # (the data arguments count once)
@@ -101,17 +92,18 @@ class Problem:
         return result.x
 
 
-def axis_options(t: TensorType, partial: bool) -> list[Placement]:
-    return [Replicate(), *(Shard(d) for d in range(t.rank))] + ([Partial()] if partial else [])
+def axis_options(t: ty.TensorType, partial: bool) -> list[ty.Placement]:
+    shards = [ty.Shard(d) for d in range(t.rank)]
+    return [ty.Replicate(), *shards, *([ty.Partial()] if partial else [])]
 
 
-def tuples(t: TensorType, mesh: Mesh) -> list[Placements]:
+def tuples(t: ty.TensorType, mesh: ty.Mesh) -> list[Placements]:
     """Every placement tuple of an argument of type `t` that splits it evenly (R alone on an
     axis of one device)."""
     out = []
-    options = [axis_options(t, False) if n > 1 else [Replicate()] for n in mesh.sizes]
+    options = [axis_options(t, False) if n > 1 else [ty.Replicate()] for n in mesh.sizes]
     for ps in itertools.product(*options):
-        if sharding_problem(t.with_sharding(Sharding(mesh, ps))) is None:
+        if ty.sharding_problem(t.with_sharding(ty.Sharding(mesh, ps))) is None:
             out.append(ps)
     return out
 
@@ -132,7 +124,7 @@ class Search:
 
     objective: float = 0.0
 
-    def __init__(self, fn: Function, mesh: Mesh, cost: CostModel, constraints: Constraints):
+    def __init__(self, fn: Function, mesh: ty.Mesh, cost: CostModel, constraints: Constraints):
         self.fn, self.mesh, self.cost, self.constraints = fn, mesh, cost, constraints
         self.args = set(fn.args)
         self.edges: dict[tuple, float | None] = {}
@@ -165,11 +157,11 @@ class Search:
         einsum = rule_for(op) if not op.has_trait("sharding") else None
         n = len(self.mesh.axes)
         if einsum is None or len(op.results) != 1:
-            combos = [((tuple((Replicate(),) * n for _ in op.operands)), (Replicate(),) * n)]
+            combos = [((tuple((ty.Replicate(),) * n for _ in op.operands)), (ty.Replicate(),) * n)]
         else:
             options = per_axis(einsum, op, self.args)
-            whole = [c for c in options if c[1] == Replicate()
-                     and all(p == Replicate() for p in c[0])]
+            whole = [c for c in options if c[1] == ty.Replicate()
+                     and all(p == ty.Replicate() for p in c[0])]
             axes = [options if size > 1 else whole for size in self.mesh.sizes]
             combos = []
             for pick in itertools.product(*axes):
@@ -177,10 +169,10 @@ class Search:
                 combos.append((operands, tuple(p[1] for p in pick)))
         found = []
         for operands, result in combos:
-            types = [v.type.without_sharding().with_sharding(Sharding(self.mesh, ps))
+            types = [v.type.without_sharding().with_sharding(ty.Sharding(self.mesh, ps))
                      for v, ps in zip(op.operands, operands, strict=True)]
-            out = op.result.type.without_sharding().with_sharding(Sharding(self.mesh, result))
-            if any(sharding_problem(t) for t in [*types, out]):
+            out = op.result.type.without_sharding().with_sharding(ty.Sharding(self.mesh, result))
+            if any(ty.sharding_problem(t) for t in [*types, out]):
                 continue
             for v, t in zip(op.operands, types, strict=True):
                 v.type = t
@@ -201,11 +193,11 @@ class Search:
                     seconds += self.cost.collective("all_reduce", nbytes(v.type), axis).seconds
         return seconds
 
-    def edge(self, t: TensorType, src: Placements, dst: Placements) -> float | None:
+    def edge(self, t: ty.TensorType, src: Placements, dst: Placements) -> float | None:
         """Seconds to redistribute `t` from `src` to `dst` (None: no path), once per key."""
         if (t, src, dst) not in self.edges:
             try:
-                est = self.cost.redistribute(t.with_sharding(Sharding(self.mesh, src)), dst)
+                est = self.cost.redistribute(t.with_sharding(ty.Sharding(self.mesh, src)), dst)
                 self.edges[t, src, dst] = est.seconds * (2 if self.constraints.training else 1)
             except TilefoldError:
                 self.edges[t, src, dst] = None
@@ -225,7 +217,7 @@ class Search:
                 cols = {}
                 for ps in tuples(v.type, self.mesh):
                     cols[ps] = prob.column(0.0, True)
-                    t = v.type.with_sharding(Sharding(self.mesh, ps))
+                    t = v.type.with_sharding(ty.Sharding(self.mesh, ps))
                     memory[cols[ps]] = count[key] * nbytes(t) * (1 if v in data else state)
                 prob.row({c: 1.0 for c in cols.values()}, 1, 1)
                 pick[key] = cols
@@ -306,7 +298,7 @@ class ILP(Strategy):
 
     objective: float = 0.0
 
-    def search(self, module: Module, mesh: Mesh, cost: CostModel,
+    def search(self, module: Module, mesh: ty.Mesh, cost: CostModel,
                constraints: Constraints) -> Plan:
         scratch = parse_module(print_module(module))
         fn = function(scratch, constraints.function)

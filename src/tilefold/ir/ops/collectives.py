@@ -19,23 +19,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tilefold.errors import ShapeError, UnsupportedError, VerificationError
+from tilefold.ir import types as ty
 from tilefold.ir.opdef import Attr, OpDef, attr_table, register
 from tilefold.ir.placements import reduce_partials, split_blocks
-from tilefold.ir.types import (
-    Partial,
-    Placement,
-    Replicate,
-    Shard,
-    Sharding,
-    TensorType,
-    parse_placements,
-    sharding_problem,
-)
 
 TRAITS = frozenset({"collective", "sharding"})  # not "pure": folding one would drop its meaning
 
 
-def placed_operand(name: str, types: list[TensorType]) -> TensorType:
+def placed_operand(name: str, types: list[ty.TensorType]) -> ty.TensorType:
     t = types[0]
     if t.sharding is None:
         raise VerificationError(
@@ -44,8 +35,8 @@ def placed_operand(name: str, types: list[TensorType]) -> TensorType:
     return t
 
 
-def checked_result(name: str, t: TensorType) -> list[TensorType]:
-    problem = sharding_problem(t)
+def checked_result(name: str, t: ty.TensorType) -> list[ty.TensorType]:
+    problem = ty.sharding_problem(t)
     if problem is not None:
         raise VerificationError(f"'{name}' result {t}: {problem}")
     return [t.without_layout()]
@@ -64,21 +55,21 @@ class Collective(OpDef):
     takes: ClassVar[str] = ""  # the placement it accepts, for messages
 
     @classmethod
-    def accepts(cls, p: Placement, attrs: dict[str, Any]) -> bool:
+    def accepts(cls, p: ty.Placement, attrs: dict[str, Any]) -> bool:
         raise NotImplementedError(f"collective {cls.name} must define accepts()")
 
     @classmethod
-    def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
+    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
         raise NotImplementedError(f"collective {cls.name} must define placement()")
 
     @classmethod
-    def group_reference(cls, blocks: list[np.ndarray], p: Placement,
+    def group_reference(cls, blocks: list[np.ndarray], p: ty.Placement,
                         attrs: dict[str, Any]) -> list[np.ndarray]:
         """The blocks the devices of one axis group hold afterwards, from what they held."""
         raise NotImplementedError(f"collective {cls.name} must define group_reference()")
 
     @classmethod
-    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    def infer(cls, types: list[ty.TensorType], attrs: dict[str, Any]) -> list[ty.TensorType]:
         t = placed_operand(cls.name, types)
         try:
             axis = t.sharding.mesh.axis_index(attrs["axis"])
@@ -92,7 +83,7 @@ class Collective(OpDef):
         new = cls.placement(p, attrs)
         result = t.with_sharding(t.sharding.replace(axis, new))
         for q in (p, new) if p != new else ():
-            if isinstance(q, Shard):
+            if isinstance(q, ty.Shard):
                 nested(cls.name, t, axis, q.dim)
         return checked_result(cls.name, result)
 
@@ -101,12 +92,12 @@ class Collective(OpDef):
         return np.array(args[0], copy=True)  # moving blocks does not change the global value
 
 
-def nested(name: str, t: TensorType, axis: int, dim: int) -> None:
+def nested(name: str, t: ty.TensorType, axis: int, dim: int) -> None:
     """A shard on `axis` may change only if no later mesh axis splits the same dim: blocks of
     a later axis lie inside the blocks of an earlier one, so the inner axis must move first."""
     mesh = t.sharding.mesh
     for later in range(axis + 1, len(mesh.axes)):
-        if t.sharding.placements[later] == Shard(dim):
+        if t.sharding.placements[later] == ty.Shard(dim):
             raise VerificationError(
                 f"'{name}' over axis {mesh.names[axis]} changes how dim {dim} of {t} is split, "
                 f"but the later axis {mesh.names[later]} splits it too: redistribute that axis "
@@ -122,11 +113,11 @@ class FromPartial(Collective):
     takes = "a partial value P(sum|max)"
 
     @classmethod
-    def accepts(cls, p: Placement, attrs: dict[str, Any]) -> bool:
-        return isinstance(p, Partial)
+    def accepts(cls, p: ty.Placement, attrs: dict[str, Any]) -> bool:
+        return isinstance(p, ty.Partial)
 
     @classmethod
-    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    def infer(cls, types: list[ty.TensorType], attrs: dict[str, Any]) -> list[ty.TensorType]:
         """Partials of a later axis are reduced first: a sum of maxes is not a max of sums."""
         result = super().infer(types, attrs)
         sharding = types[0].sharding
@@ -134,7 +125,7 @@ class FromPartial(Collective):
         mine = sharding.placements[axis]
         for later in range(axis + 1, len(sharding.placements)):
             other = sharding.placements[later]
-            if isinstance(other, Partial) and other != mine:
+            if isinstance(other, ty.Partial) and other != mine:
                 raise VerificationError(
                     f"'{cls.name}' over axis {attrs['axis']} reduces {mine} of {types[0]}, but "
                     f"the later axis {sharding.mesh.names[later]} holds {other}: reduce that "
@@ -150,8 +141,8 @@ class AllReduce(FromPartial):
     name = "all_reduce"
 
     @classmethod
-    def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
-        return Replicate()
+    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
+        return ty.Replicate()
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
@@ -167,20 +158,20 @@ class ReduceScatter(FromPartial):
     attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split the sum on"))
 
     @classmethod
-    def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
-        return Shard(attrs["dim"])
+    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
+        return ty.Shard(attrs["dim"])
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
-        return split_blocks(reduce_partials(blocks, p.op), len(blocks), Shard(attrs["dim"]))
+        return split_blocks(reduce_partials(blocks, p.op), len(blocks), ty.Shard(attrs["dim"]))
 
 
 class FromShard(Collective):
     takes = "a shard S(dim)"
 
     @classmethod
-    def accepts(cls, p: Placement, attrs: dict[str, Any]) -> bool:
-        return isinstance(p, Shard) and p.dim != attrs.get("dim")
+    def accepts(cls, p: ty.Placement, attrs: dict[str, Any]) -> bool:
+        return isinstance(p, ty.Shard) and p.dim != attrs.get("dim")
 
 
 @register
@@ -190,8 +181,8 @@ class AllGather(FromShard):
     name = "all_gather"
 
     @classmethod
-    def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
-        return Replicate()
+    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
+        return ty.Replicate()
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
@@ -209,12 +200,12 @@ class AllToAll(FromShard):
     attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split on instead"))
 
     @classmethod
-    def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
-        return Shard(attrs["dim"])
+    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
+        return ty.Shard(attrs["dim"])
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
-        n, to = len(blocks), Shard(attrs["dim"])
+        n, to = len(blocks), ty.Shard(attrs["dim"])
         pieces = [split_blocks(b, n, to) for b in blocks]
         return [np.concatenate([pieces[r][k] for r in range(n)], axis=p.dim) for k in range(n)]
 
@@ -223,8 +214,8 @@ class FromReplicate(Collective):
     takes = "a replicated value R"
 
     @classmethod
-    def accepts(cls, p: Placement, attrs: dict[str, Any]) -> bool:
-        return isinstance(p, Replicate)
+    def accepts(cls, p: ty.Placement, attrs: dict[str, Any]) -> bool:
+        return isinstance(p, ty.Replicate)
 
 
 @register
@@ -235,13 +226,13 @@ class LocalSlice(FromReplicate):
     attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split"))
 
     @classmethod
-    def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
-        return Shard(attrs["dim"])
+    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
+        return ty.Shard(attrs["dim"])
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
         n = len(blocks)
-        return [split_blocks(b, n, Shard(attrs["dim"]))[k] for k, b in enumerate(blocks)]
+        return [split_blocks(b, n, ty.Shard(attrs["dim"]))[k] for k, b in enumerate(blocks)]
 
 
 @register
@@ -253,7 +244,7 @@ class Broadcast(FromReplicate):
                             root=Attr("int", 0, doc="the device whose copy is sent"))
 
     @classmethod
-    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    def infer(cls, types: list[ty.TensorType], attrs: dict[str, Any]) -> list[ty.TensorType]:
         result = super().infer(types, attrs)
         size = result[0].sharding.mesh.sizes[result[0].sharding.mesh.axis_index(attrs["axis"])]
         if not 0 <= attrs["root"] < size:
@@ -264,7 +255,7 @@ class Broadcast(FromReplicate):
         return result
 
     @classmethod
-    def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
+    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
         return p
 
     @classmethod
@@ -282,7 +273,7 @@ class Permute(FromShard):
                             shift=Attr("int", 1, doc="how many devices along the ring to send"))
 
     @classmethod
-    def placement(cls, p: Placement, attrs: dict[str, Any]) -> Placement:
+    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
         return p
 
     @classmethod
@@ -310,21 +301,21 @@ class Redistribute(OpDef):
     traits = TRAITS
 
     @classmethod
-    def target(cls, t: TensorType, attrs: dict[str, Any]) -> tuple[Placement, ...]:
+    def target(cls, t: ty.TensorType, attrs: dict[str, Any]) -> tuple[ty.Placement, ...]:
         try:
-            target = parse_placements(attrs["placements"])
+            target = ty.parse_placements(attrs["placements"])
         except ShapeError as exc:
             raise VerificationError(f"'redistribute': {exc.message}") from None
         names = t.sharding.mesh.names
         for axis, (old, new) in enumerate(zip(t.sharding.placements, target, strict=False)):
-            if isinstance(new, Partial) and new != old:
+            if isinstance(new, ty.Partial) and new != old:
                 raise VerificationError(
                     f"'redistribute' of {t} cannot make axis {names[axis]} {new}: only a "
                     "partial value can stay partial"
                 )
-            kept = [b for b in range(axis + 1, len(target)) if isinstance(target[b], Partial)
+            kept = [b for b in range(axis + 1, len(target)) if isinstance(target[b], ty.Partial)
                     and target[b] != old]
-            if isinstance(old, Partial) and new != old and kept:
+            if isinstance(old, ty.Partial) and new != old and kept:
                 raise VerificationError(
                     f"'redistribute' of {t} cannot reduce axis {names[axis]}'s {old} while the "
                     f"later axis {names[kept[0]]} stays {target[kept[0]]}: a sum of maxes is "
@@ -333,10 +324,10 @@ class Redistribute(OpDef):
         return target
 
     @classmethod
-    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+    def infer(cls, types: list[ty.TensorType], attrs: dict[str, Any]) -> list[ty.TensorType]:
         t = placed_operand(cls.name, types)
         target = cls.target(t, attrs)
-        result = t.with_sharding(Sharding(t.sharding.mesh, target))
+        result = t.with_sharding(ty.Sharding(t.sharding.mesh, target))
         return checked_result(cls.name, result)
 
     @classmethod
