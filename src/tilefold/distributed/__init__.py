@@ -26,16 +26,7 @@ from tilefold.distributed.plan import Plan, PlanError, parse_mesh
 from tilefold.distributed.propagate import PropagateSharding, explain
 from tilefold.distributed.rules import RULES, Einsum, register_rule, rule_for
 from tilefold.distributed.simulate import SimulationError, join, run_ranks, simulate, split
-from tilefold.distributed.strategies import (
-    STRATEGIES,
-    Constraints,
-    Strategy,
-    StrategyError,
-    get_strategy,
-    plan_cost,
-    register_strategy,
-    search,
-)
+from tilefold.distributed.strategies import STRATEGIES, Constraints, Strategy, plan_cost, search
 from tilefold.distributed.torchrun import RUNNERS, ExecutorError, RankProgram, runner
 from tilefold.ir.placements import ReplicaMismatchError, assemble, scatter
 from tilefold.ir.types import Mesh, Partial, Replicate, Shard, Sharding
@@ -88,10 +79,8 @@ __all__ = [
     "SimulationError",
     "SpmdPartition",
     "Strategy",
-    "StrategyError",
     "assemble",
     "explain",
-    "get_strategy",
     "gpt2",
     "join",
     "llama",
@@ -102,7 +91,6 @@ __all__ = [
     "parse_mesh",
     "plan_cost",
     "register_rule",
-    "register_strategy",
     "rule_for",
     "run_ranks",
     "runner",

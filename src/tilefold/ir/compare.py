@@ -6,6 +6,7 @@ compare graphs with `structurally_equal` instead, or `first_difference` to say w
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,13 +71,8 @@ class _Matcher:
         found = self.bind(a.args, b.args, f"{where} arguments")
         if found:
             return found
-        if len(a.ops) != len(b.ops):
-            return f"{where}: {len(a.ops)} vs {len(b.ops)} ops"
-        for i, (x, y) in enumerate(zip(a.ops, b.ops, strict=True)):
-            found = self.op(x, y, f"{where} op {i} ({x.name})")
-            if found:
-                return found
-        return None
+        return _first_difference(a.ops, b.ops, f"{where}: {{}} vs {{}} ops",
+                                 lambda i, x, y: self.op(x, y, f"{where} op {i} ({x.name})"))
 
     def op(self, a: Operation, b: Operation, where: str) -> str | None:
         if a.opdef is not b.opdef:
@@ -91,13 +87,19 @@ class _Matcher:
                 return f"{where}: attribute '{key}' differs"
         if self.names and a.loc != b.loc:
             return f"{where}: locations differ: {a.loc} vs {b.loc}"
-        if len(a.regions) != len(b.regions):
-            return f"{where}: {len(a.regions)} vs {len(b.regions)} regions"
-        for k, (ra, rb) in enumerate(zip(a.regions, b.regions, strict=True)):
-            found = self.block(ra, rb, f"{where} region {k}")
-            if found:
-                return found
-        return self.bind(a.results, b.results, f"{where} results")
+        found = _first_difference(a.regions, b.regions, f"{where}: {{}} vs {{}} regions",
+                                  lambda k, x, y: self.block(x, y, f"{where} region {k}"))
+        return found or self.bind(a.results, b.results, f"{where} results")
+
+
+def _first_difference(xs: Sequence, ys: Sequence, count_differs: str,
+                      compare: Callable[[int, Any, Any], str | None]) -> str | None:
+    """Where two lists first differ: their lengths (`count_differs` formatted with both), or
+    the first pair `compare` (index, x, y) finds a difference in."""
+    if len(xs) != len(ys):
+        return count_differs.format(len(xs), len(ys))
+    return next((found for i, (x, y) in enumerate(zip(xs, ys, strict=True))
+                 if (found := compare(i, x, y))), None)
 
 
 def _same_attr(x: Any, y: Any) -> bool:

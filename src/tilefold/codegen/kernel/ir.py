@@ -47,11 +47,16 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Load:
+    """The element of `buffer` at the current indices of the loops around it (f32 in
+    registers, whatever the buffer holds)."""
+
     buffer: str
 
 
 @dataclass(frozen=True)
 class Const:
+    """An f32 literal."""
+
     value: float
 
 
@@ -64,6 +69,8 @@ class Dim:
 
 @dataclass(frozen=True)
 class Ref:
+    """The value a `Let` or a finished `Reduction` bound to `name`."""
+
     name: str
 
 
@@ -101,12 +108,16 @@ class Reduction:
 
 @dataclass(frozen=True)
 class Let:
+    """Bind `value`, computed once here, to `name` for the statements after it."""
+
     name: str
     value: Expr
 
 
 @dataclass(frozen=True)
 class Store:
+    """Write `value` to the element of `buffer` at the current loop indices."""
+
     buffer: str
     value: Expr
 
