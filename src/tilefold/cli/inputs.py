@@ -11,6 +11,7 @@ import numpy as np
 from tilefold import dtypes
 from tilefold.errors import DTypeError, ShapeError, TilefoldError
 from tilefold.ir import Function, Module, SymDim, Value, parse_file, verify
+from tilefold.passes.pipeline import key_values
 
 
 def count(minimum: int):
@@ -43,16 +44,10 @@ def load_function(path: str, function: str,
 
 def parse_pairs(items: list[str], flag: str, sigil: str) -> dict[str, str]:
     """`NAME=VALUE` texts (NAME may start with `sigil`) as a dict; each name at most once."""
-    pairs: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip().removeprefix(sigil)
-        if not sep or not name:
-            raise TilefoldError(f"{flag} expects NAME=VALUE, got {item!r}")
-        if name in pairs:
-            raise TilefoldError(f"{flag} gives {sigil}{name} twice ({pairs[name]} and {value})")
-        pairs[name] = value
-    return pairs
+    return key_values(
+        items, lambda item: TilefoldError(f"{flag} expects NAME=VALUE, got {item!r}"),
+        lambda name, old, new: TilefoldError(f"{flag} gives {sigil}{name} twice ({old} and "
+                                             f"{new})"), prefix=sigil)
 
 
 def symbolic_dims(fn: Function) -> list[str]:

@@ -15,6 +15,7 @@ A name may also be a named pipeline (`default`), which expands in place; it take
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 
 from tilefold.errors import PassError
 from tilefold.passes.base import Pass
@@ -55,16 +56,26 @@ def _parse(text: str, expanding: tuple[str, ...]) -> list[Pass]:
     return passes
 
 
-def _options(text: str) -> dict[str, str]:
-    options: dict[str, str] = {}
-    for item in text.split():
+def key_values(items: Iterable[str], malformed: Callable[[str], Exception],
+               repeated: Callable[[str, str, str], Exception], prefix: str = "") -> dict[str, str]:
+    """`key=value` texts as a dict, each key once (keys may start with `prefix`, dropped):
+    `malformed(item)` and `repeated(key, first value, second)` make the errors."""
+    pairs: dict[str, str] = {}
+    for item in items:
         key, eq, value = item.partition("=")
+        key = key.strip().removeprefix(prefix) if prefix else key
         if not eq or not key:
-            raise PassError(f"option '{item}' must be written key=value")
-        if key in options:
-            raise PassError(f"option '{key}' is given twice")
-        options[key] = value
-    return options
+            raise malformed(item)
+        if key in pairs:
+            raise repeated(key, pairs[key], value)
+        pairs[key] = value
+    return pairs
+
+
+def _options(text: str) -> dict[str, str]:
+    return key_values(text.split(),
+                      lambda item: PassError(f"option '{item}' must be written key=value"),
+                      lambda key, _, __: PassError(f"option '{key}' is given twice"))
 
 
 def _error(text: str, pos: int, message: str) -> PassError:
