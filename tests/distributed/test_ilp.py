@@ -13,7 +13,6 @@ from tilefold.distributed import (
     AlphaBeta,
     BlockShape,
     Constraints,
-    StrategyError,
     gpt2,
     llama,
     nbytes,
@@ -21,7 +20,7 @@ from tilefold.distributed import (
     plan_cost,
     search,
 )
-from tilefold.distributed.strategies import ILP
+from tilefold.distributed.strategies import ILP, StrategyError
 from tilefold.distributed.strategies.ilp import TRAINING_STATE
 from tilefold.ir.types import Replicate
 

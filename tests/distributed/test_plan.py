@@ -14,7 +14,6 @@ from tilefold.distributed import (
     Constraints,
     Plan,
     PlanError,
-    StrategyError,
     gpt2,
     llama,
     nbytes,
@@ -22,6 +21,7 @@ from tilefold.distributed import (
     search,
     simulate,
 )
+from tilefold.distributed.strategies import StrategyError
 from tilefold.ir import parse_module, print_module
 from tilefold.ir.types import Replicate
 

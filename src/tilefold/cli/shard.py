@@ -58,10 +58,10 @@ def handle(args: argparse.Namespace) -> int:
         AlphaBeta,
         Constraints,
         Plan,
-        get_strategy,
         parse_mesh,
         plan_cost,
     )
+    from tilefold.distributed.strategies import get_strategy
     from tilefold.ir import print_module
 
     module, _ = load_function(args.file, args.function)
