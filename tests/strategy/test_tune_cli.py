@@ -44,8 +44,8 @@ def test_tune_measures_keeps_and_measures_again(tmp_path, capsys, allow_fallback
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["tune"], "an IR file, --model NAME or --gemm"),
-    (["tune", "x.tfir", "--model", "bert"], "an IR file, --model NAME or --gemm"),
+    (["tune"], "an IR file, --model NAME, --gemm or --comm"),
+    (["tune", "x.tfir", "--model", "bert"], "an IR file, --model NAME, --gemm or --comm"),
     (["tune", "x.tfir", "--budget", "0"], "positive number of seconds"),
 ])
 def test_tune_refuses_unclear_requests(argv, message, capsys):
