@@ -191,6 +191,23 @@ func @main(%x: f64[4] @m[S(0)]) -> (f64[8]) {
         verify(parse_module(uneven))
 
 
+def test_per_rank_collectives_check_their_attributes_as_their_global_ops_do() -> None:
+    same_dims = """func @main(%x: f64[2,4]) -> (f64[2,4]) {
+  %y = spmd.all_to_all(%x) {axis = "tp", size = 2, dim = 1, gather_dim = 1} : f64[2,4]
+  return(%y)
+}"""
+    with pytest.raises(VerificationError, match=r"'spmd.all_to_all' gather_dim 1: the global "
+                       r"'all_to_all' takes a shard S\(i\) with i other than dim"):
+        verify(parse_module(same_dims))
+    far_root = """func @main(%x: f64[4]) -> (f64[4]) {
+  %y = spmd.broadcast(%x) {axis = "tp", size = 2, root = 2} : f64[4]
+  return(%y)
+}"""
+    with pytest.raises(VerificationError, match=r"'spmd.broadcast' root 2 is not a device of "
+                       r"axis tp \(size 2\)"):
+        verify(parse_module(far_root))
+
+
 def test_a_per_rank_collective_alone_says_how_to_run_it() -> None:
     from tilefold.ir import interpret
 

@@ -79,6 +79,12 @@ class Problem:
     def names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.body)
 
+    def not_lone(self, name: str) -> str | None:
+        """Why this group is not one `name` op alone (a pattern method's first check), or None."""
+        if self.names == (name,):
+            return None
+        return f"pattern is a lone {name}; this group is " + " -> ".join(self.names)
+
     def attrs(self, op: Operation) -> dict:
         """`op`'s attributes with defaults filled and symbolic dims bound to sizes."""
         return {

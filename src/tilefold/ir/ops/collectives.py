@@ -45,14 +45,15 @@ def checked_result(name: str, t: ty.TensorType) -> list[ty.TensorType]:
 class Collective(OpDef):
     """Base of the one-axis collectives: operand `x`, attribute `axis` (a mesh axis name).
 
-    A subclass says which placement it takes (`accepts`) and gives (`placement`), and what it
-    does to one axis group's blocks (`group_reference`).
+    A subclass says which placement it takes (`accepts`) and gives (`gives`), and what it does
+    to one axis group's blocks (`group_reference`).
     """
 
     operands = ("x",)
     attributes = attr_table(axis=Attr("str", doc="the mesh axis the devices talk over"))
     traits = TRAITS
     takes: ClassVar[str] = ""  # the placement it accepts, for messages
+    gives: ClassVar[str] = "R"  # what it leaves: "R", "S(dim)" (its `dim` attribute) or "same"
 
     @classmethod
     def accepts(cls, p: ty.Placement, attrs: dict[str, Any]) -> bool:
@@ -60,7 +61,10 @@ class Collective(OpDef):
 
     @classmethod
     def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
-        raise NotImplementedError(f"collective {cls.name} must define placement()")
+        """The placement it gives on its axis, as `gives` declares it."""
+        if cls.gives == "same":
+            return p
+        return ty.Shard(attrs["dim"]) if cls.gives == "S(dim)" else ty.Replicate()
 
     @classmethod
     def group_reference(cls, blocks: list[np.ndarray], p: ty.Placement,
@@ -69,12 +73,18 @@ class Collective(OpDef):
         raise NotImplementedError(f"collective {cls.name} must define group_reference()")
 
     @classmethod
+    def check(cls, attrs: dict[str, Any], size: int, op: str) -> None:
+        """Raise a VerificationError, naming `op`, if `attrs` do not fit an axis of `size`
+        devices."""
+
+    @classmethod
     def infer(cls, types: list[ty.TensorType], attrs: dict[str, Any]) -> list[ty.TensorType]:
         t = placed_operand(cls.name, types)
         try:
             axis = t.sharding.mesh.axis_index(attrs["axis"])
         except ShapeError as exc:
             raise VerificationError(f"'{cls.name}': {exc.message}") from None
+        cls.check(attrs, t.sharding.mesh.sizes[axis], cls.name)
         p = t.sharding.placements[axis]
         if not cls.accepts(p, attrs):
             raise VerificationError(
@@ -141,10 +151,6 @@ class AllReduce(FromPartial):
     name = "all_reduce"
 
     @classmethod
-    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
-        return ty.Replicate()
-
-    @classmethod
     def group_reference(cls, blocks, p, attrs):
         total = reduce_partials(blocks, p.op)
         return [total.copy() for _ in blocks]
@@ -155,11 +161,8 @@ class ReduceScatter(FromPartial):
     """P(op) -> S(dim): device k gets block k of the reduction of the partial blocks."""
 
     name = "reduce_scatter"
+    gives = "S(dim)"
     attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split the sum on"))
-
-    @classmethod
-    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
-        return ty.Shard(attrs["dim"])
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
@@ -181,10 +184,6 @@ class AllGather(FromShard):
     name = "all_gather"
 
     @classmethod
-    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
-        return ty.Replicate()
-
-    @classmethod
     def group_reference(cls, blocks, p, attrs):
         whole = np.concatenate(blocks, axis=p.dim)
         return [whole.copy() for _ in blocks]
@@ -196,12 +195,9 @@ class AllToAll(FromShard):
     concatenates what it receives along i."""
 
     name = "all_to_all"
+    gives = "S(dim)"
     takes = "a shard S(i) with i other than dim"
     attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split on instead"))
-
-    @classmethod
-    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
-        return ty.Shard(attrs["dim"])
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
@@ -223,11 +219,8 @@ class LocalSlice(FromReplicate):
     """R -> S(dim): device k keeps block k of its copy; no data moves."""
 
     name = "local_slice"
+    gives = "S(dim)"
     attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split"))
-
-    @classmethod
-    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
-        return ty.Shard(attrs["dim"])
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
@@ -240,23 +233,15 @@ class Broadcast(FromReplicate):
     """R -> R: every device gets device `root`'s copy (makes diverged replicas agree)."""
 
     name = "broadcast"
+    gives = "same"
     attributes = attr_table(**Collective.attributes,
                             root=Attr("int", 0, doc="the device whose copy is sent"))
 
     @classmethod
-    def infer(cls, types: list[ty.TensorType], attrs: dict[str, Any]) -> list[ty.TensorType]:
-        result = super().infer(types, attrs)
-        size = result[0].sharding.mesh.sizes[result[0].sharding.mesh.axis_index(attrs["axis"])]
+    def check(cls, attrs: dict[str, Any], size: int, op: str) -> None:
         if not 0 <= attrs["root"] < size:
-            raise VerificationError(
-                f"'broadcast' root {attrs['root']} is not a device of axis {attrs['axis']} "
-                f"(size {size})"
-            )
-        return result
-
-    @classmethod
-    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
-        return p
+            raise VerificationError(f"'{op}' root {attrs['root']} is not a device of "
+                                    f"axis {attrs['axis']} (size {size})")
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):
@@ -269,12 +254,9 @@ class Permute(FromShard):
     send/recv); globally the blocks along d rotate by `shift`."""
 
     name = "permute"
+    gives = "same"
     attributes = attr_table(**Collective.attributes,
                             shift=Attr("int", 1, doc="how many devices along the ring to send"))
-
-    @classmethod
-    def placement(cls, p: ty.Placement, attrs: dict[str, Any]) -> ty.Placement:
-        return p
 
     @classmethod
     def group_reference(cls, blocks, p, attrs):

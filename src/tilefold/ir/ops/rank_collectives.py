@@ -35,14 +35,6 @@ def rank_form(cls: type[RankCollective]) -> type[RankCollective]:
     return register(cls)
 
 
-def _reduce() -> Attr:
-    return Attr("str", "sum", choices=PARTIAL_REDUCTIONS, doc="how the partial blocks combine")
-
-
-def _dim(doc: str) -> Attr:
-    return Attr("int", doc=doc)
-
-
 class RankCollective(OpDef):
     """Base of the per-rank collectives: operand `x` (this rank's block), attributes `axis`
     (a mesh axis name) and `size` (the number of devices on it)."""
@@ -55,8 +47,9 @@ class RankCollective(OpDef):
 
     @classmethod
     def source(cls, attrs: dict[str, Any]) -> Placement:
-        """The placement on the axis that the global collective took."""
-        raise NotImplementedError(f"per-rank collective {cls.name} must define source()")
+        """The placement on the axis that the global collective took: R unless a subclass
+        says otherwise."""
+        return Replicate()
 
     @classmethod
     def placement_attrs(cls, p: Placement) -> dict[str, Any]:
@@ -80,8 +73,9 @@ class RankCollective(OpDef):
         if n < 1:
             raise VerificationError(f"'{cls.name}' size {n}: an axis has at least one device")
         shape = list(t.shape)
-        before = cls.source(attrs)
-        after = cls.of.placement(before, cls.global_attrs(attrs))
+        before, global_attrs = cls.source(attrs), cls.global_attrs(attrs)
+        cls.of.check(global_attrs, n, cls.name)
+        after = cls.of.placement(before, global_attrs)
         for p in (before, after):
             if isinstance(p, Shard) and not 0 <= p.dim < t.rank:
                 raise VerificationError(f"'{cls.name}' dim {p.dim} is out of range for {t}")
@@ -111,6 +105,8 @@ class RankCollective(OpDef):
 
 
 class ReducingCollective(RankCollective):
+    """A per-rank collective whose global op took a partial value, reduced by `reduce`."""
+
     @classmethod
     def source(cls, attrs: dict[str, Any]) -> Placement:
         return Partial(attrs["reduce"])
@@ -121,109 +117,67 @@ class ReducingCollective(RankCollective):
         return {"reduce": p.op}
 
 
-@rank_form
-class RankAllReduce(ReducingCollective):
-    """Every rank gets the sum (or max) of the blocks of its group."""
+class ShardedCollective(RankCollective):
+    """A per-rank collective whose global op took a shard, the dim named by `source_dim`."""
 
-    name = "spmd.all_reduce"
-    of = glob.AllReduce
-    attributes = attr_table(**RankCollective.attributes, reduce=_reduce())
-
-
-@rank_form
-class RankReduceScatter(ReducingCollective):
-    """Rank k of a group gets block k (along `dim`) of the sum of the group's blocks."""
-
-    name = "spmd.reduce_scatter"
-    of = glob.ReduceScatter
-    attributes = attr_table(**RankCollective.attributes, dim=_dim("the dim the sum is split on"),
-                            reduce=_reduce())
-
-
-@rank_form
-class RankAllGather(RankCollective):
-    """Every rank gets the group's blocks concatenated along `dim`."""
-
-    name = "spmd.all_gather"
-    of = glob.AllGather
-    attributes = attr_table(**RankCollective.attributes, dim=_dim("the dim to concatenate"))
+    source_dim: ClassVar[str] = "dim"
 
     @classmethod
     def source(cls, attrs: dict[str, Any]) -> Placement:
-        return Shard(attrs["dim"])
+        p = Shard(attrs[cls.source_dim])
+        if not cls.of.accepts(p, cls.global_attrs(attrs)):
+            raise VerificationError(f"'{cls.name}' {cls.source_dim} {p.dim}: the global "
+                                    f"'{cls.of.name}' takes {cls.of.takes}")
+        return p
 
     @classmethod
     def placement_attrs(cls, p: Placement) -> dict[str, Any]:
         assert isinstance(p, Shard)
-        return {"dim": p.dim}
-
-    @classmethod
-    def global_attrs(cls, attrs: dict[str, Any]) -> dict[str, Any]:
-        return {"axis": attrs["axis"]}  # the global op has no dim: its operand's placement says
+        return {cls.source_dim: p.dim}
 
 
-@rank_form
-class RankAllToAll(RankCollective):
-    """Rank k splits its block along `dim`, sends piece j to rank j, and concatenates what it
-    receives along `gather_dim`."""
-
-    name = "spmd.all_to_all"
-    of = glob.AllToAll
-    attributes = attr_table(**RankCollective.attributes, dim=_dim("the dim to split and send"),
-                            gather_dim=_dim("the dim the received pieces are joined on"))
-
-    @classmethod
-    def source(cls, attrs: dict[str, Any]) -> Placement:
-        if attrs["gather_dim"] == attrs["dim"]:
-            raise VerificationError(f"'{cls.name}' needs gather_dim other than dim "
-                                    f"({attrs['dim']})")
-        return Shard(attrs["gather_dim"])
-
-    @classmethod
-    def placement_attrs(cls, p: Placement) -> dict[str, Any]:
-        assert isinstance(p, Shard)
-        return {"gather_dim": p.dim}
+def _declare(of: type[glob.Collective], base: type[RankCollective], doc: str,
+             **attributes: Attr) -> type[RankCollective]:
+    """The per-rank form `spmd.<name>` of the global collective `of`."""
+    body = {"__doc__": doc, "name": f"spmd.{of.name}", "of": of,
+            "attributes": attr_table(**RankCollective.attributes, **attributes)}
+    if "gather_dim" in attributes:
+        body["source_dim"] = "gather_dim"
+    return rank_form(type(f"Rank{of.__name__}", (base,), body))
 
 
-@rank_form
-class RankLocalSlice(RankCollective):
-    """Rank k of a group keeps block k of its block along `dim`; no data moves."""
-
-    name = "spmd.local_slice"
-    of = glob.LocalSlice
-    attributes = attr_table(**RankCollective.attributes, dim=_dim("the dim to split"))
-
-    @classmethod
-    def source(cls, attrs: dict[str, Any]) -> Placement:
-        return Replicate()
+def _dim(doc: str) -> Attr:
+    return Attr("int", doc=doc)
 
 
-@rank_form
-class RankBroadcast(RankCollective):
-    """Every rank of a group gets the block of its group's rank `root`."""
-
-    name = "spmd.broadcast"
-    of = glob.Broadcast
-    attributes = attr_table(**RankCollective.attributes,
-                            root=Attr("int", 0, doc="the rank along the axis whose block is sent"))
-
-    @classmethod
-    def source(cls, attrs: dict[str, Any]) -> Placement:
-        if not 0 <= attrs["root"] < attrs["size"]:
-            raise VerificationError(f"'{cls.name}' root {attrs['root']} is not a device of "
-                                    f"axis {attrs['axis']} (size {attrs['size']})")
-        return Replicate()
+def _reduce() -> Attr:
+    return Attr("str", "sum", choices=PARTIAL_REDUCTIONS, doc="how the partial blocks combine")
 
 
-@rank_form
-class RankPermute(RankCollective):
-    """Rank k of a group sends its block to rank (k + shift) mod size (send/recv); shapes stay."""
-
-    name = "spmd.permute"
-    of = glob.Permute
-    attributes = attr_table(**RankCollective.attributes,
-                            shift=Attr("int", 1, doc="how many ranks along the ring to send"))
-
-    @classmethod
-    def source(cls, attrs: dict[str, Any]) -> Placement:
-        return Replicate()  # the block moves whole: its shape does not change
+RankAllReduce = _declare(glob.AllReduce, ReducingCollective,
+                         "Every rank gets the sum (or max) of the blocks of its group.",
+                         reduce=_reduce())
+RankReduceScatter = _declare(
+    glob.ReduceScatter, ReducingCollective,
+    "Rank k of a group gets block k (along `dim`) of the sum of the group's blocks.",
+    dim=_dim("the dim the sum is split on"), reduce=_reduce())
+RankAllGather = _declare(glob.AllGather, ShardedCollective,
+                         "Every rank gets the group's blocks concatenated along `dim`.",
+                         dim=_dim("the dim to concatenate"))
+RankAllToAll = _declare(
+    glob.AllToAll, ShardedCollective,
+    "Rank k splits its block along `dim`, sends piece j to rank j, and concatenates what it "
+    "receives along `gather_dim`.",
+    dim=_dim("the dim to split and send"),
+    gather_dim=_dim("the dim the received pieces are joined on"))
+RankLocalSlice = _declare(glob.LocalSlice, RankCollective,
+                          "Rank k of a group keeps block k of its block along `dim`; no data "
+                          "moves.", dim=_dim("the dim to split"))
+RankBroadcast = _declare(glob.Broadcast, RankCollective,
+                         "Every rank of a group gets the block of its group's rank `root`.",
+                         root=Attr("int", 0, doc="the rank along the axis whose block is sent"))
+RankPermute = _declare(
+    glob.Permute, RankCollective,
+    "Rank k of a group sends its block to rank (k + shift) mod size (send/recv); the block "
+    "moves whole, so its shape stays.",
+    shift=Attr("int", 1, doc="how many ranks along the ring to send"))

@@ -21,9 +21,8 @@ class FlashAttention(Method):
     generators = ("tilefold.codegen.attention", "tilefold.codegen.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
-        if problem.names != ("scaled_dot_product_attention",):
-            return "pattern is a lone scaled_dot_product_attention; this group is " + \
-                " -> ".join(problem.names)
+        if reason := problem.not_lone("scaled_dot_product_attention"):
+            return reason
         op = problem.body[0]
         types = [problem.types[v] for v in op.operands]
         if any(str(t.dtype) != "f32" for t in types[:3]):

@@ -17,8 +17,8 @@ class ExpertSoftmax(Method):
     generators = ("tilefold.codegen.cpu", "tilefold.codegen.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
-        if problem.names != ("softmax",):
-            return "pattern is a lone softmax; this group is " + " -> ".join(problem.names)
+        if reason := problem.not_lone("softmax"):
+            return reason
         op = problem.body[0]
         shape = problem.shape(op.operands[0])
         if op.attr("axis") % len(shape) != len(shape) - 1:
