@@ -19,7 +19,7 @@ from tilefold.target import host_target, named_target
 
 @pytest.mark.parametrize("target_name, general, rows, narrow", [
     ("x86-64-v4", "avx512_8x48", "avx512_8x48_rows", "avx512_28x16"),
-    ("x86-64-v3", "avx2_6x16", "avx2_6x16", "avx2_12x8"),  # no rows entry: general
+    ("x86-64-v3", "avx2_6x16", "avx2_6x16_rows", "avx2_12x8"),
     ("neoverse-v1", "neon_8x12", "neon_8x12", "neon_8x12"),
     ("generic", "generic_4x8", "generic_4x8", "generic_4x8"),
 ])
@@ -61,19 +61,26 @@ def test_narrow_products(isa, m, n, k, layout, threads):
     check_matmul(c, a, b)
 
 
+def _reads_rows_in_place(module, n: int):
+    """The kernel a row-major A of an N-column product gets: "rows" up to its `max_n`."""
+    rows = select_microkernel(module.target, shape_class="rows")
+    return rows if rows.max_n is None or n <= rows.max_n else module.kernel
+
+
+@pytest.mark.parametrize("isa", [None, "x86-64-v3"])
 @pytest.mark.parametrize("m, n, k", [(8, 48, 1), (9, 49, 130), (64, 100, 300), (130, 96, 1000),
-                                     (203, 257, 64)])
+                                     (203, 257, 64), (301, 16, 257), (37, 32, 100), (97, 33, 64),
+                                     (2048, 24, 96)])
 @pytest.mark.parametrize("layout", ["c", "rows_padded", "neg_rows"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_rows_products(m, n, k, layout, threads):
-    module = gemm_module()
-    rows = select_microkernel(module.target, shape_class="rows")
+def test_rows_products(isa, m, n, k, layout, threads):
+    module = gemm_module(host_target(isa=isa) if isa else None)
     rng = np.random.default_rng(m + n * k)
     a = _a(rng, m, k, layout)
     b = rng.standard_normal((k, n), dtype=np.float32)
     c = np.full((m, n), np.nan, np.float32)
     plan = make_plan(module, a, b, c, 0, threads)
-    assert plan.kernel is rows
+    assert plan.kernel is _reads_rows_in_place(module, n)
     plan(a, b, c)
     check_matmul(c, a, b)
 
@@ -89,7 +96,7 @@ def test_prepacked_b_is_read_by_the_rows_kernel(n):
     packed = PackedMatrix(b, module)
     c = np.full((37, n), np.nan, np.float32)
     plan = make_plan(module, a, packed, c, 0, 1)
-    assert plan.kernel is select_microkernel(module.target, shape_class="rows")
+    assert plan.kernel is _reads_rows_in_place(module, n)
     plan(a, packed.data, c)
     check_matmul(c, a, b)
 

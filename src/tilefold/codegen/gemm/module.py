@@ -48,9 +48,11 @@ def _kernel_params(kernel: MicroKernel) -> dict:
 
 def packs_row_major_a(target: Target, kernel: MicroKernel, src: str = "f32") -> bool:
     """Whether plans give `kernel` A with contiguous rows to pack: for f32 only on targets
-    without a "rows" kernel, which otherwise reads such A in place (`plan._for_shape`)."""
+    without a "rows" kernel for every width, which otherwise reads such A in place
+    (`plan._for_shape`)."""
+    rows = select_microkernel(target, kernel.dtype, "rows")
     return not kernel.a_direct and (
-        src != "f32" or select_microkernel(target, kernel.dtype, "rows").shape_class != "rows")
+        src != "f32" or rows.shape_class != "rows" or rows.max_n is not None)
 
 
 def check_source(target: Target, kernel: MicroKernel, src: str) -> None:

@@ -197,15 +197,16 @@ DIRECT_B_SMALL_MAX_M = 256
 
 def _for_shape(module: GemmModule, n: int, csa: int, prepacked: bool = False) -> GemmModule:
     """The module of the micro-kernel for this product's shape class: with A rows contiguous,
-    a narrow kernel when C is at most its NR wide, else the "rows" kernel (A read in place);
-    a target without such entries keeps the general one. B pre-packed into `module`'s panels
-    can only go to a kernel with the same panels."""
+    a narrow kernel when C is at most its NR wide, else the "rows" kernel (A read in place)
+    up to its `max_n` columns; a target without such entries keeps the general one. B
+    pre-packed into `module`'s panels can only go to a kernel with the same panels."""
     kern = module.kernel
     if kern.shape_class != "general" or csa != 1:
         return module
     for shape_class in ("narrow", "rows"):
         entry = select_microkernel(module.target, kern.dtype, shape_class)
-        if (entry.shape_class == shape_class and (shape_class != "narrow" or n <= entry.nr)
+        widest = entry.nr if shape_class == "narrow" else entry.max_n
+        if (entry.shape_class == shape_class and (widest is None or n <= widest)
                 and (not prepacked or (entry.nr, entry.lanes) == (kern.nr, kern.lanes))):
             return gemm_module(module.target, entry)
     return module

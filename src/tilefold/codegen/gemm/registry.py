@@ -30,6 +30,7 @@ class MicroKernel:
     stream from L2 (for tiles whose B micro-panel is too wide to keep in L1 at a good KC).
     `a_direct` reads A in place (its rows contiguous) instead of packing it.
     `b_prefetch` > 0 prefetches B that many k steps ahead (full-height variants).
+    `max_n` limits a "rows" kernel to products at most that many columns wide (None: any).
     """
 
     name: str
@@ -45,6 +46,7 @@ class MicroKernel:
     a_direct: bool = False
     b_prefetch: int = 0
     shape_class: str = "general"
+    max_n: int | None = None
     generator: Callable[[ir.Module, TileSpec], ir.Function] = emit_microkernel
 
     @property
@@ -84,6 +86,11 @@ MICROKERNELS: tuple[MicroKernel, ...] = (
     MicroKernel("avx512_28x16", "x86-64-v4", "f32", 28, 16, 16, _AVX512, a_direct=True,
                 shape_class="narrow"),
     MicroKernel("avx2_6x16", "x86-64-v3", "f32", 6, 16, 8, _AVX2),
+    # On AVX2, reading A in place pays only while C is narrow: packing an A panel that at most
+    # two B panels use costs more than it saves (8192x16x256 on znver1: 35 GFLOP/s in place,
+    # 18-21 packed), while on wider products the packed A block in L2 wins by 3-10%.
+    MicroKernel("avx2_6x16_rows", "x86-64-v3", "f32", 6, 16, 8, _AVX2, a_direct=True,
+                shape_class="rows", max_n=32),
     MicroKernel("avx2_12x8", "x86-64-v3", "f32", 12, 8, 8, _AVX2, a_direct=True,
                 shape_class="narrow"),
     MicroKernel("neon_8x12", "armv8-a", "f32", 8, 12, 4, frozenset({"neon"}), a_lanes=4),

@@ -49,6 +49,11 @@ class DotKernel:
         """Blocking's loop order (tilefold.codegen.gemm.blocking): the B micro-panel stays in L1."""
         return False
 
+    @property
+    def a_direct(self) -> bool:
+        """Blocking's A layout: A is always packed (never read in place)."""
+        return False
+
     def k_words(self, k: int) -> int:
         """32-bit k-group words of K elements, padded to whole chunks (how panels hold K)."""
         return math.ceil(math.ceil(k / self.kgroup) / CHUNK_WORDS) * CHUNK_WORDS
