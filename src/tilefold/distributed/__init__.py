@@ -21,6 +21,7 @@ from tilefold.distributed.cost import (
     nbytes,
 )
 from tilefold.distributed.local import PlacementError, local_attrs, local_type
+from tilefold.distributed.merge_partials import MergePartials
 from tilefold.distributed.partition import PartitionError, SpmdPartition
 from tilefold.distributed.plan import Plan, PlanError, parse_mesh
 from tilefold.distributed.propagate import PropagateSharding, explain
@@ -64,6 +65,7 @@ __all__ = [
     "ExecutorError",
     "Item",
     "Link",
+    "MergePartials",
     "Mesh",
     "Partial",
     "PartitionError",
