@@ -96,6 +96,9 @@ CASES = [  # (what is left alone and why, its body, its meaning on a, b, p, q, r
      """%ra = all_reduce(%p) {axis = "tp"} : f64[4,6] @m[R]
   %rb = all_reduce(%q) {axis = "tp"} : f64[4,6] @m[R]
   %y = mul(%ra, %rb) : f64[4,6] @m[R]""", lambda a, b, p, q, r: p * q),
+    ("the square of a sum is not a sum of squares",
+     """%ra = all_reduce(%p) {axis = "tp"} : f64[4,6] @m[R]
+  %y = mul(%ra, %ra) : f64[4,6] @m[R]""", lambda a, b, p, q, r: p * p),
 ]
 
 
