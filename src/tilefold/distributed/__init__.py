@@ -27,6 +27,7 @@ from tilefold.distributed.plan import Plan, PlanError, parse_mesh
 from tilefold.distributed.propagate import PropagateSharding, explain
 from tilefold.distributed.rules import RULES, Einsum, register_rule, rule_for
 from tilefold.distributed.simulate import SimulationError, join, run_ranks, simulate, split
+from tilefold.distributed.split_all_reduce import SplitAllReduce
 from tilefold.distributed.strategies import STRATEGIES, Constraints, Strategy, plan_cost, search
 from tilefold.distributed.torchrun import RUNNERS, ExecutorError, RankProgram, runner
 from tilefold.ir.placements import ReplicaMismatchError, assemble, scatter
@@ -79,6 +80,7 @@ __all__ = [
     "Shard",
     "Sharding",
     "SimulationError",
+    "SplitAllReduce",
     "SpmdPartition",
     "Strategy",
     "assemble",
