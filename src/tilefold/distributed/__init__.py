@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tilefold.distributed.blocks import BlockShape, gpt2, llama
+from tilefold.distributed.bucketing import BucketAllReduces
 from tilefold.distributed.cost import (
     DEVICES,
     LINKS,
@@ -57,6 +58,7 @@ __all__ = [
     "STRATEGIES",
     "AlphaBeta",
     "BlockShape",
+    "BucketAllReduces",
     "Constraints",
     "CostModel",
     "CostModelError",
