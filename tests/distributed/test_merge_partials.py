@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilefold.distributed import AlphaBeta, simulate
+from tilefold.distributed import AlphaBeta, Plan, simulate
 from tilefold.ir import parse_module, verify
 from tilefold.passes import run_pipeline
 
@@ -116,3 +116,21 @@ func @main(%a: f64[4,6] @m[P(max)], %b: f64[4,6] @m[P(max)], %p: f64[4,6] @m[P(s
     args = [rng.normal(size=(4, 6)) for _ in range(5)]
     (got,) = simulate(after, *args, rng=rng)
     np.testing.assert_allclose(got, meaning(*args), rtol=1e-12, atol=1e-12)
+
+
+def test_an_applied_plan_merges_the_sums_it_asks_to_replicate() -> None:
+    module = parse_module("""func @main(%x: f64[4,16], %w1: f64[16,8], %w2: f64[16,8])
+    -> (f64[4,8]) {
+  %p1 = matmul(%x, %w1) : f64[4,8]
+  %p2 = matmul(%x, %w2) : f64[4,8]
+  %y = sub(%p1, %p2) : f64[4,8]
+  return(%y)
+}""")
+    plan = Plan.parse("mesh @m [tp=2]\n%x: @m[S(1)]\n%w1: @m[S(0)]\n%w2: @m[S(0)]\n"
+                      "%p1: @m[R]\n%p2: @m[R]\n")
+    applied = plan.apply(module)
+    assert collectives(applied) == ["all_reduce"]
+    rng = np.random.default_rng(21)
+    x, w1, w2 = rng.normal(size=(4, 16)), rng.normal(size=(16, 8)), rng.normal(size=(16, 8))
+    (y,) = simulate(applied, x, w1, w2)
+    np.testing.assert_allclose(y, x @ w1 - x @ w2, rtol=1e-12, atol=1e-12)
