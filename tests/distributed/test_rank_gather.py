@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tests.distributed.spmd_models import partitioned, placed, run_spmd
-from tilefold.distributed import run_ranks
+from tilefold.distributed import run_ranks, split
+from tilefold.distributed.per_rank import bind_rank
 from tilefold.errors import UnsupportedError
 from tilefold.ir import interpret, parse_module, verify
 
@@ -68,3 +69,24 @@ func @main() -> (i32[], i64[]) {
     assert [int(x) for x in j] == [0, 1, 2, 0, 1, 2]
     with pytest.raises(UnsupportedError, match="run_ranks"):
         interpret(module, function="main")
+
+
+def test_a_program_bound_to_each_rank_gives_that_ranks_block() -> None:
+    text = """mesh @m [a=2, b=2]
+func @main(%w: f64[8,4] @m[S(0),S(0)], %ids: i64[5] @m[R,R]) -> (f64[5,4] @m[P(sum),P(sum)]) {
+  %e = gather(%w, %ids) {axis = 0} : f64[5,4] @m[P(sum),P(sum)]
+  return(%e)
+}"""
+    global_ = verify(parse_module(text))
+    per_rank = partitioned(global_)
+    rng = np.random.default_rng(6)
+    w, ids = rng.standard_normal((8, 4)), rng.integers(-8, 8, 5)
+    blocks = [split(w, global_["main"].args[0].type, global_.meshes["m"]),
+              split(ids, global_["main"].args[1].type, global_.meshes["m"])]
+    (simulated,) = run_ranks(per_rank, blocks)
+    alone = [interpret(bind_rank(per_rank, r), blocks[0][r], blocks[1][r])[0] for r in range(4)]
+    for r in range(4):
+        np.testing.assert_array_equal(alone[r], simulated[r])
+        held = (np.where(ids < 0, ids + 8, ids) // 2) == r  # rank r holds rows 2r, 2r+1
+        np.testing.assert_array_equal(alone[r], np.where(held[:, None], w[ids], 0.0))
+    np.testing.assert_allclose(sum(alone), w[ids], rtol=1e-12, atol=0)

@@ -1,7 +1,8 @@
 """Per-rank meanings of the ops whose work on a block is not their reference on that block
 (with local attributes, `local.py`): lookups into a split table (gather) and a rank's position
 on an axis (spmd.axis_index), in NumPy for the simulated mesh and, for gather, as the ops of
-the per-rank program that spmd-partition writes (`rank_gather`)."""
+the per-rank program that spmd-partition writes (`rank_gather`) and bound to one rank's
+coordinates for a runtime (`bind_rank`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tilefold.errors import ShapeError
+from tilefold.ir import Module, parse_module, print_module
 from tilefold.ir.core import Operation, Value
 from tilefold.ir.placements import axis_groups
 from tilefold.ir.shapes import normalize_axis
@@ -118,3 +120,20 @@ def rank_gather(op: Operation, table: TensorType, rewriter: Rewriter) -> Value:
                 + [1] * (table.rank - axis - 1))
     zero = make("constant", value=np.zeros((), dtype=x.type.dtype.np_dtype))
     return make("where", keep, rows, zero)
+
+
+def bind_rank(module: Module, rank: int) -> Module:
+    """A copy of per-rank program `module` for one rank: each `spmd.axis_index` replaced by
+    that rank's coordinate as a constant, so a runtime that compiles the ops between
+    collectives for one process (torchrun) can run it."""
+    (mesh,) = module.meshes.values()
+    copy = parse_module(print_module(module))
+    for fn in copy.functions.values():
+        rewriter = Rewriter(fn)
+        for op in [op for op in fn.ops if op.name == "spmd.axis_index"]:
+            value = axis_index(op, mesh, rank, [], op.opdef.full_attrs(op.attrs))
+            made = rewriter.create(op, "constant", [], {"value": value}, loc=op.loc)
+            name = op.result.name
+            rewriter.replace(op, made.results)
+            made.result.name = name
+    return copy
