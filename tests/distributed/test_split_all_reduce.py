@@ -129,3 +129,23 @@ func @main(%p: f64[4,4] @m[P(sum)], %w: f64[4,4] @m[R]) -> (f64[4,4] @m[R], f64[
     module = verify(parse_module(text))
     run_pipeline(module, "split-all-reduce")
     assert print_module(module) == print_module(verify(parse_module(text)))
+
+
+def test_optimize_collectives_merges_then_splits() -> None:
+    text = """mesh @m [tp=2]
+func @main(%p: f64[6,8] @m[P(sum)], %q: f64[6,8] @m[P(sum)], %g: f64[8] @m[R])
+    -> (f64[6,8] @m[R]) {
+  %a = all_reduce(%p) {axis = "tp"} : f64[6,8] @m[R]
+  %b = all_reduce(%q) {axis = "tp"} : f64[6,8] @m[R]
+  %h = add(%a, %b) : f64[6,8] @m[R]
+  %n = rms_norm(%h, %g) {eps = 1e-6} : f64[6,8] @m[R]
+  return(%n)
+}"""
+    module = verify(parse_module(text))
+    run_pipeline(module, "optimize-collectives")
+    verify(module)
+    assert kinds(module) == ["reduce_scatter", "all_gather"]
+    rng = np.random.default_rng(12)
+    p, q, g = rng.normal(size=(6, 8)), rng.normal(size=(6, 8)), rng.normal(size=8)
+    (got,) = simulate(module, p, q, g, rng=rng)
+    np.testing.assert_allclose(got, numpy_tail(p + q, 0.0, 0.0, g), rtol=1e-12, atol=1e-12)

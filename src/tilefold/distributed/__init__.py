@@ -33,6 +33,11 @@ from tilefold.distributed.strategies import STRATEGIES, Constraints, Strategy, p
 from tilefold.distributed.torchrun import RUNNERS, ExecutorError, RankProgram, runner
 from tilefold.ir.placements import ReplicaMismatchError, assemble, scatter
 from tilefold.ir.types import Mesh, Partial, Replicate, Shard, Sharding
+from tilefold.passes.pipeline import register_pipeline
+
+# collective optimization of a placed program (after expand-redistribute, before spmd-partition);
+# bucket-all-reduces runs on the per-rank program after spmd-partition
+register_pipeline("optimize-collectives", "merge-partials,split-all-reduce")
 
 if TYPE_CHECKING:
     import torch
