@@ -90,3 +90,16 @@ func @main(%w: f64[8,4] @m[S(0),S(0)], %ids: i64[5] @m[R,R]) -> (f64[5,4] @m[P(s
         held = (np.where(ids < 0, ids + 8, ids) // 2) == r  # rank r holds rows 2r, 2r+1
         np.testing.assert_array_equal(alone[r], np.where(held[:, None], w[ids], 0.0))
     np.testing.assert_allclose(sum(alone), w[ids], rtol=1e-12, atol=0)
+
+
+def test_narrow_ids_index_a_table_whose_offsets_they_cannot_hold() -> None:
+    text = """mesh @m [tp=2]
+func @main(%w: f64[512,2] @m[S(0)], %ids: u8[6] @m[R]) -> (f64[6,2]) {
+  %e = gather(%w, %ids) {axis = 0} : f64[6,2]
+  return(%e)
+}"""
+    global_ = placed(text)
+    rng = np.random.default_rng(3)
+    w, ids = rng.standard_normal((512, 2)), rng.integers(0, 256, 6).astype(np.uint8)
+    (e,) = run_spmd(global_, partitioned(global_), [w, ids])
+    np.testing.assert_allclose(e, w[ids], rtol=1e-12, atol=0)

@@ -69,6 +69,8 @@ class MergePartials(Pass):
 
     def rewrite(self, op: Operation, uses: Counter, rewriter: Rewriter) -> bool:
         """Move the collectives feeding `op` after it, if that is exact; whether it did."""
+        if op.result.type.sharding is None:
+            return False  # an unplaced result: nothing says what the combination is
         kind = LINEAR[op.name]
         here = Counter(op.operands)
         reduced = [v for v in here if reduces_sum(v.defining_op) and uses[v] == here[v]

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefold import dtypes
 from tilefold.errors import ShapeError
 from tilefold.ir import Module, parse_module, print_module
 from tilefold.ir.core import Operation, Value
@@ -93,7 +94,7 @@ def rank_gather(op: Operation, table: TensorType, rewriter: Rewriter) -> Value:
     x, ids = op.operands
     mesh = table.sharding.mesh
     axis = normalize_axis("gather", op.attr("axis"), table.rank)
-    dt = ids.type.dtype
+    dt = dtypes.i64  # row arithmetic in 64 bits: a narrow id type may not hold the offsets
 
     def make(name: str, *operands: Value, **attrs: Any) -> Value:
         return rewriter.create(op, name, list(operands), attrs, loc=op.loc).result
@@ -107,10 +108,12 @@ def rank_gather(op: Operation, table: TensorType, rewriter: Rewriter) -> Value:
 
     start = None
     for a, step in block_strides(table, axis):
-        k = make("spmd.axis_index", axis=mesh.names[a], size=mesh.sizes[a], dtype=dt)
+        k = make("spmd.axis_index", axis=mesh.names[a], size=mesh.sizes[a])
         term = make("mul", k, const(step))
         start = term if start is None else make("add", start, term)
     size = table.shape[axis]
+    if ids.type.dtype != dt:
+        ids = make("cast", ids, dtype=dt)
     wrapped = make("where", make("lt", ids, const(0)), make("add", ids, const(size)), ids)
     local = make("sub", wrapped, start)
     held = make("and", make("ge", local, const(0)),
