@@ -20,6 +20,7 @@ from tests.distributed.spmd_models import (
     run_spmd,
 )
 from tilefold.distributed import AlphaBeta, Estimate, SplitAllReduce, simulate
+from tilefold.errors import TilefoldError
 from tilefold.ir import parse_module, print_module, verify
 from tilefold.passes import run_pipeline
 
@@ -149,3 +150,13 @@ func @main(%p: f64[6,8] @m[P(sum)], %q: f64[6,8] @m[P(sum)], %g: f64[8] @m[R])
     p, q, g = rng.normal(size=(6, 8)), rng.normal(size=(6, 8)), rng.normal(size=8)
     (got,) = simulate(module, p, q, g, rng=rng)
     np.testing.assert_allclose(got, numpy_tail(p + q, 0.0, 0.0, g), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ("device=tpu", "no such device; known: h100, a100, cpu"),
+    ("link=carrier-pigeon", "unknown link class 'carrier-pigeon'"),
+])
+def test_unknown_devices_and_links_are_named(options: str, message: str) -> None:
+    module = verify(parse_module(TAIL))
+    with pytest.raises(TilefoldError, match=message):
+        run_pipeline(module, f"split-all-reduce{{{options}}}")

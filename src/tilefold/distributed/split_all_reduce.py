@@ -24,7 +24,7 @@ from collections import defaultdict
 from tilefold.distributed.cost import DEVICES, AlphaBeta, CostModel, Estimate, link
 from tilefold.distributed.local import placements_in
 from tilefold.distributed.rules import result_placements
-from tilefold.errors import TilefoldError
+from tilefold.errors import PassError, TilefoldError
 from tilefold.ir import Function
 from tilefold.ir.core import Operation, Value
 from tilefold.ir.types import Mesh, Replicate, Shard, Sharding
@@ -65,6 +65,9 @@ class SplitAllReduce(Pass):
 
     def cost_model(self, mesh: Mesh) -> CostModel:
         """What decides whether a split pays (a subclass may price differently)."""
+        if self.device not in DEVICES:
+            raise PassError(f"split-all-reduce{{device={self.device}}}: no such device; known: "
+                            f"{', '.join(DEVICES)}")
         links = {name: link(self.link) for name in mesh.names} if self.link else {}
         return AlphaBeta(mesh, DEVICES[self.device], links)
 
