@@ -62,8 +62,9 @@ def test_small_gradients_are_sent_in_buckets_and_match_numpy() -> None:
     arrays = [rng.normal(size=s) for s in SHAPES]
     g1, g2, g3, g4, h, m, big, g5 = arrays
     want = [g1, g2, g3, g2 * g4, h, m, big, g5]
-    for got, w in zip(run_spmd(global_, per_rank, arrays, rng), want, strict=True):
-        np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-12)
+    for program in (partitioned(global_), per_rank):
+        for got, w in zip(run_spmd(global_, program, arrays, rng), want, strict=True):
+            np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-12)
     seconds, moved = alpha_beta(per_rank)
     old_seconds, old_moved = alpha_beta(partitioned(global_))
     assert moved == pytest.approx(old_moved) and seconds < old_seconds
