@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from tests.distributed.spmd_models import partitioned, placed, run_spmd
-from tilefold.distributed import run_ranks, split
-from tilefold.distributed.per_rank import bind_rank
+from tilefold.distributed import bind_rank, run_ranks, split
 from tilefold.errors import UnsupportedError
 from tilefold.ir import interpret, parse_module, verify
 
@@ -67,7 +66,7 @@ func @main() -> (i32[], i64[]) {
     i, j = run_ranks(module, [])
     assert [int(x) for x in i] == [0, 0, 0, 1, 1, 1]
     assert [int(x) for x in j] == [0, 1, 2, 0, 1, 2]
-    with pytest.raises(UnsupportedError, match="run_ranks"):
+    with pytest.raises(UnsupportedError, match="run_ranks, or make it one rank"):
         interpret(module, function="main")
 
 

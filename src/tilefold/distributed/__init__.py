@@ -24,6 +24,7 @@ from tilefold.distributed.cost import (
 from tilefold.distributed.local import PlacementError, local_attrs, local_type
 from tilefold.distributed.merge_partials import MergePartials
 from tilefold.distributed.partition import PartitionError, SpmdPartition
+from tilefold.distributed.per_rank import bind_rank
 from tilefold.distributed.plan import Plan, PlanError, parse_mesh
 from tilefold.distributed.propagate import PropagateSharding, explain
 from tilefold.distributed.rules import RULES, Einsum, register_rule, rule_for
@@ -91,6 +92,7 @@ __all__ = [
     "SpmdPartition",
     "Strategy",
     "assemble",
+    "bind_rank",
     "explain",
     "gpt2",
     "join",

@@ -45,5 +45,6 @@ class AxisIndex(OpDef):
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
         raise UnsupportedError(
             f"'{cls.name}' is a rank's position on axis {attrs['axis']}, which one process "
-            "alone does not have: run the per-rank program with tilefold.distributed.run_ranks"
+            "alone does not have: run the per-rank program with tilefold.distributed.run_ranks, "
+            "or make it one rank's first (tilefold.distributed.bind_rank)"
         )
