@@ -12,9 +12,9 @@ no placements, each collective in its per-rank form, size attributes made local.
 A gather from a table split along the looked-up dim (a vocab-parallel embedding) becomes the
 lookup of the rows the rank holds, zeros elsewhere (`per_rank.rank_gather`): its result is
 P(sum), which a later all_reduce completes. The mesh declaration stays in the module: a
-runtime reads the axes from it. Every ordinary op's
-placements are checked against its sharding rule first, and its local result types against
-what the op infers from its local operands.
+runtime reads the axes from it. Every ordinary op's placements are checked against its
+sharding rule first, and its local result types against what the op infers from its local
+operands.
 """
 
 from __future__ import annotations
