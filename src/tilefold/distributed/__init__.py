@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tilefold.distributed.blocks import BlockShape, gpt2, llama
+from tilefold.distributed.bucketing import BucketAllReduces
 from tilefold.distributed.cost import (
     DEVICES,
     LINKS,
@@ -21,15 +22,23 @@ from tilefold.distributed.cost import (
     nbytes,
 )
 from tilefold.distributed.local import PlacementError, local_attrs, local_type
+from tilefold.distributed.merge_partials import MergePartials
 from tilefold.distributed.partition import PartitionError, SpmdPartition
+from tilefold.distributed.per_rank import bind_rank
 from tilefold.distributed.plan import Plan, PlanError, parse_mesh
 from tilefold.distributed.propagate import PropagateSharding, explain
 from tilefold.distributed.rules import RULES, Einsum, register_rule, rule_for
 from tilefold.distributed.simulate import SimulationError, join, run_ranks, simulate, split
+from tilefold.distributed.split_all_reduce import SplitAllReduce
 from tilefold.distributed.strategies import STRATEGIES, Constraints, Strategy, plan_cost, search
 from tilefold.distributed.torchrun import RUNNERS, ExecutorError, RankProgram, runner
 from tilefold.ir.placements import ReplicaMismatchError, assemble, scatter
 from tilefold.ir.types import Mesh, Partial, Replicate, Shard, Sharding
+from tilefold.passes.pipeline import register_pipeline
+
+# collective optimization of a placed program (after expand-redistribute, before spmd-partition);
+# bucket-all-reduces runs on the per-rank program after spmd-partition
+register_pipeline("optimize-collectives", "merge-partials,split-all-reduce")
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +64,7 @@ __all__ = [
     "STRATEGIES",
     "AlphaBeta",
     "BlockShape",
+    "BucketAllReduces",
     "Constraints",
     "CostModel",
     "CostModelError",
@@ -64,6 +74,7 @@ __all__ = [
     "ExecutorError",
     "Item",
     "Link",
+    "MergePartials",
     "Mesh",
     "Partial",
     "PartitionError",
@@ -77,9 +88,11 @@ __all__ = [
     "Shard",
     "Sharding",
     "SimulationError",
+    "SplitAllReduce",
     "SpmdPartition",
     "Strategy",
     "assemble",
+    "bind_rank",
     "explain",
     "gpt2",
     "join",

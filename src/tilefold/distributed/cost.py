@@ -232,24 +232,28 @@ class CostModel(ABC):
                 del alive[v]
         return peak
 
+    def op(self, op: Operation) -> Estimate:
+        """One op of a placed function: a collective, a redistribute's collectives, or an
+        ordinary op's compute (nothing for views and the terminator)."""
+        if op.has_trait("terminator") or op.name in FREE:
+            return Estimate()
+        what = f"%{op.results[0].name} {op.name}"
+        if op.name == "redistribute":
+            return self.redistribute(op.operands[0].type, op.result.type.sharding.placements,
+                                     what)
+        if op.has_trait("collective"):
+            before, after = op.operands[0].type, op.result.type
+            return self.collective(op.name, collective_bytes(op.name, before, after),
+                                   op.attr("axis"), what)
+        return self.compute(op)
+
     def estimate(self, fn: Function, training: bool = False) -> Estimate:
         """A partitioned function's cost per device: its ops' compute plus its collectives;
         with `training`, a backward pass (twice the compute, each collective's conjugate of
         the same size) and the gradient all_reduces of replicated arguments."""
         total = Estimate()
         for op in fn.ops:
-            if op.has_trait("terminator") or op.name in FREE:
-                continue
-            what = f"%{op.results[0].name} {op.name}"
-            if op.name == "redistribute":
-                total += self.redistribute(op.operands[0].type, op.result.type.sharding
-                                           .placements, what)
-            elif op.has_trait("collective"):
-                before, after = op.operands[0].type, op.result.type
-                total += self.collective(op.name, collective_bytes(op.name, before, after),
-                                         op.attr("axis"), what)
-            else:
-                total += self.compute(op)
+            total += self.op(op)
         if not training:
             return total
         backward = Estimate(tuple(

@@ -9,9 +9,12 @@ no placements, each collective in its per-rank form, size attributes made local.
     %r = reshape(%h) {shape = [8,4,8]} : f32[8,4,8] @m[S(0),S(1)]
         ->  %r = reshape(%h) {shape = [4,1,8]} : f32[4,1,8]
 
-The mesh declaration stays in the module: a runtime reads the axes from it. Every ordinary op's
-placements are checked against its sharding rule first, and its local result types against
-what the op infers from its local operands.
+A gather from a table split along the looked-up dim (a vocab-parallel embedding) becomes the
+lookup of the rows the rank holds, zeros elsewhere (`per_rank.rank_gather`): its result is
+P(sum), which a later all_reduce completes. The mesh declaration stays in the module: a
+runtime reads the axes from it. Every ordinary op's placements are checked against its
+sharding rule first, and its local result types against what the op infers from its local
+operands.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 from tilefold.distributed.local import PlacementError, check_placements, local_attrs, local_type
-from tilefold.distributed.per_rank import differs_on_blocks
+from tilefold.distributed.per_rank import differs_on_blocks, rank_gather
 from tilefold.errors import PassError, TilefoldError
 from tilefold.ir import Function
 from tilefold.ir.core import Operation
 from tilefold.ir.ops.collectives import Collective
 from tilefold.ir.ops.rank_collectives import RANK_FORM
-from tilefold.ir.types import Mesh
+from tilefold.ir.types import Mesh, TensorType
 from tilefold.passes.base import Pass, Statistic
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
@@ -61,6 +64,7 @@ class SpmdPartition(Pass):
         Statistic("num-local-ops", "ordinary ops given local types"),
         Statistic("num-collectives", "collectives turned into their per-rank form"),
         Statistic("num-local-attrs", "ops whose size attributes became local"),
+        Statistic("num-split-gathers", "gathers from a table split by rows, made per rank"),
     )
 
     def run_on_function(self, fn: Function) -> None:
@@ -72,6 +76,7 @@ class SpmdPartition(Pass):
             raise PartitionError(f"spmd-partition: @{fn.name} is placed on several meshes "
                                  f"({named}); partition a function placed on one")
         (mesh,) = meshes
+        self.split_tables: dict[Operation, TensorType] = {}  # gathers from tables split by rows
         plan = [(op, self.plan(op, mesh)) for op in fn.body.ops if not op.has_trait("terminator")]
         for arg in fn.args:
             arg.type = local_type(arg.type)
@@ -84,6 +89,12 @@ class SpmdPartition(Pass):
                 self.count("num-collectives")
             else:
                 self.localize(op, attrs)
+            if op in self.split_tables:
+                name = op.result.name
+                value = rank_gather(op, self.split_tables[op], rewriter)
+                rewriter.replace(op, [value])
+                value.name = name
+                self.count("num-split-gathers")
         fn.result_types = [v.type for v in fn.outputs]
 
     def plan(self, op: Operation, mesh: Mesh) -> tuple[str, dict[str, Any]]:
@@ -99,11 +110,7 @@ class SpmdPartition(Pass):
         if issubclass(op.opdef, Collective):
             return rank_attrs(op, mesh)
         if differs_on_blocks(op):
-            raise PartitionError(
-                f"spmd-partition: %{op.results[0].name} = {op.name} on sharded operands "
-                f"({', '.join(str(v.type) for v in op.operands)}) works on a rank's block "
-                "differently from its reference (distributed/per_rank.py), which per-rank "
-                "programs cannot say yet: redistribute its operands to R")
+            self.split_tables[op] = op.operands[0].type
         try:
             check_placements(op, mesh)
             attrs = local_attrs(op, mesh)

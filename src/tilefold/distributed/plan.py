@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tilefold.distributed import merge_partials  # noqa: F401 - registers merge-partials
 from tilefold.distributed.propagate import PropagateSharding
 from tilefold.errors import TilefoldError
 from tilefold.ir import Function, Module, parse_module, print_module, verify
@@ -140,13 +141,14 @@ class Plan:
         return copy
 
     def apply(self, module: Module) -> Module:
-        """The partitioned module: placed, propagated, intermediates redistributed, and every
-        redistribute expanded into collectives; verified."""
+        """The partitioned module: placed, propagated, intermediates redistributed, every
+        redistribute expanded into collectives, and partial sums combined before they are
+        reduced (merge-partials); verified."""
         placed = self.place(module)
         fn = function(placed, self.function)
         args = {a.name for a in fn.args}
         Planned({n: ps for n, ps in self.entries if n not in args}).run_on_function(fn)
-        run_pipeline(placed, "expand-redistribute")
+        run_pipeline(placed, "expand-redistribute,merge-partials")
         return verify(placed)
 
 

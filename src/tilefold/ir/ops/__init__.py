@@ -9,3 +9,4 @@ from tilefold.ir.ops import collectives as collectives  # all_reduce, all_gather
 from tilefold.ir.ops import index as index  # arange, advanced index
 from tilefold.ir.ops import quant as quant  # quantize, dequantize
 from tilefold.ir.ops import rank_collectives as rank_collectives  # spmd.all_reduce, ...
+from tilefold.ir.ops import rank_index as rank_index  # spmd.axis_index
