@@ -47,8 +47,8 @@ class Bucket:
 
 @register_pass
 class BucketAllReduces(Pass):
-    name = "bucket-all-reduces"
-    summary = "Pack small independent spmd.all_reduces of one axis and dtype into one"
+    """Pack small independent spmd.all_reduces of one axis and dtype into one."""
+
     options = (
         Option("threshold", int, 1 << 16, "an all_reduce of fewer bytes than this may be packed"),
         Option("bucket-cap", int, 1 << 20, "the most bytes one packed all_reduce carries"),

@@ -52,8 +52,8 @@ def reduces_sum(op: Operation | None) -> bool:
 
 @register_pass
 class MergePartials(Pass):
-    name = "merge-partials"
-    summary = "Reduce partial sums once after add/sub/neg/mul-by-replicated, not once per operand"
+    """Reduce partial sums once after add/sub/neg/mul-by-replicated, not once per operand."""
+
     statistics = (
         Statistic("num-merged", "collectives removed by reducing a combination once"),
         Statistic("num-sunk", "collectives moved past a linear op"),

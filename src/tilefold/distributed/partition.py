@@ -58,8 +58,8 @@ def rank_attrs(op: Operation, mesh: Mesh) -> tuple[str, dict[str, Any]]:
 
 @register_pass
 class SpmdPartition(Pass):
-    name = "spmd-partition"
-    summary = "Global placed types to each rank's program: local shapes, per-rank collectives"
+    """Global placed types to each rank's program: local shapes, per-rank collectives."""
+
     statistics = (
         Statistic("num-local-ops", "ordinary ops given local types"),
         Statistic("num-collectives", "collectives turned into their per-rank form"),

@@ -30,8 +30,8 @@ def placements_of(value: Value, mesh: Mesh) -> tuple[Placement, ...]:
 
 @register_pass
 class PropagateSharding(Pass):
-    name = "propagate-sharding"
-    summary = "Derive result placements from operands' by the sharding rules; replicate the rest"
+    """Derive result placements from operands' by the sharding rules; replicate the rest."""
+
     statistics = (
         Statistic("num-by-rule", "ops placed by a sharding rule"),
         Statistic("num-replicated", "ops run replicated (no rule applied)"),

@@ -51,8 +51,8 @@ def chain_after(value: Value, users: dict[Value, list[Operation]]) -> list[Opera
 
 @register_pass
 class SplitAllReduce(Pass):
-    name = "split-all-reduce"
-    summary = "all_reduce -> elementwise/norm chain as reduce_scatter, chain on a block, all_gather"
+    """all_reduce -> elementwise/norm chain as reduce_scatter, chain on a block, all_gather."""
+
     options = (
         Option("device", str, "h100", "the device the cost model prices compute on"),
         Option("link", str, "", "the link class of every axis (default: nvlink in a node)"),

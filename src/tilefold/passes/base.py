@@ -1,11 +1,15 @@
-"""The pass interface: a pass is a class that declares its name, summary, options and statistics.
+"""The pass interface: a pass is a class that declares its summary, options and statistics.
 
+    @register_pass
     class DCE(Pass):
-        name = "dce"
-        summary = "Erase pure ops whose results are never used"
+        "Erase pure ops whose results are never used."
+
         statistics = (Statistic("num-erased", "ops erased"),)
 
         def run_on_function(self, fn): ...
+
+`register_pass` names it after the class (`dce`) and takes the docstring's first line as its
+summary; a class may set `name` and `summary` itself.
 
 Options are written in pipelines with dashes (`size-limit=64`) and read in Python with
 underscores (`self.size_limit`); statistics are counters a pass bumps with `self.count(...)`.
@@ -106,8 +110,9 @@ def _parse_sizes(text: str) -> dict[str, int]:
 
 
 class Pass:
-    """Base of passes. Subclasses set the class attributes and override `run_on_function`
-    (or `run` for a pass that needs the whole module)."""
+    """Base of passes. Subclasses set the class attributes (`name` and `summary` given by
+    `register_pass` unless set) and override `run_on_function` (or `run` for a pass that needs
+    the whole module)."""
 
     name: ClassVar[str]
     summary: ClassVar[str]

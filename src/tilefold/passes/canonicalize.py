@@ -211,8 +211,8 @@ RULES_BY_OP: dict[str, tuple[Rule, ...]] = {
 
 @register_pass
 class Canonicalize(Pass):
-    name = "canonicalize"
-    summary = "Apply algebraic identities and fold layout ops (reshape, transpose, cast chains)"
+    """Apply algebraic identities and fold layout ops (reshape, transpose, cast chains)."""
+
     options = (
         Option(
             "max-iterations", int, 10, "sweeps over the function before giving up on a fixpoint"

@@ -22,8 +22,8 @@ log = logging.getLogger("tilefold.passes")
 
 @register_pass
 class ConstantFold(Pass):
-    name = "constant-fold"
-    summary = "Replace ops whose operands are all constants by the constants they compute"
+    """Replace ops whose operands are all constants by the constants they compute."""
+
     options = (Option("size-limit", int, 1 << 16, "largest result, in elements, to materialize"),)
     statistics = (
         Statistic("num-folded", "ops replaced by constants"),

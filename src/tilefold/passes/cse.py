@@ -56,8 +56,8 @@ def attr_key(value: Any) -> Hashable:
 
 @register_pass
 class CSE(Pass):
-    name = "cse"
-    summary = "Replace pure ops that repeat an earlier op (same operands and attributes)"
+    """Replace pure ops that repeat an earlier op (same operands and attributes)."""
+
     statistics = (Statistic("num-cse", "ops replaced by an earlier identical op"),)
 
     def run_on_function(self, fn: Function) -> None:

@@ -10,8 +10,8 @@ from tilefold.passes.rewrite import Rewriter
 
 @register_pass
 class DCE(Pass):
-    name = "dce"
-    summary = "Erase pure ops whose results are unused (never a terminator)"
+    """Erase pure ops whose results are unused (never a terminator)."""
+
     statistics = (Statistic("num-erased", "ops erased"),)
 
     def run_on_function(self, fn: Function) -> None:

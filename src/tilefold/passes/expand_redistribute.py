@@ -112,8 +112,8 @@ def _search(t: ty.TensorType, target: tuple[ty.Placement, ...] | None
 
 @register_pass
 class ExpandRedistribute(Pass):
-    name = "expand-redistribute"
-    summary = "Rewrite redistribute into all_gather, all_reduce, reduce_scatter, all_to_all, ..."
+    """Rewrite redistribute into all_gather, all_reduce, reduce_scatter and all_to_all."""
+
     statistics = (
         Statistic("num-expanded", "redistribute ops rewritten"),
         Statistic("num-collectives", "collectives created"),

@@ -400,10 +400,10 @@ def _schedule(block: Block) -> None:
 
 @register_pass
 class Fusion(Pass):
-    """Outlines fusible groups into `fused` regions; `refusals` lists what it declined and why."""
+    """Group GEMMs with prologues/epilogues and memory-bound chains into fused regions.
 
-    name = "fusion"
-    summary = "Group GEMMs with prologues/epilogues and memory-bound chains into fused regions"
+    Each group is outlined into a `fused` region; `refusals` lists what it declined and why."""
+
     options = (
         Option("max-ops", int, 32, "most ops in one fused region"),
         Option("max-inputs", int, 16, "most distinct inputs of one fused region"),

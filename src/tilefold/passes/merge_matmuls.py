@@ -31,8 +31,8 @@ END = 9223372036854775807  # slice stop: to the end of the axis
 
 @register_pass
 class MergeMatmuls(Pass):
-    name = "merge-matmuls"
-    summary = "Merge matmuls of one activation by constant weights into one wider matmul"
+    """Merge matmuls of one activation by constant weights into one wider matmul."""
+
     statistics = (Statistic("num-merged", "matmuls folded into a wider one"),)
 
     def run_on_function(self, fn: Function) -> None:

@@ -23,7 +23,18 @@ _NAME = re.compile(r"[a-z][a-z0-9-]*")
 
 
 def register_pass(cls: type[Pass]) -> type[Pass]:
-    """Class decorator making a pass available to pipelines; a name taken twice is an error."""
+    """Class decorator making a pass available to pipelines; a name taken twice is an error.
+
+    Unless the class sets them, its pipeline name is its own in lowercase words joined by '-'
+    (`MergeMatmuls` -> `merge-matmuls`, `CSE` -> `cse`) and its summary the first line of its
+    docstring."""
+    if "name" not in vars(cls):
+        cls.name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "-",
+                          cls.__name__).lower()
+    if "summary" not in vars(cls):
+        if not cls.__doc__:
+            raise PassError(f"pass {cls.__name__} needs a docstring (its summary) or a summary")
+        cls.summary = cls.__doc__.strip().splitlines()[0].removesuffix(".")
     check_name(cls.name)
     PASSES[cls.name] = cls
     return cls

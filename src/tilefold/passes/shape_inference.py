@@ -19,8 +19,8 @@ log = logging.getLogger("tilefold.passes")
 
 @register_pass
 class ShapeInference(Pass):
-    name = "shape-inference"
-    summary = "Re-infer result types from operands; bind symbolic dims to sizes"
+    """Re-infer result types from operands; bind symbolic dims to sizes."""
+
     options = (Option("bind", dict, {}, "symbolic dims to specialize, e.g. bind=batch=8,seq=128"),)
     statistics = (
         Statistic("num-bound", "arguments whose type was specialized by bind"),
