@@ -5,8 +5,10 @@
 
 Each case checks tilefold's result against PyTorch's first (relative error over the largest
 magnitude), then times every contender with `triton.testing.do_bench` (medians of its repeats;
-`--smoke` uses perf_counter). The GEMM template runs the best of its first few proposed
-configs, measured here. Results go to OUT_DIR/gpu.md (a table) and OUT_DIR/gpu.json.
+`--smoke` uses perf_counter). GEMM configs are chosen by tilefold's own tuner
+(`strategy.gpu_tuner`, with this script's timer): "tilefold" is the best template config it
+measured, "chosen" the winner with cuBLAS raced beside the templates (a warm tuning database
+measures nothing again). Results go to OUT_DIR/gpu.md (a table) and OUT_DIR/gpu.json.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (interpreter)")
-    p.add_argument("--configs", type=int, default=4, help="GEMM configs measured per shape")
+    p.add_argument("--configs", type=int, default=4, help="GEMM configs proposed per shape")
+    p.add_argument("--tune-budget", type=float, default=20.0,
+                   help="seconds tilefold's tuner may spend measuring one GEMM shape")
     p.add_argument("--no-max-autotune", action="store_true",
                    help="skip torch.compile(mode='max-autotune-no-cudagraphs') (slow to compile)")
     return p.parse_args()
@@ -36,8 +40,8 @@ def main() -> int:
     import torch
 
     from tilefold.codegen.triton.attention import TritonAttention
-    from tilefold.codegen.triton.gemm_config import propose_configs
     from tilefold.codegen.triton.gemm_launch import TritonGemm
+    from tilefold.strategy.gpu_tuner import EXTERN_GEMM, GPUTuner, gemm_candidates
     from tilefold.target import detect_gpu, gpu_target
 
     device = "cpu" if args.smoke else "cuda"
@@ -66,26 +70,37 @@ def main() -> int:
                      "tflops": {k: flops / v / 1e9 for k, v in timings.items()}})
         print(case, f"err {err:.1e}", {k: f"{v:.3f} ms" for k, v in timings.items()}, flush=True)
 
+    tuner = GPUTuner(target, timer=bench, budget=args.tune_budget)
+
     def gemm_case(m: int, n: int, k: int, layout: str) -> None:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
         if layout == "NT":
             b = torch.randn(n, k, device=device, dtype=dtype).t()
-        gemm = TritonGemm(name, name)
-        measured = {c: bench(lambda c=c: gemm(a, b, config=c)[0])
-                    for c in propose_configs(target, m, n, k, name)[:args.configs]}
+        gemms = {"none": TritonGemm(name, name)}
+
+        def template(config):
+            split = "none" if config.split_k == 1 else "workspace"
+            if split not in gemms:
+                gemms[split] = TritonGemm(name, name, split=split)
+            return lambda ts, gemm=gemms[split]: gemm(*ts, config=config)
+
+        candidates = gemm_candidates(target, (m, n, k), name, template,
+                                     lambda ts: [torch.matmul(*ts)], limit=args.configs)
+        choice = tuner.choose(f"benchmarks/gpu.py gemm {name}", [a, b], candidates)
+        measured = {key: ms for key, ms in choice.timings.items() if key != EXTERN_GEMM}
         best = min(measured, key=measured.get)
-        timings = {"tilefold": measured[best], "cublas": bench(lambda: torch.matmul(a, b))}
+        timings = {"tilefold": measured[best], "chosen": choice.timings[choice.key],
+                   "cublas": bench(lambda: torch.matmul(a, b))}
         if not args.smoke:
             mm = compiled(torch.matmul, None)
             timings["compile"] = bench(lambda: mm(a, b))
-            if not args.no_max_autotune and (m, n, k) == gemms[0]:
+            if not args.no_max_autotune and (m, n, k) == shapes[0]:
                 mx = compiled(torch.matmul, "max-autotune-no-cudagraphs")
                 timings["max-autotune"] = bench(lambda: mx(a, b))
-        tile = (f"{best.block_m}x{best.block_n}x{best.block_k} w{best.num_warps} "
-                f"s{best.num_stages} k{best.split_k}")
-        record(f"gemm {name} {m}x{n}x{k} {layout} [{tile}]", 2 * m * n * k,
-               torch.matmul(a, b), gemm(a, b, config=best)[0], timings)
+        template_run = next(c for c in candidates if c.key == best).build()  # checked, not cuBLAS
+        record(f"gemm {name} {m}x{n}x{k} {layout} [{best.removeprefix('triton.gemm')}]",
+               2 * m * n * k, torch.matmul(a, b), template_run([a, b])[0], timings)
 
     def attention_case(bsz: int, heads: int, seq: int, dim: int) -> None:
         q, k, v = (torch.randn(bsz, heads, seq, dim, device=device, dtype=dtype)
@@ -98,9 +113,9 @@ def main() -> int:
         record(f"attention causal {bsz}x{heads}x{seq}x{dim}", flops,
                sdpa(q, k, v, is_causal=True), att(q, k, v), timings)
 
-    gemms = [(64, 48, 80), (33, 64, 100)] if args.smoke else [
+    shapes = [(64, 48, 80), (33, 64, 100)] if args.smoke else [
         (4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 4096), (8192, 8192, 16384)]
-    for m, n, k in gemms:
+    for m, n, k in shapes:
         for layout in ("NN", "NT"):
             gemm_case(m, n, k, layout)
     for shape in [(1, 2, 16, 16)] if args.smoke else [(4, 32, 2048, 128), (1, 32, 8192, 128)]:
