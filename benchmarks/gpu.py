@@ -12,9 +12,10 @@ measured, "chosen" the winner with the extern raced beside the templates; a warm
 database measures nothing again); memory-bound groups (softmax, layer_norm, rms_norm) through
 `tilefold.compile(module, target)` against eager and torch.compile, rated in TB/s of the bytes
 they must move; a SwiGLU MLP through `torch.compile(backend="tilefold")` (the GPU path on CUDA
-tensors; on the CPU path under --smoke) against eager and torch.compile; causal attention
-against SDPA. Results go to OUT_DIR/gpu.md (a table) and OUT_DIR/gpu.json, rewritten after
-every case, so a run cut short by gpu.sh's time cap keeps what it measured.
+tensors; on the CPU path under --smoke) against eager and torch.compile; causal attention,
+its configs chosen by the same tuner, against SDPA. Results go to OUT_DIR/gpu.md (a table)
+and OUT_DIR/gpu.json, rewritten after every case, so a run cut short by gpu.sh's time cap
+keeps what it measured.
 """
 
 from __future__ import annotations
@@ -104,12 +105,24 @@ class Run:
         (out / "gpu.md").write_text("\n".join(lines) + "\n")
 
 
+def tuned(run: Run, label: str, tensors: list, candidates: list) -> tuple[dict, str, Any]:
+    """tilefold's tuner over `candidates` (template configs, then the extern) on `tensors`:
+    the timings of the best template config and of the chosen candidate, the best config's
+    name, and that config's runner (to check it, not the extern)."""
+    choice = run.tuner.choose(f"benchmarks/gpu.py {label}", tensors, candidates)
+    externs = {c.key for c in candidates if c.extern}
+    measured = {key: ms for key, ms in choice.timings.items() if key not in externs}
+    best = min(measured, key=measured.get)
+    timings = {"tilefold": measured[best], "chosen": choice.timings[choice.key]}
+    name = best.removeprefix("triton.gemm").removeprefix("triton.attention")
+    return timings, name, next(c for c in candidates if c.key == best).build()
+
+
 def tuned_gemm(run: Run, label: str, mnk: tuple[int, int, int], dot: str, tensors: list,
                make, extern) -> tuple[dict[str, float], str, Any]:
-    """tilefold's tuner over the template (`make(split)` -> a `TritonGemm`; tensors: A, B,
-    then the epilogue's) and `extern`: the timings (the best template config and the chosen
-    candidate), the best config's name, and that config's runner (to check it, not cuBLAS)."""
-    from tilefold.strategy.gpu_tuner import EXTERN_GEMM, gemm_candidates
+    """`tuned` over the GEMM template (`make(split)` -> a `TritonGemm`; tensors: A, B, then
+    the epilogue's) at its proposed configs, and `extern`."""
+    from tilefold.strategy.gpu_tuner import gemm_candidates
 
     gemms: dict[str, Any] = {}
 
@@ -119,13 +132,8 @@ def tuned_gemm(run: Run, label: str, mnk: tuple[int, int, int], dot: str, tensor
             gemms[split] = make(split)
         return lambda ts, gemm=gemms[split]: gemm(*ts[:2], epilogue_inputs=ts[2:], config=config)
 
-    candidates = gemm_candidates(run.target, mnk, dot, template, extern, limit=run.args.configs)
-    choice = run.tuner.choose(f"benchmarks/gpu.py {label}", tensors, candidates)
-    measured = {key: ms for key, ms in choice.timings.items() if key != EXTERN_GEMM}
-    best = min(measured, key=measured.get)
-    timings = {"tilefold": measured[best], "chosen": choice.timings[choice.key]}
-    return timings, best.removeprefix("triton.gemm"), \
-        next(c for c in candidates if c.key == best).build()
+    return tuned(run, label, tensors, gemm_candidates(run.target, mnk, dot, template, extern,
+                                                      limit=run.args.configs))
 
 
 def gemm_case(run: Run, m: int, n: int, k: int, layout: str, first: bool) -> None:
@@ -248,15 +256,19 @@ def mlp_case(run: Run, tokens: int, d: int, ff: int) -> None:
 
 def attention_case(run: Run, bsz: int, heads: int, seq: int, dim: int) -> None:
     from tilefold.codegen.triton.attention import TritonAttention
+    from tilefold.strategy.gpu_tuner import attention_candidates
 
     q, k, v = (run.randn(bsz, heads, seq, dim) for _ in range(3))
     att = TritonAttention(run.name, causal=True)
     sdpa = run.torch.nn.functional.scaled_dot_product_attention
-    timings = {"tilefold": run.bench(lambda: att(q, k, v)),
-               "sdpa": run.bench(lambda: sdpa(q, k, v, is_causal=True))}
+    candidates = attention_candidates(
+        run.target, q, k, run.name, lambda c: lambda ts: [att(*ts, **c.launch())],
+        lambda ts: [sdpa(*ts, is_causal=True)], limit=run.args.configs)
+    timings, best, template = tuned(run, f"attention causal {run.name}", [q, k, v], candidates)
+    timings["sdpa"] = run.bench(lambda: sdpa(q, k, v, is_causal=True))
     flops = 2 * bsz * heads * seq * seq * dim  # two products, half the scores (causal)
-    run.record(f"attention causal {bsz}x{heads}x{seq}x{dim}", flops, "tflop/s",
-               sdpa(q, k, v, is_causal=True), att(q, k, v), timings)
+    run.record(f"attention causal {bsz}x{heads}x{seq}x{dim} [{best}]", flops, "tflop/s",
+               sdpa(q, k, v, is_causal=True), template([q, k, v])[0], timings)
 
 
 def main() -> int:

@@ -9,7 +9,8 @@ The same passes and fusion as the CPU path, then per op of the function:
                           measured, the extern below included); where it refuses, the
                           extern: the prologue as torch views, the GEMM on `torch.matmul`
                           (cuBLAS) and the epilogue over C as one Triton kernel
-    attention             the fused-attention template (`TritonAttentionOp`)
+    attention             the fused-attention template (`TritonAttentionOp`) at the config the
+                          tuner chooses, torch's SDPA the extern beside it
     view op               a torch view (reshape, transpose, expand/squeeze, broadcast, slice)
     anything else         the op's NumPy reference on host copies: a round trip that
                           `GPUGraph.report()` names and strict mode refuses (FallbackError)
@@ -36,7 +37,13 @@ from tilefold.errors import FallbackError, TilefoldError, UnsupportedError, stri
 from tilefold.ir import OPS, Block, Module, Operation, Value
 from tilefold.ir.interpreter import run_region
 from tilefold.ir.types import TensorType
-from tilefold.strategy.gpu_tuner import GPUChoice, GPUTuner, gemm_candidates
+from tilefold.strategy.gpu_tuner import (
+    GPUCandidate,
+    GPUChoice,
+    GPUTuner,
+    attention_candidates,
+    gemm_candidates,
+)
 from tilefold.strategy.problem import Problem
 from tilefold.target.gpu import GPUTarget
 
@@ -135,9 +142,9 @@ class GPUGraph:
         extern = self._compute_group(op)
         if template is None:
             return extern if isinstance(extern, _Step) else self._host_step(op, extern)
-        tuned = _TunedGemm(op, self.target, self.tuner, template,
-                           extern if isinstance(extern, _Step) else None)
-        return tuned.step
+        candidates = _GemmCandidates(op, self.target, template,
+                                     extern if isinstance(extern, _Step) else None)
+        return _Tuned(op, self.tuner, "Triton GEMM template", candidates, candidates.how).step
 
     def _template_group(self, op: Operation) -> TritonGemmGroup | None:
         """The GEMM template, when it takes the group at its (static) shapes."""
@@ -152,11 +159,22 @@ class GPUGraph:
         return group
 
     def _attention(self, op: Operation) -> _Step:
+        """The attention template at a tuned config, with torch's SDPA as the extern."""
         try:
             kernel = TritonAttentionOp(op)
         except UnsupportedError as exc:
             return self._host_step(op, str(exc))
-        return _Step(op, "Triton attention template", lambda xs: [kernel(*xs)])
+        dtype = str(op.operands[0].type.dtype)
+
+        def candidates(xs: list[Any]) -> list[GPUCandidate]:
+            return attention_candidates(
+                self.target, xs[0], xs[1], dtype,
+                lambda config: lambda ts: [kernel(*ts, **config.launch())],
+                _sdpa(op.opdef.full_attrs(op.attrs)))
+
+        how = "Triton attention template"
+        return _Tuned(op, self.tuner, how, candidates,
+                      lambda key: how if key.startswith("triton.") else "torch SDPA").step
 
     def _memory_group(self, op: Operation) -> _Step:
         try:
@@ -224,44 +242,66 @@ class GPUGraph:
         return _Step(op, f"host NumPy reference ({why})", run)
 
 
-class _TunedGemm:
-    """A compute group on the GEMM template at the config the tuner chooses per input layout,
-    with the extern (`torch.matmul` + the Triton epilogue, when the group allows it) among
-    the candidates; its `step` reports the choice once one is made."""
+class _Tuned:
+    """An op run by the candidate the tuner chooses per input layout among `candidates(xs)`
+    (a template's configs and its extern); `hows(key)` says what a candidate is, and `step`
+    reports the choice once one is made."""
 
-    def __init__(self, op: Operation, target: GPUTarget, tuner: GPUTuner,
-                 template: TritonGemmGroup, extern: _Step | None):
-        self.op, self.target, self.tuner = op, target, tuner
-        self.groups = {"none": template}
-        self.extern = extern
+    def __init__(self, op: Operation, tuner: GPUTuner, how: str,
+                 candidates: Callable[[list[Any]], list[GPUCandidate]],
+                 hows: Callable[[str], str]):
+        self.op, self.tuner, self.candidates, self.hows = op, tuner, candidates, hows
         self.chosen: dict[tuple, GPUChoice] = {}
-        self.step = _Step(op, "Triton GEMM template", self)
-
-    def _group(self, config: GemmConfig) -> TritonGemmGroup:
-        split = "none" if config.split_k == 1 else "workspace"
-        if split not in self.groups:
-            self.groups[split] = TritonGemmGroup(self.op.regions[0], self.target, split)
-        return self.groups[split]
-
-    def _template(self, xs: list[Any], config: GemmConfig):
-        group = self._group(config)
-        group.plan(*xs)  # the template's source for these shapes (Triton compiles on launch)
-        return lambda ts: group(*ts, config=config)
+        self.step = _Step(op, how, self)
 
     def __call__(self, xs: list[Any]) -> list[Any]:
         key = tuple((tuple(x.shape), tuple(x.stride()), str(x.dtype), str(x.device)) for x in xs)
         choice = self.chosen.get(key)
         if choice is None:
-            template = self.groups["none"]
-            candidates = gemm_candidates(
-                self.target, template.mnk(*xs), template.dot_dtype(*xs),
-                lambda config: self._template(xs, config),
-                self.extern.run if self.extern is not None else None)
             signature = Problem.of(self.op, [tuple(x.shape) for x in xs]).signature
-            choice = self.chosen[key] = self.tuner.choose(signature, xs, candidates)
-            how = "Triton GEMM template" if choice.key.startswith("triton.") else self.extern.how
-            self.step.how = f"{how} ({choice.key}: {choice.why})"
+            choice = self.chosen[key] = self.tuner.choose(signature, xs, self.candidates(xs))
+            self.step.how = f"{self.hows(choice.key)} ({choice.key}: {choice.why})"
         return choice.run(xs)
+
+
+class _GemmCandidates:
+    """A compute group's candidates: the GEMM template at each proposed config (split-K ones on
+    a workspace template), and the extern (`torch.matmul` + the Triton epilogue) if any."""
+
+    def __init__(self, op: Operation, target: GPUTarget, template: TritonGemmGroup,
+                 extern: _Step | None):
+        self.op, self.target, self.extern = op, target, extern
+        self.groups = {"none": template}
+
+    def _template(self, xs: list[Any], config: GemmConfig):
+        split = "none" if config.split_k == 1 else "workspace"
+        if split not in self.groups:
+            self.groups[split] = TritonGemmGroup(self.op.regions[0], self.target, split)
+        group = self.groups[split]
+        group.plan(*xs)  # the template's source for these shapes (Triton compiles on launch)
+        return lambda ts: group(*ts, config=config)
+
+    def __call__(self, xs: list[Any]) -> list[GPUCandidate]:
+        template = self.groups["none"]
+        return gemm_candidates(self.target, template.mnk(*xs), template.dot_dtype(*xs),
+                               lambda config: self._template(xs, config),
+                               self.extern.run if self.extern is not None else None)
+
+    def how(self, key: str) -> str:
+        return "Triton GEMM template" if self.extern is None or key.startswith("triton.") \
+            else self.extern.how
+
+
+def _sdpa(attrs: dict):
+    """torch's scaled_dot_product_attention with the IR op's attributes, on [q, k, v]."""
+    def run(xs: list[Any]) -> list[Any]:
+        import torch
+
+        return [torch.nn.functional.scaled_dot_product_attention(
+            *xs[:3], is_causal=attrs["is_causal"], scale=attrs["scale"],
+            enable_gqa=attrs["enable_gqa"])]
+
+    return run
 
 
 def _matmul(a, b):

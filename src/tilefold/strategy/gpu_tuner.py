@@ -1,6 +1,7 @@
-"""tilefold's GPU config tuner: the candidates for one GPU problem (the cost model's configs and
-an extern such as cuBLAS through torch) timed within a budget, the winner kept in the tuning
-database under the GPU's fingerprint, so that a warm process builds and times nothing else.
+"""tilefold's GPU config tuner: the candidates for one GPU problem (the cost model's configs of
+the GEMM or attention template and an extern, cuBLAS or SDPA through torch) timed within a
+budget, the winner kept in the tuning database under the GPU's fingerprint, so that a warm
+process builds and times nothing else.
 
     tuner = GPUTuner(target)                    # TILEFOLD_TUNE's budget, do_bench on a GPU
     choice = tuner.choose(signature, tensors, candidates)
@@ -25,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tilefold.codegen.triton.attention_config import AttentionConfig, propose_attention_configs
 from tilefold.codegen.triton.gemm_config import GemmConfig, propose_configs
 from tilefold.codegen.triton.launch import interpreting
 from tilefold.errors import UnsupportedError
@@ -37,6 +39,7 @@ log = logging.getLogger("tilefold.tuning")
 Timer = Callable[[Callable[[], Any]], float]  # milliseconds one call of fn takes
 Runner = Callable[[Sequence[Any]], list[Any]]  # tensors in, output tensors out
 EXTERN_GEMM = "extern.torch.matmul"
+EXTERN_ATTENTION = "extern.torch.sdpa"
 TOLERANCE = {"float32": 1e-3, "float64": 1e-9}  # of the largest magnitude; 2e-2 otherwise
 _UNSET: Any = object()
 
@@ -62,26 +65,43 @@ class GPUChoice:
     failures: dict[str, str] = field(default_factory=dict)
 
 
-def config_key(config: GemmConfig) -> str:
-    """The database name of a GEMM template config."""
+def config_key(config: GemmConfig | AttentionConfig) -> str:
+    """The database name of a GEMM or attention template config."""
     c = config
+    if isinstance(c, AttentionConfig):
+        return f"triton.attention{{{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages}}}"
     return (f"triton.gemm{{{c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} "
             f"s{c.num_stages} k{c.split_k}}}")
+
+
+def config_candidates(configs: Sequence[Any], template: Callable[[Any], Runner] | None,
+                      extern_key: str, extern: Runner | None) -> list[GPUCandidate]:
+    """A template at each of `configs` (`template(config)` builds one; None: the template
+    refuses the problem), in their order, then the extern (None: there is none)."""
+    out = [GPUCandidate(config_key(c), functools.partial(template, c)) for c in configs
+           ] if template is not None else []
+    if extern is not None:
+        out.append(GPUCandidate(extern_key, lambda: extern, extern=True))
+    return out
 
 
 def gemm_candidates(target: GPUTarget, mnk: tuple[int, int, int], dtype: str,
                     template: Callable[[GemmConfig], Runner] | None, extern: Runner | None,
                     limit: int = 4) -> list[GPUCandidate]:
-    """The GEMM template at each of the first `limit` configs `propose_configs` gives for an
-    M x N x K GEMM whose dot reads `dtype` (`template(config)` builds one; None: the template
-    refuses the problem), then the extern (`extern`, e.g. torch.matmul plus the epilogue)."""
-    out = []
-    if template is not None:
-        out = [GPUCandidate(config_key(c), functools.partial(template, c))
-               for c in propose_configs(target, *mnk, dtype, limit=limit)]
-    if extern is not None:
-        out.append(GPUCandidate(EXTERN_GEMM, lambda: extern, extern=True))
-    return out
+    """The GEMM template at the first `limit` configs `propose_configs` gives for an M x N x K
+    GEMM whose dot reads `dtype`, then the extern (e.g. torch.matmul plus the epilogue)."""
+    configs = propose_configs(target, *mnk, dtype, limit=limit) if template else []
+    return config_candidates(configs, template, EXTERN_GEMM, extern)
+
+
+def attention_candidates(target: GPUTarget, q: Any, k: Any, dtype: str,
+                         template: Callable[[AttentionConfig], Runner],
+                         extern: Runner | None, limit: int = 4) -> list[GPUCandidate]:
+    """The attention template at the first `limit` configs `propose_attention_configs` gives
+    for q [B, H, Sq, D] over k [B, Hkv, Sk, D] in `dtype`, then the extern (torch's SDPA)."""
+    b, h, sq, d = q.shape
+    configs = propose_attention_configs(target, b * h, sq, k.shape[2], d, dtype, limit=limit)
+    return config_candidates(configs, template, EXTERN_ATTENTION, extern)
 
 
 def default_timer(fn: Callable[[], Any]) -> float:
@@ -220,5 +240,6 @@ def _mismatch(outs: Sequence[Any], reference: Sequence[Any]) -> str | None:
     return None
 
 
-__all__ = ["EXTERN_GEMM", "GPUCandidate", "GPUChoice", "GPUTuner", "config_key",
-           "default_timer", "gemm_candidates", "generators_digest"]
+__all__ = ["EXTERN_ATTENTION", "EXTERN_GEMM", "GPUCandidate", "GPUChoice", "GPUTuner",
+           "attention_candidates", "config_candidates", "config_key", "default_timer",
+           "gemm_candidates", "generators_digest"]
