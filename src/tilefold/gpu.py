@@ -323,11 +323,11 @@ def _to_host(x) -> np.ndarray:
 def _to_device(a: np.ndarray, device):
     import torch
 
-    a = np.asarray(a)
+    a = np.asarray(a, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
     if a.dtype.name == "bfloat16":
-        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     else:
-        t = torch.from_numpy(np.ascontiguousarray(a))
+        t = torch.from_numpy(a)
     return t.to(device) if device is not None else t
 
 

@@ -138,3 +138,17 @@ def test_constants_are_copied_to_the_inputs_device_once():
     (got,) = graph(torch.from_numpy(x))
     assert all(s.run([])[0] is t for s, t in zip(consts, made, strict=True))
     assert_close(got.numpy(), _reference(x, module), dtype="f32", reduced=24)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_scalar_constants_stay_0_d(dtype):
+    """`relu(x * 2 + 1)`: the scalars are 0-d constants, made 0-d tensors (a 1-element 1-d
+    tensor broke the group's signature)."""
+    b = Builder("main")
+    x = b.arg("x", dtype, (3, 5))
+    graph = tf.compile(b.build(F.relu(x * 2.0 + 1.0)), target="h200", strict=True)
+    xv = RNG.standard_normal((3, 5)).astype(np.float32)
+    xt = torch.from_numpy(xv).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    (got,) = graph(xt)
+    want = np.maximum(xt.double().numpy() * 2 + 1, 0)
+    assert_close(got.float().numpy(), want, dtype=dtype)

@@ -21,9 +21,11 @@ from tilefold.frontend import report  # noqa: E402
 from tilefold.frontend.dynamo import register  # noqa: E402
 from tilefold.frontend.runner import GraphRunner  # noqa: E402
 from tilefold.ir import Builder  # noqa: E402
+from tilefold.ir import functional as F  # noqa: E402
 from tilefold.target import gpu_target  # noqa: E402
 
 H200 = gpu_target("h200")
+RNG = np.random.default_rng(1609)
 CUDA = SimpleNamespace(device=SimpleNamespace(type="cuda"))  # a tensor's view of its device
 
 
@@ -106,3 +108,51 @@ def test_cuda_graphs_need_compiled_code_and_static_shapes(monkeypatch):
     assert not gpu_runner.cuda_graphs_allowed(symbolic)
     monkeypatch.setenv("TILEFOLD_CUDA_GRAPHS", "0")
     assert not gpu_runner.cuda_graphs_allowed(static)
+
+
+def _capture_by_rerunning(fn):
+    """What a CUDA graph does, on the CPU: each replay recomputes the captured outputs in
+    place from the captured (static) inputs."""
+    outs = fn()
+
+    def replay():
+        for out, new in zip(outs, fn(), strict=True):
+            out.copy_(new)
+
+    return replay, outs
+
+
+def test_a_cuda_graph_call_copies_inputs_in_and_results_out(monkeypatch):
+    monkeypatch.setattr(gpu_runner, "cuda_capture", _capture_by_rerunning)
+    b = Builder("main")
+    x = b.arg("x", "f32", (3, 5))
+    graph = tf.compile(b.build(F.relu(x * 2.0 + 1.0)), target=H200, strict=True)
+    calls = []
+    call = gpu_runner.CUDAGraphCall(lambda *ts: calls.append(1) or graph(*ts))
+    xs = [torch.from_numpy(RNG.standard_normal((3, 5)).astype(np.float32)) for _ in range(3)]
+
+    def want(t):
+        return np.maximum(t.numpy().astype(np.float64) * 2 + 1, 0)
+
+    got = [call(t)[0] for t in xs]  # run, capture, replay
+    assert call.captured and len(calls) == 4  # one run, the capture, two replays' reruns
+    for g, t in zip(got, xs, strict=True):  # the second result survived the third call
+        assert_close(g.numpy(), want(t), dtype="f32")
+    other = torch.from_numpy(RNG.standard_normal((3, 5)).astype(np.float32)).t().contiguous().t()
+    assert_close(call(other)[0].numpy(), want(other), dtype="f32")  # another layout: run as is
+    assert len(calls) == 5
+
+
+def test_a_failed_capture_runs_the_graph_directly(monkeypatch, caplog):
+    def refuse(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(gpu_runner, "cuda_capture", refuse)
+    b = Builder("main")
+    x = b.arg("x", "f32", (4,))
+    graph = tf.compile(b.build(F.exp(x)), target=H200, strict=True)
+    call = gpu_runner.CUDAGraphCall(graph)
+    xs = [torch.from_numpy(RNG.standard_normal(4).astype(np.float32)) for _ in range(3)]
+    for t in xs:
+        assert_close(call(t)[0].numpy(), np.exp(t.numpy().astype(np.float64)), dtype="f32")
+    assert call.captured is False and "CUDA graph capture failed" in caplog.text

@@ -63,7 +63,7 @@ class GPUGraphRunner:
         self.graph = tilefold_compile(converted.module, target=target, strict=strict)
         self.run = self  # the report asks `run` for groups, methods and decisions
         self.executor = f"tilefold.gpu ({target.name})"
-        self.cuda_graph = _CudaGraph(self.graph) if cuda_graphs_allowed(self.graph) else None
+        self.cuda_graph = CUDAGraphCall(self.graph) if cuda_graphs_allowed(self.graph) else None
 
     def groups(self) -> list[tuple[str, str]]:
         """(the op, or a fused group's ops joined by "+", how it runs) per op of the graph."""
@@ -96,7 +96,7 @@ def cuda_graphs_allowed(graph: Any) -> bool:
             and not any(s.how.startswith("host") for s in graph.steps))
 
 
-class _CudaGraph:
+class CUDAGraphCall:
     """`graph` replayed as a CUDA graph over static copies of its inputs: the first call runs it
     (compiling), the second captures it, later ones copy the inputs in and replay; outputs are
     cloned, so a result survives the next replay."""
@@ -104,7 +104,7 @@ class _CudaGraph:
     def __init__(self, graph: Callable[..., list[Any]]):
         self.graph = graph
         self.calls = 0
-        self.captured: Any = None  # (CUDAGraph, layouts, static inputs, static outputs)
+        self.captured: Any = None  # (replay, layouts, static inputs, static outputs)
 
     def __call__(self, *tensors: Any) -> list[Any]:
         self.calls += 1
@@ -118,10 +118,10 @@ class _CudaGraph:
                 self.captured = False
         if not self.captured or self.captured[1] != layouts:
             return self.graph(*tensors)
-        _, _, static_in, static_out = self.captured
+        replay, _, static_in, static_out = self.captured
         for s, t in zip(static_in, tensors, strict=True):
             s.copy_(t)
-        self.captured[0].replay()
+        replay()
         return [o.clone() for o in static_out]
 
     def _capture(self, tensors: Sequence[Any], layouts: list) -> None:
@@ -131,15 +131,24 @@ class _CudaGraph:
                      for t in tensors]
         for s, t in zip(static_in, tensors, strict=True):
             s.copy_(t)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # PyTorch's recipe: a warm-up on a side stream first
-            self.graph(*static_in)
-        torch.cuda.current_stream().wait_stream(side)
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cuda_graph):
-            static_out = self.graph(*static_in)
-        self.captured = (cuda_graph, layouts, static_in, static_out)
+        replay, static_out = cuda_capture(lambda: self.graph(*static_in))
+        self.captured = (replay, layouts, static_in, static_out)
 
 
-__all__ = ["GPUGraphRunner", "cuda_graphs_allowed", "gpu_target_for", "runner_factory"]
+def cuda_capture(fn: Callable[[], list[Any]]) -> tuple[Callable[[], None], list[Any]]:
+    """`fn` captured as a CUDA graph: (replay, the outputs each replay rewrites)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # PyTorch's recipe: a warm-up on a side stream first
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        outs = fn()
+    return cuda_graph.replay, outs
+
+
+__all__ = ["CUDAGraphCall", "GPUGraphRunner", "cuda_capture", "cuda_graphs_allowed",
+           "gpu_target_for", "runner_factory"]
