@@ -275,6 +275,8 @@ def main() -> int:
     args = _args()
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
+    else:  # the MLP's groups through torch.compile are tuned too (seconds a problem)
+        os.environ.setdefault("TILEFOLD_TUNE", "10")
     run = Run(args)
     smoke = args.smoke
     shapes = [(64, 48, 80), (33, 64, 100)] if smoke else [
