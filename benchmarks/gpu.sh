@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One prepared run for a GPU machine, where time is scarce (the whole run in a few minutes):
-# install tilefold with Triton, check correctness and time tilefold's GPU kernels against
-# cuBLAS, PyTorch eager, torch.compile and SDPA; the table and JSON go to the folder given.
+# One prepared run for a GPU machine, where time is scarce (the benchmark capped at 8 minutes):
+# install tilefold with Triton, check correctness and time tilefold's GPU kernels (GEMMs bf16 and
+# fp8 with row-wise scales, softmax/layer_norm/rms_norm, a SwiGLU MLP through torch.compile,
+# attention) against cuBLAS, torch._scaled_mm, PyTorch eager, torch.compile and SDPA; the table
+# and JSON go to the folder given, rewritten after every case (a run cut short keeps them).
 #   bash benchmarks/gpu.sh OUT_DIR [--smoke] [--no-max-autotune]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -123,3 +123,32 @@ def test_attention_runs_on_the_attention_template():
     p = np.exp(scores - scores.max(-1, keepdims=True))
     want = (p / p.sum(-1, keepdims=True)) @ vr
     assert_close(got.numpy(), want, dtype="f32", reduced=16)
+
+
+def test_constants_are_copied_to_the_inputs_device_once():
+    """A weight is made a tensor on the call's device on the first call only (no copy per call,
+    none inside a CUDA graph), and the result still matches float64 NumPy."""
+    module, _ = _block(5, 16, 24)
+    graph = tf.compile(module, target="h200", strict=True)
+    x = RNG.standard_normal((5, 16)).astype(np.float32)
+    graph(torch.from_numpy(x))
+    consts = [s for s in graph.steps if s.op.name == "constant"]
+    assert consts
+    made = [s.run([])[0] for s in consts]
+    (got,) = graph(torch.from_numpy(x))
+    assert all(s.run([])[0] is t for s, t in zip(consts, made, strict=True))
+    assert_close(got.numpy(), _reference(x, module), dtype="f32", reduced=24)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_scalar_constants_stay_0_d(dtype):
+    """`relu(x * 2 + 1)`: the scalars are 0-d constants, made 0-d tensors (a 1-element 1-d
+    tensor broke the group's signature)."""
+    b = Builder("main")
+    x = b.arg("x", dtype, (3, 5))
+    graph = tf.compile(b.build(F.relu(x * 2.0 + 1.0)), target="h200", strict=True)
+    xv = RNG.standard_normal((3, 5)).astype(np.float32)
+    xt = torch.from_numpy(xv).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    (got,) = graph(xt)
+    want = np.maximum(xt.double().numpy() * 2 + 1, 0)
+    assert_close(got.float().numpy(), want, dtype=dtype)

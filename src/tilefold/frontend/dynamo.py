@@ -7,6 +7,7 @@ reports that they were modified in place (inference tensors, which keep no versi
 arguments). A graph that needs autograd, or that tilefold cannot handle for any reason, runs
 eagerly with a log line instead of failing the user's program; in strict mode (the option
 `strict`, else `TILEFOLD_STRICT`) that, and a node left to PyTorch, is a `FallbackError`.
+CUDA tensors take the GPU path (`frontend/gpu_runner.py`: `tilefold.gpu` on the device).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tilefold.frontend.converter import (
     op_name,
 )
 from tilefold.frontend.export import inference_decompositions
+from tilefold.frontend.gpu_runner import runner_factory
 from tilefold.frontend.preserved import preserve
 from tilefold.frontend.report import GraphReport, record
 from tilefold.frontend.runner import GraphRunner
@@ -124,9 +126,10 @@ def _cached(entry: graph_cache.Entry, real: list[Any], report: GraphReport,
     """The graph's runner from its stored lowering, bound to `real`'s weights (Dynamo calls it
     with the graph's inputs, as AOTAutograd's wrapper would be)."""
     started = time.perf_counter()
+    make = runner_factory(real)  # CUDA tensors: the GPU path
 
     def build() -> GraphRunner:
-        return GraphRunner(graph_cache.converted(entry, real), f"graph {report.graph}", flag)
+        return make(graph_cache.converted(entry, real), f"graph {report.graph}", flag)
 
     runner = _Frozen(build, real, set(entry.frozen), build())
     report.cached, report.partitions = True, 1
@@ -172,13 +175,14 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
         return _input_kind(node, i, real, frozen)
 
     trial = convert_graph(gm.graph, top_inputs, trial=True)
+    make = runner_factory(real)  # CUDA tensors: the GPU path
     report.aten_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.lowered = dict(trial.lowered)
     report.symbolic_dims = sorted({str(d) for a in trial.module["main"].args for d in a.type.shape
                                    if not isinstance(d, int)})
     if not trial.unsupported:
-        runner = _Frozen(lambda: GraphRunner(convert_graph(gm.graph, top_inputs), label, flag),
-                         real, frozen, GraphRunner(trial, label, flag))
+        runner = _Frozen(lambda: make(convert_graph(gm.graph, top_inputs), label, flag),
+                         real, frozen, make(trial, label, flag))
         report.partitions = 1
         report.executors.append(runner)
         report.convert_s = time.perf_counter() - started
@@ -211,7 +215,7 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
             single = not isinstance(next(iter(reversed(sub.graph.nodes))).args[0], tuple | list)
             part_label = f"{label} partition {node.target}"
             part = _Partition(lambda sub=sub, sub_inputs=sub_inputs, part_label=part_label:
-                              GraphRunner(convert_graph(sub.graph, sub_inputs), part_label, flag),
+                              make(convert_graph(sub.graph, sub_inputs), part_label, flag),
                               single)
             setattr(fused, node.target, part)
             partitions.append(part)

@@ -51,12 +51,13 @@ KEY_FIELDS = ("fingerprint", "signature", "bucket", "threads", "tilefold", "env"
 
 
 def key_fields(signature: str, bucket: list, threads: int, *, candidates: Iterable[str],
-               generators: str) -> dict[str, Any]:
+               generators: str, fingerprint: str | None = None) -> dict[str, Any]:
     """Everything a measurement depends on (Triton's autotuner cache key, in spirit):
     `candidates` are the keys of the candidates that competed, `generators` a digest of the
-    code that proposed and generates them."""
+    code that proposed and generates them; `fingerprint` is the machine's id (the CPU's
+    `hardware_fingerprint` unless given: a GPU's comes from `target.gpu.gpu_fingerprint`)."""
     return {
-        "fingerprint": hardware_fingerprint(),
+        "fingerprint": fingerprint or hardware_fingerprint(),
         "signature": signature,
         "bucket": [list(b) for b in bucket],
         "threads": threads,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -126,6 +127,36 @@ def detect_gpu() -> GPUTarget | None:
                 return dataclasses.replace(
                     entry, sm_count=props.multi_processor_count,
                     l2_bytes=getattr(props, "L2_cache_size", None) or entry.l2_bytes)
+    return None
+
+
+def gpu_fingerprint(target: GPUTarget) -> str:
+    """A short stable id of the GPU that runs `target`'s kernels, for keying GPU tuning results:
+    the device's name, compute capability, SM count, driver and CUDA runtime versions (or, with
+    no device, as under Triton's interpreter, the target's own figures and "no device"), and
+    Triton's version. The CPU's `hardware_fingerprint` is a separate id."""
+    parts = [target.name, str(target.compute_capability), str(target.sm_count)]
+    parts += _device_parts() or ["no device"]
+    with contextlib.suppress(ImportError):
+        import triton
+
+        parts.append(f"triton {triton.__version__}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _device_parts() -> list[str] | None:
+    """What PyTorch reports of CUDA device 0 (None without PyTorch or a GPU)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    with contextlib.suppress(Exception):  # a broken driver is no GPU
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            driver = getattr(torch._C, "_cuda_getDriverVersion", lambda: "?")()
+            return [props.name, f"cc {props.major}.{props.minor}",
+                    f"{props.multi_processor_count} SMs", f"driver {driver}",
+                    f"cuda {torch.version.cuda}"]
     return None
 
 

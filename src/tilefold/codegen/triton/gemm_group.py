@@ -167,6 +167,7 @@ class TritonGemmGroup:
         self.group, self.target, self.split = group, target, split
         self.params, self.ops, _ = _ops(group)
         self._made: dict[tuple, tuple[GemmPlan, Any]] = {}
+        self._consts: dict[str, dict[Value, Any]] = {}  # per device
 
     def plan(self, *tensors: Any) -> GemmPlan:
         """What the template runs for tensors of these shapes."""
@@ -191,15 +192,32 @@ class TritonGemmGroup:
             self._made[key] = (plan, gemm)
         return self._made[key]
 
-    def __call__(self, *tensors: Any, config: GemmConfig | None = None) -> list[Any]:
+    def dot_dtype(self, *tensors: Any) -> str:
+        """The dtype the template's dot reads for tensors of these shapes."""
+        return str(self.plan(*tensors).matmul.operands[0].type.dtype)
+
+    def mnk(self, *tensors: Any) -> tuple[int, int, int]:
+        """The GEMM's M, N, K for these tensors (after the prologue's views and transposes)."""
+        a, b, _, _ = self._operands(tensors)
+        return int(a.shape[-2]), int(b.shape[-1]), int(a.shape[-1])
+
+    def _constants(self, device: Any) -> dict[Value, Any]:
+        """The group's constants as f32 tensors on `device`, copied there once."""
         import torch
 
-        plan, gemm = self._prepare(tensors)
+        key = str(device)
+        if key not in self._consts:
+            self._consts[key] = {
+                op.results[0]: torch.from_numpy(
+                    np.asarray(op.attrs["value"], np.float32)).to(device)
+                for op in self.ops if op.name == "constant"}
+        return self._consts[key]
+
+    def _operands(self, tensors: Sequence[Any]) -> tuple[Any, Any, list[Any], dict]:
+        """A and B as the template reads them, B's scales and zero points, and every value."""
+        plan, _ = self._prepare(tensors)
         values: dict[Value, Any] = dict(zip(self.params, tensors, strict=True))
-        for op in self.ops:
-            if op.name == "constant":
-                values[op.results[0]] = torch.from_numpy(
-                    np.asarray(op.attrs["value"], np.float32)).to(tensors[0].device)
+        values.update(self._constants(tensors[0].device))
         mm = plan.matmul
         roots = [_root(v, views) for v, views in zip(mm.operands, plan.views, strict=True)]
         a = values[roots[0]]
@@ -215,11 +233,16 @@ class TritonGemmGroup:
         if mm.attr("transpose_b"):
             b = b.transpose(-1, -2)
             blocks = [t.transpose(-1, -2) for t in blocks]
+        return a, b, blocks, values
+
+    def __call__(self, *tensors: Any, config: GemmConfig | None = None) -> list[Any]:
+        plan, gemm = self._prepare(tensors)
+        a, b, blocks, values = self._operands(tensors)
         scale, zero = [*blocks, None, None][:2]
         if config is None:
             m, k = a.shape[-2:]
             best = propose_configs(self.target, m, b.shape[-1], k,
-                                   str(mm.operands[0].type.dtype))[0]
+                                   str(plan.matmul.operands[0].type.dtype))[0]
             config = dataclasses.replace(
                 best, split_k=1 if self.split == "none" else max(2, best.split_k))
         return gemm(a, b, scale=scale, zero_point=zero,

@@ -79,6 +79,7 @@ class TritonGroup:
         self.group = analyze_group(group)
         self.params = list(group.args)
         self._compiled: dict[Any, tuple[Kernel, GPUSchedule, TritonLaunch]] = {}
+        self._consts: dict[str, list[Any]] = {}  # the in-kernel constants, per device
 
     def kernel_for(self, *tensors: Any) -> tuple[Kernel, GPUSchedule]:
         """The kernel and schedule that run for these inputs."""
@@ -93,10 +94,13 @@ class TritonGroup:
         bindings = bind_symbols(_Signature(self.params, grp.name), arrays)
         sizes = {c: d if isinstance(d, int) else bindings[d.name] for c, d in grp.sizes.items()}
         device = tensors[0].device if tensors else torch.device("cpu")
-        consts = [torch.from_numpy(np.asarray(spec.value, np.float32)
-                                   if spec.dtype == "bf16" else np.asarray(spec.value))
-                  .to(device=device, dtype=_torch_dtype(spec.value.dtype))
-                  for spec in grp.buffers if spec.value is not None]
+        if str(device) not in self._consts:  # copied once a device (and none in a CUDA graph)
+            self._consts[str(device)] = [
+                torch.from_numpy(np.asarray(spec.value, np.float32)
+                                 if spec.dtype == "bf16" else np.asarray(spec.value))
+                .to(device=device, dtype=_torch_dtype(spec.value.dtype))
+                for spec in grp.buffers if spec.value is not None]
+        consts = self._consts[str(device)]
         outs = []
         for v in grp.outputs.values():
             shape = tuple(bindings[d.name] if isinstance(d, SymDim) else d for d in v.type.shape)
