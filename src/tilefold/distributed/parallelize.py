@@ -26,6 +26,7 @@ from tilefold.distributed.cost import AlphaBeta, CostModel
 from tilefold.distributed.plan import Plan
 from tilefold.distributed.strategies import STRATEGIES, Constraints, StrategyError, get_strategy
 from tilefold.distributed.torchrun import RankProgram
+from tilefold.distributed.training import Loss, training_module
 from tilefold.errors import TilefoldError, UnsupportedError
 from tilefold.frontend.converter import convert_graph
 from tilefold.frontend.export import inference_decompositions
@@ -147,8 +148,10 @@ class ParallelModel:
     initialized, world = mesh)."""
 
     def __init__(self, placed: Module, per_rank: Module, args: Mapping[str, str],
-                 parameters: Mapping[str, np.ndarray], plan: Plan):
+                 parameters: Mapping[str, np.ndarray], plan: Plan,
+                 gradients: Sequence[str] | None = None):
         self.placed, self.per_rank, self.plan = placed, per_rank, plan
+        self.gradients = None if gradients is None else list(gradients)
         fn = placed["main"]
         by_arg = {arg: name for name, arg in args.items()}
         self._types = {v.name: v.type for v in fn.args}
@@ -163,7 +166,7 @@ class ParallelModel:
         """Pickled as text (op classes made by factories do not pickle): a model parallelized
         once can be handed to spawned processes."""
         return (_from_text, (print_module(self.placed), print_module(self.per_rank), self._args,
-                             self._parameters, self.plan.text))
+                             self._parameters, self.plan.text, self.gradients))
 
     def block(self, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """Rank `rank`'s block of the global value of parameter or input `name`."""
@@ -187,32 +190,48 @@ class ParallelModel:
         arrays = [x.detach().cpu().numpy() for x in inputs]
         outs = self._program(*self.arguments(self._program.rank, arrays))
         results = [torch.from_numpy(o) for o in outs]
+        if self.gradients is not None:  # a training step: the loss, each parameter's gradient
+            return results[0], dict(zip(self.gradients, results[1:], strict=True))
         return results[0] if len(results) == 1 else tuple(results)
 
 
 def _from_text(placed: str, per_rank: str, args: Mapping[str, str],
-               parameters: Mapping[str, np.ndarray], plan: str) -> ParallelModel:
+               parameters: Mapping[str, np.ndarray], plan: str,
+               gradients: Sequence[str] | None) -> ParallelModel:
     return ParallelModel(verify(parse_module(placed)), verify(parse_module(per_rank)), args,
-                         parameters, Plan.parse(plan))
+                         parameters, Plan.parse(plan), gradients)
 
 
 def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
                 example_inputs: Sequence[torch.Tensor],
                 strategy: str | Mapping[str, str] = "dp", *,
                 annotations: Mapping[str, str] | None = None, cost: CostModel | None = None,
-                memory_limit: int | None = None) -> ParallelModel:
-    """`model`'s inference forward on `mesh` (see the module docstring): `strategy` a name in
-    the strategy registry (`tilefold.distributed.STRATEGIES`) or a mapping of names to
-    placements; `annotations` the "propagate" strategy's; `cost` and `memory_limit` what the
-    searched strategies judge a plan by (default: `AlphaBeta(mesh)`, no limit)."""
+                memory_limit: int | None = None, training: bool = False,
+                loss: Loss | None = None) -> ParallelModel:
+    """`model`'s inference forward on `mesh` (see the module docstring), or with `training`
+    its training step: `loss(output)` (default: the output, a scalar) and the gradient of
+    every parameter, returned whole on every rank (partial sums all_reduced).
+
+    strategy:     a name in the strategy registry (`tilefold.distributed.STRATEGIES`) or a
+                  mapping of parameter and input names to placements;
+    annotations:  the "propagate" strategy's placements, by name;
+    cost, memory_limit: what the searched strategies judge a plan by (default:
+                  `AlphaBeta(mesh)`, no limit).
+    """
     mesh = as_mesh(mesh)
-    module, args, parameters = export_with_parameters(model, example_inputs)
+    gradients = None
+    if training:
+        module, args, parameters, gradients = training_module(model, example_inputs, loss)
+    elif loss is not None:
+        raise StrategyError("parallelize: a loss is for the training step (training=True)")
+    else:
+        module, args, parameters = export_with_parameters(model, example_inputs)
     inputs = [n for n in args if n not in parameters]
     plan = strategy_plan(module, mesh, strategy, args, inputs, cost,
-                         Constraints(memory_limit=memory_limit), annotations)
+                         Constraints(memory_limit=memory_limit, training=training), annotations)
     placed, per_rank = partition(module, plan)
     weights = {n: t.detach().cpu().numpy() for n, t in parameters.items()}
-    return ParallelModel(placed, per_rank, args, weights, plan)
+    return ParallelModel(placed, per_rank, args, weights, plan, gradients)
 
 
 def partition(module: Module, plan: Plan) -> tuple[Module, Module]:

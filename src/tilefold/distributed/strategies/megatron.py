@@ -57,8 +57,11 @@ class Walk:
         return self.of.get(v, placements_of(v, self.mesh))
 
     def derive(self, op: Operation) -> Placements:
-        derived, _ = result_placements(op, [self.get(v) for v in op.operands])
-        ps = tuple(Replicate() if p is None else p for p in derived)
+        if not op.operands:  # a constant or an arange: the same on every device
+            ps: Placements = (Replicate(),) * len(self.mesh.axes)
+        else:
+            derived, _ = result_placements(op, [self.get(v) for v in op.operands])
+            ps = tuple(Replicate() if p is None else p for p in derived)
         for r in op.results:
             self.of[r] = ps
         return ps
