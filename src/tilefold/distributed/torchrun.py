@@ -90,7 +90,9 @@ class Comm:
         self.device = torch.device(device)
 
     def tensor(self, x: np.ndarray):
-        return self.torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        """A copy of `x` on the device: all_reduce and broadcast write their tensor in place,
+        and the program may read the block again (a partial sum used after its reduction)."""
+        return self.torch.from_numpy(np.array(x, order="C")).to(self.device)
 
     def empty(self, shape: Sequence[int], like: np.ndarray):
         dtype = self.torch.from_numpy(np.empty(0, like.dtype)).dtype
