@@ -2,9 +2,11 @@
 placements given per name), partitioned, and run on the simulated ranks and by spawned gloo
 processes: every rank's output matches the one-process model (float64 torch).
 
-By default one 2-rank gloo job runs the GPT-2-style and the LLaMA-style block under Megatron;
+By default one 2-rank gloo job runs the GPT-2-style and the LLaMA-style block under Megatron,
+and 8 simulated ranks run both under Megatron (GPT-2 also with sequence parallelism);
 `TILEFOLD_DIST_FULL=1` adds the full matrix: both blocks under dp, megatron, megatron-sp and
-ilp on 2 and on 4 gloo ranks (one job per world size; minutes on a 2-core host)."""
+ilp on 2 and on 4 gloo ranks (one job per world size; about 2 minutes on a 2-core host) and
+on 8 simulated ranks."""
 
 from __future__ import annotations
 
@@ -74,6 +76,44 @@ def test_megatron_places_an_nn_linear_weight_by_its_out_features() -> None:
     assert [(n, plan[n]) for n, _ in plan.entries] == list(explicit.entries)
 
 
+MESH8 = {"dp": {"dp": 8}, "megatron": {"dp": 2, "tp": 4}, "megatron-sp": {"dp": 2, "tp": 4},
+         "ilp": {"dp": 2, "tp": 4}}
+IN_BLOCK = {  # Megatron's collectives inside a GPT-2 block, the output's gathers aside
+    "megatron": {"spmd.all_reduce": 2},
+    "megatron-sp": {"spmd.all_gather": 2, "spmd.reduce_scatter": 2},
+}
+EIGHT = [("gpt2", "megatron"), ("gpt2", "megatron-sp"), ("llama", "megatron")]
+
+
+def in_block(fn) -> dict[str, int]:
+    """The function's collectives by name, less the chains that make the outputs whole."""
+    chain, later = set(), set(fn.outputs)
+    for op in reversed(fn.ops):
+        if op.name.startswith("spmd.") and op.result in later:
+            chain.add(op)
+            later.add(op.operands[0])
+    found: dict[str, int] = {}
+    for op in fn.ops:
+        if op.name.startswith("spmd.") and op not in chain:
+            found[op.name] = found.get(op.name, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("block, strategy", EIGHT if not FULL else
+                         [(b, s) for b in ("gpt2", "llama") for s in MESH8])
+def test_the_blocks_on_8_simulated_ranks(block, strategy) -> None:
+    """dp=2 x tp=4 (dp=8 for dp), batch 8: the GPT-2 block under Megatron has exactly its 2
+    all_reduces (TP+SP: 2 all_gathers, 2 reduce_scatters); the LLaMA block's 2 key/value heads
+    do not split 4 ways, so its attention runs gathered. Every rank's output matches."""
+    model, x = model_and_input(block, batch=8)
+    parallel = parallelize(model, MESH8[strategy], (x,), strategy)
+    if block == "gpt2" and strategy in IN_BLOCK:
+        assert in_block(parallel.per_rank["main"]) == IN_BLOCK[strategy]
+    want = one_process(model, x)
+    for rank, out in enumerate(simulated(parallel, x)):
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"rank {rank}")
+
+
 def _rank_main(rank: int, world: int, port: int, folder: str, programs) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -111,7 +151,12 @@ def one_thread(monkeypatch):
 
 def test_both_blocks_under_megatron_on_2_gloo_processes(tmp_path, one_thread) -> None:
     """The models are parallelized here once and handed to the processes (torch.export takes
-    seconds; under torchrun each process would call parallelize itself)."""
+    seconds; under torchrun each process would call parallelize itself). On tp=2 both blocks
+    have exactly 2 all_reduces (the LLaMA block's 2 key/value heads split 2 ways)."""
+    for block in ("gpt2", "llama"):
+        model, x = model_and_input(block)
+        per_rank = parallelize(model, {"tp": 2}, (x,), "megatron").per_rank
+        assert in_block(per_rank["main"]) == IN_BLOCK["megatron"], block
     run_gloo([("gpt2", "megatron", {"tp": 2}), ("llama", "megatron", {"tp": 2})], tmp_path, 2)
 
 

@@ -75,10 +75,13 @@ MODELS = {"mlp": (MLP, (8, 16)), "gpt2": (GPT2Block, (BATCH, SEQ, D)),
           "llama": (LlamaBlock, (BATCH, SEQ, D))}
 
 
-def model_and_input(name: str, seed: int = 5) -> tuple[nn.Module, torch.Tensor]:
-    """The same random weights and input in every process that asks."""
+def model_and_input(name: str, seed: int = 5, batch: int | None = None
+                    ) -> tuple[nn.Module, torch.Tensor]:
+    """The same random weights and input in every process that asks (`batch` rows instead of
+    the model's default)."""
     torch.manual_seed(seed)
     cls, shape = MODELS[name]
+    shape = shape if batch is None else (batch, *shape[1:])
     model = cls().eval()
     with torch.no_grad():  # norms' weights and biases random too, not ones and zeros
         for p in model.parameters():
