@@ -2,9 +2,10 @@
 a strategy, partitioned, and run on the simulated ranks and by spawned gloo processes: the
 loss and every parameter's gradient match plain torch autograd in float64 on one process.
 
-By default the MLP runs under dp and megatron on the simulated ranks and in one 2-rank gloo
-job; `TILEFOLD_DIST_FULL=1` adds the GPT-2-style and the LLaMA-style block on both (one more
-gloo job; about a minute on a 2-core host)."""
+By default the MLP runs under dp, megatron (tp=2 and dp=2 x tp=2), megatron-sp and ilp on the
+simulated ranks, and under dp and megatron in one 2-rank gloo job; `TILEFOLD_DIST_FULL=1` adds
+the GPT-2-style and the LLaMA-style block to both (one more gloo job; about 1.5 minutes on a
+2-core host)."""
 
 from __future__ import annotations
 
@@ -61,15 +62,21 @@ def simulated(parallel, x) -> list[dict[str, np.ndarray]]:
     return [{n: o[r] for n, o in zip(names, outs, strict=True)} for r in range(size)]
 
 
-def train(block: str, strategy: str):
+SIMULATED = [("dp", {"dp": 2}), ("megatron", {"tp": 2}), ("megatron", {"dp": 2, "tp": 2}),
+             ("megatron-sp", {"tp": 2}), ("ilp", {"dp": 2, "tp": 2})]
+
+
+def train(block: str, strategy: str, mesh: dict | None = None):
     model, x = model_and_input(block)
-    return parallelize(model, MESH[strategy], (x,), strategy, training=True, loss=loss)
+    return parallelize(model, mesh or MESH[strategy], (x,), strategy, training=True, loss=loss)
 
 
 @pytest.mark.parametrize("block", ["mlp", *(["gpt2", "llama"] if FULL else [])])
-@pytest.mark.parametrize("strategy", sorted(MESH))
-def test_the_training_step_on_the_simulated_ranks(block, strategy) -> None:
-    parallel = train(block, strategy)
+@pytest.mark.parametrize("strategy, mesh", SIMULATED,
+                         ids=[f"{s}-{'x'.join(f'{a}{n}' for a, n in m.items())}"
+                              for s, m in SIMULATED])
+def test_the_training_step_on_the_simulated_ranks(block, strategy, mesh) -> None:
+    parallel = train(block, strategy, mesh)
     model, x = model_and_input(block)
     want = one_process(model, x)
     for rank, got in enumerate(simulated(parallel, x)):
