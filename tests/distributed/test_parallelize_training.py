@@ -151,3 +151,31 @@ def test_a_training_step_needs_a_scalar_loss_and_parameters() -> None:
         parallelize(model, {"dp": 2}, (x,), "dp", loss=loss)
     with pytest.raises(TilefoldError, match=r"Identity has no parameter that requires grad"):
         parallelize(torch.nn.Identity(), {"dp": 2}, (x,), "dp", training=True, loss=loss)
+
+
+class Frozen(torch.nn.Module):
+    """A frozen bias and a buffer: inputs of the step, not differentiated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+        self.fc.bias.requires_grad_(False)
+        self.register_buffer("scale", torch.randn(8))
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x)) * self.scale
+
+
+def test_frozen_parameters_and_buffers_enter_the_step_without_gradients() -> None:
+    torch.manual_seed(6)
+    model, x = Frozen(), torch.randn(8, 16)
+    parallel = parallelize(model, {"dp": 2}, (x,), "dp", training=True, loss=loss)
+    assert parallel.gradients == ["fc.weight"]
+    args = [a.name for a in parallel.placed["main"].args]  # arguments, not baked constants
+    assert args == ["fc_weight", "fc_bias", "scale", "x"]
+    m = model.double()
+    value = loss(m(x.double()))
+    value.backward()
+    want = {"loss": value.detach().numpy(), "fc.weight": m.fc.weight.grad.numpy()}
+    for rank, got in enumerate(simulated(parallel, x)):
+        compare(got, want, 2e-5, f"rank {rank}")

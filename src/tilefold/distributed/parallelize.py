@@ -1,15 +1,20 @@
-"""`parallelize`: an nn.Module's inference forward as a per-rank program on a device mesh, run
-in each process of a torch.distributed job; placements from a strategy ("dp") or given per
-parameter.
+"""`parallelize`: an nn.Module's inference forward, or its training step, as a per-rank
+program on a device mesh, run in each process of a torch.distributed job; placements from a
+registered strategy (dp, megatron, megatron-sp, ilp, propagate) or given per name.
 
-    model = parallelize(mlp, {"tp": 2}, (x,), strategy={"fc1.weight": "[S(0)]",
-                        "fc1.bias": "[S(0)]", "fc2.weight": "[S(1)]"})
+    model = parallelize(block, {"dp": 2, "tp": 2}, (x,), "megatron")
     y = model(x)        # in every process: the whole output, as one process computes it
+    model = parallelize(mlp, {"tp": 2}, (x,), {"fc1.weight": "[S(0)]", "fc1.bias": "[S(0)]",
+                        "fc2.weight": "[S(1)]"})      # the propagate strategy's annotations
+    step = parallelize(mlp, {"dp": 2}, (x,), "dp", training=True, loss=fn)
+    loss, grads = step(x)                             # grads: {"fc1.weight": ..., ...}
 
-The module is exported (`torch.export`, the inference decompositions) with its parameters as
-function arguments, placed, propagated (`propagate-sharding`), its outputs made replicated,
-expanded and partitioned (`spmd-partition`). Every process passes the same global inputs and
-keeps its own block of each; the parameters' blocks are cut once.
+The module is exported (`torch.export`, the inference decompositions; for training the joint
+graph of `distributed/training.py`) with its parameters as function arguments, planned by the
+strategy on that IR (the inputs are its data arguments), the plan applied (placed,
+propagated, its intermediates redistributed), its outputs made replicated, expanded and
+partitioned (`spmd-partition`). Every process passes the same global inputs and keeps its own
+block of each; the parameters' blocks are cut once.
 """
 
 from __future__ import annotations
@@ -143,9 +148,10 @@ def replicate_outputs(module: Module) -> None:
 
 
 class ParallelModel:
-    """A model's forward partitioned over a mesh: `placed` (global types), `per_rank` (the
-    program each process runs); calling it runs this process's rank (torch.distributed
-    initialized, world = mesh)."""
+    """A model's forward (or training step) partitioned over a mesh: `plan`, `placed` (global
+    types), `per_rank` (the program each process runs), `gradients` (for a training step, the
+    parameters in the order of their gradients); calling it runs this process's rank
+    (torch.distributed initialized, world = mesh)."""
 
     def __init__(self, placed: Module, per_rank: Module, args: Mapping[str, str],
                  parameters: Mapping[str, np.ndarray], plan: Plan,

@@ -38,7 +38,8 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
     """The traced step `(parameters, buffers, inputs) -> (loss, gradients...)`, the names of
     its arguments (model names, then the inputs') and of the parameters it differentiates."""
     params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    buffers = {n: b.detach() for n, b in model.named_parameters() if not b.requires_grad}
+    buffers |= {n: b.detach() for n, b in model.named_buffers()}  # frozen: not differentiated
     names, count = list(params), len(params)
     if not names:
         raise TrainingError(f"parallelize(training=True): {type(model).__name__} has no "
