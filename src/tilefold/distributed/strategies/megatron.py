@@ -118,7 +118,8 @@ class Megatron(Strategy):
     def column(op: Operation, walk: Walk, tp: int, args: set[Value]) -> bool:
         """A matmul whose weight is column-parallel (its activation is needed whole)."""
         w = op.operands[1] if op.name == "matmul" else None
-        return w in args and walk.get(w)[tp] == Shard(weight_dims(op)[1])
+        return (w in args and w.type.rank == 2
+                and walk.get(w)[tp] == Shard(weight_dims(op)[1]))
 
     @staticmethod
     def weight(op: Operation, i: int, walk: Walk, tp: int) -> Placements:
