@@ -179,3 +179,27 @@ def test_frozen_parameters_and_buffers_enter_the_step_without_gradients() -> Non
     want = {"loss": value.detach().numpy(), "fc.weight": m.fc.weight.grad.numpy()}
     for rank, got in enumerate(simulated(parallel, x)):
         compare(got, want, 2e-5, f"rank {rank}")
+
+
+class WithLoss(torch.nn.Module):
+    """A model whose forward is its own loss (no loss function needed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return loss(torch.tanh(self.fc(x)))
+
+
+def test_a_scalar_output_is_the_loss() -> None:
+    torch.manual_seed(9)
+    model, x = WithLoss(), torch.randn(8, 16)
+    parallel = parallelize(model, {"dp": 2}, (x,), {"x": "[S(0)]"}, training=True)
+    m = model.double()
+    value = m(x.double())
+    value.backward()
+    want = {"loss": value.detach().numpy(), "fc.weight": m.fc.weight.grad.numpy(),
+            "fc.bias": m.fc.bias.grad.numpy()}
+    for rank, got in enumerate(simulated(parallel, x)):
+        compare(got, want, 2e-5, f"rank {rank}")
