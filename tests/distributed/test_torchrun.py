@@ -21,7 +21,7 @@ from tests.distributed.spmd_models import (
     partitioned,
     placed,
 )
-from tilefold.distributed import ExecutorError, RankProgram, join, run_ranks, split
+from tilefold.distributed import ExecutorError, RankProgram, bind_rank, join, run_ranks, split
 from tilefold.distributed.torchrun import Segment, program_steps
 from tilefold.ir import Module, parse_module, print_module, verify
 
@@ -55,7 +55,7 @@ def warm_kernels(per_rank: Module) -> None:
     """Compile and run each segment once here, so the ranks find its kernels (and the host's
     measured peaks) in the shared cache instead of each building them on the shared cores."""
     mesh = next(iter(per_rank.meshes.values()))
-    for step in program_steps(per_rank["main"], mesh, tilefold.compile):
+    for step in program_steps(bind_rank(per_rank, 0)["main"], mesh, tilefold.compile):
         if isinstance(step, Segment):
             step.compiled(*(np.ones(v.type.shape, v.type.dtype.np_dtype) for v in step.inputs))
 
@@ -125,19 +125,50 @@ func @main(%x: f32[4,8] @m[S(0),S(1)], %p: f32[4,8] @m[R,P(sum)], %q: f32[4,8] @
 }"""
 
 
+# A partial sum read again after its reductions (a training step's backward does this): the
+# collectives must not reduce the block in place.
+REUSED = """mesh @m [dp=2, tp=2]
+func @main(%p: f32[4,8] @m[R,P(sum)]) -> (f32[4,8] @m[R,R], f32[4,8] @m[R,S(0)],
+                                          f32[4,8] @m[R,P(sum)]) {
+  %s = all_reduce(%p) {axis = "tp"} : f32[4,8] @m[R,R]
+  %r = reduce_scatter(%p) {axis = "tp", dim = 0} : f32[4,8] @m[R,S(0)]
+  %t = add(%p, %p) : f32[4,8] @m[R,P(sum)]
+  return(%s, %r, %t)
+}"""
+
+
+# Megatron's vocab-parallel embedding: each rank looks its ids up in its rows (offset by its
+# coordinate, spmd.axis_index, which the executor binds per process).
+SPLIT_TABLE = """mesh @m [dp=2, tp=2]
+func @main(%w: f32[8,4] @m[R,S(0)], %ids: i64[4,3] @m[S(0),R]) -> (f32[4,3,4]) {
+  %e = gather(%w, %ids) {axis = 0} : f32[4,3,4]
+  return(%e)
+}"""
+
+
 def test_every_collective_and_the_mlp_on_4_gloo_ranks(tmp_path) -> None:
-    """One dp=2 x tp=2 job: each per-rank collective gives the simulated ranks' blocks, and
-    Megatron's MLP under DP+TP matches float64 NumPy."""
+    """One dp=2 x tp=2 job: each per-rank collective gives the simulated ranks' blocks,
+    Megatron's MLP under DP+TP matches float64 NumPy, a partial sum read after its
+    reductions is still the rank's part, and a table split by rows is looked up per rank."""
     collectives = verify(parse_module(COLLECTIVES))
     rng = np.random.default_rng(33)
     x, p, q = (rng.standard_normal((4, 8)).astype(np.float32) for _ in range(3))
     mlp = placed(mlp_text("dp2tp2", dt="f32"))
     mlp_args = mlp_inputs(rng, np.float32)
+    reused = verify(parse_module(REUSED))
+    table = placed(SPLIT_TABLE)
+    w, ids = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(-8, 8, (4, 3))
     jobs = [(collectives, partitioned(collectives), [x, p, q]),
-            (mlp, partitioned(mlp), mlp_args)]
-    got, (mlp_blocks,) = run_job(jobs, tmp_path, rng_seed=1)
+            (mlp, partitioned(mlp), mlp_args), (reused, partitioned(reused), [p]),
+            (table, partitioned(table), [w, ids])]
+    got, (mlp_blocks,), again, (looked_up,) = run_job(jobs, tmp_path, rng_seed=1)
+    assert "spmd.axis_index" in {op.name for op in jobs[3][1]["main"].ops}
+    np.testing.assert_array_equal(join(looked_up, table["main"].result_types[0]), w[ids])
     np.testing.assert_allclose(join(mlp_blocks, mlp["main"].result_types[0]),
                                numpy_mlp(*mlp_args), rtol=2e-5, atol=2e-5)
+    for blocks, t, want in zip(again, reused["main"].result_types, (p, p, 2 * p.astype(float)),
+                               strict=True):
+        np.testing.assert_allclose(join(blocks, t), want, rtol=1e-5, atol=1e-5)
     mesh = next(iter(jobs[0][1].meshes.values()))
     split_rng = np.random.default_rng(1)  # the same partial parts as the job's inputs
     inputs = [split(a, t.type, mesh, split_rng)

@@ -5,7 +5,7 @@ mesh, every sharded program's oracle, and the torchrun executor)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tilefold.distributed.blocks import BlockShape, gpt2, llama
 from tilefold.distributed.bucketing import BucketAllReduces
@@ -48,12 +48,13 @@ if TYPE_CHECKING:
 
 def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
                 example_inputs: Sequence[torch.Tensor],
-                strategy: str | Mapping[str, str] = "dp") -> ParallelModel:
+                strategy: str | Mapping[str, str] = "dp", **options: Any) -> ParallelModel:
     """An nn.Module's forward partitioned over `mesh` for a torch.distributed job (needs
-    PyTorch): strategy "dp", or placements per parameter or input name."""
+    PyTorch): a strategy of `STRATEGIES`, or placements per parameter or input name; the
+    options are `tilefold.distributed.parallelize.parallelize`'s."""
     from tilefold.distributed.parallelize import parallelize as build
 
-    return build(model, mesh, example_inputs, strategy)
+    return build(model, mesh, example_inputs, strategy, **options)
 
 
 __all__ = [

@@ -1,46 +1,51 @@
-"""`parallelize`: an nn.Module's inference forward as a per-rank program on a device mesh, run
-in each process of a torch.distributed job; placements from a strategy ("dp") or given per
-parameter.
+"""`parallelize`: an nn.Module's inference forward, or its training step, as a per-rank
+program on a device mesh, run in each process of a torch.distributed job; placements from a
+registered strategy (dp, megatron, megatron-sp, ilp, propagate) or given per name.
 
-    model = parallelize(mlp, {"tp": 2}, (x,), strategy={"fc1.weight": "[S(0)]",
-                        "fc1.bias": "[S(0)]", "fc2.weight": "[S(1)]"})
+    model = parallelize(block, {"dp": 2, "tp": 2}, (x,), "megatron")
     y = model(x)        # in every process: the whole output, as one process computes it
+    model = parallelize(mlp, {"tp": 2}, (x,), {"fc1.weight": "[S(0)]", "fc1.bias": "[S(0)]",
+                        "fc2.weight": "[S(1)]"})      # the propagate strategy's annotations
+    step = parallelize(mlp, {"dp": 2}, (x,), "dp", training=True, loss=fn)
+    loss, grads = step(x)                             # grads: {"fc1.weight": ..., ...}
 
-The module is exported (`torch.export`, the inference decompositions) with its parameters as
-function arguments, placed, propagated (`propagate-sharding`), its outputs made replicated,
-expanded and partitioned (`spmd-partition`). Every process passes the same global inputs and
-keeps its own block of each; the parameters' blocks are cut once.
+The module is exported (`torch.export`, the inference decompositions; for training the joint
+graph of `distributed/training.py`) with its parameters as function arguments, planned by the
+strategy on that IR (the inputs are its data arguments), the plan applied (placed,
+propagated, its intermediates redistributed), its outputs made replicated, expanded and
+partitioned (`spmd-partition`). Every process passes the same global inputs and keeps its own
+block of each; the parameters' blocks are cut once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch.export.graph_signature import InputKind
 
+from tilefold.distributed.cost import AlphaBeta, CostModel
+from tilefold.distributed.plan import Plan
+from tilefold.distributed.strategies import STRATEGIES, Constraints, StrategyError, get_strategy
 from tilefold.distributed.torchrun import RankProgram
-from tilefold.errors import TilefoldError
+from tilefold.distributed.training import Loss, training_module
+from tilefold.errors import TilefoldError, UnsupportedError
 from tilefold.frontend.converter import convert_graph
 from tilefold.frontend.export import inference_decompositions
 from tilefold.ir import Module, parse_module, print_module, verify
 from tilefold.ir.placements import scatter
 from tilefold.ir.types import (
     Mesh,
-    Placement,
     Replicate,
-    Shard,
-    Sharding,
     TensorType,
     format_placements,
     parse_placements,
 )
 from tilefold.passes import run_pipeline
 from tilefold.passes.rewrite import Rewriter
-
-STRATEGIES = ("dp",)
 
 
 def as_mesh(mesh: Mesh | Mapping[str, int]) -> Mesh:
@@ -52,7 +57,14 @@ def export_with_parameters(model: torch.nn.Module, example_inputs: Sequence[torc
                            ) -> tuple[Module, dict[str, str], dict[str, torch.Tensor]]:
     """The forward as IR whose arguments are the parameters and buffers (named as the model
     names them, `fc1.weight`) and then the inputs; the IR argument of each name; the tensors."""
-    ep = torch.export.export(model, tuple(example_inputs))
+    try:
+        ep = torch.export.export(model, tuple(example_inputs))
+    except Exception as exc:  # torch.export raises many kinds; the user needs its message
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedError(f"parallelize: torch.export cannot take {type(model).__name__} "
+                               f"with inputs {[tuple(x.shape) for x in example_inputs]}: "
+                               f"{first}. Make its forward exportable (no data-dependent "
+                               "control flow, tensors in and out)") from exc
     ep = ep.run_decompositions(inference_decompositions())
     specs = ep.graph_signature.input_specs
     names, tensors = [], {}
@@ -74,34 +86,48 @@ def export_with_parameters(model: torch.nn.Module, example_inputs: Sequence[torc
     return module, args, tensors
 
 
-def strategy_placements(strategy: str | Mapping[str, str], mesh: Mesh, names: Sequence[str],
-                        parameters: Mapping[str, Any]) -> dict[str, tuple[Placement, ...]]:
-    """Each argument's placements: "dp" splits the inputs' first dim over the mesh's `dp` axis
-    (or its only one) and replicates the parameters; a mapping names the placements of some
-    parameters or inputs (`{"fc1.weight": "[R,S(0)]"}`), the rest replicated."""
-    everywhere = (Replicate(),) * len(mesh.axes)
-    placed = dict.fromkeys(names, everywhere)
-    if isinstance(strategy, str):
-        if strategy not in STRATEGIES:
-            raise TilefoldError(f"parallelize: strategy {strategy!r} is not one of "
-                                f"{', '.join(STRATEGIES)}, or a mapping of names to placements")
-        axis = "dp" if "dp" in mesh.names else mesh.names[0] if len(mesh.axes) == 1 else None
-        if axis is None:
-            raise TilefoldError(f"parallelize: strategy 'dp' needs an axis named dp, or a mesh "
-                                f"of one axis; {mesh.declaration()} has neither")
-        data = tuple(Shard(0) if a == axis else Replicate() for a in mesh.names)
-        return {n: everywhere if n in parameters else data for n in names}
-    for name, text in strategy.items():
-        if name not in placed:
-            raise TilefoldError(f"parallelize: the model has no parameter or input {name!r} "
+def strategy_plan(module: Module, mesh: Mesh, strategy: str | Mapping[str, str],
+                  names: Mapping[str, str], inputs: Sequence[str], cost: CostModel | None,
+                  constraints: Constraints, annotations: Mapping[str, str] | None) -> Plan:
+    """The plan of `strategy`: a name in the strategy registry (searched on the exported IR,
+    the inputs as its data arguments), or a mapping of parameter and input names to
+    placements (`{"fc1.weight": "[S(0)]"}`), the "propagate" strategy's annotations."""
+    if not isinstance(strategy, str):
+        strategy, annotations = "propagate", strategy
+    if strategy not in STRATEGIES:
+        raise StrategyError(f"parallelize: strategy {strategy!r} is not one of "
+                            f"{', '.join(sorted(STRATEGIES))}, or a mapping of parameter and "
+                            "input names to placements")
+    if annotations is not None and strategy != "propagate":
+        raise StrategyError(f"parallelize: annotations are the 'propagate' strategy's; "
+                            f"strategy {strategy!r} chooses its own placements")
+    found = get_strategy(strategy)
+    axis = getattr(found, "axis_name", None)
+    if axis is not None and axis not in mesh.names and len(mesh.axes) > 1:
+        raise StrategyError(f"parallelize: strategy {strategy!r} needs a mesh axis named "
+                            f"{axis} (or a mesh of one axis); {mesh.declaration()} has "
+                            f"neither: name the axis it should split the weights on {axis}")
+    if strategy == "propagate":
+        module = annotate(module, mesh, names, annotations or {})
+    data = tuple(names[n] for n in inputs)
+    return found.search(module, mesh, cost or AlphaBeta(mesh), replace(constraints, data=data))
+
+
+def annotate(module: Module, mesh: Mesh, names: Mapping[str, str],
+             annotations: Mapping[str, str]) -> Module:
+    """A copy of `module` whose arguments carry the annotated placements (the rest R)."""
+    entries = []
+    for name, text in annotations.items():
+        if name not in names:
+            raise StrategyError(f"parallelize: the model has no parameter or input {name!r} "
                                 f"(it has: {', '.join(names)})")
         placements = parse_placements(text)
         if len(placements) != len(mesh.axes):
-            raise TilefoldError(f"parallelize: {name} {text} gives {len(placements)} "
+            raise StrategyError(f"parallelize: {name} {text} gives {len(placements)} "
                                 f"placements for the {len(mesh.axes)} axes of "
                                 f"{mesh.declaration()}")
-        placed[name] = placements
-    return placed
+        entries.append((names[name], placements))
+    return Plan(mesh, tuple(entries), "propagate").place(module)
 
 
 def replicate_outputs(module: Module) -> None:
@@ -122,13 +148,16 @@ def replicate_outputs(module: Module) -> None:
 
 
 class ParallelModel:
-    """A model's forward partitioned over a mesh: `placed` (global types), `per_rank` (the
-    program each process runs); calling it runs this process's rank (torch.distributed
-    initialized, world = mesh)."""
+    """A model's forward (or training step) partitioned over a mesh: `plan`, `placed` (global
+    types), `per_rank` (the program each process runs), `gradients` (for a training step, the
+    parameters in the order of their gradients); calling it runs this process's rank
+    (torch.distributed initialized, world = mesh)."""
 
     def __init__(self, placed: Module, per_rank: Module, args: Mapping[str, str],
-                 parameters: Mapping[str, np.ndarray]):
-        self.placed, self.per_rank = placed, per_rank
+                 parameters: Mapping[str, np.ndarray], plan: Plan,
+                 gradients: Sequence[str] | None = None):
+        self.placed, self.per_rank, self.plan = placed, per_rank, plan
+        self.gradients = None if gradients is None else list(gradients)
         fn = placed["main"]
         by_arg = {arg: name for name, arg in args.items()}
         self._types = {v.name: v.type for v in fn.args}
@@ -143,7 +172,7 @@ class ParallelModel:
         """Pickled as text (op classes made by factories do not pickle): a model parallelized
         once can be handed to spawned processes."""
         return (_from_text, (print_module(self.placed), print_module(self.per_rank), self._args,
-                             self._parameters))
+                             self._parameters, self.plan.text, self.gradients))
 
     def block(self, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """Rank `rank`'s block of the global value of parameter or input `name`."""
@@ -167,33 +196,58 @@ class ParallelModel:
         arrays = [x.detach().cpu().numpy() for x in inputs]
         outs = self._program(*self.arguments(self._program.rank, arrays))
         results = [torch.from_numpy(o) for o in outs]
+        if self.gradients is not None:  # a training step: the loss, each parameter's gradient
+            return results[0], dict(zip(self.gradients, results[1:], strict=True))
         return results[0] if len(results) == 1 else tuple(results)
 
 
 def _from_text(placed: str, per_rank: str, args: Mapping[str, str],
-               parameters: Mapping[str, np.ndarray]) -> ParallelModel:
+               parameters: Mapping[str, np.ndarray], plan: str,
+               gradients: Sequence[str] | None) -> ParallelModel:
     return ParallelModel(verify(parse_module(placed)), verify(parse_module(per_rank)), args,
-                         parameters)
+                         parameters, Plan.parse(plan), gradients)
 
 
 def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
                 example_inputs: Sequence[torch.Tensor],
-                strategy: str | Mapping[str, str] = "dp") -> ParallelModel:
-    """`model`'s inference forward on `mesh` (see the module docstring)."""
+                strategy: str | Mapping[str, str] = "dp", *,
+                annotations: Mapping[str, str] | None = None, cost: CostModel | None = None,
+                memory_limit: int | None = None, training: bool = False,
+                loss: Loss | None = None) -> ParallelModel:
+    """`model`'s inference forward on `mesh` (see the module docstring), or with `training`
+    its training step: `loss(output)` (default: the output, a scalar) and the gradient of
+    every parameter, returned whole on every rank (partial sums all_reduced).
+
+    strategy:     a name in the strategy registry (`tilefold.distributed.STRATEGIES`) or a
+                  mapping of parameter and input names to placements;
+    annotations:  the "propagate" strategy's placements, by name;
+    cost, memory_limit: what the searched strategies judge a plan by (default:
+                  `AlphaBeta(mesh)`, no limit).
+    """
     mesh = as_mesh(mesh)
-    module, args, parameters = export_with_parameters(model, example_inputs)
-    placements = strategy_placements(strategy, mesh, list(args), parameters)
-    module.meshes[mesh.name] = mesh
-    fn = module["main"]
-    for name, arg in args.items():
-        value = next(v for v in fn.args if v.name == arg)
-        value.type = value.type.with_sharding(Sharding(mesh, placements[name]))
-    verify(module)
-    run_pipeline(module, "propagate-sharding")
-    replicate_outputs(module)
-    run_pipeline(module, "expand-redistribute")
-    placed = verify(module)
-    per_rank = parse_module(print_module(placed))
-    run_pipeline(per_rank, "spmd-partition")
+    gradients = None
+    if training:
+        module, args, parameters, gradients = training_module(model, example_inputs, loss)
+    elif loss is not None:
+        raise StrategyError("parallelize: a loss is for the training step (training=True)")
+    else:
+        module, args, parameters = export_with_parameters(model, example_inputs)
+    inputs = [n for n in args if n not in parameters]
+    plan = strategy_plan(module, mesh, strategy, args, inputs, cost,
+                         Constraints(memory_limit=memory_limit, training=training), annotations)
+    placed, per_rank = partition(module, plan)
     weights = {n: t.detach().cpu().numpy() for n, t in parameters.items()}
-    return ParallelModel(placed, verify(per_rank), args, weights)
+    return ParallelModel(placed, per_rank, args, weights, plan, gradients)
+
+
+def partition(module: Module, plan: Plan) -> tuple[Module, Module]:
+    """The placed module of `plan` with every output replicated, and its per-rank program:
+    partial sums combined before they are reduced, small all_reduces bucketed (a training
+    step's gradients, as DDP does)."""
+    placed = plan.apply(module)
+    replicate_outputs(placed)
+    run_pipeline(placed, "expand-redistribute,merge-partials")
+    verify(placed)
+    per_rank = parse_module(print_module(placed))
+    run_pipeline(per_rank, "spmd-partition,bucket-all-reduces")
+    return placed, verify(per_rank)

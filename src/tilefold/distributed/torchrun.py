@@ -22,6 +22,7 @@ import numpy as np
 
 from tilefold.compiler import CompiledGraph
 from tilefold.compiler import compile as compile_module
+from tilefold.distributed.per_rank import bind_rank
 from tilefold.errors import ShapeError, TilefoldError, UnsupportedError
 from tilefold.ir import verify
 from tilefold.ir.core import Function, Module, Operation, Value
@@ -90,7 +91,9 @@ class Comm:
         self.device = torch.device(device)
 
     def tensor(self, x: np.ndarray):
-        return self.torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        """A copy of `x` on the device: all_reduce and broadcast write their tensor in place,
+        and the program may read the block again (a partial sum used after its reduction)."""
+        return self.torch.from_numpy(np.array(x, order="C")).to(self.device)
 
     def empty(self, shape: Sequence[int], like: np.ndarray):
         dtype = self.torch.from_numpy(np.empty(0, like.dtype)).dtype
@@ -274,6 +277,8 @@ class RankProgram:
                                 "dist.init_process_group first (torchrun sets the rendezvous)")
         if function not in module.functions:
             raise ExecutorError(f"module has no function @{function}")
+        if any(op.name == "spmd.axis_index" for op in module[function].ops):
+            module = bind_rank(module, dist.get_rank())  # this process's coordinates
         self.fn = verify(module)[function]
         self.mesh = program_mesh(module, self.fn)
         if dist.get_world_size() != self.mesh.size:

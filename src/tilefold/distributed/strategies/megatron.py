@@ -6,6 +6,7 @@ parallelism alone; placements follow the function's ops in order.
                    x split on k   -> w S(0)   row-parallel: the result is P(sum), all_reduced
     add(h, b)      h S(last)      -> b S(0)   the bias of a column-parallel matmul
     anything else                 -> R        norms' weights, row-parallel biases
+    (an nn.Linear weight is [out, in], `transpose_b`: column-parallel S(0), row-parallel S(1))
     sequence parallel: the data is S(0) on tp; each column-parallel input is gathered to R and
                    each row-parallel result reduce-scattered to S(0) (2 all_gathers + 2
                    reduce_scatters per block instead of 2 all_reduces)
@@ -38,6 +39,12 @@ def data_placements(value: Value, mesh: Mesh, axes: list[int]) -> Placements:
     return tuple(ps)
 
 
+def weight_dims(op: Operation) -> tuple[int, int]:
+    """The contracted and the output-feature dim of a matmul's 2-D weight operand (an
+    nn.Linear weight is [out, in]: `transpose_b`)."""
+    return (1, 0) if op.attr("transpose_b") else (0, 1)
+
+
 class Walk:
     """Placements of a function's values as propagate-sharding would give them, the arguments
     placed by a template when their first user is reached."""
@@ -50,8 +57,11 @@ class Walk:
         return self.of.get(v, placements_of(v, self.mesh))
 
     def derive(self, op: Operation) -> Placements:
-        derived, _ = result_placements(op, [self.get(v) for v in op.operands])
-        ps = tuple(Replicate() if p is None else p for p in derived)
+        if not op.operands:  # a constant or an arange: the same on every device
+            ps: Placements = (Replicate(),) * len(self.mesh.axes)
+        else:
+            derived, _ = result_placements(op, [self.get(v) for v in op.operands])
+            ps = tuple(Replicate() if p is None else p for p in derived)
         for r in op.results:
             self.of[r] = ps
         return ps
@@ -62,6 +72,8 @@ class Megatron(Strategy):
     """Megatron-LM's tensor parallelism on `axis` (default: "tp", else the last mesh axis),
     data parallel on the other axes."""
 
+    axis_name = "tp"  # the axis it splits weights on when the mesh has several
+
     def __init__(self, sequence_parallel: bool = False, axis: str | None = None):
         self.sequence_parallel = sequence_parallel
         self.axis = axis
@@ -69,7 +81,8 @@ class Megatron(Strategy):
     def search(self, module: Module, mesh: Mesh, cost: CostModel,
                constraints: Constraints) -> Plan:
         fn = function(module, constraints.function)
-        name = self.axis or ("tp" if "tp" in mesh.names else mesh.names[-1])
+        name = self.axis or (self.axis_name if self.axis_name in mesh.names
+                             else mesh.names[-1])
         tp = mesh.axis_index(name)
         dp = [a for a in range(len(mesh.axes)) if a != tp]
         data = constraints.data_args(fn)
@@ -105,7 +118,8 @@ class Megatron(Strategy):
     def column(op: Operation, walk: Walk, tp: int, args: set[Value]) -> bool:
         """A matmul whose weight is column-parallel (its activation is needed whole)."""
         w = op.operands[1] if op.name == "matmul" else None
-        return w in args and walk.get(w)[tp] == Shard(w.type.rank - 1)
+        return (w in args and w.type.rank == 2
+                and walk.get(w)[tp] == Shard(weight_dims(op)[1]))
 
     @staticmethod
     def weight(op: Operation, i: int, walk: Walk, tp: int) -> Placements:
@@ -116,10 +130,11 @@ class Megatron(Strategy):
         place = Replicate()
         if op.name == "matmul" and i == 1 and v.type.rank == 2 and x is not None:
             k = op.operands[0].type.rank - 1
+            inner, outer = weight_dims(op)
             if isinstance(x[tp], Shard) and x[tp].dim == k:
-                place = Shard(0)  # row-parallel
+                place = Shard(inner)  # row-parallel
             elif not isinstance(x[tp], Partial):
-                place = Shard(1)  # column-parallel (SP: its input is gathered first)
+                place = Shard(outer)  # column-parallel (SP: its input is gathered first)
         elif (op.name == "add" and i == 1 and v.type.rank == 1 and x is not None
               and x[tp] == Shard(op.operands[0].type.rank - 1)):
             place = Shard(0)  # the bias of a column-parallel matmul

@@ -53,6 +53,12 @@ def zeros(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     return _filled(ctx, 0)
 
 
+@lowering(aten.empty.memory_format, aten.empty_like.default, aten.empty_permuted.default)
+def empty(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+    """an uninitialized tensor, as zeros (autograd's silu backward fills one with full_like)"""
+    return _filled(ctx, 0)
+
+
 @lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def ones(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     """ones of the result shape"""

@@ -263,6 +263,19 @@ for _target, _name in REDUCTIONS.items():
     lowering(_target)(_reduction(_name))
 
 
+@lowering(aten.any.dim, aten.any.dims, aten.any.default)
+def any_(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    """whether any element over dims is nonzero: max of (x != 0) as f32, then != 0 (the
+    math attention's fully-masked-row test, in the backward graph of SDPA)"""
+    rank = ctx.rank(x)
+    dims = [dim] if isinstance(dim, int) else dim
+    axes = _reduced_axes(dims, rank)
+    t = ctx.tensor(x)
+    hit = ctx.cast(ctx.op("ne", t, ctx.scalar(0, t.dtype)), dtypes.f32)
+    top = ctx.op("reduce_max", hit, axes=axes, keepdims=bool(keepdim))
+    return ctx.op("ne", top, ctx.scalar(0, dtypes.f32))
+
+
 @lowering(aten.cumsum.default)
 def cumsum(ctx: LoweringContext, x: Any, dim: int, *, dtype: Any = None) -> Any:
     """running sum along dim, in the result's dtype (PyTorch sums bools and integers in i64;

@@ -1,0 +1,208 @@
+"""parallelize(training=True): the joint forward+backward graph of a model's loss, planned by
+a strategy, partitioned, and run on the simulated ranks and by spawned gloo processes: the
+loss and every parameter's gradient match plain torch autograd in float64 on one process.
+
+By default the MLP runs under dp, megatron (tp=2 and dp=2 x tp=2), megatron-sp and ilp on the
+simulated ranks, and under dp and megatron in one 2-rank gloo job; `TILEFOLD_DIST_FULL=1` adds
+the GPT-2-style and the LLaMA-style block to both (one more gloo job; about 1.5 minutes on a
+2-core host)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.distributed.test_torchrun import free_port, warm_kernels
+from tests.distributed.torch_blocks import model_and_input
+from tilefold.distributed import parallelize, run_ranks
+from tilefold.errors import TilefoldError
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+mp = pytest.importorskip("torch.multiprocessing")
+
+FULL = os.environ.get("TILEFOLD_DIST_FULL") == "1"
+MESH = {"dp": {"dp": 2}, "megatron": {"tp": 2}}
+TOL = {"mlp": 2e-5, "gpt2": 1e-4, "llama": 1e-4}
+
+
+def loss(y):
+    """Half the mean over rows of the squared output, as a sum scaled by a constant (a sum of
+    row partials stays a partial sum under data parallelism)."""
+    return (y * y).sum() * (0.5 / y.shape[0])
+
+
+def one_process(model, x) -> dict[str, np.ndarray]:
+    """The loss and each parameter's gradient by plain torch autograd in float64."""
+    m = model.double()
+    m.zero_grad()
+    value = loss(m(x.double()))
+    value.backward()
+    return {"loss": value.detach().numpy(), **{n: p.grad.numpy() for n, p in
+                                                m.named_parameters()}}
+
+
+def compare(got: dict[str, np.ndarray], want: dict[str, np.ndarray], tol: float,
+            where: str) -> None:
+    assert set(got) == set(want), where
+    for name, w in want.items():  # the gradients are O(1..100): a relative bound on each
+        scale = max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(got[name], w, rtol=tol, atol=tol * scale,
+                                   err_msg=f"{name} ({where})")
+
+
+def simulated(parallel, x) -> list[dict[str, np.ndarray]]:
+    size = next(iter(parallel.per_rank.meshes.values())).size
+    per_rank = [parallel.arguments(r, [x.numpy()]) for r in range(size)]
+    outs = run_ranks(parallel.per_rank, [list(b) for b in zip(*per_rank, strict=True)])
+    names = ["loss", *parallel.gradients]
+    return [{n: o[r] for n, o in zip(names, outs, strict=True)} for r in range(size)]
+
+
+SIMULATED = [("dp", {"dp": 2}), ("megatron", {"tp": 2}), ("megatron", {"dp": 2, "tp": 2}),
+             ("megatron-sp", {"tp": 2}), ("ilp", {"dp": 2, "tp": 2})]
+
+
+def train(block: str, strategy: str, mesh: dict | None = None):
+    model, x = model_and_input(block)
+    return parallelize(model, mesh or MESH[strategy], (x,), strategy, training=True, loss=loss)
+
+
+@pytest.mark.parametrize("block", ["mlp", *(["gpt2", "llama"] if FULL else [])])
+@pytest.mark.parametrize("strategy, mesh", SIMULATED,
+                         ids=[f"{s}-{'x'.join(f'{a}{n}' for a, n in m.items())}"
+                              for s, m in SIMULATED])
+def test_the_training_step_on_the_simulated_ranks(block, strategy, mesh) -> None:
+    parallel = train(block, strategy, mesh)
+    model, x = model_and_input(block)
+    want = one_process(model, x)
+    for rank, got in enumerate(simulated(parallel, x)):
+        compare(got, want, TOL[block], f"{block} {strategy} rank {rank}")
+
+
+def test_data_parallel_gradients_are_all_reduced_partial_sums() -> None:
+    """Under dp every gradient (and the loss) is a sum over the ranks' rows: propagation makes
+    each a P(sum), and the only collectives are their all_reduces, no gathers; these small
+    ones leave partitioning as one bucket (bucket-all-reduces), as DDP sends them."""
+    parallel = train("mlp", "dp")
+    placed = [op.name for op in parallel.placed["main"].ops if "collective" in op.opdef.traits]
+    assert placed == ["all_reduce"] * (1 + len(parallel.gradients))
+    collectives = [op.name for op in parallel.per_rank["main"].ops if op.name.startswith("spmd")]
+    assert collectives == ["spmd.all_reduce"]
+    assert parallel.gradients == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+
+
+def test_megatron_splits_the_weights_of_the_joint_graph() -> None:
+    plan = train("mlp", "megatron").plan
+    assert [str(plan[n][0]) for n in ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")] == [
+        "S(0)", "S(0)", "S(1)", "R"]
+
+
+def _rank_main(rank: int, world: int, port: int, folder: str, programs) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        for key, block, parallel in programs:
+            _, x = model_and_input(block)
+            value, grads = parallel(x)
+            arrays = {"loss": value.numpy(), **{n: g.numpy() for n, g in grads.items()}}
+            np.savez(Path(folder) / f"{key}.{rank}.npz", **arrays)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo(cases: list[tuple[str, str]], folder: Path) -> None:
+    """Each (block, strategy) parallelized here, all run in one spawned 2-process job."""
+    programs, wants = [], {}
+    for block, strategy in cases:
+        parallel = train(block, strategy)
+        warm_kernels(parallel.per_rank)
+        key = f"{block}-{strategy}"
+        programs.append((key, block, parallel))
+        wants[key] = one_process(*model_and_input(block))
+    mp.spawn(_rank_main, args=(2, free_port(), str(folder), programs), nprocs=2)
+    for key, want in wants.items():
+        for rank in range(2):
+            with np.load(folder / f"{key}.{rank}.npz") as f:
+                got = {n: f[n] for n in f.files}
+            compare(got, want, TOL[key.split("-")[0]], f"{key} on gloo rank {rank}")
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    monkeypatch.setenv("TILEFOLD_NUM_THREADS", "1")  # the ranks share this host's cores
+
+
+def test_the_mlp_training_step_on_2_gloo_processes(tmp_path, one_thread) -> None:
+    run_gloo([("mlp", "dp"), ("mlp", "megatron")], tmp_path)
+
+
+@pytest.mark.skipif(not FULL, reason="the blocks' training steps: set TILEFOLD_DIST_FULL=1")
+def test_the_blocks_training_steps_on_2_gloo_processes(tmp_path, one_thread) -> None:
+    run_gloo([(b, s) for b in ("gpt2", "llama") for s in ("dp", "megatron")], tmp_path)
+
+
+def test_a_training_step_needs_a_scalar_loss_and_parameters() -> None:
+    model, x = model_and_input("mlp")
+    with pytest.raises(TilefoldError, match=r"the loss must be one scalar tensor, but MLP "
+                       r"output is \(8, 16\); pass loss=fn"):
+        parallelize(model, {"dp": 2}, (x,), "dp", training=True)
+    with pytest.raises(TilefoldError, match=r"a loss is for the training step"):
+        parallelize(model, {"dp": 2}, (x,), "dp", loss=loss)
+    with pytest.raises(TilefoldError, match=r"Identity has no parameter that requires grad"):
+        parallelize(torch.nn.Identity(), {"dp": 2}, (x,), "dp", training=True, loss=loss)
+
+
+class Frozen(torch.nn.Module):
+    """A frozen bias and a buffer: inputs of the step, not differentiated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+        self.fc.bias.requires_grad_(False)
+        self.register_buffer("scale", torch.randn(8))
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x)) * self.scale
+
+
+def test_frozen_parameters_and_buffers_enter_the_step_without_gradients() -> None:
+    torch.manual_seed(6)
+    model, x = Frozen(), torch.randn(8, 16)
+    parallel = parallelize(model, {"dp": 2}, (x,), "dp", training=True, loss=loss)
+    assert parallel.gradients == ["fc.weight"]
+    args = [a.name for a in parallel.placed["main"].args]  # arguments, not baked constants
+    assert args == ["fc_weight", "fc_bias", "scale", "x"]
+    m = model.double()
+    value = loss(m(x.double()))
+    value.backward()
+    want = {"loss": value.detach().numpy(), "fc.weight": m.fc.weight.grad.numpy()}
+    for rank, got in enumerate(simulated(parallel, x)):
+        compare(got, want, 2e-5, f"rank {rank}")
+
+
+class WithLoss(torch.nn.Module):
+    """A model whose forward is its own loss (no loss function needed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return loss(torch.tanh(self.fc(x)))
+
+
+def test_a_scalar_output_is_the_loss() -> None:
+    torch.manual_seed(9)
+    model, x = WithLoss(), torch.randn(8, 16)
+    parallel = parallelize(model, {"dp": 2}, (x,), {"x": "[S(0)]"}, training=True)
+    m = model.double()
+    value = m(x.double())
+    value.backward()
+    want = {"loss": value.detach().numpy(), "fc.weight": m.fc.weight.grad.numpy(),
+            "fc.bias": m.fc.bias.grad.numpy()}
+    for rank, got in enumerate(simulated(parallel, x)):
+        compare(got, want, 2e-5, f"rank {rank}")

@@ -1,0 +1,89 @@
+"""A GPT-2-style and a LLaMA-style (grouped-query) transformer block as torch nn.Modules, and
+an MLP, for the `parallelize` tests: the one-process models the parallel runs must match."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+D, HEADS, KV_HEADS, BATCH, SEQ = 64, 4, 2, 4, 8
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Attention(nn.Module):
+    """Causal self-attention with `kv_heads` key/value heads serving `heads` query heads."""
+
+    def __init__(self, d: int, heads: int, kv_heads: int, bias: bool) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.q = nn.Linear(d, d, bias=bias)
+        self.k = nn.Linear(d, kv_heads * self.hd, bias=bias)
+        self.v = nn.Linear(d, kv_heads * self.hd, bias=bias)
+        self.o = nn.Linear(d, d, bias=bias)
+
+    def forward(self, x):
+        b, s, d = x.shape
+
+        def heads(t, n):
+            return t.view(b, s, n, self.hd).transpose(1, 2)
+
+        q = heads(self.q(x), self.heads)
+        k, v = heads(self.k(x), self.kv_heads), heads(self.v(x), self.kv_heads)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.kv_heads != self.heads)
+        return self.o(a.transpose(1, 2).reshape(b, s, d))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, d: int = D, heads: int = HEADS) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = Attention(d, heads, heads, bias=True)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d: int = D, heads: int = HEADS, kv_heads: int = KV_HEADS,
+                 hidden: int = 128) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
+        self.attn = Attention(d, heads, kv_heads, bias=False)
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+MODELS = {"mlp": (MLP, (8, 16)), "gpt2": (GPT2Block, (BATCH, SEQ, D)),
+          "llama": (LlamaBlock, (BATCH, SEQ, D))}
+
+
+def model_and_input(name: str, seed: int = 5, batch: int | None = None
+                    ) -> tuple[nn.Module, torch.Tensor]:
+    """The same random weights and input in every process that asks (`batch` rows instead of
+    the model's default)."""
+    torch.manual_seed(seed)
+    cls, shape = MODELS[name]
+    shape = shape if batch is None else (batch, *shape[1:])
+    model = cls().eval()
+    with torch.no_grad():  # norms' weights and biases random too, not ones and zeros
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model, torch.randn(*shape)
