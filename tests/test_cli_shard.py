@@ -95,3 +95,18 @@ func @main(%x: f32[4,8] @m[R], %w: f32[8,16] @m[S(1)]) -> (f32[4,16]) {
 def test_bad_arguments_are_named(argv, message, capsys) -> None:
     assert main(["shard", str(EXAMPLE), *argv]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_explain_on_a_placed_module_names_each_ops_rule_or_says_replicated(tmp_path,
+                                                                           capsys) -> None:
+    path = tmp_path / "mlp.tfir"
+    path.write_text("""mesh @m [dp=2, tp=2]
+func @main(%x: f64[6,8] @m[S(0),R], %w: f64[8,16] @m[R,S(1)]) -> (f64[6,16]) {
+  %h = matmul(%x, %w) : f64[6,16]
+  %c = cumsum(%h) {axis = 0} : f64[6,16]
+  return(%c)
+}""")
+    assert main(["explain", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:3] == ["# sharding: %h: 'matmul' by mk,kn->mn gives [S(0),S(1)]",
+                          "# sharding: %c: 'cumsum' has no sharding rule: it runs replicated"]

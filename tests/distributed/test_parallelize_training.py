@@ -4,8 +4,8 @@ loss and every parameter's gradient match plain torch autograd in float64 on one
 
 By default the MLP runs under dp, megatron (tp=2 and dp=2 x tp=2), megatron-sp and ilp on the
 simulated ranks, and under dp and megatron in one 2-rank gloo job; `TILEFOLD_DIST_FULL=1` adds
-the GPT-2-style and the LLaMA-style block to both (one more gloo job; about 1.5 minutes on a
-2-core host)."""
+the GPT-2-style and the LLaMA-style block to both, on gloo under every strategy on 2 and on 4
+processes (a few minutes on a 2-core host)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def simulated(parallel, x) -> list[dict[str, np.ndarray]]:
 
 
 SIMULATED = [("dp", {"dp": 2}), ("megatron", {"tp": 2}), ("megatron", {"dp": 2, "tp": 2}),
-             ("megatron-sp", {"tp": 2}), ("ilp", {"dp": 2, "tp": 2})]
+             ("megatron-sp", {"tp": 2}), ("ilp", {"dp": 2, "tp": 2}), ("dp", {"dp": 8}),
+             ("megatron", {"dp": 2, "tp": 4}), ("megatron-sp", {"dp": 2, "tp": 4})]
 
 
 def train(block: str, strategy: str, mesh: dict | None = None):
@@ -114,21 +115,25 @@ def _rank_main(rank: int, world: int, port: int, folder: str, programs) -> None:
         dist.destroy_process_group()
 
 
-def run_gloo(cases: list[tuple[str, str]], folder: Path) -> None:
-    """Each (block, strategy) parallelized here, all run in one spawned 2-process job."""
-    programs, wants = [], {}
-    for block, strategy in cases:
-        parallel = train(block, strategy)
+def run_gloo(cases: list[tuple[str, str, dict]], folder: Path) -> None:
+    """Each (block, strategy, mesh) parallelized here; those of one world size run in one
+    spawned job of that many processes."""
+    by_world: dict[int, list] = {}
+    wants = {}
+    for block, strategy, mesh in cases:
+        parallel = train(block, strategy, mesh)
         warm_kernels(parallel.per_rank)
-        key = f"{block}-{strategy}"
-        programs.append((key, block, parallel))
+        key = f"{block}-{strategy}-{'x'.join(f'{a}{n}' for a, n in mesh.items())}"
+        by_world.setdefault(int(np.prod(list(mesh.values()))), []).append(
+            (key, block, parallel))
         wants[key] = one_process(*model_and_input(block))
-    mp.spawn(_rank_main, args=(2, free_port(), str(folder), programs), nprocs=2)
-    for key, want in wants.items():
-        for rank in range(2):
-            with np.load(folder / f"{key}.{rank}.npz") as f:
-                got = {n: f[n] for n in f.files}
-            compare(got, want, TOL[key.split("-")[0]], f"{key} on gloo rank {rank}")
+    for world, programs in by_world.items():
+        mp.spawn(_rank_main, args=(world, free_port(), str(folder), programs), nprocs=world)
+        for key, block, _ in programs:
+            for rank in range(world):
+                with np.load(folder / f"{key}.{rank}.npz") as f:
+                    got = {n: f[n] for n in f.files}
+                compare(got, wants[key], TOL[block], f"{key} on gloo rank {rank}")
 
 
 @pytest.fixture
@@ -137,12 +142,21 @@ def one_thread(monkeypatch):
 
 
 def test_the_mlp_training_step_on_2_gloo_processes(tmp_path, one_thread) -> None:
-    run_gloo([("mlp", "dp"), ("mlp", "megatron")], tmp_path)
+    run_gloo([("mlp", "dp", MESH["dp"]), ("mlp", "megatron", MESH["megatron"])], tmp_path)
+
+
+# The full matrix: every strategy on 2 processes, and on 4 (dp=4 for data parallelism alone,
+# else dp=2 x tp=2).
+GLOO_FULL = [(s, m) for s, m in [("dp", {"dp": 2}), ("megatron", {"tp": 2}),
+                                 ("megatron-sp", {"tp": 2}), ("ilp", {"tp": 2}),
+                                 ("dp", {"dp": 4}), ("megatron", {"dp": 2, "tp": 2}),
+                                 ("megatron-sp", {"dp": 2, "tp": 2}),
+                                 ("ilp", {"dp": 2, "tp": 2})]]
 
 
 @pytest.mark.skipif(not FULL, reason="the blocks' training steps: set TILEFOLD_DIST_FULL=1")
-def test_the_blocks_training_steps_on_2_gloo_processes(tmp_path, one_thread) -> None:
-    run_gloo([(b, s) for b in ("gpt2", "llama") for s in ("dp", "megatron")], tmp_path)
+def test_the_blocks_training_steps_on_2_and_4_gloo_processes(tmp_path, one_thread) -> None:
+    run_gloo([(b, s, m) for b in ("gpt2", "llama") for s, m in GLOO_FULL], tmp_path)
 
 
 def test_a_training_step_needs_a_scalar_loss_and_parameters() -> None:

@@ -1,4 +1,5 @@
-"""`tilefold explain FILE`: per fused group, every method family's candidates, costs and winner."""
+"""`tilefold explain FILE`: per fused group, every method family's candidates, costs and winner;
+for a module on a device mesh, the sharding rule behind each op's placement."""
 
 from __future__ import annotations
 
@@ -49,9 +50,26 @@ def compile_file(path: str, function: str, bind: list[str]):
     return graph, shapes
 
 
+def explain_sharding(path: str, function: str) -> None:
+    """For a module placed on a mesh: the rule that places each op, or that none does and it
+    runs replicated (its kernels are chosen per rank, after `tilefold shard` partitions it)."""
+    from tilefold.distributed.propagate import explain
+
+    module, _ = load_function(path, function)
+    print(f"# tilefold explain {path} @{function}: sharding on "
+          + ", ".join(m.declaration() for m in module.meshes.values()))
+    for line in explain(module, function):
+        print(f"# sharding: {line}")
+    print("# kernels are chosen per rank: see `tilefold shard` for the partitioned program")
+
+
 def handle(args: argparse.Namespace) -> int:
     if args.tune:
         os.environ["TILEFOLD_TUNE"] = "1"
+    module, _ = load_function(args.file, args.function)
+    if module.meshes:
+        explain_sharding(args.file, args.function)
+        return 0
     graph, shapes = compile_file(args.file, args.function, args.bind)
     print(f"# tilefold explain {args.file} @{args.function} on "
           + ", ".join(f"[{','.join(map(str, s))}]" for s in shapes))
