@@ -101,3 +101,13 @@ def test_tuning_records_every_kernel_and_info_says_so(store, capsys):
 def test_tune_gemm_refuses_a_file_with_it(store, capsys):
     assert main(["tune", "--gemm", "--model", "gpt2"]) != 0
     assert "--gemm tunes alone: give no IR file" in capsys.readouterr().err
+
+
+def test_a_kernel_for_narrow_products_is_tuned_on_products_it_takes() -> None:
+    from tilefold.codegen.gemm.registry import MICROKERNELS
+    from tilefold.codegen.gemm.tuning import shapes_for
+
+    for kernel in MICROKERNELS:
+        widest = kernel.nr if kernel.shape_class == "narrow" else kernel.max_n
+        if widest is not None:
+            assert all(n <= widest for _, n, _ in shapes_for(kernel)), kernel.name

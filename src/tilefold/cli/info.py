@@ -47,7 +47,8 @@ def describe(target_name: str) -> dict:
 
     target = host_target() if target_name == "host" else named_target(target_name)
     gemm = {
-        f"gemm f32 ({name})": f"{c['microkernel']} ({c['mr']}x{c['nr']}), "
+        f"gemm f32 ({name})": f"{c['microkernel']} ({c['mr']}x{c['nr']}"
+        + (f", N <= {c['max_n']}" if c["max_n"] else "") + "), "
         f"MC={c['blocking']['mc']} KC={c['blocking']['kc']} NC={c['blocking']['nc']}, "
         f"{c['loop_order']}, {_blocking_source(c['tuned'])}"
         for name, c in describe_gemm(target)["shape_classes"].items()

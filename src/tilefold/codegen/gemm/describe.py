@@ -24,6 +24,7 @@ def describe(target: Target | None = None, dtype: str = "f32") -> dict:
             "nr": kern.nr,
             "lanes": kern.lanes,
             "a_packed": not kern.a_direct,
+            "max_n": kern.max_n,  # the widest product it takes (None: any)
             "loop_order": "A micro-panel in L1" if kern.a_in_l1 else "B micro-panel in L1",
             "blocking": {"mc": blk.mc, "kc": blk.kc, "nc": blk.nc},
             # None: the cache model's; else what `tilefold tune --gemm` measured against it

@@ -45,9 +45,12 @@ class Outcome:
 
 
 def shapes_for(kernel: MicroKernel) -> tuple[tuple[int, int, int], ...]:
-    """(M, N, K) products on which `kernel`'s blocking matters: K past KC, M past MC, N past NC."""
+    """(M, N, K) products on which `kernel`'s blocking matters: K past KC, M past MC, N past NC
+    (or, for a kernel that only takes narrow products, as wide as it takes)."""
     if kernel.shape_class == "narrow":
         return ((2048, kernel.nr, 2048), (4096, kernel.nr, 512))
+    if kernel.max_n is not None:
+        return ((2048, kernel.max_n, 2048), (8192, kernel.max_n // 2, 256))
     return ((1024, 1024, 1024), (384, 3072, 768), (2048, 512, 1536))
 
 
