@@ -161,6 +161,11 @@ class Outcome:
 
 
 KINDS = ("tilefold", "interpreter", "fallback", "random", "mismatch", "error")
+# Ops whose values are undefined (uninitialized memory): eager's may repeat between two calls,
+# so `run_sample` cannot tell them from deterministic ones; like RNG output, only shapes and
+# dtypes compare.
+UNINITIALIZED = {"empty", "empty_like", "empty_permuted", "empty_strided", "new_empty",
+                 "new_empty_strided"}
 
 
 def run_sample(case: Case, sample: SampleInput) -> Outcome:
@@ -179,7 +184,8 @@ def run_sample(case: Case, sample: SampleInput) -> Outcome:
 
     with torch.no_grad():
         want = _seeded(call, tensors, 0)
-        random_output = not _close(_seeded(call, tensors, 1), want, {})
+        random_output = (case.info.name in UNINITIALIZED
+                         or not _close(_seeded(call, tensors, 1), want, {}))
         torch._dynamo.reset()
         report.REPORTS.clear()
         # Not strict: leaving an op to PyTorch is the rule of the game here; the interpreter
@@ -191,10 +197,11 @@ def run_sample(case: Case, sample: SampleInput) -> Outcome:
         except Exception as exc:  # the rule of the game: tilefold falls back, never raises
             cause = getattr(exc, "inner_exception", None) or exc  # BackendCompilerFailed's
             return Outcome("error", _one_line(f"{type(cause).__name__}: {cause}"))
-    if random_output:  # draws from the RNG: eager and compiled draw differently
+    if random_output:  # RNG draws (eager and compiled draw differently) or undefined values
         if _meta(got) != _meta(want):
             return Outcome("mismatch", f"random output {_meta(got)}, eager {_meta(want)}")
-        return Outcome("random", "output drawn from the RNG: only shapes and dtypes compared")
+        return Outcome("random", "output drawn from the RNG or uninitialized: only shapes and "
+                                 "dtypes compared")
     try:
         torch.testing.assert_close(got, want, equal_nan=True,
                                    **tolerance(case.info.name, case.dtype))
@@ -354,7 +361,8 @@ def summary() -> Iterator[str]:
         yield "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
     yield ("pass: matched eager, in tilefold or after falling back; interp: tilefold's reference "
-           "interpreter ran (tilefold.compile failed); random: RNG output, shapes compared; "
+           "interpreter ran (tilefold.compile failed); random: RNG or uninitialized output, "
+           "shapes compared; "
            "allowed: failed but allowlisted; failed: failed and not allowlisted")
     yield "why samples fell back to PyTorch:"
     for key in sorted(RESULTS):
