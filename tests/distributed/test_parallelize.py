@@ -16,14 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.distributed.test_torchrun import free_port, warm_kernels
+from tests.distributed.gloo_job import run_gloo_job
+from tests.distributed.test_torchrun import warm_kernels
 from tests.distributed.torch_blocks import model_and_input
 from tilefold.distributed import STRATEGIES, parallelize, run_ranks
 from tilefold.errors import TilefoldError
 
 torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-mp = pytest.importorskip("torch.multiprocessing")
 
 FULL = os.environ.get("TILEFOLD_DIST_FULL") == "1"
 MEGATRON = {"fc1.weight": "[S(0)]", "fc1.bias": "[S(0)]", "fc2.weight": "[S(1)]"}
@@ -114,17 +113,6 @@ def test_the_blocks_on_8_simulated_ranks(block, strategy) -> None:
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"rank {rank}")
 
 
-def _rank_main(rank: int, world: int, port: int, folder: str, programs) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        for key, block, parallel in programs:
-            _, x = model_and_input(block)
-            np.save(Path(folder) / f"{key}.{rank}.npy", parallel(x).numpy())
-    finally:
-        dist.destroy_process_group()
-
-
 def run_gloo(cases: list[tuple[str, str, dict]], folder: Path, world: int) -> None:
     """Parallelize each (block, strategy, mesh) here, run them all in one spawned job of
     `world` gloo processes, and compare every rank's output with the one-process model."""
@@ -136,11 +124,9 @@ def run_gloo(cases: list[tuple[str, str, dict]], folder: Path, world: int) -> No
         key = f"{block}-{strategy}"
         programs.append((key, block, parallel))
         wants[key] = one_process(model, x)
-    mp.spawn(_rank_main, args=(world, free_port(), str(folder), programs), nprocs=world)
-    for key, want in wants.items():
-        for rank in range(world):
-            got = np.load(folder / f"{key}.{rank}.npy")
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4,
+    for key, ranks in run_gloo_job(programs, world, folder).items():
+        for rank, got in enumerate(ranks):
+            np.testing.assert_allclose(got["out"], wants[key], rtol=1e-4, atol=1e-4,
                                        err_msg=f"{key} on rank {rank}")
 
 

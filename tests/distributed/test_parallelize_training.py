@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.distributed.test_torchrun import free_port, warm_kernels
+from tests.distributed.gloo_job import run_gloo_job
+from tests.distributed.test_torchrun import warm_kernels
 from tests.distributed.torch_blocks import model_and_input
 from tilefold.distributed import parallelize, run_ranks
 from tilefold.errors import TilefoldError
 
 torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
-mp = pytest.importorskip("torch.multiprocessing")
 
 FULL = os.environ.get("TILEFOLD_DIST_FULL") == "1"
 MESH = {"dp": {"dp": 2}, "megatron": {"tp": 2}}
@@ -102,19 +101,6 @@ def test_megatron_splits_the_weights_of_the_joint_graph() -> None:
         "S(0)", "S(0)", "S(1)", "R"]
 
 
-def _rank_main(rank: int, world: int, port: int, folder: str, programs) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        for key, block, parallel in programs:
-            _, x = model_and_input(block)
-            value, grads = parallel(x)
-            arrays = {"loss": value.numpy(), **{n: g.numpy() for n, g in grads.items()}}
-            np.savez(Path(folder) / f"{key}.{rank}.npz", **arrays)
-    finally:
-        dist.destroy_process_group()
-
-
 def run_gloo(cases: list[tuple[str, str, dict]], folder: Path) -> None:
     """Each (block, strategy, mesh) parallelized here; those of one world size run in one
     spawned job of that many processes."""
@@ -128,11 +114,9 @@ def run_gloo(cases: list[tuple[str, str, dict]], folder: Path) -> None:
             (key, block, parallel))
         wants[key] = one_process(*model_and_input(block))
     for world, programs in by_world.items():
-        mp.spawn(_rank_main, args=(world, free_port(), str(folder), programs), nprocs=world)
-        for key, block, _ in programs:
-            for rank in range(world):
-                with np.load(folder / f"{key}.{rank}.npz") as f:
-                    got = {n: f[n] for n in f.files}
+        for (key, block, _), ranks in zip(programs, run_gloo_job(programs, world, folder).values(),
+                                          strict=True):
+            for rank, got in enumerate(ranks):
                 compare(got, wants[key], TOL[block], f"{key} on gloo rank {rank}")
 
 
