@@ -42,17 +42,28 @@ def _blocking_source(tuned: dict | None) -> str:
     return f"measured blocking, {tuned['speedup']:.2f}x the model's MC={mc} KC={kc} NC={nc}"
 
 
+def _gemv_source(tuned: dict | None) -> str:
+    """Where a GEMV form's parameters came from."""
+    if tuned is None:
+        return "model (`tune --gemm` measures)"
+    ahead, panel = tuned["model"]
+    return f"measured, {tuned['speedup']:.2f}x the model's ahead={ahead} panel={panel}"
+
+
 def describe(target_name: str) -> dict:
     from tilefold.runtime import num_threads
 
     target = host_target() if target_name == "host" else named_target(target_name)
+    described = describe_gemm(target)
     gemm = {
         f"gemm f32 ({name})": f"{c['microkernel']} ({c['mr']}x{c['nr']}"
         + (f", N <= {c['max_n']}" if c["max_n"] else "") + "), "
         f"MC={c['blocking']['mc']} KC={c['blocking']['kc']} NC={c['blocking']['nc']}, "
         f"{c['loop_order']}, {_blocking_source(c['tuned'])}"
-        for name, c in describe_gemm(target)["shape_classes"].items()
+        for name, c in described["shape_classes"].items()
     }
+    gemv = {f"gemv f32 ({form})": f"{g['text']}, {_gemv_source(g['tuned'])}"
+            for form, g in described["gemv"].items()}
     lowp = {f"gemm {line.split(':')[0]}": line.split(": ", 1)[1] for line in describe_lowp(target)}
     return {
         "target": target.name + (_forced(target) if target_name == "host" else ""),
@@ -67,6 +78,7 @@ def describe(target_name: str) -> dict:
         "cores": target.cores,
         "threads": num_threads(),
         **gemm,
+        **gemv,
         **lowp,
         "cache dir": str(cache_dir()),
         "versions": f"tilefold {__version__}, Python {platform.python_version()}, "

@@ -26,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="measure kernel candidates now and keep the winners")
     p.add_argument("file", nargs="?", help="an IR file (.tfir)")
     p.add_argument("--gemm", action="store_true",
-                   help="refine this machine's GEMM cache blocking (MC/KC/NC) around the model; "
-                   "`tilefold info` then shows it")
+                   help="refine this machine's GEMM cache blocking (MC/KC/NC) and GEMV "
+                   "prefetch distance and panel around the model; `tilefold info` then shows them")
     p.add_argument("--comm", action="store_true",
                    help="time all_reduce on local torch.distributed ranks and fit the alpha-beta "
                    "collective model the distributed cost model uses")
@@ -76,7 +76,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def _tune_gemm(args: argparse.Namespace) -> int:
     from tilefold.codegen.gemm.tuned import store_path
-    from tilefold.codegen.gemm.tuning import tune_gemm
+    from tilefold.codegen.gemm.tuning import tune_gemm, tune_gemv
     from tilefold.runtime import num_threads
 
     threads = args.threads or num_threads()
@@ -87,7 +87,15 @@ def _tune_gemm(args: argparse.Namespace) -> int:
         print(f"{o.kernel:<16} {f'{m.mc}/{m.kc}/{m.nc}':>16} {f'{b.mc}/{b.kc}/{b.nc}':>16} "
               f"{o.speedup:>7.2f}x", flush=True)
 
-    tune_gemm(threads=threads, budget_s=args.budget, report=report)
+    tune_gemm(threads=threads, budget_s=args.budget * 2 / 3, report=report)
+    print(f"{'GEMV form':<16} {'model ahead/panel':>18} {'measured best':>14} {'speedup':>8}")
+
+    def report_gemv(o) -> None:
+        m, b = o.model, o.best
+        print(f"{o.kernel:<16} {f'{m.ahead}/{m.panel}':>18} {f'{b.ahead}/{b.panel}':>14} "
+              f"{o.speedup:>7.2f}x", flush=True)
+
+    tune_gemv(threads=threads, budget_s=args.budget / 3, report=report_gemv)
     print(f"{threads} thread(s); kept in {store_path()}")
     return 0
 

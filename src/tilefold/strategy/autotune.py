@@ -53,21 +53,23 @@ LAZY_MIN_S = 4.0  # a smaller share cannot time enough rounds (the default budge
 
 def tune_gemm_blocking_once(target, threads: int, budget: float) -> list:
     """Under `TILEFOLD_TUNE`, the first GEMM this process times or plans refines the cache
-    blocking of each f32 micro-kernel the host uses that has no measured record yet
-    (`tilefold tune --gemm`'s search, within `BLOCKING_SHARE` of `budget`), so candidates are
-    timed, and later processes run, with this machine's own blocking. Returns the outcomes
+    blocking of each f32 micro-kernel the host uses, and the GEMV's parameters, that have no
+    measured record yet (`tilefold tune --gemm`'s search, within `BLOCKING_SHARE` of `budget`,
+    a third of it for the GEMV), so candidates are timed, and later processes run, with this
+    machine's own parameters. Returns the outcomes
     (none once the kernels are tuned, for a target that is not this host, or when the share
     is under `LAZY_MIN_S`: then `tilefold tune --gemm` does it)."""
-    from tilefold.codegen.gemm.tuning import tune_gemm  # on first use: tuning is rare
+    from tilefold.codegen.gemm.tuning import tune_gemm, tune_gemv  # on first use: rare
 
     key = (target.name, threads)
     share = budget * BLOCKING_SHARE
     if key in _blocking_checked or not target.is_host() or share < LAZY_MIN_S:
         return []
     _blocking_checked.add(key)
-    outcomes = tune_gemm(target, threads=threads, budget_s=share, missing_only=True)
+    outcomes = tune_gemm(target, threads=threads, budget_s=share * 2 / 3, missing_only=True)
+    outcomes += tune_gemv(target, threads=threads, budget_s=share / 3, missing_only=True)
     for o in outcomes:
-        log.info("tuned the GEMM blocking of %s on first use: %s (%.2fx the model's %s)",
+        log.info("tuned the plan parameters of %s on first use: %s (%.2fx the model's %s)",
                  o.kernel, o.best, o.speedup, o.model)
     return outcomes
 

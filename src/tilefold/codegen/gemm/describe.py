@@ -1,8 +1,11 @@
-"""What the GEMM runs on a target: the micro-kernel of each shape class and its blocking."""
+"""What the GEMM runs on a target: the micro-kernel of each shape class and its blocking, and
+the GEMV's parameters."""
 
 from __future__ import annotations
 
 from tilefold.codegen.gemm.blocking import derive_blocking
+from tilefold.codegen.gemm.gemv import GemvMode
+from tilefold.codegen.gemm.gemv_config import derive_gemv_config, gemv_record
 from tilefold.codegen.gemm.registry import SHAPE_CLASSES, select_microkernel
 from tilefold.codegen.gemm.tuned import tuned_record
 from tilefold.target import Target, host_target
@@ -31,4 +34,12 @@ def describe(target: Target | None = None, dtype: str = "f32") -> dict:
             "tuned": None if record is None else {"model": record.get("model"),
                                                   "speedup": record.get("speedup")},
         }
-    return {"target": target.name, "dtype": dtype, "shape_classes": classes}
+    gemv = {}
+    for mode in GemvMode:
+        config, record = derive_gemv_config(target, mode), gemv_record(target, mode)
+        gemv[mode.name.lower()] = {
+            "ahead": config.ahead, "panel": config.panel, "text": config.describe(),
+            "tuned": None if record is None else {"model": record.get("model"),
+                                                  "speedup": record.get("speedup")},
+        }
+    return {"target": target.name, "dtype": dtype, "shape_classes": classes, "gemv": gemv}

@@ -33,6 +33,8 @@ class GemvParam(ParamBlock):
     THREADS = 6
     MODE = 7
     DATA_OFFSET = 8
+    PREFETCH = 9  # elements ahead of each W load to prefetch (0: the line being loaded)
+    PANEL = 10  # axpy: outputs per pass over k (N_OUT or more: the thread's share in one)
 
 
 class GemvMode(enum.IntEnum):
@@ -53,7 +55,8 @@ def emit_gemv(module: ir.Module, lanes: int) -> ir.Function:
     i1 = u.smin(b, b.mul(b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64), u.const(unit)),
                 n_out)
     args = [i0, i1, wk[GemvParam.K], w, wk[GemvParam.LDW], x, wk[GemvParam.INC_X], y,
-            wk[GemvParam.INC_Y], b.trunc(wk[GemvParam.BETA], u.i32)]
+            wk[GemvParam.INC_Y], b.trunc(wk[GemvParam.BETA], u.i32), wk[GemvParam.PREFETCH],
+            wk[GemvParam.PANEL]]
     is_dot = b.icmp_signed("==", wk[GemvParam.MODE], u.const(GemvMode.DOT))
     with b.if_else(is_dot) as (then, other):
         with then:
@@ -64,8 +67,8 @@ def emit_gemv(module: ir.Module, lanes: int) -> ir.Function:
     return emit_entry(module, wk.fn, GEMV_ENTRY, GemvParam)
 
 
-_ARGS = ("i0", "i1", "k", "w", "ldw", "x", "incx", "y", "incy", "beta")
-_TYPES = [u.i64, u.i64, u.i64, _FP, u.i64, _FP, u.i64, _FP, u.i64, u.i32]
+_ARGS = ("i0", "i1", "k", "w", "ldw", "x", "incx", "y", "incy", "beta", "ahead", "panel")
+_TYPES = [u.i64, u.i64, u.i64, _FP, u.i64, _FP, u.i64, _FP, u.i64, u.i32, u.i64, u.i64]
 
 
 def _new(module, name):
@@ -102,6 +105,11 @@ def _full_and_tail(b, start, stop, lanes, body):
         body(full_stop, u.lane_mask(b, b.sub(stop, full_stop), lanes))
 
 
+def _ahead(b, ptr, ahead):
+    """Prefetch the line `ahead` elements past `ptr` (an address past W is never touched)."""
+    u.prefetch(b, b.gep(ptr, [ahead]))
+
+
 def _load(b, ptr, mask, lanes):
     vp = u.vptr(b, ptr, lanes)
     return b.load(vp, align=4) if mask is None else u.masked_load(b, vp, mask, lanes)
@@ -118,7 +126,7 @@ def _store(b, value, ptr, mask, lanes):
 def _emit_dot(module, lanes):
     """Rows i of W contiguous along k (W(i, k) = W[i * ldw + k]); x must be contiguous."""
     fn, b = _new(module, "tf_gemv_dot")
-    i0, i1, k, w, ldw, x, _incx, y, incy, beta = fn.args
+    i0, i1, k, w, ldw, x, _incx, y, incy, beta, ahead, _panel = fn.args
     zero = u.zeros(u.vec(u.f32, lanes))
     full_k = b.sub(k, b.srem(k, u.const(lanes)))
     with u.for_chunks(b, i0, i1, (DOT_ROWS, 1), "i") as (i, rows):
@@ -135,6 +143,8 @@ def _emit_dot(module, lanes):
 
                     with u.for_range_carry(b, u.const(0), full_k, lanes, [zero] * count,
                                            "kv") as lp:
+                        for ptr in ptrs:
+                            _ahead(b, u.gep(b, ptr, lp.index), ahead)
                         lp.next = step(lp.index, None, lp.values)
                     accs = lp.result
                     tail = u.lane_mask(b, b.sub(k, full_k), lanes)
@@ -153,8 +163,18 @@ def _emit_axpy(module, lanes):
     rows of W as sequential streams (the hardware prefetcher's best case) and y, this thread's
     slice, stays in L1 between passes."""
     fn, b = _new(module, "tf_gemv_axpy")
-    i0, i1, k, w, ldw, x, incx, y, _incy, beta = fn.args
-    keep_y = b.icmp_signed("!=", beta, u.const(0, u.i32))
+    arg = dict(zip(_ARGS, fn.args, strict=True))
+    keep_y = b.icmp_signed("!=", arg["beta"], u.const(0, u.i32))
+    with u.for_range(b, arg["i0"], arg["i1"], arg["panel"], "p") as p0:
+        p1 = u.smin(b, b.add(p0, arg["panel"]), arg["i1"])
+        _axpy_panel(b, p0, p1, arg, keep_y, lanes)
+    b.ret_void()
+    return fn
+
+
+def _axpy_panel(b, p0, p1, arg, keep_y, lanes):
+    """y[p0:p1] (+)= sum over all k of W(p0:p1, k) x[k]."""
+    k, w, ldw, x, incx, y, ahead = (arg[n] for n in ("k", "w", "ldw", "x", "incx", "y", "ahead"))
     zero = u.zeros(u.vec(u.f32, lanes))
     with u.for_chunks(b, u.const(0), k, (AXPY_ROWS, 1), "kb") as (kb, count):
         read_y = b.or_(keep_y, b.icmp_signed(">", kb, u.const(0)))
@@ -171,9 +191,9 @@ def _emit_axpy(module, lanes):
                         yp = u.gep(b, y, i)
                         acc = b.select(read_y, _load(b, yp, mask, lanes), zero)
                         for xt, row in zip(xs, row_ptrs, strict=True):
+                            if mask is None:
+                                _ahead(b, u.gep(b, row, i), ahead)
                             acc = u.fma(b, _load(b, u.gep(b, row, i), mask, lanes), xt, acc)
                         _store(b, acc, yp, mask, lanes)
 
-                    _full_and_tail(b, i0, i1, lanes, update)
-    b.ret_void()
-    return fn
+                    _full_and_tail(b, p0, p1, lanes, update)

@@ -11,6 +11,7 @@ from tilefold.codegen.gemm.abi import DATA_OFFSET, NativePlan
 from tilefold.codegen.gemm.blocking import Blocking, balanced_block, derive_blocking
 from tilefold.codegen.gemm.driver import BMode, Param
 from tilefold.codegen.gemm.gemv import GemvMode, GemvParam
+from tilefold.codegen.gemm.gemv_config import GemvConfig, derive_gemv_config
 from tilefold.codegen.gemm.module import GemmModule, gemm_module
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.gemm.registry import select_microkernel
@@ -129,16 +130,20 @@ class GemvPlan(NativePlan):
     """y (+)= W x for a GEMM with M = 1 or N = 1; `__call__(a, b, c)` maps the operands."""
 
     def __init__(self, module: GemmModule, n_out: int, k: int, ldw: int, incx: int, incy: int,
-                 beta: int, threads: int, mode: GemvMode, w_is_a: bool):
+                 beta: int, threads: int, mode: GemvMode, w_is_a: bool,
+                 config: GemvConfig | None = None):
+        config = config or derive_gemv_config(module.target, mode)
         threads = max(1, threads if 2 * n_out * k >= PARALLEL_MIN_FLOPS else 1)
         values = {GemvParam.N_OUT: n_out, GemvParam.K: k, GemvParam.LDW: ldw,
                   GemvParam.INC_X: incx, GemvParam.INC_Y: incy, GemvParam.BETA: beta,
                   GemvParam.THREADS: threads, GemvParam.MODE: mode,
-                  GemvParam.DATA_OFFSET: DATA_OFFSET}
+                  GemvParam.DATA_OFFSET: DATA_OFFSET, GemvParam.PREFETCH: config.ahead,
+                  GemvParam.PANEL: config.panel or max(1, n_out)}
         super().__init__(module.gemv_entries, GemvParam, values)
         self.threads = threads
         self.mode = mode
         self.w_is_a = w_is_a
+        self.config = config
 
     def __call__(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
         if self.w_is_a:

@@ -1,14 +1,17 @@
-"""GEMM blockings measured on this machine: one JSON record per (hardware, target, micro-kernel).
+"""GEMM and GEMV plan parameters measured on this machine: one JSON record per (hardware,
+target, micro-kernel or GEMV form).
 
 `$TILEFOLD_CACHE_DIR/tuning/gemm.json` holds what `tilefold tune --gemm` found:
 
     {"schema": 1, "entries": {"<fingerprint> <target> <kernel>":
         {"mc": 252, "kc": 320, "nc": 2048, "model": [252, 256, 2048], "speedup": 1.04,
-         "shapes": [[1024, 1024, 1024], ...], "threads": 1, "tilefold": "0.2.0"}}}
+         "shapes": [[1024, 1024, 1024], ...], "threads": 1, "tilefold": "0.2.0"},
+        "<fingerprint> <target> gemv-axpy": {"ahead": 64, "panel": 0, ...}}}
 
-`derive_blocking` reads it; a record that does not fit its kernel (MC not a multiple of MR, a
-size out of range) or that another tilefold version wrote is ignored with a warning, so a bad
-file can slow a GEMM down but never make it wrong. Writes are atomic and merge under a lock.
+`derive_blocking` and `derive_gemv_config` read it; a record that does not fit (MC not a
+multiple of MR, a size out of range) or that another tilefold version wrote is ignored with a
+warning, so a bad file can slow a product down but never make it wrong. Writes are atomic and
+merge under a lock.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import contextlib
 import fcntl
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,22 +65,33 @@ def _entries() -> dict[str, Any]:
     return _memory[path]
 
 
-def tuned_record(target: Target, kernel_name: str, mr: int, nr: int) -> dict[str, Any] | None:
-    """The measured record for this kernel on this machine and target, if a valid one exists."""
-    record = _entries().get(record_key(target, kernel_name))
+def measured_record(target: Target, name: str,
+                    fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """The record of `name` on this machine and target, if one exists that this tilefold
+    version wrote and whose values `fits` accepts (it may raise on malformed values)."""
+    record = _entries().get(record_key(target, name))
     if record is None:
         return None
     try:
-        mc, kc, nc = (int(record[f]) for f in ("mc", "kc", "nc"))
+        ok = fits(record)
     except (KeyError, TypeError, ValueError):
-        mc = kc = nc = 0
-    fits = (0 < mc < _LIMIT and 0 < kc < _LIMIT and 0 < nc < _LIMIT
-            and mc % mr == 0 and nc % nr == 0 and kc % 4 == 0)
-    if not fits or record.get("tilefold") != __version__:
-        log.warning("ignoring the tuned blocking of %s in %s (does not fit the kernel, or stale); "
-                    "re-run `tilefold tune --gemm`", kernel_name, store_path())
+        ok = False
+    if not ok or record.get("tilefold") != __version__:
+        log.warning("ignoring the tuned parameters of %s in %s (they do not fit, or are stale); "
+                    "re-run `tilefold tune --gemm`", name, store_path())
         return None
     return record
+
+
+def tuned_record(target: Target, kernel_name: str, mr: int, nr: int) -> dict[str, Any] | None:
+    """The measured blocking of this micro-kernel on this machine and target, if valid."""
+
+    def fits(record: dict[str, Any]) -> bool:
+        mc, kc, nc = (int(record[f]) for f in ("mc", "kc", "nc"))
+        return (0 < mc < _LIMIT and 0 < kc < _LIMIT and 0 < nc < _LIMIT
+                and mc % mr == 0 and nc % nr == 0 and kc % 4 == 0)
+
+    return measured_record(target, kernel_name, fits)
 
 
 @contextlib.contextmanager

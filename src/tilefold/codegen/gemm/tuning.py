@@ -1,4 +1,5 @@
-"""Refining the GEMM's cache blocking on the machine at hand (`tilefold tune --gemm`).
+"""Refining the GEMM's cache blocking and the GEMV's prefetch distance and panel on the
+machine at hand (`tilefold tune --gemm`).
 
 For each micro-kernel the host's shape classes use, the analytic blocking (`model_blocking`)
 is the starting point; KC, then MC, then NC are varied around it, every candidate timed
@@ -8,6 +9,9 @@ geometric mean over the products of median times), so noise leaves the model in 
 go to `tuned.py`'s store, keyed by the hardware fingerprint, where `derive_blocking` finds them.
 Only plan parameters change: the compiled kernels are the same, so a tuned blocking costs no
 compilation and cannot change a result.
+
+The GEMV (`gemv_config.py`) is tuned the same way, per form (dot, axpy): the prefetch distance,
+then the panel, around the model's, on cold weights larger than the last-level cache.
 """
 
 from __future__ import annotations
@@ -21,8 +25,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefold.codegen.gemm.blocking import Blocking, model_blocking
+from tilefold.codegen.gemm.gemv import GemvMode
+from tilefold.codegen.gemm.gemv_config import (
+    GemvConfig,
+    gemv_record,
+    model_gemv_config,
+    record_name,
+)
 from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import make_plan
+from tilefold.codegen.gemm.plan import GemvPlan, make_plan
 from tilefold.codegen.gemm.registry import SHAPE_CLASSES, MicroKernel, select_microkernel
 from tilefold.codegen.gemm.tuned import save_record, tuned_record
 from tilefold.target import Target, host_target
@@ -89,27 +100,31 @@ class _Bench:
         return calls
 
     def compare(self, blockings: list[Blocking], seconds: float) -> list[float]:
-        """Each blocking's time relative to the first's: per product, the median over rounds of
-        the ratio within a round (so drift on a shared host cancels), then the geometric mean
-        over the products."""
-        plans = [self.plans(blk) for blk in blockings]
-        for calls in plans:  # warm: workspace, pages, caches of the operands
-            for call in calls:
+        return relative_times([self.plans(blk) for blk in blockings], seconds)
+
+
+def relative_times(plans: list[list[Callable[[], None]]], seconds: float) -> list[float]:
+    """Each candidate's time relative to the first's, `plans[c]` being candidate c's calls (one
+    per product): per product, the median over rounds of the ratio within a round (so drift on
+    a shared host cancels), then the geometric mean over the products. Candidates run
+    round-robin, in a rotating order, for at least `MIN_ROUNDS` rounds and `seconds`."""
+    for calls in plans:  # warm: workspace, pages, caches of the operands
+        for call in calls:
+            call()
+    times = [[[] for _ in plans[0]] for _ in plans]
+    start, rounds = time.perf_counter(), 0
+    while rounds < MIN_ROUNDS or time.perf_counter() - start < seconds:
+        order = list(range(len(plans)))
+        order = order[rounds % len(order):] + order[:rounds % len(order)]
+        for index in order:
+            for shape, call in enumerate(plans[index]):
+                t0 = time.perf_counter()
                 call()
-        times = [[[] for _ in self.operands] for _ in blockings]
-        start, rounds = time.perf_counter(), 0
-        while rounds < MIN_ROUNDS or time.perf_counter() - start < seconds:
-            order = list(range(len(blockings)))
-            order = order[rounds % len(order):] + order[:rounds % len(order)]
-            for index in order:
-                for shape, call in enumerate(plans[index]):
-                    t0 = time.perf_counter()
-                    call()
-                    times[index][shape].append(time.perf_counter() - t0)
-            rounds += 1
-        return [math.exp(statistics.fmean(
-            math.log(statistics.median(x / y for x, y in zip(mine, first, strict=True)))
-            for mine, first in zip(per, times[0], strict=True))) for per in times]
+                times[index][shape].append(time.perf_counter() - t0)
+        rounds += 1
+    return [math.exp(statistics.fmean(
+        math.log(statistics.median(x / y for x, y in zip(mine, first, strict=True)))
+        for mine, first in zip(per, times[0], strict=True))) for per in times]
 
 
 def tune_kernel(target: Target, kernel: MicroKernel, threads: int, budget_s: float,
@@ -150,6 +165,79 @@ def tune_gemm(target: Target | None = None, *, threads: int = 1, budget_s: float
                 "model": [outcome.model.mc, outcome.model.kc, outcome.model.nc],
                 "speedup": round(outcome.speedup, 4), "threads": threads,
                 "shapes": [list(s) for s in outcome.shapes]})
+        if report is not None:
+            report(outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
+GEMV_STAGES = (("ahead", (0, 32, 64, 128, 256)), ("panel", (0, 2048, 8192)))
+GEMV_SHAPES = ((4096, 4096), (11008, 4096))  # (outputs, K): LLaMA's decode projections
+
+
+@dataclass(frozen=True)
+class GemvOutcome:
+    """What tuning found for one GEMV form."""
+
+    kernel: str
+    model: GemvConfig
+    best: GemvConfig
+    speedup: float
+    candidates: int
+    shapes: tuple[tuple[int, int], ...]
+
+
+def tune_gemv_form(target: Target, mode: GemvMode, threads: int, budget_s: float,
+                   shapes: tuple[tuple[int, int], ...]) -> GemvOutcome:
+    """Coordinate search over the prefetch distance, then the panel, around the model's, on
+    (outputs, K) products whose weights (one fresh copy per product) exceed the caches."""
+    module = gemm_module(target, select_microkernel(target, "f32", "general"))
+    rng = np.random.default_rng(0)
+    operands = []
+    for n, k in shapes:
+        w = rng.standard_normal((k, n) if mode == GemvMode.AXPY else (n, k), dtype=np.float32)
+        operands.append((n, k, rng.standard_normal((1, k), dtype=np.float32), w,
+                         np.empty((1, n), np.float32)))
+
+    def calls(config: GemvConfig) -> list[Callable[[], None]]:
+        out = []
+        for n, k, x, w, y in operands:
+            plan = GemvPlan(module, n, k, w.strides[0] // 4, 1, 1, 0, threads, mode, False, config)
+            out.append(lambda plan=plan, x=x, w=w, y=y: plan.run(x, w, y))
+        return out
+
+    model = model_gemv_config(target, mode)
+    best, tried, gain = model, 1, 1.0
+    for field, values in GEMV_STAGES:
+        variants = [GemvConfig(**{**best.__dict__, field: v}) for v in values
+                    if v != getattr(best, field)]
+        tried += len(variants)
+        relative = relative_times([calls(c) for c in (best, *variants)],
+                                  budget_s / len(GEMV_STAGES))
+        winner = min(range(len(relative)), key=relative.__getitem__)
+        if winner and relative[winner] < 1 - MARGIN:
+            best, gain = variants[winner - 1], gain / relative[winner]
+    return GemvOutcome(record_name(mode), model, best, gain, tried, shapes)
+
+
+def tune_gemv(target: Target | None = None, *, threads: int = 1, budget_s: float = 30.0,
+              save: bool = True, report: Callable[[GemvOutcome], None] | None = None,
+              shapes: tuple[tuple[int, int], ...] | None = None,
+              missing_only: bool = False) -> list[GemvOutcome]:
+    """Tune both GEMV forms (`missing_only`: those without a measured record on this
+    machine) on (outputs, K) `shapes` (default `GEMV_SHAPES`); record the winners (`save`)."""
+    target = target or host_target()
+    shapes = shapes or GEMV_SHAPES
+    modes = [m for m in GemvMode if not (missing_only and gemv_record(target, m) is not None)]
+    outcomes = []
+    for mode in modes:
+        outcome = tune_gemv_form(target, mode, threads, budget_s / len(modes), shapes)
+        if save:
+            save_record(target, outcome.kernel, {
+                "ahead": outcome.best.ahead, "panel": outcome.best.panel,
+                "model": [outcome.model.ahead, outcome.model.panel],
+                "speedup": round(outcome.speedup, 4), "threads": threads,
+                "shapes": [list(s) for s in shapes]})
         if report is not None:
             report(outcome)
         outcomes.append(outcome)
