@@ -25,15 +25,6 @@ from tilefold.codegen.gemm.plan import GemvPlan, make_plan
 from tilefold.codegen.gemm.tuning import GEMV_STAGES, tune_gemv
 from tilefold.target import host_target
 
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path))
-    tuned.forget()
-    yield tuned.store_path()
-    tuned.forget()
-
-
 # every value the search tries, plus panels that are no multiple of the vector width
 CONFIGS = [GemvConfig(ahead=a, panel=p) for a in GEMV_STAGES[0][1]
            for p in (*GEMV_STAGES[1][1], 1, 13, 24)]

@@ -22,15 +22,6 @@ from tilefold.target import host_target
 from tilefold.version import __version__
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    """A private, empty tuning folder for one test."""
-    monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path))
-    tuned.forget()
-    yield tuned.store_path()
-    tuned.forget()
-
-
 def _record(mc, kc, nc, **extra):
     return {"mc": mc, "kc": kc, "nc": nc, "itemsize": 4, "model": [1, 1, 1], "speedup": 1.0,
             **extra}
