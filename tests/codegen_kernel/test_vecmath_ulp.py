@@ -154,3 +154,44 @@ def test_special_values_match_interpreter():
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=name)
         np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)], err_msg=name)
         np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, err_msg=name)
+
+
+def test_exp_nonpositive_within_exps_bound_and_flushes_below_the_normals():
+    """The softmax exp (x <= 0): exp's bound wherever e**x is normal, exactly 0 where it is
+    subnormal (x < ln 2**-126) or x = -inf, NaN for NaN, in vectors and scalar tails."""
+    from tilefold.codegen.vecmath.builder import MathBuilder
+    from tilefold.codegen.vecmath.exp_log import EXP_FLUSH, exp_nonpositive
+
+    target = host_target()
+    lanes = target.vector_bits // 32
+    mod = ir.Module("exp_nonpositive_test")
+    vty = ir.VectorType(F32, lanes)
+    fn = ir.Function(mod, ir.FunctionType(U.void, [F32.as_pointer()] * 2 + [U.i64]), "f")
+    b = ir.IRBuilder(fn.append_basic_block())
+    x, y, n = fn.args
+    full = b.mul(b.sdiv(n, U.const(lanes)), U.const(lanes))
+    with U.for_range(b, U.const(0), full, lanes) as i:
+        v = b.load(b.bitcast(b.gep(x, [i]), vty.as_pointer()), align=4)
+        b.store(exp_nonpositive(MathBuilder(b, vty, target.features), v),
+                b.bitcast(b.gep(y, [i]), vty.as_pointer()), align=4)
+    with U.for_range(b, full, n) as i:
+        b.store(exp_nonpositive(MathBuilder(b, F32), b.load(b.gep(x, [i]))), b.gep(y, [i]))
+    b.ret_void()
+    f = compile_llvm_ir(str(mod), target, name="exp_nonpositive_test").function(
+        "f", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+    rng = np.random.default_rng(7)
+    swept = sweep()
+    edges = np.array([0.0, -0.0, -np.inf, np.nan, EXP_FLUSH, np.nextafter(EXP_FLUSH, 0),
+                      -86.99, -87.0, -87.3, -88.0, -103.0, -1e30, -1e-45], np.float32)
+    xs = np.concatenate([edges, -np.abs(swept), rng.uniform(-88, 0, 200_000)]).astype(np.float32)
+    got = np.empty_like(xs)
+    f(xs.ctypes.data, got.ctypes.data, xs.size - 3)  # the last 3 through the scalar tail too
+    f(xs[-3:].ctypes.data, got[-3:].ctypes.data, 3)
+    exact = reference("exp", xs)
+    normal = exact >= 2.0**-126
+    err = ulp_error(got[normal], exact[normal])
+    worst = int(np.argmax(err))
+    assert err[worst] <= ULP_BOUNDS["exp"], (xs[normal][worst], got[normal][worst], err[worst])
+    flushed = ~normal & ~np.isnan(xs)
+    assert (got[flushed] == 0).all() and (xs[flushed] < np.float32(EXP_FLUSH) + 1e-4).all()
+    assert np.isnan(got[np.isnan(xs)]).all() and got[0] == got[1] == 1.0

@@ -28,13 +28,14 @@ def _reference(q, k, v, mask, **attrs):
     return ScaledDotProductAttention.reference(args, attrs)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("threads", "registers"), [(1, 16), (2, 16), (1, 32), (2, 32)])
 @pytest.mark.parametrize("case", CASES)
-def test_kernel_matches_reference(case, threads):
+def test_kernel_matches_reference(case, threads, registers):
+    """Both register tiles (16 registers: 6 rows x 2 key vectors; 32: 4 x 4) on every tail."""
     b, h, hk, lq, lk, e, ev, mask_kind, causal = case
     target = host_target()
-    kernel = attention_kernel(AttentionConfig(e, ev, mask_kind, causal,
-                                              target.vector_bits // 32, threads), target)
+    kernel = attention_kernel(AttentionConfig(e, ev, mask_kind, causal, target.vector_bits // 32,
+                                              threads, registers), target)
     q = RNG.standard_normal((b, h, lq, e), np.float32)
     k = RNG.standard_normal((b, hk, lk, e), np.float32)
     v = RNG.standard_normal((b, hk, lk, ev), np.float32)

@@ -1,13 +1,13 @@
 """LLVM IR of the fused attention kernel: flash-style, one pass over key/value blocks.
 
 A task is (batch, head, block of QB query rows); tasks are split over the native pool. Per key
-block of KB keys (KB = 4 vectors):
+block of KB keys (`AttentionConfig.tile`: 4 vectors with 32 vector registers, 2 with 16):
 
     Kt = K[block]^T                        packed once per task and block (QB rows reuse it)
     for ROWS query rows at a time:         register tile ROWS x KB scores
         s = (q · Kt) * scale, masked       bool mask, additive mask, causal, key tail -> -inf
         m' = max(m, max s); a = exp(m - m'); p = exp(s - m'); l = l * a + sum p
-        O = O * a + p · V[block]           register tile ROWS x (up to 4) vectors of Ev
+        O = O * a + p · V[block]           register tiles of ROWS x (up to ACCS / ROWS) vectors
     out = O / l                            rows with every key masked give zeros (as PyTorch)
 
 Vectors run along keys (scores) and along Ev (outputs), so the only horizontal reductions are
@@ -25,14 +25,16 @@ from llvmlite import ir
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.attention.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
 from tilefold.codegen.gemm.abi import PARALLEL_TYPE, WORKER_TYPE
-from tilefold.codegen.vecmath import emit_math
+from tilefold.codegen.vecmath.builder import MathBuilder
+from tilefold.codegen.vecmath.exp_log import exp_nonpositive
 
 QB = 128  # query rows per task
-ROWS = 4  # query rows per register tile
-MAX_ACCS = 16  # accumulator vectors per register tile (of 32 zmm)
+# (ROWS query rows, KB key vectors, ACCS accumulators) per register tile, by the vector
+# registers the ISA has: the tile's accumulators, one row of Kt or V and a broadcast must fit
+# (with 16 registers, 4 x 4 spilled: 6 x 2 is AVX2 GEMM's 6x16 shape).
+TILES = {32: (4, 4, 16), 16: (6, 2, 12)}
 FP = u.f32.as_pointer()
 NEG_INF = -math.inf
-EXP_FLOOR = -87.0  # exp(-87) is the smallest normal f32 exp reaches (1.6e-38)
 
 # Context slots (i64) the entry fills for the workers.
 PTRS = 5  # q, k, v, mask, out
@@ -52,10 +54,20 @@ class AttentionConfig:
     causal: bool
     lanes: int  # f32 lanes per vector
     threads: int
+    registers: int = 32  # vector registers of the ISA
+
+    @property
+    def tile(self) -> tuple[int, int, int]:
+        """(query rows, key vectors, accumulators) of a register tile."""
+        return TILES[32 if self.registers >= 32 else 16]
+
+    @property
+    def rows(self) -> int:
+        return self.tile[0]
 
     @property
     def kb(self) -> int:
-        return 4 * self.lanes
+        return self.tile[1] * self.lanes
 
     @property
     def evv(self) -> int:
@@ -160,7 +172,7 @@ class _Worker:
         self.slot = {i: b.load(u.gep(b, slots, i), name=f"s{i}") for i in range(SLOTS)}
         self.kt = self._buffer(cfg.e * cfg.kb, "kt")
         self.obuf = self._buffer(QB * self.evp, "obuf")
-        self.pbuf = self._buffer(ROWS * cfg.kb, "pbuf")
+        self.pbuf = self._buffer(cfg.rows * cfg.kb, "pbuf")
         self.mrow = self._buffer(QB, "mrow")
         self.lrow = self._buffer(QB, "lrow")
         self.scale = b.bitcast(b.trunc(self.slot[SCALE], u.i32), u.f32)
@@ -217,9 +229,9 @@ class _Worker:
             self.j0 = j0
             self.kn = u.smin(b, u.const(cfg.kb), b.sub(kend, j0))
             self._pack_keys()
-            full = b.sub(self.nrows, b.srem(self.nrows, u.const(ROWS)))
-            with u.for_range(b, u.const(0), full, ROWS, name="rows") as r0:
-                self._rows(r0, ROWS)
+            full = b.sub(self.nrows, b.srem(self.nrows, u.const(cfg.rows)))
+            with u.for_range(b, u.const(0), full, cfg.rows, name="rows") as r0:
+                self._rows(r0, cfg.rows)
             with u.for_range(b, full, self.nrows, name="row") as r0:
                 self._rows(r0, 1)
         self._store(out)
@@ -316,13 +328,8 @@ class _Worker:
         return alpha
 
     def _exp(self, x: ir.Value) -> ir.Value:
-        """exp(x) for x <= 0; 0 below the floor (masked keys: -inf) without ever touching
-        subnormals, whose microcode assists made rows with masked keys 4x slower."""
-        b = self.b
-        lanes = x.type.count if isinstance(x.type, ir.VectorType) else None
-        floor, zero = (ir.Constant(x.type, [c] * lanes if lanes else c) for c in (EXP_FLOOR, 0.0))
-        low = b.fcmp_ordered("<", x, floor)
-        return b.select(low, zero, emit_math(b, "exp", b.select(low, floor, x), self.features))
+        """exp(x) for x <= 0 (0 for masked keys' -inf), never touching subnormals."""
+        return exp_nonpositive(MathBuilder(self.b, x.type, self.features), x)
 
     def _vmask(self, c: int) -> ir.Value | None:
         cfg = self.cfg
@@ -335,7 +342,7 @@ class _Worker:
         """O[r0:r0+rows] = O * alpha + P · V[j0:j0+kn], in register tiles of Ev vectors."""
         b, cfg = self.b, self.cfg
         lanes = cfg.lanes
-        chunk = max(1, MAX_ACCS // rows)
+        chunk = max(1, cfg.tile[2] // rows)
         svj = self.slot[V_STRIDES + 2]
         for c0 in range(0, cfg.evv, chunk):
             cs = range(c0, min(cfg.evv, c0 + chunk))

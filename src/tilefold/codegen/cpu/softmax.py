@@ -1,7 +1,7 @@
 """An expert row softmax written directly in LLVM IR: three sweeps over an L1-resident row.
 
     m = max(x)            (four vector accumulators: the max chain is not latency-bound)
-    y = exp(x - m), s = sum(y)   (exp is stored straight into y, no row buffer)
+    y = exp(x - m), s = sum(y)   (x - m <= 0: `exp_nonpositive`, stored straight into y)
     y *= 1 / s            (one division a row, then multiplies)
 
 Memory sees one read of x and one write of y; the second and third sweeps hit L1 for rows up
@@ -20,7 +20,8 @@ from tilefold.codegen.cpu.rowkernel import (
     new_module,
     threads_for,
 )
-from tilefold.codegen.vecmath import MathBuilder, emit_math
+from tilefold.codegen.vecmath import MathBuilder
+from tilefold.codegen.vecmath.exp_log import exp_nonpositive
 from tilefold.target import Target
 
 UNROLL = 4
@@ -80,7 +81,7 @@ def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n
     row_max = u.splat(b, b.call(fn, [acc]), lanes)
 
     def exp_step(j, mask, accs):
-        e = emit_math(b, "exp", b.fsub(load(x, j, mask, float("-inf")), row_max), features)
+        e = exp_nonpositive(m, b.fsub(load(x, j, mask, float("-inf")), row_max))
         store(e, j, mask)
         return [b.fadd(accs[0], e)]
 

@@ -73,6 +73,30 @@ def exp(m: MathBuilder, x: ir.Value) -> ir.Value:
     return m.scale(er, n)
 
 
+# The f32 nearest above ln(2**-126): e**x is normal from here up, and `exp_nonpositive`
+# gives 0 below.
+EXP_FLUSH = -87.33654
+
+
+def exp_nonpositive(m: MathBuilder, x: ir.Value) -> ir.Value:
+    """e**x for x <= 0, the shifted scores of a softmax: within exp's bound (1 ulp) where the
+    result is normal, 0 below EXP_FLUSH (an absolute error under 2**-126) and at -inf, NaN for
+    NaN. Half of `exp`'s operations: the scale 2**n is one shift of v's low bits, which hold
+    n + 127 >= 1 (ROUNDER + 127 shifts the biased exponent in). Flushed lanes compute at
+    EXP_FLUSH, so no lane ever meets a subnormal (whose microcode assists cost 4x on masked
+    attention rows)."""
+    b = m.b
+    low = m.cmp("<", x, m.c(EXP_FLUSH))
+    x = m.select(low, m.c(EXP_FLUSH), x)
+    v = m.mad(x, m.c(LOG2E), m.c(ROUNDER + 127))
+    n = b.fsub(v, m.c(ROUNDER + 127))
+    r = m.mad(n, m.c(-LN2_HI), x)
+    r = m.mad(n, m.c(-LN2_LO), r)
+    er = b.fadd(m.mad(m.poly(r, EXP_P), b.fmul(r, r), r), m.c(1.0))
+    y = b.fmul(er, m.floats(b.shl(m.bits(v), m.ic(23))))
+    return m.select(low, m.c(0.0), y)
+
+
 def log(m: MathBuilder, x: ir.Value) -> ir.Value:
     """Natural log: x = 2**e * (1+f); log = e*ln2 + log1p(f); subnormals pre-scaled by 2**23."""
     b = m.b

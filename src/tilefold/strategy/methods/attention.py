@@ -51,7 +51,7 @@ def build(problem: Problem, ctx: Context) -> Kernel:
         mask = "bool" if str(problem.types[op.operands[3]].dtype) == "bool" else "float"
     scale = attrs["scale"] if attrs["scale"] is not None else 1 / math.sqrt(q[-1])
     cfg = AttentionConfig(q[-1], v[-1], mask, attrs["is_causal"],
-                          ctx.target.vector_bits // 32, ctx.threads)
+                          ctx.target.vector_bits // 32, ctx.threads, ctx.target.vector_registers)
     kernel = attention_kernel(cfg, ctx.target)
 
     if mask == "none":
