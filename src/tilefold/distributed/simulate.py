@@ -24,7 +24,7 @@ from tilefold.ir.interpreter import bind_symbols, run_region
 from tilefold.ir.ops.collectives import Collective, Redistribute
 from tilefold.ir.ops.rank_collectives import RankCollective
 from tilefold.ir.placements import assemble, axis_groups, scatter
-from tilefold.ir.types import Mesh, TensorType, local_shape
+from tilefold.ir.types import Mesh, TensorType, level_shape, local_shape
 
 Ranks = list[np.ndarray]  # one block per rank, in rank order
 
@@ -136,10 +136,11 @@ class MeshRun:
             def meaning(group: list[np.ndarray]) -> list[np.ndarray]:
                 return op.opdef.group_reference(group, attrs)
         else:
-            placement = op.operands[0].type.sharding.placements[axis]
+            t = op.operands[0].type
+            placement, shape = t.sharding.placements[axis], level_shape(t, axis)
 
             def meaning(group: list[np.ndarray]) -> list[np.ndarray]:
-                return op.opdef.group_reference(group, placement, attrs)
+                return op.opdef.group_reference(group, placement, attrs, shape)
         out: Ranks = [None] * self.mesh.size  # type: ignore[list-item]
         for group in axis_groups(self.mesh, axis):
             for rank, b in zip(group, meaning([blocks[r] for r in group]), strict=True):
