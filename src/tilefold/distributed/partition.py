@@ -126,8 +126,10 @@ class SpmdPartition(Pass):
         made = rank_ops.make(name, x, **attrs)
         if isinstance(before, Shard) and before.pad and before != after:
             made = rank_ops.trim(made, before.dim, local_shape(out)[before.dim])
+        name = op.result.name
         rank_ops.rewriter.replace(op, [made])
-        made.name = op.result.name
+        made.name = name
+        self.global_types[made] = out
 
     def plan(self, op: Operation, mesh: Mesh) -> tuple[str, dict[str, Any]]:
         """What `op` becomes (its name and attributes), decided on the global types."""

@@ -332,3 +332,18 @@ def is_padded(t: TensorType) -> bool:
         if isinstance(p, Shard) and p.pad and isinstance(size, int) and size % n:
             return True
     return False
+
+
+def pad_uneven(t: TensorType) -> TensorType:
+    """`t` with each shard that does not split its dim evenly made a padded one (how a strategy
+    asked to pad places an uneven split)."""
+    if t.sharding is None:
+        return t
+    placements = list(t.sharding.placements)
+    for axis, (n, p) in enumerate(zip(t.sharding.mesh.sizes, placements, strict=True)):
+        if isinstance(p, Shard) and p.dim < t.rank:
+            size = level_shape(t.with_sharding(Sharding(t.sharding.mesh, tuple(placements))),
+                               axis)[p.dim]
+            if isinstance(size, int) and size % n:
+                placements[axis] = Shard(p.dim, True)
+    return t.with_sharding(Sharding(t.sharding.mesh, tuple(placements)))
