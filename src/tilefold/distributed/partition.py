@@ -109,6 +109,7 @@ class SpmdPartition(Pass):
                 value = rank_gather(op, self.split_tables[op], rewriter)
                 rewriter.replace(op, [value])
                 value.name = name
+                self.global_types[value] = self.global_types[op.result]
                 self.count("num-split-gathers")
         fn.result_types = [v.type for v in fn.outputs]
 
