@@ -7,8 +7,9 @@ their per-rank meaning where a block's work differs (`per_rank.py`: gather from 
 collectives run their `group_reference` on the blocks of each group of ranks along their axis;
 `redistribute` means "assemble the global value, then cut it to the new placements" (the
 `expand-redistribute` pass must agree). Padding rows of padded shards hold NaN here, and an op
-reducing over a padded dim first masks them (`padding.py`), as the per-rank program does. A per-rank program (`spmd-partition`'s output: local
-types, `spmd.*` collectives) runs the same way with `run_ranks`, on the module's one mesh.
+reducing over a padded dim first masks them (`padding.py`), as the per-rank program does. A
+per-rank program (`spmd-partition`'s output: local types, `spmd.*` collectives) runs the same
+way with `run_ranks`, on the module's one mesh.
 """
 
 from __future__ import annotations
