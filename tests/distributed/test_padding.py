@@ -14,7 +14,7 @@ from tilefold.distributed.cost import AlphaBeta
 from tilefold.distributed.strategies import get_strategy
 from tilefold.distributed.strategies.ilp import tuples
 from tilefold.errors import TilefoldError
-from tilefold.ir import parse_module, print_module
+from tilefold.ir import parse_module, print_module, verify
 from tilefold.ir.types import Mesh, Replicate, Shard, TensorType
 
 ROWS, D = 5, 8
@@ -222,3 +222,15 @@ def test_an_uneven_annotation_without_pad_says_how_to_ask_for_padding() -> None:
     with pytest.raises(TilefoldError, match=r"dim 1 \(30\) does not split evenly over axis "
                        r"tp=4 of mesh @m \[tp=4\]; write S\(1,pad\)"):
         placed(mlp(30, 4, w1="S(1)"))
+
+
+def test_an_inner_padded_shard_must_move_first() -> None:
+    """all_gather over dp of [S(0,pad),S(0,pad)]: tp's padded blocks lie inside dp's, so dp
+    cannot gather first (the same rule as for unpadded shards)."""
+    text = """mesh @m [dp=2, tp=3]
+func @main(%x: f64[7] @m[S(0,pad),S(0,pad)]) -> (f64[7] @m[R,S(0,pad)]) {
+  %g = all_gather(%x) {axis = "dp"} : f64[7] @m[R,S(0,pad)]
+  return(%g)
+}"""
+    with pytest.raises(TilefoldError, match=r"the later axis tp splits it too"):
+        verify(parse_module(text))

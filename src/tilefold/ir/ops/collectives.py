@@ -115,7 +115,8 @@ def nested(name: str, t: ty.TensorType, axis: int, dim: int) -> None:
     a later axis lie inside the blocks of an earlier one, so the inner axis must move first."""
     mesh = t.sharding.mesh
     for later in range(axis + 1, len(mesh.axes)):
-        if t.sharding.placements[later] == ty.Shard(dim):
+        later_p = t.sharding.placements[later]
+        if isinstance(later_p, ty.Shard) and later_p.dim == dim:
             raise VerificationError(
                 f"'{name}' over axis {mesh.names[axis]} changes how dim {dim} of {t} is split, "
                 f"but the later axis {mesh.names[later]} splits it too: redistribute that axis "
