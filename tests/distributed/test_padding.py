@@ -234,3 +234,20 @@ func @main(%x: f64[7] @m[S(0,pad),S(0,pad)]) -> (f64[7] @m[R,S(0,pad)]) {
 }"""
     with pytest.raises(TilefoldError, match=r"the later axis tp splits it too"):
         verify(parse_module(text))
+
+
+def test_a_vocab_parallel_lookup_into_a_padded_table() -> None:
+    """10 rows on tp=4 (blocks of 3, the last holding row 9 and 2 of padding): each rank looks
+    up the ids in its rows, offset by ceil(10/4) per coordinate; ids never reach padding."""
+    text = """mesh @m [tp=4]
+func @main(%w: f64[10,3] @m[S(0,pad)], %ids: i32[6] @m[R]) -> (f64[6,3]) {
+  %e = gather(%w, %ids) {axis = 0} : f64[6,3]
+  %r = tanh(%e) : f64[6,3]
+  return(%r)
+}"""
+    module = placed(text)
+    w = np.random.default_rng(8).standard_normal((10, 3))
+    ids = np.array([9, 0, 3, 8, -1, 5], np.int32)
+    want = np.tanh(w[ids])
+    close(simulate(module, w, ids), [want])
+    close(run_spmd(module, partitioned(module), [w, ids]), [want])

@@ -322,18 +322,6 @@ def local_shape(t: TensorType) -> tuple[Dim, ...]:
     return t.shape if t.sharding is None else level_shape(t, len(t.sharding.placements))
 
 
-def is_padded(t: TensorType) -> bool:
-    """Whether some device's block of `t` holds padding (a padded shard that splits unevenly)."""
-    if t.sharding is None:
-        return False
-    for axis, (n, p) in enumerate(zip(t.sharding.mesh.sizes, t.sharding.placements,
-                                      strict=True)):
-        size = level_shape(t, axis)[p.dim] if isinstance(p, Shard) else 0
-        if isinstance(p, Shard) and p.pad and isinstance(size, int) and size % n:
-            return True
-    return False
-
-
 def pad_uneven(t: TensorType) -> TensorType:
     """`t` with each shard that does not split its dim evenly made a padded one (how a strategy
     asked to pad places an uneven split)."""
