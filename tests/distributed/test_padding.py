@@ -5,6 +5,8 @@ blocks, and the strategies choosing padded splits only when asked."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from spmd_models import gelu, partitioned, placed, run_spmd
@@ -18,6 +20,7 @@ from tilefold.ir import parse_module, print_module, verify
 from tilefold.ir.types import Mesh, Replicate, Shard, TensorType
 
 ROWS, D = 5, 8
+FULL = os.environ.get("TILEFOLD_DIST_FULL") == "1"  # larger matrices too
 
 
 def mlp(hidden: int, tp: int, w1: str = "S(1,pad)", b1: str = "S(0,pad)",
@@ -58,7 +61,8 @@ def close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("hidden, tp", [(30, 4), (29, 3), (30, 3), (5, 4)])
+@pytest.mark.parametrize("hidden, tp", [(30, 4), (29, 3), (30, 3), (5, 4)]
+                         + ([(1001, 8), (250, 3)] if FULL else []))
 def test_megatron_mlp_on_a_hidden_width_tp_does_not_divide(hidden: int, tp: int) -> None:
     """Column-parallel W1 (and b1) and row-parallel W2 padded; the row-parallel matmul, the
     sum and the max reduce over the padded hidden dim, whose padding holds gelu(NaN)."""
@@ -251,3 +255,30 @@ func @main(%w: f64[10,3] @m[S(0,pad)], %ids: i32[6] @m[R]) -> (f64[6,3]) {
     want = np.tanh(w[ids])
     close(simulate(module, w, ids), [want])
     close(run_spmd(module, partitioned(module), [w, ids]), [want])
+
+
+TWO_AXES = [(7, 30, {"dp": 2, "tp": 4})] + ([(37, 301, {"dp": 2, "tp": 4}),
+                                            (29, 130, {"dp": 3, "tp": 8})] if FULL else [])
+
+
+@pytest.mark.parametrize("rows, hidden, axes", TWO_AXES)
+def test_rows_and_hidden_padded_on_two_axes(rows: int, hidden: int, axes: dict) -> None:
+    """Rows padded over dp, the hidden dim over tp: the contraction masks only tp's padding
+    (dp's rows pass through as padding of the result), the sum over rows masks dp's."""
+    mesh = ", ".join(f"{a}={n}" for a, n in axes.items())
+    text = f"""mesh @m [{mesh}]
+func @main(%x: f64[{rows},{D}] @m[S(0,pad),R], %w1: f64[{D},{hidden}] @m[R,S(1,pad)],
+           %w2: f64[{hidden},{D}] @m[R,S(0,pad)]) -> (f64[{rows},{D}], f64[{D}]) {{
+  %h = matmul(%x, %w1) : f64[{rows},{hidden}]
+  %g = gelu(%h) : f64[{rows},{hidden}]
+  %o = matmul(%g, %w2) : f64[{rows},{D}]
+  %s = reduce_sum(%o) {{axes = [0]}} : f64[{D}]
+  return(%o, %s)
+}}"""
+    module = placed(text)
+    rng = np.random.default_rng(rows + hidden)
+    x, w1, w2 = (rng.standard_normal(s) for s in [(rows, D), (D, hidden), (hidden, D)])
+    out = gelu(x @ w1) @ w2
+    want = [out, out.sum(axis=0)]
+    close(simulate(module, x, w1, w2), want)
+    close(run_spmd(module, partitioned(module), [x, w1, w2]), want)

@@ -7,6 +7,9 @@ replicated, and `explain` says so.
     reduce_sum      "ab->a"       S(b) -> P(sum);   reduce_max: S(b) -> P(max)
     softmax axis 1  "ab->ab"      b is fixed: sharding it has no rule (norms: their dims)
     transpose       "ab->ba"      S(0) -> S(1); P(sum) -> P(sum)
+
+A padded shard S(d,pad) passes through like S(d) and leaves a padded result; a reduced
+letter's padding is masked before the op runs (`padding.py`), so it gives P(sum) or P(max).
 """
 
 from __future__ import annotations
