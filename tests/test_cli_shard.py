@@ -110,3 +110,26 @@ func @main(%x: f64[6,8] @m[S(0),R], %w: f64[8,16] @m[R,S(1)]) -> (f64[6,16]) {
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:3] == ["# sharding: %h: 'matmul' by mk,kn->mn gives [S(0),S(1)]",
                           "# sharding: %c: 'cumsum' has no sharding rule: it runs replicated"]
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_shard_pads_an_uneven_split_only_with_pad(pad, tmp_path, capsys) -> None:
+    """A hidden width of 30 on tp=4: Megatron splits it only when --pad asks for padding."""
+    path = tmp_path / "mlp.tfir"
+    path.write_text("""func @main(%x: f32[4,8], %w1: f32[8,30], %w2: f32[30,8]) -> (f32[4,8]) {
+  %h = matmul(%x, %w1) : f32[4,30]
+  %g = gelu(%h) : f32[4,30]
+  %y = matmul(%g, %w2) : f32[4,8]
+  return(%y)
+}
+""")
+    argv = ["shard", str(path), "--mesh", "tp=4", "--strategy", "megatron"]
+    assert main(argv + (["--pad"] if pad else [])) == 0
+    out = sections(capsys.readouterr().out)
+    plan = out["# plan"].splitlines()
+    assert ("%w1: @m[S(1,pad)]" in plan) == pad and ("%w1: @m[R]" in plan) != pad
+    if pad:
+        assert "%w2: @m[S(0,pad)]" in plan
+        ir = parse_module(out["# partitioned IR"])
+        assert str(ir["main"].ops[1].result.type) == "f32[4,30] @m[S(1,pad)]"
+        assert str(dict(Plan.parse(out["# plan"]).entries)["w1"][0]) == "S(1,pad)"

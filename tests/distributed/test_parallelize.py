@@ -113,13 +113,13 @@ def test_the_blocks_on_8_simulated_ranks(block, strategy) -> None:
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"rank {rank}")
 
 
-def run_gloo(cases: list[tuple[str, str, dict]], folder: Path, world: int) -> None:
+def run_gloo(cases: list[tuple], folder: Path, world: int) -> None:
     """Parallelize each (block, strategy, mesh) here, run them all in one spawned job of
     `world` gloo processes, and compare every rank's output with the one-process model."""
     programs, wants = [], {}
-    for block, strategy, mesh in cases:
+    for block, strategy, mesh, *options in cases:  # options: parallelize's keywords
         model, x = model_and_input(block)
-        parallel = parallelize(model, mesh, (x,), strategy)
+        parallel = parallelize(model, mesh, (x,), strategy, **(options[0] if options else {}))
         warm_kernels(parallel.per_rank)
         key = f"{block}-{strategy}"
         programs.append((key, block, parallel))
@@ -143,7 +143,26 @@ def test_both_blocks_under_megatron_on_2_gloo_processes(tmp_path, one_thread) ->
         model, x = model_and_input(block)
         per_rank = parallelize(model, {"tp": 2}, (x,), "megatron").per_rank
         assert in_block(per_rank["main"]) == IN_BLOCK["megatron"], block
-    run_gloo([("gpt2", "megatron", {"tp": 2}), ("llama", "megatron", {"tp": 2})], tmp_path, 2)
+    run_gloo([("gpt2", "megatron", {"tp": 2}), ("llama", "megatron", {"tp": 2}),
+              ("mlp31", "megatron", {"tp": 2}, {"pad": True})], tmp_path, 2)
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_megatron_pads_an_odd_hidden_width_when_asked(tp) -> None:
+    """fc1 31 wide on tp=2 or 3: without pad the template leaves it whole; with pad=True the
+    column-parallel weight and bias are S(0,pad) (nn.Linear is [out, in]), the row-parallel
+    one S(1,pad), and every simulated rank's output matches one process (the padding, NaN
+    in the simulated blocks, never reaches fc2's sum)."""
+    model, x = model_and_input("mlp31")
+    plain = dict(parallelize(model, {"tp": tp}, (x,), "megatron").plan.entries)
+    assert str(plain["fc1_weight"][0]) == "R"
+    parallel = parallelize(model, {"tp": tp}, (x,), "megatron", pad=True)
+    entries = {n: str(ps[0]) for n, ps in parallel.plan.entries}
+    assert (entries["fc1_weight"], entries["fc1_bias"], entries["fc2_weight"]) == (
+        "S(0,pad)", "S(0,pad)", "S(1,pad)")
+    want = one_process(model, x)
+    for rank, out in enumerate(simulated(parallel, x)):
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4, err_msg=f"rank {rank}")
 
 
 @pytest.mark.skipif(not FULL, reason="the full block matrix: set TILEFOLD_DIST_FULL=1")

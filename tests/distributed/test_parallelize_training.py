@@ -204,3 +204,16 @@ def test_a_scalar_output_is_the_loss() -> None:
             "fc.bias": m.fc.bias.grad.numpy()}
     for rank, got in enumerate(simulated(parallel, x)):
         compare(got, want, 2e-5, f"rank {rank}")
+
+
+def test_a_padded_training_step_matches_one_process() -> None:
+    """An MLP 31 wide on tp=3 with pad=True: fc1 and fc2 split padded, and the backward's
+    contractions over the hidden dim (the input's gradient) mask the padding as the forward's
+    do: loss and every gradient match autograd on every simulated rank."""
+    model, x = model_and_input("mlp31")
+    parallel = parallelize(model, {"tp": 3}, (x,), "megatron", training=True, loss=loss,
+                           pad=True)
+    assert str(dict(parallel.plan.entries)["fc2_weight"][0]) == "S(1,pad)"
+    want = one_process(model, x)
+    for rank, got in enumerate(simulated(parallel, x)):
+        compare(got, want, TOL["mlp"], f"mlp31 padded rank {rank}")

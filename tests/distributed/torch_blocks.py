@@ -1,7 +1,10 @@
 """A GPT-2-style and a LLaMA-style (grouped-query) transformer block as torch nn.Modules, and
-an MLP, for the `parallelize` tests: the one-process models the parallel runs must match."""
+an MLP (of an even and of an odd hidden width), for the `parallelize` tests: the one-process
+models the parallel runs must match."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch import nn
@@ -11,9 +14,9 @@ D, HEADS, KV_HEADS, BATCH, SEQ = 64, 4, 2, 4, 8
 
 
 class MLP(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 32) -> None:
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.fc1, self.fc2 = nn.Linear(16, hidden), nn.Linear(hidden, 16)
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
@@ -71,7 +74,8 @@ class LlamaBlock(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-MODELS = {"mlp": (MLP, (8, 16)), "gpt2": (GPT2Block, (BATCH, SEQ, D)),
+MODELS = {"mlp": (MLP, (8, 16)), "mlp31": (partial(MLP, 31), (8, 16)),  # 31: odd on tp=2
+          "gpt2": (GPT2Block, (BATCH, SEQ, D)),
           "llama": (LlamaBlock, (BATCH, SEQ, D))}
 
 

@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-limit", metavar="SIZE", help="bytes per device, e.g. 16GB, 80GiB")
     p.add_argument("--training", action="store_true",
                    help="judge a training step (forward, backward, gradient all_reduces)")
+    p.add_argument("--pad", action="store_true",
+                   help="allow uneven splits as padded shards S(d,pad) (blocks of ceil(size/n))")
     p.add_argument("--function", default="main", help="function to plan (default: main)")
     p.add_argument("--data", action="append", metavar="NAME",
                    help="an argument that carries the batch (default: the first)")
@@ -77,7 +79,7 @@ def handle(args: argparse.Namespace) -> int:
     links = dict(item.partition("=")[::2] for item in args.link)
     constraints = Constraints(
         memory_limit=parse_size(args.memory_limit) if args.memory_limit else None,
-        training=args.training, function=args.function,
+        training=args.training, function=args.function, pad=args.pad,
         data=tuple(args.data) if args.data else None)
     cost = AlphaBeta(mesh, device=DEVICES[args.device], links=links)
     if plan is None:

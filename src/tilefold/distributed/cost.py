@@ -154,7 +154,7 @@ def op_flops(op: Operation) -> float:
 
 def after_step(t: TensorType, op: str, axis: str, attrs: dict) -> TensorType:
     """The type a one-axis collective gives `t`."""
-    p: Placement = Shard(attrs["dim"]) if "dim" in attrs else Replicate()
+    p: Placement = Shard(attrs["dim"], attrs.get("pad", False)) if "dim" in attrs else Replicate()
     return t.with_sharding(t.sharding.replace(t.sharding.mesh.axis_index(axis), p))
 
 

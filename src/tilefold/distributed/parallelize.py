@@ -213,7 +213,7 @@ def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
                 strategy: str | Mapping[str, str] = "dp", *,
                 annotations: Mapping[str, str] | None = None, cost: CostModel | None = None,
                 memory_limit: int | None = None, training: bool = False,
-                loss: Loss | None = None) -> ParallelModel:
+                loss: Loss | None = None, pad: bool = False) -> ParallelModel:
     """`model`'s inference forward on `mesh` (see the module docstring), or with `training`
     its training step: `loss(output)` (default: the output, a scalar) and the gradient of
     every parameter, returned whole on every rank (partial sums all_reduced).
@@ -222,7 +222,9 @@ def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
                   mapping of parameter and input names to placements;
     annotations:  the "propagate" strategy's placements, by name;
     cost, memory_limit: what the searched strategies judge a plan by (default:
-                  `AlphaBeta(mesh)`, no limit).
+                  `AlphaBeta(mesh)`, no limit);
+    pad:          let the strategies split a dim that does not divide by its axis, as a
+                  padded shard S(d,pad) (Megatron on an FFN width not divisible by tp).
     """
     mesh = as_mesh(mesh)
     gradients = None
@@ -234,7 +236,8 @@ def parallelize(model: torch.nn.Module, mesh: Mesh | Mapping[str, int],
         module, args, parameters = export_with_parameters(model, example_inputs)
     inputs = [n for n in args if n not in parameters]
     plan = strategy_plan(module, mesh, strategy, args, inputs, cost,
-                         Constraints(memory_limit=memory_limit, training=training), annotations)
+                         Constraints(memory_limit=memory_limit, training=training, pad=pad),
+                         annotations)
     placed, per_rank = partition(module, plan)
     weights = {n: t.detach().cpu().numpy() for n, t in parameters.items()}
     return ParallelModel(placed, per_rank, args, weights, plan, gradients)

@@ -9,6 +9,10 @@ no placements, each collective in its per-rank form, size attributes made local.
     %r = reshape(%h) {shape = [8,4,8]} : f32[8,4,8] @m[S(0),S(1)]
         ->  %r = reshape(%h) {shape = [4,1,8]} : f32[4,1,8]
 
+An op reducing over a padded dim (`S(d,pad)`) first masks the padding rows of its operands
+(zeros for a sum, -inf for a max, from `spmd.axis_index`: `padding.py`); a collective that
+makes a padded shard pads its operand with zero rows first, one that gathers one trims after.
+
 A gather from a table split along the looked-up dim (a vocab-parallel embedding) becomes the
 lookup of the rows the rank holds, zeros elsewhere (`per_rank.rank_gather`): its result is
 P(sum), which a later all_reduce completes. The mesh declaration stays in the module: a
@@ -22,13 +26,14 @@ from __future__ import annotations
 from typing import Any
 
 from tilefold.distributed.local import PlacementError, check_placements, local_attrs, local_type
+from tilefold.distributed.padding import RankOps, masks
 from tilefold.distributed.per_rank import differs_on_blocks, rank_gather
 from tilefold.errors import PassError, TilefoldError
 from tilefold.ir import Function
 from tilefold.ir.core import Operation
 from tilefold.ir.ops.collectives import Collective
 from tilefold.ir.ops.rank_collectives import RANK_FORM
-from tilefold.ir.types import Mesh, TensorType
+from tilefold.ir.types import Mesh, Shard, TensorType, level_shape, local_shape
 from tilefold.passes.base import Pass, Statistic
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
@@ -53,7 +58,10 @@ def rank_attrs(op: Operation, mesh: Mesh) -> tuple[str, dict[str, Any]]:
                              "(add one in ir/ops/rank_collectives.py)")
     axis = mesh.axis_index(op.attr("axis"))
     placement = op.operands[0].type.sharding.placements[axis]
-    return form.name, {**op.attrs, "size": mesh.sizes[axis], **form.placement_attrs(placement)}
+    attrs = {k: v for k, v in op.attrs.items() if k != "pad"}  # padding: see `collective`
+    if isinstance(placement, Shard):
+        placement = Shard(placement.dim)
+    return form.name, {**attrs, "size": mesh.sizes[axis], **form.placement_attrs(placement)}
 
 
 @register_pass
@@ -65,6 +73,7 @@ class SpmdPartition(Pass):
         Statistic("num-collectives", "collectives turned into their per-rank form"),
         Statistic("num-local-attrs", "ops whose size attributes became local"),
         Statistic("num-split-gathers", "gathers from a table split by rows, made per rank"),
+        Statistic("num-padding-masks", "padded operand dims masked before a reduction"),
     )
 
     def run_on_function(self, fn: Function) -> None:
@@ -77,25 +86,51 @@ class SpmdPartition(Pass):
                                  f"({named}); partition a function placed on one")
         (mesh,) = meshes
         self.split_tables: dict[Operation, TensorType] = {}  # gathers from tables split by rows
+        # global types, kept for the padding: which rows of a rank's block are real
+        self.global_types = {v: v.type for v in fn.values()}
         plan = [(op, self.plan(op, mesh)) for op in fn.body.ops if not op.has_trait("terminator")]
+        found = {op: masks(op) for op, _ in plan if not issubclass(op.opdef, Collective)}
         for arg in fn.args:
             arg.type = local_type(arg.type)
         rewriter = Rewriter(fn)
         for op, (name, attrs) in plan:
+            rank_ops = RankOps(rewriter, op, mesh)
             if name != op.name:
-                made = rewriter.create(op, name, op.operands, attrs,
-                                       names=[r.name for r in op.results], loc=op.loc)
-                rewriter.replace(op, made.results)
+                self.collective(op, name, attrs, rank_ops, mesh)
                 self.count("num-collectives")
             else:
+                for m in found[op]:
+                    x = op.operands[m.index]
+                    op.operands[m.index] = rank_ops.mask(x, self.global_types[x], m)
+                    self.count("num-padding-masks")
                 self.localize(op, attrs)
             if op in self.split_tables:
                 name = op.result.name
                 value = rank_gather(op, self.split_tables[op], rewriter)
                 rewriter.replace(op, [value])
                 value.name = name
+                self.global_types[value] = self.global_types[op.result]
                 self.count("num-split-gathers")
         fn.result_types = [v.type for v in fn.outputs]
+
+    def collective(self, op: Operation, name: str, attrs: dict[str, Any], rank_ops: RankOps,
+                   mesh: Mesh) -> None:
+        """A global collective as its per-rank form; a padded shard it makes or takes is padded
+        with zero rows before (the per-rank form cuts even blocks) or trimmed after."""
+        t, out = self.global_types[op.operands[0]], op.result.type
+        axis = mesh.axis_index(op.attr("axis"))
+        n = mesh.sizes[axis]
+        before, after = t.sharding.placements[axis], out.sharding.placements[axis]
+        x = op.operands[0]
+        if isinstance(after, Shard) and after.pad and after != before:
+            x = rank_ops.pad(x, after.dim, -(-level_shape(out, axis)[after.dim] // n) * n)
+        made = rank_ops.make(name, x, **attrs)
+        if isinstance(before, Shard) and before.pad and before != after:
+            made = rank_ops.trim(made, before.dim, local_shape(out)[before.dim])
+        name = op.result.name
+        rank_ops.rewriter.replace(op, [made])
+        made.name = name
+        self.global_types[made] = out
 
     def plan(self, op: Operation, mesh: Mesh) -> tuple[str, dict[str, Any]]:
         """What `op` becomes (its name and attributes), decided on the global types."""

@@ -36,8 +36,8 @@ def block_strides(t: TensorType, dim: int) -> list[tuple[int, int]]:
     mesh = t.sharding.mesh
     size, strides = t.shape[dim], []
     for axis, (n, p) in enumerate(zip(mesh.sizes, t.sharding.placements, strict=True)):
-        if p == Shard(dim):
-            size //= n
+        if isinstance(p, Shard) and p.dim == dim:
+            size = -(-size // n)  # a padded shard's blocks are ceil(size/n) rows
             strides.append((axis, size))
     return strides
 
@@ -82,7 +82,7 @@ def differs_on_blocks(op: Operation) -> bool:
         return False
     t = op.operands[0].type
     axis = normalize_axis("gather", op.attr("axis"), t.rank)
-    return Shard(axis) in t.sharding.placements
+    return any(isinstance(p, Shard) and p.dim == axis for p in t.sharding.placements)
 
 
 def rank_gather(op: Operation, table: TensorType, rewriter: Rewriter) -> Value:

@@ -7,6 +7,9 @@ replicated, and `explain` says so.
     reduce_sum      "ab->a"       S(b) -> P(sum);   reduce_max: S(b) -> P(max)
     softmax axis 1  "ab->ab"      b is fixed: sharding it has no rule (norms: their dims)
     transpose       "ab->ba"      S(0) -> S(1); P(sum) -> P(sum)
+
+A padded shard S(d,pad) passes through like S(d) and leaves a padded result; a reduced
+letter's padding is masked before the op runs (`padding.py`), so it gives P(sum) or P(max).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tilefold.ir.types import (
     Shard,
     Sharding,
     TensorType,
+    level_shape,
     sharding_problem,
 )
 
@@ -74,10 +78,11 @@ class Einsum:
         if letter in self.fixed:
             return f"dim '{letter}' of {self} cannot be split"
         for index, p in zip(self.inputs, placements, strict=True):
-            if letter in index and p != Shard(index.index(letter)):
+            if letter in index and not (isinstance(p, Shard) and p.dim == index.index(letter)):
                 return f"every operand with dim '{letter}' of {self} must be split on it"
-        if letter in self.output:
-            return Shard(self.output.index(letter))
+        if letter in self.output:  # padding rows pass through to the result's padding
+            pad = any(isinstance(p, Shard) and p.pad for p in placements)
+            return Shard(self.output.index(letter), pad)
         if self.contract is None:
             return f"dim '{letter}' of {self} is reduced, and splitting it has no rule"
         return Partial(self.contract)
@@ -294,7 +299,9 @@ def attention(op: Operation) -> Einsum:
 
 
 def uneven_axes(op: Operation, placements: Sequence[Placement | None]) -> dict[int, str]:
-    """The mesh axes whose derived shard does not split the result evenly, with the reason."""
+    """The mesh axes whose derived shard does not split the result evenly (unpadded), or pads a
+    dim whose blocks differ from its operands' (a reshape merging a padded dim), with the
+    reason."""
     meshes = [v.type.sharding.mesh for v in op.operands if v.type.sharding is not None]
     if not meshes:
         return {}
@@ -303,12 +310,25 @@ def uneven_axes(op: Operation, placements: Sequence[Placement | None]) -> dict[i
     for axis, p in enumerate(placements):
         if isinstance(p, Shard):
             done[axis] = p
-            problem = sharding_problem(op.results[0].type.with_sharding(
-                Sharding(meshes[0], tuple(done))))
+            result = op.results[0].type.with_sharding(Sharding(meshes[0], tuple(done)))
+            problem = sharding_problem(result) or (padded_mismatch(op, result, axis)
+                                                   if p.pad else None)
             if problem is not None:
                 bad[axis] = problem
                 done[axis] = Replicate()
     return bad
+
+
+def padded_mismatch(op: Operation, result: TensorType, axis: int) -> str | None:
+    """Why a padded shard on `axis` cannot pass from the operands to `result`: each operand dim
+    split there must be as long as the result's, so that its padding rows are the result's."""
+    want = level_shape(result, axis)[result.sharding.placements[axis].dim]
+    for v in op.operands:
+        p = v.type.sharding.placements[axis] if v.type.sharding is not None else None
+        if isinstance(p, Shard) and level_shape(v.type, axis)[p.dim] != want:
+            return (f"padded {p} of %{v.name}: {v.type} cannot become dim "
+                    f"{result.sharding.placements[axis].dim} ({want}) of {result}")
+    return None
 
 
 def result_placements(op: Operation, operand_placements: Sequence[Sequence[Placement]]

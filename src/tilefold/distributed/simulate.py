@@ -6,8 +6,10 @@ checked against their sharding rules and their size attributes made local (`loca
 their per-rank meaning where a block's work differs (`per_rank.py`: gather from a split table);
 collectives run their `group_reference` on the blocks of each group of ranks along their axis;
 `redistribute` means "assemble the global value, then cut it to the new placements" (the
-`expand-redistribute` pass must agree). A per-rank program (`spmd-partition`'s output: local
-types, `spmd.*` collectives) runs the same way with `run_ranks`, on the module's one mesh.
+`expand-redistribute` pass must agree). Padding rows of padded shards hold NaN here, and an op
+reducing over a padded dim first masks them (`padding.py`), as the per-rank program does. A
+per-rank program (`spmd-partition`'s output: local types, `spmd.*` collectives) runs the same
+way with `run_ranks`, on the module's one mesh.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tilefold.distributed.local import PlacementError, check_placements, local_attrs
+from tilefold.distributed.padding import mask_blocks, masks
 from tilefold.distributed.per_rank import PER_RANK
 from tilefold.errors import ShapeError, TilefoldError, UnsupportedError
 from tilefold.ir.core import Block, Function, Module, Operation, Value
@@ -24,7 +27,7 @@ from tilefold.ir.interpreter import bind_symbols, run_region
 from tilefold.ir.ops.collectives import Collective, Redistribute
 from tilefold.ir.ops.rank_collectives import RankCollective
 from tilefold.ir.placements import assemble, axis_groups, scatter
-from tilefold.ir.types import Mesh, TensorType, local_shape
+from tilefold.ir.types import Mesh, TensorType, level_shape, local_shape
 
 Ranks = list[np.ndarray]  # one block per rank, in rank order
 
@@ -114,8 +117,9 @@ class MeshRun:
             raise SimulationError(exc.message) from None
         per_rank = []
         local = PER_RANK.get(op.name)
+        padded = masks(op)  # padding rows a reduction must not see
         for rank in range(self.mesh.size):
-            blocks = [a[rank] for a in args]
+            blocks = mask_blocks(op, padded, self.mesh, rank, [a[rank] for a in args])
             res = (local(op, self.mesh, rank, blocks, attrs) if local is not None
                    else op.opdef.reference_op(blocks, attrs, op.regions, run_region))
             per_rank.append(list(res) if isinstance(res, list | tuple) else [res])
@@ -136,10 +140,11 @@ class MeshRun:
             def meaning(group: list[np.ndarray]) -> list[np.ndarray]:
                 return op.opdef.group_reference(group, attrs)
         else:
-            placement = op.operands[0].type.sharding.placements[axis]
+            t = op.operands[0].type
+            placement, shape = t.sharding.placements[axis], level_shape(t, axis)
 
             def meaning(group: list[np.ndarray]) -> list[np.ndarray]:
-                return op.opdef.group_reference(group, placement, attrs)
+                return op.opdef.group_reference(group, placement, attrs, shape)
         out: Ranks = [None] * self.mesh.size  # type: ignore[list-item]
         for group in axis_groups(self.mesh, axis):
             for rank, b in zip(group, meaning([blocks[r] for r in group]), strict=True):

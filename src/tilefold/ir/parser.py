@@ -216,14 +216,20 @@ class Parser:
         return Sharding(mesh, tuple(self.comma_list("]", self.placement)))
 
     def placement(self) -> Placement:
-        tok = self.expect_kind("ident", "a placement (R, S(dim), P(sum) or P(max))")
+        tok = self.expect_kind("ident", "a placement (R, S(dim), S(dim,pad), P(sum) or P(max))")
         if tok.text == "R":
             return Replicate()
         if tok.text == "S":
             self.expect("(", "after S")
             d = self.integer("the sharded dim")
+            pad = self.accept(",")
+            if pad:
+                word = self.expect_kind("ident", "pad (S(dim,pad) pads uneven blocks)")
+                if word.text != "pad":
+                    raise self.error(f"'S({d},{word.text})': the only option of a shard is "
+                                     f"pad, as in S({d},pad)", word)
             self.expect(")")
-            return Shard(d)
+            return Shard(d, pad)
         if tok.text == "P":
             self.expect("(", "after P")
             op = self.expect_kind("ident", "sum or max")
@@ -231,7 +237,8 @@ class Parser:
                 raise self.error(f"partial reduction '{op.text}': use sum or max", op)
             self.expect(")")
             return Partial(op.text)
-        raise self.error(f"unknown placement '{tok.text}': use R, S(dim), P(sum) or P(max)", tok)
+        raise self.error(f"unknown placement '{tok.text}': use R, S(dim), S(dim,pad), P(sum) or "
+                         "P(max)", tok)
 
     def mesh(self) -> Mesh:
         """`mesh @m [dp=2, tp=4]`."""

@@ -1,16 +1,29 @@
 """What a placement means: a global array cut into per-rank blocks (`scatter`) and put back
-together (`assemble`), over the ranks of a mesh numbered row-major by their coordinates."""
+together (`assemble`), over the ranks of a mesh numbered row-major by their coordinates.
+
+A padded shard (`S(d,pad)`) cuts dim d in blocks of ceil(size/n) rows; the rows past the end
+are padding, which holds unspecified values: here NaN for floats (so that a value leaking
+from the padding shows) and zeros otherwise, and joining drops them again."""
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 
 from tilefold import dtypes
 from tilefold.errors import ShapeError, TilefoldError
 from tilefold.ir.ops.common import round_to, widen
-from tilefold.ir.types import Mesh, Partial, Placement, Replicate, Shard, TensorType
+from tilefold.ir.types import (
+    Mesh,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    TensorType,
+    level_shape,
+)
 
 
 class ReplicaMismatchError(TilefoldError):
@@ -42,10 +55,37 @@ def reduce_partials(blocks: list[np.ndarray], op: str) -> np.ndarray:
         return round_to(np.sum([widen(b) for b in blocks], axis=0), dt)
 
 
-def _split(x: np.ndarray, n: int, dim: int) -> list[np.ndarray]:
-    if x.shape[dim] % n:
-        raise ShapeError(f"dim {dim} of a {list(x.shape)} block does not split evenly {n} ways")
+def padding_fill(dt: np.dtype) -> Any:
+    """What the reference meaning writes in padding rows: NaN for floats, else zero."""
+    return np.nan if np.issubdtype(dt, np.floating) else 0
+
+
+def pad_to(x: np.ndarray, dim: int, size: int) -> np.ndarray:
+    """`x` with padding rows (`padding_fill`) appended along `dim` up to `size` rows."""
+    extra = size - x.shape[dim]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return np.concatenate([x, np.full(shape, padding_fill(x.dtype), x.dtype)], axis=dim)
+
+
+def _split(x: np.ndarray, n: int, shard: Shard) -> list[np.ndarray]:
+    dim = shard.dim
+    if x.shape[dim] % n and not shard.pad:
+        raise ShapeError(f"dim {dim} of a {list(x.shape)} block does not split evenly {n} ways "
+                         f"(a padded shard S({dim},pad) would pad it)")
+    x = pad_to(x, dim, -(-x.shape[dim] // n) * n)
     return [np.ascontiguousarray(b) for b in np.split(x, n, axis=dim)]
+
+
+def unpad(x: np.ndarray, dim: int, size: int | None) -> np.ndarray:
+    """`x` without the padding rows past `size` along `dim` (`size` None: none to drop)."""
+    if size is None or x.shape[dim] == size:
+        return x
+    if x.shape[dim] < size:
+        raise ShapeError(f"a {list(x.shape)} value has fewer than {size} rows along dim {dim}")
+    return np.ascontiguousarray(np.take(x, np.arange(size), axis=dim))
 
 
 def split_blocks(x: np.ndarray, n: int, placement: Placement,
@@ -57,7 +97,7 @@ def split_blocks(x: np.ndarray, n: int, placement: Placement,
     smaller values on the others.
     """
     if isinstance(placement, Shard):
-        return _split(x, n, placement.dim)
+        return _split(x, n, placement)
     if isinstance(placement, Replicate) or n == 1:
         return [x] * n  # one array: replicas split alike further down (`scatter` copies)
     floating = dtypes.dtype(x.dtype).is_float
@@ -76,11 +116,15 @@ def split_blocks(x: np.ndarray, n: int, placement: Placement,
     return [x.copy() if k == owner else np.minimum(lower[k], x) for k in range(n)]
 
 
-def join_blocks(blocks: list[np.ndarray], placement: Placement, check: bool = True) -> np.ndarray:
-    """Inverse of `split_blocks`: concatenate shards, reduce partials, take one replica (checking
-    with `check` that all replicas agree bit for bit)."""
+def join_blocks(blocks: list[np.ndarray], placement: Placement, check: bool = True,
+                size: int | None = None) -> np.ndarray:
+    """Inverse of `split_blocks`: concatenate shards (dropping the padding past `size` rows, the
+    dim's size before the split, which a padded shard needs), reduce partials, take one
+    replica (checking with `check` that all replicas agree bit for bit)."""
     if isinstance(placement, Shard):
-        return np.concatenate(blocks, axis=placement.dim)
+        if placement.pad and size is None:
+            raise ShapeError(f"joining the blocks of {placement} needs the dim's size")
+        return unpad(np.concatenate(blocks, axis=placement.dim), placement.dim, size)
     if isinstance(placement, Partial):
         return reduce_partials(blocks, placement.op)
     if check:
@@ -123,10 +167,12 @@ def assemble(blocks: list[np.ndarray], t: TensorType, check: bool = True) -> np.
     grid = np.empty(mesh.sizes, dtype=object)
     for rank, index in enumerate(np.ndindex(mesh.sizes)):
         grid[index] = np.asarray(blocks[rank])
-    for placement in reversed(t.sharding.placements):
+    for axis in reversed(range(len(mesh.axes))):
+        placement = t.sharding.placements[axis]
+        size = level_shape(t, axis)[placement.dim] if isinstance(placement, Shard) else None
         smaller = np.empty(grid.shape[:-1], dtype=object)
         for index in np.ndindex(smaller.shape):
             smaller[index] = join_blocks([grid[(*index, k)] for k in range(grid.shape[-1])],
-                                         placement, check)
+                                         placement, check, size)  # type: ignore[arg-type]
         grid = smaller
     return grid[()]

@@ -21,7 +21,8 @@ The grammar by example (`//` starts a comment, which the parser skips):
 - Ops with regions: `%y = fused(%a) : T region (%r: T) {` ... `yield(%v)` ... `}`.
 - Device meshes: `mesh @m [dp=2, tp=4]` lines open the module; a type placed on one follows its
   shape (and strides) with one placement per mesh axis, `f32[8,16] @m[S(0),R]`: `R` replicated,
-  `S(d)` dim d split in equal blocks, `P(sum)`/`P(max)` partial values still to be reduced.
+  `S(d)` dim d split in equal blocks, `S(d,pad)` split in blocks of ceil(size/n) rows, the last
+  ones padded, `P(sum)`/`P(max)` partial values still to be reduced.
 """
 
 from __future__ import annotations

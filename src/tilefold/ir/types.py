@@ -188,12 +188,18 @@ class Replicate:
 
 @dataclass(frozen=True)
 class Shard:
-    """The tensor's dim `dim` is split into equal contiguous blocks, one per device on the axis."""
+    """The tensor's dim `dim` is split into equal contiguous blocks, one per device on the axis.
+
+    With `pad` (`S(0,pad)`) the dim need not split evenly: each of the n devices holds
+    ceil(size/n) rows, block k the rows [k*c, min((k+1)*c, size)) and then padding up to c rows,
+    whose values are unspecified. An even split marked pad has no padding.
+    """
 
     dim: int
+    pad: bool = False
 
     def __str__(self) -> str:
-        return f"S({self.dim})"
+        return f"S({self.dim},pad)" if self.pad else f"S({self.dim})"
 
 
 PARTIAL_REDUCTIONS = ("sum", "max")
@@ -237,17 +243,18 @@ def format_placements(placements: Sequence[Placement]) -> str:
 
 
 def parse_placement(text: str) -> Placement:
-    """`R`, `S(1)`, `P(sum)` or `P(max)` as a placement (ShapeError for anything else)."""
+    """`R`, `S(1)`, `S(1,pad)`, `P(sum)` or `P(max)` as a placement (ShapeError for anything
+    else)."""
     text = text.strip()
     if text == "R":
         return Replicate()
-    m = re.fullmatch(r"S\(\s*(\d+)\s*\)", text)
+    m = re.fullmatch(r"S\(\s*(\d+)\s*(,\s*pad\s*)?\)", text)
     if m:
-        return Shard(int(m.group(1)))
+        return Shard(int(m.group(1)), m.group(2) is not None)
     m = re.fullmatch(r"P\(\s*(\w+)\s*\)", text)
     if m:
         return Partial(m.group(1))
-    raise ShapeError(f"placement {text!r} is not R, S(dim) or P(sum|max)")
+    raise ShapeError(f"placement {text!r} is not R, S(dim), S(dim,pad) or P(sum|max)")
 
 
 def parse_placements(text: str) -> tuple[Placement, ...]:
@@ -256,14 +263,16 @@ def parse_placements(text: str) -> tuple[Placement, ...]:
     if not (inner.startswith("[") and inner.endswith("]")):
         raise ShapeError(f"placements {text!r} must be a bracketed list such as [S(0),R]")
     inner = inner[1:-1].strip()
-    return tuple(parse_placement(p) for p in inner.split(",")) if inner else ()
+    parts = re.split(r",(?![^(]*\))", inner)  # commas outside parentheses
+    return tuple(parse_placement(p) for p in parts) if inner else ()
 
 
 def sharding_problem(t: TensorType) -> str | None:
     """Why the placements of `t` do not fit its shape and mesh, or None when they do.
 
     One placement per mesh axis; `S(d)` needs `d < rank`; each static dim must split evenly over
-    the axes that shard it (in mesh order). Symbolic dims are checked when sizes are known.
+    the axes that shard it (in mesh order) unless the shard is padded (`S(d,pad)`), which cuts
+    it in blocks of ceil(size/n). Symbolic dims are checked when sizes are known.
     """
     sharding = t.sharding
     if sharding is None:
@@ -284,21 +293,45 @@ def sharding_problem(t: TensorType) -> str | None:
         size = sizes[d]
         if isinstance(size, SymDim):
             continue
-        if size % n:
+        if size % n and not placement.pad:
             return (
                 f"dim {d} ({size}{' per block' if size != t.shape[d] else ''}) does not split "
-                f"evenly over axis {axis}={n} of {mesh.declaration()}"
+                f"evenly over axis {axis}={n} of {mesh.declaration()}; write S({d},pad) to "
+                f"pad each block to {-(-size // n)} rows"
             )
-        sizes[d] = size // n
+        sizes[d] = -(-size // n)
     return None
 
 
-def local_shape(t: TensorType) -> tuple[Dim, ...]:
-    """The shape each device holds of a sharded tensor (static dims divided by their axes)."""
+def level_shape(t: TensorType, axis: int) -> tuple[Dim, ...]:
+    """The shape of the blocks that mesh axis `axis` cuts: `t`'s shape with the shards of the
+    earlier axes applied (padded ones rounded up to whole blocks of ceil(size/n))."""
     if t.sharding is None:
         return t.shape
     sizes = list(t.shape)
-    for n, placement in zip(t.sharding.mesh.sizes, t.sharding.placements, strict=True):
+    for n, placement in zip(t.sharding.mesh.sizes[:axis], t.sharding.placements[:axis],
+                            strict=True):
         if isinstance(placement, Shard) and isinstance(sizes[placement.dim], int):
-            sizes[placement.dim] //= n  # type: ignore[operator]
+            sizes[placement.dim] = -(-sizes[placement.dim] // n)  # type: ignore[operator]
     return tuple(sizes)
+
+
+def local_shape(t: TensorType) -> tuple[Dim, ...]:
+    """The shape each device holds of a sharded tensor (static dims divided by their axes,
+    rounded up where a padded shard splits unevenly)."""
+    return t.shape if t.sharding is None else level_shape(t, len(t.sharding.placements))
+
+
+def pad_uneven(t: TensorType) -> TensorType:
+    """`t` with each shard that does not split its dim evenly made a padded one (how a strategy
+    asked to pad places an uneven split)."""
+    if t.sharding is None:
+        return t
+    placements = list(t.sharding.placements)
+    for axis, (n, p) in enumerate(zip(t.sharding.mesh.sizes, placements, strict=True)):
+        if isinstance(p, Shard) and p.dim < t.rank:
+            size = level_shape(t.with_sharding(Sharding(t.sharding.mesh, tuple(placements))),
+                               axis)[p.dim]
+            if isinstance(size, int) and size % n:
+                placements[axis] = Shard(p.dim, True)
+    return t.with_sharding(Sharding(t.sharding.mesh, tuple(placements)))

@@ -71,7 +71,9 @@ def _search(t: ty.TensorType, target: tuple[ty.Placement, ...] | None
     cost = (communicating steps, steps), ties broken by the order states were reached."""
     assert t.sharding is not None
     mesh, start = t.sharding.mesh, t.sharding.placements
-    choices = [ty.Replicate(), *(ty.Shard(d) for d in range(t.rank))]
+    padded = {p.dim for p in (*start, *(target or ())) if isinstance(p, ty.Shard) and p.pad}
+    choices = [ty.Replicate(), *(ty.Shard(d) for d in range(t.rank)),
+               *(ty.Shard(d, True) for d in sorted(padded))]
     queue: list[tuple[int, int, int, tuple[ty.Placement, ...]]] = [(0, 0, 0, start)]
     best: dict[tuple[ty.Placement, ...], tuple[int, int]] = {start: (0, 0)}
     back: dict[tuple[ty.Placement, ...], tuple[tuple[ty.Placement, ...], Step]] = {}
@@ -97,6 +99,8 @@ def _search(t: ty.TensorType, target: tuple[ty.Placement, ...] | None
                     best[new.placements] = cost
                     attrs = {"dim": dst.dim} if op in ("reduce_scatter", "all_to_all",
                                                        "local_slice") else {}
+                    if attrs and dst.pad:  # a padded shard (S(d,pad)) is made padded
+                        attrs["pad"] = True
                     back[new.placements] = (state, Step(op, name, attrs))
                     order += 1
                     heapq.heappush(queue, (*cost, order, new.placements))

@@ -31,6 +31,9 @@ class Constraints:
     data:         the arguments that carry the batch (None: the function's first argument).
     share:        a regex whose match at the start of a value's name marks repeated layers:
                   values whose names differ only there share one decision (None: no sharing).
+    pad:          a dim that does not split evenly over an axis may still be split, as a padded
+                  shard S(d,pad) (blocks of ceil(size/n) rows); without it such splits are not
+                  chosen.
     """
 
     memory_limit: int | None = None
@@ -38,6 +41,7 @@ class Constraints:
     function: str = "main"
     data: tuple[str, ...] | None = None
     share: str | None = LAYER_PREFIX
+    pad: bool = False
 
     def data_args(self, fn: Function) -> list[Value]:
         names = self.data if self.data is not None else (fn.args[0].name,) if fn.args else ()

@@ -97,15 +97,23 @@ def axis_options(t: ty.TensorType, partial: bool) -> list[ty.Placement]:
     return [ty.Replicate(), *shards, *([ty.Partial()] if partial else [])]
 
 
-def tuples(t: ty.TensorType, mesh: ty.Mesh) -> list[Placements]:
-    """Every placement tuple of an argument of type `t` that splits it evenly (R alone on an
-    axis of one device)."""
+def tuples(t: ty.TensorType, mesh: ty.Mesh, pad: bool = False) -> list[Placements]:
+    """Every placement tuple of an argument of type `t` that splits it evenly, or with `pad`
+    padded where it does not (R alone on an axis of one device)."""
     out = []
     options = [axis_options(t, False) if n > 1 else [ty.Replicate()] for n in mesh.sizes]
     for ps in itertools.product(*options):
-        if ty.sharding_problem(t.with_sharding(ty.Sharding(mesh, ps))) is None:
-            out.append(ps)
+        placed = fitted(t.with_sharding(ty.Sharding(mesh, ps)), pad)
+        if placed is not None and placed.sharding.placements not in out:
+            out.append(placed.sharding.placements)
     return out
+
+
+def fitted(t: ty.TensorType, pad: bool) -> ty.TensorType | None:
+    """`t` if its placements split it evenly, padded where they do not if `pad`, else None."""
+    if pad:
+        t = ty.pad_uneven(t)
+    return None if ty.sharding_problem(t) else t
 
 
 def per_axis(einsum: Einsum, op: Operation, args: set[Value]) -> list[tuple]:
@@ -168,12 +176,16 @@ class Search:
                 operands = tuple(tuple(p[0][i] for p in pick) for i in range(len(op.operands)))
                 combos.append((operands, tuple(p[1] for p in pick)))
         found = []
+        pad = self.constraints.pad
         for operands, result in combos:
-            types = [v.type.without_sharding().with_sharding(ty.Sharding(self.mesh, ps))
-                     for v, ps in zip(op.operands, operands, strict=True)]
-            out = op.result.type.without_sharding().with_sharding(ty.Sharding(self.mesh, result))
-            if any(ty.sharding_problem(t) for t in [*types, out]):
+            fits = [fitted(v.type.without_sharding().with_sharding(ty.Sharding(self.mesh, ps)),
+                           pad) for v, ps in zip((*op.operands, op.result), (*operands, result),
+                                                 strict=True)]
+            if any(t is None for t in fits):
                 continue
+            *types, out = fits
+            operands = tuple(t.sharding.placements for t in types)
+            result = out.sharding.placements
             for v, t in zip(op.operands, types, strict=True):
                 v.type = t
             op.result.type = out
@@ -215,7 +227,7 @@ class Search:
         for key, v in rep.items():
             if v in self.args:
                 cols = {}
-                for ps in tuples(v.type, self.mesh):
+                for ps in tuples(v.type, self.mesh, self.constraints.pad):
                     cols[ps] = prob.column(0.0, True)
                     t = v.type.with_sharding(ty.Sharding(self.mesh, ps))
                     memory[cols[ps]] = count[key] * nbytes(t) * (1 if v in data else state)

@@ -7,6 +7,8 @@ parallelism alone; placements follow the function's ops in order.
     add(h, b)      h S(last)      -> b S(0)   the bias of a column-parallel matmul
     anything else                 -> R        norms' weights, row-parallel biases
     (an nn.Linear weight is [out, in], `transpose_b`: column-parallel S(0), row-parallel S(1))
+    with Constraints(pad=True), a weight whose split dim does not divide by tp is S(d,pad)
+    (a hidden width of 30 on tp=4: blocks of 8, the last with 6 rows and 2 of padding)
     sequence parallel: the data is S(0) on tp; each column-parallel input is gathered to R and
                    each row-parallel result reduce-scattered to S(0) (2 all_gathers + 2
                    reduce_scatters per block instead of 2 all_reduces)
@@ -26,7 +28,21 @@ from tilefold.distributed.strategies.base import (
 )
 from tilefold.ir import Module
 from tilefold.ir.core import Function, Operation, Value
-from tilefold.ir.types import Mesh, Partial, Replicate, Shard, Sharding, sharding_problem
+from tilefold.ir.types import (
+    Mesh,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    Sharding,
+    pad_uneven,
+    sharding_problem,
+)
+
+
+def split_on(p: Placement, dim: int) -> bool:
+    """Whether `p` shards `dim` (padded or not)."""
+    return isinstance(p, Shard) and p.dim == dim
 
 
 def data_placements(value: Value, mesh: Mesh, axes: list[int]) -> Placements:
@@ -49,8 +65,8 @@ class Walk:
     """Placements of a function's values as propagate-sharding would give them, the arguments
     placed by a template when their first user is reached."""
 
-    def __init__(self, fn: Function, mesh: Mesh):
-        self.fn, self.mesh = fn, mesh
+    def __init__(self, fn: Function, mesh: Mesh, pad: bool = False):
+        self.fn, self.mesh, self.pad = fn, mesh, pad
         self.of: dict[Value, Placements] = {}
 
     def get(self, v: Value) -> Placements:
@@ -86,7 +102,7 @@ class Megatron(Strategy):
         tp = mesh.axis_index(name)
         dp = [a for a in range(len(mesh.axes)) if a != tp]
         data = constraints.data_args(fn)
-        walk = Walk(fn, mesh)
+        walk = Walk(fn, mesh, constraints.pad)
         for v in data:
             walk.of[v] = data_placements(v, mesh, dp + ([tp] if self.sequence_parallel else []))
         args = set(fn.args)
@@ -119,7 +135,7 @@ class Megatron(Strategy):
         """A matmul whose weight is column-parallel (its activation is needed whole)."""
         w = op.operands[1] if op.name == "matmul" else None
         return (w in args and w.type.rank == 2
-                and walk.get(w)[tp] == Shard(weight_dims(op)[1]))
+                and split_on(walk.get(w)[tp], weight_dims(op)[1]))
 
     @staticmethod
     def weight(op: Operation, i: int, walk: Walk, tp: int) -> Placements:
@@ -136,12 +152,15 @@ class Megatron(Strategy):
             elif not isinstance(x[tp], Partial):
                 place = Shard(outer)  # column-parallel (SP: its input is gathered first)
         elif (op.name == "add" and i == 1 and v.type.rank == 1 and x is not None
-              and x[tp] == Shard(op.operands[0].type.rank - 1)):
+              and split_on(x[tp], op.operands[0].type.rank - 1)):
             place = Shard(0)  # the bias of a column-parallel matmul
         ps = tuple(place if a == tp else Replicate() for a in range(len(mesh.axes)))
-        if sharding_problem(v.type.with_sharding(Sharding(mesh, ps))) is not None:
+        placed = v.type.with_sharding(Sharding(mesh, ps))
+        if walk.pad:
+            placed = pad_uneven(placed)
+        if sharding_problem(placed) is not None:
             return (Replicate(),) * len(mesh.axes)
-        return ps
+        return placed.sharding.placements
 
 
 @register_strategy("megatron-sp")

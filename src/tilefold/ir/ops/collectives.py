@@ -10,6 +10,11 @@ blocks of one axis group, which the simulated mesh (`tilefold.distributed.simula
     %s = reduce_scatter(%p) {axis = "tp", dim = 1} : f32[8,16] @m[R,S(1)]
     %t = all_to_all(%x) {axis = "tp", dim = 0} : f32[8,16] @m[R,S(0)]  // x: @m[R,S(1)]
     %y = redistribute(%x) {placements = "[R,S(1)]"} : f32[8,16] @m[R,S(1)]
+
+Padded shards (`S(d,pad)`, uneven splits): `all_gather` drops the padding, `reduce_scatter`,
+`all_to_all` and `local_slice` with `pad = true` give a padded shard (padding the blocks they
+cut); `group_reference` takes the shape of the blocks the axis cuts (`level_shape`), which a
+padded shard needs to know how many rows are real.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 from tilefold.errors import ShapeError, UnsupportedError, VerificationError
 from tilefold.ir import types as ty
 from tilefold.ir.opdef import Attr, OpDef, attr_table, register
-from tilefold.ir.placements import reduce_partials, split_blocks
+from tilefold.ir.placements import reduce_partials, split_blocks, unpad
 
 TRAITS = frozenset({"collective", "sharding"})  # not "pure": folding one would drop its meaning
 
@@ -64,12 +69,15 @@ class Collective(OpDef):
         """The placement it gives on its axis, as `gives` declares it."""
         if cls.gives == "same":
             return p
-        return ty.Shard(attrs["dim"]) if cls.gives == "S(dim)" else ty.Replicate()
+        if cls.gives == "S(dim)":
+            return ty.Shard(attrs["dim"], attrs.get("pad", False))
+        return ty.Replicate()
 
     @classmethod
-    def group_reference(cls, blocks: list[np.ndarray], p: ty.Placement,
-                        attrs: dict[str, Any]) -> list[np.ndarray]:
-        """The blocks the devices of one axis group hold afterwards, from what they held."""
+    def group_reference(cls, blocks: list[np.ndarray], p: ty.Placement, attrs: dict[str, Any],
+                        shape: tuple[int, ...] | None = None) -> list[np.ndarray]:
+        """The blocks the devices of one axis group hold afterwards, from what they held;
+        `shape` is the shape of the blocks the axis cuts (needed when `p` is a padded shard)."""
         raise NotImplementedError(f"collective {cls.name} must define group_reference()")
 
     @classmethod
@@ -107,7 +115,8 @@ def nested(name: str, t: ty.TensorType, axis: int, dim: int) -> None:
     a later axis lie inside the blocks of an earlier one, so the inner axis must move first."""
     mesh = t.sharding.mesh
     for later in range(axis + 1, len(mesh.axes)):
-        if t.sharding.placements[later] == ty.Shard(dim):
+        later_p = t.sharding.placements[later]
+        if isinstance(later_p, ty.Shard) and later_p.dim == dim:
             raise VerificationError(
                 f"'{name}' over axis {mesh.names[axis]} changes how dim {dim} of {t} is split, "
                 f"but the later axis {mesh.names[later]} splits it too: redistribute that axis "
@@ -117,6 +126,21 @@ def nested(name: str, t: ty.TensorType, axis: int, dim: int) -> None:
 
 def dim_attr(doc: str) -> Attr:
     return Attr("int", doc=doc)
+
+
+def cut_attrs(doc: str) -> dict[str, Attr]:
+    """The attributes of a collective that gives a shard: its dim, and whether to pad."""
+    return attr_table(**Collective.attributes, dim=dim_attr(doc),
+                      pad=Attr("bool", False, doc="give S(dim,pad): pad uneven blocks"))
+
+
+def whole(x: np.ndarray, p: ty.Placement, shape: tuple[int, ...] | None) -> np.ndarray:
+    """Concatenated blocks `x` of shard `p` without their padding (`shape`: the level's)."""
+    if not (isinstance(p, ty.Shard) and p.pad):
+        return x
+    if shape is None:
+        raise VerificationError(f"gathering blocks of {p} needs the shape the axis cuts")
+    return unpad(x, p.dim, shape[p.dim])
 
 
 class FromPartial(Collective):
@@ -151,7 +175,7 @@ class AllReduce(FromPartial):
     name = "all_reduce"
 
     @classmethod
-    def group_reference(cls, blocks, p, attrs):
+    def group_reference(cls, blocks, p, attrs, shape=None):
         total = reduce_partials(blocks, p.op)
         return [total.copy() for _ in blocks]
 
@@ -162,11 +186,11 @@ class ReduceScatter(FromPartial):
 
     name = "reduce_scatter"
     gives = "S(dim)"
-    attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split the sum on"))
+    attributes = cut_attrs("the dim to split the sum on")
 
     @classmethod
-    def group_reference(cls, blocks, p, attrs):
-        return split_blocks(reduce_partials(blocks, p.op), len(blocks), ty.Shard(attrs["dim"]))
+    def group_reference(cls, blocks, p, attrs, shape=None):
+        return split_blocks(reduce_partials(blocks, p.op), len(blocks), cls.placement(p, attrs))
 
 
 class FromShard(Collective):
@@ -184,9 +208,9 @@ class AllGather(FromShard):
     name = "all_gather"
 
     @classmethod
-    def group_reference(cls, blocks, p, attrs):
-        whole = np.concatenate(blocks, axis=p.dim)
-        return [whole.copy() for _ in blocks]
+    def group_reference(cls, blocks, p, attrs, shape=None):
+        full = whole(np.concatenate(blocks, axis=p.dim), p, shape)
+        return [full.copy() for _ in blocks]
 
 
 @register
@@ -197,13 +221,14 @@ class AllToAll(FromShard):
     name = "all_to_all"
     gives = "S(dim)"
     takes = "a shard S(i) with i other than dim"
-    attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split on instead"))
+    attributes = cut_attrs("the dim to split on instead")
 
     @classmethod
-    def group_reference(cls, blocks, p, attrs):
-        n, to = len(blocks), ty.Shard(attrs["dim"])
+    def group_reference(cls, blocks, p, attrs, shape=None):
+        n, to = len(blocks), cls.placement(p, attrs)
         pieces = [split_blocks(b, n, to) for b in blocks]
-        return [np.concatenate([pieces[r][k] for r in range(n)], axis=p.dim) for k in range(n)]
+        return [whole(np.concatenate([pieces[r][k] for r in range(n)], axis=p.dim), p, shape)
+                for k in range(n)]
 
 
 class FromReplicate(Collective):
@@ -220,12 +245,12 @@ class LocalSlice(FromReplicate):
 
     name = "local_slice"
     gives = "S(dim)"
-    attributes = attr_table(**Collective.attributes, dim=dim_attr("the dim to split"))
+    attributes = cut_attrs("the dim to split")
 
     @classmethod
-    def group_reference(cls, blocks, p, attrs):
+    def group_reference(cls, blocks, p, attrs, shape=None):
         n = len(blocks)
-        return [split_blocks(b, n, ty.Shard(attrs["dim"]))[k] for k, b in enumerate(blocks)]
+        return [split_blocks(b, n, cls.placement(p, attrs))[k] for k, b in enumerate(blocks)]
 
 
 @register
@@ -244,7 +269,7 @@ class Broadcast(FromReplicate):
                                     f"axis {attrs['axis']} (size {size})")
 
     @classmethod
-    def group_reference(cls, blocks, p, attrs):
+    def group_reference(cls, blocks, p, attrs, shape=None):
         return [blocks[attrs["root"]].copy() for _ in blocks]
 
 
@@ -255,11 +280,16 @@ class Permute(FromShard):
 
     name = "permute"
     gives = "same"
+    takes = "an unpadded shard S(dim) (rotating padded blocks would move padding inside)"
     attributes = attr_table(**Collective.attributes,
                             shift=Attr("int", 1, doc="how many devices along the ring to send"))
 
     @classmethod
-    def group_reference(cls, blocks, p, attrs):
+    def accepts(cls, p: ty.Placement, attrs: dict[str, Any]) -> bool:
+        return isinstance(p, ty.Shard) and not p.pad
+
+    @classmethod
+    def group_reference(cls, blocks, p, attrs, shape=None):
         n = len(blocks)
         return [blocks[(k - attrs["shift"]) % n].copy() for k in range(n)]
 
