@@ -133,3 +133,24 @@ def test_shard_pads_an_uneven_split_only_with_pad(pad, tmp_path, capsys) -> None
         ir = parse_module(out["# partitioned IR"])
         assert str(ir["main"].ops[1].result.type) == "f32[4,30] @m[S(1,pad)]"
         assert str(dict(Plan.parse(out["# plan"]).entries)["w1"][0]) == "S(1,pad)"
+
+
+SYMBOLIC = """func @main(%x: f32[?batch,8], %w: f32[8,16]) -> (f32[?batch,16]) {
+  %y = matmul(%x, %w) : f32[?batch,16]
+  return(%y)
+}
+"""
+
+
+@pytest.mark.parametrize("bind, rows", [([], 128), (["--bind", "batch=6"], 6)])
+def test_shard_plans_a_symbolic_program_for_bound_sizes(bind, rows, tmp_path, capsys) -> None:
+    """Splits, costs and memory need sizes: --bind gives them, else 128 with a note."""
+    path = tmp_path / "sym.tfir"
+    path.write_text(SYMBOLIC)
+    assert main(["shard", str(path), "--mesh", "dp=2", "--strategy", "dp", *bind]) == 0
+    captured = capsys.readouterr()
+    assert ("?batch is not bound: using 128" in captured.err) == (not bind)
+    ir = parse_module(sections(captured.out)["# partitioned IR"])
+    assert str(ir["main"].args[0].type) == f"f32[{rows},8] @m[S(0)]"
+    assert main(["shard", str(path), "--mesh", "dp=2", "--bind", "seq=4"]) == 1
+    assert "@main has no dim ?seq (its dims are ?batch)" in capsys.readouterr().err

@@ -6,13 +6,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 
-from tilefold.cli.inputs import load_function, parse_bindings, symbolic_dims
+from tilefold.cli.inputs import DEFAULT_SIZE, bind_or_default, load_function
 from tilefold.ir.limits import check_function
 from tilefold.strategy import FAMILIES, Decision
-
-DEFAULT_SIZE = 128  # of a symbolic dim --bind leaves unbound
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,12 +35,7 @@ def compile_file(path: str, function: str, bind: list[str]):
     from tilefold.compiler import compile
 
     module, fn = load_function(path, function)
-    bindings = parse_bindings(bind, fn)
-    for name in symbolic_dims(fn):
-        if name not in bindings:
-            bindings[name] = DEFAULT_SIZE
-            print(f"note: ?{name} is not bound: using {DEFAULT_SIZE} (--bind {name}=SIZE)",
-                  file=sys.stderr)
+    bindings = bind_or_default(bind, fn)
     check_function(fn, bindings, module.source_text)
     graph = compile(module, function=function)
     shapes = [tuple(a.type.bind(bindings).shape) for a in graph.function.args]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,20 @@ def parse_bindings(items: list[str], fn: Function) -> dict[str, int]:
         if size < 0:
             raise TilefoldError(f"--bind {name}={text}: a size is a whole number >= 0")
         bindings[name] = size
+    return bindings
+
+
+DEFAULT_SIZE = 128  # of a symbolic dim --bind leaves unbound
+
+
+def bind_or_default(items: list[str], fn: Function) -> dict[str, int]:
+    """Every symbolic dim of `fn` sized: by `--bind DIM=SIZE`, else DEFAULT_SIZE with a note."""
+    bindings = parse_bindings(items, fn)
+    for name in symbolic_dims(fn):
+        if name not in bindings:
+            bindings[name] = DEFAULT_SIZE
+            print(f"note: ?{name} is not bound: using {DEFAULT_SIZE} (--bind {name}=SIZE)",
+                  file=sys.stderr)
     return bindings
 
 

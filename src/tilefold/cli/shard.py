@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pad", action="store_true",
                    help="allow uneven splits as padded shards S(d,pad) (blocks of ceil(size/n))")
     p.add_argument("--function", default="main", help="function to plan (default: main)")
+    p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
+                   help="size of a symbolic dim, e.g. --bind batch=8 (plans are for sizes; "
+                   "default 128)")
     p.add_argument("--data", action="append", metavar="NAME",
                    help="an argument that carries the batch (default: the first)")
     p.add_argument("--device", default="h100", choices=sorted(DEVICES),
@@ -54,7 +57,7 @@ def parse_size(text: str) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from tilefold.cli.inputs import load_function
+    from tilefold.cli.inputs import bind_or_default, load_function
     from tilefold.distributed import (
         DEVICES,
         AlphaBeta,
@@ -65,8 +68,12 @@ def handle(args: argparse.Namespace) -> int:
     )
     from tilefold.distributed.strategies import get_strategy
     from tilefold.ir import print_module
+    from tilefold.passes.shape_inference import ShapeInference
 
-    module, _ = load_function(args.file, args.function)
+    module, fn = load_function(args.file, args.function)
+    bindings = bind_or_default(args.bind, fn)
+    if bindings:  # a plan's splits, costs and memory are for sizes
+        ShapeInference(bind=bindings).run(module)
     plan = Plan.parse(Path(args.plan).read_text()) if args.plan else None
     mesh = parse_mesh(args.mesh) if args.mesh else plan.mesh if plan else None
     if plan is not None and mesh != plan.mesh:
