@@ -196,6 +196,13 @@ class TritonGemmGroup:
         """The dtype the template's dot reads for tensors of these shapes."""
         return str(self.plan(*tensors).matmul.operands[0].type.dtype)
 
+    def tma(self, *tensors: Any) -> bool:
+        """Whether the persistent TMA variant can run on these tensors (A and B as the
+        template reads them suit tensor descriptors: `gemm_launch.tma_order`)."""
+        _, gemm = self._prepare(tensors)
+        a, b, _, _ = self._operands(tensors)
+        return gemm.tma_order(a, b) is not None
+
     def mnk(self, *tensors: Any) -> tuple[int, int, int]:
         """The GEMM's M, N, K for these tensors (after the prologue's views and transposes)."""
         a, b, _, _ = self._operands(tensors)
