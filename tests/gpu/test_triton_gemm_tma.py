@@ -96,12 +96,16 @@ def test_persistent_fp8_gemm_reads_fp8_through_descriptors(out):
     assert_close(_f64(c), _f64(a) @ _f64(bt).T, dtype=out, reduced=48)
 
 
-def test_a_batched_b_and_a_broadcast_a_index_their_own_descriptors():
+def test_broadcast_and_single_entry_dims_take_any_stride():
     a = _padded("f16", 1, 21, 40).expand(3, 21, 40)  # one A for every batch entry: stride 0
     b = _padded("f16", 3, 40, 50)
     assert a.stride(0) == 0
     (c,) = TritonGemm("f16", "f16")(a, b, config=TMA)
     assert_close(c.numpy(), _f64(a) @ _f64(b), dtype="f32", reduced=40)
+    row = torch.from_numpy(RNG.standard_normal((1, 37)).astype(np.float32)).half()
+    w = _padded("f16", 37, 24)  # one row of A: its 74-byte stride is never used
+    (c,) = TritonGemm("f16", "f16")(row, w, config=TMA)
+    assert_close(c.numpy(), _f64(row) @ _f64(w), dtype="f32", reduced=37)
 
 
 def test_the_variant_source_copies_tiles_through_descriptors():

@@ -10,7 +10,7 @@ A persistent config (`GemmConfig.persistent`) runs the template's TMA variant, w
 tensor memory accelerator's rules limit to operands whose data starts on a 16-byte boundary,
 whose rows are contiguous (A along K; B along N or, stored transposed, along K) and whose other
 strides are multiples of 16 bytes (`tma_order` says which hold); a broadcast batch (stride 0)
-becomes a descriptor of one batch entry, and a dim of size 1 any aligned stride.
+becomes a descriptor of one batch entry, and a dim of size 1 takes a packed copy's stride.
 """
 
 from __future__ import annotations
@@ -95,11 +95,17 @@ def tma_order(a3: Any, b3: Any, dtype: str) -> tuple[str | None, str]:
                   f"{list(b3.stride())})")
 
 
-def _descriptor_stride(t: Any, dim: int, size: int) -> int:
-    """`t`'s stride along `dim` as a descriptor takes it: a dim of one entry (or a broadcast
-    batch, which its descriptor holds once) any aligned stride, here 16 bytes' worth."""
-    stride = int(t.stride(dim))
-    return stride if t.shape[dim] > 1 and stride else TMA_ALIGN // size
+def _descriptor_strides(t: Any, dims: tuple[int, ...], size: int) -> list[int]:
+    """`t`'s strides (elements) as a descriptor over its `dims` (outer to inner, the innermost
+    contiguous) takes them: a dim of one entry, or a broadcast batch (which the descriptor
+    holds once), gets the stride a packed copy would have, rounded up to 16 bytes."""
+    unit = TMA_ALIGN // size
+    strides = {d: int(t.stride(d)) for d in range(t.dim())}
+    for inner, d in zip(dims[::-1], dims[-2::-1], strict=False):
+        if t.shape[d] == 1 or not strides[d]:
+            strides[d] = -(-(strides[inner] if inner != dims[-1] else 1) * t.shape[inner]
+                           // unit) * unit
+    return [strides[d] for d in range(t.dim())]
 
 
 class TritonGemm:
@@ -232,9 +238,8 @@ class TritonGemm:
         _, fn = self.variant(order)
         size = ELEMENT_BYTES[self.spec.a]  # of what the kernel reads (f32 copies: aligned too)
         a_batch, b_batch = (count if t.stride(0) and count > 1 else 1 for t in (a3, b3))
-        strides = [_descriptor_stride(t, d, size) if d in desc else int(t.stride(d))
-                   for t, desc in ((a3, (0, 1)), (b3, (0, 1 if order == "kn" else 2)))
-                   for d in range(3)]
+        strides = [*_descriptor_strides(a3, (0, 1, 2), size),
+                   *_descriptor_strides(b3, (0, 1, 2) if order == "kn" else (0, 2, 1), size)]
         grid = config.grid(m, n, count)
         set_scratch_allocator(a3.device)  # where Triton builds the descriptors on a GPU
         with np.errstate(all="ignore"):  # the interpreter's NumPy, on lanes past the edge
