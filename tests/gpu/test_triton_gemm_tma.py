@@ -171,6 +171,31 @@ def test_the_tuner_races_the_twin_only_for_operands_that_suit():
         assert_close(_f64(c), np.maximum(t, 0), dtype="f16", reduced=40, scale=np.abs(t) + 1)
 
 
+def test_a_compiled_graph_keeps_the_twin_when_it_measures_fastest(tmp_path):
+    from tilefold.compiler import optimized
+    from tilefold.gpu import GPUGraph
+    from tilefold.ir import Builder
+    from tilefold.strategy.gpu_tuner import EXTERN_GEMM, GPUTuner
+    from tilefold.strategy.tuning_db import TuningDB
+
+    m, n, k = 40, 48, 64
+    bld = Builder("main")
+    xa, wa, ba = (bld.arg(name, "f16", shape) for name, shape in
+                  (("x", (m, k)), ("w", (k, n)), ("b", (n,))))
+    module = bld.build(F.relu(F.matmul(xa, wa) + ba))
+    configs = propose_configs(H200, m, n, k, "f16", tma=True)
+    times = iter([5.0, 3.0, 1.0, *[4.0] * (len(configs) - 2)])  # the extern, then the configs
+    tuner = GPUTuner(H200, timer=lambda fn: next(times), budget=30.0,
+                     db=TuningDB(tmp_path / "db.json"))
+    graph = GPUGraph(optimized(module, "main")[0], "main", H200, strict=True, tuner=tuner)
+    x, w, b = _padded("f16", m, k), _padded("f16", k, n), _padded("f16", n)
+    (c,) = graph(x, w, b)
+    t = _rounded(_rounded(_f64(x) @ _f64(w), "f16") + _f64(b), "f16")
+    assert_close(_f64(c), np.maximum(t, 0), dtype="f16", reduced=k, scale=np.abs(t) + 1)
+    (entry,) = TuningDB(tmp_path / "db.json").entries().values()
+    assert entry["winner"].endswith(f"p{H200.sm_count}}}") and EXTERN_GEMM in entry["timings"]
+
+
 @pytest.mark.parametrize("dtype,out,order", [("bf16", "bf16", "kn"), ("f16", "f16", "nk"),
                                              ("fp8e4m3", "bf16", "nk")])
 def test_sm_90_ptx_copies_tiles_by_tma_into_wgmma(dtype, out, order):
