@@ -129,6 +129,12 @@ def test_operands_tma_cannot_copy_are_refused_by_name():
         gemm(a, b, config=TMA)
     order, why = tma_order(_padded("f16", 1, 32, 9).transpose(1, 2), b[None, :32], "f16")
     assert order is None and "rows do not run along K" in why
+    for narrow in (b.contiguous()[:, :21].contiguous(), b.t().contiguous()[:21].t()):
+        order, why = tma_order(_padded("f16", 1, 9, 37), narrow[None], "f16")  # 42 or 74 bytes
+        assert order is None and re.search(r"B \[1, 37, 21\]'s stride (21|37) along", why)
+    order, why = tma_order(_padded("f16", 1, 9, 37), _padded("f16", 1, 37, 48)[..., ::2],
+                           "f16")
+    assert order is None and "contiguous along neither N nor K (strides [1776, 48, 2])" in why
     with pytest.raises(UnsupportedError, match="persistent TMA variant copies A and B"):
         GemmSpec("f32", "i8", tma="kn")
     with pytest.raises(UnsupportedError, match="no K split"):

@@ -9,7 +9,7 @@ rough estimate (waves of tiles over the SMs, a thin tile costing its loads, then
 size); measuring them is the tuner's job.
 
 On sm_90 and later, when the caller says the operands suit the tensor memory accelerator
-(`tma=True`: see `gemm_launch.tma_layout`), the first config is followed by its persistent
+(`tma=True`: see `gemm_launch.tma_order`), the first config is followed by its persistent
 twin: one program an SM looping over the tiles, A and B tiles copied by TMA through tensor
 descriptors. It comes second, not first, because nothing here can tell the two apart without
 measuring; the tuner times both (and checks the persistent one against the extern first).

@@ -87,12 +87,15 @@ def tma_order(a3: Any, b3: Any, dtype: str) -> tuple[str | None, str]:
     why = _strides_ok("A", a3, (0, 1), size)
     if why is not None:
         return None, why
-    kn = b3.stride(2) == 1 or b3.shape[2] == 1
-    why = _strides_ok("B", b3, (0, 1) if kn else (0, 2), size)
-    if kn or b3.stride(1) == 1:
-        return (None, why) if why else ("kn" if kn else "nk"), ""
-    return None, (f"B {list(b3.shape)} is contiguous along neither N nor K (strides "
-                  f"{list(b3.stride())})")
+    if b3.stride(2) == 1 or b3.shape[2] == 1:
+        order, dims = "kn", (0, 1)
+    elif b3.stride(1) == 1 or b3.shape[1] == 1:
+        order, dims = "nk", (0, 2)
+    else:
+        return None, (f"B {list(b3.shape)} is contiguous along neither N nor K (strides "
+                      f"{list(b3.stride())})")
+    why = _strides_ok("B", b3, dims, size)
+    return (None, why) if why is not None else (order, "")
 
 
 def _descriptor_strides(t: Any, dims: tuple[int, ...], size: int) -> list[int]:
