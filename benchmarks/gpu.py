@@ -6,9 +6,10 @@
 Each case checks tilefold's result against PyTorch's first (relative error over the largest
 magnitude), then times every contender with `triton.testing.do_bench` (medians of its repeats;
 `--smoke` uses perf_counter). Cases: GEMMs (bf16, NN and NT) and an fp8 e4m3 GEMM with
-row-wise scales against `torch._scaled_mm`, their configs chosen by tilefold's own tuner
-(`strategy.gpu_tuner`, with this script's timer: "tilefold" is the best template config it
-measured, "chosen" the winner with the extern raced beside the templates; a warm tuning
+row-wise scales against `torch._scaled_mm`, their configs (with the persistent TMA twin on
+sm_90) chosen by tilefold's own tuner (`strategy.gpu_tuner`, with this script's timer:
+"tilefold" is the best template config it measured, "chosen" the winner with the extern
+raced beside the templates; a warm tuning
 database measures nothing again); memory-bound groups (softmax, layer_norm, rms_norm) through
 `tilefold.compile(module, target)` against eager and torch.compile, rated in TB/s of the bytes
 they must move; a SwiGLU MLP through `torch.compile(backend="tilefold")` (the GPU path on CUDA
@@ -121,10 +122,12 @@ def tuned(run: Run, label: str, tensors: list, candidates: list) -> tuple[dict, 
 def tuned_gemm(run: Run, label: str, mnk: tuple[int, int, int], dot: str, tensors: list,
                make, extern) -> tuple[dict[str, float], str, Any]:
     """`tuned` over the GEMM template (`make(split)` -> a `TritonGemm`; tensors: A, B, then
-    the epilogue's) at its proposed configs, and `extern`."""
+    the epilogue's) at its proposed configs (and the persistent TMA twin when A and B suit
+    descriptors), and `extern`."""
     from tilefold.strategy.gpu_tuner import gemm_candidates
 
-    gemms: dict[str, Any] = {}
+    gemms: dict[str, Any] = {"none": make("none")}
+    tma = gemms["none"].tma_order(*tensors[:2]) is not None
 
     def template(config):
         split = "none" if config.split_k == 1 else "workspace"
@@ -133,7 +136,7 @@ def tuned_gemm(run: Run, label: str, mnk: tuple[int, int, int], dot: str, tensor
         return lambda ts, gemm=gemms[split]: gemm(*ts[:2], epilogue_inputs=ts[2:], config=config)
 
     return tuned(run, label, tensors, gemm_candidates(run.target, mnk, dot, template, extern,
-                                                      limit=run.args.configs))
+                                                      limit=run.args.configs, tma=tma))
 
 
 def gemm_case(run: Run, m: int, n: int, k: int, layout: str, first: bool) -> None:

@@ -285,7 +285,8 @@ class _GemmCandidates:
         template = self.groups["none"]
         return gemm_candidates(self.target, template.mnk(*xs), template.dot_dtype(*xs),
                                lambda config: self._template(xs, config),
-                               self.extern.run if self.extern is not None else None)
+                               self.extern.run if self.extern is not None else None,
+                               tma=template.tma(*xs))
 
     def how(self, key: str) -> str:
         return "Triton GEMM template" if self.extern is None or key.startswith("triton.") \

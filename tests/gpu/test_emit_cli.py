@@ -71,7 +71,7 @@ def test_emit_prints_the_gemm_template_of_a_compute_group(capsys):
     # the bias is one value per column, C and each op's result rounded to bf16, GELU by erf
     assert "e1_ptr + rn[None, :], mask=n_mask" in body
     assert "c = _tf_round_bf16(acc)" in body and "tl.erf(" in body
-    assert "for _ in range(0, K_ITERS):" in body  # compiled form: a pipelined K loop
+    assert "for i in range(0, K_ITERS):" in body  # compiled form: a pipelined K loop
     compile(out, "emitted", "exec")
 
 

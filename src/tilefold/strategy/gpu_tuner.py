@@ -70,8 +70,9 @@ def config_key(config: GemmConfig | AttentionConfig) -> str:
     c = config
     if isinstance(c, AttentionConfig):
         return f"triton.attention{{{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages}}}"
+    persistent = f" p{c.persistent}" if c.persistent else ""  # the TMA variant's programs
     return (f"triton.gemm{{{c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} "
-            f"s{c.num_stages} k{c.split_k}}}")
+            f"s{c.num_stages} k{c.split_k}{persistent}}}")
 
 
 def config_candidates(configs: Sequence[Any], template: Callable[[Any], Runner] | None,
@@ -87,10 +88,12 @@ def config_candidates(configs: Sequence[Any], template: Callable[[Any], Runner] 
 
 def gemm_candidates(target: GPUTarget, mnk: tuple[int, int, int], dtype: str,
                     template: Callable[[GemmConfig], Runner] | None, extern: Runner | None,
-                    limit: int = 4) -> list[GPUCandidate]:
+                    limit: int = 4, tma: bool = False) -> list[GPUCandidate]:
     """The GEMM template at the first `limit` configs `propose_configs` gives for an M x N x K
-    GEMM whose dot reads `dtype`, then the extern (e.g. torch.matmul plus the epilogue)."""
-    configs = propose_configs(target, *mnk, dtype, limit=limit) if template else []
+    GEMM whose dot reads `dtype` (with `tma`, when the operands suit tensor descriptors, one
+    more on sm_90: the first's persistent TMA twin, second), then the extern (e.g.
+    torch.matmul plus the epilogue)."""
+    configs = propose_configs(target, *mnk, dtype, limit=limit, tma=tma) if template else []
     return config_candidates(configs, template, EXTERN_GEMM, extern)
 
 

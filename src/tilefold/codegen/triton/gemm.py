@@ -24,13 +24,25 @@ Split-K: "workspace" writes each split's f32 partial tile to a [SPLIT_K, batch, 
 and `tf_gemm_reduce` sums the splits, then runs the epilogue and stores; "atomic" adds each
 partial into a zeroed f32 C with `tl.atomic_add` (no epilogue: it would see partial sums).
 
+The persistent TMA variant (`tma` = "kn" or "nk", sm_90): a fixed grid of programs, each
+stepping over the output tiles of every batch entry (tile t is batch entry t // tiles, then the
+same swizzle), A and B read through tensor descriptors that `tl.make_tensor_descriptor` builds
+once per program ([batch, M, K] for A; [batch, K, N] for a row-major B, "kn", or [batch, N, K]
+for one stored transposed, "nk", as a torch linear weight is), so the tensor memory accelerator
+copies each tile and the descriptor's bounds give zeros past M, N and K (no masks, no wrap
+around); a broadcast operand's descriptor has one batch entry. The epilogue and the stores are
+the same as the other variant's. Compiled, the tile loop is a `tl.range(..., flatten=True)`,
+which lets Triton pipeline the next tile's copies under this one's epilogue.
+
 Triton 3.6's interpreter cannot `range` over a run-time bound, so `pipelined=False` writes the
-K loop as a `while` loop (for TRITON_INTERPRET=1); compiled code gets a `range` loop, the form
-Triton software-pipelines over `num_stages` buffers. Both loops run the same body.
+K loop (and the tile loop) as a `while` loop (for TRITON_INTERPRET=1); compiled code gets a
+`range` loop, the form Triton software-pipelines over `num_stages` buffers. Both loops run the
+same body.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tilefold.codegen.rowprog.program import IDENTITY, Program
@@ -41,8 +53,12 @@ from tilefold.errors import UnsupportedError
 DOT_DTYPES = ("f32", "f16", "bf16", "fp8e4m3")
 QUANTIZED = ("i8", "u8", "i4")  # B's weight codes besides fp8 ones (a fp8 B with a non-fp8 A)
 SPLITS = ("none", "workspace", "atomic")
+TMA_ORDERS = ("kn", "nk")  # B's memory order under the persistent TMA variant
 ROUND = {"bf16": "_tf_round_bf16({0})", "f16": "{0}.to(tl.float16).to(tl.float32)"}
 KERNEL, REDUCE = "tf_gemm", "tf_gemm_reduce"
+# the persistent variant's batch size, each operand's descriptor batch (1 when broadcast) and
+# its program count (the tile loop's step)
+TMA_PARAMS = ["BATCH", "A_BATCH", "B_BATCH", "PROGRAMS"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,7 +70,9 @@ class GemmSpec:
     when `zero_point`. `epilogue`: a row program over C's rows whose source
     argument 0 is C; `stores`: what each output holds (None: C itself, else a program value).
     `c_round`: "bf16"/"f16" when the matmul's result has that dtype, so C is rounded before
-    the epilogue reads it, as the graph IR rounds each op's result.
+    the epilogue reads it, as the graph IR rounds each op's result. `tma`: None for one
+    program a tile with pointer loads, else the persistent TMA variant with B's memory order
+    ("kn": rows along K, "nk": rows along N); A's rows run along K either way.
     """
 
     a: str
@@ -65,6 +83,7 @@ class GemmSpec:
     split: str = "none"
     pipelined: bool = True
     zero_point: bool = False
+    tma: str | None = None
     inputs: tuple[int, ...] = field(init=False)  # epilogue argument numbers the kernel reads
 
     @property
@@ -91,6 +110,13 @@ class GemmSpec:
         if self.split == "atomic" and (self.epilogue is not None or self.stores != (None,)):
             raise UnsupportedError(f"{op}: atomic split-K adds partial sums into C, so an "
                                    "epilogue would see them; use split='workspace'")
+        if self.tma is not None and self.tma not in TMA_ORDERS:
+            raise UnsupportedError(f"{op}: tma is B's memory order, one of "
+                                   f"{', '.join(TMA_ORDERS)}, not {self.tma!r}")
+        if self.tma is not None and (self.dequantizes or self.split != "none"):
+            raise UnsupportedError(f"{op}: the persistent TMA variant copies A and B as they "
+                                   "are, with no K split; dequantized weights and split-K run "
+                                   "on the pointer variant (tma=None)")
         if self.c_round is not None and self.c_round not in ROUND:
             raise UnsupportedError(f"{op}: C rounds to bf16 or f16, not {self.c_round}")
         prog = self.epilogue
@@ -218,7 +244,8 @@ def main_params(spec: GemmSpec) -> list[str]:
             *outs, "M", "N", "K", "K_ITERS", *(["QGROUP"] if quant else []),
             "sa_b", "sa_m", "sa_k", "sb_b", "sb_k", "sb_n",
             *(["ss_b", "ss_g", "ss_n"] if quant else []),
-            *(["sz_b", "sz_g", "sz_n"] if zp else []), "so_s", "so_b", "so_m", "so_n"]
+            *(["sz_b", "sz_g", "sz_n"] if zp else []), "so_s", "so_b", "so_m", "so_n",
+            *(TMA_PARAMS if spec.tma else [])]
 
 
 def reduce_params(spec: GemmSpec) -> list[str]:
@@ -228,20 +255,65 @@ def reduce_params(spec: GemmSpec) -> list[str]:
             "sw_s", "sw_b", "sw_m", "sw_n", "so_b", "so_m", "so_n"]
 
 
-def _main_kernel(spec: GemmSpec) -> list[str]:
-    out = _Lines()
-    quant = spec.dequantizes
-    out("pid = tl.program_id(0)")
-    out("pid_b = tl.program_id(1).to(tl.int64)")
-    out("pid_k = tl.program_id(2)")
+def _loop(out: _Lines, spec: GemmSpec, var: str, start: str, stop: str, step: str = "1",
+          flatten: bool = False) -> Callable[[], None]:
+    """Open a loop of `var` from `start` below `stop` by `step`: a `range` loop when
+    pipelined (`tl.range` with `flatten` to pipeline across an outer loop), a `while` loop
+    for the interpreter; returns what closes it."""
+    if not spec.pipelined:  # Triton 3.6's interpreter cannot range() over a run-time bound
+        out(f"{var} = {start}")
+        out(f"while {var} < {stop}:")
+    elif flatten:
+        out(f"for {var} in tl.range({start}, {stop}, {step}, flatten=True):")
+    else:
+        out(f"for {var} in range({start}, {stop}{'' if step == '1' else ', ' + step}):")
+    out.depth += 1
+
+    def close() -> None:
+        if not spec.pipelined:
+            out(f"{var} += {step}")
+        out.depth -= 1
+
+    return close
+
+
+def _swizzle(out: _Lines) -> None:
+    """`pid_m`, `pid_n` of tile `pid` (of blocks_m x blocks_n)."""
     out("# swizzle: GROUP_M row blocks in a row walk the same columns of B (kept in L2)")
-    out("blocks_m = (M + BLOCK_M - 1) // BLOCK_M")
-    out("blocks_n = (N + BLOCK_N - 1) // BLOCK_N")
     out("in_group = GROUP_M * blocks_n")
     out("first_m = (pid // in_group) * GROUP_M")
     out("group_rows = tl.minimum(blocks_m - first_m, GROUP_M)")
     out("pid_m = first_m + (pid % in_group) % group_rows")
     out("pid_n = (pid % in_group) // group_rows")
+
+
+def _finish(out: _Lines, spec: GemmSpec) -> None:
+    """The f32 tile `acc` to memory: a split's partial, an atomic add, or the epilogue."""
+    if spec.split == "workspace":
+        out("w_off = (pid_k * so_s + pid_b * so_b + rm.to(tl.int64)[:, None] * so_m"
+            " + rn[None, :] * so_n)")
+        out("tl.store(w_ptr + w_off, acc, mask=tile_mask)")
+    elif spec.split == "atomic":
+        out("c_off = pid_b * so_b + rm.to(tl.int64)[:, None] * so_m + rn[None, :] * so_n")
+        out("tl.atomic_add(o0_ptr + c_off, acc, mask=tile_mask)")
+    else:
+        _store(out, spec, _epilogue(out, spec))
+
+
+def _dot(out: _Lines, spec: GemmSpec) -> None:
+    precision = ', input_precision="ieee"' if spec.a == "f32" else ""
+    out(f"acc = tl.dot(a, b, acc{precision})")
+
+
+def _pointer_body(out: _Lines, spec: GemmSpec) -> None:
+    """One program a tile (and K split), operands loaded through pointers."""
+    quant = spec.dequantizes
+    out("pid = tl.program_id(0)")
+    out("pid_b = tl.program_id(1).to(tl.int64)")
+    out("pid_k = tl.program_id(2)")
+    out("blocks_m = (M + BLOCK_M - 1) // BLOCK_M")
+    out("blocks_n = (N + BLOCK_N - 1) // BLOCK_N")
+    _swizzle(out)
     _tile(out)
     out("# rows and columns past M and N wrap around to the first ones (never stored), so")
     out("# only K is masked in the loop")
@@ -256,28 +328,53 @@ def _main_kernel(spec: GemmSpec) -> list[str]:
     out("a_ptrs = a_base + rk.to(tl.int64)[None, :] * sa_k  # offsets past 2**31 stay exact")
     b_rows = "(rk.to(tl.int64)[:, None] // 2)" if spec.b == "i4" else "rk.to(tl.int64)[:, None]"
     out(f"b_ptrs = b_base + {b_rows} * sb_k")
-    if spec.pipelined:
-        out("for _ in range(0, K_ITERS):")
-    else:  # Triton 3.6's interpreter cannot range() over a run-time bound
-        out("i = pid_k * 0")
-        out("while i < K_ITERS:")
-    out.depth += 1
+    close = _loop(out, spec, "i", "0", "K_ITERS")
     _operand_loads(out, spec)
-    precision = ', input_precision="ieee"' if spec.a == "f32" else ""
-    out(f"acc = tl.dot(a, b, acc{precision})")
+    _dot(out, spec)
     _advance(out, spec)
-    if not spec.pipelined:
-        out("i += 1")
-    out.depth -= 1
-    if spec.split == "workspace":
-        out("w_off = (pid_k * so_s + pid_b * so_b + rm.to(tl.int64)[:, None] * so_m"
-            " + rn[None, :] * so_n)")
-        out("tl.store(w_ptr + w_off, acc, mask=tile_mask)")
-    elif spec.split == "atomic":
-        out("c_off = pid_b * so_b + rm.to(tl.int64)[:, None] * so_m + rn[None, :] * so_n")
-        out("tl.atomic_add(o0_ptr + c_off, acc, mask=tile_mask)")
+    close()
+    _finish(out, spec)
+
+
+def _tma_body(out: _Lines, spec: GemmSpec) -> None:
+    """The persistent variant: PROGRAMS programs step over every tile of every batch entry,
+    A and B tiles copied through tensor descriptors whose bounds zero what lies past them."""
+    out("blocks_m = (M + BLOCK_M - 1) // BLOCK_M")
+    out("blocks_n = (N + BLOCK_N - 1) // BLOCK_N")
+    out("tiles = blocks_m * blocks_n")
+    out("a_desc = tl.make_tensor_descriptor(a_ptr, [A_BATCH, M, K], [sa_b, sa_m, 1], "
+        "[1, BLOCK_M, BLOCK_K])")
+    b_dims, b_block = ("K, N", "BLOCK_K, BLOCK_N") if spec.tma == "kn" else \
+        ("N, K", "BLOCK_N, BLOCK_K")
+    b_stride = "sb_k" if spec.tma == "kn" else "sb_n"
+    out(f"b_desc = tl.make_tensor_descriptor(b_ptr, [B_BATCH, {b_dims}], [sb_b, {b_stride}, 1], "
+        f"[1, {b_block}])")
+    close_tiles = _loop(out, spec, "tile", "tl.program_id(0)", "tiles * BATCH", "PROGRAMS",
+                        flatten=True)
+    out("bat = tile // tiles  # this tile's batch entry")
+    out("pid_b = bat.to(tl.int64)")
+    out("pid = tile % tiles")
+    _swizzle(out)
+    _tile(out)
+    out("acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)")
+    close_k = _loop(out, spec, "kk", "0", "K_ITERS")
+    out("a = a_desc.load([bat % A_BATCH, pid_m * BLOCK_M, kk * BLOCK_K])"
+        ".reshape(BLOCK_M, BLOCK_K)")
+    if spec.tma == "kn":
+        out("b = b_desc.load([bat % B_BATCH, kk * BLOCK_K, pid_n * BLOCK_N])"
+            ".reshape(BLOCK_K, BLOCK_N)")
     else:
-        _store(out, spec, _epilogue(out, spec))
+        out("b = b_desc.load([bat % B_BATCH, pid_n * BLOCK_N, kk * BLOCK_K])"
+            ".reshape(BLOCK_N, BLOCK_K).T")
+    _dot(out, spec)
+    close_k()
+    _finish(out, spec)
+    close_tiles()
+
+
+def _main_kernel(spec: GemmSpec) -> list[str]:
+    out = _Lines()
+    (_pointer_body if spec.tma is None else _tma_body)(out, spec)
     return _function(KERNEL, main_params(spec), ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"),
                      out.lines)
 
@@ -310,7 +407,8 @@ def emit_gemm(spec: GemmSpec) -> str:
     body = _main_kernel(spec)
     if spec.split == "workspace":
         body += _reduce_kernel(spec)
-    note = (f"# A {spec.a}, B {spec.b}, split-K {spec.split}, epilogue "
+    variant = "pointer loads" if spec.tma is None else f"persistent TMA, B {spec.tma}"
+    note = (f"# A {spec.a}, B {spec.b}, {variant}, split-K {spec.split}, epilogue "
             f"{'none' if spec.epilogue is None else len(spec.epilogue.prims)} primitive(s)")
     return triton_module("Triton GEMM generated by tilefold's template (codegen/triton/gemm.py).",
                          body, [note])
@@ -324,4 +422,5 @@ def signature(spec: GemmSpec, kernel: str, pointers: dict[str, str]) -> dict[str
     return {p: pointers.get(p, "*fp32" if p.endswith("_ptr") else "i32") for p in params}
 
 
-__all__ = ["GemmSpec", "emit_gemm", "main_params", "reduce_params", "signature"]
+__all__ = ["TMA_ORDERS", "TMA_PARAMS", "GemmSpec", "emit_gemm", "main_params", "reduce_params",
+           "signature"]

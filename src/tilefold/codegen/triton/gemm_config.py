@@ -7,10 +7,17 @@ the dtype the dot reads) fits the target's per-block limit (227 KB on sm_90), an
 when too few output tiles would leave most SMs idle while K is long. Configs are ordered by a
 rough estimate (waves of tiles over the SMs, a thin tile costing its loads, then tile
 size); measuring them is the tuner's job.
+
+On sm_90 and later, when the caller says the operands suit the tensor memory accelerator
+(`tma=True`: see `gemm_launch.tma_order`), the first config is followed by its persistent
+twin: one program an SM looping over the tiles, A and B tiles copied by TMA through tensor
+descriptors. It comes second, not first, because nothing here can tell the two apart without
+measuring; the tuner times both (and checks the persistent one against the extern first).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -24,13 +31,22 @@ TILES = ((128, 256, 64), (256, 128, 64), (128, 128, 64), (128, 64, 64), (64, 128
          (16, 16, 32))
 MAX_STAGES = 5
 MAX_SPLIT_K = 16
+TMA_CAPABILITY = (9, 0)  # Hopper: the first NVIDIA architecture with tensor descriptors
+TMA_DTYPES = ("f16", "bf16", "fp8e4m3")  # the matrix units' dtypes the persistent twin serves
+# bytes a persistent tile keeps free of the pipeline: Triton's layout conversion of the f32
+# accumulator before the epilogue overlaps the next tile's copies, so it cannot reuse them
+# (32 KB and its barriers, measured for a 128 x 256 bf16 tile on Triton 3.6)
+EPILOGUE_SCRATCH = 33 * 1024
 LOAD_COST = 64  # products a tile must do per element it loads to keep the matrix units busy
 
 
 @dataclass(frozen=True)
 class GemmConfig:
     """One launch config: the output tile (BLOCK_M x BLOCK_N), the K step, how many row blocks
-    share B's columns in L2 (GROUP_M), warps, pipeline stages and the K split."""
+    share B's columns in L2 (GROUP_M), warps, pipeline stages and the K split.
+
+    `persistent` > 0 asks for the persistent TMA variant of the template with at most that
+    many programs (the SM count), each looping over output tiles; 0 is one program a tile."""
 
     block_m: int = 64
     block_n: int = 64
@@ -39,6 +55,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    persistent: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -49,6 +66,10 @@ class GemmConfig:
         if self.group_m < 1 or self.split_k < 1 or self.num_stages < 1:
             raise UnsupportedError(f"GemmConfig: group_m, split_k and num_stages must be >= 1, "
                                    f"got {self.group_m}, {self.split_k}, {self.num_stages}")
+        if self.persistent < 0 or (self.persistent and self.split_k > 1):
+            raise UnsupportedError(f"GemmConfig: persistent = {self.persistent} with split_k = "
+                                   f"{self.split_k}; the persistent variant takes programs >= 1 "
+                                   "and no K split (split K for few tiles, persist for many)")
 
     def shared_bytes(self, dtype: str) -> int:
         """Shared memory the pipelined A and B tiles take when the dot reads `dtype`."""
@@ -56,8 +77,12 @@ class GemmConfig:
         return self.num_stages * (self.block_m + self.block_n) * self.block_k * size
 
     def grid(self, m: int, n: int, batch: int = 1) -> tuple[int, int, int]:
-        """Programs along (output tiles, batch, K splits)."""
-        return (-(-m // self.block_m) * -(-n // self.block_n), batch, self.split_k)
+        """Programs along (output tiles, batch, K splits); a persistent config's programs
+        share out all tiles of every batch entry along axis 0."""
+        tiles = -(-m // self.block_m) * -(-n // self.block_n)
+        if self.persistent:
+            return (min(self.persistent, tiles * batch), 1, 1)
+        return (tiles, batch, self.split_k)
 
 
 def _element_bytes(dtype: str) -> int:
@@ -85,10 +110,31 @@ def _split(target: GPUTarget, tiles: int, k: int, block_k: int) -> int:
     return split
 
 
+def persistent_ok(target: GPUTarget, dtype: str) -> bool:
+    """Whether `target` runs the persistent TMA variant for a dot reading `dtype`: an NVIDIA
+    chip of sm_90 or later whose SM count is known (the grid is one program an SM)."""
+    return (target.vendor == "nvidia" and target.compute_capability is not None
+            and target.compute_capability >= TMA_CAPABILITY and target.sm_count is not None
+            and dtype in TMA_DTYPES)
+
+
+def _persistent_twin(target: GPUTarget, config: GemmConfig, dtype: str) -> GemmConfig | None:
+    """`config` as the persistent variant, its pipeline cut to leave the epilogue's scratch
+    free (None when fewer than two stages would remain)."""
+    per_stage = config.shared_bytes(dtype) // config.num_stages
+    stages = min(config.num_stages,
+                 (target.shared_memory_per_block - EPILOGUE_SCRATCH) // per_stage)
+    if stages < 2:
+        return None
+    return dataclasses.replace(config, num_stages=stages, persistent=target.sm_count)
+
+
 def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
-                    limit: int = 4) -> list[GemmConfig]:
+                    limit: int = 4, tma: bool = False) -> list[GemmConfig]:
     """Up to `limit` configs for an M x N x K GEMM whose dot reads `dtype`, best guess first,
-    each within `target`'s shared memory per block."""
+    each within `target`'s shared memory per block; with `tma` (the operands suit tensor
+    descriptors) on a target where `persistent_ok`, one more: the first's persistent twin,
+    second."""
     if min(m, n, k) < 1:
         raise UnsupportedError(f"propose_configs: M, N, K = {m}, {n}, {k}; every size must be "
                                ">= 1 (an empty GEMM launches nothing)")
@@ -119,7 +165,10 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
                                f"{target.name}'s {target.shared_memory_per_block} bytes of "
                                "shared memory in two stages")
     scored.sort(key=lambda s: (s[0], s[1]))
-    return [config for _, _, config in scored[:limit]]
+    configs = [config for _, _, config in scored[:limit]]
+    twin = _persistent_twin(target, configs[0], dtype) \
+        if tma and configs[0].split_k == 1 and persistent_ok(target, dtype) else None
+    return [configs[0], twin, *configs[1:]] if twin is not None else configs
 
 
-__all__ = ["GemmConfig", "propose_configs"]
+__all__ = ["GemmConfig", "persistent_ok", "propose_configs"]

@@ -161,7 +161,8 @@ def _bind(params: Sequence[Value], shapes: Sequence[tuple[int, ...]]) -> dict[st
 class TritonGemmGroup:
     """`group` (a compute group: matmul + epilogue) for `target`, split over K as `split`
     says ("none", "workspace", "atomic"); call it with torch tensors and get its outputs as
-    fresh tensors on their device."""
+    fresh tensors on their device. A persistent `config` runs the TMA variant where the
+    operands suit it and the same tiles with pointer loads where they do not."""
 
     def __init__(self, group: Function | Block, target: GPUTarget, split: str = "none"):
         self.group, self.target, self.split = group, target, split
@@ -195,6 +196,13 @@ class TritonGemmGroup:
     def dot_dtype(self, *tensors: Any) -> str:
         """The dtype the template's dot reads for tensors of these shapes."""
         return str(self.plan(*tensors).matmul.operands[0].type.dtype)
+
+    def tma(self, *tensors: Any) -> bool:
+        """Whether the persistent TMA variant can run on these tensors (A and B as the
+        template reads them suit tensor descriptors: `gemm_launch.tma_order`)."""
+        _, gemm = self._prepare(tensors)
+        a, b, _, _ = self._operands(tensors)
+        return gemm.tma_order(a, b) is not None
 
     def mnk(self, *tensors: Any) -> tuple[int, int, int]:
         """The GEMM's M, N, K for these tensors (after the prologue's views and transposes)."""
@@ -245,6 +253,10 @@ class TritonGemmGroup:
                                    str(plan.matmul.operands[0].type.dtype))[0]
             config = dataclasses.replace(
                 best, split_k=1 if self.split == "none" else max(2, best.split_k))
+        if config.persistent and gemm.tma_order(a, b) is None:
+            # a tuned persistent config, but these operands' data is placed where TMA cannot
+            # copy it (same shapes and strides, so the same tuning key): the pointer variant
+            config = dataclasses.replace(config, persistent=0)
         return gemm(a, b, scale=scale, zero_point=zero,
                     epilogue_inputs=[values[v] for v in plan.extra], config=config)
 

@@ -65,6 +65,22 @@ def load_jit(source: str, name: str) -> Any:
     return getattr(_LOADED[key], ident(name))  # a source may define several kernels
 
 
+def set_scratch_allocator(device: Any) -> None:
+    """Give Triton the global scratch memory that kernels building tensor descriptors in the
+    kernel (`tl.make_tensor_descriptor`) need at launch on a GPU: torch bytes on `device`.
+    Triton keeps the allocator in a context variable, so it is set before each such launch
+    (a thread starts with none); the interpreter needs none."""
+    if interpreting() or getattr(device, "type", "cuda") != "cuda":
+        return
+    import torch
+    import triton
+
+    def allocate(size: int, alignment: int, stream: Any) -> Any:
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(allocate)
+
+
 def widened_f32(t: Any) -> tuple[Any, Any]:
     """An f32 tensor with `t`'s sizes and strides over an f32 copy of the memory `t` spans
     (so broadcast and strided views stay valid), and that span of `t` itself."""

@@ -88,13 +88,17 @@ GEMM_POINTERS = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8e4m3": "*u
 
 def compile_gemm_ptx(spec: GemmSpec, config: GemmConfig, target: GPUTarget,
                      out_dtypes: tuple[str, ...] = ("f32",), input_dtypes: tuple[str, ...] = (),
-                     unit_strides: tuple[str, ...] = ("sa_k", "sb_n", "so_n")) -> dict:
+                     unit_strides: tuple[str, ...] | None = None) -> dict:
     """The GEMM template's main kernel for `spec` and `config`, compiled for `target` (see
     `compile_source`); `out_dtypes` are the outputs', `input_dtypes` the epilogue inputs'
     (f32 where not given). The strides in `unit_strides` are 1, as Triton specializes a launch
-    whose stride is 1 (A and B row-major by default): that is what lets it copy tiles to shared
-    memory asynchronously and pipeline the K loop."""
-    pointers = {"a_ptr": GEMM_POINTERS[spec.a], "b_ptr": GEMM_POINTERS[spec.b],
+    whose stride is 1 (by default A and C row-major, and B row-major too unless `spec.tma` says
+    it is stored transposed): that is what lets it copy tiles to shared memory asynchronously
+    and pipeline the K loop. The TMA variant reads fp8 as it is (descriptors, not bytes)."""
+    if unit_strides is None:
+        unit_strides = ("sa_k", "sb_k" if spec.tma == "nk" else "sb_n", "so_n")
+    operand = {**GEMM_POINTERS, "fp8e4m3": "*fp8e4nv"} if spec.tma else GEMM_POINTERS
+    pointers = {"a_ptr": operand[spec.a], "b_ptr": operand[spec.b],
                 **{f"o{j}_ptr": GEMM_POINTERS[d] for j, d in enumerate(out_dtypes)},
                 **{f"e{arg}_ptr": GEMM_POINTERS[d]
                    for arg, d in zip(spec.inputs, input_dtypes, strict=False)}}
