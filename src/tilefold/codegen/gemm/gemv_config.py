@@ -39,8 +39,9 @@ def record_name(mode: GemvMode) -> str:
 def model_gemv_config(target: Target, mode: GemvMode) -> GemvConfig:
     """A few lines ahead of the loads on every stream (the hardware prefetcher ramps up on
     each stream only after several misses), one pass over K (short rows of W in separate passes
-    defeat the prefetcher: 10-40% slower on znver1). Measured on znver1: 256 B ahead gave
-    +2-15% over none on axpy, +0-8% on dot."""
+    defeat the prefetcher: 10-40% slower on znver1). On znver1, 256 B ahead against
+    prefetching the line being loaded: +0-2% at 1 thread, up to +15-30% on axpy at 2 (noisy);
+    farther (1-4 KiB) was slower."""
     return GemvConfig(ahead=MODEL_LINES_AHEAD * LINE_BYTES // 4, panel=0)
 
 
