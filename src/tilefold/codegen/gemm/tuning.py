@@ -20,7 +20,8 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -45,14 +46,32 @@ STAGES = (("kc", (0.5, 0.75, 1.25, 1.5, 2.0)), ("mc", (0.5, 0.75, 1.5, 2.0)), ("
 
 @dataclass(frozen=True)
 class Outcome:
-    """What tuning found for one micro-kernel: the model's blocking, the best, and by how much."""
+    """What tuning found for one micro-kernel (a `Blocking`) or GEMV form (a `GemvConfig`):
+    the model's parameters, the best, and by how much."""
 
     kernel: str
-    model: Blocking
-    best: Blocking
+    model: Any
+    best: Any
     speedup: float  # model time / best time, geometric mean over the products
     candidates: int
-    shapes: tuple[tuple[int, int, int], ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+
+def coordinate_search(model: Any, stages, variants: Callable[[Any, str, Any], list],
+                      calls: Callable[[Any], list[Callable[[], None]]],
+                      budget_s: float) -> tuple[Any, float, int]:
+    """One stage per (field, values): `variants(best, field, values)` timed against the best
+    so far (`calls(params)`: one call per product), the budget shared by the stages; a variant
+    replaces the best only when faster by more than `MARGIN`. (best, speedup, tried)."""
+    best, tried, gain = model, 1, 1.0
+    for field, values in stages:
+        others = variants(best, field, values)
+        tried += len(others)
+        relative = relative_times([calls(p) for p in (best, *others)], budget_s / len(stages))
+        winner = min(range(len(relative)), key=relative.__getitem__)
+        if winner and relative[winner] < 1 - MARGIN:
+            best, gain = others[winner - 1], gain / relative[winner]
+    return best, gain, tried
 
 
 def shapes_for(kernel: MicroKernel) -> tuple[tuple[int, int, int], ...]:
@@ -99,9 +118,6 @@ class _Bench:
             calls.append(lambda plan=plan, a=a, b=b, c=c: plan(a, b, c))
         return calls
 
-    def compare(self, blockings: list[Blocking], seconds: float) -> list[float]:
-        return relative_times([self.plans(blk) for blk in blockings], seconds)
-
 
 def relative_times(plans: list[list[Callable[[], None]]], seconds: float) -> list[float]:
     """Each candidate's time relative to the first's, `plans[c]` being candidate c's calls (one
@@ -134,14 +150,9 @@ def tune_kernel(target: Target, kernel: MicroKernel, threads: int, budget_s: flo
     model = model_blocking(target, kernel)
     shapes = shapes or shapes_for(kernel)
     bench = _Bench(target, kernel, threads, shapes)
-    best, tried, gain = model, 1, 1.0
-    for field, factors in STAGES:
-        variants = _variants(best, field, factors, kernel)
-        tried += len(variants)
-        relative = bench.compare([best, *variants], budget_s / len(STAGES))
-        winner = min(range(len(relative)), key=relative.__getitem__)
-        if winner and relative[winner] < 1 - MARGIN:
-            best, gain = variants[winner - 1], gain / relative[winner]
+    best, gain, tried = coordinate_search(
+        model, STAGES, lambda best, field, factors: _variants(best, field, factors, kernel),
+        bench.plans, budget_s)
     return Outcome(kernel.name, model, best, gain, tried, shapes)
 
 
@@ -175,22 +186,10 @@ GEMV_STAGES = (("ahead", (0, 32, 64, 128, 256)), ("panel", (0, 2048, 8192)))
 GEMV_SHAPES = ((4096, 4096), (11008, 4096))  # (outputs, K): LLaMA's decode projections
 
 
-@dataclass(frozen=True)
-class GemvOutcome:
-    """What tuning found for one GEMV form."""
-
-    kernel: str
-    model: GemvConfig
-    best: GemvConfig
-    speedup: float
-    candidates: int
-    shapes: tuple[tuple[int, int], ...]
-
-
 def tune_gemv_form(target: Target, mode: GemvMode, threads: int, budget_s: float,
-                   shapes: tuple[tuple[int, int], ...]) -> GemvOutcome:
+                   shapes: tuple[tuple[int, int], ...]) -> Outcome:
     """Coordinate search over the prefetch distance, then the panel, around the model's, on
-    (outputs, K) products whose weights (one fresh copy per product) exceed the caches."""
+    (outputs, K) products whose weights (one matrix per product) exceed the caches."""
     module = gemm_module(target, select_microkernel(target, "f32", "general"))
     rng = np.random.default_rng(0)
     operands = []
@@ -206,24 +205,18 @@ def tune_gemv_form(target: Target, mode: GemvMode, threads: int, budget_s: float
             out.append(lambda plan=plan, x=x, w=w, y=y: plan.run(x, w, y))
         return out
 
+    def variants(best: GemvConfig, field: str, values) -> list[GemvConfig]:
+        return [replace(best, **{field: v}) for v in values if v != getattr(best, field)]
+
     model = model_gemv_config(target, mode)
-    best, tried, gain = model, 1, 1.0
-    for field, values in GEMV_STAGES:
-        variants = [GemvConfig(**{**best.__dict__, field: v}) for v in values
-                    if v != getattr(best, field)]
-        tried += len(variants)
-        relative = relative_times([calls(c) for c in (best, *variants)],
-                                  budget_s / len(GEMV_STAGES))
-        winner = min(range(len(relative)), key=relative.__getitem__)
-        if winner and relative[winner] < 1 - MARGIN:
-            best, gain = variants[winner - 1], gain / relative[winner]
-    return GemvOutcome(record_name(mode), model, best, gain, tried, shapes)
+    best, gain, tried = coordinate_search(model, GEMV_STAGES, variants, calls, budget_s)
+    return Outcome(record_name(mode), model, best, gain, tried, shapes)
 
 
 def tune_gemv(target: Target | None = None, *, threads: int = 1, budget_s: float = 30.0,
-              save: bool = True, report: Callable[[GemvOutcome], None] | None = None,
+              save: bool = True, report: Callable[[Outcome], None] | None = None,
               shapes: tuple[tuple[int, int], ...] | None = None,
-              missing_only: bool = False) -> list[GemvOutcome]:
+              missing_only: bool = False) -> list[Outcome]:
     """Tune both GEMV forms (`missing_only`: those without a measured record on this
     machine) on (outputs, K) `shapes` (default `GEMV_SHAPES`); record the winners (`save`)."""
     target = target or host_target()
