@@ -15,10 +15,11 @@ from llvmlite import ir
 
 from tilefold.codegen.kernel import ir as kir
 from tilefold.codegen.kernel import memory
-from tilefold.codegen.kernel.schedule import Schedule, final_stores
-from tilefold.codegen.llvm_util import for_range, intrinsic, lane_mask, splat
+from tilefold.codegen.kernel.schedule import Schedule, final_stores, last_sweep
+from tilefold.codegen.llvm_util import for_range, intrinsic, lane_mask, prefetch, splat
 from tilefold.codegen.vecmath import MATH_FUNCTIONS, emit_math
 
+LINE_BYTES = 64  # one prefetch per cache line
 F32, I1, I8, I32, I64 = ir.FloatType(), ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 I8P = I8.as_pointer()
 WORKER = ir.FunctionType(ir.VoidType(), [I8P, I32, I32])
@@ -55,6 +56,8 @@ class _Emitter(kir.StmtVisitor):
         self.k = kernel
         self.s = schedule
         self.streamed = final_stores(kernel) if schedule.streaming_stores else set()
+        self.prefetching_loop = last_sweep(kernel, schedule)
+        self.prefetching = False
         self.w = schedule.vector_width
         self.fn = fn
         self.entry = fn.append_basic_block("entry")
@@ -131,7 +134,9 @@ class _Emitter(kir.StmtVisitor):
                 self._accumulate(red, accs[red.name], self.expr(red.value))
 
         scalar_axes = [a for a in loop.axes if a != self.s.vector_axis]
+        self.prefetching = loop is self.prefetching_loop
         self._nest(scalar_axes, body if not vector_here else lambda: self._vector_loop(body))
+        self.prefetching = False
         self.memo = outer_memo
         for red in loop.reductions:
             ptrs = accs[red.name]
@@ -243,12 +248,28 @@ class _Emitter(kir.StmtVisitor):
             return memory.load_scalar(b, ptr, dtype)
         offset = self._offset(buffer, skip_vector=False)
         if self._vector_stride(buffer) == 1:
+            if self.prefetching and self.lanes.mask is None:
+                self._prefetch_next_row(buffer, offset, dtype)
             return tuple(
                 memory.load_vector(b, b.gep(base, [b.add(offset, ir.Constant(I64, k * self.w))]),
                                    dtype, self.w, self.lanes.mask)
                 for k in range(self.lanes.parts)
             )
         return tuple(self._gather(buffer, offset, k) for k in range(self.lanes.parts))
+
+    def _prefetch_next_row(self, buffer: str, offset: ir.Value, dtype: str) -> None:
+        """Prefetch what this full vector step loads, one step further along the prefetch
+        axis: one prefetch per cache line (a prefetch never faults, even past the end)."""
+        stride = self.stride[(buffer, self.s.prefetch_axis)]
+        if isinstance(stride, ir.Constant) and stride.constant == 0:
+            return  # the same row for every step (a weight): already in cache
+        b = self.b
+        ahead = b.add(offset, stride)
+        step_elements = self.w * self.lanes.parts
+        per_line = max(LINE_BYTES // memory.element_size(dtype), 1)
+        for k in range(0, step_elements, per_line):
+            ptr = b.gep(self.ptr[buffer], [b.add(ahead, ir.Constant(I64, k))])
+            prefetch(b, ptr)
 
     def _lane_offsets(self, buffer: str, offset: ir.Value, part: int) -> list[ir.Value]:
         """Per-lane element offsets; masked-off lanes repeat lane 0 (always in bounds)."""

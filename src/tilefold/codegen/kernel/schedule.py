@@ -3,6 +3,7 @@ threads. `choose_schedule` derives one from a kernel's strides and the target.""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tilefold.codegen.kernel.ir import Kernel, Load, Loop, Store, walk_expr
@@ -23,7 +24,11 @@ class Schedule:
     `streaming_stores`, the final full vector stores to outputs (`final_stores`) bypass the
     caches (non-temporal, where the address is vector-aligned): outputs larger than the
     last-level cache would only evict the inputs, and each cached store first reads its line
-    from memory."""
+    from memory. With `prefetch_axis` (a multi-sweep row kernel: reductions, then a pass that
+    reuses the row), the last sweep over each row prefetches, once per cache line, what the
+    next step along that axis loads: the earlier sweeps fetch the row from memory, the later
+    ones compute on it in L1 while nothing would stream, and the prefetch keeps memory busy
+    meanwhile (layer_norm above the L3: 1.3x on Zen 1)."""
 
     vector_axis: str | None
     vector_width: int = 1
@@ -31,6 +36,7 @@ class Schedule:
     parallel_axis: str | None = None
     min_elements_per_thread: int = MIN_ELEMENTS_PER_THREAD
     streaming_stores: bool = False
+    prefetch_axis: str | None = None
 
     def __str__(self) -> str:
         parts = []
@@ -42,6 +48,8 @@ class Schedule:
                          " elements/thread)")
         if self.streaming_stores:
             parts.append("streaming stores")
+        if self.prefetch_axis is not None:
+            parts.append(f"prefetch next {self.prefetch_axis}")
         return ", ".join(parts) or "scalar"
 
     def check(self, kernel: Kernel) -> Schedule:
@@ -54,6 +62,8 @@ class Schedule:
             top = kernel.body[0] if len(kernel.body) == 1 else None
             if not isinstance(top, Loop) or top.axes[0] != self.parallel_axis:
                 raise TilefoldError(f"schedule: {self.parallel_axis} is not the outermost axis")
+        if self.prefetch_axis is not None and last_sweep(kernel, self) is None:
+            raise TilefoldError(f"schedule: {self.prefetch_axis} has no row swept more than once")
         return self
 
 
@@ -92,11 +102,22 @@ def final_stores(kernel: Kernel) -> set[int]:
     return final
 
 
+def last_sweep(kernel: Kernel, schedule: Schedule) -> Loop | None:
+    """The loop that issues `schedule.prefetch_axis`'s prefetches: the last of two or more
+    vector loops in the body of the outermost loop, whose last axis is the prefetch axis."""
+    top = kernel.body[0] if len(kernel.body) == 1 else None
+    if not isinstance(top, Loop) or not top.axes or top.axes[-1] != schedule.prefetch_axis:
+        return None
+    sweeps = [s for s in top.body if isinstance(s, Loop) and schedule.vector_axis in s.axes]
+    return sweeps[-1] if len(sweeps) >= 2 else None
+
+
 def choose_schedule(kernel: Kernel, target: Target) -> Schedule:
     """Vectorize the loop-innermost axis along which the most data is contiguous (a buffer
     weighs as many as the axes it spans, as a proxy for its size; ties go to the later axis),
-    unroll to hide latency, and parallelize the outermost axis (streaming stores are a call's
-    choice: `compile.py` makes it from the outputs' sizes)."""
+    unroll to hide latency, parallelize the outermost axis, and prefetch the next row of a
+    row swept more than once (streaming stores are a call's choice: `compile.py` makes it
+    from the outputs' sizes)."""
     innermost = {lp.axes[-1] for lp in kernel.loops() if lp.axes}
     if not innermost:
         return Schedule(None)
@@ -109,4 +130,9 @@ def choose_schedule(kernel: Kernel, target: Target) -> Schedule:
     top = kernel.body[0] if len(kernel.body) == 1 and isinstance(kernel.body[0], Loop) else None
     parallel = top.axes[0] if top is not None and top.axes else None
     unroll = 4 if target.vector_registers >= 32 else 2
-    return Schedule(max(innermost, key=score), vector_lanes(target), unroll, parallel)
+    schedule = Schedule(max(innermost, key=score), vector_lanes(target), unroll, parallel)
+    if top is not None and top.axes:
+        rows = dataclasses.replace(schedule, prefetch_axis=top.axes[-1])
+        if last_sweep(kernel, rows) is not None:
+            return rows
+    return schedule
