@@ -84,7 +84,9 @@ def test_python_side_run_and_region_cost(kernels):
 
 
 def test_pool_size_is_visible_to_generated_code(kernels):
-    assert kernels.pool_size() == thread_pool().size == num_threads()
+    """(The size the pool started with: an earlier test may have started it under another
+    TILEFOLD_NUM_THREADS; the environment's sizing is tested in a fresh process below.)"""
+    assert kernels.pool_size() == thread_pool().size >= 1
 
 
 def test_num_threads_reads_the_environment(monkeypatch):

@@ -17,7 +17,7 @@ from tilefold.codegen.kernel import ir as kir
 from tilefold.codegen.kernel import memory
 from tilefold.codegen.kernel.schedule import Schedule, final_stores, last_sweep
 from tilefold.codegen.llvm_util import for_range, intrinsic, lane_mask, prefetch, splat
-from tilefold.codegen.vecmath import MATH_FUNCTIONS, emit_math
+from tilefold.codegen.vecmath import MATH_FUNCTIONS, emit_math, emit_math_parts
 
 LINE_BYTES = 64  # one prefetch per cache line
 F32, I1, I8, I32, I64 = ir.FloatType(), ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -346,6 +346,8 @@ class _Emitter(kir.StmtVisitor):
         args = [self.expr(a) for a in e.args]
         if any(isinstance(a, tuple) for a in args):
             per_part = [self._parts(a) for a in args]
+            if e.op in MATH_FUNCTIONS:  # unary; its long chains overlap across the parts
+                return emit_math_parts(self.b, e.op, per_part[0], self.features)
             return tuple(self.op(e.op, list(xs)) for xs in zip(*per_part, strict=True))
         return self.op(e.op, args)
 
