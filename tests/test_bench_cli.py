@@ -76,6 +76,32 @@ def test_lowp_int8_gemm_runs_against_tilefolds_own_fp32(tmp_path):
     assert section["unit"] == "GOP/s"
 
 
+def test_lowp_leaves_out_a_peer_that_runs_the_type_in_software():
+    """A peer far slower than tilefold's own fp32 GEMM on the small probe (here one that
+    sleeps) is named in a note and not timed; a fast one stays."""
+    import time
+
+    import numpy as np
+
+    from tilefold.cli.bench_lowp import _without_emulated
+    from tilefold.cli.benchutil import Shape
+
+    notes = []
+
+    class Notes:
+        def note(self, text):
+            notes.append(text)
+
+    def peers(a, b, threads):
+        return {"emulated": lambda: time.sleep(0.05), "native": lambda: a @ b}
+
+    a, b = (np.ones((64, 64), np.float32) for _ in range(2))
+    kept = _without_emulated(peers, a, b, a, b, 1, Shape("64x64x64", 1, 64, 64, 64), Notes())
+    assert set(kept) == {"native"}
+    (note,) = notes
+    assert "emulated left out" in note and "64x64x64" in note
+
+
 def test_memory_bound_kernels_and_call_overhead(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEFOLD_NUM_THREADS", "1")  # the suite sets it for the process
     torch = pytest.importorskip("torch")
