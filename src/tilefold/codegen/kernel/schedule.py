@@ -28,7 +28,8 @@ class Schedule:
     reuses the row), the last sweep over each row prefetches, once per cache line, what the
     next step along that axis loads: the earlier sweeps fetch the row from memory, the later
     ones compute on it in L1 while nothing would stream, and the prefetch keeps memory busy
-    meanwhile (layer_norm above the L3: 1.3x on Zen 1)."""
+    meanwhile (Zen 1: layer_norm and rms_norm 1.2-1.3x on 10 MiB, 1.25x the L3, part of which
+    stays cached between calls; no change on inputs read cold from memory)."""
 
     vector_axis: str | None
     vector_width: int = 1
