@@ -134,9 +134,10 @@ class _Emitter(kir.StmtVisitor):
                 self._accumulate(red, accs[red.name], self.expr(red.value))
 
         scalar_axes = [a for a in loop.axes if a != self.s.vector_axis]
-        self.prefetching = loop is self.prefetching_loop
+        enclosing = self.prefetching  # a loop nested in the last sweep keeps prefetching
+        self.prefetching = enclosing or loop is self.prefetching_loop
         self._nest(scalar_axes, body if not vector_here else lambda: self._vector_loop(body))
-        self.prefetching = False
+        self.prefetching = enclosing
         self.memo = outer_memo
         for red in loop.reductions:
             ptrs = accs[red.name]

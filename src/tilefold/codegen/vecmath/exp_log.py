@@ -24,13 +24,13 @@ SQRT2 = 1.41421356237
 TINY = 1.17549435e-38  # 2**-126, the smallest normal f32
 
 
-def _reduce(m: MathBuilder, x: ir.Value, lo: ir.Value | None) -> tuple[ir.Value, ir.Value,
-                                                                      ir.Value]:
+def _reduce(m: MathBuilder, x: ir.Value, lo: ir.Value | None, rounder: float = ROUNDER
+            ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """e**(x + lo) = er * 2**n for x in [EXP_MIN, EXP_MAX]: (v, n, er), n as a float and as the
-    low bits of v = n + ROUNDER."""
+    low bits of v = n + `rounder` (ROUNDER, or ROUNDER + a bias to add to n for free)."""
     b = m.b
-    v = m.mad(x, m.c(LOG2E), m.c(ROUNDER))
-    n = b.fsub(v, m.c(ROUNDER))
+    v = m.mad(x, m.c(LOG2E), m.c(rounder))
+    n = b.fsub(v, m.c(rounder))
     r = m.mad(n, m.c(-LN2_HI), x)
     r = m.mad(n, m.c(-LN2_LO), r)
     if lo is not None:
@@ -88,11 +88,7 @@ def exp_nonpositive(m: MathBuilder, x: ir.Value) -> ir.Value:
     b = m.b
     low = m.cmp("<", x, m.c(EXP_FLUSH))
     x = m.select(low, m.c(EXP_FLUSH), x)
-    v = m.mad(x, m.c(LOG2E), m.c(ROUNDER + 127))
-    n = b.fsub(v, m.c(ROUNDER + 127))
-    r = m.mad(n, m.c(-LN2_HI), x)
-    r = m.mad(n, m.c(-LN2_LO), r)
-    er = b.fadd(m.mad(m.poly(r, EXP_P), b.fmul(r, r), r), m.c(1.0))
+    v, _, er = _reduce(m, x, None, ROUNDER + 127)
     y = b.fmul(er, m.floats(b.shl(m.bits(v), m.ic(23))))
     return m.select(low, m.c(0.0), y)
 

@@ -23,6 +23,7 @@ from tilefold.codegen.cpu.rowkernel import generated_row_kernel
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
+from tilefold.codegen.kernel.schedule import vector_lanes
 from tilefold.codegen.vecmath import MATH_VECTORS
 from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
@@ -120,7 +121,7 @@ class GemmEpilogue(Method):
 def _lanes(ctx: Context) -> int:
     """Vector width of the epilogue's row programs: `MATH_VECTORS` registers' worth, so that
     a math function's chains overlap (gelu 1.5x on Zen 1; the rest runs as fast)."""
-    return max(4, ctx.target.vector_bits // 32) * MATH_VECTORS
+    return vector_lanes(ctx.target) * MATH_VECTORS
 
 
 def _lowp_refusal(problem: Problem, mm: Operation, target: Target) -> str | None:
