@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
+from tests.tolerances import assert_close
 from tilefold.codegen.gemm.abi import aligned_empty
 from tilefold.codegen.gemm.blocking import derive_tile_blocking
 from tilefold.codegen.lowp import kernels as lowp_kernels
-from tilefold.codegen.lowp.dotpack import PackedB, run_native
+from tilefold.codegen.lowp.dotpack import EXACT_K, PackedB, run_native
 from tilefold.codegen.lowp.driver import lowp_gemm_ir
 from tilefold.codegen.lowp.kernels import (
     CHUNK_WORDS,
@@ -115,6 +116,34 @@ def test_dequantizing_epilogue(rng):
         ref = exact * rs[:, None].astype(np.float32) * cs.astype(np.float32) + bias
         assert c.dtype == np.float32
         assert np.allclose(c, ref, rtol=3e-7 * 4, atol=1e-5)
+
+
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_sums_past_the_int32_range(rng, a_dtype):
+    """K past EXACT_K runs in exact K slices: the int32 result wraps as NumPy's int32 matmul
+    does, and the dequantized one (summed in f32 over the slices) does not wrap at all."""
+    k = 2 * EXACT_K + 37
+    info = np.iinfo(a_dtype)
+    a = np.full((5, k), info.max if a_dtype == np.uint8 else info.min, a_dtype)
+    a[1:] = rng.choice(np.array([info.min, info.max], a_dtype), (4, k))
+    b = np.full((k, 33), -128, np.int8)
+    b[:, 1:] = rng.integers(-128, 128, (k, 32))
+    exact = a.astype(np.int64) @ b.astype(np.int64)
+    assert np.abs(exact).max() >= 2**31  # the first row and column leave int32
+    rs, cs = rng.uniform(0.5, 1, 5), rng.uniform(0.5, 1, 33)
+    bias = rng.standard_normal(33)
+    slices = sum(np.abs(a[:, s].astype(np.int64) @ b[s].astype(np.int64))
+                 for s in (slice(0, EXACT_K), slice(EXACT_K, 2 * EXACT_K), slice(2 * EXACT_K, k)))
+    scale = slices * rs[:, None] * cs
+    for level in LEVELS:
+        target = target_for(level)
+        for rhs, threads in itertools.product((b, prepack_lowp(b, a_dtype, target=target)), (1, 2)):
+            c = matmul_lowp(a, rhs, target=target, threads=threads)
+            assert np.array_equal(c, exact.astype(np.int32)), (level, threads)
+            d = matmul_lowp(a, rhs, row_scale=rs, col_scale=cs, bias=bias, target=target,
+                            threads=threads)
+            assert_close(d, exact * rs[:, None].astype(np.float32) * cs.astype(np.float32)
+                         + bias.astype(np.float32), dtype="f32", reduced=3, scale=scale)
 
 
 def test_prepacked_b_and_batched_a(rng):

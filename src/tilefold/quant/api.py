@@ -105,9 +105,10 @@ def matmul_lowp(a: ArrayLike, b: ArrayLike | PackedB, *, row_scale: ArrayLike | 
                 col_scale: ArrayLike | None = None, bias: ArrayLike | None = None,
                 target: Target | None = None, threads: int | None = None) -> np.ndarray:
     """a[..., K] @ b[K, N] for bf16 x bf16 and f16 x f16 (-> f32, f32 accumulation) and
-    u8/i8 x i8 (-> exact int32). With `col_scale` (and optional `row_scale`, `bias`) the 8-bit
-    product is dequantized in the kernel's epilogue: f32 = int32 * row_scale[m] *
-    col_scale[n] + bias[n]. `b` may be a `prepack_lowp` result.
+    u8/i8 x i8 (-> int32: exact, or past 2**31 wrapped as NumPy's int32 matmul wraps). With
+    `col_scale` (and optional `row_scale`, `bias`) the 8-bit product is dequantized in the
+    kernel's epilogue: f32 = sum * row_scale[m] * col_scale[n] + bias[n], which never wraps.
+    `b` may be a `prepack_lowp` result.
     """
     target = target or host_target()
     a = np.asarray(a)

@@ -35,6 +35,10 @@ from tilefold.target import Target
 _P = ctypes.c_void_p
 # Below this many multiply-adds a second thread costs more than it saves.
 PARALLEL_MIN_MACS = 1 << 20
+# The longest K whose 8-bit sums always fit int32: 255 * 128 * 65536 < 2**31. Longer products
+# run as K slices of this length, each exact; their int32 sums wrap as NumPy's int32 matmul
+# does, and dequantized slices add up in f32 (so the dequantized result never wraps).
+EXACT_K = 1 << 16
 
 
 @functools.cache
@@ -54,6 +58,11 @@ class PackedB:
         self.kernel = kernel
         self.k, self.n = b.shape
         self.dtype = b.dtype
+        self.slices = None  # K past EXACT_K: one PackedB per K slice
+        if not kernel.acc_is_float and self.k > EXACT_K:
+            self.slices = [PackedB(b[k0:k0 + EXACT_K], kernel, target)
+                           for k0 in range(0, self.k, EXACT_K)]
+            return
         if kernel.widens:
             self.matrix = prepack_widened(b if b.flags.aligned else np.ascontiguousarray(b),
                                           kernel, target)
@@ -181,4 +190,16 @@ def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, targe
                 threads: int | None = None) -> np.ndarray:
     """C = A @ B (B raw [K, N] or packed for `kernel`): f32 for bf16, i32 for 8-bit, or f32
     with `dequant` = (row_scale[M], col_scale[N], bias[N]) applied to the int32 sums."""
-    return _DRIVERS[kernel.driver](a, b, kernel, target, dequant, threads)
+    k = a.shape[1]
+    if kernel.acc_is_float or k <= EXACT_K:
+        return _DRIVERS[kernel.driver](a, b, kernel, target, dequant, threads)
+    parts = b.slices if isinstance(b, PackedB) else [b[k0:k0 + EXACT_K]
+                                                      for k0 in range(0, k, EXACT_K)]
+    c = None
+    for i, part in enumerate(parts):
+        # The bias joins the first slice only; the int32 sums wrap (np.add does) like NumPy's.
+        dq = dequant if dequant is None or i == 0 else (*dequant[:2], np.zeros_like(dequant[2]))
+        y = _DRIVERS[kernel.driver](a[:, i * EXACT_K:(i + 1) * EXACT_K], part, kernel, target,
+                                    dq, threads)
+        c = y if c is None else np.add(c, y, out=c)
+    return c
