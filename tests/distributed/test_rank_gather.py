@@ -10,7 +10,7 @@ import pytest
 
 from tests.distributed.spmd_models import partitioned, placed, run_spmd
 from tilefold.distributed import bind_rank, run_ranks, split
-from tilefold.errors import UnsupportedError
+from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.ir import interpret, parse_module, verify
 
 CASES = [  # table placement, ids placement, ids dtype
@@ -102,3 +102,27 @@ func @main(%w: f64[512,2] @m[S(0)], %ids: u8[6] @m[R]) -> (f64[6,2]) {
     w, ids = rng.standard_normal((512, 2)), rng.integers(0, 256, 6).astype(np.uint8)
     (e,) = run_spmd(global_, partitioned(global_), [w, ids])
     np.testing.assert_allclose(e, w[ids], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("bad", [10, 11, 12, -11, -40])
+def test_an_id_outside_the_table_is_refused_not_a_zero_row(bad: int) -> None:
+    """10 rows over 4 ranks: blocks of 3, the last one padded (rows 10, 11 are padding, 12 is
+    past every block). The unsplit lookup refuses each such id; the per-rank one must too."""
+    text = """mesh @m [tp=4]
+func @main(%w: f64[10,3] @m[S(0,pad)], %ids: i64[4] @m[R]) -> (f64[4,3]) {
+  %e = gather(%w, %ids) {axis = 0} : f64[4,3]
+  return(%e)
+}"""
+    global_ = placed(text)
+    per_rank = partitioned(global_)
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((10, 3))
+    good = np.array([0, 9, -10, 4])
+    (e,) = run_spmd(global_, per_rank, [w, good])
+    np.testing.assert_array_equal(e, w[good])
+    ids = good.copy()
+    ids[2] = bad
+    with pytest.raises(ShapeError, match="gather: index out of range"):
+        interpret(global_, w, ids)
+    with pytest.raises(ShapeError, match="gather: index out of range"):
+        run_spmd(global_, per_rank, [w, ids])

@@ -90,7 +90,8 @@ def rank_gather(op: Operation, table: TensorType, rewriter: Rewriter) -> Value:
     dim) whose operands are already the rank's blocks: subtract the first row the rank holds
     (its coordinates on the splitting axes times their strides, `spmd.axis_index`), look up the
     ids that fall in its rows and write zeros for the others; the sum over the ranks is the
-    lookup (the result is P(sum) there). `gather` above is the same in NumPy."""
+    lookup (the result is P(sum) there). An id outside the table is an error on every rank
+    (not a zero row, nor a padded shard's padding). `gather` above is the same in NumPy."""
     x, ids = op.operands
     mesh = table.sharding.mesh
     axis = normalize_axis("gather", op.attr("axis"), table.rank)
@@ -115,10 +116,14 @@ def rank_gather(op: Operation, table: TensorType, rewriter: Rewriter) -> Value:
     if ids.type.dtype != dt:
         ids = make("cast", ids, dtype=dt)
     wrapped = make("where", make("lt", ids, const(0)), make("add", ids, const(size)), ids)
+    valid = make("and", make("ge", wrapped, const(0)), make("lt", wrapped, const(size)))
     local = make("sub", wrapped, start)
-    held = make("and", make("ge", local, const(0)),
-                make("lt", local, const(x.type.shape[axis])))
-    rows = make("gather", x, make("where", held, local, const(0)), axis=axis)
+    held = make("and", make("and", make("ge", local, const(0)),
+                            make("lt", local, const(x.type.shape[axis]))), valid)
+    # An id outside the global table reaches the local lookup as it came (outside the rank's
+    # rows too), so the gather refuses it as the unsplit one would, instead of a zero row.
+    rows = make("gather", x, make("where", held, local, make("where", valid, const(0), ids)),
+                axis=axis)
     keep = make("reshape", held, shape=[1] * axis + list(ids.type.shape)
                 + [1] * (table.rank - axis - 1))
     zero = make("constant", value=np.zeros((), dtype=x.type.dtype.np_dtype))
