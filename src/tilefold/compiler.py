@@ -21,6 +21,7 @@ import numpy as np
 from tilefold.errors import ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
+from tilefold.ir.ops.shape import slice_index
 from tilefold.ir.types import SymDim
 from tilefold.passes import PassManager
 from tilefold.strategy import Decision, Problem, TuningDB, context, decide, tune_budget
@@ -38,8 +39,7 @@ VIEWS: dict[str, View] = {
     "expand_dims": lambda x, a: np.expand_dims(x, tuple(a["axes"])),
     "squeeze": lambda x, a: np.squeeze(x, tuple(a["axes"])),
     "broadcast_to": lambda x, a: np.broadcast_to(x, a["shape"]),
-    "slice": lambda x, a: x[tuple(slice(*s) for s in zip(a["starts"], a["stops"], a["steps"],
-                                                          strict=True))],
+    "slice": lambda x, a: x[slice_index(a)],
 }
 
 

@@ -36,6 +36,7 @@ from tilefold.codegen.triton.group import TritonGroup
 from tilefold.errors import FallbackError, TilefoldError, UnsupportedError, strict, strict_mode
 from tilefold.ir import OPS, Block, Module, Operation, Value
 from tilefold.ir.interpreter import run_region
+from tilefold.ir.ops.shape import slice_index
 from tilefold.ir.types import TensorType
 from tilefold.strategy.gpu_tuner import (
     GPUCandidate,
@@ -54,8 +55,7 @@ VIEWS: dict[str, Callable[[Any, dict], Any]] = {
     "expand_dims": lambda x, a: _unsqueeze(x, a["axes"]),
     "squeeze": lambda x, a: x.squeeze(tuple(a["axes"])) if a["axes"] else x,
     "broadcast_to": lambda x, a: _broadcast(x, tuple(a["shape"])),
-    "slice": lambda x, a: x[tuple(slice(*s) for s in zip(a["starts"], a["stops"], a["steps"],
-                                                          strict=True))],
+    "slice": lambda x, a: x[slice_index(a)],
 }
 
 

@@ -20,6 +20,7 @@ from tilefold.codegen.cpu.rowkernel import (
     new_module,
     threads_for,
 )
+from tilefold.codegen.kernel.schedule import vector_lanes
 from tilefold.codegen.vecmath import MathBuilder
 from tilefold.codegen.vecmath.exp_log import exp_nonpositive
 from tilefold.target import Target
@@ -99,7 +100,7 @@ def emit_softmax_row(b: ir.IRBuilder, x: ir.Value, y: ir.Value, row: ir.Value, n
 
 def softmax_kernel(name: str, rows: int, n: int, target: Target, max_threads: int) -> RowKernel:
     """`name(x, y)`: y = softmax of each of the `rows` rows of n floats of x, for `target`."""
-    lanes = max(4, target.vector_bits // 32)
+    lanes = vector_lanes(target)
     module = new_module(name, target)
     emit_row_kernel(module, name, 2, rows, threads_for(8 * rows * n, max_threads),
                     lambda b, ptrs, row, _: emit_softmax_row(b, ptrs[0], ptrs[1], row, n, lanes,

@@ -102,11 +102,13 @@ class Slice(OpDef):
 
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        index = tuple(
-            slice(a, b, c)
-            for a, b, c in zip(attrs["starts"], attrs["stops"], attrs["steps"], strict=True)
-        )
-        return args[0][index]
+        return args[0][slice_index(attrs)]
+
+
+def slice_index(attrs: dict[str, Any]) -> tuple[slice, ...]:
+    """A slice op's attributes as the index that makes its view (NumPy's or torch's)."""
+    return tuple(slice(*s) for s in zip(attrs["starts"], attrs["stops"], attrs["steps"],
+                                        strict=True))
 
 
 @register
