@@ -92,6 +92,8 @@ def _kernel_table(module: ir.Module, kernel: MicroKernel) -> ir.GlobalVariable:
     return table
 
 
+# B micro-panels packed at a time, just before the first tiles that read them.
+PACK_PANELS = 8
 _BLOCK_ARGS = ("m0", "m1", "n0", "n1", "k", "a", "rsa", "csa", "b", "rsb", "csb", "c", "rsc",
                "beta", "bmode", "mc_blk", "kc_blk", "nc_blk", "ws")
 
@@ -117,14 +119,17 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
     is_pre = b.icmp_signed("==", bmode, u.const(BMode.PREPACKED))
     is_direct = b.icmp_signed("==", bmode, u.const(BMode.DIRECT))
     b_pre = bm if src == F32 else b.bitcast(bm, _FP)
+    chunk = u.const(nr_max * PACK_PANELS)
+    # One MC block of rows uses each packed panel right after packing it, never again: the
+    # chunks then take turns in one chunk's buffer (in L2), not a whole block's (in L3).
+    ring = (u.const(0, u.i1) if kernel.a_in_l1
+            else b.and_(is_pack, b.icmp_signed("<=", b.sub(m1, m0), mcb)))
     with u.for_range(b, n0, n1, ncb, "jc") as jc:
         nc = u.smin(b, ncb, b.sub(n1, jc))
         with u.for_range(b, u.const(0), k, kcb, "pc") as pc:
             kc = u.smin(b, kcb, b.sub(k, pc))
             beta_eff = b.select(b.icmp_signed("==", pc, u.const(0)), beta, u.const(1, u.i32))
             b_blk = u.gep(b, bm, b.add(b.mul(pc, rsb), b.mul(jc, csb)))
-            with b.if_then(is_pack):
-                b.call(pack_b, [kc, nc, b_blk, rsb, csb, bp])
             with u.for_range(b, m0, m1, mcb, "ic") as ic:
                 mc = u.smin(b, mcb, b.sub(m1, ic))
                 a_blk = u.gep(b, a, b.add(b.mul(ic, rsa), b.mul(pc, csa)))
@@ -138,7 +143,8 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                     nv = b.sdiv(b.add(nr, u.const(vl - 1)), u.const(vl))
                     nlast = b.sub(nr, b.mul(b.sub(nv, u.const(1)), u.const(vl)))
                     w = b.mul(nv, u.const(vl))
-                    panel_packed = u.gep(b, bp, b.mul(jr, kc))
+                    panel_packed = u.gep(b, bp, b.mul(b.select(ring, b.srem(jr, chunk), jr),
+                                                      kc))
                     panel_pre = u.gep(b, b_pre, b.add(b.mul(b.add(jc, jr), k), b.mul(pc, w)))
                     if src != F32:  # plans never read such B in place
                         return b.select(is_pre, panel_pre, panel_packed), w, nv, nr
@@ -164,12 +170,28 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                                 u.gep(b, c_blk, b.add(b.mul(ir_, rsc), jr)), rsc, beta_eff,
                                 ncols])
 
+                def pack_on_the_way(jr, first):
+                    """BMode.PACK: the first tiles of the block to use a chunk of panels pack
+                    it just before (OpenBLAS's order), so they find it in L1 and L2, and
+                    the packing overlaps their work, instead of packing the whole block
+                    ahead (it leaves L2 for L3 before any tile reads it)."""
+                    start = b.icmp_signed("==", b.srem(jr, chunk), u.const(0))
+                    with b.if_then(b.and_(b.and_(is_pack, first), start)):
+                        b.call(pack_b, [kc, u.smin(b, chunk, b.sub(nc, jr)),
+                                        u.gep(b, b_blk, b.mul(jr, csb)), rsb, csb,
+                                        u.gep(b, bp, b.mul(b.select(ring, u.const(0), jr),
+                                                           kc))])
+
+                first_ic = b.icmp_signed("==", ic, m0)
                 if kernel.a_in_l1:
                     with u.for_chunks(b, u.const(0), mc, kernel.m_sizes, "ir") as (ir_, mr), \
                             u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
+                        pack_on_the_way(jr, b.and_(first_ic, b.icmp_signed("==", ir_,
+                                                                          u.const(0))))
                         tile(jr, ir_, mr, panel_of(jr))
                 else:
                     with u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:
+                        pack_on_the_way(jr, first_ic)
                         panel = panel_of(jr)
                         with u.for_chunks(b, u.const(0), mc, kernel.m_sizes, "ir") as (ir_, mr):
                             tile(jr, ir_, mr, panel)

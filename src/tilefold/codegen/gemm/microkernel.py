@@ -42,6 +42,9 @@ class TileSpec:
     `nv_dynamic` serves every width up to `nv` vectors (masked B loads and C stores), one
     function instead of `nv`: for row tails, which carry too little work to earn a variant each.
     `b_prefetch` > 0 prefetches the B row that many k steps ahead (B streaming from L2).
+    `sets` > 1 keeps that many accumulator sets, k steps dealt among them in turn and summed
+    at the end: a short tile's few FMA chains would otherwise wait on FMA latency (2 rows by
+    2 vectors, 4 chains, took as long as a whole 6 x 16 tile on Zen). `unroll` is a multiple.
     """
 
     mr: int
@@ -52,15 +55,19 @@ class TileSpec:
     a_direct: bool = False
     nv_dynamic: bool = False
     b_prefetch: int = 0
+    sets: int = 1
 
     def __post_init__(self):
         if self.a_direct and self.a_lanes > 1:
             raise ValueError("a_direct reads A by broadcast; lane-indexed A needs packed panels")
+        if self.unroll % self.sets:
+            raise ValueError(f"unroll {self.unroll} must deal its k steps among {self.sets} sets")
 
     @property
     def name(self) -> str:
         flags = ("v" if self.nv_dynamic else "") + ("d" if self.a_direct else "")
-        return f"tf_uk_{self.mr}x{self.nv}x{self.lanes}{flags}"
+        sets = f"s{self.sets}" if self.sets > 1 else ""
+        return f"tf_uk_{self.mr}x{self.nv}x{self.lanes}{flags}{sets}"
 
 
 def emit_microkernel(module: ir.Module, spec: TileSpec) -> ir.Function:
@@ -147,9 +154,10 @@ class _Kernel(u.IRText):
 
     def k_loops(self) -> list[list[str]]:
         """Unrolled main loop plus a remainder loop (none when rolled), accumulators carried in
-        phis (registers)."""
+        phis (registers); the main loop's `sets` are summed before the remainder."""
         spec = self.spec
-        flat = ["zeroinitializer"] * (spec.mr * spec.nv)
+        tile = spec.mr * spec.nv
+        flat = ["zeroinitializer"] * (tile * spec.sets)
         if spec.unroll == 1:
             loops = [("main", 0, "%kc", 1)]
         else:
@@ -168,7 +176,8 @@ class _Kernel(u.IRText):
             self.label(f"{label}.body")
             if spec.a_direct and label == "main":
                 self.prefetch_next(k)
-            cur = [phis[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
+            cur = [[phis[t + i * spec.nv:t + (i + 1) * spec.nv] for i in range(spec.mr)]
+                   for t in range(0, len(flat), tile)]
             cur, a_next, b_next = self.steps(cur, pa, pb, unroll)
             self.emit(f"{k}.next = add i64 {k}, {unroll}")
             self.emit(f"br label %{label}.head")
@@ -176,12 +185,16 @@ class _Kernel(u.IRText):
             incoming = [f"{k} = phi i64 [{start}, %{pre}], [{k}.next, {body}]",
                         f"{pa} = phi ptr [{a}, %{pre}], [{a_next}, {body}]",
                         f"{pb} = phi ptr [{b}, %{pre}], [{b_next}, {body}]"]
-            incoming += [f"{phi} = phi {self.vty} [{init}, %{pre}], [{new}, {body}]"
-                         for phi, init, new in zip(phis, flat, (x for r in cur for x in r),
-                                                   strict=True)]
+            new = (x for group in cur for r in group for x in r)
+            incoming += [f"{phi} = phi {self.vty} [{init}, %{pre}], [{x}, {body}]"
+                         for phi, init, x in zip(phis, flat, new, strict=True)]
             self.lines[phis_at] = "\n".join("  " + line for line in incoming)
             self.label(f"{label}.done")
             flat, a, b, pre = phis, pa, pb, f"{label}.done"
+            while len(flat) > tile:  # the sets, summed
+                flat = [self(f"fadd {self.vty} {x}, {y}")
+                        for x, y in zip(flat[:tile], flat[tile:2 * tile], strict=True)
+                        ] + flat[2 * tile:]
         return [flat[i * spec.nv:(i + 1) * spec.nv] for i in range(spec.mr)]
 
     def prefetch_next(self, k: str) -> None:
@@ -194,9 +207,10 @@ class _Kernel(u.IRText):
             offset = self(f"add i64 {at}, {line * 16}") if line else at
             self.prefetch(self.gep(self.next_tile, offset), locality=2)
 
-    def steps(self, accs, a, b, unroll):
+    def steps(self, sets, a, b, unroll):
         """`unroll` k steps from A at `a` and B at `b`: per step nv loads of B, mr broadcasts of
-        A, mr*nv FMAs. Returns the accumulators and where A and B continue."""
+        A, mr*nv FMAs into accumulator set j % len(sets). Returns the sets and where A and B
+        continue."""
         spec = self.spec
         if spec.a_direct:  # row i at base + (i % group) * lda, the base stepping a group on
             group = min(spec.mr, _ROW_GROUP)
@@ -211,6 +225,7 @@ class _Kernel(u.IRText):
             at = [(a, i) for i in range(spec.mr)]
             a_step = spec.mr
         for j in range(unroll):
+            accs = sets[j % len(sets)]
             bv = [self.load_b(self.gep(b, v * spec.lanes), v) for v in range(spec.nv)]
             if spec.b_prefetch:
                 ahead = self.gep(b, self.b_ahead)
@@ -236,9 +251,9 @@ class _Kernel(u.IRText):
                     x = self(f"load float, ptr {self.gep(base, offset)}, align 4")
                     av = self.splat("float", x)
                 out.append([self.fma(av, bv[v], accs[i][v]) for v in range(spec.nv)])
-            accs = out
+            sets = [*sets[:j % len(sets)], out, *sets[j % len(sets) + 1:]]
             b = self(f"getelementptr inbounds i8, ptr {b}, i64 {self.b_step}")
-        return accs, self.gep(a, unroll * a_step), b
+        return sets, self.gep(a, unroll * a_step), b
 
     def load_b(self, ptr: str, v: int) -> str:
         if self.spec.nv_dynamic and v > 0:

@@ -61,14 +61,19 @@ class MicroKernel:
     def spec(self, mr: int, nv: int) -> TileSpec:
         """Variant for `mr` rows by `nv` vectors. Row tails (M's last few rows only) carry little
         work: one rolled, width-dynamic variant per row count serves them all, which cuts the
-        module's compile time by a third."""
+        module's compile time by a third. A tail of fewer than `TAIL_CHAINS` accumulators keeps
+        several sets of them, so that its FMAs do not wait on each other's latency."""
         if mr == self.mr:
             return TileSpec(mr, nv, self.lanes, self.unroll, self.a_lanes, self.a_direct,
                             b_prefetch=self.b_prefetch)
-        return TileSpec(mr, self.nv, self.lanes, 1, self.a_lanes, self.a_direct, nv_dynamic=True)
+        sets = max(1, min(4, TAIL_CHAINS // (mr * self.nv)))
+        return TileSpec(mr, self.nv, self.lanes, sets, self.a_lanes, self.a_direct,
+                        nv_dynamic=True, sets=sets)
 
 
 SHAPE_CLASSES = ("general", "rows", "narrow")
+# Independent FMA chains a tail variant aims for: two FMA pipes times their 4-5 cycle latency.
+TAIL_CHAINS = 8
 _AVX512 = frozenset({"avx512f"})
 _AVX2 = frozenset({"avx2", "fma"})
 
