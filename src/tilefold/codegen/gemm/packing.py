@@ -219,8 +219,8 @@ def _pack_b_rows(b, nr_max, lanes, kc, nc, bsrc, rs, dst, src):
     band_rows = b.mul(bands, u.const(BAND_ROWS))
     cols = (n_full, rest, w)
     tail = u.gep(b, dst, b.mul(n_full, kc))
-    with _stepping(b, bands, (bsrc, dst, tail), (b.mul(rs, u.const(BAND_ROWS)), nr_max * BAND_ROWS,
-                                                 b.mul(w, u.const(BAND_ROWS))), "kb") as ptrs:
+    steps = (b.mul(rs, u.const(BAND_ROWS)), nr_max * BAND_ROWS, b.mul(w, u.const(BAND_ROWS)))
+    with _stepping(b, bands, (bsrc, dst, tail), steps, "kb") as ptrs:
         _pack_b_band(b, nr_max, lanes, BAND_ROWS, kc, rs, cols, ptrs, src)
     rows_done = (u.gep(b, bsrc, b.mul(band_rows, rs)),
                  u.gep(b, dst, b.mul(band_rows, u.const(nr_max))),
