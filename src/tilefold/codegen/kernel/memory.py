@@ -75,11 +75,16 @@ def load_vector(b: ir.IRBuilder, ptr: ir.Value, dtype: str, lanes: int,
     return widen(b, raw, dtype, lanes)
 
 
+_NT_MIN = 16  # bytes: the narrowest aligned non-temporal vector store (SSE's movntps)
+
+
 def store_vector(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, dtype: str,
                  mask: ir.Value | None, streaming: bool = False) -> None:
     """`value` to `lanes` consecutive elements at `ptr` (element-aligned), masked when `mask`;
-    `streaming`: a full store whose address is vector-aligned bypasses the caches
-    (non-temporal; the kernel ends with a fence), any other is an ordinary store."""
+    `streaming`: a full store whose address is aligned to 16 bytes or more bypasses the
+    caches (non-temporal; the kernel ends with a fence), any other is an ordinary store. A
+    wider vector at an address aligned to 16 only (an `out=` from `np.empty`) is stored as
+    16-byte non-temporal halves, which is what LLVM makes of an under-aligned one."""
     lanes = value.type.count
     raw = narrow(b, value, dtype, lanes)
     vptr = b.bitcast(ptr, raw.type.as_pointer())
@@ -87,12 +92,25 @@ def store_vector(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, dtype: str,
     if mask is None and streaming:
         nbytes = lanes * align
         addr = b.ptrtoint(vptr, I64)
-        aligned = b.icmp_unsigned("==", b.and_(addr, ir.Constant(I64, nbytes - 1)),
-                                  ir.Constant(I64, 0))
-        with b.if_else(aligned, likely=True) as (stream, cached):
-            with stream:
-                store = b.store(raw, vptr, align=nbytes)
-                store.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(I32, 1)]))
+
+        def aligned_to(n: int) -> ir.Value:
+            return b.icmp_unsigned("==", b.and_(addr, ir.Constant(I64, n - 1)),
+                                   ir.Constant(I64, 0))
+
+        def stream(n: int) -> None:
+            store = b.store(raw, vptr, align=n)
+            store.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(I32, 1)]))
+
+        with b.if_else(aligned_to(min(nbytes, _NT_MIN)), likely=True) as (nt, cached):
+            with nt:
+                if nbytes > _NT_MIN:
+                    with b.if_else(aligned_to(nbytes), likely=True) as (whole, halves):
+                        with whole:
+                            stream(nbytes)
+                        with halves:
+                            stream(_NT_MIN)
+                else:
+                    stream(nbytes)
             with cached:
                 b.store(raw, vptr, align=align)
         return
