@@ -5,6 +5,7 @@ float64 oracle, on every micro-kernel the host runs, for edges of every loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -18,7 +19,11 @@ from tilefold.codegen.gemm.plan import BMode, make_plan
 from tilefold.codegen.gemm.registry import MICROKERNELS, TAIL_CHAINS
 from tilefold.target import host_target
 
-KERNELS = [k for k in MICROKERNELS if host_target().has(*k.features) and k.dtype == "f32"]
+_HOST = [k for k in MICROKERNELS if host_target().has(*k.features) and k.dtype == "f32"]
+# Both loop orders on every host: the host's kernels, and its first one with the other order
+# (A micro-panel in L1, B panels streaming: the AVX-512 kernels' order).
+KERNELS = [*_HOST, dataclasses.replace(_HOST[0], name=f"{_HOST[0].name}_swapped",
+                                       a_in_l1=not _HOST[0].a_in_l1)]
 
 
 @pytest.fixture
