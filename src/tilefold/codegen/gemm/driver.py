@@ -124,6 +124,10 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
     # chunks then take turns in one chunk's buffer (in L2), not a whole block's (in L3).
     ring = (u.const(0, u.i1) if kernel.a_in_l1
             else b.and_(is_pack, b.icmp_signed("<=", b.sub(m1, m0), mcb)))
+
+    def slot(jr):
+        """Where panel `jr` (a column) sits in the packed buffer, in columns."""
+        return b.select(ring, b.srem(jr, chunk), jr)
     with u.for_range(b, n0, n1, ncb, "jc") as jc:
         nc = u.smin(b, ncb, b.sub(n1, jc))
         with u.for_range(b, u.const(0), k, kcb, "pc") as pc:
@@ -143,8 +147,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                     nv = b.sdiv(b.add(nr, u.const(vl - 1)), u.const(vl))
                     nlast = b.sub(nr, b.mul(b.sub(nv, u.const(1)), u.const(vl)))
                     w = b.mul(nv, u.const(vl))
-                    panel_packed = u.gep(b, bp, b.mul(b.select(ring, b.srem(jr, chunk), jr),
-                                                      kc))
+                    panel_packed = u.gep(b, bp, b.mul(slot(jr), kc))
                     panel_pre = u.gep(b, b_pre, b.add(b.mul(b.add(jc, jr), k), b.mul(pc, w)))
                     if src != F32:  # plans never read such B in place
                         return b.select(is_pre, panel_pre, panel_packed), w, nv, nr
@@ -179,8 +182,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                     with b.if_then(b.and_(b.and_(is_pack, first), start)):
                         b.call(pack_b, [kc, u.smin(b, chunk, b.sub(nc, jr)),
                                         u.gep(b, b_blk, b.mul(jr, csb)), rsb, csb,
-                                        u.gep(b, bp, b.mul(b.select(ring, u.const(0), jr),
-                                                           kc))])
+                                        u.gep(b, bp, b.mul(slot(jr), kc))])
 
                 first_ic = b.icmp_signed("==", ic, m0)
                 if kernel.a_in_l1:

@@ -224,6 +224,7 @@ class _Kernel(u.IRText):
         else:
             at = [(a, i) for i in range(spec.mr)]
             a_step = spec.mr
+        sets = list(sets)
         for j in range(unroll):
             accs = sets[j % len(sets)]
             bv = [self.load_b(self.gep(b, v * spec.lanes), v) for v in range(spec.nv)]
@@ -251,7 +252,7 @@ class _Kernel(u.IRText):
                     x = self(f"load float, ptr {self.gep(base, offset)}, align 4")
                     av = self.splat("float", x)
                 out.append([self.fma(av, bv[v], accs[i][v]) for v in range(spec.nv)])
-            sets = [*sets[:j % len(sets)], out, *sets[j % len(sets) + 1:]]
+            sets[j % len(sets)] = out
             b = self(f"getelementptr inbounds i8, ptr {b}, i64 {self.b_step}")
         return sets, self.gep(a, unroll * a_step), b
 

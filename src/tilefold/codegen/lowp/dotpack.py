@@ -58,10 +58,9 @@ class PackedB:
         self.kernel = kernel
         self.k, self.n = b.shape
         self.dtype = b.dtype
-        self.slices = None  # K past EXACT_K: one PackedB per K slice
-        if not kernel.acc_is_float and self.k > EXACT_K:
-            self.slices = [PackedB(b[k0:k0 + EXACT_K], kernel, target)
-                           for k0 in range(0, self.k, EXACT_K)]
+        # K past EXACT_K: one PackedB per K slice, else None
+        self.slices = [PackedB(b[s], kernel, target) for s in k_slices(kernel, self.k)] or None
+        if self.slices:
             return
         if kernel.widens:
             self.matrix = prepack_widened(b if b.flags.aligned else np.ascontiguousarray(b),
@@ -190,16 +189,21 @@ def run_dotgemm(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, targe
                 threads: int | None = None) -> np.ndarray:
     """C = A @ B (B raw [K, N] or packed for `kernel`): f32 for bf16, i32 for 8-bit, or f32
     with `dequant` = (row_scale[M], col_scale[N], bias[N]) applied to the int32 sums."""
-    k = a.shape[1]
-    if kernel.acc_is_float or k <= EXACT_K:
+    slices = k_slices(kernel, a.shape[1])
+    if not slices:
         return _DRIVERS[kernel.driver](a, b, kernel, target, dequant, threads)
-    parts = b.slices if isinstance(b, PackedB) else [b[k0:k0 + EXACT_K]
-                                                      for k0 in range(0, k, EXACT_K)]
+    parts = b.slices if isinstance(b, PackedB) else [b[s] for s in slices]
     c = None
-    for i, part in enumerate(parts):
+    for i, (s, part) in enumerate(zip(slices, parts, strict=True)):
         # The bias joins the first slice only; the int32 sums wrap (np.add does) like NumPy's.
         dq = dequant if dequant is None or i == 0 else (*dequant[:2], np.zeros_like(dequant[2]))
-        y = _DRIVERS[kernel.driver](a[:, i * EXACT_K:(i + 1) * EXACT_K], part, kernel, target,
-                                    dq, threads)
+        y = _DRIVERS[kernel.driver](a[:, s], part, kernel, target, dq, threads)
         c = y if c is None else np.add(c, y, out=c)
     return c
+
+
+def k_slices(kernel: DotKernel, k: int) -> list[slice]:
+    """The K slices an 8-bit product of length `k` runs as (none when one call is exact)."""
+    if kernel.acc_is_float or k <= EXACT_K:
+        return []
+    return [slice(k0, k0 + EXACT_K) for k0 in range(0, k, EXACT_K)]
