@@ -62,7 +62,8 @@ def test_bad_low_precision_calls_raise_tilefold_errors():
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
 @pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 17, 40), (3, 40, 9)), ((40,), (40, 13)),
-                                                  ((5, 40), (40,)), ((2, 1, 7, 40), (3, 40, 5))])
+                                                  ((5, 40), (40,)), ((2, 1, 7, 40), (3, 40, 5)),
+                                                  ((40,), (2, 40, 3)), ((2, 0, 5, 40), (1, 40, 6))])
 def test_half_precision_batched_and_vector_operands(dtype, a_shape, b_shape):
     a = RNG.standard_normal(a_shape).astype(dtype)
     b = RNG.standard_normal(b_shape).astype(dtype)
@@ -72,6 +73,20 @@ def test_half_precision_batched_and_vector_operands(dtype, a_shape, b_shape):
     assert c is out
     scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
     assert_close(c, want, dtype="f32", reduced=40, scale=scale)
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 17, 40), (3, 40, 9)), ((5, 40), (40,)),
+                                                  ((40,), (40,)), ((2, 1, 7, 40), (3, 40, 5)),
+                                                  ((0, 4, 40), (40, 3)),
+                                                  ((2, 0, 5, 40), (1, 40, 6))])
+def test_int8_batched_and_vector_operands(a_shape, b_shape):
+    """np.matmul's shapes on the 8-bit kernels: exact int32, as NumPy's int64 product."""
+    a = RNG.integers(-128, 128, a_shape, dtype=np.int8)
+    b = RNG.integers(-128, 128, b_shape, dtype=np.int8)
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    got = tf.matmul(a, b)
+    assert got.dtype == np.int32 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])

@@ -101,7 +101,7 @@ def matmul(
         # Pre-packed B is f32 panels whatever it was packed from: A's dtype decides.
         src = _source(a.dtype, a.dtype if packed else b.dtype)
         if src is None:
-            if not packed and b.ndim == 2 and has_lowp_kernel(a.dtype, b.dtype):
+            if not packed and has_lowp_kernel(a.dtype, b.dtype):
                 return _lowp(a, b, out, threads)
             return _extern(a, b, out, packed)
         entry = _plan(a, b, out, threads or thread_pool().size, packed, src)
@@ -151,8 +151,10 @@ def _lowp(a, b, out, threads: int | None) -> np.ndarray:
                 f"shape {list(b.shape)} along axis {b.axis}; use tilefold.quant."
                 "quantized_matmul for torch-style [N, K] weights")
         result = quantized_matmul(a, b, threads=threads)
-    else:
+    elif isinstance(b, PackedB):
         result = matmul_lowp(a, b, threads=threads)
+    else:
+        result = _lowp_pair(a, b, threads)
     if out is None:
         return result
     if out.shape != result.shape or out.dtype != result.dtype:
@@ -160,6 +162,31 @@ def _lowp(a, b, out, threads: int | None) -> np.ndarray:
                          f"operands, got {out.dtype}{list(out.shape)}")
     out[...] = result
     return out
+
+
+def _lowp_pair(a: np.ndarray, b: np.ndarray, threads: int | None) -> np.ndarray:
+    """np.matmul's shapes on `matmul_lowp` (whose B is one [K, N] matrix): a 1-D operand gains
+    a unit dim the result drops, A's batch dims ride along its rows, a batched B loops over
+    the broadcast batch."""
+    batch = _check_shapes(a, b)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    if b2.ndim == 2:
+        c = matmul_lowp(a2, b2, threads=threads)
+    else:
+        a3 = np.broadcast_to(a2, (*batch, *a2.shape[-2:]))
+        b3 = np.broadcast_to(b2, (*batch, *b2.shape[-2:]))
+        m, (k, n) = a2.shape[-2], b2.shape[-2:]
+        if math.prod(batch):
+            mats = [matmul_lowp(a3[i], b3[i], threads=threads) for i in np.ndindex(*batch)]
+            c = np.stack(mats)
+        else:  # an empty batch: the result's dtype from an empty product
+            dtype = matmul_lowp(np.zeros((0, k), a.dtype), np.zeros((k, n), b.dtype)).dtype
+            c = np.empty((0, m, n), dtype)
+        c = c.reshape(*batch, m, n)
+    if a.ndim == 1:
+        c = c[..., 0, :]
+    return c[..., 0] if b.ndim == 1 else c
 
 
 def _extern(a, b, out, packed: bool) -> np.ndarray:

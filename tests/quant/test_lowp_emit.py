@@ -1,6 +1,6 @@
 """Every low-precision driver path emits working assembly for every registered ISA it serves.
 
-This host (AVX2) cannot run the AVX-512, VNNI, BF16 or AMX kernels, so their modules are
+The host may lack the AVX-512, VNNI, BF16 or AMX kernels' ISA, so their modules are
 compiled for named targets that have them and the assembly is checked for each registry row's
 instruction, in its micro-kernel's inner loop, with nothing spilled to the stack there.
 """
@@ -25,9 +25,10 @@ INSTRUCTION = {"dpbf16": "vdpbf16ps", "dpbf16_fma": "vfmadd231ps", "dpf16_fma": 
 
 
 def target_of(kernel):
-    """The first named target whose family chain reaches `kernel`'s family and that has its
-    features (the row's own family where that has them)."""
-    for name in target_names():
+    """The first table target whose family chain reaches `kernel`'s family and that has its
+    features (the row's own family where that has them; never the host, whose extra
+    features, e.g. AVX-VNNI folding vpmaddwd + vpaddd, would change the code checked)."""
+    for name in target_names()[1:]:
         target = named_target(name)
         if kernel.family in target.family and target.has(*kernel.features):
             return target

@@ -6,6 +6,7 @@ import pytest
 
 from tilefold.errors import UnsupportedError
 from tilefold.target import named_target, target_machine, target_names
+from tilefold.target.table import closest_chain
 
 NAMED = [name for name in target_names() if name != "host"]
 
@@ -53,6 +54,17 @@ def test_chips_carry_their_distinctive_features():
     assert (v1.arch, v1.triple.split("-")[0]) == ("aarch64", "aarch64")
     assert v1.has("neon", "sve", "bf16") and v1.vector_registers == 32
     assert named_target("apple-m1").has("neon") and not named_target("apple-m1").has("sve")
+
+
+def test_an_unnamed_chip_falls_back_along_the_closest_chip_it_covers():
+    """A hypervisor's CPU model may make LLVM name an AMX Xeon "rocketlake": its features still
+    reach the sapphirerapids rows (AMX); a chip with fewer features gets the plain ISA levels."""
+    spr = named_target("sapphirerapids").features
+    assert closest_chain("x86_64", spr | {"serialize"}) == named_target("sapphirerapids").family
+    v4 = named_target("x86-64-v4").features
+    assert closest_chain("x86_64", v4 | {"avx512vnni"}) == ("x86-64-v4", "x86-64-v3", "generic")
+    assert closest_chain("x86_64", spr - {"amx-tile"})[0] == "x86-64-v4"
+    assert closest_chain("aarch64", named_target("neoverse-v1").features)[0] == "neoverse-v1"
 
 
 def test_unknown_name_lists_the_known_ones():

@@ -14,8 +14,8 @@ from tilefold.errors import UnsupportedError
 from tilefold.target.host_cpu import host_cpu
 from tilefold.target.table import (
     ARCH_TRIPLES,
+    closest_chain,
     has_entry,
-    isa_levels,
     table_entry,
     target_names,
 )
@@ -68,8 +68,9 @@ def _cache_sizes() -> dict[str, int]:
 
 
 def _host_family(name: str, arch: str, features: frozenset[str]) -> tuple[str, ...]:
-    """The host's fallback chain: its table chain if it is a known chip, else the ISA levels."""
-    chain = table_entry(name).family[1:] if has_entry(name) else isa_levels(arch)
+    """The host's fallback chain: its table chain if it is a known chip, else the chain of the
+    closest chip it has every feature of, else the ISA levels."""
+    chain = table_entry(name).family[1:] if has_entry(name) else closest_chain(arch, features)
     runnable = [n for n in chain if table_entry(n).features <= features]
     return (name, *runnable)
 

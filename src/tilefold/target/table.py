@@ -110,6 +110,18 @@ def table_entry(name: str) -> Target:
     )
 
 
+def closest_chain(arch: str, features: frozenset[str]) -> tuple[str, ...]:
+    """The fallback chain of a chip the table does not name: that of the table's chip with the
+    most features, all of which it has (a hypervisor may report a CPU model LLVM names after
+    an older chip, e.g. an AMX Xeon as "rocketlake"), else the plain ISA levels."""
+    chips = [name for name, row in _ROWS.items()
+             if name not in _ISA_LEVELS and row[1] == arch
+             and table_entry(name).features <= features]
+    if not chips:
+        return tuple(isa_levels(arch))
+    return table_entry(max(chips, key=lambda name: len(table_entry(name).features))).family
+
+
 def isa_levels(arch: str) -> list[str]:
     """The plain ISA levels of `arch`, widest first: what an unknown host chip falls back to."""
     return [n for n in _ISA_LEVELS if _ROWS[n][1] in (arch, "-")]
