@@ -7,7 +7,7 @@ import functools
 import logging
 import platform
 
-from tilefold.target.host import host_target
+from tilefold.target.host_cpu import host_cpu
 
 log = logging.getLogger("tilefold.target")
 
@@ -21,9 +21,10 @@ def enable_amx() -> bool:
     """Request AMX tile-data permission for this process; True when AMX code may now run.
 
     Without it the first tile instruction kills the process with SIGILL. `compile_llvm_ir`
-    calls it for modules that use AMX intrinsics; later calls are free.
+    calls it for modules that use AMX intrinsics; later calls are free. The real CPU decides,
+    not a `TILEFOLD_HOST` narrowing: a named AMX target may still run on this machine.
     """
-    if platform.system() != "Linux" or not host_target().has("amx-tile"):
+    if platform.system() != "Linux" or "amx-tile" not in host_cpu().features:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
