@@ -1,6 +1,7 @@
-"""Row kernels that sweep a row more than once (norms, softmax) prefetch the next row during the
-last sweep: chosen by the schedule for those kernels only, present in the code, harmless past
-the end of the data (a prefetch never faults), and the results still equal float64 NumPy."""
+"""Row kernels that sweep a row more than once (norms, softmax) prefetch a later row during
+the sweep before the last: chosen by the schedule for those kernels only, present in the code,
+harmless past the end of the data (a prefetch never faults), and the results still equal
+float64 NumPy."""
 
 from __future__ import annotations
 

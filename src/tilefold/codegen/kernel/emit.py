@@ -15,7 +15,12 @@ from llvmlite import ir
 
 from tilefold.codegen.kernel import ir as kir
 from tilefold.codegen.kernel import memory
-from tilefold.codegen.kernel.schedule import Schedule, final_stores, last_sweep
+from tilefold.codegen.kernel.schedule import (
+    PREFETCH_ROWS,
+    Schedule,
+    final_stores,
+    prefetching_sweep,
+)
 from tilefold.codegen.llvm_util import for_range, intrinsic, lane_mask, prefetch, splat
 from tilefold.codegen.vecmath import MATH_FUNCTIONS, emit_math, emit_math_parts
 
@@ -56,7 +61,7 @@ class _Emitter(kir.StmtVisitor):
         self.k = kernel
         self.s = schedule
         self.streamed = final_stores(kernel) if schedule.streaming_stores else set()
-        self.prefetching_loop = last_sweep(kernel, schedule)
+        self.prefetching_loop = prefetching_sweep(kernel, schedule)
         self.prefetching = False
         self.w = schedule.vector_width
         self.fn = fn
@@ -134,7 +139,7 @@ class _Emitter(kir.StmtVisitor):
                 self._accumulate(red, accs[red.name], self.expr(red.value))
 
         scalar_axes = [a for a in loop.axes if a != self.s.vector_axis]
-        enclosing = self.prefetching  # a loop nested in the last sweep keeps prefetching
+        enclosing = self.prefetching  # a loop nested in the prefetching sweep keeps on
         self.prefetching = enclosing or loop is self.prefetching_loop
         self._nest(scalar_axes, body if not vector_here else lambda: self._vector_loop(body))
         self.prefetching = enclosing
@@ -259,13 +264,14 @@ class _Emitter(kir.StmtVisitor):
         return tuple(self._gather(buffer, offset, k) for k in range(self.lanes.parts))
 
     def _prefetch_next_row(self, buffer: str, offset: ir.Value, dtype: str) -> None:
-        """Prefetch what this full vector step loads, one step further along the prefetch
-        axis: one prefetch per cache line (a prefetch never faults, even past the end)."""
+        """Prefetch what this full vector step loads, `PREFETCH_ROWS` steps further along the
+        prefetch axis: one prefetch per cache line (a prefetch never faults, even past the
+        end)."""
         stride = self.stride[(buffer, self.s.prefetch_axis)]
         if isinstance(stride, ir.Constant) and stride.constant == 0:
             return  # the same row for every step (a weight): already in cache
         b = self.b
-        ahead = b.add(offset, stride)
+        ahead = b.add(offset, b.mul(stride, ir.Constant(I64, PREFETCH_ROWS)))
         step_elements = self.w * self.lanes.parts
         per_line = max(LINE_BYTES // memory.element_size(dtype), 1)
         for k in range(0, step_elements, per_line):
