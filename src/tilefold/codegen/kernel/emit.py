@@ -255,7 +255,7 @@ class _Emitter(kir.StmtVisitor):
         offset = self._offset(buffer, skip_vector=False)
         if self._vector_stride(buffer) == 1:
             if self.prefetching and self.lanes.mask is None:
-                self._prefetch_next_row(buffer, offset, dtype)
+                self._prefetch_ahead(buffer, offset, dtype)
             return tuple(
                 memory.load_vector(b, b.gep(base, [b.add(offset, ir.Constant(I64, k * self.w))]),
                                    dtype, self.w, self.lanes.mask)
@@ -263,7 +263,7 @@ class _Emitter(kir.StmtVisitor):
             )
         return tuple(self._gather(buffer, offset, k) for k in range(self.lanes.parts))
 
-    def _prefetch_next_row(self, buffer: str, offset: ir.Value, dtype: str) -> None:
+    def _prefetch_ahead(self, buffer: str, offset: ir.Value, dtype: str) -> None:
         """Prefetch what this full vector step loads, `PREFETCH_ROWS` steps further along the
         prefetch axis: one prefetch per cache line (a prefetch never faults, even past the
         end)."""

@@ -31,8 +31,8 @@ class Schedule:
     from memory, the later ones compute on it in L1 while nothing would stream, and the
     prefetch keeps memory busy meanwhile. Zen 1, prefetching one row ahead in the last sweep:
     layer_norm and rms_norm 1.2-1.3x on 10 MiB. Xeon (AVX-512), 512 MiB read from DRAM, 1
-    thread, against the last sweep one row ahead: rms_norm 12.3 -> 16.1 GB/s, layer_norm 11.6
-    -> 15.6, softmax 8.6 -> 11.3 (its max sweep, too quick to hide a row's fetch, 8.7)."""
+    thread, against the last sweep one row ahead: rms_norm 12.3 -> 15.5 GB/s, layer_norm 11.6
+    -> 14.7, softmax 8.6 -> 11.3 (from its max sweep, too quick to hide a row's fetch, 8.7)."""
 
     vector_axis: str | None
     vector_width: int = 1
