@@ -14,7 +14,6 @@ import pytest
 
 from tests.quant.levels import LEVELS, target_for
 from tests.tolerances import assert_close
-from tilefold.codegen.gemm.abi import aligned_empty
 from tilefold.codegen.gemm.blocking import derive_tile_blocking
 from tilefold.codegen.lowp import kernels as lowp_kernels
 from tilefold.codegen.lowp.dotpack import EXACT_K, PackedB, run_native
@@ -28,6 +27,7 @@ from tilefold.codegen.lowp.kernels import (
 from tilefold.quant import matmul_lowp, prepack_lowp
 from tilefold.quant.accuracy import matmul_bound
 from tilefold.runtime import emit_assembly
+from tilefold.runtime.buffers import aligned_empty
 from tilefold.target import named_target
 
 # (M, K, N): single elements, edges of every tile and panel, 2+ K blocks of the vector kernels,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
-import math
 import threading
 from collections.abc import Callable
 
@@ -22,6 +21,7 @@ from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
 from tilefold.runtime import CompiledModule, compile_llvm_ir
+from tilefold.runtime.buffers import aligned_empty
 from tilefold.target import Target
 
 WORKER_TYPE = ir.FunctionType(u.void, [u.i8.as_pointer(), u.i32, u.i32])
@@ -30,8 +30,6 @@ _I64P = u.i64.as_pointer()
 _I8P = u.i8.as_pointer()
 _P = ctypes.c_void_p
 _OBJ = ctypes.py_object
-# Cache-line alignment for buffers the kernels stream (packed panels, workspaces).
-ALIGN = 64
 
 
 class ParamBlock(enum.IntEnum):
@@ -56,15 +54,6 @@ def _data_offset() -> int:
 
 
 DATA_OFFSET = _data_offset()
-
-
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
-    """An uninitialized array whose data starts on a 64-byte boundary (NumPy only promises 16)."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 class _Workspace(threading.local):

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefold.codegen.backend.base import Backend, get_backend
-from tilefold.codegen.gemm.abi import aligned_empty
 from tilefold.codegen.kernel.emit import param_layout
 from tilefold.codegen.kernel.from_graph import (
     Group,
@@ -32,6 +31,7 @@ from tilefold.ir import Block, Function, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
 from tilefold.runtime import num_threads
+from tilefold.runtime.buffers import aligned_empty
 from tilefold.target import Target, host_target
 
 

@@ -16,20 +16,14 @@ import math
 
 import numpy as np
 
-from tilefold.codegen.gemm.abi import (
-    ALIGN,
-    DATA_OFFSET,
-    Entries,
-    NativePlan,
-    aligned_empty,
-    compiled_entries,
-)
+from tilefold.codegen.gemm.abi import DATA_OFFSET, Entries, NativePlan, compiled_entries
 from tilefold.codegen.gemm.blocking import derive_tile_blocking
 from tilefold.codegen.lowp.driver import ENTRY, LParam, lowp_gemm_ir
 from tilefold.codegen.lowp.kernels import CHUNK_WORDS, DotKernel
 from tilefold.codegen.lowp.packgen import PACK_B_ENTRY, pack_b_ir
 from tilefold.codegen.lowp.widened import prepack_widened, run_widened
 from tilefold.runtime import compile_llvm_ir, num_threads
+from tilefold.runtime.buffers import ALIGN, aligned_empty
 from tilefold.target import Target
 
 _P = ctypes.c_void_p

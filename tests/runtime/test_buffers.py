@@ -1,0 +1,81 @@
+"""The pool of large aligned buffers: a block comes back only when no view of its array lives."""
+
+import dataclasses
+import gc
+
+import numpy as np
+import pytest
+
+from tests.tolerances import assert_close
+from tilefold.runtime import buffers
+from tilefold.runtime.buffers import ALIGN, POOL_MIN, aligned_empty, idle_bytes
+
+
+@pytest.mark.parametrize("shape, dtype", [((0,), np.float32), ((7, 3), np.int8),
+                                          ((POOL_MIN // 4 + 13,), np.float32),
+                                          ((3, 517, 1031), np.float64)])
+def test_arrays_are_aligned_contiguous_and_writable(shape, dtype):
+    a = aligned_empty(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype
+    assert a.flags.c_contiguous and a.flags.writeable
+    assert a.size == 0 or a.ctypes.data % ALIGN == 0  # an empty array points nowhere
+    a[...] = 3
+    assert np.all(a == 3)
+
+
+def test_a_block_is_reused_only_after_every_view_died():
+    gc.collect()
+    a = aligned_empty((1024, 1024), np.float32)
+    address = a.ctypes.data
+    view = a[5:, 1:]
+    view[...] = 7.0
+    del a
+    b = aligned_empty((1024, 1024), np.float32)  # the view keeps a's block
+    assert not np.shares_memory(b, view) and b.ctypes.data != address
+    b[...] = -1.0
+    assert np.all(view == 7.0)
+    del view
+    c = aligned_empty((1024, 1024), np.float32)
+    assert c.ctypes.data == address
+    assert not np.shares_memory(b, c)
+
+
+def test_small_arrays_are_not_pooled():
+    before = idle_bytes()
+    a = aligned_empty((POOL_MIN // 8,), np.float32)
+    del a
+    assert idle_bytes() == before
+
+
+def test_idle_blocks_are_capped(monkeypatch):
+    monkeypatch.setattr(buffers, "POOL_IDLE_BYTES", 3 * POOL_MIN)
+    arrays = [aligned_empty((POOL_MIN // 4 * n,), np.float32) for n in (1, 2, 3, 4)]
+    del arrays
+    aligned_empty((1,), np.uint8)
+    assert idle_bytes() > 0
+    aligned_empty((POOL_MIN,), np.uint8)  # files the returned blocks, trims to the cap
+    assert buffers._idle_bytes <= 3 * POOL_MIN
+
+
+def test_a_streamed_output_kept_alive_is_not_overwritten_by_the_next_call():
+    """A host whose L3 is 64 KiB streams a 2 MiB softmax into pooled outputs: the first
+    call's output, still alive, keeps its values through the second call."""
+    from tilefold.codegen.kernel import compile_group
+    from tilefold.ir import functional as F
+    from tilefold.ir import trace
+    from tilefold.target import host_target
+
+    shape = (512, 1024)
+    small = dataclasses.replace(host_target(), l3_bytes=64 << 10)
+    run = compile_group(trace(lambda v: F.softmax(v, axis=-1), ("x", "f32", shape))["main"],
+                        small)
+    rng = np.random.default_rng(3)
+    x1, x2 = (rng.standard_normal(shape, dtype=np.float32) for _ in range(2))
+    (y1,) = run(x1)
+    assert type(y1.base).__name__ == "_Lease"
+    (y2,) = run(x2)
+    del y2
+    (y3,) = run(x2)
+    for x, y in ((x1, y1), (x2, y3)):
+        e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+        assert_close(y, e / e.sum(-1, keepdims=True), dtype="f32", reduced=shape[-1])
