@@ -22,8 +22,9 @@ _ARITH = dict.fromkeys(("add", "sub", "mul", "div", "max", "min"), Primitive(2))
 _LOGIC = dict.fromkeys(("lt", "le", "gt", "ge", "eq", "ne", "and", "or"), Primitive(2, True))
 _CHEAP = dict.fromkeys(("neg", "abs", "sqrt", "rsqrt", "reciprocal", "relu", "floor",
                         "round_bf16", "round_f16"), Primitive(1))
-_MATH = dict.fromkeys(("exp", "log", "tanh", "erf", "sigmoid", "silu", "gelu", "gelu_tanh",
-                       "sin", "cos"), Primitive(1, expensive=True))
+# exp_nonpositive: e**x for x <= 0 only (softmax's x - max), half of exp's work
+_MATH = dict.fromkeys(("exp", "exp_nonpositive", "log", "tanh", "erf", "sigmoid", "silu", "gelu",
+                       "gelu_tanh", "sin", "cos"), Primitive(1, expensive=True))
 
 PRIMITIVES: dict[str, Primitive] = {
     **_ARITH, **_LOGIC, **_CHEAP, **_MATH,

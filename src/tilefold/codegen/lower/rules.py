@@ -112,15 +112,17 @@ def _mean(cx: Context, op: Operation, xs: list) -> Any:
 
 
 def _softmax(cx: Context, op: Operation, xs: list) -> Any:
-    # exp(x - max) / sum: one division per row, a product per element
+    # exp(x - max) / sum: one division per row, a product per element; x - max <= 0
     shifted = cx.call("sub", xs[0], cx.reduce(op, "max", xs[0]))
-    total = cx.reduce(op, "sum", cx.call("exp", shifted))
-    return cx.call("mul", cx.call("exp", shifted), cx.call("div", cx.const(1.0), total))
+    total = cx.reduce(op, "sum", cx.call("exp_nonpositive", shifted))
+    return cx.call("mul", cx.call("exp_nonpositive", shifted),
+                   cx.call("div", cx.const(1.0), total))
 
 
 def _log_softmax(cx: Context, op: Operation, xs: list) -> Any:
     shifted = cx.call("sub", xs[0], cx.reduce(op, "max", xs[0]))
-    return cx.call("sub", shifted, cx.call("log", cx.reduce(op, "sum", cx.call("exp", shifted))))
+    total = cx.reduce(op, "sum", cx.call("exp_nonpositive", shifted))
+    return cx.call("sub", shifted, cx.call("log", total))
 
 
 def _rstd(cx: Context, op: Operation, square_sum: Any) -> Any:

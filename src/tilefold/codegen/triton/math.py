@@ -43,6 +43,7 @@ PRIMITIVE_FORMS: dict[str, str] = {
     "round_bf16": "_tf_round_bf16({0})",      # bit arithmetic: no bf16 in the interpreter
     "round_f16": "{0}.to(tl.float16).to(tl.float32)",
     "exp": "_tf_exp({0})",
+    "exp_nonpositive": "_tf_exp({0})",
     "log": "tl.log({0})",
     "tanh": "_tf_tanh({0})",
     "erf": "tl.erf({0})",

@@ -15,7 +15,7 @@ from llvmlite import ir
 
 from tilefold.codegen.vecmath.builder import MathBuilder
 from tilefold.codegen.vecmath.erf import erf, gelu
-from tilefold.codegen.vecmath.exp_log import exp, log
+from tilefold.codegen.vecmath.exp_log import exp, exp_nonpositive, log
 from tilefold.codegen.vecmath.logistic import gelu_tanh, sigmoid, silu, tanh
 
 Emitter = Callable[[MathBuilder, ir.Value], ir.Value]
@@ -28,6 +28,7 @@ def _rsqrt(m: MathBuilder, x: ir.Value) -> ir.Value:
 
 MATH_FUNCTIONS: dict[str, Emitter] = {
     "exp": exp,
+    "exp_nonpositive": exp_nonpositive,
     "log": log,
     "tanh": tanh,
     "erf": erf,
@@ -38,9 +39,14 @@ MATH_FUNCTIONS: dict[str, Emitter] = {
     "rsqrt": _rsqrt,
 }
 
+# Functions defined on part of the line only: name -> where (callers guarantee it).
+# exp_nonpositive gives 0 where e**x is subnormal (an absolute error under 2**-126).
+RESTRICTED: dict[str, str] = {"exp_nonpositive": "x <= 0"}
+
 # Max error in ULPs of the f32 result (distance to the exact value, ulp of the exact value).
 ULP_BOUNDS: dict[str, float] = {
     "exp": 1.0,
+    "exp_nonpositive": 1.0,  # where e**x is normal; on x <= 0 only (see RESTRICTED)
     "log": 1.0,
     "tanh": 1.5,
     "erf": 2.5,
@@ -93,5 +99,5 @@ def _lanes_from(first: int, count: int) -> ir.Constant:
     return ir.Constant(ir.VectorType(ir.IntType(32), count), list(range(first, first + count)))
 
 
-__all__ = ["MATH_FUNCTIONS", "MATH_VECTORS", "ULP_BOUNDS", "MathBuilder", "emit_math",
+__all__ = ["MATH_FUNCTIONS", "MATH_VECTORS", "RESTRICTED", "ULP_BOUNDS", "MathBuilder", "emit_math",
            "emit_math_parts"]
