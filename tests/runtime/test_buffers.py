@@ -54,7 +54,7 @@ def test_idle_blocks_are_capped(monkeypatch):
     aligned_empty((1,), np.uint8)
     assert idle_bytes() > 0
     aligned_empty((POOL_MIN,), np.uint8)  # files the returned blocks, trims to the cap
-    assert buffers._idle_bytes <= 3 * POOL_MIN
+    assert idle_bytes() <= 3 * POOL_MIN
 
 
 def test_a_streamed_output_kept_alive_is_not_overwritten_by_the_next_call():

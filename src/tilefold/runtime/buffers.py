@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 
 import numpy as np
 
@@ -25,8 +25,7 @@ POOL_IDLE_BYTES = 512 << 20
 _PAGE = 1 << 16  # pooled sizes are rounded up to this, so near sizes share blocks
 
 _lock = threading.Lock()
-_idle: OrderedDict[int, list[np.ndarray]] = OrderedDict()  # size -> raw blocks, oldest first
-_idle_bytes = 0
+_idle: list[np.ndarray] = []  # raw blocks no array uses, oldest first
 # A finalizer may run anywhere (in another thread, or in a collection inside `_acquire`), so it
 # only appends here (atomic, no lock); `_acquire` files the returned blocks under the lock.
 _returned: deque[np.ndarray] = deque()
@@ -48,26 +47,15 @@ class _Lease:
 
 
 def _acquire(size: int) -> np.ndarray:
-    global _idle_bytes
+    """The newest idle block of `size` bytes, or a new one."""
     with _lock:
         while _returned:
-            block = _returned.popleft()
-            _idle.setdefault(block.nbytes, []).append(block)
-            _idle.move_to_end(block.nbytes)
-            _idle_bytes += block.nbytes
-        while _idle_bytes > POOL_IDLE_BYTES:
-            oldest, blocks = next(iter(_idle.items()))
-            blocks.pop(0)
-            _idle_bytes -= oldest
-            if not blocks:
-                del _idle[oldest]
-        blocks = _idle.get(size)
-        if blocks:
-            _idle_bytes -= size
-            block = blocks.pop()
-            if not blocks:
-                del _idle[size]
-            return block
+            _idle.append(_returned.popleft())
+        while sum(block.nbytes for block in _idle) > POOL_IDLE_BYTES:
+            _idle.pop(0)
+        for i in range(len(_idle) - 1, -1, -1):
+            if _idle[i].nbytes == size:
+                return _idle.pop(i)
     return np.empty(size, np.uint8)
 
 
@@ -88,4 +76,4 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
 def idle_bytes() -> int:
     """Bytes of pooled blocks no array uses now (filed or just returned)."""
     with _lock:
-        return _idle_bytes + sum(block.nbytes for block in list(_returned))
+        return sum(block.nbytes for block in [*_idle, *_returned])

@@ -87,11 +87,12 @@ def model_blocking(target: Target, kernel: Tile, itemsize: int = 4,
     if kernel.a_in_l1:
         kc = _round_down(target.l1d_bytes // 6 // (kernel.mr * itemsize), 16)
         b_bytes = target.l2_bytes * 3 // 8
+        a_share = 2
     else:
         kc = _round_down(target.l1d_bytes // (kernel.nr * itemsize), 16)
         b_bytes = min(target.l3_bytes // 4, 8 << 20)
+        a_share = 3 if kernel.a_direct else 1
     a_kc = kc if k is None else min(kc, k)
-    a_share = (3 if kernel.a_direct else 1) if not kernel.a_in_l1 else 2
     mc = _round_down(target.l2_bytes // a_share // (a_kc * itemsize), kernel.mr)
     nc = _round_down(b_bytes // (kc * itemsize), kernel.nr)
     return Blocking(mc=mc, kc=kc, nc=nc)

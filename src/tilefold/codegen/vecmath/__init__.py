@@ -39,9 +39,9 @@ MATH_FUNCTIONS: dict[str, Emitter] = {
     "rsqrt": _rsqrt,
 }
 
-# Functions defined on part of the line only: name -> where (callers guarantee it).
-# exp_nonpositive gives 0 where e**x is subnormal (an absolute error under 2**-126).
-RESTRICTED: dict[str, str] = {"exp_nonpositive": "x <= 0"}
+# Functions defined on part of the line only (callers guarantee the domain): exp_nonpositive
+# on x <= 0, where it gives 0 for a subnormal e**x (an absolute error under 2**-126).
+RESTRICTED = frozenset({"exp_nonpositive"})
 
 # Max error in ULPs of the f32 result (distance to the exact value, ulp of the exact value).
 ULP_BOUNDS: dict[str, float] = {
