@@ -45,6 +45,32 @@ def test_expert_softmax_rows_with_tails(n):
     _check(text, "handwritten.softmax", f32(9, n, scale=8))
 
 
+@pytest.mark.parametrize("n", [517, 512])
+def test_expert_softmax_streams_past_the_cache(n):
+    """On a host whose L3 is 64 KiB, a 600-row softmax stores around the cache (vmovnt* in
+    its code), prefetches rows ahead, splits its rows over two threads (each with its own
+    scratch row on its stack), and matches float64 NumPy, also into an output 4 bytes off
+    alignment (those stores stay ordinary)."""
+    import dataclasses
+
+    from tests.tolerances import assert_close
+    from tilefold.codegen.cpu.softmax import softmax_kernel
+
+    target = dataclasses.replace(context().target, l3_bytes=64 << 10)
+    kernel = softmax_kernel(f"tf_softmax_stream{n}", 600, n, target, 2)
+    asm = kernel.assembly()
+    assert "movntps" in asm and "prefetcht0" in asm
+    x = f32(600, n, scale=6)
+    want = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    for offset in (0, 1):
+        y = np.full(x.size + 16, np.nan, np.float32)
+        start = (-y.ctypes.data // 4) % 16 + offset  # 64-byte aligned, then `offset` floats
+        out = y[start:start + x.size].reshape(x.shape)
+        kernel.function(x, out)
+        assert_close(out, want, dtype="f32", reduced=n)
+
+
 @pytest.mark.parametrize(("ops", "extra"), [
     ("%1 = add(%0, %b) : f32[5,100]\n %2 = gelu(%1) {approximate = \"tanh\"} : f32[5,100]", ""),
     ("%1 = add(%0, %r) : f32[5,100]\n %2 = layer_norm(%1, %w, %b) : f32[5,100]", ""),

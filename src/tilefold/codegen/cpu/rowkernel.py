@@ -65,9 +65,12 @@ def row_range(b: ir.IRBuilder, rows: int, tid: ir.Value, nth: ir.Value) -> tuple
 
 def emit_row_kernel(module: ir.Module, name: str, nargs: int, rows: int, threads: int,
                     body: Callable[[ir.IRBuilder, list[ir.Value], ir.Value, Any], None],
-                    setup: Callable[[ir.IRBuilder], Any] = lambda b: None) -> None:
+                    setup: Callable[[ir.IRBuilder], Any] = lambda b: None,
+                    streaming: bool = False) -> None:
     """Add `name(a0..an)` running `body(builder, data_pointers, row, state)` for every row;
-    `state = setup(builder)` is made once per thread (e.g. row buffers on its stack)."""
+    `state = setup(builder)` is made once per thread (e.g. row buffers on its stack).
+    `streaming`: the body stores non-temporally, so each thread drains its stores at the end
+    (they are weakly ordered)."""
     if DATA_OFFSET < 0:
         raise UnsupportedError("this Python keeps NumPy data pointers where tilefold cannot read "
                                "them; native kernels are unavailable (extern still works)")
@@ -81,6 +84,8 @@ def emit_row_kernel(module: ir.Module, name: str, nargs: int, rows: int, threads
     r0, r1 = row_range(b, rows, tid, nth)
     with u.for_range(b, r0, r1, name="row") as row:
         body(b, ptrs, row, state)
+    if streaming:
+        b.fence("seq_cst")
     b.ret_void()
 
     i8p = u.i8.as_pointer()

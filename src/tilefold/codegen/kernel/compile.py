@@ -23,7 +23,7 @@ from tilefold.codegen.kernel.from_graph import (
     element_strides,
     make_layout,
 )
-from tilefold.codegen.kernel.ir import Kernel
+from tilefold.codegen.kernel.ir import Buffer, Kernel
 from tilefold.codegen.kernel.printer import print_kernel
 from tilefold.codegen.kernel.schedule import Schedule, choose_schedule
 from tilefold.errors import ShapeError, UnsupportedError
@@ -52,6 +52,7 @@ class _Plan:
     nthreads: int
     copy_inputs: bool
     streaming: bool  # outputs past the last-level cache: stored around it, allocated aligned
+    scratch: tuple[int, ...]  # elements of each scratch buffer, all threads' slices
 
 
 def lower_group(group: Function | Block, target: Target | None = None) -> tuple[Kernel, Schedule]:
@@ -100,9 +101,10 @@ class CompiledGroup:
             ):
                 raise ShapeError(f"@{self.group.name}: out must be writable C-contiguous "
                                  f"arrays of {[f'{d}{list(s)}' for s, d in plan.outputs]}")
+        scratch = [aligned_empty((n,), np.float32) for n in plan.scratch]  # per call: reentrant
         # ids of live arrays: the `.arrays` entry reads each one's data pointer
-        plan.cfunc(*map(id, arrays), *plan.consts, *map(id, outs), plan.params_ptr,
-                   plan.nthreads)
+        plan.cfunc(*map(id, arrays), *plan.consts, *map(id, outs), *map(id, scratch),
+                   plan.params_ptr, plan.nthreads)
         return outs
 
     def kernel_text(self, *arrays: np.ndarray) -> str:
@@ -123,10 +125,17 @@ class CompiledGroup:
         compiled = self._compiled.get((layout, streaming))
         if compiled is None:
             # A streamed output is not stashed into (softmax's exp stored, then reloaded): the
-            # non-temporal final store would first evict the line the stash made dirty (on the
-            # Xeon, softmax past L3 ran at 3.9 GB/s so, 1 thread); recomputing exp is cheaper.
-            kernel = self.group.kernel(layout, stash=not streaming)
+            # stash's store reads the line from memory first and the non-temporal final store
+            # then evicts it (on the Xeon, softmax past L3 ran at 3.9 GB/s so, 1 thread). The
+            # stash goes to a scratch row instead, which stays in L1 (znver3 softmax
+            # 5120x2048, 1 thread: 6.5 GB/s recomputing exp -> 11.7); when the vector axis
+            # is not the row's, exp is recomputed.
+            kernel = self.group.kernel(layout, stash="scratch" if streaming else "output")
             schedule = choose_schedule(kernel, self.target).check(kernel)
+            if any(b.scratch and kernel.stride(b.name, schedule.vector_axis) == 0
+                   for b in kernel.buffers):
+                kernel = self.group.kernel(layout, stash=None)
+                schedule = choose_schedule(kernel, self.target).check(kernel)
             if streaming:
                 schedule = dataclasses.replace(schedule, streaming_stores=True)
             reason = self.backend.supports(kernel, self.target)
@@ -157,13 +166,20 @@ class CompiledGroup:
         compiled = self._kernel(layout, streaming)
         kernel = compiled.kernel
         values = {("size", a.name): n for a, n in zip(kernel.axes, axis_sizes, strict=True)}
-        for b, st in zip(kernel.buffers, axis_strides, strict=True):
+        scratch = [b for b in kernel.buffers if b.scratch]
+        for b, st in zip(kernel.buffers, axis_strides + [_row(b, axis_sizes) for b in scratch],
+                         strict=True):
             for a, s in zip(kernel.axes, st, strict=True):
                 values[("stride", b.name, a.name)] = s
+        nthreads = self._threads(compiled.schedule, kernel, axis_sizes)
+        slices = {}
+        for b in scratch:  # whole cache lines per thread, so threads never share one
+            elements = math.prod(n for n, s in zip(axis_sizes, b.strides, strict=True) if s != 0)
+            slices[b.name] = values[("slice", b.name)] = -(-elements // 16) * 16
         params = np.array([values[e] for e in param_layout(kernel)] or [0], np.int64)
         plan = _Plan(compiled.cfunc, tuple(map(id, consts)), params,
-                     params.ctypes.data, tuple(outputs),
-                     self._threads(compiled.schedule, kernel, axis_sizes), copy, streaming)
+                     params.ctypes.data, tuple(outputs), nthreads, copy, streaming,
+                     tuple(nthreads * slices[b.name] for b in scratch))
         self._plans[tuple([(a.shape, a.strides, a.dtype) for a in arrays])] = plan
         return plan
 
@@ -175,6 +191,15 @@ class CompiledGroup:
         if schedule.parallel_axis == schedule.vector_axis:
             steps //= schedule.vector_width * schedule.unroll
         return max(1, min(num_threads(), total // schedule.min_elements_per_thread, steps))
+
+
+def _row(buffer: Buffer, axis_sizes: list[int]) -> list[int]:
+    """A scratch buffer's strides: dense over the axes it varies along, 0 along the others."""
+    strides, step = [], 1
+    for n, s in zip(reversed(axis_sizes), reversed(buffer.strides), strict=True):
+        strides.append(0 if s == 0 else step)
+        step *= n if s != 0 else 1
+    return strides[::-1]
 
 
 @dataclass

@@ -33,7 +33,8 @@ Val = ir.Value | tuple  # scalar (uniform) or one vector per unrolled part
 
 
 def param_layout(kernel: kir.Kernel) -> tuple[tuple[str, ...], ...]:
-    """What `params` holds: ("size", axis) for run-time sizes, ("stride", buffer, axis)."""
+    """What `params` holds: ("size", axis) for run-time sizes, ("stride", buffer, axis), and
+    ("slice", buffer): the elements of a scratch buffer each thread has."""
     sizes = [("size", a.name) for a in kernel.axes if a.size is None]
     strides = [
         ("stride", b.name, a.name)
@@ -41,7 +42,8 @@ def param_layout(kernel: kir.Kernel) -> tuple[tuple[str, ...], ...]:
         for a, s in zip(kernel.axes, b.strides, strict=True)
         if s is None
     ]
-    return tuple(sizes + strides)
+    slices = [("slice", b.name) for b in kernel.buffers if b.scratch]
+    return tuple(sizes + strides + slices)
 
 
 @dataclass
@@ -97,6 +99,10 @@ class _Emitter(kir.StmtVisitor):
             for buf in k.buffers
             for a, s in zip(k.axes, buf.strides, strict=True)
         }
+        for buf in k.buffers:  # this thread's slice of a scratch buffer
+            if buf.scratch:
+                start = b.mul(b.sext(tid, I64), loaded[("slice", buf.name)])
+                self.ptr[buf.name] = b.gep(self.ptr[buf.name], [start])
         for a in k.axes:
             self.bounds[a.name] = (ir.Constant(I64, 0), self.size[a.name])
         if self.s.parallel_axis is not None:

@@ -75,9 +75,10 @@ class Group:
     value_classes: dict[Value, tuple[int | None, ...]] = field(default_factory=dict)
     copies: set[Operation] = field(default_factory=set)  # reductions of one element each
 
-    def kernel(self, layout: Layout, stash: bool = True) -> Kernel:
-        """The loop nest for `layout`; `stash` keeps expensive per-element values of the
-        last reduction pass in the output for the final pass (see `_stash`)."""
+    def kernel(self, layout: Layout, stash: str | None = "output") -> Kernel:
+        """The loop nest for `layout`; `stash` ("output", "scratch" or None) says where the
+        expensive per-element values of the last reduction pass wait for the final pass
+        (see `_stash`); None recomputes them."""
         return _build_kernel(self, layout, stash)
 
 
@@ -267,29 +268,39 @@ def _replace(expr: Expr, old: Expr, new: Expr) -> Expr:
     return map_expr(expr, lambda e: new if e == old else None)
 
 
-def _stash(body: list[Stmt], outputs: list[tuple[str, Expr]], buffers: dict[str, Buffer]
-           ) -> list[tuple[str, Expr]]:
+def _stash(body: list[Stmt], outputs: list[tuple[str, Expr]], buffers: dict[str, Buffer],
+           into: str, axes: tuple[str, ...], inner: tuple[str, ...]
+           ) -> tuple[list[tuple[str, Expr]], list[Buffer]]:
     """Store an expensive value the last reduction loop computes (softmax's exp(x - max))
-    into the f32 output it feeds, and read it back in the final loop instead of recomputing
-    it: one transcendental per element instead of two, at the cost of an L1/L2 re-read."""
+    and read it back in the final loop instead of recomputing it: one transcendental per
+    element instead of two, at the cost of an L1/L2 re-read. `into` "output" keeps it in
+    the f32 output it feeds; "scratch" in a row of its own (new buffers, returned), so an
+    output streamed past the caches is written once, never stored and then reloaded."""
     at = max(i for i, st in enumerate(body) if isinstance(st, Loop))
     loop = body[at]
     assert isinstance(loop, Loop)
     computed = {e for r in loop.reductions for e in walk_expr(r.value)}
+    # A row over the inner axes, dense: the last has stride 1, the others run-time ones.
+    row = tuple(0 if a not in inner else 1 if a == inner[-1] else None for a in axes)
     stores = list(loop.body)
-    result = []
+    result, rows = [], {}
     for buf, expr in outputs:
         found = [e for e in walk_expr(expr) if isinstance(e, Call)
                  and e.op in EXPENSIVE_PRIMITIVES and e in computed]
-        if found and buffers[buf].dtype == "f32":
+        if found and into == "scratch":
+            if found[-1] not in rows:
+                rows[found[-1]] = Buffer(f"stash{len(rows)}", "f32", row, scratch=True)
+                stores.append(Store(rows[found[-1]].name, found[-1]))
+            expr = _replace(expr, found[-1], Load(rows[found[-1]].name))
+        elif found and buffers[buf].dtype == "f32":
             stores.append(Store(buf, found[-1]))
             expr = _replace(expr, found[-1], Load(buf))
         result.append((buf, expr))
     body[at] = Loop(loop.axes, tuple(stores), loop.reductions)
-    return result
+    return result, list(rows.values())
 
 
-def _build_kernel(grp: Group, layout: Layout, stash: bool = True) -> Kernel:
+def _build_kernel(grp: Group, layout: Layout, stash: str | None = "output") -> Kernel:
     axes = tuple(Axis(layout.axis_name(i)) for i in range(len(layout.axes)))
     buffers = tuple(
         Buffer(spec.name, spec.dtype, strides, spec.output)
@@ -321,7 +332,9 @@ def _build_kernel(grp: Group, layout: Layout, stash: bool = True) -> Kernel:
     if full:
         hoisted = [(buf, hoister.hoist(e, inner_set, body)) for buf, e in full]
         if stash and levels:
-            hoisted = _stash(body, hoisted, by_name)
+            hoisted, rows = _stash(body, hoisted, by_name, stash, tuple(a.name for a in axes),
+                                   inner)
+            buffers += tuple(rows)
         body.append(Loop(inner, tuple(Store(buf, e) for buf, e in hoisted)))
     body.extend(Store(buf, hoister.hoist(e, set(), body)) for buf, e in partial)
     stmts: tuple[Stmt, ...] = (Loop(outer, tuple(body)),) if outer else tuple(body)

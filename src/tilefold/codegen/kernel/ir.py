@@ -39,10 +39,16 @@ class Axis:
 
 @dataclass(frozen=True)
 class Buffer:
+    """An array the kernel reads (input), writes (output), or writes and reads back (scratch:
+    a row the kernel keeps between two sweeps, with stride 0 along the axes outside the
+    sweep). Scratch memory comes from the caller, one slice per thread: thread t's starts
+    `slice` elements (a run-time parameter) after thread t - 1's."""
+
     name: str
     dtype: str
     strides: tuple[int | None, ...]  # one per kernel axis, in elements; None: run time
     output: bool = False
+    scratch: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,7 +182,7 @@ class Kernel:
 
     @property
     def inputs(self) -> tuple[Buffer, ...]:
-        return tuple(b for b in self.buffers if not b.output)
+        return tuple(b for b in self.buffers if not b.output and not b.scratch)
 
     @property
     def outputs(self) -> tuple[Buffer, ...]:
@@ -233,7 +239,8 @@ def verify_kernel(kernel: Kernel) -> Kernel:
     if len(axes) != len(kernel.axes):
         raise TilefoldError(f"kernel @{kernel.name}: duplicate axis names")
     for buf in kernel.buffers:
-        if len(buf.strides) != len(kernel.axes) or buf.dtype not in DTYPES:
+        if len(buf.strides) != len(kernel.axes) or buf.dtype not in DTYPES or (
+                buf.scratch and buf.output):
             raise TilefoldError(f"kernel @{kernel.name}: bad buffer {buf}")
 
     def check_expr(expr: Expr, scope: set[str], names: set[str], where: str) -> None:
@@ -268,7 +275,8 @@ def verify_kernel(kernel: Kernel) -> Kernel:
                 check_expr(stmt.value, scope, names, f"let {stmt.name}")
                 names.add(stmt.name)
             else:
-                if not kernel.buffer(stmt.buffer).output:
+                written = kernel.buffer(stmt.buffer)
+                if not written.output and not written.scratch:
                     raise TilefoldError(f"kernel @{kernel.name}: store to input {stmt.buffer}")
                 check_access(stmt.buffer, scope, f"store to {stmt.buffer}")
                 check_expr(stmt.value, scope, names, f"store to {stmt.buffer}")

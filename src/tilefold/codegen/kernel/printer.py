@@ -74,7 +74,7 @@ def print_kernel(kernel: k.Kernel, schedule: object | None = None) -> str:
     axes = ", ".join(f"{a.name} < {_size(a.size)}" for a in kernel.axes)
     out = [f"kernel @{kernel.name}({axes}) {{"]
     for buf in kernel.buffers:
-        role = "out" if buf.output else "in "
+        role = "out" if buf.output else "tmp" if buf.scratch else "in "
         strides = ", ".join(_size(s) for s in buf.strides)
         out.append(f"  {role} {buf.name}: {buf.dtype} strides [{strides}]")
     _stmts(kernel.body, kernel, "  ", out)
