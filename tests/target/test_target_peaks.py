@@ -81,8 +81,8 @@ def test_refresh_keeps_the_best_figure_ever_measured(monkeypatch, tmp_path):
     assert peaks._remember(key, measured) == 1e9
 
 
-@pytest.mark.parametrize("streams, unroll", peaks.READ_FORMS)
-def test_read_probe_reads_every_vector_once(streams, unroll):
+@pytest.mark.parametrize("streams, unroll, prefetch", peaks.READ_FORMS)
+def test_read_probe_reads_every_vector_once(streams, unroll, prefetch):
     """The probe's sum over `streams` sections equals NumPy's: no vector skipped or read twice."""
     import ctypes
 
@@ -96,6 +96,6 @@ def test_read_probe_reads_every_vector_once(streams, unroll):
     blocks = 37
     data = np.random.default_rng(0).integers(0, 8, (streams * unroll * blocks, lanes))
     data = data.astype(np.float32)  # small integers: every partial sum exact
-    read = probe_function(read_probe_ir(target, streams, unroll), target, "read",
+    read = probe_function(read_probe_ir(target, streams, unroll, prefetch), target, "read",
                           ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
     assert read(data.ctypes.data, blocks) == data[:, 0].sum()

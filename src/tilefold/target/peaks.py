@@ -180,15 +180,16 @@ def _stream_bytes() -> int:
     return min(512 << 20, memory // 8)
 
 
-# (streams, vectors a stream per iteration) of the read probes; the best rate is the ceiling.
-READ_FORMS = ((1, 8), (4, 2))
+# (streams, vectors a stream per iteration, prefetch bytes ahead) of the read probes; the best
+# rate is the ceiling.
+READ_FORMS = ((1, 8, 0), (4, 2, 0), (1, 8, 512), (4, 2, 512))
 
 
 def _read_rate(target: Target, data: np.ndarray, threads: int, streams: int, unroll: int,
-               ) -> float:
+               prefetch: int) -> float:
     """Bytes/s of `threads` threads each streaming its share of `data` in `streams` sections."""
-    read = probe_function(read_probe_ir(target, streams, unroll), target, "read", ctypes.c_float,
-                          ctypes.c_void_p, ctypes.c_int64)
+    read = probe_function(read_probe_ir(target, streams, unroll, prefetch), target, "read",
+                          ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
     block = target.vector_bits // 8 * unroll * streams  # bytes per loop iteration
     share = data.nbytes // (block * threads) * block
 
@@ -207,13 +208,12 @@ def measured_bandwidth_gbps(threads: int = 1, *, refresh: bool = False) -> float
     """
     threads = _check_threads(threads)
     target = host_target()
-    probes = "".join(read_probe_ir(target, streams, unroll) for streams, unroll in READ_FORMS)
+    probes = "".join(read_probe_ir(target, *form) for form in READ_FORMS)
     key = f"read-bandwidth x{threads} {hashlib.sha256(probes.encode()).hexdigest()[:8]}"
     cached = None if refresh else _recall(key)
     if cached is not None:
         return cached
     data = np.ones(_stream_bytes() // 4, np.float32)  # touched, so pages exist before timing
-    gbps = max(_read_rate(target, data, threads, streams, unroll)
-               for streams, unroll in READ_FORMS) / 1e9
+    gbps = max(_read_rate(target, data, threads, *form) for form in READ_FORMS) / 1e9
     log.info("measured %s: %.1f GB/s", key, gbps)
     return _remember(key, gbps)
