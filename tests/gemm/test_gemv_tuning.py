@@ -23,6 +23,7 @@ from tilefold.codegen.gemm.gemv_config import (
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import GemvPlan, make_plan
 from tilefold.codegen.gemm.tuning import GEMV_STAGES, tune_gemv
+from tilefold.runtime import num_threads
 from tilefold.target import host_target
 
 # every value the search tries, plus panels that are no multiple of the vector width
@@ -63,9 +64,10 @@ def test_a_recorded_gemv_config_is_what_plans_use(store):
     odd = GemvConfig(ahead=32, panel=24)
     assert odd != model_gemv_config(target, GemvMode.AXPY)
     tuned.save_record(target, record_name(GemvMode.AXPY),
-                      {"ahead": odd.ahead, "panel": odd.panel, "model": [64, 0], "speedup": 1.1})
-    assert derive_gemv_config(target, GemvMode.AXPY) == odd
-    assert derive_gemv_config(target, GemvMode.DOT) == model_gemv_config(target, GemvMode.DOT)
+                      {"ahead": odd.ahead, "panel": odd.panel, "model": [64, 0], "speedup": 1.1,
+                       "threads": 1})
+    assert derive_gemv_config(target, GemvMode.AXPY, 1) == odd
+    assert derive_gemv_config(target, GemvMode.DOT, 1) == model_gemv_config(target, GemvMode.DOT)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((1, 333), dtype=np.float32)
     w = rng.standard_normal((333, 101), dtype=np.float32)
@@ -80,25 +82,25 @@ def test_a_recorded_gemv_config_is_what_plans_use(store):
                                  {"ahead": 64}, {"ahead": 64, "panel": 1 << 30}])
 def test_a_gemv_record_that_does_not_fit_is_ignored_with_a_warning(store, bad, caplog):
     target = host_target()
-    tuned.save_record(target, record_name(GemvMode.DOT), bad)
+    tuned.save_record(target, record_name(GemvMode.DOT), {**bad, "threads": 1})
     with caplog.at_level(logging.WARNING, logger="tilefold.tuning"):
-        got = derive_gemv_config(target, GemvMode.DOT)
+        got = derive_gemv_config(target, GemvMode.DOT, 1)
     assert got == model_gemv_config(target, GemvMode.DOT)
     assert "gemv-dot" in caplog.text and "tune --gemm" in caplog.text
 
 
 def test_tuning_records_both_forms_and_info_says_so(store, capsys):
-    target = host_target()
-    outcomes = tune_gemv(target, threads=1, budget_s=0.4, shapes=((300, 200), (77, 1000)))
+    target, threads = host_target(), num_threads()  # what `info` describes
+    outcomes = tune_gemv(target, threads=threads, budget_s=0.4, shapes=((300, 200), (77, 1000)))
     assert sorted(o.kernel for o in outcomes) == ["gemv-axpy", "gemv-dot"]
     data = json.loads(store.read_text())
     for o in outcomes:
-        entry = data["entries"][tuned.record_key(target, o.kernel)]
+        entry = data["entries"][tuned.record_key(target, o.kernel, threads)]
         assert (entry["ahead"], entry["panel"]) == (o.best.ahead, o.best.panel)
         assert o.speedup >= 1.0 and o.candidates > 1
         mode = GemvMode.AXPY if o.kernel == "gemv-axpy" else GemvMode.DOT
-        assert derive_gemv_config(target, mode) == o.best
-    assert tune_gemv(target, budget_s=0.4, missing_only=True) == []
+        assert derive_gemv_config(target, mode, threads) == o.best
+    assert tune_gemv(target, threads=threads, budget_s=0.4, missing_only=True) == []
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "gemv f32 (dot): prefetch" in out and "measured, " in out

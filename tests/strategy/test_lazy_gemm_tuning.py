@@ -12,6 +12,7 @@ from tilefold.codegen.gemm.blocking import derive_blocking
 from tilefold.codegen.gemm.tuning import tuned_kernels
 from tilefold.ir import Builder
 from tilefold.ir import functional as F
+from tilefold.runtime import num_threads
 from tilefold.strategy import autotune
 from tilefold.target import host_target
 
@@ -38,8 +39,8 @@ def _mlp(rng):
 def test_first_tuned_compile_records_every_kernels_blocking(fresh, monkeypatch):
     rng = np.random.default_rng(5)
     module = _mlp(rng)
-    target = host_target()
-    assert all(tuned.tuned_record(target, k.name, k.mr, k.nr) is None
+    target, threads = host_target(), num_threads()  # what a compile plans with
+    assert all(tuned.tuned_record(target, k.name, k.mr, k.nr, threads) is None
                for k in tuned_kernels(target))
     monkeypatch.setenv("TILEFOLD_TUNE", str(2 * autotune.LAZY_MIN_S))
     x = rng.standard_normal((37, 64)).astype(np.float32)
@@ -47,13 +48,13 @@ def test_first_tuned_compile_records_every_kernels_blocking(fresh, monkeypatch):
     (want,) = tf.interpret(module, x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for kern in tuned_kernels(target):
-        record = tuned.tuned_record(target, kern.name, kern.mr, kern.nr)
+        record = tuned.tuned_record(target, kern.name, kern.mr, kern.nr, threads)
         assert record is not None, kern.name
-        assert derive_blocking(target, kern).mc == record["mc"]
+        assert derive_blocking(target, kern, threads).mc == record["mc"]
     # once per process, and a machine already tuned is not tuned again
-    assert autotune.tune_gemm_blocking_once(target, 1, 100.0) == []
+    assert autotune.tune_gemm_blocking_once(target, threads, 100.0) == []
     monkeypatch.setattr(autotune, "_blocking_checked", set())
-    assert autotune.tune_gemm_blocking_once(target, 1, 100.0) == []
+    assert autotune.tune_gemm_blocking_once(target, threads, 100.0) == []
 
 
 def test_a_small_budget_leaves_the_blocking_to_tune_gemm(fresh, monkeypatch):
@@ -61,6 +62,6 @@ def test_a_small_budget_leaves_the_blocking_to_tune_gemm(fresh, monkeypatch):
     rng = np.random.default_rng(6)
     tf.compile(_mlp(rng))(rng.standard_normal((37, 64)).astype(np.float32))
     assert autotune._blocking_checked == set()
-    target = host_target()
-    assert all(tuned.tuned_record(target, k.name, k.mr, k.nr) is None
+    target, threads = host_target(), num_threads()  # what a compile plans with
+    assert all(tuned.tuned_record(target, k.name, k.mr, k.nr, threads) is None
                for k in tuned_kernels(target))

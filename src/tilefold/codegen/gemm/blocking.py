@@ -55,10 +55,11 @@ def balanced_block(extent: int, block: int, unit: int) -> int:
     return min(block, math.ceil(math.ceil(extent / nblocks) / unit) * unit)
 
 
-def derive_blocking(target: Target, kernel: Tile, itemsize: int = 4,
+def derive_blocking(target: Target, kernel: Tile, threads: int, itemsize: int = 4,
                     k: int | None = None) -> Blocking:
-    """The blocking measured best on this machine (`tilefold tune --gemm`), else the model's."""
-    record = tuned_record(target, kernel.name, kernel.mr, kernel.nr)
+    """The blocking measured best on this machine at `threads` threads (`tilefold tune
+    --gemm`), else the model's."""
+    record = tuned_record(target, kernel.name, kernel.mr, kernel.nr, threads)
     if record is not None and record.get("itemsize", 4) == itemsize:
         return Blocking(mc=int(record["mc"]), kc=int(record["kc"]), nc=int(record["nc"]))
     return model_blocking(target, kernel, itemsize, k)

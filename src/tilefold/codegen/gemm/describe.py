@@ -8,18 +8,22 @@ from tilefold.codegen.gemm.gemv import GemvMode
 from tilefold.codegen.gemm.gemv_config import derive_gemv_config, gemv_record
 from tilefold.codegen.gemm.registry import SHAPE_CLASSES, select_microkernel
 from tilefold.codegen.gemm.tuned import tuned_record
+from tilefold.runtime import num_threads
 from tilefold.target import Target, host_target
 
 
-def describe(target: Target | None = None, dtype: str = "f32") -> dict:
-    """For `target` (default: the host), per shape class: the micro-kernel chosen, its tile and
-    the cache blocking it uses, measured or modelled (plain data, e.g. for `tilefold info`)."""
+def describe(target: Target | None = None, dtype: str = "f32", threads: int | None = None
+             ) -> dict:
+    """For `target` (default: the host) at `threads` threads (default: all), per shape class:
+    the micro-kernel chosen, its tile and the cache blocking it uses, measured or modelled
+    (plain data, e.g. for `tilefold info`)."""
     target = target or host_target()
+    threads = threads or num_threads()
     classes = {}
     for shape_class in SHAPE_CLASSES:
         kern = select_microkernel(target, dtype, shape_class)
-        blk = derive_blocking(target, kern)
-        record = tuned_record(target, kern.name, kern.mr, kern.nr)
+        blk = derive_blocking(target, kern, threads)
+        record = tuned_record(target, kern.name, kern.mr, kern.nr, threads)
         classes[shape_class] = {
             "microkernel": kern.name,
             "isa_family": kern.family,
@@ -36,10 +40,12 @@ def describe(target: Target | None = None, dtype: str = "f32") -> dict:
         }
     gemv = {}
     for mode in GemvMode:
-        config, record = derive_gemv_config(target, mode), gemv_record(target, mode)
+        config = derive_gemv_config(target, mode, threads)
+        record = gemv_record(target, mode, threads)
         gemv[mode.name.lower()] = {
             "ahead": config.ahead, "panel": config.panel, "text": config.describe(),
             "tuned": None if record is None else {"model": record.get("model"),
                                                   "speedup": record.get("speedup")},
         }
-    return {"target": target.name, "dtype": dtype, "shape_classes": classes, "gemv": gemv}
+    return {"target": target.name, "dtype": dtype, "threads": threads, "shape_classes": classes,
+            "gemv": gemv}

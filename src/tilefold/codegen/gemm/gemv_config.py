@@ -50,14 +50,15 @@ def _fits(record: dict) -> bool:
     return 0 <= ahead < _LIMIT and 0 <= panel < _LIMIT
 
 
-def gemv_record(target: Target, mode: GemvMode) -> dict | None:
-    """What `tilefold tune --gemm` measured for this form on this machine, if valid."""
-    return measured_record(target, record_name(mode), _fits)
+def gemv_record(target: Target, mode: GemvMode, threads: int) -> dict | None:
+    """What `tilefold tune --gemm` measured for this form on this machine at `threads`
+    threads, if valid."""
+    return measured_record(target, record_name(mode), _fits, threads)
 
 
-def derive_gemv_config(target: Target, mode: GemvMode) -> GemvConfig:
-    """The measured parameters on this machine, else the model's."""
-    record = gemv_record(target, mode)
+def derive_gemv_config(target: Target, mode: GemvMode, threads: int) -> GemvConfig:
+    """The measured parameters on this machine at `threads` threads, else the model's."""
+    record = gemv_record(target, mode, threads)
     if record is None:
         return model_gemv_config(target, mode)
     return GemvConfig(ahead=int(record["ahead"]), panel=int(record["panel"]))

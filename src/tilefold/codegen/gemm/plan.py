@@ -61,9 +61,9 @@ class GemmPlan(NativePlan):
                  offsets: np.ndarray, beta: int, threads: int, bmode: BMode,
                  blocking: Blocking | None = None):
         kern = module.kernel
-        blk = blocking or derive_blocking(module.target, kern)
         batch = len(offsets)
         threads = max(1, threads if 2 * m * n * k * batch >= PARALLEL_MIN_FLOPS else 1)
+        blk = blocking or derive_blocking(module.target, kern, threads)
         n_unit = kern.nr if bmode == BMode.PREPACKED else kern.lanes
         b_in_l2 = bmode == BMode.DIRECT and 4 * k * n <= module.target.l2_bytes // 8
         tm, tn = self._split(m, n, batch, threads, kern, bmode, n_unit, b_in_l2)
@@ -132,8 +132,8 @@ class GemvPlan(NativePlan):
     def __init__(self, module: GemmModule, n_out: int, k: int, ldw: int, incx: int, incy: int,
                  beta: int, threads: int, mode: GemvMode, w_is_a: bool,
                  config: GemvConfig | None = None):
-        config = config or derive_gemv_config(module.target, mode)
         threads = max(1, threads if 2 * n_out * k >= PARALLEL_MIN_FLOPS else 1)
+        config = config or derive_gemv_config(module.target, mode, threads)
         values = {GemvParam.N_OUT: n_out, GemvParam.K: k, GemvParam.LDW: ldw,
                   GemvParam.INC_X: incx, GemvParam.INC_Y: incy, GemvParam.BETA: beta,
                   GemvParam.THREADS: threads, GemvParam.MODE: mode,
@@ -179,14 +179,14 @@ def _batch_offsets(batch_shape, *arrays_and_strides) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
-def choose_bmode(m: int, n: int, k: int, csb: int, module: GemmModule) -> BMode:
+def choose_bmode(m: int, n: int, k: int, csb: int, module: GemmModule, threads: int) -> BMode:
     """Read B in place (rows contiguous) when few row panels would reuse a packed copy, or when
     the B block each A micro-panel sweeps is small enough to stay in cache in place: then packing
     is pure overhead (+7% on 12x128x128x64; 5-35% lost on blocks over 1/8 of L2)."""
     kern = module.kernel
     if csb != 1 or n < kern.nr:
         return BMode.PACK
-    blk = derive_blocking(module.target, kern)
+    blk = derive_blocking(module.target, kern, threads)
     block_bytes = min(k, blk.kc) * min(n, blk.nc) * 4
     if m <= DIRECT_B_MAX_M or (m <= DIRECT_B_SMALL_MAX_M
                                and block_bytes <= module.target.l2_bytes // 8):
@@ -268,7 +268,7 @@ def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c
         sb = es(b, b.itemsize)
         b_batch = (b.shape[:-2], sb[:-2])
         if bmode is None:
-            bmode = BMode.PACK if widened else choose_bmode(m, n, k, sb[-1], module)
+            bmode = BMode.PACK if widened else choose_bmode(m, n, k, sb[-1], module, threads)
         elif widened and bmode == BMode.DIRECT:
             raise UnsupportedError(f"GEMM: {module.src} B cannot be read in place; it is "
                                    "widened while packed (use BMode.PACK)")

@@ -1,12 +1,16 @@
 """GEMM and GEMV plan parameters measured on this machine: one JSON record per (hardware,
-target, micro-kernel or GEMV form).
+target, micro-kernel or GEMV form, thread count).
 
 `$TILEFOLD_CACHE_DIR/tuning/gemm.json` holds what `tilefold tune --gemm` found:
 
-    {"schema": 1, "entries": {"<fingerprint> <target> <kernel>":
+    {"schema": 2, "entries": {"<fingerprint> <target> <kernel> x1":
         {"mc": 252, "kc": 320, "nc": 2048, "model": [252, 256, 2048], "speedup": 1.04,
          "shapes": [[1024, 1024, 1024], ...], "threads": 1, "tilefold": "0.2.0"},
-        "<fingerprint> <target> gemv-axpy": {"ahead": 64, "panel": 0, ...}}}
+        "<fingerprint> <target> gemv-axpy x2": {"ahead": 64, "panel": 0, ...}}}
+
+The thread count is part of the key: the best blocking at one thread and at all of them
+differ (znver3: 192/384/8192 against 378/512/4096), so a plan reads the record of the thread
+count it runs with, and the model where there is none.
 
 `derive_blocking` and `derive_gemv_config` read it; a record that does not fit (MC not a
 multiple of MR, a size out of range) or that another tilefold version wrote is ignored with a
@@ -29,7 +33,7 @@ from tilefold.target.paths import atomic_write
 from tilefold.version import __version__
 
 log = logging.getLogger("tilefold.tuning")
-SCHEMA = 1
+SCHEMA = 2  # 2: keys end in the thread count
 _LIMIT = 1 << 20  # elements: no block dimension is ever this large
 _memory: dict[str, Any] = {}
 
@@ -38,8 +42,8 @@ def store_path() -> Path:
     return cache_dir() / "tuning" / "gemm.json"
 
 
-def record_key(target: Target, kernel_name: str) -> str:
-    return f"{hardware_fingerprint()} {target.name} {kernel_name}"
+def record_key(target: Target, kernel_name: str, threads: int) -> str:
+    return f"{hardware_fingerprint()} {target.name} {kernel_name} x{threads}"
 
 
 def _read() -> dict[str, Any]:
@@ -65,11 +69,12 @@ def _entries() -> dict[str, Any]:
     return _memory[path]
 
 
-def measured_record(target: Target, name: str,
-                    fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
-    """The record of `name` on this machine and target, if one exists that this tilefold
-    version wrote and whose values `fits` accepts (it may raise on malformed values)."""
-    record = _entries().get(record_key(target, name))
+def measured_record(target: Target, name: str, fits: Callable[[dict[str, Any]], bool],
+                    threads: int) -> dict[str, Any] | None:
+    """The record of `name` on this machine and target at `threads` threads, if one exists
+    that this tilefold version wrote and whose values `fits` accepts (it may raise on
+    malformed values)."""
+    record = _entries().get(record_key(target, name, threads))
     if record is None:
         return None
     try:
@@ -83,15 +88,17 @@ def measured_record(target: Target, name: str,
     return record
 
 
-def tuned_record(target: Target, kernel_name: str, mr: int, nr: int) -> dict[str, Any] | None:
-    """The measured blocking of this micro-kernel on this machine and target, if valid."""
+def tuned_record(target: Target, kernel_name: str, mr: int, nr: int, threads: int
+                 ) -> dict[str, Any] | None:
+    """The measured blocking of this micro-kernel on this machine, target and thread count,
+    if valid."""
 
     def fits(record: dict[str, Any]) -> bool:
         mc, kc, nc = (int(record[f]) for f in ("mc", "kc", "nc"))
         return (0 < mc < _LIMIT and 0 < kc < _LIMIT and 0 < nc < _LIMIT
                 and mc % mr == 0 and nc % nr == 0 and kc % 4 == 0)
 
-    return measured_record(target, kernel_name, fits)
+    return measured_record(target, kernel_name, fits, threads)
 
 
 @contextlib.contextmanager
@@ -104,10 +111,12 @@ def _locked() -> Iterator[None]:
 
 
 def save_record(target: Target, kernel_name: str, record: dict[str, Any]) -> None:
-    """Merge one record into the file (re-read under the lock, replaced atomically)."""
+    """Merge one record (measured at `record["threads"]` threads) into the file (re-read under
+    the lock, replaced atomically)."""
+    key = record_key(target, kernel_name, int(record["threads"]))
     with _locked():
         entries = _read()
-        entries[record_key(target, kernel_name)] = {**record, "tilefold": __version__}
+        entries[key] = {**record, "tilefold": __version__}
         data = {"schema": SCHEMA, "entries": entries}
         atomic_write(store_path(), json.dumps(data, indent=1, sort_keys=True).encode())
     _memory.clear()

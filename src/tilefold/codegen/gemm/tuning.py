@@ -165,7 +165,8 @@ def tune_gemm(target: Target | None = None, *, threads: int = 1, budget_s: float
     target = target or host_target()
     kernels = tuned_kernels(target)
     if missing_only:
-        kernels = [k for k in kernels if tuned_record(target, k.name, k.mr, k.nr) is None]
+        kernels = [k for k in kernels
+                   if tuned_record(target, k.name, k.mr, k.nr, threads) is None]
     outcomes = []
     for kernel in kernels:
         outcome = tune_kernel(target, kernel, threads, budget_s / len(kernels), shapes)
@@ -221,7 +222,8 @@ def tune_gemv(target: Target | None = None, *, threads: int = 1, budget_s: float
     machine) on (outputs, K) `shapes` (default `GEMV_SHAPES`); record the winners (`save`)."""
     target = target or host_target()
     shapes = shapes or GEMV_SHAPES
-    modes = [m for m in GemvMode if not (missing_only and gemv_record(target, m) is not None)]
+    modes = [m for m in GemvMode
+             if not (missing_only and gemv_record(target, m, threads) is not None)]
     outcomes = []
     for mode in modes:
         outcome = tune_gemv_form(target, mode, threads, budget_s / len(modes), shapes)
