@@ -126,10 +126,14 @@ def test_widened_modules_refuse_what_they_cannot_do(rng):
 
 
 def test_f32_gemm_still_reads_in_place():
-    """The widened plan packs A and B; f32 plans of the same shapes keep their fast paths."""
-    a, b = np.ones((1, 64), np.float32), np.ones((64, 32), np.float32)
-    c = np.empty((1, 32), np.float32)
-    assert type(make_plan(gemm_module(V3), a, b, c, 0, 1)).__name__ == "GemvPlan"
+    """A widened GEMM packs A and B; f32 plans of the same shapes keep their fast paths, and
+    a widened matrix-vector product reads its 2-byte operands in place (the GEMV)."""
+    a, b = np.ones((2, 64), np.float32), np.ones((64, 32), np.float32)
+    c = np.empty((2, 32), np.float32)
+    assert make_plan(gemm_module(V3), a, b, c, 0, 1).bmode == BMode.DIRECT
     bf = a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)
     plan = make_plan(_module("bf16"), *bf, c, 0, 1)
     assert plan.bmode == BMode.PACK and not plan.kernel.a_direct
+    row = np.empty((1, 32), np.float32)
+    assert type(make_plan(gemm_module(V3), a[:1], b, row, 0, 1)).__name__ == "GemvPlan"
+    assert type(make_plan(_module("bf16"), bf[0][:1], bf[1], row, 0, 1)).__name__ == "GemvPlan"

@@ -52,3 +52,34 @@ def test_matmul_lowp_strided_b_on_avx2(rng):
     c = matmul_lowp(a, b, target=V3)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     assert_close(c, a64 @ b64, dtype="f32", reduced=40, scale=np.abs(a64) @ np.abs(b64))
+
+
+@pytest.mark.parametrize("kind", sorted(FLOATS))
+def test_a_bf16_or_f16_matrix_vector_product_streams_the_weight_as_it_is(rng, kind):
+    """M = 1 or N = 1 runs the GEMV on the 2-byte operands, widened as they are loaded (half
+    an f32 weight's bytes): both forms (W contiguous along the outputs, or along K), tails of
+    every length, two threads on a weight past the parallel threshold, and a pre-packed weight,
+    which then never builds the f32 GEMM's panels; results match float64 NumPy."""
+    from tilefold.codegen.gemm.plan import GemvPlan, make_plan
+    from tilefold.codegen.lowp.widened import widened_module
+
+    dt = FLOATS[kind]
+    module = widened_module(select_dot_kernel(V3, kind), V3)
+    cases = [((1, 1), (1, 1)), ((1, 263), (263, 37)), ((1, 97), (97, 4099)),
+             ((29, 301), (301, 1)), ((1, 1000), (1000, 3000))]
+    for a_shape, b_shape in cases:
+        a = rng.standard_normal(a_shape).astype(dt)
+        b = rng.standard_normal(b_shape).astype(dt)
+        for bb in (b, np.asfortranarray(b)):  # W contiguous along N (axpy) or along K (dot)
+            c = np.empty((a_shape[0], b_shape[1]), np.float32)
+            assert isinstance(make_plan(module, a, bb, c, 0, 2), GemvPlan)
+            a64, b64 = a.astype(np.float64), bb.astype(np.float64)
+            for threads in (1, 2):
+                got = matmul_lowp(a, bb, target=V3, threads=threads)
+                assert_close(got, a64 @ b64, dtype="f32", reduced=a_shape[1],
+                             scale=np.abs(a64) @ np.abs(b64))
+        packed = prepack_lowp(b, kind, target=V3)
+        got = matmul_lowp(a, packed, target=V3)
+        assert_close(got, a64 @ b64, dtype="f32", reduced=a_shape[1],
+                     scale=np.abs(a64) @ np.abs(b64))
+        assert "matrix" not in vars(packed)  # no f32 panels for a matrix-vector product

@@ -4,6 +4,8 @@ y[i] (+)= sum_k W(i, k) x[k] in one of two forms, by which way W is contiguous:
 `dot` (rows of W contiguous along k: vector dot products, four rows sharing each x load) and
 `axpy` (W(i, k) = W[k * ldw + i], contiguous along i: rank-8 updates of y, held in L1).
 Both split the outputs i over threads; every load of W is used once, so they run at memory speed.
+W and x may hold bf16 or f16 (`src`), widened to f32 as they are loaded: a bf16 weight is half
+the bytes of an f32 one (y stays f32).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker
+from tilefold.codegen.kernel.memory import MEMORY_TYPES, load_scalar, load_vector
 
 _FP = u.f32.as_pointer()
 GEMV_ENTRY = "tf_gemv"
@@ -33,7 +36,7 @@ class GemvParam(ParamBlock):
     THREADS = 6
     MODE = 7
     DATA_OFFSET = 8
-    PREFETCH = 9  # elements ahead of each W load to prefetch (0: the line being loaded)
+    PREFETCH = 9  # f32 elements (4 bytes) ahead of each W load to prefetch (0: the line loaded)
     PANEL = 10  # axpy: outputs per pass over k (N_OUT or more: the thread's share in one)
 
 
@@ -42,11 +45,13 @@ class GemvMode(enum.IntEnum):
     AXPY = 1
 
 
-def emit_gemv(module: ir.Module, lanes: int) -> ir.Function:
-    """Add `tf_gemv(params, x, W, y, ws)` for vectors of `lanes` floats."""
-    dot = _emit_dot(module, lanes)
-    axpy = _emit_axpy(module, lanes)
-    wk = emit_worker(module, "tf_gemv_worker", _FP, _FP, _FP)
+def emit_gemv(module: ir.Module, lanes: int, src: str = "f32") -> ir.Function:
+    """Add `tf_gemv(params, x, W, y, ws)` for vectors of `lanes` floats, x and W holding `src`
+    elements (f32, bf16 or f16)."""
+    dot = _emit_dot(module, lanes, src)
+    axpy = _emit_axpy(module, lanes, src)
+    sp = MEMORY_TYPES[src].as_pointer()
+    wk = emit_worker(module, "tf_gemv_worker", sp, sp, _FP)
     b, x, w, y, tid64, nth64 = wk.b, wk.x, wk.y, wk.z, wk.tid, wk.nth
     n_out = wk[GemvParam.N_OUT]
     unit = lanes * 4
@@ -68,11 +73,12 @@ def emit_gemv(module: ir.Module, lanes: int) -> ir.Function:
 
 
 _ARGS = ("i0", "i1", "k", "w", "ldw", "x", "incx", "y", "incy", "beta", "ahead", "panel")
-_TYPES = [u.i64, u.i64, u.i64, _FP, u.i64, _FP, u.i64, _FP, u.i64, u.i32, u.i64, u.i64]
 
 
-def _new(module, name):
-    fn = ir.Function(module, ir.FunctionType(u.void, _TYPES), name=name)
+def _new(module, name, src):
+    sp = MEMORY_TYPES[src].as_pointer()
+    types = [u.i64, u.i64, u.i64, sp, u.i64, sp, u.i64, _FP, u.i64, u.i32, u.i64, u.i64]
+    fn = ir.Function(module, ir.FunctionType(u.void, types), name=name)
     fn.linkage = "internal"
     for arg, n in zip(fn.args, _ARGS, strict=True):
         arg.name = n
@@ -106,13 +112,22 @@ def _full_and_tail(b, start, stop, lanes, body):
 
 
 def _ahead(b, ptr, ahead):
-    """Prefetch the line `ahead` elements past `ptr` (an address past W is never touched)."""
-    u.prefetch(b, b.gep(ptr, [ahead]))
+    """Prefetch the line `ahead` * 4 bytes past `ptr` (an address past W is never touched)."""
+    p8 = b.bitcast(ptr, u.i8.as_pointer())
+    u.prefetch(b, b.gep(p8, [b.mul(ahead, u.const(4))]))
 
 
 def _load(b, ptr, mask, lanes):
     vp = u.vptr(b, ptr, lanes)
     return b.load(vp, align=4) if mask is None else u.masked_load(b, vp, mask, lanes)
+
+
+def _load_src(b, ptr, mask, lanes, src):
+    """`lanes` elements of x or W widened to f32; masked-off lanes are 0."""
+    if src == "f32":
+        return _load(b, ptr, mask, lanes)
+    v = load_vector(b, ptr, src, lanes, mask)
+    return v if mask is None else b.select(mask, v, u.zeros(v.type))
 
 
 def _store(b, value, ptr, mask, lanes):
@@ -123,9 +138,9 @@ def _store(b, value, ptr, mask, lanes):
         u.masked_store(b, value, vp, mask)
 
 
-def _emit_dot(module, lanes):
+def _emit_dot(module, lanes, src):
     """Rows i of W contiguous along k (W(i, k) = W[i * ldw + k]); x must be contiguous."""
-    fn, b = _new(module, "tf_gemv_dot")
+    fn, b = _new(module, "tf_gemv_dot", src)
     i0, i1, k, w, ldw, x, _incx, y, incy, beta, ahead, _panel = fn.args
     zero = u.zeros(u.vec(u.f32, lanes))
     full_k = b.sub(k, b.srem(k, u.const(lanes)))
@@ -137,8 +152,9 @@ def _emit_dot(module, lanes):
                     ptrs = [u.gep(b, w, b.mul(b.add(i, u.const(r)), ldw)) for r in range(count)]
 
                     def step(kv, mask, accs, ptrs=ptrs):
-                        xv = _load(b, u.gep(b, x, kv), mask, lanes)
-                        return [u.fma(b, _load(b, u.gep(b, ptr, kv), mask, lanes), xv, acc)
+                        xv = _load_src(b, u.gep(b, x, kv), mask, lanes, src)
+                        return [u.fma(b, _load_src(b, u.gep(b, ptr, kv), mask, lanes, src), xv,
+                                      acc)
                                 for ptr, acc in zip(ptrs, accs, strict=True)]
 
                     with u.for_range_carry(b, u.const(0), full_k, lanes, [zero] * count,
@@ -156,23 +172,23 @@ def _emit_dot(module, lanes):
     return fn
 
 
-def _emit_axpy(module, lanes):
+def _emit_axpy(module, lanes, src):
     """W(i, k) = W[k * ldw + i], contiguous along i; y must be contiguous (incy = 1).
 
     Rank-AXPY_ROWS updates of y (rank-1 for the last k % AXPY_ROWS rows): each pass reads its
     rows of W as sequential streams (the hardware prefetcher's best case) and y, this thread's
     slice, stays in L1 between passes."""
-    fn, b = _new(module, "tf_gemv_axpy")
+    fn, b = _new(module, "tf_gemv_axpy", src)
     arg = dict(zip(_ARGS, fn.args, strict=True))
     keep_y = b.icmp_signed("!=", arg["beta"], u.const(0, u.i32))
     with u.for_range(b, arg["i0"], arg["i1"], arg["panel"], "p") as p0:
         p1 = u.smin(b, b.add(p0, arg["panel"]), arg["i1"])
-        _axpy_panel(b, p0, p1, arg, keep_y, lanes)
+        _axpy_panel(b, p0, p1, arg, keep_y, lanes, src)
     b.ret_void()
     return fn
 
 
-def _axpy_panel(b, p0, p1, arg, keep_y, lanes):
+def _axpy_panel(b, p0, p1, arg, keep_y, lanes, src):
     """y[p0:p1] (+)= sum over all k of W(p0:p1, k) x[k]."""
     k, w, ldw, x, incx, y, ahead = (arg[n] for n in ("k", "w", "ldw", "x", "incx", "y", "ahead"))
     zero = u.zeros(u.vec(u.f32, lanes))
@@ -183,7 +199,7 @@ def _axpy_panel(b, p0, p1, arg, keep_y, lanes):
             for rows, branch in ((AXPY_ROWS, block), (1, single)):
                 with branch:
                     ks = [b.add(kb, u.const(t)) for t in range(rows)]
-                    xs = [u.splat(b, b.load(u.gep(b, x, b.mul(kt, incx)), align=4), lanes)
+                    xs = [u.splat(b, load_scalar(b, u.gep(b, x, b.mul(kt, incx)), src), lanes)
                           for kt in ks]
                     row_ptrs = [u.gep(b, w, b.mul(kt, ldw)) for kt in ks]
 
@@ -193,7 +209,8 @@ def _axpy_panel(b, p0, p1, arg, keep_y, lanes):
                         for xt, row in zip(xs, row_ptrs, strict=True):
                             if mask is None:
                                 _ahead(b, u.gep(b, row, i), ahead)
-                            acc = u.fma(b, _load(b, u.gep(b, row, i), mask, lanes), xt, acc)
+                            acc = u.fma(b, _load_src(b, u.gep(b, row, i), mask, lanes, src), xt,
+                                        acc)
                         _store(b, acc, yp, mask, lanes)
 
                     _full_and_tail(b, p0, p1, lanes, update)

@@ -29,7 +29,8 @@ _P = ctypes.c_void_p
 # fifth to a third of the backend's time on these modules, is left out.
 CODEGEN_OPTIONS = {"strength_reduce": False}
 # The code that shapes the emitted IR (part of each module's cache key).
-_GENERATORS = ("tilefold.codegen.gemm", "tilefold.codegen.llvm_util")
+_GENERATORS = ("tilefold.codegen.gemm", "tilefold.codegen.llvm_util",
+               "tilefold.codegen.kernel.memory")
 
 
 def _fingerprint(what: str, **params) -> str:
@@ -81,11 +82,12 @@ def gemm_ir(target: Target, kernel: MicroKernel, src: str = "f32") -> str:
     return str(module)
 
 
-def gemv_ir(target: Target, lanes: int) -> str:
-    """The LLVM IR text of the matrix-vector module for vectors of `lanes` floats."""
-    module = ir.Module(name=f"tf_gemv_{lanes}")
+def gemv_ir(target: Target, lanes: int, src: str = "f32") -> str:
+    """The LLVM IR text of the matrix-vector module for vectors of `lanes` floats over `src`
+    operands."""
+    module = ir.Module(name=f"tf_gemv_{src}_{lanes}")
     module.triple = target.triple
-    emit_gemv(module, lanes)
+    emit_gemv(module, lanes, src)
     return str(module)
 
 
@@ -136,9 +138,10 @@ class GemmModule:
 
     @functools.cached_property
     def gemv_compiled(self) -> CompiledModule:
-        lanes = self.kernel.lanes
-        return _compile(self.target, f"gemv_{lanes}", _fingerprint("gemv", lanes=lanes),
-                        lambda: gemv_ir(self.target, lanes))
+        lanes, src = self.kernel.lanes, self.src
+        return _compile(self.target, f"gemv_{src}_{lanes}",
+                        _fingerprint("gemv", lanes=lanes, src=src),
+                        lambda: gemv_ir(self.target, lanes, src))
 
     @property
     def gemv_entries(self) -> Entries:

@@ -240,7 +240,8 @@ def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c
     is called as `plan(a, b, c)` with `b` as given (an ndarray or a `PackedMatrix`'s data).
 
     `c` must have a unit column stride. A and B (unless pre-packed) hold `module.src` elements
-    (C f32); other than f32 they are always packed: no GEMV, no in-place kernel or B."""
+    (C f32); other than f32 they are read in place by the GEMV (M or N = 1, widened as loaded)
+    and otherwise always packed: no in-place kernel or B."""
     m, k = a.shape[-2:]
     n = c.shape[-1]
     if k == 0:
@@ -253,7 +254,7 @@ def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c
     sa, sc = es(a, a.itemsize), es(c, 4)
     batch_shape = c.shape[:-2]
     packed = isinstance(b, PackedMatrix)
-    if (not packed and not widened and math.prod(batch_shape) == 1 and (m == 1 or n == 1)
+    if (not packed and math.prod(batch_shape) == 1 and (m == 1 or n == 1)
             and bmode is None and blocking is None):
         gemv = _gemv_plan(module, m, n, k, sa[-2:], es(b, b.itemsize)[-2:], sc[-2:], beta,
                           threads)

@@ -18,6 +18,7 @@ import numpy as np
 
 from tilefold.codegen.gemm.abi import DATA_OFFSET, Entries, NativePlan, compiled_entries
 from tilefold.codegen.gemm.blocking import derive_tile_blocking
+from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.lowp.driver import ENTRY, LParam, lowp_gemm_ir
 from tilefold.codegen.lowp.kernels import CHUNK_WORDS, DotKernel
 from tilefold.codegen.lowp.packgen import PACK_B_ENTRY, pack_b_ir
@@ -45,11 +46,14 @@ def _pack_b_entry(nr: int, g: int, target: Target, widen_bytes: bool = False):
 
 class PackedB:
     """A constant B[K, N] packed once for one kernel (a weight), with its column sums: NR-column
-    panels of k-group words, K padded to whole 16-word chunks; for a widening
-    kernel, the f32 GEMM's panels (`matrix`)."""
+    panels of k-group words, K padded to whole 16-word chunks. A widening kernel's B stays as
+    it is (`raw`, contiguous), which the GEMV streams at half the bytes of f32 (M = 1 or
+    N = 1: a decode step), and gets the f32 GEMM's panels (`matrix`) when a product first needs
+    them."""
 
     def __init__(self, b: np.ndarray, kernel: DotKernel, target: Target):
         self.kernel = kernel
+        self.target = target
         self.k, self.n = b.shape
         self.dtype = b.dtype
         # K past EXACT_K: one PackedB per K slice, else None
@@ -57,8 +61,7 @@ class PackedB:
         if self.slices:
             return
         if kernel.widens:
-            self.matrix = prepack_widened(b if b.flags.aligned else np.ascontiguousarray(b),
-                                          kernel, target)
+            self.raw = np.ascontiguousarray(b)
             return
         b = np.ascontiguousarray(b)
         kgp = kernel.k_words(self.k)
@@ -67,6 +70,12 @@ class PackedB:
             b.ctypes.data, b.strides[0], self.k, self.n, kgp, self.panels.ctypes.data)
         if kernel.shifts_signed_a:  # compensates signed A (+128)
             self.colsum = b.sum(axis=0, dtype=np.int32)
+
+
+    @functools.cached_property
+    def matrix(self) -> PackedMatrix:
+        """A widening kernel's B in the f32 GEMM's panels (widened while packed)."""
+        return prepack_widened(self.raw, self.kernel, self.target)
 
 
 def a_code(kernel: DotKernel, a_dtype: np.dtype) -> str:
@@ -171,7 +180,9 @@ def run_native(a: np.ndarray, b: PackedB | np.ndarray, kernel: DotKernel, target
 
 
 def _run_widened(a, b, kernel, target, dequant, threads) -> np.ndarray:
-    return run_widened(a, b.matrix if isinstance(b, PackedB) else b, kernel, target, threads)
+    if isinstance(b, PackedB):  # a matrix-vector product streams the weight as it is
+        b = b.raw if a.shape[0] == 1 or b.n == 1 else b.matrix
+    return run_widened(a, b, kernel, target, threads)
 
 
 # The GEMM of each registry row's `driver`.

@@ -14,7 +14,8 @@ from tilefold.strategy.problem import Problem
 class ExpertSoftmax(Method):
     name = "handwritten.softmax"
     family = "hand-written"
-    generators = ("tilefold.codegen.cpu", "tilefold.codegen.vecmath")
+    generators = ("tilefold.codegen.cpu", "tilefold.codegen.vecmath",
+                  "tilefold.codegen.kernel.memory")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if reason := problem.not_lone("softmax"):
