@@ -166,20 +166,18 @@ class CompiledGroup:
         compiled = self._kernel(layout, streaming)
         kernel = compiled.kernel
         values = {("size", a.name): n for a, n in zip(kernel.axes, axis_sizes, strict=True)}
-        scratch = [b for b in kernel.buffers if b.scratch]
-        for b, st in zip(kernel.buffers, axis_strides + [_row(b, axis_sizes) for b in scratch],
+        rows = {b.name: _row(b, axis_sizes) for b in kernel.buffers if b.scratch}
+        for b, st in zip(kernel.buffers, axis_strides + [s for s, _ in rows.values()],
                          strict=True):
             for a, s in zip(kernel.axes, st, strict=True):
                 values[("stride", b.name, a.name)] = s
+        for name, (_, slice_elements) in rows.items():
+            values[("slice", name)] = slice_elements
         nthreads = self._threads(compiled.schedule, kernel, axis_sizes)
-        slices = {}
-        for b in scratch:  # whole cache lines per thread, so threads never share one
-            elements = math.prod(n for n, s in zip(axis_sizes, b.strides, strict=True) if s != 0)
-            slices[b.name] = values[("slice", b.name)] = -(-elements // 16) * 16
         params = np.array([values[e] for e in param_layout(kernel)] or [0], np.int64)
         plan = _Plan(compiled.cfunc, tuple(map(id, consts)), params,
                      params.ctypes.data, tuple(outputs), nthreads, copy, streaming,
-                     tuple(nthreads * slices[b.name] for b in scratch))
+                     tuple(nthreads * n for _, n in rows.values()))
         self._plans[tuple([(a.shape, a.strides, a.dtype) for a in arrays])] = plan
         return plan
 
@@ -193,13 +191,14 @@ class CompiledGroup:
         return max(1, min(num_threads(), total // schedule.min_elements_per_thread, steps))
 
 
-def _row(buffer: Buffer, axis_sizes: list[int]) -> list[int]:
-    """A scratch buffer's strides: dense over the axes it varies along, 0 along the others."""
+def _row(buffer: Buffer, axis_sizes: list[int]) -> tuple[list[int], int]:
+    """A scratch buffer's strides (dense over the axes it varies along, 0 along the others)
+    and the elements of one thread's slice: whole cache lines, so threads never share one."""
     strides, step = [], 1
     for n, s in zip(reversed(axis_sizes), reversed(buffer.strides), strict=True):
         strides.append(0 if s == 0 else step)
         step *= n if s != 0 else 1
-    return strides[::-1]
+    return strides[::-1], -(-step // 16) * 16
 
 
 @dataclass

@@ -71,7 +71,6 @@ class PackedB:
         if kernel.shifts_signed_a:  # compensates signed A (+128)
             self.colsum = b.sum(axis=0, dtype=np.int32)
 
-
     @functools.cached_property
     def matrix(self) -> PackedMatrix:
         """A widening kernel's B in the f32 GEMM's panels (widened while packed)."""
