@@ -140,6 +140,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                 if pack_a is not None:
                     b.call(pack_a, [mc, kc, a_blk, rsa, csa, ap])
                 c_blk = u.gep(b, c, b.add(b.mul(ic, rsc), jc))
+                first_ic = b.icmp_signed("==", ic, m0)
 
                 def panel_of(jr):
                     """B micro-panel `jr` of this block: (pointer, floats per k, nv, width)."""
@@ -160,6 +161,50 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                                               b.select(is_direct, bp, panel_packed)))
                     return panel, b.select(in_place, rsb, w), nv, nr
 
+                def stream(jr, ir_):
+                    """Tile `ir_`'s share of what the next tiles read from beyond L2, for its
+                    prefetch stream (one line per main-loop iteration, `lines` in all): the
+                    next pre-packed panel (contiguous) or the next panel read in place (a line
+                    per k, B's row stride apart), taken in turn by the panel's tiles; with
+                    BMode.PACK, the source of the next chunk of panels, taken by the chunk's
+                    tiles a line-wide column of B rows each, down from `pc` (B widened while
+                    packed: pre-packed panels only)."""
+                    if not kernel.streams:
+                        return ir.Constant(u.i8.as_pointer(), None), u.const(0), u.const(0)
+                    lines = b.sdiv(kc, u.const(kernel.unroll))
+                    t = b.sdiv(ir_, u.const(kernel.mr))
+                    nxt = b.add(jr, u.const(nr_max))
+                    first = b.mul(t, lines)
+                    pre = u.gep(b, b_pre, b.add(b.mul(b.add(jc, nxt), k),
+                                                b.mul(pc, u.const(nr_max))))
+                    at = u.gep(b, pre, b.mul(first, u.const(16)))
+                    total = b.sdiv(b.mul(kc, u.const(nr_max)), u.const(16))
+                    done, step = first, u.const(64)
+                    on = b.and_(is_pre, b.icmp_signed("<", nxt, nc))
+                    if src == F32:
+                        direct_at = u.gep(b, b_blk, b.add(nxt, b.mul(first, rsb)))
+                        # PACK: tile q of the chunk takes column q % W (W lines per row, one
+                        # more than the chunk's width for a source not aligned to lines),
+                        # rows from (q / W) * lines.
+                        width = nr_max * PACK_PANELS * 4 // 64 + 1
+                        tiles = b.sdiv(b.add(mc, u.const(kernel.mr - 1)), u.const(kernel.mr))
+                        q = b.add(b.mul(b.sdiv(b.srem(jr, chunk), u.const(nr_max)), tiles), t)
+                        rows_from = b.mul(b.sdiv(q, u.const(width)), lines)
+                        nxt_chunk = b.add(b.sub(jr, b.srem(jr, chunk)), chunk)
+                        pack_at = u.gep(b, b_blk, b.add(
+                            b.add(nxt_chunk, b.mul(b.srem(q, u.const(width)), u.const(16))),
+                            b.mul(rows_from, rsb)))
+                        at = b.select(is_pre, at, b.select(is_pack, pack_at, direct_at))
+                        total = b.select(is_pre, total, kc)
+                        done = b.select(is_pack, rows_from, first)
+                        step = b.select(is_pre, step, b.mul(rsb, u.const(4)))
+                        on = b.select(is_pack,
+                                      b.and_(first_ic, b.icmp_signed("<", nxt_chunk, nc)),
+                                      b.icmp_signed("<", nxt, nc))
+                    left = u.smax(b, u.const(0), u.smin(b, lines, b.sub(total, done)))
+                    count = b.select(on, left, u.const(0))
+                    return b.bitcast(at, u.i8.as_pointer()), step, count
+
                 def tile(jr, ir_, mr, panel):
                     ptr, ldb, nv, ncols = panel
                     row = u.const(len(kernel.m_sizes) - 1)
@@ -171,7 +216,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                               else u.gep(b, ap, b.mul(ir_, kc)))
                     b.call(uk, [kc, a_tile, rsa, ptr, ldb,
                                 u.gep(b, c_blk, b.add(b.mul(ir_, rsc), jr)), rsc, beta_eff,
-                                ncols])
+                                ncols, *stream(jr, ir_)])
 
                 def pack_on_the_way(jr, first):
                     """BMode.PACK: the first tiles of the block to use a chunk of panels pack
@@ -184,7 +229,6 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                                         u.gep(b, b_blk, b.mul(jr, csb)), rsb, csb,
                                         u.gep(b, bp, b.mul(slot(jr), kc))])
 
-                first_ic = b.icmp_signed("==", ic, m0)
                 if kernel.a_in_l1:
                     with u.for_chunks(b, u.const(0), mc, kernel.m_sizes, "ir") as (ir_, mr), \
                             u.for_range(b, u.const(0), nc, nr_max, "jr") as jr:

@@ -23,14 +23,14 @@ from tilefold.codegen import llvm_util as u
 # Signature shared by every variant, so the driver can call any of them through one table.
 UKERNEL_TYPE = ir.FunctionType(
     u.void, [u.i64, u.f32.as_pointer(), u.i64, u.f32.as_pointer(), u.i64, u.f32.as_pointer(),
-             u.i64, u.i32, u.i64])
+             u.i64, u.i32, u.i64, u.i8.as_pointer(), u.i64, u.i64])
 # A read in place: row i is addressed as base_g + (i % 8) * lda, g = i // 8, each base 8 rows
 # on from the last; the 8 offsets are loop-invariant (LLVM keeps them in registers), so x86
 # addressing modes reach every row with one add per 8 rows and no loop strength reduction.
 # An offset per row (28 for the narrow tile) would spill; a chain of `lda` adds ran 5% slower.
 _ROW_GROUP = 8
 _PROTOTYPE = ("(i64 %kc, ptr noalias %a, i64 %lda, ptr noalias %b, i64 %ldb, ptr noalias %c, "
-              "i64 %ldc, i32 %beta, i64 %ncols)")
+              "i64 %ldc, i32 %beta, i64 %ncols, ptr %pf, i64 %pfstep, i64 %pfn)")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ class TileSpec:
     `nv_dynamic` serves every width up to `nv` vectors (masked B loads and C stores), one
     function instead of `nv`: for row tails, which carry too little work to earn a variant each.
     `b_prefetch` > 0 prefetches the B row that many k steps ahead (B streaming from L2).
+    `stream` prefetches a line of the caller's stream (`%pf`, `%pfstep`, `%pfn`) per main-loop
+    iteration; without it those arguments are ignored.
     `sets` > 1 keeps that many accumulator sets, k steps dealt among them in turn and summed
     at the end: a short tile's few FMA chains would otherwise wait on FMA latency (2 rows by
     2 vectors, 4 chains, took as long as a whole 6 x 16 tile on Zen). `unroll` is a multiple.
@@ -56,6 +58,7 @@ class TileSpec:
     nv_dynamic: bool = False
     b_prefetch: int = 0
     sets: int = 1
+    stream: bool = False
 
     def __post_init__(self):
         if self.a_direct and self.a_lanes > 1:
@@ -176,6 +179,7 @@ class _Kernel(u.IRText):
             self.label(f"{label}.body")
             if spec.a_direct and label == "main":
                 self.prefetch_next(k)
+            stream = self.prefetch_stream() if label == "main" and spec.stream else []
             cur = [[phis[t + i * spec.nv:t + (i + 1) * spec.nv] for i in range(spec.mr)]
                    for t in range(0, len(flat), tile)]
             cur, a_next, b_next = self.steps(cur, pa, pb, unroll)
@@ -185,6 +189,7 @@ class _Kernel(u.IRText):
             incoming = [f"{k} = phi i64 [{start}, %{pre}], [{k}.next, {body}]",
                         f"{pa} = phi ptr [{a}, %{pre}], [{a_next}, {body}]",
                         f"{pb} = phi ptr [{b}, %{pre}], [{b_next}, {body}]"]
+            incoming += stream
             new = (x for group in cur for r in group for x in r)
             incoming += [f"{phi} = phi {self.vty} [{init}, %{pre}], [{x}, {body}]"
                          for phi, init, x in zip(phis, flat, new, strict=True)]
@@ -206,6 +211,20 @@ class _Kernel(u.IRText):
         for line in range(-(-spec.mr * spec.unroll * 4 // 64)):
             offset = self(f"add i64 {at}, {line * 16}") if line else at
             self.prefetch(self.gep(self.next_tile, offset), locality=2)
+
+    def prefetch_stream(self) -> list[str]:
+        """One line of the caller's prefetch stream per main-loop iteration: `%pf`, then
+        `%pfstep` bytes on for each of the `%pfn` lines (the last repeated once they are done;
+        `%pfn` 0 repeats `%pf`). The driver points it at what a later tile reads from beyond
+        L2 (the next B panel), so that load overlaps this tile's FMAs. Returns the phis.
+        Only `spec.stream` variants have one (see `MicroKernel.streams`)."""
+        self.prefetch("%pf.at", locality=2)
+        self.emit("%pf.more = icmp sgt i64 %pf.left, 1")
+        self.emit("%pf.step = select i1 %pf.more, i64 %pfstep, i64 0")
+        self.emit("%pf.at.next = getelementptr i8, ptr %pf.at, i64 %pf.step")
+        self.emit("%pf.left.next = sub i64 %pf.left, 1")
+        return ["%pf.at = phi ptr [%pf, %entry], [%pf.at.next, %main.body]",
+                "%pf.left = phi i64 [%pfn, %entry], [%pf.left.next, %main.body]"]
 
     def steps(self, sets, a, b, unroll):
         """`unroll` k steps from A at `a` and B at `b`: per step nv loads of B, mr broadcasts of
