@@ -3,7 +3,8 @@ next B panel (pre-packed or read in place) or of the next chunk's source rows (p
 call). Prefetches never change a result, so what can go wrong is the kernel around them: the
 stream's phis, its counter, and the driver's shares at every edge (fewer tiles than the
 shares, the last panel, a narrow panel, K shorter than an unrolled step). Each against the
-float64 oracle, for every B mode, on the host's streaming kernels."""
+float64 oracle, for every B mode, on the host's streaming kernels (the stream forced on: plans
+keep it for B larger than L2 holds)."""
 
 from __future__ import annotations
 
@@ -58,10 +59,20 @@ def test_products_are_exact_across_the_stream_edges(kern, bmode):
         c = c0.copy() if beta else np.full((m, n), np.nan, np.float32)
         operand = PackedMatrix(b, module) if bmode == BMode.PREPACKED else b
         plan = make_plan(module, a, operand, c, beta, threads, blocking=blocking,
-                         bmode=None if bmode == BMode.PREPACKED else bmode)
-        assert plan.bmode == bmode
+                         bmode=None if bmode == BMode.PREPACKED else bmode, stream=True)
+        assert plan.bmode == bmode and plan.stream
         plan(a, operand.data if bmode == BMode.PREPACKED else b, c)
         if beta:  # C0 + A @ B is the product of [A, I] and [[B], [C0]]
             check_matmul(c, np.hstack([a, np.eye(m, dtype=np.float32)]), np.vstack([b, c0]))
         else:
             check_matmul(c, a, b)
+
+
+def test_plans_stream_only_b_that_l2_does_not_keep():
+    """B that half of L2 holds stays there from call to call; prefetching it only costs."""
+    module = gemm_module(host_target(), STREAMING[0])
+    l2_floats = module.target.l2_bytes // 4
+    for k, n, streams in ((64, l2_floats // 128, False), (64, l2_floats // 64, True)):
+        a = np.ones((64, k), np.float32)
+        b, c = np.ones((k, n), np.float32), np.empty((64, n), np.float32)
+        assert make_plan(module, a, b, c, 0, 1).stream == streams, (k, n)

@@ -39,7 +39,7 @@ def harness(a: np.ndarray, b_stored: np.ndarray, m: int, n: int, k: int, blockin
              Param.CSB: k, Param.RSC: n, Param.BETA: 0, Param.BATCH: 1, Param.TM: 1,
              Param.TN: 1, Param.THREADS: 1, Param.BMODE: int(BMode.PACK),
              Param.WS_PER_THREAD: ws, Param.MC: mc, Param.KC: kc, Param.NC: nc,
-             Param.DATA_OFFSET: -1, Param.N_UNIT: 4}
+             Param.DATA_OFFSET: -1, Param.N_UNIT: 4, Param.STREAM: 1}
     params = []
     for slot in Param:
         if slot == Param.OFFSETS:

@@ -48,6 +48,7 @@ class Param(ParamBlock):
     NC = 18
     DATA_OFFSET = 19  # byte offset of the data pointer in a NumPy array object; -1: raw pointers
     N_UNIT = 20  # columns the N split is rounded to: NR for pre-packed B, else the vector width
+    STREAM = 21  # 1: tiles prefetch what the next tiles read of B (B larger than L2 holds)
 
 
 class BMode(enum.IntEnum):
@@ -95,7 +96,7 @@ def _kernel_table(module: ir.Module, kernel: MicroKernel) -> ir.GlobalVariable:
 # B micro-panels packed at a time, just before the first tiles that read them.
 PACK_PANELS = 8
 _BLOCK_ARGS = ("m0", "m1", "n0", "n1", "k", "a", "rsa", "csa", "b", "rsb", "csb", "c", "rsc",
-               "beta", "bmode", "mc_blk", "kc_blk", "nc_blk", "ws")
+               "beta", "bmode", "mc_blk", "kc_blk", "nc_blk", "ws", "stream")
 
 
 def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Function:
@@ -104,13 +105,14 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
     `a_direct` kernels get A in place (row stride `rsa`, needs `csa` = 1), so no A buffer.
     A and B point to `src` elements; pre-packed B (BMode.PREPACKED) is f32 panels."""
     i64, sp = u.i64, src.ptr
-    types = [i64] * 5 + [sp, i64, i64, sp, i64, i64, _FP, i64, u.i32, i64, i64, i64, i64, _FP]
+    types = [i64] * 5 + [sp, i64, i64, sp, i64, i64, _FP, i64, u.i32, i64, i64, i64, i64, _FP,
+                         i64]
     fn = ir.Function(module, ir.FunctionType(u.void, types), name="tf_gemm_block")
     fn.linkage = "internal"
     for arg, name in zip(fn.args, _BLOCK_ARGS, strict=True):
         arg.name = name
     (m0, m1, n0, n1, k, a, rsa, csa, bm, rsb, csb, c, rsc, beta, bmode, mcb, kcb, ncb,
-     ws) = fn.args
+     ws, streaming) = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     vl, nr_max = kernel.lanes, kernel.nr
     ap = ws
@@ -161,16 +163,37 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                                               b.select(is_direct, bp, panel_packed)))
                     return panel, b.select(in_place, rsb, w), nv, nr
 
-                def stream(jr, ir_):
+                def stream(jr, ir_, here):
+                    """The prefetch stream of tile `ir_` of panel `jr` (`share`'s), computed
+                    only where the plan streams; otherwise it stays on `here`, the tile's own
+                    panel (a prefetch of an unmapped address would walk the page tables every
+                    iteration)."""
+                    i8p = u.i8.as_pointer()
+                    if not kernel.streams:
+                        return ir.Constant(i8p, None), u.const(0), u.const(0)
+                    here = b.bitcast(here, i8p)
+                    before = b.block
+                    with b.if_then(b.icmp_signed("!=", streaming, u.const(0))):
+                        at, step, count = share(jr, ir_)
+                        at = b.select(b.icmp_signed(">", count, u.const(0)),
+                                      b.bitcast(at, i8p), here)
+                        computed = b.block
+                    out = []
+                    for value, off in ((at, here), (step, u.const(0)), (count, u.const(0))):
+                        phi = b.phi(value.type)
+                        phi.add_incoming(off, before)
+                        phi.add_incoming(value, computed)
+                        out.append(phi)
+                    return out
+
+                def share(jr, ir_):
                     """Tile `ir_`'s share of what the next tiles read from beyond L2, for its
                     prefetch stream (one line per main-loop iteration, `lines` in all): the
                     next pre-packed panel (contiguous) or the next panel read in place (a line
                     per k, B's row stride apart), taken in turn by the panel's tiles; with
                     BMode.PACK, the source of the next chunk of panels, taken by the chunk's
                     tiles a line-wide column of B rows each, down from `pc` (B widened while
-                    packed: pre-packed panels only)."""
-                    if not kernel.streams:
-                        return ir.Constant(u.i8.as_pointer(), None), u.const(0), u.const(0)
+                    packed: pre-packed panels only). Count 0 past the last panels."""
                     lines = b.sdiv(kc, u.const(kernel.unroll))
                     t = b.sdiv(ir_, u.const(kernel.mr))
                     nxt = b.add(jr, u.const(nr_max))
@@ -202,8 +225,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                                       b.and_(first_ic, b.icmp_signed("<", nxt_chunk, nc)),
                                       b.icmp_signed("<", nxt, nc))
                     left = u.smax(b, u.const(0), u.smin(b, lines, b.sub(total, done)))
-                    count = b.select(on, left, u.const(0))
-                    return b.bitcast(at, u.i8.as_pointer()), step, count
+                    return at, step, b.select(on, left, u.const(0))
 
                 def tile(jr, ir_, mr, panel):
                     ptr, ldb, nv, ncols = panel
@@ -216,7 +238,7 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                               else u.gep(b, ap, b.mul(ir_, kc)))
                     b.call(uk, [kc, a_tile, rsa, ptr, ldb,
                                 u.gep(b, c_blk, b.add(b.mul(ir_, rsc), jr)), rsc, beta_eff,
-                                ncols, *stream(jr, ir_)])
+                                ncols, *stream(jr, ir_, ptr)])
 
                 def pack_on_the_way(jr, first):
                     """BMode.PACK: the first tiles of the block to use a chunk of panels pack
@@ -282,6 +304,6 @@ def _emit_worker(module, kernel, block, src: Source) -> ir.Function:
                          for j, base in enumerate((a, bm, c)))
         b.call(block, [m0, m1, n0, n1, k, a_i, w[Param.RSA], w[Param.CSA], b_i, w[Param.RSB],
                        w[Param.CSB], c_i, w[Param.RSC], beta, w[Param.BMODE], w[Param.MC],
-                       w[Param.KC], w[Param.NC], my_ws])
+                       w[Param.KC], w[Param.NC], my_ws, w[Param.STREAM]])
     b.ret_void()
     return w.fn

@@ -59,13 +59,15 @@ class GemmPlan(NativePlan):
 
     def __init__(self, module: GemmModule, m: int, n: int, k: int, strides: tuple[int, ...],
                  offsets: np.ndarray, beta: int, threads: int, bmode: BMode,
-                 blocking: Blocking | None = None):
+                 blocking: Blocking | None = None, stream: bool | None = None):
         kern = module.kernel
         batch = len(offsets)
         threads = max(1, threads if 2 * m * n * k * batch >= PARALLEL_MIN_FLOPS else 1)
         blk = blocking or derive_blocking(module.target, kern, threads)
         n_unit = kern.nr if bmode == BMode.PREPACKED else kern.lanes
         b_in_l2 = bmode == BMode.DIRECT and 4 * k * n <= module.target.l2_bytes // 8
+        if stream is None:  # B that half of L2 holds stays there from call to call: the
+            stream = 4 * k * n > module.target.l2_bytes // 2  # stream would only cost
         tm, tn = self._split(m, n, batch, threads, kern, bmode, n_unit, b_in_l2)
         mc = balanced_block(max(_parts(m, tm, kern.mr)), blk.mc, kern.mr)
         kc = balanced_block(k, blk.kc, 4)
@@ -79,11 +81,13 @@ class GemmPlan(NativePlan):
                   Param.BATCH: batch, Param.TM: tm, Param.TN: tn, Param.THREADS: threads,
                   Param.BMODE: bmode, Param.OFFSETS: self.offsets.ctypes.data,
                   Param.WS_PER_THREAD: ws_floats, Param.MC: mc, Param.KC: kc, Param.NC: nc,
-                  Param.DATA_OFFSET: DATA_OFFSET, Param.N_UNIT: n_unit}
+                  Param.DATA_OFFSET: DATA_OFFSET, Param.N_UNIT: n_unit,
+                  Param.STREAM: int(stream)}
         super().__init__(module.entries, Param, values)
         self.threads = threads
         self.kernel = kern
         self.bmode = bmode
+        self.stream = stream
         self.blocking = Blocking(mc, kc, nc)
         self.split = (tm, tn)
         self.ws_bytes = ws_floats * 4 * threads
@@ -235,13 +239,15 @@ def _gemv_plan(module, m, n, k, sa, sb, sc, beta, threads) -> GemvPlan | None:
 
 def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c: np.ndarray,
               beta: int, threads: int, blocking: Blocking | None = None,
-              bmode: BMode | None = None) -> GemmPlan | GemvPlan | EmptyKPlan:
+              bmode: BMode | None = None, stream: bool | None = None
+              ) -> GemmPlan | GemvPlan | EmptyKPlan:
     """Plan C (+)= A @ B for arrays of these shapes and strides (batch dims broadcast); the plan
     is called as `plan(a, b, c)` with `b` as given (an ndarray or a `PackedMatrix`'s data).
 
     `c` must have a unit column stride. A and B (unless pre-packed) hold `module.src` elements
     (C f32); other than f32 they are read in place by the GEMV (M or N = 1, widened as loaded)
-    and otherwise always packed: no in-place kernel or B."""
+    and otherwise always packed: no in-place kernel or B. `blocking`, `bmode` and `stream`
+    (whether tiles prefetch the next tiles' B) override the plan's own choices."""
     m, k = a.shape[-2:]
     n = c.shape[-1]
     if k == 0:
@@ -276,4 +282,4 @@ def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c
     offsets = _batch_offsets(batch_shape, (a.shape[:-2], sa[:-2]), b_batch,
                              (c.shape[:-2], sc[:-2]))
     strides = (sa[-2], sa[-1], sb[-2], sb[-1], sc[-2])
-    return GemmPlan(module, m, n, k, strides, offsets, beta, threads, bmode, blocking)
+    return GemmPlan(module, m, n, k, strides, offsets, beta, threads, bmode, blocking, stream)
