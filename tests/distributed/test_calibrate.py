@@ -32,8 +32,13 @@ def test_calibrated_model_predicts_a_16_mib_all_reduce(tmp_path, monkeypatch, ca
     assert "alpha" in out and "GB/s" in out
     cal = calibrate.measured("gloo", 2)
     assert cal is not None and cal.alpha > 0 and cal.beta > 0
-    (measured,) = calibrate.measure_all_reduce(2, "gloo", sizes=(16 << 20,), rounds=5)
     predicted = cal.all_reduce_seconds(16 << 20)
+    # The fit holds the calibration's own 16 MiB time...
+    assert 0.5 <= predicted / cal.seconds[cal.sizes.index(16 << 20)] <= 2.0
+    # ...and a fresh one: the best of three runs, since a shared host's noise only adds time
+    # (a run slowed 2x by a neighbour is no evidence against the model)
+    measured = min(calibrate.measure_all_reduce(2, "gloo", sizes=(16 << 20,), rounds=5)[0]
+                   for _ in range(3))
     assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
     # the cost model prices a 16 MiB all_reduce on a 2-way axis with the measured link alike
     model = AlphaBeta(Mesh("m", (("tp", 2),)), links={"tp": "measured"})
