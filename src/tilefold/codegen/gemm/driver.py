@@ -164,10 +164,10 @@ def _emit_block(module, kernel, table, pack_a, pack_b, src: Source) -> ir.Functi
                     return panel, b.select(in_place, rsb, w), nv, nr
 
                 def stream(jr, ir_, here):
-                    """The prefetch stream of tile `ir_` of panel `jr` (`share`'s), computed
-                    only where the plan streams; otherwise it stays on `here`, the tile's own
-                    panel (a prefetch of an unmapped address would walk the page tables every
-                    iteration)."""
+                    """The prefetch stream (pointer, step, lines) of tile `ir_` of panel `jr`:
+                    its `share`, worked out only where the plan streams. A stream with no
+                    lines stays on `here`, the tile's own panel (a prefetch of an unmapped
+                    address would walk the page tables every iteration)."""
                     i8p = u.i8.as_pointer()
                     if not kernel.streams:
                         return ir.Constant(i8p, None), u.const(0), u.const(0)

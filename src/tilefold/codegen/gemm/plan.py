@@ -65,9 +65,10 @@ class GemmPlan(NativePlan):
         threads = max(1, threads if 2 * m * n * k * batch >= PARALLEL_MIN_FLOPS else 1)
         blk = blocking or derive_blocking(module.target, kern, threads)
         n_unit = kern.nr if bmode == BMode.PREPACKED else kern.lanes
-        b_in_l2 = bmode == BMode.DIRECT and 4 * k * n <= module.target.l2_bytes // 8
-        if stream is None:  # B that half of L2 holds stays there from call to call: the
-            stream = 4 * k * n > module.target.l2_bytes // 2  # stream would only cost
+        b_bytes, l2 = 4 * k * n, module.target.l2_bytes
+        b_in_l2 = bmode == BMode.DIRECT and b_bytes <= l2 // 8
+        # B that half of L2 holds stays there from call to call: prefetching it only costs.
+        stream = b_bytes > l2 // 2 if stream is None else stream
         tm, tn = self._split(m, n, batch, threads, kern, bmode, n_unit, b_in_l2)
         mc = balanced_block(max(_parts(m, tm, kern.mr)), blk.mc, kern.mr)
         kc = balanced_block(k, blk.kc, 4)
