@@ -184,17 +184,22 @@ def _batch_offsets(batch_shape, *arrays_and_strides) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
-def choose_bmode(m: int, n: int, k: int, csb: int, module: GemmModule, threads: int) -> BMode:
+def choose_bmode(m: int, n: int, k: int, rsb: int, csb: int, module: GemmModule,
+                 threads: int) -> BMode:
     """Read B in place (rows contiguous) when few row panels would reuse a packed copy, or when
-    the B block each A micro-panel sweeps is small enough to stay in cache in place: then packing
-    is pure overhead (+7% on 12x128x128x64; 5-35% lost on blocks over 1/8 of L2)."""
+    the B block each A micro-panel sweeps is small enough to stay in cache in place and its
+    micro-panel's rows do not crowd L1's sets: then packing is pure overhead (+7% on
+    12x128x128x64 on a Xeon, 12-way L1; 5-35% lost on blocks over 1/8 of L2). On an 8-way L1
+    the same product lost 14% in place: its 64 rows, 512 bytes apart, share 8 sets."""
     kern = module.kernel
     if csb != 1 or n < kern.nr:
         return BMode.PACK
+    if m <= DIRECT_B_MAX_M:
+        return BMode.DIRECT
     blk = derive_blocking(module.target, kern, threads)
-    block_bytes = min(k, blk.kc) * min(n, blk.nc) * 4
-    if m <= DIRECT_B_MAX_M or (m <= DIRECT_B_SMALL_MAX_M
-                               and block_bytes <= module.target.l2_bytes // 8):
+    rows = min(k, blk.kc)
+    if (m <= DIRECT_B_SMALL_MAX_M and rows * min(n, blk.nc) * 4 <= module.target.l2_bytes // 8
+            and not _crowds_l1(module.target.l1d_bytes, rows, rsb * 4, kern.nr * 4)):
         return BMode.DIRECT
     return BMode.PACK
 
@@ -203,6 +208,20 @@ def choose_bmode(m: int, n: int, k: int, csb: int, module: GemmModule, threads: 
 DIRECT_B_MAX_M = 16
 # Up to this many rows, a B block in at most 1/8 of L2 is read in place (measured on a Xeon).
 DIRECT_B_SMALL_MAX_M = 256
+# An L1 data cache way: 64 sets of 64-byte lines, indexed by the offset within a 4 KiB page
+# (what lets x86 L1s be looked up before address translation).
+L1_WAY_BYTES, LINE_BYTES = 4096, 64
+
+
+def _crowds_l1(l1_bytes: int, rows: int, row_bytes: int, panel_bytes: int) -> bool:
+    """Whether `rows` rows of `panel_bytes`, `row_bytes` apart (a micro-panel of B read in
+    place), put as many lines on each L1 set they map to as the set has ways: A's panel and
+    C then evict them, and every k-step's B comes from L2."""
+    ways = max(1, l1_bytes // L1_WAY_BYTES)
+    lines_per_row = math.ceil(panel_bytes / LINE_BYTES)
+    period = L1_WAY_BYTES // math.gcd(row_bytes, L1_WAY_BYTES)  # rows until a set repeats
+    sets = min(period * lines_per_row, L1_WAY_BYTES // LINE_BYTES)
+    return math.ceil(rows * lines_per_row / sets) >= ways
 
 
 def _for_shape(module: GemmModule, n: int, csa: int, prepacked: bool = False) -> GemmModule:
@@ -276,7 +295,8 @@ def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c
         sb = es(b, b.itemsize)
         b_batch = (b.shape[:-2], sb[:-2])
         if bmode is None:
-            bmode = BMode.PACK if widened else choose_bmode(m, n, k, sb[-1], module, threads)
+            bmode = (BMode.PACK if widened
+                     else choose_bmode(m, n, k, sb[-2], sb[-1], module, threads))
         elif widened and bmode == BMode.DIRECT:
             raise UnsupportedError(f"GEMM: {module.src} B cannot be read in place; it is "
                                    "widened while packed (use BMode.PACK)")
