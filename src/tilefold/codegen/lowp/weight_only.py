@@ -109,11 +109,12 @@ class PanelLayout:
 def panel_layout(qt: QuantizedWeight, target: Target) -> PanelLayout:
     """The weight's panel layout for `target`'s vectors and decoder, built once and kept on the
     QuantizedTensor."""
-    lanes = 16 if target.has("avx512f") else 8
-    key = ("panels", lanes, target.has("avx512f"))
-    if key not in qt.kernel_layouts:
-        qt.kernel_layouts[key] = PanelLayout(qt, lanes, target)
-    return qt.kernel_layouts[key]
+    wide = "avx512f" in target.features
+    key = ("panels", wide)
+    layout = qt.kernel_layouts.get(key)
+    if layout is None:
+        layout = qt.kernel_layouts[key] = PanelLayout(qt, 16 if wide else 8, target)
+    return layout
 
 
 def _plan(layout: PanelLayout, m: int, ldx: int, target: Target, threads: int,
@@ -164,6 +165,7 @@ def weight_only_matmul(x: np.ndarray, qt: QuantizedWeight, target: Target | None
         kept = layout.plans[key] = (_plan(layout, m, ldx, target, threads, sx), sx)
     plan, sx = kept
     if layout.zcorr is not None:  # this call's row sums of x, where the plan reads them
-        np.sum(rows.reshape(m, layout.groups, layout.group), axis=-1, dtype=np.float32, out=sx)
+        # (`np.add.reduce`, not `np.sum`: the same sums without the wrapper's 3-6 us)
+        np.add.reduce(rows.reshape(m, layout.groups, layout.group), axis=2, out=sx)
     plan.run(x, layout.codes, y)
     return y[:, :layout.n]
