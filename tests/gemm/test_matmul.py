@@ -111,7 +111,7 @@ def test_matrix_vector_every_tail(form):
     rng = np.random.default_rng(11)
     module = gemm_module()
     for k in [*range(0, 35), 61]:
-        for outs in (1, 3, 4, 5, 8, 9, 16, 17, 33):
+        for outs in (1, 3, 4, 5, 8, 9, 16, 17, 33, 47, 57):
             matrix = make(rng, (k, outs) if form.startswith("x") else (outs, k),
                           "c" if form.endswith("rows") else "t")
             vector = rng.standard_normal((1, k) if form.startswith("x") else (k, 1),

@@ -20,7 +20,7 @@ V3 = host_target("x86-64-v3")
 DTYPES = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
 # 1s, primes, M == N == K, K of no useful factor, a row tail of every height, K over one block.
 SHAPES = [(1, 1, 1), (1, 37, 19), (23, 1, 5), (13, 13, 13), (97, 97, 97), (31, 263, 41),
-          (7, 301, 17), (64, 127, 96), (6, 16, 1), (257, 521, 33)]
+          (7, 301, 17), (64, 127, 96), (6, 16, 1), (257, 521, 33), (1, 23, 91)]
 
 
 @pytest.fixture(params=sorted(DTYPES))

@@ -22,6 +22,7 @@ _FP = u.f32.as_pointer()
 GEMV_ENTRY = "tf_gemv"
 DOT_ROWS = 4
 AXPY_ROWS = 8
+AXPY_VECTORS = 2  # y vectors an axpy step updates together (4 spilled registers on AVX2)
 
 
 class GemvParam(ParamBlock):
@@ -100,15 +101,22 @@ def _hsum(b, v):
     return b.call(fn, [ir.Constant(u.f32, 0.0), v], fastmath=("reassoc",))
 
 
-def _full_and_tail(b, start, stop, lanes, body):
-    """`body(index, mask)` over [start, stop) in vectors of `lanes`: unmasked full vectors
-    (mask None; plain loads, which masked ones cost several times on AVX2), then one masked
-    tail vector if any lanes are left."""
-    full_stop = b.sub(stop, b.srem(b.sub(stop, start), u.const(lanes)))
-    with u.for_range(b, start, full_stop, lanes, "v") as i:
-        body(i, None)
+def _full_and_tail(b, start, stop, lanes, body, group=1):
+    """`body(index, mask, vectors)` over [start, stop) in vectors of `lanes`: unmasked full
+    vectors (mask None; plain loads, which masked ones cost several times on AVX2), `group`
+    a call, then single ones, then one masked tail vector if any lanes are left."""
+    span = lanes * group
+    grouped_stop = b.sub(stop, b.srem(b.sub(stop, start), u.const(span)))
+    with u.for_range(b, start, grouped_stop, span, "vg") as i:
+        body(i, None, group)
+    if group > 1:
+        full_stop = b.sub(stop, b.srem(b.sub(stop, start), u.const(lanes)))
+        with u.for_range(b, grouped_stop, full_stop, lanes, "v") as i:
+            body(i, None, 1)
+    else:
+        full_stop = grouped_stop
     with b.if_then(b.icmp_signed("<", full_stop, stop)):
-        body(full_stop, u.lane_mask(b, b.sub(stop, full_stop), lanes))
+        body(full_stop, u.lane_mask(b, b.sub(stop, full_stop), lanes), 1)
 
 
 def _ahead(b, ptr, ahead):
@@ -203,14 +211,19 @@ def _axpy_panel(b, p0, p1, arg, keep_y, lanes, src):
                           for kt in ks]
                     row_ptrs = [u.gep(b, w, b.mul(kt, ldw)) for kt in ks]
 
-                    def update(i, mask, xs=xs, row_ptrs=row_ptrs):
-                        yp = u.gep(b, y, i)
-                        acc = b.select(read_y, _load(b, yp, mask, lanes), zero)
+                    def update(i, mask, vectors, xs=xs, row_ptrs=row_ptrs):
+                        """y[i : i + vectors * lanes]: one accumulator a vector, the rows'
+                        FMAs interleaved across them (a single vector's chain of dependent
+                        FMAs left the loop at the FMA latency), W's prefetch once a line."""
+                        at = [b.add(i, u.const(v * lanes)) for v in range(vectors)]
+                        yps = [u.gep(b, y, j) for j in at]
+                        accs = [b.select(read_y, _load(b, yp, mask, lanes), zero) for yp in yps]
                         for xt, row in zip(xs, row_ptrs, strict=True):
                             if mask is None:
                                 _ahead(b, u.gep(b, row, i), ahead)
-                            acc = u.fma(b, _load_src(b, u.gep(b, row, i), mask, lanes, src), xt,
-                                        acc)
-                        _store(b, acc, yp, mask, lanes)
+                            accs = [u.fma(b, _load_src(b, u.gep(b, row, j), mask, lanes, src),
+                                          xt, acc) for j, acc in zip(at, accs, strict=True)]
+                        for acc, yp in zip(accs, yps, strict=True):
+                            _store(b, acc, yp, mask, lanes)
 
-                    _full_and_tail(b, p0, p1, lanes, update)
+                    _full_and_tail(b, p0, p1, lanes, update, AXPY_VECTORS)
