@@ -137,3 +137,26 @@ def test_f32_gemm_still_reads_in_place():
     row = np.empty((1, 32), np.float32)
     assert type(make_plan(gemm_module(V3), a[:1], b, row, 0, 1)).__name__ == "GemvPlan"
     assert type(make_plan(_module("bf16"), bf[0][:1], bf[1], row, 0, 1)).__name__ == "GemvPlan"
+
+
+@pytest.mark.parametrize("target", sorted({V3, host_target()}, key=lambda t: t.name),
+                         ids=lambda t: t.name)
+def test_widened_matrix_vector_every_tail(rng, src, target):
+    """x @ W with 2-byte x and W (the GEMV's axpy form: bf16 W read as pairs, y split into
+    even and odd elements while it runs) on output counts around every step width, rows of K
+    around the 8-row blocks, into a NaN-filled y (beta 0) and accumulating into y (beta 1)."""
+    module = gemm_module(target, select_microkernel(target), src)
+    for k in (1, 7, 8, 9, 19):
+        for outs in (1, 8, 15, 16, 17, 31, 32, 33, 47, 57, 64, 91, 100):
+            x, w = _rand(rng, (1, k), src), _rand(rng, (k, outs), src)
+            x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+            for beta in (0, 1):
+                for threads in (1, 2):
+                    y0 = rng.standard_normal((1, outs), dtype=np.float32)
+                    y = y0.copy() if beta else np.full_like(y0, np.nan)
+                    plan = make_plan(module, x, w, y, beta, threads)
+                    assert type(plan).__name__ == "GemvPlan"
+                    plan(x, w, y)
+                    want = x64 @ w64 + (y0 if beta else 0)
+                    assert_close(y, want, dtype="f32", reduced=k + 1,
+                                 scale=np.abs(x64) @ np.abs(w64) + np.abs(want))

@@ -101,22 +101,52 @@ def _hsum(b, v):
     return b.call(fn, [ir.Constant(u.f32, 0.0), v], fastmath=("reassoc",))
 
 
+def _grouped_stop(b, start, stop, span):
+    """End of the whole `span`s of [start, stop)."""
+    return b.sub(stop, b.srem(b.sub(stop, start), u.const(span)))
+
+
 def _full_and_tail(b, start, stop, lanes, body, group=1):
     """`body(index, mask, vectors)` over [start, stop) in vectors of `lanes`: unmasked full
     vectors (mask None; plain loads, which masked ones cost several times on AVX2), `group`
     a call, then single ones, then one masked tail vector if any lanes are left."""
-    span = lanes * group
-    grouped_stop = b.sub(stop, b.srem(b.sub(stop, start), u.const(span)))
-    with u.for_range(b, start, grouped_stop, span, "vg") as i:
+    grouped_stop = _grouped_stop(b, start, stop, lanes * group)
+    with u.for_range(b, start, grouped_stop, lanes * group, "vg") as i:
         body(i, None, group)
     if group > 1:
-        full_stop = b.sub(stop, b.srem(b.sub(stop, start), u.const(lanes)))
+        full_stop = _grouped_stop(b, start, stop, lanes)
         with u.for_range(b, grouped_stop, full_stop, lanes, "v") as i:
             body(i, None, 1)
     else:
         full_stop = grouped_stop
     with b.if_then(b.icmp_signed("<", full_stop, stop)):
         body(full_stop, u.lane_mask(b, b.sub(stop, full_stop), lanes), 1)
+
+
+def _bf16_pairs(b, ptr, lanes):
+    """2 * `lanes` bf16 at `ptr` as f32 (even elements, odd elements): one load of i32 pairs,
+    then a shift (the low halves, elements 2j) and a mask (the high halves, 2j + 1) instead
+    of a widening shuffle and a shift for every `lanes` of them."""
+    i32s = u.vec(u.i32, lanes)
+    v = b.load(b.bitcast(ptr, i32s.as_pointer()), align=2)
+    f32s = u.vec(u.f32, lanes)
+    even = b.shl(v, ir.Constant(i32s, [16] * lanes))
+    odd = b.and_(v, ir.Constant(i32s, [-(1 << 16)] * lanes))
+    return b.bitcast(even, f32s), b.bitcast(odd, f32s)
+
+
+def _permute_pairs(b, y, start, stop, lanes, split):
+    """Each whole 2 * `lanes` of y[start:stop] as (even elements, odd elements) (`split`), or
+    back to the order they belong in."""
+    idx = (list(range(0, 2 * lanes, 2)) + list(range(1, 2 * lanes, 2)) if split else
+           [j // 2 + (j % 2) * lanes for j in range(2 * lanes)])
+    with u.for_range(b, start, _grouped_stop(b, start, stop, 2 * lanes), 2 * lanes,
+                     "py") as i:
+        ptrs = [u.vptr(b, u.gep(b, y, b.add(i, u.const(h * lanes))), lanes) for h in (0, 1)]
+        lo, hi = (b.load(p, align=4) for p in ptrs)
+        for h, p in enumerate(ptrs):
+            mask = ir.Constant(u.vec(u.i32, lanes), idx[h * lanes:(h + 1) * lanes])
+            b.store(b.shuffle_vector(lo, hi, mask), p, align=4)
 
 
 def _ahead(b, ptr, ahead):
@@ -197,9 +227,16 @@ def _emit_axpy(module, lanes, src):
 
 
 def _axpy_panel(b, p0, p1, arg, keep_y, lanes, src):
-    """y[p0:p1] (+)= sum over all k of W(p0:p1, k) x[k]."""
+    """y[p0:p1] (+)= sum over all k of W(p0:p1, k) x[k].
+
+    bf16 W is read as pairs (`_bf16_pairs`) where a step covers two vectors: those steps keep
+    their part of y split into even and odd elements while they run, put back after."""
     k, w, ldw, x, incx, y, ahead = (arg[n] for n in ("k", "w", "ldw", "x", "incx", "y", "ahead"))
     zero = u.zeros(u.vec(u.f32, lanes))
+    pairs = src == "bf16" and AXPY_VECTORS == 2
+    if pairs:
+        with b.if_then(keep_y):
+            _permute_pairs(b, y, p0, p1, lanes, split=True)
     with u.for_chunks(b, u.const(0), k, (AXPY_ROWS, 1), "kb") as (kb, count):
         read_y = b.or_(keep_y, b.icmp_signed(">", kb, u.const(0)))
         full = b.icmp_signed("==", count, u.const(AXPY_ROWS))
@@ -214,16 +251,23 @@ def _axpy_panel(b, p0, p1, arg, keep_y, lanes, src):
                     def update(i, mask, vectors, xs=xs, row_ptrs=row_ptrs):
                         """y[i : i + vectors * lanes]: one accumulator a vector, the rows'
                         FMAs interleaved across them (a single vector's chain of dependent
-                        FMAs left the loop at the FMA latency), W's prefetch once a line."""
+                        FMAs left the loop at the FMA latency), W prefetched once a step."""
                         at = [b.add(i, u.const(v * lanes)) for v in range(vectors)]
                         yps = [u.gep(b, y, j) for j in at]
                         accs = [b.select(read_y, _load(b, yp, mask, lanes), zero) for yp in yps]
                         for xt, row in zip(xs, row_ptrs, strict=True):
                             if mask is None:
                                 _ahead(b, u.gep(b, row, i), ahead)
-                            accs = [u.fma(b, _load_src(b, u.gep(b, row, j), mask, lanes, src),
-                                          xt, acc) for j, acc in zip(at, accs, strict=True)]
+                            if pairs and vectors == 2:
+                                ws = _bf16_pairs(b, u.gep(b, row, i), lanes)
+                            else:
+                                ws = [_load_src(b, u.gep(b, row, j), mask, lanes, src)
+                                      for j in at]
+                            accs = [u.fma(b, wv, xt, acc)
+                                    for wv, acc in zip(ws, accs, strict=True)]
                         for acc, yp in zip(accs, yps, strict=True):
                             _store(b, acc, yp, mask, lanes)
 
                     _full_and_tail(b, p0, p1, lanes, update, AXPY_VECTORS)
+    if pairs:
+        _permute_pairs(b, y, p0, p1, lanes, split=False)
