@@ -63,13 +63,16 @@ def test_narrow_products(isa, m, n, k, layout, threads):
 
 def _reads_rows_in_place(module, n: int, prepacked: bool = False):
     """The kernel a row-major A of an N-column product gets: "narrow" up to its NR (16 columns
-    on AVX-512) unless B is pre-packed in other panels, else "rows" up to its `max_n`."""
+    on AVX-512) unless B is pre-packed in other panels, else "rows" up to its `max_n` (a
+    "rows" kernel of any width only for B packed per call)."""
     narrow = select_microkernel(module.target, shape_class="narrow")
     same_panels = (narrow.nr, narrow.lanes) == (module.kernel.nr, module.kernel.lanes)
     if narrow.shape_class == "narrow" and n <= narrow.nr and (same_panels or not prepacked):
         return narrow
     rows = select_microkernel(module.target, shape_class="rows")
-    return rows if rows.max_n is None or n <= rows.max_n else module.kernel
+    if rows.max_n is None:
+        return module.kernel if prepacked else rows
+    return rows if n <= rows.max_n else module.kernel
 
 
 @pytest.mark.parametrize("isa", [None, "x86-64-v3"])
@@ -91,9 +94,9 @@ def test_rows_products(isa, m, n, k, layout, threads):
 
 
 @pytest.mark.parametrize("n", [130, 12])
-def test_prepacked_b_is_read_by_the_rows_kernel(n):
-    """Also when C is narrow: the narrow kernel's panels differ, and the rows kernel reads A in
-    place rather than the general kernel packing it."""
+def test_prepacked_b_goes_to_the_kernel_its_panels_and_width_pick(n):
+    """When C is narrow the narrow kernel's panels differ: a rows kernel limited to narrow C
+    reads A in place; one for any width gives way to the general kernel packing A."""
     module = gemm_module()
     rng = np.random.default_rng(3)
     a = rng.standard_normal((37, 300), dtype=np.float32)

@@ -19,6 +19,11 @@ from tilefold.errors import UnsupportedError
 
 # Below this many flops a second thread costs more (wake-up, split) than it saves.
 PARALLEL_MIN_FLOPS = 2_000_000
+# A kernel keeping its A micro-panel in L1 runs a K up to this many KCs as one K block (the
+# panel then takes up to a quarter of L1 instead of a sixth): each further K block loads and
+# stores every C tile once more (1024x1536x384 at 2 threads, rocketlake: one block of 384
+# +5% over two of 192; large products unchanged).
+ONE_K_BLOCK_SLACK = 1.5
 
 
 def _parts(extent: int, parts: int, unit: int) -> list[int]:
@@ -72,6 +77,8 @@ class GemmPlan(NativePlan):
         tm, tn = self._split(m, n, batch, threads, kern, bmode, n_unit, b_in_l2)
         mc = balanced_block(max(_parts(m, tm, kern.mr)), blk.mc, kern.mr)
         kc = balanced_block(k, blk.kc, 4)
+        if blocking is None and kern.a_in_l1 and k <= ONE_K_BLOCK_SLACK * blk.kc:
+            kc = balanced_block(k, k + 3, 4)  # one K block: C's tiles stored once
         nc = balanced_block(max(_parts(n, tn, n_unit)), blk.nc, kern.nr)
         ws_floats = mc * kc + kc * min(nc, math.ceil(n / kern.lanes) * kern.lanes) + 16
         ws_floats = math.ceil(ws_floats / 16) * 16
@@ -228,13 +235,18 @@ def _for_shape(module: GemmModule, n: int, csa: int, prepacked: bool = False) ->
     """The module of the micro-kernel for this product's shape class: with A rows contiguous,
     a narrow kernel when C is at most its NR wide, else the "rows" kernel (A read in place)
     up to its `max_n` columns; a target without such entries keeps the general one. B
-    pre-packed into `module`'s panels can only go to a kernel with the same panels."""
+    pre-packed into `module`'s panels can only go to a kernel with the same panels, and not
+    to a "rows" kernel of any width: with no B to pack per call, packing A pays (avx512_8x48
+    over avx512_8x48_rows on rocketlake, 2 threads: +2-7% on the MiniLM products, 0-4% on
+    32-256 rows; with B packed per call the rows kernel wins 2-10%)."""
     kern = module.kernel
     if kern.shape_class != "general" or csa != 1:
         return module
     for shape_class in ("narrow", "rows"):
         entry = select_microkernel(module.target, kern.dtype, shape_class)
         widest = entry.nr if shape_class == "narrow" else entry.max_n
+        if prepacked and widest is None:
+            continue
         if (entry.shape_class == shape_class and (widest is None or n <= widest)
                 and (not prepacked or (entry.nr, entry.lanes) == (kern.nr, kern.lanes))):
             return gemm_module(module.target, entry)
@@ -278,29 +290,52 @@ def make_plan(module: GemmModule, a: np.ndarray, b: np.ndarray | PackedMatrix, c
         return tuple(s // el for s in x.strides)
 
     sa, sc = es(a, a.itemsize), es(c, 4)
-    batch_shape = c.shape[:-2]
     packed = isinstance(b, PackedMatrix)
+    sb = (0, 0) if packed else es(b, b.itemsize)
+    b_batch = ((), ()) if packed else (b.shape[:-2], sb[:-2])
+    batch_shape, a_batch, b_batch, m, sa, sc = _fold_rows(
+        c.shape[:-2], (a.shape[:-2], sa[:-2]), b_batch, m, sa, sc)
     if (not packed and math.prod(batch_shape) == 1 and (m == 1 or n == 1)
             and bmode is None and blocking is None):
-        gemv = _gemv_plan(module, m, n, k, sa[-2:], es(b, b.itemsize)[-2:], sc[-2:], beta,
-                          threads)
+        gemv = _gemv_plan(module, m, n, k, sa[-2:], sb[-2:], sc[-2:], beta, threads)
         if gemv is not None:
             return gemv
     if blocking is None and not widened:
         module = _for_shape(module, n, sa[-1], prepacked=packed)
     if packed:
-        sb, b_batch = (0, 0), ((), ())
         bmode = BMode.PREPACKED
-    else:
-        sb = es(b, b.itemsize)
-        b_batch = (b.shape[:-2], sb[:-2])
-        if bmode is None:
-            bmode = (BMode.PACK if widened
-                     else choose_bmode(m, n, k, sb[-2], sb[-1], module, threads))
-        elif widened and bmode == BMode.DIRECT:
-            raise UnsupportedError(f"GEMM: {module.src} B cannot be read in place; it is "
-                                   "widened while packed (use BMode.PACK)")
-    offsets = _batch_offsets(batch_shape, (a.shape[:-2], sa[:-2]), b_batch,
-                             (c.shape[:-2], sc[:-2]))
+    elif bmode is None:
+        bmode = (BMode.PACK if widened
+                 else choose_bmode(m, n, k, sb[-2], sb[-1], module, threads))
+    elif widened and bmode == BMode.DIRECT:
+        raise UnsupportedError(f"GEMM: {module.src} B cannot be read in place; it is "
+                               "widened while packed (use BMode.PACK)")
+    offsets = _batch_offsets(batch_shape, a_batch, b_batch, (batch_shape, sc[:-2]))
     strides = (sa[-2], sa[-1], sb[-2], sb[-1], sc[-2])
     return GemmPlan(module, m, n, k, strides, offsets, beta, threads, bmode, blocking, stream)
+
+
+def _fold_rows(batch_shape: tuple, a_batch: tuple, b_batch: tuple, m: int, sa: tuple,
+               sc: tuple) -> tuple:
+    """Fold C's innermost batch dims into M where B is the same for every entry and A's and
+    C's entries follow one another row after row ([8, 128, K] @ [K, N] is one 1024-row
+    product: one thread split and one B sweep for all rows, not eight 128-row products).
+    Returns (batch_shape, a_batch, b_batch, m, sa, sc) with the folded dims dropped."""
+    def aligned(shape, strides):  # padded to C's batch rank: a missing dim is broadcast
+        lead = len(batch_shape) - len(shape)
+        return [1] * lead + list(shape), [0] * lead + list(strides)
+
+    (a_shape, a_str), (b_shape, b_str) = aligned(*a_batch), aligned(*b_batch)
+    c_str = list(sc[:-2])
+    rows = m
+    while batch_shape:
+        size = batch_shape[-1]
+        if size != 1 and not (a_shape[-1] == size and (b_shape[-1] == 1 or b_str[-1] == 0)
+                              and a_str[-1] == rows * sa[-2] and c_str[-1] == rows * sc[-2]):
+            break
+        rows *= size
+        batch_shape = batch_shape[:-1]
+        for dims in (a_shape, a_str, b_shape, b_str, c_str):
+            dims.pop()
+    return (batch_shape, (tuple(a_shape), tuple(a_str)), (tuple(b_shape), tuple(b_str)), rows,
+            (*a_str, *sa[-2:]), (*c_str, *sc[-2:]))
