@@ -35,8 +35,9 @@ class MathBuilder:
         self.b = b
         self.ty = ty
         lanes = ty.count if isinstance(ty, ir.VectorType) else None
-        # AVX-512's vscalefps: x * 2**n in one instruction, rounding subnormals once.
-        self.scalef = (lanes == 16 and "avx512f" in features) or \
+        # AVX-512's vscalefps: x * 2**n in one instruction, rounding subnormals once; wider
+        # vectors (`MATH_VECTORS` registers evaluated as one) take one per 16 lanes.
+        self.scalef = (lanes is not None and lanes % 16 == 0 and "avx512f" in features) or \
             (lanes in (4, 8) and {"avx512f", "avx512vl"} <= features)
         self.ity = I32 if lanes is None else ir.VectorType(I32, lanes)
         self._suffix = "f32" if lanes is None else f"v{lanes}f32"
@@ -96,12 +97,26 @@ class MathBuilder:
     def scale(self, x: ir.Value, n: ir.Value) -> ir.Value:
         """x * 2**n for integral float n (only when `self.scalef`)."""
         lanes = self.ty.count
+        if lanes > 16:  # one vscalefps per 512-bit piece
+            pieces = [self._scalef(self._lanes(x, i, 16), self._lanes(n, i, 16))
+                      for i in range(0, lanes, 16)]
+            while len(pieces) > 1:
+                pieces = [self.b.shuffle_vector(p, q, lane_indices(0, 2 * p.type.count))
+                          for p, q in zip(pieces[0::2], pieces[1::2], strict=True)]
+            return pieces[0]
+        return self._scalef(x, n)
+
+    def _scalef(self, x: ir.Value, n: ir.Value) -> ir.Value:
+        ty = x.type
+        lanes = ty.count
         mask = ir.IntType(max(lanes, 8))
-        args = [self.ty, self.ty, self.ty, mask] + ([I32] if lanes == 16 else [])
-        fn = intrinsic(self.b.module, f"llvm.x86.avx512.mask.scalef.ps.{32 * lanes}", self.ty,
-                       args)
+        args = [ty, ty, ty, mask] + ([I32] if lanes == 16 else [])
+        fn = intrinsic(self.b.module, f"llvm.x86.avx512.mask.scalef.ps.{32 * lanes}", ty, args)
         extra = [ir.Constant(I32, 4)] if lanes == 16 else []  # 4: current rounding mode
         return self.b.call(fn, [x, n, x, ir.Constant(mask, -1), *extra])
+
+    def _lanes(self, x: ir.Value, first: int, count: int) -> ir.Value:
+        return self.b.shuffle_vector(x, x, lane_indices(first, count))
 
     def bits(self, x: ir.Value) -> ir.Value:
         return self.b.bitcast(x, self.ity)
@@ -121,3 +136,8 @@ class MathBuilder:
         yy = b.fsub(hi, x)
         lo = b.fadd(b.fsub(x, b.fsub(hi, yy)), b.fsub(y, yy))
         return hi, lo
+
+
+def lane_indices(first: int, count: int) -> ir.Constant:
+    """Shuffle indices picking `count` lanes from lane `first` on."""
+    return ir.Constant(ir.VectorType(I32, count), list(range(first, first + count)))
