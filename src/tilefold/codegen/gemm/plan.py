@@ -78,7 +78,7 @@ class GemmPlan(NativePlan):
         mc = balanced_block(max(_parts(m, tm, kern.mr)), blk.mc, kern.mr)
         kc = balanced_block(k, blk.kc, 4)
         if blocking is None and kern.a_in_l1 and k <= ONE_K_BLOCK_SLACK * blk.kc:
-            kc = balanced_block(k, k + 3, 4)  # one K block: C's tiles stored once
+            kc = math.ceil(k / 4) * 4  # one K block: C's tiles stored once
         nc = balanced_block(max(_parts(n, tn, n_unit)), blk.nc, kern.nr)
         ws_floats = mc * kc + kc * min(nc, math.ceil(n / kern.lanes) * kern.lanes) + 16
         ws_floats = math.ceil(ws_floats / 16) * 16

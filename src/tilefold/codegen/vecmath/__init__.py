@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from tilefold.codegen.vecmath.builder import MathBuilder, lane_indices
+from tilefold.codegen.vecmath.builder import MathBuilder, concat_lanes, split_lanes
 from tilefold.codegen.vecmath.erf import erf, gelu
 from tilefold.codegen.vecmath.exp_log import exp, exp_nonpositive, log
 from tilefold.codegen.vecmath.logistic import gelu_tanh, sigmoid, silu, tanh
@@ -82,16 +82,8 @@ def emit_math_parts(b: ir.IRBuilder, name: str, parts: tuple[ir.Value, ...],
     out: list[ir.Value] = []
     for start in range(0, len(parts), MATH_VECTORS):
         group = list(parts[start:start + MATH_VECTORS])
-        lanes = group[0].type.count
-        while len(group) > 1:  # concatenate pairwise (part counts are powers of two)
-            width = 2 * group[0].type.count
-            group = [b.shuffle_vector(x, y, lane_indices(0, width))
-                     for x, y in zip(group[0::2], group[1::2], strict=True)]
-        wide = emit_math(b, name, group[0], features)
-        pieces = wide.type.count // lanes
-        out.extend(wide if pieces == 1 else b.shuffle_vector(wide, wide, lane_indices(k * lanes,
-                                                                                    lanes))
-                   for k in range(pieces))
+        wide = emit_math(b, name, concat_lanes(b, group), features)
+        out.extend(split_lanes(b, wide, group[0].type.count))
     return tuple(out)
 
 

@@ -98,12 +98,8 @@ class MathBuilder:
         """x * 2**n for integral float n (only when `self.scalef`)."""
         lanes = self.ty.count
         if lanes > 16:  # one vscalefps per 512-bit piece
-            pieces = [self._scalef(self._lanes(x, i, 16), self._lanes(n, i, 16))
-                      for i in range(0, lanes, 16)]
-            while len(pieces) > 1:
-                pieces = [self.b.shuffle_vector(p, q, lane_indices(0, 2 * p.type.count))
-                          for p, q in zip(pieces[0::2], pieces[1::2], strict=True)]
-            return pieces[0]
+            return concat_lanes(self.b, [self._scalef(p, q) for p, q in zip(
+                split_lanes(self.b, x, 16), split_lanes(self.b, n, 16), strict=True)])
         return self._scalef(x, n)
 
     def _scalef(self, x: ir.Value, n: ir.Value) -> ir.Value:
@@ -114,9 +110,6 @@ class MathBuilder:
         fn = intrinsic(self.b.module, f"llvm.x86.avx512.mask.scalef.ps.{32 * lanes}", ty, args)
         extra = [ir.Constant(I32, 4)] if lanes == 16 else []  # 4: current rounding mode
         return self.b.call(fn, [x, n, x, ir.Constant(mask, -1), *extra])
-
-    def _lanes(self, x: ir.Value, first: int, count: int) -> ir.Value:
-        return self.b.shuffle_vector(x, x, lane_indices(first, count))
 
     def bits(self, x: ir.Value) -> ir.Value:
         return self.b.bitcast(x, self.ity)
@@ -138,6 +131,22 @@ class MathBuilder:
         return hi, lo
 
 
-def lane_indices(first: int, count: int) -> ir.Constant:
-    """Shuffle indices picking `count` lanes from lane `first` on."""
+def split_lanes(b: ir.IRBuilder, x: ir.Value, lanes: int) -> list[ir.Value]:
+    """Vector `x` as consecutive `lanes`-wide pieces (itself when it is that wide)."""
+    count = x.type.count
+    if count == lanes:
+        return [x]
+    return [b.shuffle_vector(x, x, _lane_indices(first, lanes))
+            for first in range(0, count, lanes)]
+
+
+def concat_lanes(b: ir.IRBuilder, pieces: list[ir.Value]) -> ir.Value:
+    """The equal vectors `pieces` (a power-of-two count) as one vector, in order."""
+    while len(pieces) > 1:
+        pieces = [b.shuffle_vector(x, y, _lane_indices(0, 2 * x.type.count))
+                  for x, y in zip(pieces[0::2], pieces[1::2], strict=True)]
+    return pieces[0]
+
+
+def _lane_indices(first: int, count: int) -> ir.Constant:
     return ir.Constant(ir.VectorType(I32, count), list(range(first, first + count)))
