@@ -11,7 +11,7 @@ from tilefold.codegen.gemm.blocking import derive_blocking
 from tilefold.codegen.gemm.driver import Param
 from tilefold.codegen.gemm.gemv import GemvParam
 from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import ONE_K_BLOCK_SLACK, GemmPlan, make_plan
+from tilefold.codegen.gemm.plan import ONE_K_BLOCK_SLACK, GemmPlan, k_block, make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.gemm.registry import select_microkernel
 from tilefold.target import host_target, named_target
@@ -86,32 +86,42 @@ def test_prepacked_b_folds_too():
 
 
 def _a_in_l1_module():
-    """The AVX-512 module (its tile keeps A's micro-panel in L1); planned, run only if the
-    host can."""
+    """The AVX-512 module (its tile keeps A's micro-panel in L1); run only if the host can."""
     target = named_target("x86-64-v4")
     kernel = select_microkernel(target)
     assert kernel.a_in_l1
     return gemm_module(target, kernel)
 
 
+def _a_in_l1_kernel_and_kc():
+    """The AVX-512 A-in-L1 kernel and its one-thread KC: planned on every host."""
+    target = named_target("x86-64-v4")
+    kernel = select_microkernel(target)
+    assert kernel.a_in_l1
+    return kernel, derive_blocking(target, kernel, 1).kc
+
+
 @pytest.mark.parametrize("over", [1.0, 1.25, ONE_K_BLOCK_SLACK])
 def test_a_k_barely_over_kc_runs_as_one_block(over):
-    module = _a_in_l1_module()
-    kc = derive_blocking(module.target, module.kernel, 1).kc
-    k = int(kc * over)
-    a, b = _operands(np.random.default_rng(k), (64, k), (k, 96))
-    c = np.empty((64, 96), np.float32)
-    assert make_plan(module, a, b, c, 0, 1).blocking.kc == k
+    kernel, kc = _a_in_l1_kernel_and_kc()
+    k = int(kc * over) - 1  # not a multiple of 4: the block rounds it up
+    assert k_block(kernel, k, kc) == -(-k // 4) * 4
 
 
 def test_a_longer_k_keeps_balanced_blocks_of_at_most_kc():
-    module = _a_in_l1_module()
-    kc = derive_blocking(module.target, module.kernel, 1).kc
+    kernel, kc = _a_in_l1_kernel_and_kc()
     k = int(kc * ONE_K_BLOCK_SLACK) + 4
-    a, b = _operands(np.random.default_rng(k), (64, k), (k, 96))
-    c = np.empty((64, 96), np.float32)
-    got = make_plan(module, a, b, c, 0, 1).blocking.kc
+    got = k_block(kernel, k, kc)
     assert got <= kc and -(-k // got) == 2
+
+
+def test_kernels_streaming_a_keep_blocks_of_at_most_kc():
+    target = named_target("x86-64-v3")
+    kernel = select_microkernel(target)
+    kc = derive_blocking(target, kernel, 1).kc
+    assert not kernel.a_in_l1
+    got = k_block(kernel, kc + 4, kc)
+    assert got <= kc and -(-(kc + 4) // got) == 2
 
 
 @pytest.mark.skipif(not host_target().has("avx512f"), reason="the host cannot run AVX-512")

@@ -59,6 +59,15 @@ def _part_cost(rows: int, cols: int, kern, bmode: BMode) -> float:
     return cost
 
 
+def k_block(kern, k: int, kc: int) -> int:
+    """The K block for a K of `k` under the blocking's `kc`: balanced blocks of at most `kc`,
+    or all of K in one block (C's tiles stored once) on kernels keeping A's micro-panel in L1
+    when K is at most ONE_K_BLOCK_SLACK * kc."""
+    if kern.a_in_l1 and k <= ONE_K_BLOCK_SLACK * kc:
+        return math.ceil(k / 4) * 4
+    return balanced_block(k, kc, 4)
+
+
 class GemmPlan(NativePlan):
     """A ready-to-run (batched) GEMM of fixed shapes and strides; `run(a, b, c)`."""
 
@@ -76,9 +85,7 @@ class GemmPlan(NativePlan):
         stream = b_bytes > l2 // 2 if stream is None else stream
         tm, tn = self._split(m, n, batch, threads, kern, bmode, n_unit, b_in_l2)
         mc = balanced_block(max(_parts(m, tm, kern.mr)), blk.mc, kern.mr)
-        kc = balanced_block(k, blk.kc, 4)
-        if blocking is None and kern.a_in_l1 and k <= ONE_K_BLOCK_SLACK * blk.kc:
-            kc = math.ceil(k / 4) * 4  # one K block: C's tiles stored once
+        kc = k_block(kern, k, blk.kc) if blocking is None else balanced_block(k, blk.kc, 4)
         nc = balanced_block(max(_parts(n, tn, n_unit)), blk.nc, kern.nr)
         ws_floats = mc * kc + kc * min(nc, math.ceil(n / kern.lanes) * kern.lanes) + 16
         ws_floats = math.ceil(ws_floats / 16) * 16
