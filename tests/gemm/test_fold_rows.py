@@ -85,19 +85,22 @@ def test_prepacked_b_folds_too():
     check_matmul(c, a, b)
 
 
-def _a_in_l1_module():
-    """The AVX-512 module (its tile keeps A's micro-panel in L1); run only if the host can."""
+def _a_in_l1_kernel():
+    """The x86-64-v4 target and its micro-kernel, whose tile keeps A's micro-panel in L1."""
     target = named_target("x86-64-v4")
     kernel = select_microkernel(target)
     assert kernel.a_in_l1
-    return gemm_module(target, kernel)
+    return target, kernel
+
+
+def _a_in_l1_module():
+    """The AVX-512 module of that kernel; run only if the host can."""
+    return gemm_module(*_a_in_l1_kernel())
 
 
 def _a_in_l1_kernel_and_kc():
-    """The AVX-512 A-in-L1 kernel and its one-thread KC: planned on every host."""
-    target = named_target("x86-64-v4")
-    kernel = select_microkernel(target)
-    assert kernel.a_in_l1
+    """The A-in-L1 kernel and its one-thread KC: planned on every host."""
+    target, kernel = _a_in_l1_kernel()
     return kernel, derive_blocking(target, kernel, 1).kc
 
 
