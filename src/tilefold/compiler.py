@@ -7,6 +7,8 @@ at plan time over the planned buffers: they cost nothing per call. Kernels that 
 layout (`Kernel.strided`) get the views; others get a contiguous copy. A kernel that writes
 any layout (`strided_out`) and whose result only feeds a transpose writes straight into the
 transposed buffer, so e.g. attention's heads-to-hidden transpose and reshape are free.
+A result donated to an argument (`donate`: a KV cache the caller wants written) that updates
+that argument in place (`UPDATES`) is written into the argument's own array.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from tilefold.errors import ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
+from tilefold.ir.ops.index import index_key
 from tilefold.ir.ops.shape import slice_index
 from tilefold.ir.types import SymDim
 from tilefold.passes import PassManager
@@ -43,6 +46,16 @@ VIEWS: dict[str, View] = {
 }
 
 
+def _index_put(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs: dict) -> None:
+    out[index_key("index_put", out.shape, attrs["axes"], list(indices))] = values
+
+
+# Ops whose result is operand 0 with some elements replaced: when operand 0's memory is free to
+# overwrite (a donated argument or an intermediate, read by nothing later), the op writes just
+# those elements there (`run(x_as_out, *other_operands, attrs=...)`), not a copy of x.
+UPDATES: dict[str, Callable[..., None]] = {"index_put": _index_put}
+
+
 @dataclass
 class Plan:
     """Everything one input signature needs: steps, preallocated intermediates, outputs."""
@@ -51,7 +64,7 @@ class Plan:
     env: list  # slot -> array (constants, intermediates and views filled in, inputs per call)
     input_slots: list[int]
     output_slots: list[tuple[int, tuple, np.dtype]]  # fresh arrays per call
-    results: list[tuple[int, bool]]  # (slot, copy: a view, input or constant)
+    results: list[tuple[int, bool]]  # (slot, copy: a view, input or constant, not in place)
     decisions: list[Decision]
     layout: dict[str, str]  # layout op result -> "view" or "copy" (for explain)
     poisoned: bool = False  # strict: fresh buffers start as NaN (int max), never stale values
@@ -69,13 +82,15 @@ def poison(shape: tuple, dtype: np.dtype) -> np.ndarray:
 
 class CompiledGraph:
     """A compiled function: call it with NumPy arrays, get a list of NumPy arrays back (one per
-    result of the function, even when there is one; each a fresh array the caller owns)."""
+    result of the function, even when there is one; each a fresh array the caller owns, except
+    a `donate`d result written in place: that is the very argument array it updated)."""
 
     def __init__(
         self, module: Module, function: str, target: Target | None, fusion_refusals: list,
-        strict: bool | None = None,
+        strict: bool | None = None, donate: dict[int, int] | None = None,
     ) -> None:
         self.module = module
+        self.donate = dict(donate or {})  # result index -> argument index it may overwrite
         self.strict = strict  # None: TILEFOLD_STRICT decides when a plan is made
         self.function: Function = module[function]
         self.target = target
@@ -155,6 +170,8 @@ class _Planner:
         for v in fn.outputs:
             self.last_use[self.root.get(v, v)] = len(self.ops)
         self.users = fn.uses()
+        self.donated = {fn.outputs[r]: fn.args[a] for r, a in graph.donate.items()}
+        self.in_place: set[Value] = set()
 
     def plan(self) -> Plan:
         decisions = []
@@ -163,11 +180,14 @@ class _Planner:
                 self.env[self.slot[op.results[0]]] = op.attrs["value"]
             elif op.name in VIEWS:
                 self._view(op)
+            elif op.name in UPDATES and self._overwritable(op, i):
+                self._update(op)
             else:
                 decisions.append(self._kernel(op))
             self._release(op, i)
         fresh = {s for s, _, _ in self.fresh}
-        results = [(self.slot[v], self.slot[v] not in fresh) for v in self.fn.outputs]
+        results = [(self.slot[v], self.slot[v] not in fresh and v not in self.in_place)
+                   for v in self.fn.outputs]
         for v in self.per_call:  # drop the probes
             self.env[self.slot[v]] = None
         return Plan(self.steps, self.env, [self.slot[a] for a in self.fn.args], self.fresh,
@@ -196,6 +216,30 @@ class _Planner:
             out = base
             self.layout[y.name] = "copy"
         env[slot[y]] = out
+
+    def _overwritable(self, op: Operation, i: int) -> bool:
+        """Whether `op` may write its result over operand 0's memory: nothing reads that later,
+        and it is an intermediate buffer, or the argument the result is donated to."""
+        x, (r,) = op.operands[0], op.results
+        if x in op.operands[1:] or self.root.get(x, x) is not x or self.last_use.get(x) != i:
+            return False
+        return self.donated.get(r) is x if r in self.outputs else x in self.owned
+
+    def _update(self, op: Operation) -> None:
+        """`op` writes the elements it replaces into operand 0's array, which becomes its result."""
+        (x, *rest), (r,) = op.operands, op.results
+        slot = self.slot
+        if x in self.per_call:  # the donated argument: its array is the call's
+            slot[r] = slot[x]
+            self.per_call.add(r)
+            self.in_place.add(r)
+        else:
+            self.owned[r] = self.owned.pop(x)
+            self.env[slot[r]] = self.env[slot[x]]
+        self.layout[r.name] = "in place"
+        update, attrs = UPDATES[op.name], self._attrs(op)
+        self.steps.append((lambda *arrays: update(*arrays, attrs=attrs),
+                           [slot[x], *(slot[v] for v in rest)]))
 
     def _const_slot(self, array: np.ndarray) -> int:
         self.env.append(array)
@@ -265,7 +309,7 @@ def optimized(module: Module, function: str = "main") -> tuple[Module, list]:
 
 def compile(
     module: Module, target: Target | GPUTarget | str | None = None, *, function: str = "main",
-    strict: bool | None = None,
+    strict: bool | None = None, donate: dict[int, int] | None = None,
 ) -> CompiledGraph:
     """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays (for a GPU
     target, named as "h200" or a `GPUTarget`: on torch tensors of that device, `tilefold.gpu`).
@@ -275,6 +319,8 @@ def compile(
     a list with one array per function result. `strict=True` makes a kernel method's failure,
     or an extern kernel running the reference implementation, a `FallbackError` instead of a
     quiet switch to another method; None (the default) follows `TILEFOLD_STRICT`.
+    `donate={result: argument}` allows writing that result into that argument's array (the
+    caller's state, such as a KV cache, updated in place); the call then returns that array.
     """
     if isinstance(target, str):
         target = gpu_target(target) if target in gpu_target_names() else named_target(target)
@@ -284,4 +330,4 @@ def compile(
         from tilefold.gpu import GPUGraph  # on first use: it needs torch and Triton
 
         return GPUGraph(module, function, target, strict)
-    return CompiledGraph(module, function, target, refusals, strict)
+    return CompiledGraph(module, function, target, refusals, strict, donate)

@@ -47,6 +47,7 @@ class LoweringContext:
         self.sizes = sizes
         self.env: dict[fx.Node, Any] = {}
         self.node: fx.Node | None = None
+        self.mutations: dict[fx.Node, Tensor] = {}  # graph input -> the value written back
         self._scalars: dict[tuple, Tensor] = {}
 
     # -- values ------------------------------------------------------------------------------

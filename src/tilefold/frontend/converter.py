@@ -38,12 +38,25 @@ class Converted:
     # IR result index -> how many leading dims PyTorch sees as one (a `Merged` output: the IR
     # returns it unflattened, and the caller merges them)
     flattened: dict[int, int] = field(default_factory=dict)
+    # IR result index -> the placeholder position whose tensor it is written back into (the
+    # graph's input mutations: `rules/state.py`), after the graph's own outputs
+    mutations: dict[int, int] = field(default_factory=dict)
+
+    def donated(self) -> dict[int, int]:
+        """The mutations as IR result index -> IR argument index (`tilefold.compile`'s donate)."""
+        return {r: self.arg_indices.index(p) for r, p in self.mutations.items()}
 
 
 def is_size_node(node: fx.Node) -> bool:
     """Nodes computing sizes (sym_size, SymInt arithmetic): evaluated from their recorded value."""
     val = node.meta.get("val")
     return node.op == "call_function" and isinstance(val, int | torch.SymInt | torch.SymBool)
+
+
+def is_mutation(node: fx.Node) -> bool:
+    """A write back into a graph input (`copy_(placeholder, value)`, `rules/state.py`)."""
+    return (node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+            and isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder")
 
 
 _NO_OPS = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size"}
@@ -131,6 +144,10 @@ def convert_graph(
         if not trial:
             raise UnsupportedError(describe_unsupported(result.unsupported))
         return result
+    position = {node: i for i, node in enumerate(placeholders)}
+    for node, value in ctx.mutations.items():
+        result.mutations[len(outputs)] = position[node]
+        outputs.append(value)
     b.build(*outputs)
     return result
 

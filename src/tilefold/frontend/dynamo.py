@@ -29,6 +29,7 @@ from tilefold.frontend.converter import (
     Input,
     convert_graph,
     describe_unsupported,
+    is_mutation,
     is_size_node,
     op_name,
 )
@@ -112,6 +113,7 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
         fw_compiler=lambda g, i: make_boxed_func(inference(g, i)),
         inference_compiler=lambda g, i: make_boxed_func(inference(g, i)),
         decompositions=inference_decompositions(),
+        keep_inference_input_mutations=True,  # state writes stay in the graph (rules/state.py)
     )
     compiled = compiler(gm, example_inputs)
     record(report)
@@ -150,14 +152,16 @@ def _eager(gm: fx.GraphModule, graph: str, reason: str, flag: bool | None) -> Ca
 
 class _Supported(OperatorSupportBase):
     """Nodes the trial lowering handled; size arithmetic stays with PyTorch (sizes are no IR
-    values, and a partition may only hand tensors back)."""
+    values, and a partition may only hand tensors back), and so do writes back into the
+    graph's inputs (a partition's inputs are not the graph's)."""
 
     def __init__(self, unsupported: set[fx.Node]):
         self.unsupported = unsupported
 
     def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
         return (
-            node.op == "call_function" and node not in self.unsupported and not is_size_node(node)
+            node.op == "call_function" and node not in self.unsupported
+            and not is_size_node(node) and not is_mutation(node)
         )
 
 
@@ -169,6 +173,8 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(real):
         frozen = set()  # AOTAutograd reordered the inputs: keep every input an argument
+    written = {placeholders.index(n.args[0]) for n in gm.graph.nodes if is_mutation(n)}
+    frozen = frozen - written  # state the graph writes is an argument, never a constant
     index = {n.name: i for i, n in enumerate(placeholders)}  # names survive partitioning
 
     def top_inputs(i: int, node: fx.Node) -> Input:

@@ -31,6 +31,11 @@ def sdpa(
 
 @sdpa.register_fake
 def _(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    # What attention requires, told to the shape environment: a KV cache's keys and values
+    # arrive with sizes of their own symbols (PyTorch's CPU kernel never compares them), and
+    # these checks make them one symbol, so that the IR can see the lengths agree.
+    torch._check(k.shape[-2] == v.shape[-2])
+    torch._check(q.shape[-1] == k.shape[-1])
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 

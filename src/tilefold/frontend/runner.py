@@ -22,10 +22,12 @@ class Executor:
     over (with a log line) if compilation or a kernel method fails for this module, except in
     strict mode (`strict`, else `TILEFOLD_STRICT`), where that failure is a `FallbackError`.
 
-    `label` names the module in messages (the graph, and the partition when there are several).
+    `label` names the module in messages (the graph, and the partition when there are several);
+    `donate` (result -> argument) lets results be written into their arguments' arrays.
     """
 
-    def __init__(self, module: Module, label: str = "graph", strict: bool | None = None):
+    def __init__(self, module: Module, label: str = "graph", strict: bool | None = None,
+                 donate: dict[int, int] | None = None):
         self.module, self.label, self.strict = module, label, strict
         self.compiled: Any = None
         self.name = "interpreter"
@@ -33,7 +35,7 @@ class Executor:
         try:
             from tilefold.compiler import compile as tilefold_compile
 
-            self.compiled = tilefold_compile(module, strict=strict)
+            self.compiled = tilefold_compile(module, strict=strict, donate=donate)
             self.name = "tilefold.compile"
         except (ImportError, TilefoldError) as exc:
             self._fall_back("tilefold.compile failed", exc)
@@ -83,12 +85,14 @@ class GraphRunner:
 
     Inputs are checked against the IR signature before anything runs, so a wrong shape or
     dtype is a `ShapeError`/`DTypeError` naming the input, not a failure deep in a kernel.
+    State the graph writes (`Converted.mutations`) lands in the caller's tensors: in place
+    when the compiled graph wrote it there, else copied back after the call.
     """
 
     def __init__(self, converted: Converted, label: str = "graph", strict: bool | None = None):
         self.converted = converted
         self.function = converted.module.functions[next(iter(converted.module.functions))]
-        self.run = Executor(converted.module, label, strict)
+        self.run = Executor(converted.module, label, strict, converted.donated())
 
     @property
     def executor(self) -> str:
@@ -99,6 +103,9 @@ class GraphRunner:
         bind_symbols(self.function, arrays)
         outputs = self.run(*arrays)
         thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
+        for r, p in self.converted.mutations.items():  # state the graph wrote, unless in place
+            if outputs[r] is not arrays[self.converted.arg_indices.index(p)]:
+                args[p].copy_(to_torch(outputs[r]))
         results = [to_torch(r) for r in outputs]
         for i, lead in self.converted.flattened.items():  # as PyTorch sees them
             results[i] = results[i].flatten(0, lead - 1)

@@ -1,7 +1,9 @@
-"""Sizes from PyTorch's symbolic shapes: plain symbols become `SymDim`s, the rest stay sympy.
+"""Sizes from PyTorch's symbolic shapes: symbols and their sums become `SymDim`s, the rest
+stay sympy.
 
-tilefold's IR names each dynamic size (`?s0`, or a name the user gives, `?batch`); it has no
-products of sizes. A size such as `s0*s1` (a flattened batch x sequence) is kept as a
+tilefold's IR names each dynamic size (`?s0`, or a name the user gives, `?batch`) and sums of
+them with integer coefficients (`?(s0+1)`: a KV cache after one more token, `ir/dims.py`); it
+has no products of sizes. A size such as `s0*s1` (a flattened batch x sequence) is kept as a
 `Composite` that only a few rules accept.
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 import sympy
 import torch
 
+from tilefold.ir import dims
 from tilefold.ir.types import SymDim
 
 
@@ -38,19 +41,26 @@ class Sizes:
 
     def size(self, value: Any) -> Size:
         """An int, a named SymDim or a Composite for an int, SymInt or sympy expression."""
-        expr = self.expr(value)
+        expr = sympy.expand(self.expr(value))
         if expr.is_Integer:
             return int(expr)
         if expr.is_Symbol:
             return SymDim(self.names.get(expr.name, expr.name))
+        terms = expr.as_coefficients_dict()
+        if all(c.is_Integer and (t == 1 or t.is_Symbol) for t, c in terms.items()):
+            named = {self.names.get(t.name, t.name): int(c) for t, c in terms.items() if t != 1}
+            return SymDim(dims.render(named, int(terms.get(sympy.S.One, 0))))
         return Composite(expr)
 
     def expr(self, value: Any) -> Any:
         """A sympy expression over plain torch-named symbols."""
-        if isinstance(value, torch.SymInt):
-            expr = value.node.expr
+        if isinstance(value, torch.SymInt):  # with the equalities the shape env has learnt
+            expr = value.node.shape_env.replace(value.node.expr)
         elif isinstance(value, SymDim):
-            expr = sympy.Symbol(self.inverse.get(value.name, value.name))
+            terms, const = dims.parse(value.name) or ({value.name: 1}, 0)
+            expr = sympy.Integer(const) + sum(
+                (c * sympy.Symbol(self.inverse.get(t, t)) for t, c in terms.items()),
+                sympy.Integer(0))
         elif isinstance(value, Composite):
             expr = value.expr
         elif isinstance(value, sympy.Basic):

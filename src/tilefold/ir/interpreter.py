@@ -12,6 +12,7 @@ import numpy as np
 from tilefold import dtypes
 from tilefold.errors import DTypeError, ShapeError, TilefoldError
 from tilefold.ir.core import Block, Function, Module, Value
+from tilefold.ir.dims import Bindings
 from tilefold.ir.types import SymDim, TensorType
 
 
@@ -23,7 +24,7 @@ def bind_symbols(fn: Function, args: Sequence[np.ndarray]) -> dict[str, int]:
 def _bind(params: Sequence[Value], args: Sequence[np.ndarray], owner: str) -> dict[str, int]:
     if len(args) != len(params):
         raise ShapeError(f"{owner} takes {len(params)} inputs, got {len(args)}")
-    bindings: dict[str, int] = {}
+    bindings = Bindings()
     for param, arg in zip(params, args, strict=True):
         t = param.type
         where = f"{owner} input %{param.name}"
@@ -37,7 +38,8 @@ def _bind(params: Sequence[Value], args: Sequence[np.ndarray], owner: str) -> di
             raise ShapeError(f"{where} expects {t}, got shape {list(arg.shape)}")
         for d, size in zip(t.shape, arg.shape, strict=True):
             if isinstance(d, SymDim):
-                if bindings.setdefault(d.name, size) != size:
+                if d.name in bindings and bindings[d.name] != size or (
+                        bindings.setdefault(d.name, size) != size):
                     raise ShapeError(
                         f"{where}: ?{d.name} is {bindings[d.name]} elsewhere but {size} here"
                     )

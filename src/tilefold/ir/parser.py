@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tilefold import dtypes
-from tilefold.errors import Location, ParseError, TilefoldError
+from tilefold.errors import Location, ParseError, ShapeError, TilefoldError
 from tilefold.ir.core import NAME, Block, Function, Module, Operation, Value
 from tilefold.ir.limits import ADDRESS_LIMIT, size_problem
 from tilefold.ir.opdef import OPS, Attr, OpDef
@@ -33,6 +33,7 @@ from tilefold.ir.types import (
     Sharding,
     SymDim,
     TensorType,
+    dim,
 )
 
 T = TypeVar("T")
@@ -43,7 +44,7 @@ _TOKEN = re.compile(
   | (?P<newline>\n)
   | (?P<value>%{NAME.pattern})
   | (?P<symbol>@{NAME.pattern})
-  | (?P<sym>\?[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<sym>\?[A-Za-z_][A-Za-z0-9_]*|\?\([A-Za-z0-9_+*-]+\))
   | (?P<string>"(?:[^"\\\n]|\\.)*")
   | (?P<hex>0x[0-9A-Fa-f]*)
   | (?P<number>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf\b|nan\b))
@@ -169,9 +170,16 @@ class Parser:
         except Exception:
             raise self.error(f"unknown dtype '{tok.text}'", tok) from None
 
+    def sym_dim(self, tok) -> SymDim:
+        """`?name` or `?(sum)`."""
+        try:
+            return dim(tok.text)  # type: ignore[return-value]
+        except ShapeError as exc:
+            raise self.error(exc.message, tok) from None
+
     def dim(self) -> Dim:
         if self.tok.kind == "sym":
-            return SymDim(self.next().text[1:])
+            return self.sym_dim(self.next())
         tok = self.tok
         size = self.integer("a dimension")
         if size < 0:
@@ -279,7 +287,7 @@ class Parser:
         if tok.kind == "ident" and tok.text in ("true", "false"):
             return tok.text == "true"
         if tok.kind == "sym":
-            return SymDim(tok.text[1:])
+            return self.sym_dim(tok)
         if tok.kind == "ident" and tok.text == "dense":
             return self.dense(tok)
         if tok.kind == "ident":

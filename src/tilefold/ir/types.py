@@ -11,34 +11,65 @@ from dataclasses import dataclass
 from tilefold.dtypes import DType
 from tilefold.dtypes import dtype as to_dtype
 from tilefold.errors import ShapeError
-
-SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
+from tilefold.ir import dims
+from tilefold.ir.dims import SYMBOL
 
 @dataclass(frozen=True)
 class SymDim:
-    """A dimension known only by name until run time, e.g. `?batch`."""
+    """A dimension known only by name until run time, e.g. `?batch`, or a sum of such dims,
+    e.g. `?(past+1)` (`ir/dims.py`)."""
 
     name: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not SYMBOL.fullmatch(self.name):
-            raise ShapeError(f"symbolic dim name {self.name!r} is not an identifier")
+        if not isinstance(self.name, str) or not (SYMBOL.fullmatch(self.name)
+                                                  or dims.is_derived(self.name)):
+            raise ShapeError(f"symbolic dim name {self.name!r} is not an identifier or a sum "
+                             "of them in canonical form (e.g. s0+1)")
+
+    @property
+    def free(self) -> frozenset[str]:
+        """The symbols whose sizes give this dim's."""
+        return dims.free_symbols(self.name)
 
     def __str__(self) -> str:
-        return f"?{self.name}"
+        return f"?{self.name}" if SYMBOL.fullmatch(self.name) else f"?({self.name})"
 
 
 Dim = int | SymDim
 
 
 def dim(spec: int | str | SymDim) -> Dim:
-    """Normalize a dim spec: `8` -> 8, `"batch"` or `"?batch"` -> SymDim("batch")."""
+    """Normalize a dim spec: `8` -> 8, `"batch"`, `"?batch"` -> SymDim("batch"), `"?(s+1)"` ->
+    SymDim("s+1")."""
     if isinstance(spec, SymDim):
         return spec
     if isinstance(spec, str):
-        return SymDim(spec.removeprefix("?"))
+        name = spec.removeprefix("?")
+        if name.startswith("(") and name.endswith(")"):
+            name = name[1:-1]
+        return SymDim(name)
     return int(spec)
+
+
+def dim_sum(*parts: Dim) -> Dim:
+    """The dim `a + b + ...`: an int when every part is, else the canonical sum."""
+    terms: dict[str, int] = {}
+    const = 0
+    for d in parts:
+        if isinstance(d, int):
+            const += d
+            continue
+        t, c = dims.parse(d.name) or ({d.name: 1}, 0)
+        const += c
+        for s, k in t.items():
+            terms[s] = terms.get(s, 0) + k
+    terms = {s: k for s, k in terms.items() if k}
+    if not terms:
+        return const
+    if const == 0 and len(terms) == 1 and next(iter(terms.values())) == 1:
+        return SymDim(next(iter(terms)))
+    return SymDim(dims.render(terms, const))
 
 
 @dataclass(frozen=True)
@@ -84,6 +115,7 @@ class TensorType:
 
     @property
     def symbols(self) -> set[str]:
+        """The names of its symbolic dims (a sum's own name, not its symbols')."""
         return {d.name for d in self.shape if isinstance(d, SymDim)}
 
     @property
@@ -111,7 +143,10 @@ class TensorType:
         return self if self.sharding is None else self.with_sharding(None)
 
     def bind(self, bindings: dict[str, int]) -> TensorType:
-        """Replace symbolic dims that `bindings` names with their sizes."""
+        """Replace symbolic dims that `bindings` names, or whose symbols it names, with their
+        sizes."""
+        if not isinstance(bindings, dims.Bindings):
+            bindings = dims.Bindings(bindings)
         shape = tuple(bindings.get(d.name, d) if isinstance(d, SymDim) else d for d in self.shape)
         return TensorType(shape, self.dtype, self.strides, self.sharding)
 

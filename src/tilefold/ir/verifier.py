@@ -135,7 +135,7 @@ class Verifier:
 
     def bound(self, op: Operation, what: str, used: set[str], symbols: set[str]) -> None:
         """Every symbolic dim `what` uses must get its size from an argument at run time."""
-        unbound = sorted(used - symbols)
+        unbound = sorted(n for n in used - symbols if not SymDim(n).free <= symbols)
         if unbound:
             raise self.fail(
                 f"'{op.name}' {what} uses ?{unbound[0]}, which no argument type defines", op

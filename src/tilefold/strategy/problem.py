@@ -13,15 +13,17 @@ import numpy as np
 from tilefold.errors import ShapeError
 from tilefold.ir import Operation, Value
 from tilefold.ir.printer import Printer
+from tilefold.ir.dims import Bindings
 from tilefold.ir.types import SymDim, TensorType
 
 
 def bind_shapes(params: Sequence[Value], shapes: Sequence[tuple[int, ...]]) -> dict[str, int]:
     """Symbolic dim sizes implied by giving `params` these concrete shapes."""
-    bindings: dict[str, int] = {}
+    bindings = Bindings()
     for param, shape in zip(params, shapes, strict=True):
         for d, size in zip(param.type.shape, shape, strict=True):
-            if isinstance(d, SymDim) and bindings.setdefault(d.name, size) != size:
+            if isinstance(d, SymDim) and (d.name in bindings and bindings[d.name] != size
+                                          or bindings.setdefault(d.name, size) != size):
                 raise ShapeError(f"?{d.name} is both {bindings[d.name]} and {size}")
     return bindings
 
@@ -64,7 +66,7 @@ class Problem:
             for inner, outer in zip(inputs, op.operands, strict=True)
             if outer.defining_op is not None and outer.defining_op.name == "constant"
         }
-        bindings = {**(outer or {}), **bind_shapes(inputs, shapes)}
+        bindings = Bindings({**(outer or {}), **bind_shapes(inputs, shapes)})
         types = {v: v.type.bind(bindings) for v in inputs}
         for inner in body:
             for r in inner.results:

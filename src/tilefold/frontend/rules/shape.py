@@ -171,6 +171,20 @@ def index(ctx: LoweringContext, x: Any, indices: list[Any]) -> Any:
     return ctx.op("index", ctx.tensor(x), *tensors, axes=axes)
 
 
+@lowering(aten.index_put.default)
+def index_put(ctx: LoweringContext, x: Any, indices: list[Any], values: Any,
+              accumulate: bool = False) -> Any:
+    """x with x[i0, i1, ...] = values (a static KV cache's write); None entries keep an axis"""
+    if accumulate:
+        raise NotApplicable("index_put with accumulate=True")
+    axes = [i for i, idx in enumerate(indices) if idx is not None]
+    tensors = [ctx.tensor(indices[i]) for i in axes]
+    if not tensors or any(not t.dtype.is_integer for t in tensors):
+        raise NotApplicable("index_put with a boolean mask")
+    t = ctx.tensor(x)
+    return ctx.op("index_put", t, ctx.operand(values, t.dtype), *tensors, axes=axes)
+
+
 @lowering(aten.index_select.default)
 def index_select(ctx: LoweringContext, x: Any, dim: int, idx: Any) -> Any:
     """rows along dim picked by a 1-D index (a 0-d x gives a 0-d result)"""

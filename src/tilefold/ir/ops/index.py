@@ -1,4 +1,5 @@
-"""Index-producing and index-consuming ops: `arange` (iota) and NumPy-style advanced `index`."""
+"""Index-producing and index-consuming ops: `arange` (iota), NumPy-style advanced `index`, and
+`index_put`, its write."""
 
 from __future__ import annotations
 
@@ -79,13 +80,51 @@ class Index(OpDef):
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         x, *idx = args
-        key: list = [slice(None)] * x.ndim
-        for axis, i in zip(attrs["axes"], idx, strict=True):
-            size = x.shape[axis]
-            if i.size and (i.min() < -size or i.max() >= size):
-                raise ShapeError(
-                    f"index: index out of range [{-size}, {size}) for axis {axis} of shape "
-                    f"{list(x.shape)} (got {i.min()}..{i.max()})"
-                )
-            key[axis] = i.astype(np.int64)
-        return np.asarray(x[tuple(key)])
+        return np.asarray(x[index_key("index", x.shape, attrs["axes"], idx)])
+
+
+@register
+class IndexPut(OpDef):
+    """`x` with the elements `index` would select replaced by `values` (broadcast to them):
+    PyTorch's `index_put` without accumulation, a KV cache's row write. Where indices repeat,
+    the last write wins (as NumPy's assignment; PyTorch leaves that order unspecified).
+
+    `%c2 = index_put(%cache, %kv, %pos) {axes = [2]} : f32[1,2,128,64]`
+    """
+
+    name = "index_put"
+    operands = ("x", "values", "*indices")
+    attributes = attr_table(axes=Attr("ints"))
+
+    @classmethod
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+        x, values, *idx = types
+        (picked,) = Index.infer([x, *idx], attrs)
+        if values.dtype != x.dtype:
+            raise DTypeError(f"index_put: values {values} must have the dtype of {x}")
+        if broadcast_shapes("index_put", values.shape, picked.shape) != picked.shape:
+            raise ShapeError(f"index_put: values {values} do not broadcast to the {picked} "
+                             "the indices select")
+        return [x]
+
+    @classmethod
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
+        x, values, *idx = args
+        out = x.copy()
+        out[index_key("index_put", x.shape, attrs["axes"], idx)] = values
+        return out
+
+
+def index_key(op: str, shape: tuple[int, ...], axes: Any, indices: list[np.ndarray]) -> tuple:
+    """The NumPy index of `index`/`index_put`: index arrays at `axes`, whole axes elsewhere;
+    an index out of range is a ShapeError."""
+    key: list = [slice(None)] * len(shape)
+    for axis, i in zip(axes, indices, strict=True):
+        size = shape[axis]
+        if i.size and (i.min() < -size or i.max() >= size):
+            raise ShapeError(
+                f"{op}: index out of range [{-size}, {size}) for axis {axis} of shape "
+                f"{list(shape)} (got {i.min()}..{i.max()})"
+            )
+        key[axis] = i.astype(np.int64)
+    return tuple(key)

@@ -10,7 +10,7 @@ from tilefold.errors import DTypeError, ShapeError
 from tilefold.ir.opdef import Attr, OpDef, attr_table, register
 from tilefold.ir.ops.common import same_dtype
 from tilefold.ir.shapes import broadcast_shapes, normalize_axes, normalize_axis, resolve_reshape
-from tilefold.ir.types import SymDim, TensorType
+from tilefold.ir.types import SymDim, TensorType, dim_sum
 
 LAYOUT = frozenset({"pure", "layout"})
 END = 2**63 - 1  # a slice stop meaning "to the end of the axis"
@@ -135,12 +135,8 @@ class Concat(OpDef):
                     f"concat: dim {i} differs: {', '.join(map(str, types))}; only axis "
                     f"{axis} may differ"
                 )
-        sizes = [t.shape[axis] for t in types]
-        if any(isinstance(s, SymDim) for s in sizes) and len(sizes) > 1:
-            raise ShapeError(f"concat: cannot join along symbolic dims {sizes}")
-        total = sum(sizes) if len(sizes) > 1 else sizes[0]
         shape = list(types[0].shape)
-        shape[axis] = total
+        shape[axis] = dim_sum(*(t.shape[axis] for t in types))
         return [TensorType(tuple(shape), dt)]
 
     @classmethod
