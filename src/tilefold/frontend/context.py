@@ -7,16 +7,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
 import torch.fx as fx
 
+from tilefold import dtypes
 from tilefold.dtypes import DType
 from tilefold.errors import TilefoldError
 from tilefold.frontend.lowering import NotApplicable
 from tilefold.frontend.symbolic import Composite, Size, Sizes
 from tilefold.frontend.tensors import to_dtype
 from tilefold.ir import Builder, Tensor
-from tilefold.ir.types import Dim
+from tilefold.ir.types import Dim, SymDim
+
+# sympy's and PyTorch's own (torch.utils._sympy) size functions, by name
+_SIZE_OPS = {"Add": "add", "Mul": "mul", "Max": "max", "Min": "min"}
 
 
 @dataclass(frozen=True)
@@ -69,9 +74,40 @@ class LoweringContext:
         if isinstance(found, Merged):
             shape = self.meta(arg).shape
             raise NotApplicable(f"the size {shape[0]} (a product of symbolic sizes) has no IR name")
+        if isinstance(found, int | SymDim | Composite):  # a size used as a number: an i64
+            return self.size_value(found)
         if not isinstance(found, Tensor):
             raise NotApplicable(f"expected a tensor, got {found!r}")
         return found
+
+    def size_value(self, size: Size) -> Tensor:
+        """A size as a 0-d i64 tensor (PyTorch's SymInt): its symbols read from the arguments'
+        shapes (`dim_size`), combined by the sums, products, max and min of its expression."""
+        return self._expr_value(self.sizes.expr(size))
+
+    def _expr_value(self, expr: sympy.Expr) -> Tensor:
+        key = ("size", str(expr))
+        if key not in self._scalars:
+            if expr.is_Integer:
+                return self.scalar(int(expr), dtypes.i64)
+            if expr.is_Symbol:
+                value = self._symbol_value(self.sizes.names.get(expr.name, expr.name))
+            elif expr.func.__name__ in _SIZE_OPS:
+                parts = [self._expr_value(a) for a in expr.args]
+                value = parts[0]
+                for part in parts[1:]:
+                    value = self.op(_SIZE_OPS[expr.func.__name__], value, part)
+            else:
+                raise NotApplicable(f"the size {expr} has no IR value")
+            self._scalars[key] = value
+        return self._scalars[key]
+
+    def _symbol_value(self, symbol: str) -> Tensor:
+        for arg in self.b.function.args:
+            for axis, d in enumerate(arg.type.shape):
+                if isinstance(d, SymDim) and d.name == symbol:
+                    return self.op("dim_size", Tensor(self.b, arg), axis=axis)
+        raise NotApplicable(f"no input's shape carries the size ?{symbol}")
 
     def operand(self, arg: Any, dtype: DType) -> Tensor:
         """A tensor argument cast to `dtype`, or a Python number as a scalar constant of it."""

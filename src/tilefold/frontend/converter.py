@@ -19,9 +19,22 @@ from tilefold.frontend.lowering import NotApplicable, rule_for
 from tilefold.frontend.symbolic import Sizes
 from tilefold.frontend.tensors import to_numpy
 from tilefold.ir import Builder, Module, Tensor
+from tilefold.ir.dims import Bindings
+from tilefold.ir.types import SymDim
 
 # How a placeholder enters the IR: a function argument named `name`, a constant, or a size.
 Input = tuple[str, Any]  # ("arg", name) | ("constant", tensor) | ("size", None)
+
+
+@dataclass(frozen=True)
+class SizeOutput:
+    """A size the graph returns (a SymInt, such as a cache length): PyTorch gets it back as a
+    number, evaluated from the call's argument sizes."""
+
+    dim: int | SymDim
+
+    def value(self, sizes: Bindings) -> int:
+        return self.dim if isinstance(self.dim, int) else sizes[self.dim.name]
 
 
 @dataclass
@@ -30,7 +43,7 @@ class Converted:
 
     module: Module
     arg_indices: list[int]  # placeholder positions passed to the IR function, in order
-    outputs: list[Any]  # per graph output: an IR result index, or a literal (None)
+    outputs: list[Any]  # per graph output: an IR result index, a literal (None) or a SizeOutput
     unsupported: dict[fx.Node, str] = field(default_factory=dict)  # node -> reason
     lowered: dict[str, int] = field(default_factory=dict)  # ATen op -> count
     # placeholder position -> the module's constant array made from it (a frozen weight)
@@ -41,6 +54,9 @@ class Converted:
     # IR result index -> the placeholder position whose tensor it is written back into (the
     # graph's input mutations: `rules/state.py`), after the graph's own outputs
     mutations: dict[int, int] = field(default_factory=dict)
+
+    # placeholder position -> the symbol of a size argument (a SymInt input), for size outputs
+    size_args: dict[int, str] = field(default_factory=dict)
 
     def donated(self) -> dict[int, int]:
         """The mutations as IR result index -> IR argument index (`tilefold.compile`'s donate)."""
@@ -108,6 +124,8 @@ def convert_graph(
         kind, payload = inputs(i, node)
         if kind == "size":
             ctx.env[node] = ctx.size(node)
+            if isinstance(ctx.env[node], SymDim):
+                result.size_args[i] = ctx.env[node].name
         elif kind == "constant":
             key = id(payload)
             if key not in constants:
@@ -252,6 +270,9 @@ def _outputs(ctx: LoweringContext, node: fx.Node, result: Converted) -> list[Ten
             continue
         try:
             found = ctx.value(item)
+            if isinstance(found, int | SymDim):
+                result.outputs.append(SizeOutput(found))
+                continue
             if isinstance(found, Merged):
                 result.flattened[len(values)] = found.lead
                 found = found.tensor

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from tilefold.errors import FallbackError, TilefoldError, strict
-from tilefold.frontend.converter import Converted
+from tilefold.frontend.converter import Converted, SizeOutput
 from tilefold.frontend.tensors import to_numpy, to_torch
 from tilefold.ir import Module, interpret
 from tilefold.ir.interpreter import bind_symbols
@@ -100,7 +100,7 @@ class GraphRunner:
 
     def __call__(self, *args: Any) -> list[Any]:
         arrays = [to_numpy(args[i]) for i in self.converted.arg_indices]
-        bind_symbols(self.function, arrays)
+        sizes = bind_symbols(self.function, arrays)
         outputs = self.run(*arrays)
         thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
         for r, p in self.converted.mutations.items():  # state the graph wrote, unless in place
@@ -109,4 +109,7 @@ class GraphRunner:
         results = [to_torch(r) for r in outputs]
         for i, lead in self.converted.flattened.items():  # as PyTorch sees them
             results[i] = results[i].flatten(0, lead - 1)
-        return [None if i is None else results[i] for i in self.converted.outputs]
+        for p, symbol in self.converted.size_args.items():
+            sizes[symbol] = int(args[p])
+        return [None if i is None else i.value(sizes) if isinstance(i, SizeOutput) else results[i]
+                for i in self.converted.outputs]

@@ -47,7 +47,8 @@ class Sizes:
         if expr.is_Symbol:
             return SymDim(self.names.get(expr.name, expr.name))
         terms = expr.as_coefficients_dict()
-        if all(c.is_Integer and (t == 1 or t.is_Symbol) for t, c in terms.items()):
+        scaled = len(terms) == 1 and next(iter(terms.values())) != 1  # `4*s0`: a product
+        if not scaled and all(c.is_Integer and (t == 1 or t.is_Symbol) for t, c in terms.items()):
             named = {self.names.get(t.name, t.name): int(c) for t, c in terms.items() if t != 1}
             return SymDim(dims.render(named, int(terms.get(sympy.S.One, 0))))
         return Composite(expr)

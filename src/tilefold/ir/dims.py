@@ -85,4 +85,13 @@ class Bindings(dict):
         return True
 
     def get(self, name: str, default=None):  # type: ignore[override]
-        return self[name] if name in self else default
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def bind(self, name: str, size: int) -> int:
+        """Bind `name` to `size` unless it already has a size; return the size it has now."""
+        if name not in self:
+            self[name] = size
+        return self[name]

@@ -38,8 +38,7 @@ def _bind(params: Sequence[Value], args: Sequence[np.ndarray], owner: str) -> di
             raise ShapeError(f"{where} expects {t}, got shape {list(arg.shape)}")
         for d, size in zip(t.shape, arg.shape, strict=True):
             if isinstance(d, SymDim):
-                if d.name in bindings and bindings[d.name] != size or (
-                        bindings.setdefault(d.name, size) != size):
+                if bindings.bind(d.name, size) != size:
                     raise ShapeError(
                         f"{where}: ?{d.name} is {bindings[d.name]} elsewhere but {size} here"
                     )

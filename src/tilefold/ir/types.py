@@ -14,6 +14,7 @@ from tilefold.errors import ShapeError
 from tilefold.ir import dims
 from tilefold.ir.dims import SYMBOL
 
+
 @dataclass(frozen=True)
 class SymDim:
     """A dimension known only by name until run time, e.g. `?batch`, or a sum of such dims,

@@ -12,8 +12,8 @@ import numpy as np
 
 from tilefold.errors import ShapeError
 from tilefold.ir import Operation, Value
-from tilefold.ir.printer import Printer
 from tilefold.ir.dims import Bindings
+from tilefold.ir.printer import Printer
 from tilefold.ir.types import SymDim, TensorType
 
 
@@ -22,8 +22,7 @@ def bind_shapes(params: Sequence[Value], shapes: Sequence[tuple[int, ...]]) -> d
     bindings = Bindings()
     for param, shape in zip(params, shapes, strict=True):
         for d, size in zip(param.type.shape, shape, strict=True):
-            if isinstance(d, SymDim) and (d.name in bindings and bindings[d.name] != size
-                                          or bindings.setdefault(d.name, size) != size):
+            if isinstance(d, SymDim) and bindings.bind(d.name, size) != size:
                 raise ShapeError(f"?{d.name} is both {bindings[d.name]} and {size}")
     return bindings
 

@@ -10,7 +10,7 @@ from tilefold.frontend.context import LoweringContext, Merged
 from tilefold.frontend.lowering import NotApplicable, lowering
 from tilefold.frontend.symbolic import Composite
 from tilefold.ir import Tensor
-from tilefold.ir.types import SymDim
+from tilefold.ir.types import SymDim, dim_sum
 
 aten = torch.ops.aten
 END = 2**63 - 1
@@ -112,8 +112,20 @@ def slice_(
         starts, stops, steps = [0] * t.ndim, [END] * t.ndim, [1] * t.ndim
         starts[dim], stops[dim], steps[dim] = first, stop, step
         return ctx.op("slice", t, starts=starts, stops=stops, steps=steps)
-    if isinstance(first, int) and first >= 0 and step > 0:
-        idx = ctx.op("arange", shape=[out_size], start=first, step=step)
+    if step > 0 and not isinstance(first, Composite):
+        if isinstance(first, int) and first < 0:  # the last elements of a symbolic dim
+            if stop != END or step != 1:
+                raise NotApplicable(f"slice [{first}:{stop}:{step}] of a size-{in_size} dim")
+            if out_size == in_size:  # the start clamps to 0 (PyTorch knows the sizes)
+                return t
+            if not isinstance(out_size, int):
+                raise NotApplicable(f"slice [{first}:] of a size-{in_size} dim")
+            first = dim_sum(in_size, -out_size)
+        if isinstance(first, int):
+            idx = ctx.op("arange", shape=[out_size], start=first, step=step)
+        else:
+            idx = ctx.op("add", ctx.op("arange", shape=[out_size], step=step),
+                         ctx.size_value(first))
         return ctx.op("gather", t, idx, axis=dim)
     raise NotApplicable(f"slice [{first}:{stop}:{step}] of a size-{in_size} dim")
 

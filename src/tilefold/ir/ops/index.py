@@ -1,5 +1,5 @@
-"""Index-producing and index-consuming ops: `arange` (iota), NumPy-style advanced `index`, and
-`index_put`, its write."""
+"""Index-producing and index-consuming ops: `arange` (iota), `dim_size` (a size as a value),
+NumPy-style advanced `index`, and `index_put`, its write."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from tilefold import dtypes
 from tilefold.errors import DTypeError, ShapeError
 from tilefold.ir.opdef import Attr, OpDef, attr_table, register
-from tilefold.ir.shapes import broadcast_shapes, normalize_axes
+from tilefold.ir.shapes import broadcast_shapes, normalize_axes, normalize_axis
 from tilefold.ir.types import TensorType
 
 
@@ -41,6 +41,28 @@ class Arange(OpDef):
         (n,) = attrs["shape"]
         values = attrs["start"] + attrs["step"] * np.arange(n, dtype=np.float64)
         return values.astype(attrs["dtype"].np_dtype)
+
+
+@register
+class DimSize(OpDef):
+    """The length of one axis of `x` as a 0-d i64: how a symbolic size enters arithmetic (a KV
+    cache's length added to positions). Only `x`'s shape is read, never its elements.
+
+    `%n = dim_size(%k) {axis = 2} : i64[]`
+    """
+
+    name = "dim_size"
+    operands = ("x",)
+    attributes = attr_table(axis=Attr("int"))
+
+    @classmethod
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+        normalize_axis("dim_size", attrs["axis"], types[0].rank)
+        return [TensorType((), dtypes.i64)]
+
+    @classmethod
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
+        return np.asarray(args[0].shape[attrs["axis"]], dtype=np.int64)
 
 
 @register

@@ -99,7 +99,9 @@ LAYOUT = {"transpose", "reshape", "expand_dims", "squeeze", "broadcast_to"}
 ANY_DTYPE = frozenset({"cumsum", *LAYOUT})
 # Ops whose reference is plain NumPy data movement, selection or one exact conversion, with no
 # arithmetic evaluated in f64: running it is a library call like any other, even in strict mode.
-EXACT_REFERENCE = frozenset({"gather", "index", "index_put", "concat", "slice", "where", "cast", *LAYOUT})
+EXACT_REFERENCE = frozenset(
+    {"gather", "index", "index_put", "dim_size", "concat", "slice", "where", "cast", *LAYOUT}
+)
 
 
 @functools.cache
