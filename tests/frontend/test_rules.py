@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from frontend_helpers import check, lower
 
+from tests.tolerances import assert_close
 from tilefold.errors import TilefoldError, UnsupportedError
 from tilefold.frontend import report
 from tilefold.frontend.lowering import RULES, lowering
+from tilefold.ir import interpret
 
 torch.manual_seed(0)
 X = torch.randn(2, 3, 8)
@@ -176,3 +178,25 @@ def test_duplicate_rule_is_rejected():
     assert target in RULES
     with pytest.raises(TilefoldError, match="two lowering rules"):
         lowering(target)(lambda ctx, x: x)
+
+
+def test_a_growing_cache_joins_and_slices_symbolic_lengths():
+    """cat along a symbolic dim gives ?(s+1); its last rows slice by [-k:]; a size used as a
+    number reads it at run time (dim_size); each checked again at another length."""
+
+    def fn(past, new):
+        kv = torch.cat([past, new], 1)
+        return kv, kv[:, -3:] * 2 + kv.shape[1]
+
+    past = torch.export.Dim("past", min=3, max=64)
+    module = check(fn, torch.randn(2, 5, 4), torch.randn(2, 1, 4),
+                   dynamic_shapes=({1: past}, None))
+    fn_ir = module["main"]
+    (sym,) = fn_ir.args[0].type.symbols
+    assert str(fn_ir.outputs[0].type.shape[1]) == f"?({sym}+1)"
+    assert "dim_size" in {op.name for op in module.walk()}
+    for length in (3, 40):
+        args = torch.randn(2, length, 4), torch.randn(2, 1, 4)
+        got = interpret(module, *(a.numpy() for a in args))
+        for g, w in zip(got, fn(*args), strict=True):
+            assert_close(g, w.numpy(), dtype="f32")
