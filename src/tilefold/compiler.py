@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,11 @@ def _index_put(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs:
 # overwrite (a donated argument or an intermediate, read by nothing later), the op writes just
 # those elements there (`run(x_as_out, *other_operands, attrs=...)`), not a copy of x.
 UPDATES: dict[str, Callable[..., None]] = {"index_put": _index_put}
+
+# Plans kept per compiled graph, by input shapes. Symbolic dims make a new plan per size (a
+# growing KV cache: one per generated token); each holds its intermediates, so only the most
+# recently used are kept (a dropped plan is made again when its shapes come back).
+MAX_PLANS = 8
 
 
 @dataclass
@@ -96,7 +102,7 @@ class CompiledGraph:
         self.target = target
         self.refusals = fusion_refusals
         self.ctx = context(target)
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # most recently used last
         self._lock = threading.Lock()
         self._slots: dict[Value, int] = {}
         for v in self.function.values():
@@ -109,7 +115,8 @@ class CompiledGraph:
             plan = self._plans.get(key)
             if plan is None:
                 bind_symbols(self.function, arrays)  # TilefoldError on a bad shape or dtype
-                plan = self._plans[key] = self._plan([a.shape for a in arrays])
+                plan = self._keep(key, self._plan([a.shape for a in arrays]))
+            self._plans.move_to_end(key)
             env = plan.env
             for slot, a in zip(plan.input_slots, arrays, strict=True):
                 env[slot] = a
@@ -133,8 +140,16 @@ class CompiledGraph:
                     for s, a in zip(shapes, self.function.args, strict=True))
         with self._lock:
             if key not in self._plans:
-                self._plans[key] = self._plan([tuple(s) for s in shapes])
+                return self._keep(key, self._plan([tuple(s) for s in shapes]))
             return self._plans[key]
+
+    def _keep(self, key: tuple, plan: Plan) -> Plan:
+        """Cache `plan`, dropping the least recently used beyond `MAX_PLANS` (a plan holds its
+        intermediates' buffers: one per decode length would grow without bound)."""
+        self._plans[key] = plan
+        while len(self._plans) > MAX_PLANS:
+            self._plans.popitem(last=False)
+        return plan
 
     def _plan(self, shapes: list[tuple]) -> Plan:
         with strict_mode(self.strict):

@@ -221,3 +221,17 @@ def test_an_intermediate_is_updated_in_place_without_donation() -> None:
     assert "in place" in graph.plan_for(cache.shape, kv.shape, pos.shape).layout.values()
     with pytest.raises(ShapeError, match="out of range"):
         graph(cache, kv, np.array([16]))
+
+
+def test_a_growing_cache_keeps_a_bounded_number_of_plans() -> None:
+    """One plan per cache length would hold every length's buffers: only the recent are kept,
+    and a length seen again is planned again, still right."""
+    from tilefold.compiler import MAX_PLANS
+
+    graph = tilefold.compile(parse_module(_cache_append()), strict=True)
+    new = rand(1, 4)
+    for past in [*range(MAX_PLANS + 4), 0]:
+        x = rand(past, 4)
+        (got,) = graph(x, new)
+        assert got.tobytes() == np.concatenate([x, new]).tobytes()
+        assert len(graph._plans) <= MAX_PLANS
