@@ -60,6 +60,11 @@ UPDATES: dict[str, Callable[..., None]] = {"index_put": _index_put}
 # growing KV cache: one per generated token); each holds its intermediates, so only the most
 # recently used are kept (a dropped plan is made again when its shapes come back).
 MAX_PLANS = 8
+# Kernel decisions kept per compiled graph, by op, operand shapes and the sizes of the symbolic
+# dims the op names itself (an arange's length, a slice's start). Plans share them: a new
+# decode length decides again only the ops whose sizes changed (the cache's concat and
+# attention), not the layers' GEMMs.
+MAX_DECISIONS = 4096
 
 
 @dataclass
@@ -103,6 +108,8 @@ class CompiledGraph:
         self.refusals = fusion_refusals
         self.ctx = context(target)
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # most recently used last
+        self._decided: OrderedDict[tuple, Decision] = OrderedDict()  # likewise
+        self._symbols: dict[Operation, tuple[str, ...]] = {}
         self._lock = threading.Lock()
         self._slots: dict[Value, int] = {}
         for v in self.function.values():
@@ -154,6 +161,32 @@ class CompiledGraph:
     def _plan(self, shapes: list[tuple]) -> Plan:
         with strict_mode(self.strict):
             return _Planner(self, shapes).plan()
+
+    def _decide(self, op: Operation, shapes: list[tuple], bindings: dict[str, int]) -> Decision:
+        """The kernel for `op` at these operand shapes: the one an earlier plan chose, else
+        chosen now (from the tuning database, by measurement or by the cost model)."""
+        symbols = self._symbols.get(op)
+        if symbols is None:
+            symbols = self._symbols[op] = _named_symbols(op)
+        key = (op, tuple(shapes), tuple(bindings[s] for s in symbols))
+        decision = self._decided.get(key)
+        if decision is None:
+            problem = Problem.of(op, shapes, bindings)
+            decision = self._decided[key] = decide(problem, self.ctx, TuningDB(), tune_budget())
+            while len(self._decided) > MAX_DECISIONS:
+                self._decided.popitem(last=False)
+        self._decided.move_to_end(key)
+        return decision
+
+
+def _named_symbols(op: Operation) -> tuple[str, ...]:
+    """The symbols of every symbolic dim `op` (or the body of a fused `op`) names in an
+    attribute or a type: with the operand shapes, their sizes fix the problem `op` poses."""
+    ops = list(op.walk())
+    dims = [d for o in ops for v in o.attrs.values() if isinstance(v, tuple) for d in v]
+    dims += [d for o in ops for v in (*o.results, *(a for r in o.regions for a in r.args))
+             for d in v.type.shape]
+    return tuple(sorted({s for d in dims if isinstance(d, SymDim) for s in d.free}))
 
 
 class _Planner:
@@ -262,9 +295,9 @@ class _Planner:
 
     def _kernel(self, op: Operation) -> Decision:
         env, slot = self.env, self.slot
-        problem = Problem.of(op, [env[slot[v]].shape for v in op.operands], self.bindings)
-        decision = decide(problem, self.graph.ctx, TuningDB(), tune_budget())
-        kernel = decision.kernel
+        decision = self.graph._decide(op, [env[slot[v]].shape for v in op.operands],
+                                      self.bindings)
+        problem, kernel = decision.problem, decision.kernel
         args = [slot[v] if kernel.strided or env[slot[v]].flags.c_contiguous
                 else self._contiguous(v) for v in op.operands]
         for r, t in zip(op.results, problem.out_types(), strict=True):

@@ -58,10 +58,11 @@ def _generate(model, prompt: dict, cache: str, new_tokens: int) -> torch.Tensor:
         return model.generate(**prompt, max_new_tokens=new_tokens, do_sample=False, **extra)
 
 
-def _compile(model) -> None:
+def _compile(model, dynamic: bool | None = None) -> None:
     torch._dynamo.reset()
     report.REPORTS.clear()
-    model.forward = torch.compile(model.forward, backend="tilefold", options={"strict": True})
+    model.forward = torch.compile(model.forward, backend="tilefold", dynamic=dynamic,
+                                  options={"strict": True})
 
 
 def _graphs() -> list:
@@ -95,6 +96,29 @@ def test_one_token_prompt_and_batch_of_one():
     _compile(model)
     assert torch.equal(_generate(model, prompt, "dynamic", 12), want)
     _graphs()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_dynamic_from_the_start(name):
+    """`dynamic=True` makes every dim symbolic from the first graph (dtype conversions come as
+    `prims.convert_element_type`): eager's tokens, at another batch and prompt length too
+    (Dynamo may guard on the cache's Python state and trace again: that is its choice)."""
+    model = _model(name)
+    prompt = _prompt(2, 5)
+    want = _generate(model, prompt, "dynamic", 10)
+    _compile(model, dynamic=True)
+    assert torch.equal(_generate(model, prompt, "dynamic", 10), want)
+    other = _prompt(3, 4)
+    assert torch.equal(_generate(model, other, "dynamic", 4), _eager(model, other, 4))
+    _graphs()
+
+
+def _eager(model, prompt, new_tokens):
+    compiled, model.forward = model.forward, model.forward._torchdynamo_orig_callable
+    try:
+        return _generate(model, prompt, "dynamic", new_tokens)
+    finally:
+        model.forward = compiled
 
 
 def test_static_cache_is_written_in_place():

@@ -235,3 +235,54 @@ def test_a_growing_cache_keeps_a_bounded_number_of_plans() -> None:
         (got,) = graph(x, new)
         assert got.tobytes() == np.concatenate([x, new]).tobytes()
         assert len(graph._plans) <= MAX_PLANS
+
+
+def test_plans_for_new_lengths_share_the_kernels_whose_sizes_did_not_change() -> None:
+    """A decode step at each cache length is a new plan; its weight GEMM is the same problem
+    at every length, so it is decided (and its weight packed) once; the concat is decided per
+    length. Every length still gives NumPy's answer."""
+    from tilefold.strategy.methods import blocks
+
+    b = Builder("main")
+    past, new = b.arg("past", "f32", ("s0", 16)), b.arg("new", "f32", (1, 16))
+    weight = rand(16, 16)
+    proj = b.op("matmul", new, b.constant(weight))
+    grown = b.op("concat", past, proj, axis=0)
+    graph = tilefold.compile(b.build(grown, proj), strict=True)
+    x = rand(1, 16)
+    packed_before = len(blocks._PACKED)
+    chosen = []
+    for length in (0, 3, 17, 3):
+        cache = rand(length, 16)
+        got_cache, got_proj = graph(cache, x)
+        want = x.astype(np.float64) @ weight
+        assert_close(got_proj, want, dtype="f32", reduced=16)
+        assert_close(got_cache, np.concatenate([cache, want]), dtype="f32", reduced=16)
+        by_op = {d.problem.names: d for d in graph.decisions((length, 16), (1, 16))}
+        chosen.append((by_op[("matmul",)], by_op[("concat",)]))
+    gemms, concats = zip(*chosen, strict=True)
+    assert all(g is gemms[0] for g in gemms)
+    assert len({id(c) for c in concats}) == 3 and concats[1] is concats[3]
+    prepacked = (gemms[0].winner.config or {}).get("prepack", False)
+    assert len(blocks._PACKED) - packed_before == int(prepacked)
+
+
+def test_gemms_of_one_weight_at_many_lengths_pack_it_once() -> None:
+    """Prefill at each prompt length is a new GEMM problem; all of them read one packed copy
+    of the weight (a copy per length would hold the model's weights again for each)."""
+    from tilefold.strategy.methods import blocks
+
+    b = Builder("main")
+    x = b.arg("x", "f32", ("s0", 24))
+    weight = rand(24, 40)
+    graph = tilefold.compile(b.build(b.op("matmul", x, b.constant(weight))), strict=True)
+    before = len(blocks._PACKED)
+    decisions = set()
+    for rows in (5, 9, 64):
+        a = rand(rows, 24)
+        (got,) = graph(a)
+        assert_close(got, a.astype(np.float64) @ weight, dtype="f32", reduced=24)
+        (d,) = graph.decisions((rows, 24))
+        assert d.winner.method == "blocks.gemm" and d.winner.config["prepack"]
+        decisions.add(id(d))
+    assert len(decisions) == 3 and len(blocks._PACKED) - before == 1

@@ -39,6 +39,7 @@ ARITHMETIC = {  # ATen overload -> tilefold op; operands cast to the result dtyp
     aten.mul.Scalar: "mul",
     aten.div.Tensor: "div",
     aten.div.Scalar: "div",
+    aten.true_divide.Tensor: "div",
     aten.pow.Tensor_Scalar: "pow",
     aten.pow.Tensor_Tensor: "pow",
     aten.pow.Scalar: "pow",
@@ -135,7 +136,8 @@ def identity(ctx: LoweringContext, x: Any, *args: Any, **kwargs: Any) -> Any:
     return ctx.value(x)
 
 
-@lowering(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default)
+@lowering(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default,
+          torch.ops.prims.convert_element_type.default)
 def to_dtype(ctx: LoweringContext, x: Any, *args: Any, **kwargs: Any) -> Any:
     """A dtype conversion (devices and layouts do not exist in the IR)."""
     return ctx.elementwise(lambda t: t, [x], ctx.out_dtype())

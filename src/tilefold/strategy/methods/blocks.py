@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
+from collections.abc import Callable
 
 import numpy as np
 
@@ -238,6 +240,21 @@ def _kernel(run, gemm: str, epi_kernel: Kernel | None) -> Kernel:
                   epi_kernel.asm)
 
 
+# Packed copies of constant weights, by the weight array and how it was packed: every problem
+# multiplying by one weight (each prompt length, each decode plan) shares one copy, which lives
+# as long as the weight does.
+_PACKED: dict[tuple, object] = {}
+
+
+def _packed_once(weight: np.ndarray, how: tuple, pack: Callable[[], object]) -> object:
+    key = (id(weight), *how)
+    packed = _PACKED.get(key)
+    if packed is None:
+        packed = _PACKED[key] = pack()
+        weakref.finalize(weight, _PACKED.pop, key, None)
+    return packed
+
+
 def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
                epi: tuple | None, prepack: bool) -> Kernel:
     module = gemm_module(ctx.target)
@@ -250,7 +267,9 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
     a0, b0 = ops.a(probe), ops.b(probe)
     packed = plan = None
     if prepack:  # once, at build time; a transposed weight is packed from its strided view
-        packed = PackedMatrix(ops.oriented(problem.constants[ops.b_val], ops.tb), module)
+        weight = problem.constants[ops.b_val]
+        packed = _packed_once(weight, ("f32", ops.tb, module.kernel.name),
+                              lambda: PackedMatrix(ops.oriented(weight, ops.tb), module))
     if scratch.size and a0.shape[-1]:  # else C is empty or an empty sum (zeros): no GEMM
         plan = make_plan(module, a0, packed if packed is not None else b0, ops.c(scratch), 0,
                          ctx.threads)
@@ -286,8 +305,10 @@ def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: lis
     empty = not np.prod(c_shape) or not ops.a(probe).shape[-1]  # C is empty or zeros
     b_arg = None
     if prepack and not empty:  # once, at build time, from the (transposed) weight's view
-        b_arg = prepack_lowp(ops.oriented(problem.constants[ops.b_val], ops.tb), a_dtype,
-                             target=ctx.target)
+        weight = problem.constants[ops.b_val]
+        b_arg = _packed_once(weight, ("lowp", ops.tb, str(a_dtype), ctx.target.name),
+                             lambda: prepack_lowp(ops.oriented(weight, ops.tb), a_dtype,
+                                                  target=ctx.target))
     epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
 
     def run(*arrays: np.ndarray) -> None:
