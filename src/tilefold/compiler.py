@@ -14,6 +14,7 @@ that argument in place (`UPDATES`) is written into the argument's own array.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tilefold.errors import ShapeError, strict, strict_mode
+from tilefold.errors import DTypeError, ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.ops.index import index_key
@@ -35,6 +36,8 @@ from tilefold.target import Target, named_target
 from tilefold.target.gpu import GPUTarget, gpu_target, gpu_target_names
 
 PIPELINE = "default,merge-matmuls,dce,fusion"
+# `weights=` (else TILEFOLD_WEIGHTS): constant matmul weights stored as these codes.
+WEIGHT_FORMATS = ("f32", "int8", "int4")
 
 View = Callable[[np.ndarray, dict], np.ndarray]
 VIEWS: dict[str, View] = {
@@ -340,14 +343,26 @@ class _Planner:
                 self.free.setdefault((base.shape, base.dtype.str), []).append(base)
 
 
-def optimized(module: Module, function: str = "main") -> tuple[Module, list]:
+def pipeline(weights: str | None = None) -> str:
+    """The compile pipeline; `weights` "int8" or "int4" quantizes constant matmul weights
+    (weight-only: `passes/quantize_weights.py`); None reads TILEFOLD_WEIGHTS (default f32)."""
+    weights = weights or os.environ.get("TILEFOLD_WEIGHTS") or "f32"
+    if weights not in WEIGHT_FORMATS:
+        raise DTypeError(f"weights={weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
+    if weights == "f32":
+        return PIPELINE
+    return PIPELINE.replace("dce,", f"quantize-weights{{format={weights}}},dce,", 1)
+
+
+def optimized(module: Module, function: str = "main", weights: str | None = None
+              ) -> tuple[Module, list]:
     """A copy of `module` through the pipeline (its constant arrays shared), and the fusion
     refusals."""
     # Constant arrays (weights) are never written by passes: the copy shares them.
     shared = {id(v): v for op in module.walk() for v in op.attrs.values()
               if isinstance(v, np.ndarray)}
     module = copy.deepcopy(module, memo=shared)
-    manager = PassManager(PIPELINE, verify_each=False)
+    manager = PassManager(pipeline(weights), verify_each=False)
     manager.run(module)
     refusals = [r for p in manager.passes for r in getattr(p, "refusals", [])]
     if function not in module.functions:
@@ -358,6 +373,7 @@ def optimized(module: Module, function: str = "main") -> tuple[Module, list]:
 def compile(
     module: Module, target: Target | GPUTarget | str | None = None, *, function: str = "main",
     strict: bool | None = None, donate: dict[int, int] | None = None,
+    weights: str | None = None,
 ) -> CompiledGraph:
     """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays (for a GPU
     target, named as "h200" or a `GPUTarget`: on torch tensors of that device, `tilefold.gpu`).
@@ -369,11 +385,14 @@ def compile(
     quiet switch to another method; None (the default) follows `TILEFOLD_STRICT`.
     `donate={result: argument}` allows writing that result into that argument's array (the
     caller's state, such as a KV cache, updated in place); the call then returns that array.
+    `weights="int8"` or `"int4"` stores constant matmul weights quantized (weight-only, decoded
+    in the GEMM's registers: a quarter or an eighth of the bytes a decode step reads); None
+    follows `TILEFOLD_WEIGHTS` (unset: f32, exact).
     """
     if isinstance(target, str):
         target = gpu_target(target) if target in gpu_target_names() else named_target(target)
     _register()
-    module, refusals = optimized(module, function)
+    module, refusals = optimized(module, function, weights)
     if isinstance(target, GPUTarget):
         from tilefold.gpu import GPUGraph  # on first use: it needs torch and Triton
 

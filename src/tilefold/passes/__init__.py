@@ -4,6 +4,7 @@
 from tilefold.passes import expand_redistribute as expand_redistribute
 from tilefold.passes import fusion as fusion
 from tilefold.passes import merge_matmuls as merge_matmuls
+from tilefold.passes import quantize_weights as quantize_weights
 from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.canonicalize import RULES, Canonicalize
 from tilefold.passes.constant_fold import ConstantFold

@@ -78,7 +78,10 @@ class GemmEpilogue(Method):
                 return refusal
         at = problem.body.index(mm)
         prologue, epilogue = problem.body[:at], problem.body[at + 1:]
-        bad = [op.name for op in prologue if op.name not in FREE_PROLOGUES]
+        deq = _weight_only(problem, mm, prologue)
+        if isinstance(deq, str):
+            return deq
+        bad = [op.name for op in prologue if op.name not in FREE_PROLOGUES and op is not deq]
         if bad:
             return (f"prologue {', '.join(bad)} needs a packing-time conversion hook in the "
                     "GEMM (not available)")
@@ -115,9 +118,81 @@ class GemmEpilogue(Method):
         note = "epilogue as a row program over C" if epilogue else ""
         if rounded and not epilogue:
             note = f"C rounded to {problem.types[c].dtype} by a row program"
+        if deq is not None:
+            config["weights"] = str(problem.types[deq.operands[0]].dtype)
+            return [self.candidate(config, estimate,
+                                   lambda: build_weight_only(problem, ctx, mm, deq, epi),
+                                   "weight-only: codes decoded in registers")]
         build = build_lowp_gemm if lowp else build_gemm
         return [self.candidate(config, estimate,
                                lambda: build(problem, ctx, mm, prologue, epi, prepack), note)]
+
+
+def _weight_only(problem: Problem, mm: Operation, prologue: list[Operation]
+                 ) -> Operation | str | None:
+    """The `dequantize` of constant codes that is B of `mm` (the weight-only GEMM runs it), a
+    refusal when B is dequantized some other way, or None when nothing is dequantized."""
+    deqs = [op for op in prologue if op.name == "dequantize"]
+    if not deqs:
+        return None
+    deq = deqs[0]
+    if len(deqs) > 1 or len(prologue) > 1 or deq.results[0] is not mm.operands[1]:
+        return "dequantize other than of B alone (weight-only GEMM: x @ dequantize(codes))"
+    if any(v not in problem.constants for v in deq.operands):
+        return "dequantize of codes known only at run time (weight-only GEMM: constant codes)"
+    a, b = (problem.types[v] for v in mm.operands)
+    attrs = problem.attrs(mm)
+    if str(a.dtype) != "f32" or str(b.dtype) != "f32" or len(b.shape) != 2 \
+            or attrs["transpose_a"]:
+        return "weight-only GEMM: f32 x rows (not transposed) times a 2-D dequantized f32 B"
+    if problem.shape(mm.operands[0])[-1] % 2:
+        return "weight-only GEMM: the kernels step K in pairs; K is odd"
+    if _format_of(problem, deq) is None:
+        return f"no weight-only kernel for {problem.types[deq.operands[0]].dtype} codes"
+    return deq
+
+
+def _format_of(problem: Problem, deq: Operation):
+    """The quantized format whose codes `deq` reads (asymmetric when it has a zero point)."""
+    from tilefold.quant import FORMATS
+
+    code = str(problem.types[deq.operands[0]].dtype)
+    zero_point = len(deq.operands) > 2
+    return next((f for f in FORMATS.values() if str(f.asymmetric_code if zero_point else f.code)
+                 == code), None)
+
+
+def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operation,
+                      epi: tuple | None) -> Kernel:
+    """x @ dequantize(codes, scales) by the weight-only GEMV/skinny GEMM (`codegen/lowp`),
+    which decodes the codes in registers, then the epilogue's row program over C."""
+    from tilefold.codegen.lowp.weight_only import weight_only_matmul
+    from tilefold.quant import QuantizedTensor
+
+    ops = _Operands(problem, mm, [])
+    codes, scale, *zero_point = (problem.constants[v] for v in deq.operands)
+    axis = 1 if ops.tb else 0  # the contraction axis of B as stored
+    fmt = _format_of(problem, deq)
+    weight = _packed_once(codes, ("weight-only", axis), lambda: QuantizedTensor.from_codes(
+        fmt, codes, axis, scale, zero_point[0] if zero_point else None))
+    c_val = mm.results[0]
+    n_in = len(problem.inputs)
+    c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
+    scratch = np.empty(problem.shape(c_val), np.float32)
+    k = problem.shape(ops.a_val)[-1]
+    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
+
+    def run(*arrays: np.ndarray) -> None:
+        c = arrays[n_in + c_out] if c_out is not None else scratch
+        rows = np.ascontiguousarray(ops.operand(ops.a_val, arrays)).reshape(-1, k)
+        if rows.size and c.size:
+            c.reshape(rows.shape[0], -1)[...] = weight_only_matmul(rows, weight, ctx.target,
+                                                                  ctx.threads)
+        else:
+            c[...] = 0
+        epilogue(c, arrays)
+
+    return _kernel(run, f"weight-only {fmt.name}", epi_kernel)
 
 
 def _lanes(ctx: Context) -> int:

@@ -1,0 +1,102 @@
+"""quantize-weights and the weight-only GEMM it hands to blocks.gemm: the rewrite (which weights,
+what codes), the compiled result against float64 NumPy on the dequantized weights (the
+kernel's own error: f32 rounding of a K-term dot product), and the quantization error itself
+(bounded by half a code step per weight)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilefold as tf
+from tests.tolerances import assert_close
+from tilefold.errors import DTypeError, PassError
+from tilefold.ir import Builder, interpret
+from tilefold.passes import PassManager
+from tilefold.passes.quantize_weights import quantize_weight
+
+RNG = np.random.default_rng(5)
+
+
+def _layer(w: np.ndarray, transpose_b: bool, rows=("s0",), epilogue: bool = True):
+    b = Builder("main")
+    x = b.arg("x", "f32", (*rows, w.shape[1] if transpose_b else w.shape[0]))
+    y = b.op("matmul", x, b.constant(w), transpose_b=transpose_b)
+    if epilogue:
+        y = b.op("mul", y, b.op("sigmoid", y))  # a SiLU the GEMM's row program applies
+    return b.build(y)
+
+
+def _dequantized(w: np.ndarray, axis: int, fmt: str) -> np.ndarray:
+    codes, scale = quantize_weight(w, axis, fmt)
+    step = np.repeat(scale.astype(np.float64), w.shape[axis] // scale.shape[axis], axis=axis)
+    return codes.astype(np.float64) * step
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_the_rewrite_stores_codes_and_leaves_small_or_odd_weights(fmt):
+    big, small = RNG.standard_normal((96, 64)), RNG.standard_normal((8, 64))
+    # K = 49: odd (the kernels step K in pairs), and not a whole number of int4 groups of 32
+    odd = RNG.standard_normal((96, 49))
+    b = Builder("main")
+    x = b.arg("x", "f32", (2, 64))
+    outs = [b.op("matmul", x, b.constant(w.astype(np.float32)), transpose_b=True)
+            for w in (big, small)]
+    outs.append(b.op("matmul", b.arg("z", "f32", (2, 49)), b.constant(odd.astype(np.float32)),
+                     transpose_b=True))
+    pm = PassManager(f"quantize-weights{{format={fmt} min-elements=1024}},dce")
+    module = pm.run(b.build(*outs))
+    want = 1
+    assert pm.passes[0].stats == {"num-quantized": want}
+    deqs = [op for op in module.walk() if op.name == "dequantize"]
+    assert len(deqs) == want
+    codes = deqs[0].operands[0].defining_op.attrs["value"]
+    scale = deqs[0].operands[1].defining_op.attrs["value"]
+    assert str(codes.dtype) == ("int8" if fmt == "int8" else "int4") and codes.shape == (96, 64)
+    assert scale.shape == ((96, 1) if fmt == "int8" else (96, 2))
+    a, z = RNG.standard_normal((2, 64)).astype(np.float32), RNG.standard_normal((2, 49))
+    got = interpret(module, a, z.astype(np.float32))[0]
+    assert_close(got, a.astype(np.float64) @ _dequantized(big.astype(np.float32), 1, fmt).T,
+                 dtype="f32", reduced=64)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("transpose_b", [True, False])
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_compiled_weight_only_gemm_matches_numpy_on_the_dequantized_weight(fmt, transpose_b, m):
+    n, k = 160, 96 if fmt == "int4" else 98  # int8: K = 2 x 7 x 7
+    w = RNG.standard_normal((n, k) if transpose_b else (k, n)).astype(np.float32)
+    graph = tf.compile(_layer(w, transpose_b), strict=True, weights=fmt)
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    (got,) = graph(x)
+    (d,) = graph.decisions((m, k))
+    assert d.winner.method == "blocks.gemm" and d.winner.config["weights"] == \
+        ("i8" if fmt == "int8" else "i4")
+    wq = _dequantized(w, 1 if transpose_b else 0, fmt)
+    y = x.astype(np.float64) @ (wq.T if transpose_b else wq)
+    assert_close(got, y / (1 + np.exp(-y)), dtype="f32", reduced=k,
+                 scale=np.abs(x.astype(np.float64)) @ np.abs(wq.T if transpose_b else wq))
+
+
+@pytest.mark.parametrize(("fmt", "steps"), [("int8", 127), ("int4", 7)])
+def test_quantization_error_is_half_a_code_step(fmt, steps):
+    """What the user trades: each weight moves at most half its block's step, max|w| / qmax."""
+    w = RNG.standard_normal((64, 128)).astype(np.float32)
+    wq = _dequantized(w, 1, fmt)
+    group = 128 if fmt == "int8" else 32
+    amax = np.abs(w.reshape(64, -1, group)).max(axis=2, keepdims=True)
+    bound = np.broadcast_to(amax / steps / 2, (64, 128 // group, group)).reshape(64, 128)
+    assert np.all(np.abs(wq - w) <= bound * (1 + 1e-6))
+    graph = tf.compile(_layer(w, True, rows=(4,), epilogue=False), strict=True, weights=fmt)
+    x = RNG.standard_normal((4, 128)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    (got,) = graph(x)
+    assert np.abs(got - exact).max() <= np.abs(x).sum(axis=1).max() * bound.max() * 1.01
+
+
+def test_bad_formats_are_clear_errors():
+    w = RNG.standard_normal((64, 64)).astype(np.float32)
+    with pytest.raises(DTypeError, match="weights='int3'"):
+        tf.compile(_layer(w, True), weights="int3")
+    with pytest.raises(PassError, match="format 'fp2'"):
+        PassManager("quantize-weights{format=fp2}").run(_layer(w, True))
