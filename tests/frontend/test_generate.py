@@ -138,3 +138,35 @@ def test_static_cache_is_written_in_place():
                        if fn.outputs[r].defining_op.name == "index_put"]
     assert len(writes) == 4  # keys and values of two layers, in the decode graph
     assert set(writes) == {"in place"}
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_weight_only_generation_picks_the_quantized_models_tokens(fmt):
+    """`options={"weights": fmt}` decodes with int8/int4 weights: the tokens are eager's on
+    the same model with each linear weight replaced by its dequantized codes (what the
+    weight-only GEMM multiplies by), strict, with every linear run weight-only."""
+    import numpy as np
+
+    from tilefold.passes.quantize_weights import quantize_weight
+
+    model = _model("llama")
+    prompt = _prompt(2, 6)
+    fake = _model("llama")
+    with torch.no_grad():
+        for module in fake.modules():
+            # all of them: the k and v projections are small, but merged with q (merge-matmuls)
+            # they are one weight big enough to quantize, with the same per-row scales
+            if isinstance(module, torch.nn.Linear):
+                w = module.weight.numpy()
+                codes, scale = quantize_weight(w, 1, fmt)
+                step = np.repeat(scale, w.shape[1] // scale.shape[1], axis=1)
+                module.weight.copy_(torch.from_numpy(codes.astype(np.float32) * step))
+    want = _generate(fake, prompt, "dynamic", 8)
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    model.forward = torch.compile(model.forward, backend="tilefold",
+                                  options={"strict": True, "weights": fmt})
+    assert torch.equal(_generate(model, prompt, "dynamic", 8), want)
+    gemms = [d.winner.config for g in _graphs() for d in g.decisions()
+             if d.winner.method == "blocks.gemm"]
+    assert gemms and all(c.get("weights") == ("i8" if fmt == "int8" else "i4") for c in gemms)

@@ -57,9 +57,16 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
 
     `options={"strict": True}` raises `FallbackError` instead of leaving any of the graph to
     PyTorch or to the reference interpreter; `False` allows that even under TILEFOLD_STRICT.
+    `options={"weights": "int8"}` (or "int4") stores the model's linear weights quantized
+    (weight-only, `tilefold.compile(weights=...)`; CPU), else TILEFOLD_WEIGHTS decides.
     """
     flag = (options or {}).get("strict")
     flag = None if flag is None else bool(flag)
+    weights = (options or {}).get("weights")
+    if weights is not None:
+        from tilefold.compiler import pipeline
+
+        pipeline(weights)  # a DTypeError now for a format tilefold does not have
     graph = f"#{len(_GRAPHS)}"
     _GRAPHS.append(graph)
     if torch.is_grad_enabled() and any(
@@ -79,7 +86,7 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
     entry = graph_cache.load(key) if key else None
     if entry is not None:
         try:
-            return _cached(entry, example_inputs, report, flag)
+            return _cached(entry, example_inputs, report, flag, weights)
         except TilefoldError as exc:  # e.g. a stale entry the IR no longer parses
             if strict(flag):
                 raise FallbackError(f"graph {graph}: the cached lowering failed: {exc}") from exc
@@ -90,7 +97,7 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
         report.trace_s = time.perf_counter() - started
         try:
             with unset_fake_temporarily():  # weights are read as real tensors
-                runner = _lower(aten_gm, example_inputs, frozen, report, flag)
+                runner = _lower(aten_gm, example_inputs, frozen, report, flag, weights)
             same_inputs = sum(n.op == "placeholder" for n in aten_gm.graph.nodes) == len(
                 example_inputs)
             if key and same_inputs and isinstance(runner, _Frozen) and graph_cache.storable():
@@ -124,11 +131,11 @@ _GRAPHS: list[str] = []
 
 
 def _cached(entry: graph_cache.Entry, real: list[Any], report: GraphReport,
-            flag: bool | None) -> Callable:
+            flag: bool | None, weights: str | None) -> Callable:
     """The graph's runner from its stored lowering, bound to `real`'s weights (Dynamo calls it
     with the graph's inputs, as AOTAutograd's wrapper would be)."""
     started = time.perf_counter()
-    make = runner_factory(real)  # CUDA tensors: the GPU path
+    make = runner_factory(real, weights)  # CUDA tensors: the GPU path
 
     def build() -> GraphRunner:
         return make(graph_cache.converted(entry, real), f"graph {report.graph}", flag)
@@ -166,7 +173,7 @@ class _Supported(OperatorSupportBase):
 
 
 def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphReport,
-           flag: bool | None):
+           flag: bool | None, weights: str | None):
     """Lower the ATen graph whole, or its supported partitions; return the callable to run."""
     started = time.perf_counter()
     label = f"graph {report.graph}"
@@ -181,7 +188,7 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
         return _input_kind(node, i, real, frozen)
 
     trial = convert_graph(gm.graph, top_inputs, trial=True)
-    make = runner_factory(real)  # CUDA tensors: the GPU path
+    make = runner_factory(real, weights)  # CUDA tensors: the GPU path
     report.aten_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.lowered = dict(trial.lowered)
     report.symbolic_dims = sorted({str(d) for a in trial.module["main"].args for d in a.type.shape

@@ -44,11 +44,17 @@ def gpu_target_for(inputs: Sequence[Any]) -> GPUTarget | None:
     return target
 
 
-def runner_factory(inputs: Sequence[Any]) -> Callable[..., Any]:
+def runner_factory(inputs: Sequence[Any], weights: str | None = None) -> Callable[..., Any]:
     """What runs a lowered graph for these example inputs: `factory(converted, label,
-    strict)` is a `GPUGraphRunner` on CUDA tensors, else a `GraphRunner`."""
+    strict)` is a `GPUGraphRunner` on CUDA tensors, else a `GraphRunner` (its constant
+    weights stored as `weights`: `tilefold.compile`)."""
     target = gpu_target_for(inputs)
-    return GraphRunner if target is None else functools.partial(GPUGraphRunner, target=target)
+    if target is None:
+        return functools.partial(GraphRunner, weights=weights)
+    if weights not in (None, "f32"):
+        raise UnsupportedError(f"weights={weights!r}: weight-only quantization runs on CPUs; "
+                               "the GPU path computes with the model's own weights")
+    return functools.partial(GPUGraphRunner, target=target)
 
 
 class GPUGraphRunner:

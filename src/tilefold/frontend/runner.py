@@ -27,7 +27,7 @@ class Executor:
     """
 
     def __init__(self, module: Module, label: str = "graph", strict: bool | None = None,
-                 donate: dict[int, int] | None = None):
+                 donate: dict[int, int] | None = None, weights: str | None = None):
         self.module, self.label, self.strict = module, label, strict
         self.compiled: Any = None
         self.name = "interpreter"
@@ -35,7 +35,8 @@ class Executor:
         try:
             from tilefold.compiler import compile as tilefold_compile
 
-            self.compiled = tilefold_compile(module, strict=strict, donate=donate)
+            self.compiled = tilefold_compile(module, strict=strict, donate=donate,
+                                             weights=weights)
             self.name = "tilefold.compile"
         except (ImportError, TilefoldError) as exc:
             self._fall_back("tilefold.compile failed", exc)
@@ -89,10 +90,11 @@ class GraphRunner:
     when the compiled graph wrote it there, else copied back after the call.
     """
 
-    def __init__(self, converted: Converted, label: str = "graph", strict: bool | None = None):
+    def __init__(self, converted: Converted, label: str = "graph", strict: bool | None = None,
+                 weights: str | None = None):
         self.converted = converted
         self.function = converted.module.functions[next(iter(converted.module.functions))]
-        self.run = Executor(converted.module, label, strict, converted.donated())
+        self.run = Executor(converted.module, label, strict, converted.donated(), weights)
 
     @property
     def executor(self) -> str:
