@@ -38,7 +38,8 @@ def fresh():
 
 def test_cpu_tensors_keep_the_cpu_path(monkeypatch):
     monkeypatch.setattr(gpu_runner, "detect_gpu", lambda: H200)  # even with a GPU present
-    assert gpu_runner.runner_factory([torch.randn(3), 2]) is GraphRunner
+    factory = gpu_runner.runner_factory([torch.randn(3), 2])
+    assert factory.func is GraphRunner and factory.keywords == {"weights": None}
 
 
 def test_cuda_tensors_take_the_detected_gpu(monkeypatch):
