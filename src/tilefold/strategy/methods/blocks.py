@@ -31,6 +31,7 @@ from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
 from tilefold.passes.fusion import FREE_PROLOGUES  # the prologues that are views
 from tilefold.runtime import source_digest
+from tilefold.runtime.replay import NativeCall
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -180,7 +181,7 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
     c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
     scratch = np.empty(problem.shape(c_val), np.float32)
     k = problem.shape(ops.a_val)[-1]
-    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
+    epilogue = _Epilogue(problem, ctx, epi, c_val)
 
     def run(*arrays: np.ndarray) -> None:
         c = arrays[n_in + c_out] if c_out is not None else scratch
@@ -190,9 +191,9 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
                                                                   ctx.threads)
         else:
             c[...] = 0
-        epilogue(c, arrays)
+        epilogue.run(c, arrays)
 
-    return _kernel(run, f"weight-only {fmt.name}", epi_kernel)
+    return _kernel(run, f"weight-only {fmt.name}", epilogue)
 
 
 def _lanes(ctx: Context) -> int:
@@ -290,29 +291,37 @@ class _Operands:
         return c[..., None, :] if self.a_vec else c
 
 
-def _epilogue_runner(problem: Problem, ctx: Context, epi: tuple | None, c_val: Value):
-    """`run(c, arrays)`: the epilogue's row kernel over C and the call's arrays (or nothing),
-    and the kernel itself (None without an epilogue)."""
-    if epi is None:
-        return lambda c, arrays: None, None
-    kernel = _epilogue_kernel(problem, ctx, epi)
-    _, ins, outs = epi
-    n_in = len(problem.inputs)
-    # Where each epilogue argument comes from: -1 is C, else an index into the arrays.
-    picks = [-1 if v is c_val else problem.inputs.index(v) for v in ins]
-    picks += [n_in + problem.outputs.index(v) for v in outs]
+class _Epilogue:
+    """The epilogue's row kernel over C and a call's arrays: `run(c, arrays)` runs it (nothing
+    without an epilogue), `calls(c, arrays)` lists its native calls; `kernel` is None without."""
 
-    def run(c: np.ndarray, arrays) -> None:
-        kernel.run(*(c if i < 0 else arrays[i] for i in picks))
+    def __init__(self, problem: Problem, ctx: Context, epi: tuple | None, c_val: Value):
+        self.kernel = None if epi is None else _epilogue_kernel(problem, ctx, epi)
+        self.picks: list[int] = []
+        if epi is not None:
+            _, ins, outs = epi
+            n_in = len(problem.inputs)
+            # Where each epilogue argument comes from: -1 is C, else an index into the arrays.
+            self.picks = [-1 if v is c_val else problem.inputs.index(v) for v in ins]
+            self.picks += [n_in + problem.outputs.index(v) for v in outs]
 
-    return run, kernel
+    def _args(self, c: np.ndarray, arrays) -> list[np.ndarray]:
+        return [c if i < 0 else arrays[i] for i in self.picks]
+
+    def run(self, c: np.ndarray, arrays) -> None:
+        if self.kernel is not None:
+            self.kernel.run(*self._args(c, arrays))
+
+    def calls(self, c: np.ndarray, arrays) -> list[NativeCall] | None:
+        return [] if self.kernel is None else self.kernel.calls(*self._args(c, arrays))
 
 
-def _kernel(run, gemm: str, epi_kernel: Kernel | None) -> Kernel:
+def _kernel(run, gemm: str, epilogue: _Epilogue, calls=None) -> Kernel:
+    epi_kernel = epilogue.kernel
     if epi_kernel is None:
-        return Kernel(run, f"// GEMM {gemm} only")
+        return Kernel(run, f"// GEMM {gemm} only", calls=calls)
     return Kernel(run, lambda: f"// GEMM {gemm} + epilogue\n{epi_kernel.source}",
-                  epi_kernel.asm)
+                  epi_kernel.asm, calls=calls)
 
 
 # Packed copies of constant weights, by the weight array and how it was packed: every problem
@@ -349,7 +358,7 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
         plan = make_plan(module, a0, packed if packed is not None else b0, ops.c(scratch), 0,
                          ctx.threads)
     b_arg = packed.data if packed is not None else None
-    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
+    epilogue = _Epilogue(problem, ctx, epi, c_val)
 
     def run(*arrays: np.ndarray) -> None:
         c = arrays[n_in + c_out] if c_out is not None else scratch
@@ -357,9 +366,16 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
             c[...] = 0
         else:
             plan(ops.a(arrays), b_arg if b_arg is not None else ops.b(arrays), ops.c(c))
-        epilogue(c, arrays)
+        epilogue.run(c, arrays)
 
-    return _kernel(run, module.kernel.name, epi_kernel)
+    def calls(*arrays: np.ndarray) -> list[NativeCall] | None:
+        c = arrays[n_in + c_out] if c_out is not None else scratch
+        gemm = None if plan is None else plan.call(
+            ops.a(arrays), b_arg if b_arg is not None else ops.b(arrays), ops.c(c))
+        rest = epilogue.calls(c, arrays)
+        return None if gemm is None or rest is None else [gemm, *rest]
+
+    return _kernel(run, module.kernel.name, epilogue, calls)
 
 
 def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
@@ -384,7 +400,7 @@ def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: lis
         b_arg = _packed_once(weight, ("lowp", ops.tb, str(a_dtype), ctx.target.name),
                              lambda: prepack_lowp(ops.oriented(weight, ops.tb), a_dtype,
                                                   target=ctx.target))
-    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
+    epilogue = _Epilogue(problem, ctx, epi, c_val)
 
     def run(*arrays: np.ndarray) -> None:
         if empty:
@@ -395,10 +411,10 @@ def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: lis
             c = c.reshape(c_shape)
         if c_out is not None:
             arrays[n_in + c_out][...] = c
-        epilogue(c, arrays)
+        epilogue.run(c, arrays)
 
     kind = "x".join(str(problem.types[v].dtype) for v in mm.operands)
-    return _kernel(run, f"matmul_lowp {kind}", epi_kernel)
+    return _kernel(run, f"matmul_lowp {kind}", epilogue)
 
 
 # The modules whose code shapes an epilogue's IR (with the row kernel's: its cache fingerprint).
