@@ -1,8 +1,9 @@
 """`Generator`: prefill + a decode loop over the compiled forward on a static cache, strict.
 
-Greedy tokens must be Hugging Face `generate`'s (eager, same weights); a second generation
-reuses the compiled graphs (no new trace); the decode step's graph replays as one native call
-(every step native: index arithmetic, cache row writes, gathers, concatenations included)."""
+Greedy tokens must be Hugging Face `generate`'s (eager, same weights), also once the loop calls
+the decode graph directly (after its first steps); a second generation reuses the compiled
+graphs (no new trace); the decode step's graph replays as one native call (every step native:
+index arithmetic, cache row writes, gathers, concatenations included)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def test_the_decode_step_replays_as_one_native_call():
     model = FAMILIES["llama"]().eval()
     generator = Generator(model, max_length=32, options={"strict": True})
     generator([5, 7, 9, 11], 6)
+    assert generator._direct is not None  # later steps call the graph, not torch.compile
     decode = [plan for graph in report.reports() for e in graph.executors
               for plan in e.runner.run.compiled._plans.values() if plan.replay is not None]
     assert decode, "the decode step never replayed"

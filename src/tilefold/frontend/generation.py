@@ -7,7 +7,9 @@ prompt, then a loop in Python that calls the compiled forward on one token at a 
 `model.generate` machinery (logits processors, stopping criteria, cache bookkeeping) runs per
 token. With tilefold the decode step's graph has the same input tensors every step (the cache,
 written in place, and small id/position tensors), so after its second call it replays its
-kernels in one native call (`compiler.Recording`).
+kernels in one native call (`compiler.Recording`), and the loop calls that graph directly
+(`dynamo.capture`): Dynamo's guards and AOTAutograd's wrappers run no more per token, as the
+generator owns every tensor the graph reads.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ import numpy as np
 import torch
 
 from tilefold.errors import ShapeError
+from tilefold.frontend.dynamo import Call, capture
 
 BACKENDS = ("tilefold", "eager", "inductor")
+# Decode steps through torch.compile before the step's graph is called directly: the graph is
+# compiled and recorded for replay by then (`compiler.Recording` records on the second call).
+DIRECT_AFTER = 2
 
 
 @dataclass
@@ -71,11 +77,28 @@ class Generator:
                                          options=dict(options or {}))
         self._token = torch.zeros((1, 1), dtype=torch.long)
         self._position = torch.zeros(1, dtype=torch.long)
+        self._steps = 0  # decode steps through torch.compile so far
+        self._direct: tuple[Call, int] | None = None  # the decode graph, called directly
 
     def _logits(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         out = self.forward(input_ids=ids, past_key_values=self.cache, cache_position=positions,
                            use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
+
+    def _decode(self, token: int, position: int) -> int:
+        """The next token after `token` at `position` (the cache holds everything before)."""
+        self._token[0, 0] = token
+        self._position[0] = position
+        if self._direct is not None:
+            call, index = self._direct
+            return int(torch.argmax(call.runner(*call.args)[index]))
+        self._steps += 1
+        if self.backend != "tilefold" or self._steps != DIRECT_AFTER + 1:
+            return int(torch.argmax(self._logits(self._token, self._position)))
+        with capture() as calls:  # once: a step that cannot be called directly stays compiled
+            logits = self._logits(self._token, self._position)
+        self._direct = _direct_call(calls, logits)
+        return int(torch.argmax(logits))
 
     def __call__(self, prompt: Sequence[int], new_tokens: int,
                  stop: Sequence[int] = ()) -> Generation:
@@ -99,9 +122,7 @@ class Generator:
                 if token in stop:
                     break
                 step = time.perf_counter()
-                self._token[0, 0] = token
-                self._position[0] = len(prompt) + i
-                token = int(torch.argmax(self._logits(self._token, self._position)))
+                token = self._decode(token, len(prompt) + i)
                 result.tokens.append(token)
                 result.step_s.append(time.perf_counter() - step)
             result.decode_s = time.perf_counter() - started
@@ -129,3 +150,20 @@ def _allocate(cache: Any, model: Any) -> None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     dtype = next(model.parameters()).dtype
     cache.early_initialization(1, kv_heads, head_dim, dtype, torch.device("cpu"))
+
+
+def _direct_call(calls: list[Call], logits: torch.Tensor) -> tuple[Call, int] | None:
+    """The one graph a decode step ran and which of its results holds `logits`; None when the
+    step ran several graphs (a graph break) or the logits came from elsewhere."""
+    if len(calls) != 1:
+        return None
+    (call,) = calls
+    found = [i for i, out in enumerate(call.outputs) if isinstance(out, torch.Tensor)
+             and out.numel() == logits.numel()
+             and out.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr()]
+    if len(found) != 1:
+        return None
+    runner = getattr(call.runner, "runner", None)
+    if runner is not None:
+        runner.park = False  # decode steps follow one another: keep the workers spinning
+    return call, found[0]

@@ -98,6 +98,9 @@ class GraphRunner:
         self.run = Executor(converted.module, label, strict, converted.donated(), weights)
         written = set(converted.mutations.values())
         self._inputs = [_StableInput(p not in written) for p in converted.arg_indices]
+        # Park tilefold's spinning workers after a call (PyTorch runs next and gets the
+        # cores); a caller running tilefold graphs back to back turns it off.
+        self.park = True
 
     @property
     def executor(self) -> str:
@@ -108,7 +111,8 @@ class GraphRunner:
                   for stable, i in zip(self._inputs, self.converted.arg_indices, strict=True)]
         sizes = bind_symbols(self.function, arrays)
         outputs = self.run(*arrays)
-        thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
+        if self.park:
+            thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
         for r, p in self.converted.mutations.items():  # state the graph wrote, unless in place
             if outputs[r] is not arrays[self.converted.arg_indices.index(p)]:
                 args[p].copy_(to_torch(outputs[r]))
