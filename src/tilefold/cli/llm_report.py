@@ -98,8 +98,9 @@ def notes(work: Workload, gbps: float) -> list[str]:
         "1st token: seconds from the model in memory to the first new token (compile + "
         "prefill) in a new process: cold with empty tilefold and inductor caches, warm with the "
         "caches the cold one filled; load s: the model into memory (warm process)",
-        "RSS: the warm process's after its timed runs / at its peak; MB/token: weights at their stored precision + K and V "
-        f"at the mean decode context ({context:g} positions); %BW: decode tok/s x MB/token / "
+        "RSS: the warm process's after its timed runs / at its peak; MB/token: weights at their "
+        f"stored precision + K and V at the mean decode context ({context:g} positions); "
+        "%BW: decode tok/s x MB/token / "
         f"measured read bandwidth ({gbps:.1f} GB/s, {work.threads} threads)",
         "match: tokens equal to the first row's, from the first",
     ]
