@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-import tilefold
 from tilefold.cli import llm_metrics
 from tilefold.cli.llm_models import Prepared
 from tilefold.runtime.timing import SETTLE_SECONDS, Timing, interleaved_medians
@@ -92,7 +91,7 @@ def child_env(threads: int, caches: str) -> dict[str, str]:
     tilefold importable as the parent imports it, and no TILEFOLD_WEIGHTS (--quant decides)."""
     env = dict(os.environ)
     env.pop("TILEFOLD_WEIGHTS", None)
-    src = str(Path(tilefold.__file__).resolve().parents[1])
+    src = str(Path(__file__).resolve().parents[2])  # the folder holding this tilefold
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.update({"TILEFOLD_CACHE_DIR": os.path.join(caches, "tilefold"),
                 "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
@@ -273,6 +272,22 @@ class Accuracy:
     error: str | None = None
 
 
+def logits_of(work: Workload, job: Job, tokens: list[int], folder: str, name: str
+              ) -> tuple[np.ndarray, float]:
+    """The job's logits at every position of `tokens` (one forward, in a process of its own)
+    and the seconds it took to build and run; WorkerFailed when it fails."""
+    out = os.path.join(folder, f"{name}.npy")
+    spec = work.spec(job, "logits", tokens=tokens, logits_out=out, max_length=len(tokens))
+    worker = Worker(spec, child_env(work.threads, os.path.join(folder, "caches")), folder, name)
+    try:
+        seconds = worker.receive(READY_TIMEOUT_S)["seconds"]
+    finally:
+        worker.kill()
+    logits = np.load(out)
+    os.unlink(out)
+    return logits, seconds
+
+
 def accuracy_all(work: Workload, reference: Job, jobs: list[Job], tokens: list[int],
                  say: Callable[[str], None]) -> list[Accuracy]:
     """Perplexity of `tokens` for the reference and every job, and each job's KL divergence
@@ -280,22 +295,13 @@ def accuracy_all(work: Workload, reference: Job, jobs: list[Job], tokens: list[i
     found = [Accuracy(job) for job in [reference, *jobs]]
     ref_logits = None
     with tempfile.TemporaryDirectory(prefix="tilefold-perplexity-") as tmp:
-        env = child_env(work.threads, os.path.join(tmp, "caches"))
         for i, acc in enumerate(found):
             say(f"  {acc.job.label}: logits of {len(tokens)} tokens")
-            out = os.path.join(tmp, f"logits{i}.npy")
-            spec = work.spec(acc.job, "logits", tokens=tokens, logits_out=out,
-                             max_length=len(tokens))
-            worker = Worker(spec, env, tmp, f"logits{i}")
             try:
-                acc.seconds = worker.receive(READY_TIMEOUT_S)["seconds"]
-                logits = np.load(out)
+                logits, acc.seconds = logits_of(work, acc.job, tokens, tmp, f"logits{i}")
             except WorkerFailed as exc:
                 acc.error = str(exc)
                 continue
-            finally:
-                worker.kill()
-            os.unlink(out)
             acc.perplexity = llm_metrics.perplexity(logits, tokens)
             if i == 0:
                 ref_logits = logits
