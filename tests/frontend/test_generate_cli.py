@@ -196,3 +196,98 @@ def test_llama_cpp_decodes_what_its_own_full_forward_predicts(tmp_path):
     sizes = result.warm["sizes"]
     assert sizes["weights_stored"] < files[0].stat().st_size < sizes["weights_stored"] + 10e6
     assert sizes["kv_per_token"] == llm_metrics.kv_bytes(30, 3, 64, 8 + 8 / 2, 2)
+
+
+def _fake_result(job, work, decode_s: float, prefill_s: float = 0.5):
+    """A contender's result as a worker would report it (no process)."""
+    first = {"tokens": [7] * work.new_tokens, "prefill_s": prefill_s, "decode_s": decode_s}
+    sizes = {"weights_per_token": 100e6, "kv_per_token": 1e6, "weights_stored": 100e6,
+             "kv_cache": 2e6}
+    ready = {"load_s": 1.0, "ttft_s": 3.0, "first": first, "sizes": sizes, "rss_base": 1e8,
+             "info": {}}
+    return llm_runs.Result(job, cold={**ready, "ttft_s": 9.0}, warm=ready, cold_s=12.0,
+                           interleaved=[first], alone=[first],
+                           final={"peak_rss": 300e6, "rss": 250e6})
+
+
+# decode seconds of the fakes: tilefold f32 twice as fast as HF eager, int8 slower than
+# llama.cpp Q8_0, int4 faster than Q4_0
+DECODE_S = {"tilefold f32": 1.0, "HF eager generate": 2.0, "tilefold int8": 1.0,
+            "llama.cpp Q8_0": 0.5, "tilefold int4": 0.5, "llama.cpp Q4_0": 1.0,
+            "llama.cpp F32": 4.0}
+
+
+PERPLEXITY = {("hf-eager", "f32"): 19.3, ("tilefold", "f32"): 19.3, ("tilefold", "int8"): 19.4,
+              ("tilefold", "int4"): 24.0, ("llamacpp", "F32"): 19.3, ("llamacpp", "Q8_0"): 19.2,
+              ("llamacpp", "Q4_0"): 23.0, ("llamacpp", "shipped"): 19.25}
+
+
+@pytest.fixture
+def fake_bench(monkeypatch, tmp_path):
+    """`bench llm` with its processes replaced by made-up results, llama.cpp 'present', a host
+    of 10 GB/s and no GPL text: its glue (groups, bars, JSON) under test."""
+    from tilefold.cli import bench_llm, generate
+
+    def fake_runs(work, jobs, rounds, say):
+        return [_fake_result(j, work, DECODE_S[j.label]) for j in jobs]
+
+    def fake_accuracy(work, reference, jobs, tokens, say):
+        return [llm_runs.Accuracy(j, PERPLEXITY[(j.key, j.quant)]) for j in [reference, *jobs]]
+
+    monkeypatch.setattr(llm_runs, "generate_all", fake_runs)
+    monkeypatch.setattr(llm_runs, "accuracy_all", fake_accuracy)
+    monkeypatch.setattr(llm_runs, "llama_absent", lambda model: None)
+    monkeypatch.setattr(generate, "_file_type", lambda gguf: "Q4_1")
+    monkeypatch.setattr(generate, "host_lines", lambda threads: ([f"host x{threads}"], 10.0))
+    monkeypatch.setattr(bench_llm, "GPL3", str(tmp_path / "none"))
+
+
+BENCH = ["bench", "llm", "--threads", "1", "--rounds", "1", "--prompt-tokens", "5",
+         "--new-tokens", "5", "--no-inductor", "--no-loops", "--no-shape"]
+
+
+@pytest.mark.usefixtures("fake_bench")
+def test_bench_llm_states_the_bars_on_its_runs(model_dir, tmp_path, capsys):
+    out = tmp_path / "llm.json"
+    assert main([*BENCH, "--model", str(model_dir), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    text = capsys.readouterr().out
+    assert "perplexity skipped: no --perplexity FILE" in text
+    bars = {b["bar"]: b for b in data["bars"]}
+    assert bars["tilefold f32 decode vs HF eager generate"]["value"] == pytest.approx(2.0)
+    assert bars["tilefold f32 decode vs HF eager generate"]["met"] is True
+    assert bars["tilefold f32 decode vs inductor generate (static)"]["value"] is None
+    # 4 tokens in 1 s x 101 MB / 10 GB/s
+    assert bars["tilefold f32 decode, share of read bandwidth"]["value"] == \
+        pytest.approx(4 * 101e6 / 10e9)
+    assert bars["tilefold int8 decode vs llama.cpp Q8_0"]["value"] == pytest.approx(0.5)
+    assert bars["tilefold int8 decode vs llama.cpp Q8_0"]["met"] is False
+    assert bars["tilefold int4 decode vs llama.cpp Q4_0"]["met"] is True
+    assert bars["tilefold f32 first token, cold process (s)"]["value"] == 9.0
+    assert bars["tilefold f32 first token, warm process (s)"]["met"] is False  # 3 s > 2 s
+    assert bars["tilefold int4 peak RSS / (1.1 x (weights + KV) + 100 MB)"]["value"] == \
+        pytest.approx(300e6 / (1.1 * 102e6 + 100e6))
+    assert "tilefold int8 decode vs llama.cpp Q8_0" in text and "NOT met" in text
+    assert [r["precision"] for r in data["runs"]] == ["f32", "int8", "int4"]
+    assert [c["label"] for c in data["runs"][0]["contenders"]] == \
+        ["tilefold f32", "HF eager generate", "llama.cpp F32"]
+    assert data["read_bandwidth_gbps"] == {"1": 10.0}
+
+
+@pytest.mark.usefixtures("fake_bench")
+def test_bench_llm_perplexity_bars(model_dir, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(WORDS * 4)
+    out = tmp_path / "llm.json"
+    assert main([*BENCH, "--model", str(model_dir), "--perplexity", str(text),
+                 "--perplexity-tokens", "20", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["label"] for r in data["perplexity"]["rows"]] == [
+        "PyTorch eager f32", "tilefold f32", "tilefold int8", "tilefold int4", "llama.cpp F32",
+        "llama.cpp Q8_0", "llama.cpp Q4_0", "llama.cpp Q4_1 file"]
+    bars = {b["bar"]: b for b in data["bars"]}
+    assert bars["tilefold int8 perplexity / llama.cpp Q8_0's"]["value"] == \
+        pytest.approx(19.4 / 19.2)
+    assert bars["tilefold int8 perplexity / llama.cpp Q8_0's"]["met"] is True
+    assert bars["tilefold int4 perplexity / llama.cpp Q4_0's"]["met"] is False  # 24 > 23.46
+    assert "one window of 20 tokens" in capsys.readouterr().out

@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"skip the {SHAPE_MODEL} model (bandwidth bars)")
     parser.add_argument("--shape-new-tokens", type=count(2), default=64,
                         help=f"tokens the {SHAPE_MODEL} model generates (default 64)")
+    parser.add_argument("--no-perplexity", action="store_true", help="skip perplexity")
 
 
 def bar_line(what: str, value: float | None, bar: float, at_most: bool = False,
@@ -179,8 +180,9 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
         bench.say("\n".join(["", f"bars, {threads} thread(s):", *(t for t, _ in found)]))
         bars += [(text, {**entry, "threads": threads}) for text, entry in found]
     text = args.perplexity or (GPL3 if os.path.isfile(GPL3) else None)
-    if text is None:
-        bench.note(f"perplexity skipped: no --perplexity FILE and no {GPL3}")
+    if args.no_perplexity or text is None:
+        why = "--no-perplexity" if args.no_perplexity else f"no --perplexity FILE and no {GPL3}"
+        bench.note(f"perplexity skipped: {why}")
     else:
         work = Workload(prepared, prompt, args.new_tokens, max(args.thread_counts),
                         len(prompt) + args.new_tokens, args.strict, str(cache_dir() / "llm"))
