@@ -184,7 +184,7 @@ class Result:
     job: Job
     cold: dict[str, Any] | None = None
     warm: dict[str, Any] | None = None
-    cold_s: float | None = None  # the cold process, from its start to its first token
+    cold_s: float | None = None  # the cold process, from its start to its first new token
     interleaved: list[dict[str, Any]] = field(default_factory=list)
     alone: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] | None = None
@@ -215,7 +215,8 @@ def generate_all(work: Workload, jobs: list[Job], rounds: int,
                     cold = Worker(work.spec(result.job), env, tmp, f"cold{i}")
                     try:
                         result.cold = cold.receive(READY_TIMEOUT_S)
-                        result.cold_s = time.perf_counter() - cold.started
+                        result.cold_s = (time.perf_counter() - cold.started
+                                         - result.cold["first"]["decode_s"])
                         cold.close()
                     finally:
                         cold.kill()

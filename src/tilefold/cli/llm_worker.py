@@ -300,16 +300,6 @@ CONTENDERS: dict[str, Callable[[dict[str, Any], Any], Any]] = {
 
 # ---- the process ---------------------------------------------------------------------------------
 
-def _set_threads(threads: int, uses_torch: bool) -> None:
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                 "TILEFOLD_NUM_THREADS"):
-        os.environ[name] = str(threads)
-    if uses_torch:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 def _send(channel: TextIO, message: dict[str, Any]) -> None:
     channel.write(json.dumps(message) + "\n")
     channel.flush()
@@ -319,7 +309,10 @@ def serve(spec: dict[str, Any], channel: TextIO, commands: TextIO) -> None:
     """Build the spec's contender and answer the parent (see the module's docstring)."""
     name = spec["contender"]
     uses_torch = name != "llamacpp"
-    _set_threads(spec["threads"], uses_torch)
+    if uses_torch:  # the parent set every other thread knob in the environment
+        import torch
+
+        torch.set_num_threads(spec["threads"])
     rss_base = rss_bytes()
     start = time.perf_counter()
     model = llm_models.load_model(spec["kind"], spec["path"]) if uses_torch else load_llama(spec)
