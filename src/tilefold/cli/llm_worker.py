@@ -50,13 +50,10 @@ def peak_rss_bytes() -> int:
     return _status_bytes("VmHWM")
 
 
-def run_record(prompt: int, tokens: list[int], prefill_s: float, decode_s: float
-               ) -> dict[str, Any]:
-    """One generation as the parent reads it."""
-    steps = len(tokens) - 1
-    return {"tokens": tokens, "prefill_s": prefill_s, "decode_s": decode_s,
-            "prompt_tok_s": prompt / prefill_s if prefill_s else 0.0,
-            "decode_tok_s": steps / decode_s if steps > 0 and decode_s else 0.0}
+def run_record(tokens: list[int], prefill_s: float, decode_s: float) -> dict[str, Any]:
+    """One generation as the parent reads it: the new tokens, the seconds to the first (the
+    prompt's forward) and of the rest."""
+    return {"tokens": tokens, "prefill_s": prefill_s, "decode_s": decode_s}
 
 
 def sizes(weights_per_token: int, weights_stored: int, kv_shape: tuple[int, int, int],
@@ -129,7 +126,7 @@ class Loop(TorchContender):
 
     def generate(self, prompt: list[int], new_tokens: int) -> dict[str, Any]:
         got = self.generator(prompt, new_tokens)
-        return run_record(len(prompt), got.tokens, got.prefill_s, got.decode_s)
+        return run_record(got.tokens, got.prefill_s, got.decode_s)
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         return self.generator.logits(tokens)
@@ -188,7 +185,7 @@ class HFGenerate(TorchContender):
                                       pad_token_id=0 if pad is None else pad, streamer=clock,
                                       cache_implementation=self.cache)
         first, last = clock.times[1], clock.times[-1]
-        return run_record(len(prompt), out[0, len(prompt):].tolist(), first - start, last - first)
+        return run_record(out[0, len(prompt):].tolist(), first - start, last - first)
 
 
 class HFInductor(HFGenerate):
@@ -265,7 +262,7 @@ class LlamaCpp:
         for _ in range(new_tokens - 1):
             self.llm.eval(tokens[-1:])
             tokens.append(self._next())
-        return run_record(len(prompt), tokens, first - start, time.perf_counter() - first)
+        return run_record(tokens, first - start, time.perf_counter() - first)
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         self.llm.reset()
