@@ -85,6 +85,26 @@ def test_strided_x_and_extreme_codes(rng, level):
             check(wo.weight_only_matmul(view, qw, target), view, qw)
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("fmt", "kw"), [("int4", {}), ("int4", {"symmetric": False}),
+                                         ("fp4", {}), ("int8", {}), ("fp8", {}),
+                                         ("int4", {"group_size": 6})])
+def test_many_rows_decode_into_gemm_panels(rng, level, fmt, kw):
+    """From GEMM_ROWS rows the weight is decoded into the f32 GEMM's panels (N off the panel
+    width: a narrow last panel) and the GEMM runs; strided x and a wider y row too."""
+    target = target_for(level)
+    k, n = 96, 101
+    qw = quantize(rng.standard_normal((k, n)).astype(np.float32), fmt, **kw)
+    for m in (wo.GEMM_ROWS, 70):
+        x = rng.standard_normal((m, 2 * k)).astype(np.float32)
+        call = wo.prepare(qw, m, 2 * k, 2, 128, target, 2)
+        assert isinstance(call, wo.UnpackedGemm)
+        out = np.full((m, 128), 3.0, np.float32)
+        call.run(x[:, ::2], out)
+        check(out[:, :n], x[:, ::2], qw)
+        assert (out[:, n:] == 3.0).all()
+
+
 def test_writes_the_callers_rows_and_leaves_the_rest(rng):
     """A prepared call writes y[:M, :N] with the planned row stride, nothing past N."""
     qw = quantize(rng.standard_normal((128, 45)).astype(np.float32), "int4")

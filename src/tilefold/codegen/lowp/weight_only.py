@@ -1,15 +1,23 @@
-"""Running weight-only GEMV/skinny GEMM: a weight's stream layout per target, and prepared calls.
+"""Running weight-only matmuls: a weight's stream layout per target, and prepared calls.
 
-`prepare(qt, m, ...)` returns a `WeightOnlyCall`: one native call `run(x, y)` on NumPy arrays
-(x[M, K] with the planned strides, y[M, N] with the planned row stride), all the per-call work
-(copying and summing x, choosing tiles) done natively, so a compiled plan can replay it.
+`prepare(qt, m, ...)` returns a call whose `run(x, y)` takes NumPy arrays (x[M, K] with the
+planned strides, y[M, N] with the planned row stride): for up to `GEMM_ROWS` rows a
+`WeightOnlyCall`, one native call (the GEMV/skinny GEMM: copying and summing x, choosing tiles,
+decoding, all native), so a compiled plan can replay it; for more rows an `UnpackedGemm`, two
+(the weight decoded into shared f32 GEMM panels, then the f32 GEMM on them).
 """
 
 from __future__ import annotations
 
+import threading
+from typing import ClassVar
+
 import numpy as np
 
 from tilefold.codegen.gemm.abi import DATA_OFFSET, NativePlan, compiled_entries
+from tilefold.codegen.gemm.module import GemmModule, gemm_module
+from tilefold.codegen.gemm.plan import make_plan
+from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.lowp.decode import choose_decoder
 from tilefold.codegen.lowp.wgemv import (
     ENTRY,
@@ -20,6 +28,8 @@ from tilefold.codegen.lowp.wgemv import (
     workspace,
 )
 from tilefold.codegen.lowp.wlayout import QuantizedWeight, StreamLayout
+from tilefold.codegen.lowp.wunpack import ENTRY as UNPACK_ENTRY
+from tilefold.codegen.lowp.wunpack import UnpackSpec, UParam, wunpack_ir
 from tilefold.codegen.lowp.wvnni import BLOCK, wvnni_ir
 from tilefold.codegen.lowp.wvnni import rows_per_pass as dot_rows_per_pass
 from tilefold.errors import ShapeError
@@ -49,7 +59,6 @@ class WeightOnlyCall:
     def __init__(self, layout: StreamLayout, m: int, ldx: int, sxk: int, ldy: int,
                  target: Target, threads: int, dot: bool = False):
         self.layout = layout
-        self.m = m
         passes = dot_rows_per_pass if dot else rows_per_pass
         mt = min(m, passes(layout.lanes, layout.panels_per_tile), 8)
         spec = WgemvSpec(layout.decoder, layout.lanes, layout.panels_per_tile, layout.group, mt,
@@ -72,6 +81,61 @@ class WeightOnlyCall:
         self.plan.run(x, self.data, y)
 
 
+# From this many rows of x, decoding the weight once into f32 GEMM panels and running the f32
+# GEMM beats the GEMV's passes of a few rows (each decoding the weight again).
+GEMM_ROWS = 32
+
+
+class UnpackedGemm:
+    """y = x @ W for many rows: W decoded into the f32 GEMM's pre-packed panels (a buffer
+    shared by every weight of this shape), then the f32 GEMM on them: two native calls, made
+    under a lock since the panels are shared."""
+
+    _panels: ClassVar[dict[tuple, PackedMatrix]] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, layout: StreamLayout, m: int, ldx: int, sxk: int, ldy: int,
+                 target: Target, threads: int):
+        module = gemm_module(target)
+        self.layout = layout
+        self.panels = self._shared(layout.k, layout.n, module)
+        nr = module.kernel.nr
+        spec = UnpackSpec(layout.decoder, layout.lanes, layout.panels_per_tile, layout.group,
+                          layout.f16_scales, layout.corrected, nr)
+        n_full = layout.n // nr * nr
+        w_last = -(-(layout.n - n_full) // module.kernel.lanes) * module.kernel.lanes
+        values = {UParam.K: layout.k, UParam.N: layout.n, UParam.TILES: layout.tiles,
+                  UParam.GROUPS: layout.groups, UParam.CHUNK: layout.chunk_bytes,
+                  UParam.NFULL: n_full, UParam.WLAST: w_last,
+                  UParam.THREADS: max(1, min(threads, layout.tiles)),
+                  UParam.DATA_OFFSET: DATA_OFFSET}
+        self.unpack = NativePlan(compiled_entries(target, spec.name, UNPACK_ENTRY, wunpack_ir,
+                                                  spec, target), UParam, values)
+        a = _probe((m, layout.k), (ldx, sxk))
+        c = _probe((m, layout.n), (ldy, 1))
+        self.gemm = make_plan(module, a, self.panels, c, 0, threads)
+        self.data = layout.data
+
+    @classmethod
+    def _shared(cls, k: int, n: int, module: GemmModule) -> PackedMatrix:
+        key = (k, n, module.target, module.kernel.name)
+        with cls._lock:
+            if key not in cls._panels:
+                cls._panels[key] = PackedMatrix.unfilled((k, n), module)
+            return cls._panels[key]
+
+    def run(self, x: np.ndarray, y: np.ndarray) -> None:
+        with self._lock:
+            self.unpack.run(self.data, self.panels.data, self.panels.data)
+            self.gemm(x, self.panels.data, y)
+
+
+def _probe(shape: tuple[int, int], strides: tuple[int, int]) -> np.ndarray:
+    """An f32 array of `shape` and element `strides` for planning (never read)."""
+    return np.lib.stride_tricks.as_strided(np.empty(1, np.float32), shape,
+                                           tuple(4 * s for s in strides))
+
+
 def dot_refusal(layout: StreamLayout, target: Target) -> str | None:
     """Why the integer-dot (VNNI) kernel cannot run this weight on `target`, or None."""
     vnni = target.has("avx512vnni") if layout.lanes == 16 else (
@@ -91,13 +155,19 @@ def default_threads(layout: StreamLayout) -> int:
 
 
 def prepare(qt: QuantizedWeight, m: int, ldx: int, sxk: int = 1, ldy: int | None = None,
-            target: Target | None = None, threads: int | None = None) -> WeightOnlyCall:
-    """The native call for M rows of x (row stride `ldx`, column stride `sxk`, in elements)
-    into y with row stride `ldy` (default N)."""
+            target: Target | None = None, threads: int | None = None,
+            dot: bool = False) -> WeightOnlyCall | UnpackedGemm:
+    """The call for M rows of x (row stride `ldx`, column stride `sxk`, in elements) into y
+    with row stride `ldy` (default N), on at most `threads` threads (a GEMV of a small weight
+    takes one); `dot`: int8 activations and the integer dot product (see `dot_refusal`)."""
     target = target or host_target()
     layout = stream_layout(qt, target)
-    threads = default_threads(layout) if threads is None else threads
-    return WeightOnlyCall(layout, m, ldx, sxk, layout.n if ldy is None else ldy, target, threads)
+    ldy = layout.n if ldy is None else ldy
+    threads = num_threads() if threads is None else threads
+    if m >= GEMM_ROWS and not dot:
+        return UnpackedGemm(layout, m, ldx, sxk, ldy, target, threads)
+    return WeightOnlyCall(layout, m, ldx, sxk, ldy, target,
+                          min(threads, default_threads(layout)), dot)
 
 
 _MAX_CALLS = 64  # kept per weight; a serving loop meets few distinct M
@@ -119,7 +189,6 @@ def weight_only_matmul(x: np.ndarray, qt: QuantizedWeight, target: Target | None
     if layout.k == 0:
         y[...] = 0
         return y
-    threads = default_threads(layout) if threads is None else threads
     ldx, sxk = (s // 4 for s in x.strides)
     key = ("call", m, ldx, sxk, target, threads)
     call = qt.kernel_layouts.get(key)
@@ -127,7 +196,6 @@ def weight_only_matmul(x: np.ndarray, qt: QuantizedWeight, target: Target | None
         if len(qt.kernel_layouts) >= _MAX_CALLS:
             for old in [k for k in qt.kernel_layouts if k[0] == "call"]:
                 del qt.kernel_layouts[old]
-        call = qt.kernel_layouts[key] = WeightOnlyCall(layout, m, ldx, sxk, layout.n, target,
-                                                       threads)
+        call = qt.kernel_layouts[key] = prepare(qt, m, ldx, sxk, None, target, threads)
     call.run(x, y)
     return y

@@ -130,12 +130,14 @@ def registers(lanes: int) -> int:
 
 
 def rows_per_pass(lanes: int, panels: int) -> int:
-    """Rows a tile pass keeps in one chain per panel and row, with room for the decode."""
-    return max(1, (registers(lanes) - 5) // panels)
+    """Rows a tile pass keeps in one chain per panel and row (accumulators in memory), with a
+    register for each row's broadcast of x and three for the decode (word, value, table)."""
+    return max(1, (registers(lanes) - 3) // (panels + 1))
 
 
-def _unroll(steps: int) -> int:
-    return next(f for f in (4, 2, 1) if steps % f == 0)
+def accumulators_in_registers(lanes: int, panels: int, mt: int, chains: int) -> bool:
+    """Whether a pass's group accumulators fit in registers beside its chains."""
+    return mt * panels * (chains + 1) + mt + 4 <= registers(lanes)
 
 
 def _splat_f(b: ir.IRBuilder, ptr: ir.Value, lanes: int) -> ir.Value:
@@ -155,7 +157,7 @@ def emit_float_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
     zero = u.zeros(vty)
     lut = lut_constant(dec)
     chains = 2 if mt == 1 else 1
-    in_regs = mt * panels * (chains + 1) + 5 <= registers(lanes)
+    in_regs = accumulators_in_registers(lanes, panels, mt, chains)
     rows = [u.gep(b, xs, b.mul(u.const(m), xrow)) for m in range(mt)]
     sum_rows = [u.gep(b, sums, b.mul(u.const(m), auxrow)) for m in range(mt)]
     n_acc = mt * panels
@@ -168,29 +170,29 @@ def emit_float_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
         g = gl.index
         cptr = u.gep(b, w, b.mul(g, chunk))
         xg = [u.gep(b, rows[m], b.mul(g, u.const(spec.group_padded))) for m in range(mt)]
-        unroll = _unroll(spec.steps)
         inits = [zero] * (n_acc * chains)
-        with u.for_range_carry(b, u.const(0), u.const(spec.steps), unroll, inits, "s") as sl:
+        # One step a loop iteration: unrolling more made the scheduler hoist the decodes of
+        # several steps and spill (AVX-512 from 4 rows a pass, AVX2 from one).
+        with u.for_range_carry(b, u.const(0), u.const(spec.steps), 1, inits, "s") as sl:
             tmp = list(sl.values)
-            for step in range(unroll):
-                s = b.add(sl.index, u.const(step))
-                sptr = u.gep(b, cptr, b.mul(s, u.const(step_bytes)))
-                xk = [u.gep(b, xg[m], b.mul(s, u.const(per_step))) for m in range(mt)]
-                for v in range(panels):
-                    vptr = u.gep(b, sptr, v * lanes * 4)
-                    word = None
+            s = sl.index
+            sptr = u.gep(b, cptr, b.mul(s, u.const(step_bytes)))
+            xk = [u.gep(b, xg[m], b.mul(s, u.const(per_step))) for m in range(mt)]
+            for v in range(panels):
+                vptr = u.gep(b, sptr, v * lanes * 4)
+                word = None
+                if dec.nibbles:
+                    word = b.load(b.bitcast(vptr, u.vec(u.i32, lanes).as_pointer()),
+                                  align=4)
+                for j in range(per_step):
                     if dec.nibbles:
-                        word = b.load(b.bitcast(vptr, u.vec(u.i32, lanes).as_pointer()),
-                                      align=4)
-                    for j in range(per_step):
-                        if dec.nibbles:
-                            val, kk = decode_word(b, dec, word, j, lut, lanes), nibble_k(j)
-                        else:
-                            val, kk = decode_bytes(b, dec, u.gep(b, vptr, j * lanes), lanes), j
-                        for m in range(mt):
-                            i = (m * panels + v) * chains + j % chains
-                            tmp[i] = u.fma(b, _splat_f(b, u.gep(b, xk[m], kk), lanes), val,
-                                           tmp[i])
+                        val, kk = decode_word(b, dec, word, j, lut, lanes), nibble_k(j)
+                    else:
+                        val, kk = decode_bytes(b, dec, u.gep(b, vptr, j * lanes), lanes), j
+                    for m in range(mt):
+                        i = (m * panels + v) * chains + j % chains
+                        tmp[i] = u.fma(b, _splat_f(b, u.gep(b, xk[m], kk), lanes), val,
+                                       tmp[i])
             sl.next = tmp
         acc = list(gl.values) if in_regs else [
             b.load(u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4) for i in range(n_acc)]

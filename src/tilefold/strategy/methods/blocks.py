@@ -163,12 +163,21 @@ _DECODE_OPS = 2.0
 
 def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
     """Estimated seconds of a weight-only GEMM: its vector instructions (at the f32 FMA rate)
-    or its stream of codes and scales, whichever is slower, and the call."""
+    or its stream of codes and scales, whichever is slower, and the call; from `GEMM_ROWS`
+    rows (float) the f32 GEMM's time and the decoding into its panels (4 bytes written a
+    weight)."""
+    from tilefold.codegen.lowp.weight_only import GEMM_ROWS
+
+    weights, nbytes = layout.k * layout.n, layout.data.nbytes
+    stream = nbytes / ctx.machine.bandwidth(nbytes)
+    if rows >= GEMM_ROWS and not dot:
+        unpack = max(stream, 4 * weights / ctx.machine.bandwidth(4 * weights))
+        return (2 * rows * weights / (ctx.machine.gflops * 1e9 * GEMM_EFFICIENCY) + unpack
+                + 2 * ctx.machine.call_s)
     lanes = layout.lanes * (4 if dot else 1)  # weights per vector instruction
-    ops = layout.k * layout.n / lanes * (_DECODE_OPS + rows)
+    ops = weights / lanes * (_DECODE_OPS + rows)
     compute = ops * 2 * layout.lanes / (ctx.machine.gflops * 1e9)
-    nbytes = layout.data.nbytes
-    return max(compute, nbytes / ctx.machine.bandwidth(nbytes)) + ctx.machine.call_s
+    return max(compute, stream) + ctx.machine.call_s
 
 
 def weight_layout(weight, target: Target):
@@ -229,7 +238,7 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
     """x @ dequantize(codes, scales) by the weight-only GEMV/skinny GEMM (`codegen/lowp`),
     one native call on A's and C's arrays as they are (C-contiguous: rows of K and of N),
     then the epilogue's row program over C."""
-    from tilefold.codegen.lowp.weight_only import WeightOnlyCall, default_threads
+    from tilefold.codegen.lowp.weight_only import prepare
 
     weight = _weight_of(problem, ctx, mm, deq)
     layout = weight_layout(weight, ctx.target)
@@ -243,8 +252,7 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
     epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
     call = None
     if rows and k and layout.n:
-        threads = min(ctx.threads, default_threads(layout))
-        call = WeightOnlyCall(layout, rows, k, 1, layout.n, ctx.target, threads, dot)
+        call = prepare(weight, rows, k, 1, layout.n, ctx.target, ctx.threads, dot)
 
     def run(*arrays: np.ndarray) -> None:
         c = arrays[n_in + c_out] if c_out is not None else scratch
