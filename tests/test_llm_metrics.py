@@ -70,7 +70,7 @@ def test_bad_logits_are_refused():
 
 # [N, K]: quantized by both formats; too small; K odd (f32 for both); K even but not a whole
 # number of int4 groups (int8 only)
-SHAPES = [(96, 64), (60, 64), (96, 49), (96, 48)]
+SHAPES = [(96, 64), (60, 64), (96, 49), (96, 48), (288, 64)]  # the last: a vocabulary head
 
 
 def _stored_by_the_pass(fmt: str) -> list[int]:
@@ -97,10 +97,11 @@ def _stored_by_the_pass(fmt: str) -> list[int]:
 @pytest.mark.parametrize("fmt", ["f32", "int8", "int4"])
 def test_matmul_bytes_are_what_the_pass_stores(fmt):
     want = [n * k * 4 for n, k in SHAPES] if fmt == "f32" else _stored_by_the_pass(fmt)
-    assert [m.matmul_bytes(Weight("w", s, "matmul"), fmt) for s in SHAPES] == want
-    if fmt != "f32":
-        assert [m.quantized(Weight("w", s, "matmul"), fmt) for s in SHAPES] == \
-            ([True, False, False, True] if fmt == "int8" else [True, False, False, False])
+    weights = [Weight("w", s, "head" if s == SHAPES[-1] else "matmul") for s in SHAPES]
+    assert [m.matmul_bytes(w, fmt) for w in weights] == want
+    assert [m.stored_format(w, fmt) for w in weights] == {
+        "f32": ["f32"] * 5, "int8": ["int8", "f32", "int8", "int8", "int8"],
+        "int4": ["int4", "f32", "f32", "f32", "int8"]}[fmt]
 
 
 def test_a_token_reads_matmul_weights_whole_and_one_embedding_row():
@@ -108,13 +109,13 @@ def test_a_token_reads_matmul_weights_whole_and_one_embedding_row():
     weights = [Weight("embed", (vocab, hidden), "gather", "embed"),
                Weight("q", (hidden, hidden), "matmul"),
                Weight("norm", (hidden,), "other"),
-               Weight("lm_head", (vocab, hidden), "matmul", "embed")]  # tied to the embedding
+               Weight("lm_head", (vocab, hidden), "head", "embed")]  # tied to the embedding
     row, norm = hidden * 4, hidden * 4
     assert m.weight_bytes_per_token(weights, "f32") == \
         row + hidden * hidden * 4 + norm + vocab * hidden * 4
-    int4 = m.weight_bytes_per_token(weights, "int4")
+    int4 = m.weight_bytes_per_token(weights, "int4")  # the head at int8
     assert int4 == row + hidden * hidden // 2 + hidden * 2 * 4 + norm \
-        + vocab * hidden // 2 + vocab * 2 * 4
+        + vocab * hidden + vocab * 4
     # held once each: the tied table at its quantized size
     assert m.weight_bytes_stored(weights, "int8") == \
         (vocab * hidden + vocab * 4) + (hidden * hidden + hidden * 4) + norm

@@ -83,16 +83,19 @@ def test_compiled_weight_only_gemm_matches_numpy_on_the_dequantized_weight(fmt, 
                  scale=np.abs(x.astype(np.float64)) @ np.abs(wq.T if transpose_b else wq))
 
 
-@pytest.mark.parametrize(("fmt", "steps"), [("int8", 127), ("int4", 7)])
-def test_quantization_error_is_half_a_code_step(fmt, steps):
-    """What the user trades: each weight moves at most half its block's stored step (max|w| /
-    qmax rounded to the nearest f16, so within 2**-11 of it)."""
+@pytest.mark.parametrize(("fmt", "lo", "hi"), [("int8", -127, 127), ("int4", -8, 7)])
+def test_quantization_error_is_half_a_code_step(fmt, lo, hi):
+    """What the user trades: each weight moves at most half its block's stored step (the
+    smallest step that fits the block into the codes' range, max(max w / hi, min w / lo),
+    rounded to the nearest f16, so within 2**-11 of it); int4 blocks use all 16 codes."""
     w = RNG.standard_normal((64, 128)).astype(np.float32)
     wq = _dequantized(w, 1, fmt)
-    _, scale = quantize_weight(w, 1, fmt)
+    codes, scale = quantize_weight(w, 1, fmt)
     group = 128 if fmt == "int8" else 32
-    amax = np.abs(w.reshape(64, -1, group)).max(axis=2, keepdims=True)
-    assert np.all(np.abs(scale[..., None] - amax / steps) <= 2.0**-11 * amax / steps)
+    blocks = w.reshape(64, -1, group).astype(np.float64)
+    fit = np.maximum(blocks.max(axis=2, keepdims=True) / hi, blocks.min(axis=2, keepdims=True) / lo)
+    assert np.all(np.abs(scale[..., None] - fit) <= 2.0**-11 * fit)
+    assert codes.astype(np.int64).min() == lo or fmt == "int8"
     bound = np.broadcast_to(scale[..., None] / 2, (64, 128 // group, group)).reshape(64, 128)
     assert np.all(np.abs(wq - w) <= bound * (1 + 1e-6))
     graph = tf.compile(_layer(w, True, rows=(4,), epilogue=False), strict=True, weights=fmt)
@@ -156,3 +159,34 @@ def test_a_weight_only_gemv_replays_natively(fmt):
     (plan,) = graph._plans.values()
     assert isinstance(plan.replay, Recording) and plan.replay.native_steps == len(plan.steps)
     assert [type(s) for s in plan.replay.segments] == [Replay]
+
+
+@pytest.mark.parametrize("head", ["int8", "int4"])
+def test_a_vocabulary_head_takes_the_head_format(head):
+    """A returned projection to >= HEAD_RATIO times more features than it reads (an LM head,
+    here through a reshape) is stored in `head-format`; the same projection feeding more
+    computation, or a narrower returned one, takes `format`; both still compute NumPy's
+    answer on their dequantized weights."""
+    from tilefold.passes.quantize_weights import HEAD_RATIO
+
+    k = 64
+    wide = RNG.standard_normal((HEAD_RATIO * k, k)).astype(np.float32)
+    narrow = RNG.standard_normal((2 * k, k)).astype(np.float32)
+    b = Builder("main")
+    x = b.arg("x", "f32", (3, k))
+    logits = b.op("reshape", b.op("matmul", x, b.constant(wide), transpose_b=True),
+                  shape=[1, 3, HEAD_RATIO * k])
+    inner = b.op("matmul", x, b.constant(wide), transpose_b=True)
+    outs = [logits, b.op("mul", inner, inner), b.op("matmul", x, b.constant(narrow),
+                                                    transpose_b=True)]
+    pm = PassManager(f"quantize-weights{{format=int4 head-format={head} min-elements=1024}},dce")
+    module = pm.run(b.build(*outs))
+    codes = [str(op.operands[0].defining_op.attrs["value"].dtype)
+             for op in module.walk() if op.name == "dequantize"]
+    assert sorted(codes) == sorted([head, "int4", "int4"])
+    a = RNG.standard_normal((3, k)).astype(np.float32)
+    got = interpret(module, a)
+    wide_q = _dequantized(wide, 1, head)
+    assert_close(got[0].reshape(3, -1), a.astype(np.float64) @ wide_q.T, dtype="f32", reduced=k)
+    assert_close(got[2], a.astype(np.float64) @ _dequantized(narrow, 1, "int4").T, dtype="f32",
+                 reduced=k)

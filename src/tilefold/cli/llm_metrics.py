@@ -5,8 +5,8 @@ distributions, all from plain arrays and shapes (no model, no torch).
 A decode step reads every weight once, except an embedding table, of which it gathers one row; a
 tied embedding is read twice over, as the output projection (whole) and as the gather (a row).
 tilefold's int8 / int4 weights are the quantize-weights pass's codes and f32 scales (int8: one
-scale an output channel; int4: one every 32 along K), and only the matmul weights the pass takes
-are quantized: the rest stays f32.
+scale an output channel; int4: one every 32 along K; the vocabulary head at the pass's head
+format, int8), and only the matmul weights the pass takes are quantized: the rest stays f32.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from tilefold.passes.quantize_weights import FORMATS, QuantizeWeights
 
 F32 = 4  # bytes
 SCALE_BYTES = 4  # the pass's scales are f32
-_MIN_ELEMENTS = next(o.default for o in QuantizeWeights.options if o.name == "min-elements")
+_DEFAULTS = {o.name: o.default for o in QuantizeWeights.options}
+_MIN_ELEMENTS = _DEFAULTS["min-elements"]
 ROWS_A_CHUNK = 64  # log-softmax in float64 this many positions at a time
 
 
 @dataclass(frozen=True)
 class Weight:
     """A parameter as a decode step uses it: `use` is "matmul" (an [N, K] weight read whole),
-    "gather" (a [rows, width] table of which one row is read) or "other" (read whole, f32)."""
+    "head" (the same, the vocabulary projection), "gather" (a [rows, width] table of which one
+    row is read) or "other" (read whole, f32)."""
 
     name: str
     shape: tuple[int, ...]
@@ -39,19 +41,24 @@ class Weight:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-def quantized(weight: Weight, fmt: str) -> bool:
-    """Whether the quantize-weights pass stores `weight` as `fmt` codes (else f32)."""
-    if fmt == "f32" or weight.use != "matmul" or len(weight.shape) != 2:
-        return False
-    group = FORMATS[fmt][2]
-    return weight.size >= _MIN_ELEMENTS and weight.shape[1] % (group or 2) == 0
+def stored_format(weight: Weight, fmt: str) -> str:
+    """The format the quantize-weights pass stores `weight` in when asked for `fmt`: f32,
+    `fmt`, or for the vocabulary head the pass's head format."""
+    if fmt == "f32" or weight.use not in ("matmul", "head") or len(weight.shape) != 2:
+        return "f32"
+    fmt = _DEFAULTS["head-format"] if weight.use == "head" else fmt
+    group = FORMATS[fmt][3]
+    return fmt if weight.size >= _MIN_ELEMENTS and weight.shape[1] % (group or 1) == 0 \
+        else "f32"
 
 
 def matmul_bytes(weight: Weight, fmt: str) -> int:
-    """Bytes of an [N, K] matmul weight stored as `fmt` by tilefold (codes and scales)."""
-    if not quantized(weight, fmt):
+    """Bytes of an [N, K] matmul weight stored by tilefold when asked for `fmt` (codes and
+    scales)."""
+    fmt = stored_format(weight, fmt)
+    if fmt == "f32":
         return weight.size * F32
-    code, _, group = FORMATS[fmt]
+    code, _, _, group = FORMATS[fmt]
     n, k = weight.shape
     scales = n if group is None else n * (k // group)
     return weight.size * code.bits // 8 + scales * SCALE_BYTES
@@ -65,7 +72,7 @@ def weight_bytes_per_token(weights: Iterable[Weight], fmt: str) -> int:
         raise ValueError(f"weight format {fmt!r}")
     total = 0
     for w in weights:
-        if w.use == "matmul":
+        if w.use in ("matmul", "head"):
             total += matmul_bytes(w, fmt)
         elif w.use == "gather":
             total += w.size // w.shape[0] * F32
@@ -83,7 +90,7 @@ def weight_bytes_stored(weights: Iterable[Weight], fmt: str) -> int:
         uses.setdefault(w.tensor or w.name, []).append(w)
     total = 0
     for same in uses.values():
-        matmul = [w for w in same if w.use == "matmul"]
+        matmul = [w for w in same if w.use in ("matmul", "head")]
         total += matmul_bytes(matmul[0], fmt) if matmul else same[0].size * F32
     return total
 

@@ -81,8 +81,10 @@ class TorchContender:
         import torch
 
         names = {id(t): n for n, t in self.model.named_parameters()}  # tied: the first name
+        head = self.model.get_output_embeddings()
         weights = [Weight(f"{m}.{p}" if m else p, tuple(t.shape),
-                          "matmul" if isinstance(mod, torch.nn.Linear) and p == "weight"
+                          "head" if mod is head and p == "weight"
+                          else "matmul" if isinstance(mod, torch.nn.Linear) and p == "weight"
                           else "gather" if isinstance(mod, torch.nn.Embedding) else "other",
                           names.get(id(t), ""))
                    for m, mod in self.model.named_modules()

@@ -9,13 +9,19 @@ faster (llama.cpp's Q8_0 / Q4_0 and torchao's weight-only schemes). The rewrite 
                                                 %w = dequantize(%q, %s) {dtype = "f32"}
                                                 %y = matmul(%x, %w) {transpose_b = true}
 
-with symmetric scales along the contraction axis K (int8: one per output channel; int4: one
-per `group` consecutive K), each rounded to f16 first where that is a normal f16 (as llama.cpp
-stores them: the kernels then stream 2 bytes a scale, 10% of an int4 weight's bytes) and the
-codes chosen for the rounded scale. Fusion makes the dequantize the matmul's prologue, and the
-weight-only kernels (`codegen/lowp`) decode the codes in registers. Weights with fewer than
-`min-elements` elements (norms, tiny projections) and K not divisible by the group (int4: 32,
-which also keeps K even for two codes a byte) stay f32.
+with scales along the contraction axis K (int8: one per output channel; int4: one per `group`
+consecutive K), each the smallest that brings its block into the codes' range (int4: -8..7, so
+a block's largest magnitude takes -8 or 7 and all 16 codes are used), rounded to f16 where
+that is a normal f16 (as llama.cpp stores them: the kernels then stream 2 bytes a scale, 10% of
+an int4 weight's bytes) and the codes chosen for the rounded scale. Fusion makes the dequantize
+the matmul's prologue, and the weight-only kernels (`codegen/lowp`) decode the codes in
+registers. Weights with fewer than `min-elements` elements (norms, tiny projections) and K not
+divisible by the group (int4: 32, which also keeps K even for two codes a byte) stay f32.
+
+A language model's vocabulary head (a returned projection to `HEAD_RATIO` times more features
+than it reads) takes `head-format` (default int8): its error reaches every logit, and at int4
+SmolLM2's perplexity on a GPL text rises from 19.3 to 23.2, against 21.8 with an int8 head
+(llama.cpp's Q4_0 files likewise keep their output tensor at 6 bits).
 """
 
 from __future__ import annotations
@@ -30,22 +36,29 @@ from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter, constant_of
 
-# Format -> (code dtype, largest code, group along K; None: the whole of K).
-FORMATS = {"int8": (dtypes.i8, 127.0, None), "int4": (dtypes.i4, 7.0, 32)}
+# Format -> (code dtype, lowest and highest code, group along K; None: the whole of K).
+FORMATS = {"int8": (dtypes.i8, -127.0, 127.0, None), "int4": (dtypes.i4, -8.0, 7.0, 32)}
+# A returned matmul with at least this many times more output features than inputs is a head.
+HEAD_RATIO = 4
+# Ops through which a returned value still is the matmul's result, rearranged.
+_VIEWS = frozenset({"reshape", "slice", "squeeze", "expand_dims", "cast"})
 
 
 F16_NORMAL = (2.0**-14, 65504.0)
 
 
 def quantize_weight(w: np.ndarray, axis: int, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric codes and f32 scales of `w` blocked along `axis` (the `quantize` op's), the
-    scales rounded to f16 where every one stays a normal f16."""
-    code, qmax, group = FORMATS[fmt]
+    """Codes (zero point 0) and f32 scales of `w` blocked along `axis` (the `quantize` op's):
+    each block's smallest scale that fits it into [lowest, highest] code, rounded to f16 where
+    every one stays a normal f16."""
+    code, lo, hi, group = FORMATS[fmt]
     k = w.shape[axis]
     blocks = 1 if group is None else k // group
-    moved = np.moveaxis(w.astype(np.float64), axis, -1)
-    amax = np.abs(moved.reshape(*moved.shape[:-1], blocks, k // blocks)).max(axis=-1)
-    scale = np.moveaxis(np.where(amax > 0, amax / qmax, 1.0), -1, axis).astype(np.float32)
+    moved = np.moveaxis(w.astype(np.float32), axis, -1)
+    block = moved.reshape(*moved.shape[:-1], blocks, k // blocks)
+    fit = np.maximum(block.max(axis=-1).astype(np.float64) / hi,
+                     block.min(axis=-1).astype(np.float64) / lo)
+    scale = np.moveaxis(np.where(fit > 0, fit, 1.0), -1, axis).astype(np.float32)
     half = scale.astype(np.float16).astype(np.float32)
     if ((half >= F16_NORMAL[0]) & (half <= F16_NORMAL[1])).all():
         scale = half
@@ -59,14 +72,16 @@ class QuantizeWeights(Pass):
     options = (
         Option("format", str, "int8", "int8 (a scale per output channel) or int4 (per 32)"),
         Option("min-elements", int, 1 << 12, "smallest weight, in elements, to quantize"),
+        Option("head-format", str, "int8", "format of a language model's vocabulary head"),
     )
     statistics = (Statistic("num-quantized", "weights stored as codes and scales"),)
 
     def run_on_function(self, fn: Function) -> None:
-        if self.format not in FORMATS:
-            raise PassError(f"quantize-weights: format {self.format!r} is not one of "
-                            f"{', '.join(FORMATS)}")
-        group = FORMATS[self.format][2]
+        for fmt in (self.format, self.head_format):
+            if fmt not in FORMATS:
+                raise PassError(f"quantize-weights: format {fmt!r} is not one of "
+                                f"{', '.join(FORMATS)}")
+        heads = _returned_matmuls(fn)
         rewriter = Rewriter(fn)
         for op in list(fn.body.ops):
             w = constant_of(op.operands[1]) if op.name == "matmul" else None
@@ -74,9 +89,13 @@ class QuantizeWeights(Pass):
                     or op.operands[0].type.dtype != dtypes.f32 or op.attr("transpose_a")):
                 continue
             axis = 1 if op.attr("transpose_b") else 0
+            fmt = self.format
+            if op in heads and w.shape[1 - axis] >= HEAD_RATIO * w.shape[axis]:
+                fmt = self.head_format
+            group = FORMATS[fmt][3]
             if group and w.shape[axis] % group:
                 continue
-            codes, scale = quantize_weight(w, axis, self.format)
+            codes, scale = quantize_weight(w, axis, fmt)
             q = rewriter.create(op, "constant", [], {"value": codes}, loc=op.loc).results[0]
             s = rewriter.create(op, "constant", [], {"value": scale}, loc=op.loc).results[0]
             deq = rewriter.create(op, "dequantize", [q, s], {"dtype": dtypes.f32},
@@ -88,3 +107,17 @@ class QuantizeWeights(Pass):
             rewriter.replace(op, mm.results)
             self.count("num-quantized")
         rewriter.erase_dead()
+
+
+def _returned_matmuls(fn: Function) -> set:
+    """The matmuls whose results the function returns, as they are or through views."""
+    found, todo = set(), list(fn.body.ops[-1].operands)
+    while todo:
+        op = todo.pop().defining_op
+        if op is None:
+            continue
+        if op.name == "matmul":
+            found.add(op)
+        elif op.name in _VIEWS:
+            todo.append(op.operands[0])
+    return found
