@@ -2,7 +2,9 @@
 
 The reference interpreter defines what an op means, so folding with it changes no result. Ops
 whose results would exceed `size-limit` elements stay as they are, so that a broadcast of a
-scalar to a huge shape is not materialized in the IR.
+scalar to a huge shape is not materialized in the IR. A `dequantize` is never folded: its
+codes are a weight stored compactly on purpose (weight-only layers), which the GEMM decodes in
+registers; folding would store the f32 weight instead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from tilefold.passes.rewrite import Rewriter, constant_of, is_removable
 
 log = logging.getLogger("tilefold.passes")
 
+UNFOLDED = frozenset({"dequantize"})  # ops whose constant operands are kept as they are
+
 
 @register_pass
 class ConstantFold(Pass):
@@ -34,7 +38,8 @@ class ConstantFold(Pass):
     def run_on_function(self, fn: Function) -> None:
         rewriter = Rewriter(fn)
         for op in list(fn.walk()):  # in order, so a folded result feeds the next fold
-            if op.name == "constant" or op.regions or not is_removable(op):
+            if op.name == "constant" or op.name in UNFOLDED or op.regions or \
+                    not is_removable(op):
                 continue
             arrays = [constant_of(v) for v in op.operands]
             if any(a is None for a in arrays):

@@ -47,11 +47,13 @@ _VIEWS = frozenset({"reshape", "slice", "squeeze", "expand_dims", "cast"})
 F16_NORMAL = (2.0**-14, 65504.0)
 
 
-def quantize_weight(w: np.ndarray, axis: int, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    """Codes (zero point 0) and f32 scales of `w` blocked along `axis` (the `quantize` op's):
-    each block's smallest scale that fits it into [lowest, highest] code, rounded to f16 where
-    every one stays a normal f16."""
+def quantize_weight(w: np.ndarray, axis: int, fmt: str, group_size: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Codes (zero point 0) and f32 scales of `w` blocked along `axis` (the `quantize` op's) by
+    `group_size` (None: the format's), each block's smallest scale that fits it into [lowest,
+    highest] code, rounded to f16 where every one stays a normal f16."""
     code, lo, hi, group = FORMATS[fmt]
+    group = group_size or group
     k = w.shape[axis]
     blocks = 1 if group is None else k // group
     moved = np.moveaxis(w.astype(np.float32), axis, -1)

@@ -1,0 +1,91 @@
+"""`tilefold.quantize(model, ...)`: linear layers become weight-only layers holding codes and
+scales; the model runs in eager (dequantizing) and, compiled by tilefold, runs the weight-only
+GEMM on the very same codes: answers against float64 on the dequantized weights, greedy tokens
+against eager on the quantized model, strict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tilefold
+from tests.frontend.test_generate import _generate, _graphs, _model, _prompt
+from tests.tolerances import assert_close
+from tilefold.errors import DTypeError, ShapeError
+from tilefold.frontend import report
+from tilefold.frontend.quantize import WeightOnlyLinear
+
+RNG = np.random.default_rng(3)
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.SiLU(),
+                               torch.nn.Linear(128, 96, bias=False), torch.nn.Linear(96, 8))
+
+
+def _weights(layer: WeightOnlyLinear) -> np.ndarray:
+    codes, scale = layer.codes.numpy().astype(np.float64), layer.scale.numpy()
+    return codes * np.repeat(scale.astype(np.float64), layer.group_size, axis=1)
+
+
+@pytest.mark.parametrize(("fmt", "group"), [("int8", None), ("int8", 32), ("int4", None),
+                                            ("int4", 64)])
+def test_quantized_layers_run_in_eager_and_compile_to_the_weight_only_gemm(fmt, group):
+    model = _mlp()
+    original = [m.weight.detach().numpy().copy() for m in model if hasattr(m, "weight")]
+    assert tilefold.quantize(model, fmt, group_size=group) is model
+    first, second, small = model[0], model[2], model[3]
+    assert isinstance(first, WeightOnlyLinear) and isinstance(second, WeightOnlyLinear)
+    assert type(small) is torch.nn.Linear  # 768 weights: below the pass's minimum
+    assert first.group_size == (group or (64 if fmt == "int8" else 32))
+    lo, hi = (-127, 127) if fmt == "int8" else (-8, 7)
+    for layer, w in zip((first, second), original, strict=False):
+        codes = layer.codes.numpy()
+        assert codes.min() >= lo and codes.max() <= hi and not hasattr(layer, "weight")
+        step = np.repeat(layer.scale.numpy(), layer.group_size, axis=1)
+        assert np.all(np.abs(_weights(layer) - w) <= step / 2 * (1 + 1e-6))
+    x = torch.from_numpy(RNG.standard_normal((3, 64)).astype(np.float32))
+    h = x.double().numpy() @ _weights(first).T + first.bias.double().numpy()
+    h = h / (1 + np.exp(-h))
+    h = h @ _weights(second).T
+    want = h @ small.weight.double().detach().numpy().T + small.bias.double().detach().numpy()
+    with torch.no_grad():
+        eager = model(x).numpy()
+        torch._dynamo.reset()
+        report.REPORTS.clear()
+        compiled = torch.compile(model, backend="tilefold", options={"strict": True})
+        got = compiled(x).numpy()
+    assert_close(eager, want, dtype="f32", reduced=128)
+    assert_close(got, want, dtype="f32", reduced=128)
+    configs = [d.winner.config for g in _graphs() for d in g.decisions()
+               if d.winner.method == "blocks.gemm"]
+    code = "i8" if fmt == "int8" else "i4"
+    assert sum(c.get("weights") == code for c in configs) == 2
+
+
+def test_a_quantized_llama_generates_eagers_tokens_on_the_same_codes():
+    model = _model("llama")
+    tilefold.quantize(model, "int4")
+    layers = [m for m in model.modules() if isinstance(m, WeightOnlyLinear)]
+    assert {m.format for m in layers} == {"int4", "int8"}  # the vocabulary head at int8
+    assert model.lm_head.format == "int8"
+    prompt = _prompt(2, 6)
+    want = _generate(model, prompt, "static", 8)
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    model.forward = torch.compile(model.forward, backend="tilefold", options={"strict": True})
+    assert torch.equal(_generate(model, prompt, "static", 8), want)
+    configs = [d.winner.config for g in _graphs() for d in g.decisions()
+               if d.winner.method == "blocks.gemm"]
+    assert {c.get("weights") for c in configs} >= {"i4", "i8"}
+
+
+def test_bad_formats_and_groups_are_clear_errors():
+    with pytest.raises(DTypeError, match="fmt='int3'"):
+        tilefold.quantize(_mlp(), "int3")
+    with pytest.raises(DTypeError, match="head='fp2'"):
+        tilefold.quantize(_mlp(), "int8", head="fp2")
+    with pytest.raises(ShapeError, match="group_size=0"):
+        tilefold.quantize(_mlp(), "int4", group_size=0)
