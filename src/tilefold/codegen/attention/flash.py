@@ -23,8 +23,22 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.attention.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
-from tilefold.codegen.gemm.abi import PARALLEL_TYPE, WORKER_TYPE
+from tilefold.codegen.attention.entry import (
+    HK,
+    K_STRIDES,
+    M_STRIDES,
+    O_STRIDES,
+    Q_STRIDES,
+    SCALE,
+    SLOTS,
+    V_STRIDES,
+    B,
+    H,
+    L,
+    S,
+    emit_entry,
+)
+from tilefold.codegen.gemm.abi import WORKER_TYPE
 from tilefold.codegen.vecmath.builder import MathBuilder
 from tilefold.codegen.vecmath.exp_log import exp_nonpositive
 
@@ -36,12 +50,6 @@ TILES = {32: (4, 4, 16), 16: (6, 2, 12)}
 FP = u.f32.as_pointer()
 NEG_INF = -math.inf
 
-# Context slots (i64) the entry fills for the workers.
-PTRS = 5  # q, k, v, mask, out
-B, H, L, HK, S = range(PTRS, PTRS + 5)
-Q_STRIDES, K_STRIDES, V_STRIDES, M_STRIDES, O_STRIDES = 10, 14, 18, 22, 26  # b, h, row, col
-SCALE = 30
-SLOTS = 31
 
 
 @dataclass(frozen=True)
@@ -79,57 +87,8 @@ def attention_ir(cfg: AttentionConfig, name: str, triple: str, features: frozens
     module = ir.Module(name=name)
     module.triple = triple
     worker = _Worker(module, cfg, f"{name}_worker", features).emit()
-    _entry(module, cfg, name, worker)
+    emit_entry(module, name, cfg.mask, cfg.threads, worker)
     return str(module)
-
-
-def _entry(module: ir.Module, cfg: AttentionConfig, name: str, worker: ir.Function) -> None:
-    i8p = u.i8.as_pointer()
-    nobj = 5 if cfg.mask != "none" else 4
-    fn = ir.Function(module, ir.FunctionType(u.void, [i8p] * nobj + [u.f32]), name=name)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    ctx = b.alloca(ir.ArrayType(u.i64, SLOTS), name="ctx")
-    slots = b.bitcast(ctx, u.i64.as_pointer())
-    objs = dict(zip(("q", "k", "v", "mask", "out") if nobj == 5 else ("q", "k", "v", "out"),
-                    fn.args, strict=False))
-
-    def field(obj, offset: int, ty: ir.Type):
-        return b.load(b.bitcast(b.gep(obj, [u.const(offset)]), ty.as_pointer()))
-
-    def put(slot: int, value) -> None:
-        b.store(value, u.gep(b, slots, slot))
-
-    def dims(obj):
-        p = field(obj, DIMS_OFFSET, u.i64.as_pointer())
-        return [b.load(u.gep(b, p, i)) for i in range(4)]
-
-    def strides(obj, itemsize: int):
-        """Element strides; a size-1 dim broadcasts (stride 0)."""
-        p = field(obj, STRIDES_OFFSET, u.i64.as_pointer())
-        sizes = dims(obj)
-        return [b.select(b.icmp_signed("==", sizes[i], u.const(1)), u.const(0),
-                         b.sdiv(b.load(u.gep(b, p, i)), u.const(itemsize))) for i in range(4)]
-
-    for slot, key in enumerate(("q", "k", "v", "mask", "out")):
-        put(slot, field(objs[key], DATA_OFFSET, u.i64) if key in objs else u.const(0))
-    out_dims, k_dims = dims(objs["out"]), dims(objs["k"])
-    for slot, value in ((B, out_dims[0]), (H, out_dims[1]), (L, out_dims[2]), (HK, k_dims[1]),
-                        (S, k_dims[2])):
-        put(slot, value)
-    for base, key, itemsize in ((Q_STRIDES, "q", 4), (K_STRIDES, "k", 4), (V_STRIDES, "v", 4),
-                                (M_STRIDES, "mask", 1 if cfg.mask == "bool" else 4),
-                                (O_STRIDES, "out", 4)):
-        if key in objs:
-            for i, s in enumerate(strides(objs[key], itemsize)):
-                put(base + i, s)
-    put(SCALE, b.zext(b.bitcast(fn.args[-1], u.i32), u.i64))
-    ctx8 = b.bitcast(ctx, i8p)
-    if cfg.threads > 1:
-        par = u.intrinsic(module, "tilefold_parallel", u.void, list(PARALLEL_TYPE.args))
-        b.call(par, [worker, ctx8, u.const(cfg.threads, u.i32)])
-    else:
-        b.call(worker, [ctx8, u.const(0, u.i32), u.const(1, u.i32)])
-    b.ret_void()
 
 
 def _masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, ty: ir.VectorType):
