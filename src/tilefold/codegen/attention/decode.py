@@ -41,6 +41,8 @@ from tilefold.codegen.attention.entry import (
     S,
     emit_entry,
 )
+from tilefold.codegen.attention.flash import hreduce
+from tilefold.codegen.attention.liveness import block_live_fn, masked_load
 from tilefold.codegen.gemm.abi import WORKER_TYPE
 from tilefold.codegen.vecmath.builder import MathBuilder
 from tilefold.codegen.vecmath.exp_log import exp_nonpositive
@@ -141,19 +143,6 @@ class _Worker:
     def _iota(self, start: int, count: int) -> ir.Constant:
         return ir.Constant(u.vec(u.i64, count), list(range(start, start + count)))
 
-    def _load(self, b: ir.IRBuilder, ptr: ir.Value, ty: ir.VectorType,
-              mask: ir.Value | None) -> ir.Value:
-        """`ty` from `ptr` (element pointer); under `mask` only (zeros elsewhere) if given."""
-        vp = b.bitcast(ptr, ty.as_pointer())
-        size = 4 if ty.element == u.f32 else ty.element.width // 8
-        if mask is None:
-            return b.load(vp, align=size)
-        el = "f32" if ty.element == u.f32 else f"i{ty.element.width}"
-        fn = u.intrinsic(b.module, f"llvm.masked.load.v{ty.count}{el}.p0", ty,
-                         [ty.as_pointer(), u.i32, u.vec(u.i1, ty.count), ty])
-        zero = ir.Constant(ty, [ty.element(0)] * ty.count)
-        return b.call(fn, [vp, u.const(size, u.i32), mask, zero])
-
     def _tail_mask(self, c: int, count: int) -> ir.Value | None:
         """Lanes of vector `c` of a row of `count` floats that lie inside it (None: all)."""
         rest = count - c * self.lanes
@@ -168,84 +157,24 @@ class _Worker:
     def _vmax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
         return b.select(b.fcmp_ordered(">", x, y), x, y)
 
-    def _hreduce(self, b: ir.IRBuilder, v: ir.Value, op) -> ir.Value:
-        width = v.type.count
-        while width > 1:
-            width //= 2
-            lo = b.shuffle_vector(v, v, ir.Constant(u.vec(u.i32, width), list(range(width))))
-            hi = b.shuffle_vector(v, v, ir.Constant(u.vec(u.i32, width),
-                                                    list(range(width, 2 * width))))
-            v = op(lo, hi)
-        return b.extract_element(v, u.const(0, u.i32))
-
     def _row_ptr(self, f: _Fn, slot: int, strides: int, bi, h, i, ty=u.f32) -> ir.Value:
         return u.gep(f.b, f.ptr(slot, ty), f.offset(strides, bi, h, i))
 
     # -- the mask's live blocks ------------------------------------------------------------
 
-    def _live_fn(self) -> ir.Function:
-        """live(bi, hk, j0, kn) -> whether any row of the group keeps a key of [j0, j0+kn)."""
-        cfg, lanes = self.cfg, self.lanes
-        f = _Fn(self.module, f"{self.name}_live", u.i1, [u.i64] * 4)
-        b, (bi, hk, j0, kn) = f.b, f.args
+    def _live(self, f: _Fn, live: ir.Function, bi, hk, j0, kn) -> ir.Value:
+        """Whether any row of group (bi, hk) keeps a key of [j0, j0 + kn). Rows sharing a mask
+        row (stride 0) are asked once; with the causal flag the last of them sees the most."""
+        b = f.b
         g = f.group()
         smh, smi = f.s[M_STRIDES + 1], f.s[M_STRIDES + 2]
-        # Rows sharing a mask row (stride 0) are scanned once; with the causal flag the last
-        # of them sees the most keys.
         heads = b.select(b.icmp_signed("==", smh, u.const(0)), u.const(1), g)
         shared = b.icmp_signed("==", smi, u.const(0))
         rows = b.select(shared, u.const(1), f.s[L])
         first = b.select(shared, b.sub(f.s[L], u.const(1)), u.const(0))
-        full = b.icmp_signed("==", kn, u.const(KB))
-        vecs = KB // lanes if cfg.mask == "float" else 1
-        width = lanes if cfg.mask == "float" else KB
-        zero = ir.Constant(u.vec(u.i1, width), [0] * width)
-        with u.for_range_carry(b, u.const(0), heads, 1, [zero] * vecs, name="lh") as hl:
-            h = b.add(b.mul(hk, g), hl.index)
-            with u.for_range_carry(b, u.const(0), rows, 1, hl.values, name="li") as il:
-                i = b.add(first, il.index)
-                row = u.gep(b, f.ptr(3, u.i8 if cfg.mask == "bool" else u.f32),
-                            b.add(f.offset(M_STRIDES, bi, h, i), j0))
-                keeps = []
-                for c in range(vecs):
-                    lane = self._iota(c * width, width)
-                    inside = b.icmp_signed("<", lane, u.splat(b, kn, width))
-                    ptr = u.gep(b, row, c * width)
-                    ety = u.i8 if cfg.mask == "bool" else u.f32
-                    keep = self._load_keys(b, full, ptr, u.vec(ety, width), inside)
-                    if cfg.mask == "bool":
-                        keep = b.icmp_unsigned("!=", keep, ir.Constant(keep.type, [0] * width))
-                    else:  # NaN counts as seen: it must reach the output
-                        keep = b.fcmp_unordered("!=", keep, ir.Constant(keep.type,
-                                                                        [NEG_INF] * width))
-                    keep = b.and_(keep, inside)
-                    if cfg.causal:
-                        keep = b.and_(keep, b.icmp_signed("<=", b.add(lane, u.splat(b, j0, width)),
-                                                          u.splat(b, i, width)))
-                    keeps.append(b.or_(il.values[c], keep))
-                il.next = keeps
-            hl.next = il.result
-        any_ = hl.result[0]
-        for x in hl.result[1:]:
-            any_ = b.or_(any_, x)
-        bits = b.bitcast(any_, ir.IntType(width))
-        b.ret(b.icmp_unsigned("!=", bits, ir.Constant(bits.type, 0)))
-        return f.fn
-
-    def _load_keys(self, b: ir.IRBuilder, full: ir.Value, ptr: ir.Value, ty: ir.VectorType,
-                   inside: ir.Value) -> ir.Value:
-        """`ty` from `ptr`: a plain load for a whole block, else the lanes `inside` only."""
-        with b.if_else(full) as (whole, part):
-            with whole:
-                x = self._load(b, ptr, ty, None)
-                x_block = b.block
-            with part:
-                y = self._load(b, ptr, ty, inside)
-                y_block = b.block
-        phi = b.phi(ty)
-        phi.add_incoming(x, x_block)
-        phi.add_incoming(y, y_block)
-        return phi
+        base = u.gep(b, f.ptr(3, u.i8 if self.cfg.mask == "bool" else u.f32),
+                     f.offset(M_STRIDES, bi, b.mul(hk, g)))
+        return b.call(live, [base, heads, smh, rows, smi, first, j0, kn])
 
     def _bounds_fn(self, live: ir.Function | None) -> ir.Function:
         """bounds(g, memo): memo = (group, first live block, end of live blocks) for group g.
@@ -268,7 +197,7 @@ class _Worker:
             def dead(block: ir.Value) -> ir.Value:
                 j0 = b.mul(block, u.const(KB))
                 kn = u.smin(b, u.const(KB), b.sub(kend, j0))
-                return b.not_(b.call(live, [f.fn.args[0], bi, hk, j0, kn]))
+                return b.not_(self._live(f, live, bi, hk, j0, kn))
 
             hi = self._while(b, blocks, lambda x: b.icmp_signed(">", x, u.const(0)),
                              lambda x: dead(b.sub(x, u.const(1))), lambda x: b.sub(x, u.const(1)))
@@ -348,7 +277,7 @@ class _Worker:
             if live is None:
                 block()
             else:  # a block whose mask excludes every key is never read
-                with b.if_then(b.call(live, [f.fn.args[0], bi, hk, j0, kn])):
+                with b.if_then(self._live(f, live, bi, hk, j0, kn)):
                     block()
         b.ret_void()
         return f.fn
@@ -370,7 +299,7 @@ class _Worker:
             krow = u.gep(b, kbase, b.mul(key, skj))
             acc = None
             for c in range(cfg.ec):
-                kv = self._load(b, u.gep(b, krow, c * lanes), self.vty, self._tail_mask(c, cfg.e))
+                kv = masked_load(b, u.gep(b, krow, c * lanes), self.vty, self._tail_mask(c, cfg.e))
                 acc = b.fmul(qv[c], kv) if acc is None else u.fma(b, qv[c], kv, acc)
             return acc if acc is not None else ir.Constant(self.vty, [0.0] * lanes)
 
@@ -397,7 +326,7 @@ class _Worker:
                 keep = seen if keep is None else b.and_(keep, seen)
             if mrow is not None:
                 ety = u.i8 if cfg.mask == "bool" else u.f32
-                m = self._load(b, u.gep(b, mrow, v * lanes), u.vec(ety, lanes), keep if not full
+                m = masked_load(b, u.gep(b, mrow, v * lanes), u.vec(ety, lanes), keep if not full
                                else None)
                 if cfg.mask == "bool":
                     kept = b.icmp_unsigned("!=", m, ir.Constant(m.type, [0] * lanes))
@@ -418,7 +347,7 @@ class _Worker:
         for x in s[1:]:
             top = self._vmax(b, top, x)
         m_old = b.load(row)
-        m_new = self._vmax(b, m_old, self._hreduce(b, top, lambda x, y: self._vmax(b, x, y)))
+        m_new = self._vmax(b, m_old, hreduce(b, top, lambda x, y: self._vmax(b, x, y)))
         m_safe = b.select(b.fcmp_ordered("==", m_new, ir.Constant(u.f32, NEG_INF)),
                           ir.Constant(u.f32, 0.0), m_new)
         alpha = self._exp(b, b.fsub(m_old, m_safe))
@@ -429,7 +358,7 @@ class _Worker:
             b.store(p, u.vptr(b, u.gep(b, pbuf, v * lanes), lanes), align=4 * lanes)
             total = p if total is None else b.fadd(total, p)
         lptr = u.gep(b, row, 1)
-        b.store(b.fadd(b.fmul(b.load(lptr), alpha), self._hreduce(b, total, b.fadd)), lptr)
+        b.store(b.fadd(b.fmul(b.load(lptr), alpha), hreduce(b, total, b.fadd)), lptr)
         b.store(m_new, row)
         return alpha
 
@@ -444,7 +373,7 @@ class _Worker:
         with u.for_range_carry(b, u.const(0), kn, 1, inits, name="pv") as loop:
             vrow = u.gep(b, vbase, b.mul(b.add(j0, loop.index), svj))
             p = u.splat(b, b.load(u.gep(b, pbuf, loop.index)), lanes)
-            loop.next = [u.fma(b, p, self._load(b, u.gep(b, vrow, c * lanes), self.vty,
+            loop.next = [u.fma(b, p, masked_load(b, u.gep(b, vrow, c * lanes), self.vty,
                                                 self._tail_mask(c, cfg.ev)), acc)
                          for c, acc in enumerate(loop.values)]
         for p, value in zip(optrs, loop.result, strict=True):
@@ -507,7 +436,10 @@ class _Worker:
     def emit(self) -> ir.Function:
         cfg = self.cfg
         self.part = 2 + self.evp
-        live = self._live_fn() if cfg.mask != "none" else None
+        live = None
+        if cfg.mask != "none":
+            live = block_live_fn(self.module, f"{self.name}_live", cfg.mask, cfg.causal,
+                                 self.lanes, KB)
         bounds, run, finish = self._bounds_fn(live), self._run_fn(live), self._finish_fn()
         fn = ir.Function(self.module, WORKER_TYPE, name=f"{self.name}_worker")
         fn.linkage = "internal"
