@@ -65,8 +65,8 @@ def main() -> None:
             mask[..., :valid] = True
             for threads in args.threads:
                 kernels = {
-                    "decode": attention_kernel(DecodeConfig(d, d, "bool", False, lanes, threads),
-                                               target),
+                    "decode": attention_kernel(DecodeConfig(
+                        d, d, "bool", False, lanes, threads, target.vector_registers), target),
                     "flash": attention_kernel(AttentionConfig(
                         d, d, "bool", False, lanes, threads, target.vector_registers), target)}
                 for mode, used in (("hot", caches[:1]), ("cycled", caches)):

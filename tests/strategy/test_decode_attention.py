@@ -21,7 +21,6 @@ from tests.strategy.attention_reference import (
 )
 from tests.tolerances import assert_close
 from tilefold.codegen.attention import DecodeConfig, attention_kernel
-from tilefold.codegen.attention.decode import KB
 from tilefold.compiler import compile
 from tilefold.ir import parse_module
 from tilefold.target import host_target
@@ -47,10 +46,14 @@ CASES = [  # batch, heads, kv heads, query rows, keys, e, ev, mask, causal
 ]
 
 
+def _config(target, e, ev, mask, causal, threads):
+    return DecodeConfig(e, ev, mask, causal, target.vector_bits // 32, threads,
+                        target.vector_registers)
+
+
 def _run(target, threads, q, k, v, mask, causal, scale, out=None):
-    cfg = DecodeConfig(q.shape[-1], v.shape[-1], "none" if mask is None else
-                       "bool" if mask.dtype == np.bool_ else "float", causal,
-                       target.vector_bits // 32, threads)
+    kind = "none" if mask is None else "bool" if mask.dtype == np.bool_ else "float"
+    cfg = _config(target, q.shape[-1], v.shape[-1], kind, causal, threads)
     if out is None:
         out = np.full((*q.shape[:-1], v.shape[-1]), np.nan, np.float32)
     attention_kernel(cfg, target)(q, k, v, mask, out, scale)
@@ -79,7 +82,7 @@ def test_masked_blocks_are_never_read(target, valid):
     prefix on, and a block in the middle that the mask excludes for every row too; a block
     read would make the output NaN (a key's NaN score is masked, but 0 * NaN is NaN in P V)."""
     rng = np.random.default_rng(valid)
-    lk, kb = 512, KB
+    lk, kb = 512, _config(TARGETS[target], 64, 64, "bool", False, 1).kb
     q = rng.standard_normal((2, 9, 1, 64), np.float32)
     k, v = (rng.standard_normal((2, 3, lk, 64), np.float32) for _ in range(2))
     mask = np.zeros((2, 1, 1, lk), bool)

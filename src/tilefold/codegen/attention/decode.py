@@ -47,7 +47,8 @@ from tilefold.codegen.gemm.abi import WORKER_TYPE
 from tilefold.codegen.vecmath.builder import MathBuilder
 from tilefold.codegen.vecmath.exp_log import exp_nonpositive
 
-KB = 64  # keys per block: the unit of skipping masked keys and of splitting over threads
+# Bytes of a key block's K (or V) rows: it stays in L1 while each row of the group reads it.
+BLOCK_BYTES = 16384
 NEG_INF = -math.inf
 FP = u.f32.as_pointer()
 I64P = u.i64.as_pointer()
@@ -63,6 +64,28 @@ class DecodeConfig:
     causal: bool
     lanes: int  # f32 lanes per vector
     threads: int
+    registers: int = 32  # vector registers of the ISA
+
+    @property
+    def kb(self) -> int:
+        """Keys per block: the unit of skipping masked keys and of splitting over threads, up
+        to 64 and `BLOCK_BYTES` of K or V, a multiple of the lanes."""
+        fit = BLOCK_BYTES // (4 * max(self.e, self.ev, 1)) // self.lanes * self.lanes
+        return max(self.lanes, min(64, fit))
+
+    @property
+    def pv_tile(self) -> tuple[int, int]:
+        """(rows, vectors of a row) of P V's register tile: rows x vectors accumulators, one row
+        of V and a broadcast p within the registers, up to 4 rows; Ev in as few passes as let
+        two rows share each V load."""
+        budget = self.registers - 2
+        passes = 1
+        while True:
+            cols = -(-self.evv // passes)
+            rows = min(4, (budget - cols) // max(cols, 1))
+            if rows >= 2 or cols <= 1:
+                return max(rows, 1), max(cols, 1)
+            passes += 1
 
     @property
     def ec(self) -> int:
@@ -179,9 +202,10 @@ class _Worker:
     def _bounds_fn(self, live: ir.Function | None) -> ir.Function:
         """bounds(g, memo): memo = (group, first live block, end of live blocks) for group g.
         A mask that is the same for every group (batch and head strides 0) is scanned once."""
+        cfg = self.cfg
         f = _Fn(self.module, f"{self.name}_bounds", u.void, [u.i64, I64P])
         b, (g, memo) = f.b, f.args
-        blocks = b.sdiv(b.add(self._kend(f), u.const(KB - 1)), u.const(KB))
+        blocks = b.sdiv(b.add(self._kend(f), u.const(cfg.kb - 1)), u.const(cfg.kb))
         if live is None:
             b.store(u.const(0), u.gep(b, memo, 1))
             b.store(blocks, u.gep(b, memo, 2))
@@ -195,8 +219,8 @@ class _Worker:
             kend = self._kend(f)
 
             def dead(block: ir.Value) -> ir.Value:
-                j0 = b.mul(block, u.const(KB))
-                kn = u.smin(b, u.const(KB), b.sub(kend, j0))
+                j0 = b.mul(block, u.const(cfg.kb))
+                kn = u.smin(b, u.const(cfg.kb), b.sub(kend, j0))
                 return b.not_(self._live(f, live, bi, hk, j0, kn))
 
             hi = self._while(b, blocks, lambda x: b.icmp_signed(">", x, u.const(0)),
@@ -234,7 +258,9 @@ class _Worker:
 
     def _run_fn(self, live: ir.Function | None) -> ir.Function:
         """run(g, block0, block1, part, qbuf, pbuf): the online softmax of group g over its key
-        blocks [block0, block1), left in `part` (per row: m, l, O)."""
+        blocks [block0, block1), left in `part` (per row: m, l, O). Per block, every row's
+        scores and softmax step (p to pbuf, one row of kb per query row, then the rows'
+        exp(m - m') after them), then O = O a + p V in register tiles of rows."""
         cfg, lanes = self.cfg, self.lanes
         f = _Fn(self.module, f"{self.name}_run", u.void, [u.i64, u.i64, u.i64, FP, FP, FP])
         b, (g, blk0, blk1, part, qbuf, pbuf) = f.b, f.args
@@ -262,17 +288,19 @@ class _Worker:
                     b.store(ir.Constant(u.f32, 0.0), u.gep(b, dst, d))
         kend = self._kend(f)
         with u.for_range(b, blk0, blk1, name="blk") as blk:
-            j0 = b.mul(blk, u.const(KB))
-            kn = u.smin(b, u.const(KB), b.sub(kend, j0))
+            j0 = b.mul(blk, u.const(cfg.kb))
+            kn = u.smin(b, u.const(cfg.kb), b.sub(kend, j0))
 
             def block() -> None:
-                with b.if_else(b.icmp_signed("==", kn, u.const(KB))) as (full, tail):
+                with b.if_else(b.icmp_signed("==", kn, u.const(cfg.kb))) as (full, tail):
                     for flag, branch in ((True, full), (False, tail)):
                         with branch, u.for_range(b, u.const(0), grp, name="rh") as gi:
                             h = b.add(b.mul(hk, grp), gi)
                             with u.for_range(b, u.const(0), lq, name="ri") as i:
                                 r = b.add(b.mul(gi, lq), i)
-                                self._row(f, bi, hk, h, i, r, j0, kn, flag, part, qbuf, pbuf)
+                                self._scores(f, bi, hk, h, i, r, j0, kn, flag, part, qbuf, pbuf,
+                                             rows)
+                self._pv(f, bi, hk, j0, kn, rows, part, pbuf)
 
             if live is None:
                 block()
@@ -282,8 +310,10 @@ class _Worker:
         b.ret_void()
         return f.fn
 
-    def _row(self, f: _Fn, bi, hk, h, i, r, j0, kn, full: bool, part, qbuf, pbuf) -> None:
-        """One row's scores for the block, its online-softmax step and O = O a + p V."""
+    def _scores(self, f: _Fn, bi, hk, h, i, r, j0, kn, full: bool, part, qbuf, pbuf,
+                rows) -> None:
+        """Row r's scores on the block and its online-softmax step: p and exp(m - m') to
+        pbuf."""
         cfg, lanes, b = self.cfg, self.lanes, f.b
         qrow = u.gep(b, qbuf, b.mul(r, u.const(self.ep)))
         qv = [b.load(u.vptr(b, u.gep(b, qrow, c * lanes), lanes), align=4)
@@ -316,7 +346,7 @@ class _Worker:
             mrow = u.gep(b, f.ptr(3, u.i8 if cfg.mask == "bool" else u.f32),
                          b.add(f.offset(M_STRIDES, bi, h, i), j0))
         scores = []
-        for v in range(KB // lanes):
+        for v in range(cfg.kb // lanes):
             s = fold(v * lanes, lanes)
             lane = self._iota(v * lanes, lanes)
             keep = None if full else b.icmp_signed("<", lane, u.splat(b, kn, lanes))
@@ -336,9 +366,9 @@ class _Worker:
             if keep is not None:
                 s = b.select(keep, s, ir.Constant(self.vty, [NEG_INF] * lanes))
             scores.append(s)
-        alpha = self._softmax_step(b, scores, u.gep(b, part, b.mul(r, u.const(self.part))), pbuf)
-        self._pv(f, bi, hk, j0, kn, u.gep(b, part, b.add(b.mul(r, u.const(self.part)),
-                                                          u.const(2))), alpha, pbuf)
+        alpha = self._softmax_step(b, scores, u.gep(b, part, b.mul(r, u.const(self.part))),
+                                   u.gep(b, pbuf, b.mul(r, u.const(cfg.kb))))
+        b.store(alpha, u.gep(b, pbuf, b.add(b.mul(rows, u.const(cfg.kb)), r)))
 
     def _softmax_step(self, b: ir.IRBuilder, s: list[ir.Value], row: ir.Value, pbuf) -> ir.Value:
         """m' = max(m, max s); l = l exp(m - m') + sum exp(s - m'); p to pbuf; exp(m - m')."""
@@ -362,22 +392,45 @@ class _Worker:
         b.store(m_new, row)
         return alpha
 
-    def _pv(self, f: _Fn, bi, hk, j0, kn, orow, alpha, pbuf) -> None:
-        """O = O alpha + sum over the block's keys of p[j] V[j]."""
+    def _pv(self, f: _Fn, bi, hk, j0, kn, rows, part, pbuf) -> None:
+        """O = O a + sum over the block's keys of p[j] V[j] for every row, a tile of rows at a
+        time (each V row read once per tile), Ev in passes of `pv_tile` vectors."""
+        cfg, b = self.cfg, f.b
+        tile, cols = cfg.pv_tile
+        sizes = tuple(range(tile, 0, -1))
+        with u.for_chunks(b, u.const(0), rows, sizes, name="pvr") as (r0, chunk):
+            for size in sizes:
+                with b.if_then(b.icmp_signed("==", chunk, u.const(size))):
+                    for c0 in range(0, cfg.evv, cols):
+                        self._pv_tile(f, bi, hk, j0, kn, rows, part, pbuf, r0, size,
+                                      range(c0, min(cfg.evv, c0 + cols)))
+
+    def _pv_tile(self, f: _Fn, bi, hk, j0, kn, rows, part, pbuf, r0, size: int, cs) -> None:
         cfg, lanes, b = self.cfg, self.lanes, f.b
         vbase = u.gep(b, f.ptr(2), f.offset(V_STRIDES, bi, hk))
         svj = f.s[V_STRIDES + 2]
-        a = u.splat(b, alpha, lanes)
-        optrs = [u.vptr(b, u.gep(b, orow, c * lanes), lanes) for c in range(cfg.evv)]
-        inits = [b.fmul(b.load(p, align=4), a) for p in optrs]
+        optrs, inits, prows = [], [], []
+        for t in range(size):
+            r = b.add(r0, u.const(t))
+            prows.append(u.gep(b, pbuf, b.mul(r, u.const(cfg.kb))))
+            a = u.splat(b, b.load(u.gep(b, pbuf, b.add(b.mul(rows, u.const(cfg.kb)), r))), lanes)
+            orow = u.gep(b, part, b.add(b.mul(r, u.const(self.part)), u.const(2)))
+            for c in cs:
+                ptr = u.vptr(b, u.gep(b, orow, c * lanes), lanes)
+                optrs.append(ptr)
+                inits.append(b.fmul(b.load(ptr, align=4), a))
         with u.for_range_carry(b, u.const(0), kn, 1, inits, name="pv") as loop:
             vrow = u.gep(b, vbase, b.mul(b.add(j0, loop.index), svj))
-            p = u.splat(b, b.load(u.gep(b, pbuf, loop.index)), lanes)
-            loop.next = [u.fma(b, p, masked_load(b, u.gep(b, vrow, c * lanes), self.vty,
-                                                self._tail_mask(c, cfg.ev)), acc)
-                         for c, acc in enumerate(loop.values)]
-        for p, value in zip(optrs, loop.result, strict=True):
-            b.store(value, p, align=4)
+            vv = [masked_load(b, u.gep(b, vrow, c * lanes), self.vty, self._tail_mask(c, cfg.ev))
+                  for c in cs]
+            nxt = []
+            for t in range(size):
+                p = u.splat(b, b.load(u.gep(b, prows[t], loop.index)), lanes)
+                accs = loop.values[t * len(vv):(t + 1) * len(vv)]
+                nxt += [u.fma(b, p, x, acc) for x, acc in zip(vv, accs, strict=True)]
+            loop.next = nxt
+        for ptr, value in zip(optrs, loop.result, strict=True):
+            b.store(value, ptr, align=4)
 
     # -- writing a group's rows ------------------------------------------------------------
 
@@ -439,7 +492,7 @@ class _Worker:
         live = None
         if cfg.mask != "none":
             live = block_live_fn(self.module, f"{self.name}_live", cfg.mask, cfg.causal,
-                                 self.lanes, KB)
+                                 self.lanes, cfg.kb)
         bounds, run, finish = self._bounds_fn(live), self._run_fn(live), self._finish_fn()
         fn = ir.Function(self.module, WORKER_TYPE, name=f"{self.name}_worker")
         fn.linkage = "internal"
@@ -463,7 +516,7 @@ class _Worker:
         b.store(u.const(-1), head)
         b.store(ir.Constant(u.i1, 0), split_any)
         qbuf = self._alloca(b, b.mul(rows, u.const(self.ep)), "qbuf")
-        pbuf = self._alloca(b, u.const(KB), "pbuf")
+        pbuf = self._alloca(b, b.mul(rows, u.const(cfg.kb + 1)), "pbuf")
         partbuf = self._alloca(b, b.mul(rows, u.const(2 * self.part)), "parts")
         for k in range(2):
             addr = b.ptrtoint(u.gep(b, partbuf, b.mul(rows, u.const(k * self.part))), u.i64)

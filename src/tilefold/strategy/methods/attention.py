@@ -93,7 +93,8 @@ def build(problem: Problem, ctx: Context, decode: bool) -> Kernel:
         scale = 1 / math.sqrt(q[-1]) if q[-1] else 1.0
     lanes = ctx.target.vector_bits // 32
     if decode:
-        cfg = DecodeConfig(q[-1], v[-1], mask, attrs["is_causal"], lanes, ctx.threads)
+        cfg = DecodeConfig(q[-1], v[-1], mask, attrs["is_causal"], lanes, ctx.threads,
+                           ctx.target.vector_registers)
     else:
         cfg = AttentionConfig(q[-1], v[-1], mask, attrs["is_causal"], lanes, ctx.threads,
                               ctx.target.vector_registers)
