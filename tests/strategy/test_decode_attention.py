@@ -188,3 +188,55 @@ def test_compiled_decode_step_reads_the_cache_directly():
                  dtype="f32", reduced=64 + 96)
     plan = prompt.plan_for(q.shape, kc.shape, vc.shape, mask.shape)
     assert [d.winner.method for d in plan.decisions] == ["handwritten.attention"]
+
+
+@pytest.mark.parametrize("rows", [1, 33])  # the decode kernel, the flash kernel
+def test_a_compiled_step_replays_attention_as_one_native_call(rows):
+    """Called again on the same arrays, the step records the attention kernel's native call and
+    replays it (`compiler.Recording`): each answer follows the query, cache and mask as they
+    are written in place between calls, as a generation loop writes them."""
+    module = parse_module(DECODE_STEP.replace("f32[1,9,1,64]", f"f32[1,9,{rows},64]")
+                          .replace("bool[1,1,1,?s]", f"bool[1,1,{rows},?s]"))
+    graph = compile(module, strict=True)
+    rng = np.random.default_rng(rows)
+    length = 300
+    q = rng.standard_normal((1, 9, rows, 64), np.float32)
+    kc, vc = (rng.standard_normal((1, 3, length, 64), np.float32) for _ in range(2))
+    mask = np.zeros((1, 1, rows, length), bool)
+    for step, valid in enumerate((70, 71, 72, 200, 129)):
+        mask[...] = False
+        mask[..., :valid] = True
+        q[...] = rng.standard_normal(q.shape)
+        kc[:, :, valid - 1] = rng.standard_normal((1, 3, 64))  # this step's key and value
+        vc[:, :, valid - 1] = rng.standard_normal((1, 3, 64))
+        (got,) = graph(q, kc, vc, mask)
+        assert_close(got, attention64(q, kc, vc, mask, False, 0.125), dtype="f32",
+                     reduced=64 + length)
+        if step:
+            (plan,) = graph._plans.values()
+            assert plan.replay is not None and plan.replay.matches((q, kc, vc, mask))
+            assert plan.replay.native_steps == len(plan.steps) == 1
+            assert [type(s).__name__ for s in plan.replay.segments] == ["Replay"]
+    method = "handwritten.decode_attention" if rows == 1 else "handwritten.attention"
+    assert [d.winner.method for d in plan.decisions] == [method]
+
+
+def test_operands_the_kernel_would_copy_are_not_recorded():
+    """A K or V whose rows are not contiguous, or an output with a stride, is copied before
+    the call (or after it): such a call has no native call to record, and runs right."""
+    rng = np.random.default_rng(9)
+    cfg = _config(HOST, 64, 64, "none", False, 1)
+    kernel = attention_kernel(cfg, HOST)
+    q = rng.standard_normal((1, 4, 1, 64), np.float32)
+    k, v = (rng.standard_normal((1, 2, 100, 64), np.float32) for _ in range(2))
+    out = np.full((1, 4, 1, 64), np.nan, np.float32)
+    assert kernel.calls(q, k, v, None, out, 0.125) is not None
+    strided_k = np.asfortranarray(k)
+    wide = np.full((1, 4, 1, 128), np.nan, np.float32)
+    for args in ((q, strided_k, v, out), (q, k, np.asfortranarray(v), out),
+                 (q, k, v, wide[..., ::2])):
+        assert kernel.calls(*args[:3], None, args[3], 0.125) is None
+        args[3][...] = np.nan
+        kernel(*args[:3], None, args[3], 0.125)
+        assert_close(args[3], attention64(q, k, v, None, False, 0.125), dtype="f32",
+                     reduced=128)

@@ -37,35 +37,36 @@ class AttentionKernel:
 
     def __call__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
                  out: np.ndarray, scale: float) -> None:
-        q, k, v, out4 = (_rank4(x) for x in (q, k, v, out))
-        if v.strides[-1] != 4:
-            v = np.ascontiguousarray(v)
-        if isinstance(self.cfg, DecodeConfig) and k.shape[-1] > 1 and k.strides[-1] != 4:
-            k = np.ascontiguousarray(k)
-        dst = out4 if out4.strides[-1] == 4 else np.empty(out4.shape, np.float32)
-        if mask is None:
-            self._fn(q, k, v, dst, scale)
-        else:
-            mask = _rank4(mask)
-            if mask.shape[-1] != k.shape[-2] or mask.strides[-1] != mask.itemsize:
-                mask = np.ascontiguousarray(np.broadcast_to(mask, (*mask.shape[:-1],
-                                                                   k.shape[-2])))
-            self._fn(q, k, v, mask, dst, scale)
-        if dst is not out4:
-            out4[...] = dst
+        operands, _ = self._operands(q, k, v, mask, out)
+        self._fn(*operands, scale)
+        if not np.may_share_memory(operands[-1], out):  # written to a copy
+            _rank4(out)[...] = operands[-1]
 
     def calls(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
               out: np.ndarray, scale: float) -> list[NativeCall] | None:
         """The native call `self(...)` makes, for replay; None where it would copy first."""
-        q, k, v, out4 = (_rank4(x) for x in (q, k, v, out))
-        if v.strides[-1] != 4 or out4.strides[-1] != 4:
-            return None
+        operands, copied = self._operands(q, k, v, mask, out)
+        return None if copied else [NativeCall(self._fn, (*operands, scale))]
+
+    def _operands(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                  out: np.ndarray) -> tuple[tuple[np.ndarray, ...], bool]:
+        """The entry's array operands (q, k, v, [mask,] out) at rank 4 in layouts it reads with
+        vectors, and whether any of them had to be a copy."""
+        q, k, v, out = (_rank4(x) for x in (q, k, v, out))
+        copied = False
+        if v.strides[-1] != 4:
+            v, copied = np.ascontiguousarray(v), True
+        if isinstance(self.cfg, DecodeConfig) and k.shape[-1] > 1 and k.strides[-1] != 4:
+            k, copied = np.ascontiguousarray(k), True
+        if out.strides[-1] != 4:
+            out, copied = np.empty(out.shape, np.float32), True
         if mask is None:
-            return [NativeCall(self._fn, (q, k, v, out4, scale))]
+            return (q, k, v, out), copied
         mask = _rank4(mask)
         if mask.shape[-1] != k.shape[-2] or mask.strides[-1] != mask.itemsize:
-            return None
-        return [NativeCall(self._fn, (q, k, v, mask, out4, scale))]
+            mask = np.ascontiguousarray(np.broadcast_to(mask, (*mask.shape[:-1], k.shape[-2])))
+            copied = True
+        return (q, k, v, mask, out), copied
 
 
 def _rank4(x: np.ndarray) -> np.ndarray:
