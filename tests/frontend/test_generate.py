@@ -123,21 +123,30 @@ def _eager(model, prompt, new_tokens):
 
 def test_static_cache_is_written_in_place():
     """The decode step's cache writes (`index_put` into a graph input) land in the cache tensors
-    themselves, planned "in place": no copy of the cache per token."""
+    themselves, planned "in place": no copy of the cache per token. Its attention reads them
+    as they are, in the decode kernel: Hugging Face's repeat_kv (a copy of the whole cache
+    with each key/value head repeated) folds into grouped-query attention."""
     model = _model("llama")
     prompt = _prompt(2, 5)
     _generate(model, prompt, "static", 6)
     _compile(model)
     _generate(model, prompt, "static", 6)
-    writes = []
+    writes, reads, methods = [], [], []
     for graph in _graphs():
         for runner in (e.runner for e in graph.executors):
             fn, executor = runner.function, runner.run
-            layout = executor.compiled.plan_for(*executor.last_shapes).layout
-            writes += [layout.get(fn.outputs[r].name) for r in runner.converted.mutations
+            plan = executor.compiled.plan_for(*executor.last_shapes)
+            writes += [plan.layout.get(fn.outputs[r].name) for r in runner.converted.mutations
                        if fn.outputs[r].defining_op.name == "index_put"]
+            reads += [tuple(op.operands[i].defining_op.name for i in (1, 2))
+                      for op in executor.compiled.function.ops
+                      if op.name == "scaled_dot_product_attention"]
+            methods += [d.winner.method for d in plan.decisions]
     assert len(writes) == 4  # keys and values of two layers, in the decode graph
     assert set(writes) == {"in place"}
+    # two layers of the prompt's graph and of the decode step's: k and v are the cache writes
+    assert reads == [("index_put", "index_put")] * 4
+    assert "handwritten.decode_attention" in methods
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tests.tolerances import assert_close
 from tilefold import dtypes
 from tilefold.dtypes import DType
 from tilefold.ir import OPS, Builder, interpret, parse_module
@@ -166,3 +167,51 @@ def test_cast_chains_fold_only_when_exact() -> None:
         after = interpret(m, x)[0]
         assert before.tobytes() == after.tobytes(), f"cast {a} -> {b} -> {c} changed bits"
     assert folded > 100  # the rule is not vacuous
+
+
+# -- repeat_kv into grouped-query attention -------------------------------------------------
+
+REPEAT_KV = """func @f(%q: f32[2,{h},3,8], %k: f32[2,{hk},11,8], %v: f32[2,{hk},11,8],
+                      %m: bool[2,1,3,11]) -> (f32[2,{h},3,8]) {{
+  %0 = expand_dims(%k) {{axes = [{axis}]}} : {kx}
+  %1 = broadcast_to(%0) {{shape = {wide}}} : f32{wide}
+  %2 = reshape(%1) {{shape = [2, {h}, 11, 8]}} : f32[2,{h},11,8]
+  %3 = expand_dims(%v) {{axes = [{axis}]}} : {kx}
+  %4 = broadcast_to(%3) {{shape = {wide}}} : f32{wide}
+  %5 = reshape(%4) {{shape = [2, {h}, 11, 8]}} : f32[2,{h},11,8]
+  %6 = scaled_dot_product_attention(%q, %2, %5, %m) : f32[2,{h},3,8]
+  return(%6)
+}}"""
+
+
+def _attention64(q, k, v, mask):
+    """Attention in float64 NumPy with k and v already one head per query head."""
+    s = q.astype(np.float64) @ np.swapaxes(k, -1, -2).astype(np.float64) / np.sqrt(q.shape[-1])
+    s = np.where(mask, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True) @ v.astype(np.float64)
+
+
+@pytest.mark.parametrize(("hk", "rep", "tiled"), [(3, 3, False), (2, 4, False), (3, 2, True)])
+def test_repeat_kv_folds_into_gqa_attention_with_the_same_values(hk, rep, tiled) -> None:
+    """repeat_kv (head h reads k's head h // rep) folds and computes what it did; tiling the
+    heads (h reads h % hk: the unit axis before the heads) is not repeat_kv and stays."""
+    h = hk * rep
+    wide = [2, rep, hk, 11, 8] if tiled else [2, hk, rep, 11, 8]
+    kx = f"f32[2,1,{hk},11,8]" if tiled else f"f32[2,{hk},1,11,8]"
+    text = REPEAT_KV.format(h=h, hk=hk, axis=1 if tiled else 2, kx=kx,
+                            wide=str(wide).replace(" ", ""))
+    rng = np.random.default_rng(hk * rep)
+    q = rng.standard_normal((2, h, 3, 8), np.float32)
+    k, v = (rng.standard_normal((2, hk, 11, 8), np.float32) for _ in range(2))
+    mask = rng.random((2, 1, 3, 11)) > 0.3
+    mask[..., 0] = True  # no fully masked row: the float64 formula has no zeros rule
+    heads = np.arange(h) % hk if tiled else np.arange(h) // rep
+    want = _attention64(q, k[:, heads], v[:, heads], mask)
+    m = parse_module(text)
+    run_pipeline(m, "canonicalize")
+    (sdpa,) = [op for op in m.functions["f"].ops if op.name == "scaled_dot_product_attention"]
+    assert sdpa.attr("enable_gqa") is (not tiled)
+    assert (sdpa.operands[1].name == "k") is (not tiled)
+    got = interpret(m, q, k, v, mask)[0]
+    assert_close(got, want, dtype="f32", reduced=11)

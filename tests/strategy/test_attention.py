@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from tests.strategy.attention_reference import attention64, cache_views, head_major
+from tests.tolerances import assert_close
 from tilefold.codegen.attention import AttentionConfig, attention_kernel
 from tilefold.compiler import compile
 from tilefold.ir import interpret, parse_module
@@ -89,3 +91,31 @@ def test_compiled_graph_runs_attention_natively_on_views():
     methods = [d.winner.method for d in plan.decisions]
     assert "handwritten.attention" in methods
     assert set(plan.layout.values()) == {"view"}  # no copies around the attention kernel
+
+
+@pytest.mark.parametrize("registers", [16, 32])
+@pytest.mark.parametrize(("mask_kind", "causal"), [("bool", False), ("float", False),
+                                                   ("bool", True)])
+def test_prefill_skips_the_blocks_its_mask_excludes(registers, mask_kind, causal):
+    """A static cache's prefill: 37 prompt rows against 300 positions, of which each batch
+    entry's rows see a prefix (query i: keys j <= past + i). K and V hold NaN from the first
+    key block no row sees; reading one would make the output NaN."""
+    target = host_target()
+    cfg = AttentionConfig(64, 64, mask_kind, causal, target.vector_bits // 32, 2, registers)
+    kernel = attention_kernel(cfg, target)
+    rng = np.random.default_rng(registers)
+    lq, lk = 37, 300
+    q = head_major(rng, 2, 6, lq, 64)
+    k, v = cache_views(rng, 2, 3, lk, 64, 64)
+    past = np.array([100, 40])
+    seen = np.arange(lk)[None, None, None, :] <= (past[:, None] + np.arange(lq))[:, None, :, None]
+    mask = seen if mask_kind == "bool" else np.where(seen, 0.5, -np.inf).astype(np.float32)
+    want = attention64(q, k, v, mask, causal, 0.125)
+    first_unseen = -(-(int(past.max()) + lq) // cfg.kb) * cfg.kb
+    if causal:
+        first_unseen = min(first_unseen, -(-lq // cfg.kb) * cfg.kb)
+    assert first_unseen < lk
+    k[..., first_unseen:, :] = v[..., first_unseen:, :] = np.nan
+    out = np.full((2, 6, lq, 64), np.nan, np.float32)
+    kernel(q, k, v, mask, out, 0.125)
+    assert_close(out, want, dtype="f32", reduced=64 + lk)

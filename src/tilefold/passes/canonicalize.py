@@ -159,6 +159,35 @@ def _reshape_chain(s: Site) -> Value | None:
     return s.new("reshape", s.unwrap("reshape"), shape=s.attr("shape"))
 
 
+def _repeated_heads(s: Site, value: Value) -> tuple[Value, int, bool] | None:
+    """(x, n, whether x needs a reshape to drop its unit dim) when `value` repeats each head of
+    k n times in a row: reshape(broadcast_to(x)) of [..., H*n, S, E] from x = [..., H, 1, S, E],
+    x = expand_dims(k) at the unit axis (Hugging Face's `repeat_kv`) or any such value."""
+    reshape = s.defined_by(value, "reshape")
+    wide = s.defined_by(reshape.operands[0], "broadcast_to") if reshape is not None else None
+    if wide is None or wide.results[0].type.rank < 4:
+        return None
+    x = wide.operands[0]
+    *batch, heads, n, length, e = wide.results[0].type.shape
+    if not (isinstance(heads, int) and isinstance(n, int)) or x.type.shape != (
+            *batch, heads, 1, length, e) or value.type.shape != (*batch, heads * n, length, e):
+        return None
+    unit = s.defined_by(x, "expand_dims")
+    if unit is not None and [a % x.type.rank for a in unit.attr("axes")] == [len(batch) + 1]:
+        return unit.operands[0], n, False
+    return x, n, True
+
+
+def _fold_repeat_kv(s: Site) -> Value | None:
+    k, v = (_repeated_heads(s, s[i]) for i in (1, 2))
+    if k is None or v is None or k[1] != v[1] or s[0].type.rank != s[1].type.rank or \
+            s[0].type.shape[-3] != s[1].type.shape[-3]:  # q's heads are the repeated ones
+        return None
+    k_v = [s.new("reshape", x, shape=(*x.type.shape[:-3], *x.type.shape[-2:])) if drop else x
+           for x, _, drop in (k, v)]
+    return s.new(s.op.name, s[0], *k_v, *s.op.operands[3:], **{**s.op.attrs, "enable_gqa": True})
+
+
 def _identity_perm(s: Site) -> bool:
     perm = s.attr("perm")
     return list(perm) == sorted(perm)
@@ -202,6 +231,8 @@ RULES: tuple[Rule, ...] = (
     R("slice", "x[0:n:1, ...] -> x  (keeps everything)", lambda s: s.keep(s[0], _unit_steps(s))),
     R("concat", "concat(x) -> x", lambda s: s.keep(s[0], len(s.op.operands) == 1)),
     R(REDUCTIONS, "reduce(x, axes=[]) -> x", lambda s: s.keep(s[0], s.attr("axes") == ())),
+    R("scaled_dot_product_attention",
+      "sdpa(q, repeat_kv(k), repeat_kv(v)) -> sdpa(q, k, v) {enable_gqa}", _fold_repeat_kv),
 )
 
 RULES_BY_OP: dict[str, tuple[Rule, ...]] = {

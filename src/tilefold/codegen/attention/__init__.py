@@ -1,5 +1,10 @@
 """Fused attention kernels: scores, mask, online softmax and P·V in one pass over key blocks."""
 
-from tilefold.codegen.attention.kernel import AttentionConfig, AttentionKernel, attention_kernel
+from tilefold.codegen.attention.kernel import (
+    AttentionConfig,
+    AttentionKernel,
+    DecodeConfig,
+    attention_kernel,
+)
 
-__all__ = ["AttentionConfig", "AttentionKernel", "attention_kernel"]
+__all__ = ["AttentionConfig", "AttentionKernel", "DecodeConfig", "attention_kernel"]

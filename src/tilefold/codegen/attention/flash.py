@@ -11,8 +11,10 @@ block of KB keys (`AttentionConfig.tile`: 4 vectors with 32 vector registers, 2 
     out = O / l                            rows with every key masked give zeros (as PyTorch)
 
 Vectors run along keys (scores) and along Ev (outputs), so the only horizontal reductions are
-one max and one sum per row and key block. Dims and strides are read from the array objects
-at run time: one compiled kernel serves every batch size, sequence length and layout.
+one max and one sum per row and key block. A block the mask excludes for every row of the task
+(False, or -inf: a static cache's positions past the prompt) is skipped before K is packed.
+Dims and strides are read from the array objects at run time: one compiled kernel serves every
+batch size, sequence length and layout.
 """
 
 from __future__ import annotations
@@ -23,8 +25,23 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.attention.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
-from tilefold.codegen.gemm.abi import PARALLEL_TYPE, WORKER_TYPE
+from tilefold.codegen.attention.entry import (
+    HK,
+    K_STRIDES,
+    M_STRIDES,
+    O_STRIDES,
+    Q_STRIDES,
+    SCALE,
+    SLOTS,
+    V_STRIDES,
+    B,
+    H,
+    L,
+    S,
+    emit_entry,
+)
+from tilefold.codegen.attention.liveness import block_live_fn, masked_load
+from tilefold.codegen.gemm.abi import WORKER_TYPE
 from tilefold.codegen.vecmath.builder import MathBuilder
 from tilefold.codegen.vecmath.exp_log import exp_nonpositive
 
@@ -36,12 +53,6 @@ TILES = {32: (4, 4, 16), 16: (6, 2, 12)}
 FP = u.f32.as_pointer()
 NEG_INF = -math.inf
 
-# Context slots (i64) the entry fills for the workers.
-PTRS = 5  # q, k, v, mask, out
-B, H, L, HK, S = range(PTRS, PTRS + 5)
-Q_STRIDES, K_STRIDES, V_STRIDES, M_STRIDES, O_STRIDES = 10, 14, 18, 22, 26  # b, h, row, col
-SCALE = 30
-SLOTS = 31
 
 
 @dataclass(frozen=True)
@@ -79,69 +90,11 @@ def attention_ir(cfg: AttentionConfig, name: str, triple: str, features: frozens
     module = ir.Module(name=name)
     module.triple = triple
     worker = _Worker(module, cfg, f"{name}_worker", features).emit()
-    _entry(module, cfg, name, worker)
+    emit_entry(module, name, cfg.mask, cfg.threads, worker)
     return str(module)
 
 
-def _entry(module: ir.Module, cfg: AttentionConfig, name: str, worker: ir.Function) -> None:
-    i8p = u.i8.as_pointer()
-    nobj = 5 if cfg.mask != "none" else 4
-    fn = ir.Function(module, ir.FunctionType(u.void, [i8p] * nobj + [u.f32]), name=name)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    ctx = b.alloca(ir.ArrayType(u.i64, SLOTS), name="ctx")
-    slots = b.bitcast(ctx, u.i64.as_pointer())
-    objs = dict(zip(("q", "k", "v", "mask", "out") if nobj == 5 else ("q", "k", "v", "out"),
-                    fn.args, strict=False))
-
-    def field(obj, offset: int, ty: ir.Type):
-        return b.load(b.bitcast(b.gep(obj, [u.const(offset)]), ty.as_pointer()))
-
-    def put(slot: int, value) -> None:
-        b.store(value, u.gep(b, slots, slot))
-
-    def dims(obj):
-        p = field(obj, DIMS_OFFSET, u.i64.as_pointer())
-        return [b.load(u.gep(b, p, i)) for i in range(4)]
-
-    def strides(obj, itemsize: int):
-        """Element strides; a size-1 dim broadcasts (stride 0)."""
-        p = field(obj, STRIDES_OFFSET, u.i64.as_pointer())
-        sizes = dims(obj)
-        return [b.select(b.icmp_signed("==", sizes[i], u.const(1)), u.const(0),
-                         b.sdiv(b.load(u.gep(b, p, i)), u.const(itemsize))) for i in range(4)]
-
-    for slot, key in enumerate(("q", "k", "v", "mask", "out")):
-        put(slot, field(objs[key], DATA_OFFSET, u.i64) if key in objs else u.const(0))
-    out_dims, k_dims = dims(objs["out"]), dims(objs["k"])
-    for slot, value in ((B, out_dims[0]), (H, out_dims[1]), (L, out_dims[2]), (HK, k_dims[1]),
-                        (S, k_dims[2])):
-        put(slot, value)
-    for base, key, itemsize in ((Q_STRIDES, "q", 4), (K_STRIDES, "k", 4), (V_STRIDES, "v", 4),
-                                (M_STRIDES, "mask", 1 if cfg.mask == "bool" else 4),
-                                (O_STRIDES, "out", 4)):
-        if key in objs:
-            for i, s in enumerate(strides(objs[key], itemsize)):
-                put(base + i, s)
-    put(SCALE, b.zext(b.bitcast(fn.args[-1], u.i32), u.i64))
-    ctx8 = b.bitcast(ctx, i8p)
-    if cfg.threads > 1:
-        par = u.intrinsic(module, "tilefold_parallel", u.void, list(PARALLEL_TYPE.args))
-        b.call(par, [worker, ctx8, u.const(cfg.threads, u.i32)])
-    else:
-        b.call(worker, [ctx8, u.const(0, u.i32), u.const(1, u.i32)])
-    b.ret_void()
-
-
-def _masked_load(b: ir.IRBuilder, ptr: ir.Value, mask: ir.Value, ty: ir.VectorType):
-    """`ty` lanes under `mask` from `ptr` (any element type), zeros elsewhere."""
-    el = "f32" if ty.element == u.f32 else f"i{ty.element.width}"
-    fn = u.intrinsic(b.module, f"llvm.masked.load.v{ty.count}{el}.p0", ty,
-                     [ty.as_pointer(), u.i32, u.vec(u.i1, ty.count), ty])
-    return b.call(fn, [b.bitcast(ptr, ty.as_pointer()), u.const(1, u.i32), mask,
-                       ir.Constant(ty, [ty.element(0)] * ty.count)])
-
-
-def _hreduce(b: ir.IRBuilder, v: ir.Value, op) -> ir.Value:
+def hreduce(b: ir.IRBuilder, v: ir.Value, op) -> ir.Value:
     """Horizontal reduction of a vector by halving (log2(lanes) shuffles and ops)."""
     width = v.type.count
     while width > 1:
@@ -164,6 +117,10 @@ class _Worker:
 
     def emit(self) -> ir.Function:
         cfg = self.cfg
+        self.live = None
+        if cfg.mask != "none":
+            self.live = block_live_fn(self.module, f"{self.name}_live", cfg.mask, cfg.causal,
+                                      cfg.lanes, cfg.kb)
         fn = ir.Function(self.module, WORKER_TYPE, name=self.name)
         fn.linkage = "internal"
         ctx, tid, nth = fn.args
@@ -228,13 +185,32 @@ class _Worker:
         with u.for_range(b, u.const(0), kend, cfg.kb, name="kblock") as j0:
             self.j0 = j0
             self.kn = u.smin(b, u.const(cfg.kb), b.sub(kend, j0))
-            self._pack_keys()
-            full = b.sub(self.nrows, b.srem(self.nrows, u.const(cfg.rows)))
-            with u.for_range(b, u.const(0), full, cfg.rows, name="rows") as r0:
-                self._rows(r0, cfg.rows)
-            with u.for_range(b, full, self.nrows, name="row") as r0:
-                self._rows(r0, 1)
+            if self.live is None:
+                self._block()
+            else:  # a block the mask excludes for every row is never read
+                with b.if_then(self._block_live()):
+                    self._block()
         self._store(out)
+
+    def _block(self) -> None:
+        b, cfg = self.b, self.cfg
+        self._pack_keys()
+        full = b.sub(self.nrows, b.srem(self.nrows, u.const(cfg.rows)))
+        with u.for_range(b, u.const(0), full, cfg.rows, name="rows") as r0:
+            self._rows(r0, cfg.rows)
+        with u.for_range(b, full, self.nrows, name="row") as r0:
+            self._rows(r0, 1)
+
+    def _block_live(self) -> ir.Value:
+        """Whether any of the task's rows keeps a key of the block (rows sharing one mask row,
+        stride 0, are asked once: the last of them, which the causal flag lets see most)."""
+        b = self.b
+        smi = self.slot[M_STRIDES + 2]
+        shared = b.icmp_signed("==", smi, u.const(0))
+        rows = b.select(shared, u.const(1), self.nrows)
+        first = b.select(shared, b.add(self.i0, b.sub(self.nrows, u.const(1))), self.i0)
+        return b.call(self.live, [self.m, u.const(1), u.const(0), rows, smi, first, self.j0,
+                                  self.kn])
 
     def _pack_keys(self) -> None:
         """Kt[d, jj] = K[j0 + jj, d], zeros past the last key."""
@@ -291,7 +267,7 @@ class _Worker:
             mty = u.i8 if cfg.mask == "bool" else u.f32
             ptr = u.gep(b, self.m, b.add(b.mul(row, self.slot[M_STRIDES + 2]),
                                          b.add(self.j0, u.const(v * lanes))))
-            m = _masked_load(b, ptr, keep, u.vec(mty, lanes))
+            m = masked_load(b, ptr, u.vec(mty, lanes), keep)
             if cfg.mask == "bool":
                 keep = b.and_(keep, b.icmp_unsigned("!=", m, ir.Constant(m.type, [0] * lanes)))
             else:
@@ -310,7 +286,7 @@ class _Worker:
         for x in s[1:]:
             top = vmax(top, x)
         m_old = b.load(u.gep(b, self.mrow, row))
-        m_new = vmax(m_old, _hreduce(b, top, vmax))
+        m_new = vmax(m_old, hreduce(b, top, vmax))
         m_safe = b.select(b.fcmp_ordered("==", m_new, ir.Constant(u.f32, NEG_INF)),
                           ir.Constant(u.f32, 0.0), m_new)
         alpha = self._exp(b.fsub(m_old, m_safe))
@@ -321,7 +297,7 @@ class _Worker:
             b.store(p, u.vptr(b, u.gep(b, self.pbuf, r * cfg.kb + v * cfg.lanes), cfg.lanes),
                     align=64)
             total = p if total is None else b.fadd(total, p)
-        lsum = _hreduce(b, total, b.fadd)
+        lsum = hreduce(b, total, b.fadd)
         lptr = u.gep(b, self.lrow, row)
         b.store(b.fadd(b.fmul(b.load(lptr), alpha), lsum), lptr)
         b.store(m_new, u.gep(b, self.mrow, row))

@@ -1,4 +1,5 @@
-"""Hand-written fused attention (`codegen.attention`) for `scaled_dot_product_attention`."""
+"""Hand-written fused attention (`codegen.attention`) for `scaled_dot_product_attention`: the
+flash kernel for prompts, the decode kernel for a few query rows against a long cache."""
 
 from __future__ import annotations
 
@@ -12,6 +13,30 @@ from tilefold.strategy.method import Candidate, Context, Kernel, Method, registe
 from tilefold.strategy.problem import Problem
 
 EFFICIENCY = 0.5  # of the GEMM peak: short dot products, a softmax and a K transpose per block
+# The flash kernel transposes each key block once per task (batch, head, 128 query rows) with
+# scalar moves: about this many K elements a second and thread (Zen 4: 640 us for 9 heads of
+# 2048 x 64 keys and one query row), which a decode step pays per query head.
+PACK_RATE = 2e9
+DECODE_ROWS = 8  # query rows per head the decode kernel takes; longer queries are prompts
+# Of the FMA peak: per key and query row, E + Ev FMAs and a butterfly folding the dot products.
+DECODE_EFFICIENCY = 0.5
+
+
+def _refusal(problem: Problem, ctx: Context) -> str | None:
+    """Why neither attention kernel takes the problem, or None."""
+    if reason := problem.not_lone("scaled_dot_product_attention"):
+        return reason
+    op = problem.body[0]
+    types = [problem.types[v] for v in op.operands]
+    if any(str(t.dtype) != "f32" for t in types[:3]):
+        return "written for f32 q, k, v"
+    if len(types) > 3 and str(types[3].dtype) not in ("f32", "bool"):
+        return f"mask of {types[3].dtype} (bool and f32 masks only)"
+    if any(len(t.shape) > 4 for t in types[:3]):
+        return "more than two batch dims"
+    if ctx.target.vector_bits < 128:
+        return "needs a vector unit"
+    return None
 
 
 @register_method
@@ -21,27 +46,41 @@ class FlashAttention(Method):
     generators = ("tilefold.codegen.attention", "tilefold.codegen.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
-        if reason := problem.not_lone("scaled_dot_product_attention"):
+        if reason := _refusal(problem, ctx):
             return reason
         op = problem.body[0]
-        types = [problem.types[v] for v in op.operands]
-        if any(str(t.dtype) != "f32" for t in types[:3]):
-            return "written for f32 q, k, v"
-        if len(types) > 3 and str(types[3].dtype) not in ("f32", "bool"):
-            return f"mask of {types[3].dtype} (bool and f32 masks only)"
-        if any(len(t.shape) > 4 for t in types[:3]):
-            return "more than two batch dims"
-        if ctx.target.vector_bits < 128:
-            return "needs a vector unit"
+        q, k = problem.shape(op.operands[0]), problem.shape(op.operands[1])
+        tasks = math.prod(problem.shape(op.results[0])[:-2]) * -(-q[-2] // 128)
+        pack = tasks * k[-2] * k[-1] / (PACK_RATE * ctx.threads)
         w = work(problem)
-        estimate = roofline(w.flops, w.bytes_fused, ctx.machine, EFFICIENCY) + ctx.machine.call_s
-        return [self.candidate({}, estimate, lambda: build(problem, ctx),
+        estimate = roofline(w.flops, w.bytes_fused, ctx.machine, EFFICIENCY) + pack + \
+            ctx.machine.call_s
+        return [self.candidate({}, estimate, lambda: build(problem, ctx, decode=False),
                                "one pass over key blocks, online softmax")]
 
 
-def build(problem: Problem, ctx: Context) -> Kernel:
+@register_method
+class DecodeAttention(Method):
+    name = "handwritten.decode_attention"
+    family = "hand-written"
+    generators = ("tilefold.codegen.attention", "tilefold.codegen.vecmath")
+
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
+        if reason := _refusal(problem, ctx):
+            return reason
+        op = problem.body[0]
+        if (rows := problem.shape(op.operands[0])[-2]) > DECODE_ROWS:
+            return f"{rows} query rows: more than {DECODE_ROWS}, a prompt (the flash kernel's)"
+        w = work(problem)
+        estimate = roofline(w.flops, w.bytes_fused, ctx.machine, DECODE_EFFICIENCY) + \
+            ctx.machine.call_s
+        return [self.candidate({}, estimate, lambda: build(problem, ctx, decode=True),
+                               "K/V read once per key/value head, split over threads by key")]
+
+
+def build(problem: Problem, ctx: Context, decode: bool) -> Kernel:
     # On first use: `import tilefold` does not load the attention generator.
-    from tilefold.codegen.attention import AttentionConfig, attention_kernel
+    from tilefold.codegen.attention import AttentionConfig, DecodeConfig, attention_kernel
 
     op = problem.body[0]
     attrs = problem.attrs(op)
@@ -49,9 +88,16 @@ def build(problem: Problem, ctx: Context) -> Kernel:
     mask = "none"
     if len(op.operands) > 3:
         mask = "bool" if str(problem.types[op.operands[3]].dtype) == "bool" else "float"
-    scale = attrs["scale"] if attrs["scale"] is not None else 1 / math.sqrt(q[-1])
-    cfg = AttentionConfig(q[-1], v[-1], mask, attrs["is_causal"],
-                          ctx.target.vector_bits // 32, ctx.threads, ctx.target.vector_registers)
+    scale = attrs["scale"]
+    if scale is None:  # no features: every score is an empty sum, 0, at any scale
+        scale = 1 / math.sqrt(q[-1]) if q[-1] else 1.0
+    lanes = ctx.target.vector_bits // 32
+    if decode:
+        cfg = DecodeConfig(q[-1], v[-1], mask, attrs["is_causal"], lanes, ctx.threads,
+                           ctx.target.vector_registers)
+    else:
+        cfg = AttentionConfig(q[-1], v[-1], mask, attrs["is_causal"], lanes, ctx.threads,
+                              ctx.target.vector_registers)
     kernel = attention_kernel(cfg, ctx.target)
 
     if mask == "none":
