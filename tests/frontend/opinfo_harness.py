@@ -168,8 +168,9 @@ UNINITIALIZED = {"empty", "empty_like", "empty_permuted", "empty_strided", "new_
                  "new_empty_strided"}
 
 
-def run_sample(case: Case, sample: SampleInput) -> Outcome:
-    """The sample through torch.compile(backend="tilefold"), compared with eager PyTorch."""
+def run_sample(case: Case, sample: SampleInput, dynamic: bool = False) -> Outcome:
+    """The sample through torch.compile(backend="tilefold"), compared with eager PyTorch;
+    `dynamic`: every dim Dynamo may make symbolic is (`torch.compile(dynamic=True)`)."""
     leaves, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
     slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     tensors = [leaves[i].detach() for i in slots]
@@ -190,7 +191,7 @@ def run_sample(case: Case, sample: SampleInput) -> Outcome:
         report.REPORTS.clear()
         # Not strict: leaving an op to PyTorch is the rule of the game here; the interpreter
         # taking over a compiled graph still counts as a failure (`Outcome.failed`).
-        compiled = torch.compile(call, backend="tilefold", dynamic=False,
+        compiled = torch.compile(call, backend="tilefold", dynamic=dynamic,
                                  options={"strict": False})
         try:
             got = _seeded(compiled, tensors, 0)

@@ -101,7 +101,8 @@ class GraphRunner:
         return self.run.name
 
     def __call__(self, *args: Any) -> list[Any]:
-        arrays = [to_numpy(args[i]) for i in self.converted.arg_indices]
+        arrays = [a if isinstance(a, np.ndarray) else to_numpy(a)  # sizes come as arrays
+                  for a in self.converted.arguments(args)]
         sizes = bind_symbols(self.function, arrays)
         outputs = self.run(*arrays)
         thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
@@ -113,5 +114,7 @@ class GraphRunner:
             results[i] = results[i].flatten(0, lead - 1)
         for p, symbol in self.converted.size_args.items():
             sizes[symbol] = int(args[p])
-        return [None if i is None else i.value(sizes) if isinstance(i, SizeOutput) else results[i]
-                for i in self.converted.outputs]
+        final = [None if i is None else i.value(sizes) if isinstance(i, SizeOutput) else results[i]
+                 for i in self.converted.outputs]
+        views = self.converted.views
+        return final if views is None else views(args, final)
