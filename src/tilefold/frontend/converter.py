@@ -15,7 +15,7 @@ import torch.fx as fx
 from tilefold.errors import Location, UnsupportedError
 from tilefold.frontend import rules  # noqa: F401  (registers every lowering rule)
 from tilefold.frontend.context import LoweringContext, Merged, Unavailable
-from tilefold.frontend.graph_io import SIZE_FORMS, ViewReplay, carry_dims
+from tilefold.frontend.graph_io import SIZE_FORMS, ViewReplay, carry_dims, unheld
 from tilefold.frontend.lowering import NotApplicable, Specialized, rule_for
 from tilefold.frontend.symbolic import Sizes
 from tilefold.frontend.tensors import to_numpy
@@ -76,7 +76,9 @@ class Converted:
 
 def _size_arguments(ctx: LoweringContext, result: Converted, sizes: dict[str, int]) -> None:
     """Append the size inputs the IR function takes (`graph_io`) to its argument list."""
-    carried = carry_dims(ctx.b, list(sizes))
+    carried, signed = unheld(ctx.b.function, list(sizes))
+    ctx.static(*(SymDim(s) for s in signed))  # maybe negative: no dim can carry them
+    carry_dims(ctx.b, carried)
     args = ctx.b.function.args
     for symbol, value in ctx.value_args.items():
         result.size_inputs[args.index(value.value)] = "value"
@@ -255,6 +257,8 @@ def _lower(ctx: LoweringContext, node: fx.Node) -> Any:
         return ctx.size(node)
     if node.target is operator.getitem:
         return _getitem(ctx, *node.args)
+    if node.target is torch.sym_float:  # a SymInt used as a float: the same size, cast later
+        return ctx.value(node.args[0])
     rule = rule_for(node.target)
     if rule is None:
         raise NotApplicable(f"no lowering rule for {op_name(node)}")

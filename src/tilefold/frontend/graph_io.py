@@ -41,26 +41,27 @@ def value_argument(builder: Builder, symbol: str) -> Tensor:
     return builder.arg(f"value_{_ident(symbol)}", dtypes.i64, ())
 
 
-def carry_dims(builder: Builder, symbols: Sequence[str]) -> list[str]:
-    """Give each of `symbols` (size inputs) that a dim of the function uses but no argument's
-    type holds a `u8[?s,0]` argument; the symbols that got one, in argument order."""
-    function = builder.function
+def unheld(function: Function, symbols: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Of `symbols` (size inputs), those a dim of the function uses that no argument's type
+    holds: (those that are a dim themselves, so never negative: they get a carrier; those only
+    inside sums of dims, `?(2-s0)`, which may be negative: the caller specializes them)."""
     held = {d.name for a in function.args for d in a.type.shape  # a sum defines no symbol
             if isinstance(d, SymDim) and not is_derived(d.name)}
-    used = _used_symbols(function)
-    carried = [s for s in symbols if s in used and s not in held]
-    for symbol in carried:
-        builder.arg(f"size_{_ident(symbol)}", dtypes.u8, (SymDim(symbol), 0))
-    return carried
-
-
-def _used_symbols(function: Function) -> set[str]:
-    found: set[str] = set()
+    plain, inside = set(), set()
     for op in function.walk():
         dims = [d for v in op.results for d in v.type.shape]
         dims += [d for v in op.attrs.values() if isinstance(v, tuple) for d in v]
-        found |= {s for d in dims if isinstance(d, SymDim) for s in free_symbols(d.name)}
-    return found
+        for d in dims:
+            if isinstance(d, SymDim):
+                (inside if is_derived(d.name) else plain).update(free_symbols(d.name))
+    wanted = [s for s in symbols if s in plain | inside and s not in held]
+    return [s for s in wanted if s in plain], [s for s in wanted if s not in plain]
+
+
+def carry_dims(builder: Builder, symbols: Sequence[str]) -> None:
+    """A `u8[?s,0]` argument for each of `symbols` (see the module docstring)."""
+    for symbol in symbols:
+        builder.arg(f"size_{_ident(symbol)}", dtypes.u8, (SymDim(symbol), 0))
 
 
 def _ident(name: str) -> str:

@@ -67,7 +67,7 @@ class Program:
     `memory[arg]` what element type argument `arg` holds, `ints` the values in i32 lanes
     ("itof" converts one to f32)."""
 
-    rows: int
+    rows: int = field(repr=False)  # not in the repr (a kernel's fingerprint): run-time rows
     n: int
     prims: dict[int, Prim] = field(default_factory=dict)
     sources: dict[int, Source] = field(default_factory=dict)
