@@ -29,7 +29,7 @@ pool_module = importlib.import_module("tilefold.runtime.thread_pool")  # not the
 
 
 def test_every_registered_suite_is_a_bench_subcommand(capsys):
-    assert set(bench.SUITES) == {"gemm", "lowp", "memory", "blocks", "models"}
+    assert set(bench.SUITES) == {"gemm", "lowp", "memory", "blocks", "models", "llm"}
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     out = capsys.readouterr().out
@@ -37,7 +37,7 @@ def test_every_registered_suite_is_a_bench_subcommand(capsys):
         assert name in out and suite.summary.split()[0] in out
 
 
-@pytest.mark.parametrize("name", ["gemm", "lowp", "memory", "blocks", "models"])
+@pytest.mark.parametrize("name", ["gemm", "lowp", "memory", "blocks", "models", "llm"])
 def test_common_arguments_and_their_per_suite_defaults(name):
     suite = bench.SUITES[name]
     args = build_parser().parse_args(["bench", name])

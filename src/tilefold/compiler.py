@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tilefold.codegen.cpu.copy import OUT_OF_RANGE, copy_call
 from tilefold.errors import DTypeError, ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
@@ -29,6 +30,7 @@ from tilefold.ir.ops.index import index_key
 from tilefold.ir.ops.shape import slice_index
 from tilefold.ir.types import SymDim
 from tilefold.passes import PassManager
+from tilefold.runtime.replay import NativeCall, Replay
 from tilefold.strategy import Decision, Problem, TuningDB, context, decide, tune_budget
 from tilefold.strategy import register_builtin_methods as _register
 from tilefold.strategy.problem import bind_shapes
@@ -54,10 +56,32 @@ def _index_put(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs:
     out[index_key("index_put", out.shape, attrs["axes"], list(indices))] = values
 
 
+def _index_put_native(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs: dict
+                      ) -> list[NativeCall] | None:
+    """`_index_put` as a native scatter, for one 1-D int64 index along one axis (a KV cache's
+    row write); None otherwise."""
+    if len(indices) != 1 or len(attrs["axes"]) != 1:
+        return None
+    axis = attrs["axes"][0] % out.ndim
+    (index,) = indices
+    shape = (*out.shape[:axis], index.size, *out.shape[axis + 1:])
+    if index.ndim != 1 or np.broadcast_shapes(values.shape, shape) != shape:
+        return None
+    return _one(copy_call(out, np.broadcast_to(values, shape), index=index, axis=axis,
+                          side="dst"))
+
+
+def _one(call: NativeCall | None) -> list[NativeCall] | None:
+    return None if call is None else [call]
+
+
 # Ops whose result is operand 0 with some elements replaced: when operand 0's memory is free to
 # overwrite (a donated argument or an intermediate, read by nothing later), the op writes just
-# those elements there (`run(x_as_out, *other_operands, attrs=...)`), not a copy of x.
+# those elements there (`run(x_as_out, *other_operands, attrs=...)`), not a copy of x; its
+# native form for replay, where it has one (`native(..., attrs=)`: the calls, or None).
 UPDATES: dict[str, Callable[..., None]] = {"index_put": _index_put}
+NATIVE_UPDATES: dict[str, Callable[..., list[NativeCall] | None]] = {
+    "index_put": _index_put_native}
 
 # Plans kept per compiled graph, by input shapes. Symbolic dims make a new plan per size (a
 # growing KV cache: one per generated token; sentences of every length); each holds its
@@ -74,11 +98,18 @@ PLAN_BYTES = 256 << 20
 MAX_DECISIONS = 4096
 
 
+# How a step runs natively, for replay: `native(env)` returns its native calls on the env's
+# arrays (None: the step needs Python).
+Native = Callable[[list], list[NativeCall] | None]
+
+
 @dataclass
 class Plan:
     """Everything one input signature needs: steps, preallocated intermediates, outputs."""
 
     steps: list[tuple]  # (run, argument slots)
+    natives: list[Native | None]  # per step: how it replays natively (None: Python only)
+    views: list[tuple]  # (slot, slot of x, view, attrs): views of per-call arrays, made first
     env: list  # slot -> array (constants, intermediates and views filled in, inputs per call)
     input_slots: list[int]
     output_slots: list[tuple[int, tuple, np.dtype]]  # fresh arrays per call
@@ -87,6 +118,75 @@ class Plan:
     layout: dict[str, str]  # layout op result -> "view" or "copy" (for explain)
     poisoned: bool = False  # strict: fresh buffers start as NaN (int max), never stale values
     nbytes: int = 0  # the buffers it holds (intermediates, copies)
+    replay: Recording | None = None  # the steps recorded for one set of input arrays
+    last_inputs: tuple = ()  # the previous call's input arrays (two alike: record them)
+
+    @property
+    def held(self) -> int:
+        """Bytes of buffers this plan holds, its recording's included."""
+        return self.nbytes + (self.replay.nbytes if self.replay is not None else 0)
+
+    def execute(self, env: list, arrays: Sequence[np.ndarray], outputs: Sequence[np.ndarray]
+                ) -> None:
+        """Run the steps in Python on `env` (this plan's, or a recording's own copy)."""
+        for slot, a in zip(self.input_slots, arrays, strict=True):
+            env[slot] = a
+        for (slot, _, _), out in zip(self.output_slots, outputs, strict=True):
+            env[slot] = out
+        for slot, x, view, attrs in self.views:
+            env[slot] = view(env[x], attrs)
+        for run, slots in self.steps:
+            run(*[env[s] for s in slots])
+
+    def results_of(self, env: list, copy_fresh: bool) -> list[np.ndarray]:
+        fresh = {s for s, _, _ in self.output_slots} if copy_fresh else set()
+        return [np.array(env[s]) if copied or s in fresh else env[s]
+                for s, copied in self.results]
+
+
+class Recording:
+    """A plan's steps recorded on one set of input arrays: each run of consecutive native
+    steps is one `Replay` (a single native call), the rest run in Python, all on an env of the
+    recording's own (its output buffers are reused, so results are copied out)."""
+
+    def __init__(self, plan: Plan, arrays: Sequence[np.ndarray]):
+        self.inputs = tuple(arrays)
+        self.env = list(plan.env)
+        outputs = [np.empty(shape, dtype) for _, shape, dtype in plan.output_slots]
+        self.nbytes = sum(o.nbytes for o in outputs)  # beyond the plan's (for its budget)
+        plan.execute(self.env, arrays, outputs)  # makes the views; checks every step once
+        self.results = plan.results_of(self.env, copy_fresh=True)
+        self.segments: list[Callable[[], None]] = []
+        pending: list[NativeCall] = []
+        env = self.env
+        for (run, slots), native in zip(plan.steps, plan.natives, strict=True):
+            calls = native(self.env) if native is not None else None
+            if calls is not None:
+                pending += calls
+                continue
+            self._flush(pending)
+            pending = []
+            self.segments.append(lambda run=run, slots=slots: run(*[env[s] for s in slots]))
+        self._flush(pending)
+        self.native_steps = sum(1 for n in plan.natives if n is not None)
+        self.plan = plan
+
+    def _flush(self, calls: list[NativeCall]) -> None:
+        if calls:
+            self.segments.append(Replay(calls))
+
+    def matches(self, arrays: Sequence[np.ndarray]) -> bool:
+        return len(arrays) == len(self.inputs) and all(
+            a is b for a, b in zip(arrays, self.inputs, strict=True))
+
+    def __call__(self) -> list[np.ndarray]:
+        for segment in self.segments:
+            segment()
+        if OUT_OF_RANGE[0]:  # a native gather or row write met an index out of range
+            OUT_OF_RANGE[0] = 0
+            raise ShapeError("an index of a gather or index_put is out of range for its axis "
+                             "(negative indices count from the end); check the indices")
+        return self.plan.results_of(self.env, copy_fresh=True)
 
 
 def poison(shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -115,6 +215,10 @@ class CompiledGraph:
         self.target = target
         self.refusals = fusion_refusals
         self.ctx = context(target)
+        # Inputs that stay the same arrays from call to call are recorded on the second call and
+        # replayed from then on (`Recording`); TILEFOLD_REPLAY=0 turns that off.
+        self.replay = os.environ.get("TILEFOLD_REPLAY", "1") != "0" and (
+            target is None or target.is_host())
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # most recently used last
         self._decided: OrderedDict[tuple, Decision] = OrderedDict()  # likewise
         self._symbols: dict[Operation, tuple[str, ...]] = {}
@@ -132,17 +236,21 @@ class CompiledGraph:
                 bind_symbols(self.function, arrays)  # TilefoldError on a bad shape or dtype
                 plan = self._keep(key, self._plan([a.shape for a in arrays]))
             self._plans.move_to_end(key)
-            env = plan.env
-            for slot, a in zip(plan.input_slots, arrays, strict=True):
-                env[slot] = a
+            if plan.replay is not None and plan.replay.matches(arrays):
+                return plan.replay()
+            if self.replay and plan.last_inputs and all(
+                    a is b for a, b in zip(arrays, plan.last_inputs, strict=True)):
+                plan.replay, plan.last_inputs = Recording(plan, arrays), ()
+                return list(plan.replay.results)
+            plan.last_inputs = tuple(arrays) if self.replay else ()
             fresh = poison if plan.poisoned else np.empty
-            for slot, shape, dtype in plan.output_slots:
-                env[slot] = fresh(shape, dtype)
-            for run, slots in plan.steps:
-                run(*[env[s] for s in slots])
-            results = [np.array(env[s]) if copied else env[s] for s, copied in plan.results]
+            outputs = [fresh(shape, dtype) for _, shape, dtype in plan.output_slots]
+            plan.execute(plan.env, arrays, outputs)
+            results = plan.results_of(plan.env, copy_fresh=False)
+            for slot in plan.input_slots:  # the caller's arrays: not kept past the call
+                plan.env[slot] = None
             for slot, _, _ in plan.output_slots:
-                env[slot] = None
+                plan.env[slot] = None
         return results
 
     def decisions(self, *shapes: Sequence[int]) -> list[Decision]:
@@ -163,9 +271,9 @@ class CompiledGraph:
         `PLAN_BYTES` of buffers (a plan holds its intermediates: one per decode length would
         grow without bound)."""
         self._plans[key] = plan
-        held = sum(p.nbytes for p in self._plans.values())
+        held = sum(p.held for p in self._plans.values())
         while len(self._plans) > 1 and (len(self._plans) > MAX_PLANS or held > PLAN_BYTES):
-            held -= self._plans.popitem(last=False)[1].nbytes
+            held -= self._plans.popitem(last=False)[1].held
         return plan
 
     def _plan(self, shapes: list[tuple]) -> Plan:
@@ -209,6 +317,8 @@ class _Planner:
         self.env: list = [None] * len(self.slot)
         self.bindings = bind_shapes(fn.args, shapes)
         self.steps: list[tuple] = []
+        self.natives: list[Native | None] = []
+        self.views: list[tuple] = []
         self.layout: dict[str, str] = {}
         self.fresh: list[tuple[int, tuple, np.dtype]] = []
         self.free: dict[tuple, list[np.ndarray]] = {}
@@ -249,8 +359,17 @@ class _Planner:
                    for v in self.fn.outputs]
         for v in self.per_call:  # drop the probes
             self.env[self.slot[v]] = None
-        return Plan(self.steps, self.env, [self.slot[a] for a in self.fn.args], self.fresh,
-                    results, decisions, self.layout, self.alloc is poison, self.nbytes)
+        return Plan(self.steps, self.natives, self.views, self.env,
+                    [self.slot[a] for a in self.fn.args], self.fresh, results, decisions,
+                    self.layout, self.alloc is poison, self.nbytes)
+
+    def _step(self, run: Callable[..., None], slots: list[int], native: Native | None) -> None:
+        self.steps.append((run, slots))
+        self.natives.append(native)
+
+    def _copy_step(self, dst: int, src: int) -> None:
+        """A step copying slot `src`'s array into slot `dst`'s (np.copyto; natively a copy)."""
+        self._step(np.copyto, [dst, src], lambda env: _one(copy_call(env[dst], env[src])))
 
     def _attrs(self, op: Operation) -> dict:
         def size(d):
@@ -264,15 +383,14 @@ class _Planner:
         view, attrs, env, slot = VIEWS[op.name], self._attrs(op), self.env, self.slot
         out = view(env[slot[x]], attrs)
         self.layout[y.name] = "view"
-        if x in self.per_call:  # made again from each call's array
+        copied = out.size and not np.may_share_memory(out, env[slot[x]])  # a reshape's copy
+        if x in self.per_call and not copied:  # made again from each call's array, up front
             self.per_call.add(y)
-            sx, sy = slot[x], slot[y]
-            self.steps.append((lambda: env.__setitem__(sy, view(env[sx], attrs)), []))
-        elif out.size and not np.may_share_memory(out, env[slot[x]]):  # a reshape NumPy copied
+            self.views.append((slot[y], slot[x], view, attrs))
+        elif copied:  # into a buffer of its own, in order (per-call arrays are C-ordered)
             base = np.empty(out.shape, out.dtype)
             self.nbytes += base.nbytes
-            self.steps.append((np.copyto, [self._const_slot(base.reshape(env[slot[x]].shape)),
-                                           slot[x]]))
+            self._copy_step(self._const_slot(base.reshape(env[slot[x]].shape)), slot[x])
             out = base
             self.layout[y.name] = "copy"
         env[slot[y]] = out
@@ -298,8 +416,11 @@ class _Planner:
             self.env[slot[r]] = self.env[slot[x]]
         self.layout[r.name] = "in place"
         update, attrs = UPDATES[op.name], self._attrs(op)
-        self.steps.append((lambda *arrays: update(*arrays, attrs=attrs),
-                           [slot[x], *(slot[v] for v in rest)]))
+        slots = [slot[x], *(slot[v] for v in rest)]
+        native = NATIVE_UPDATES.get(op.name)
+        self._step(lambda *arrays: update(*arrays, attrs=attrs), slots,
+                   None if native is None else
+                   lambda env: native(*[env[s] for s in slots], attrs=attrs))
 
     def _const_slot(self, array: np.ndarray) -> int:
         self.env.append(array)
@@ -329,7 +450,9 @@ class _Planner:
                 base = self.owned[r] = self.alloc(stored, dtype)
                 self.nbytes += base.nbytes
             env[slot[r]] = base if perm is None else base.transpose(np.argsort(perm))
-        self.steps.append((kernel.run, args))
+        calls = kernel.calls
+        self._step(kernel.run, args, None if calls is None else
+                   lambda env: calls(*[env[s] for s in args]))
         return decision
 
     def _contiguous(self, v: Value) -> int:
@@ -337,7 +460,7 @@ class _Planner:
         array = self.env[self.slot[v]]
         copy_slot = self._const_slot(np.empty(array.shape, array.dtype))
         self.nbytes += array.nbytes
-        self.steps.append((np.copyto, [copy_slot, self.slot[v]]))
+        self._copy_step(copy_slot, self.slot[v])
         return copy_slot
 
     def _transposed_by_user(self, r: Value) -> tuple[int, ...] | None:

@@ -101,3 +101,23 @@ def test_python_numbers_that_dynamic_makes_symbolic(case):
         torch.testing.assert_close(compiled(x, n).double(), fn(x.double(), n),
                                    **tolerance("f32", shape[-1], 10.0))
     assert all(g.mode == "tilefold" for g in report.reports())
+
+
+def test_a_symbolic_graph_called_on_the_same_tensors_replays_and_follows_them():
+    """A size input's array stays the same object while its value does, so a symbolic graph
+    called again on the same tensors replays its recorded kernels (the GEMM epilogue's row
+    kernel takes its row count at run time); new contents or a new number are computed right."""
+    def fn(x, n):
+        return torch.add(F.gelu(x @ x.t()), x.sum(-1, keepdim=True), alpha=n)
+
+    compiled = _run(fn)
+    compiled(torch.randn(5, 7), 3)  # the first graph may be static; this one is symbolic
+    x = torch.randn(9, 6)
+    for n in (2, 2, 2, -3, -3, -3):
+        x.copy_(torch.randn(9, 6))  # same memory, new contents
+        torch.testing.assert_close(compiled(x, n).double(), fn(x.double(), n),
+                                   **tolerance("f32", 6, 10.0))
+    plans = [p for g in report.reports() for e in g.executors
+             for p in e.runner.run.compiled._plans.values()]
+    assert all(g.mode == "tilefold" for g in report.reports())
+    assert any(p.replay is not None for p in plans), "the symbolic graph never replayed"

@@ -36,7 +36,7 @@ def _dequantized(w: np.ndarray, axis: int, fmt: str) -> np.ndarray:
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_the_rewrite_stores_codes_and_leaves_small_or_odd_weights(fmt):
     big, small = RNG.standard_normal((96, 64)), RNG.standard_normal((8, 64))
-    # K = 49: odd (the kernels step K in pairs), and not a whole number of int4 groups of 32
+    # K = 49: not a whole number of int4 groups of 32 (int8 takes it: one scale a channel)
     odd = RNG.standard_normal((96, 49))
     b = Builder("main")
     x = b.arg("x", "f32", (2, 64))
@@ -46,7 +46,7 @@ def test_the_rewrite_stores_codes_and_leaves_small_or_odd_weights(fmt):
                      transpose_b=True))
     pm = PassManager(f"quantize-weights{{format={fmt} min-elements=1024}},dce")
     module = pm.run(b.build(*outs))
-    want = 1
+    want = 2 if fmt == "int8" else 1
     assert pm.passes[0].stats == {"num-quantized": want}
     deqs = [op for op in module.walk() if op.name == "dequantize"]
     assert len(deqs) == want
@@ -54,10 +54,15 @@ def test_the_rewrite_stores_codes_and_leaves_small_or_odd_weights(fmt):
     scale = deqs[0].operands[1].defining_op.attrs["value"]
     assert str(codes.dtype) == ("int8" if fmt == "int8" else "int4") and codes.shape == (96, 64)
     assert scale.shape == ((96, 1) if fmt == "int8" else (96, 2))
+    assert np.array_equal(scale.astype(np.float16).astype(np.float32), scale)  # f16 scales
     a, z = RNG.standard_normal((2, 64)).astype(np.float32), RNG.standard_normal((2, 49))
-    got = interpret(module, a, z.astype(np.float32))[0]
-    assert_close(got, a.astype(np.float64) @ _dequantized(big.astype(np.float32), 1, fmt).T,
+    got = interpret(module, a, z.astype(np.float32))
+    assert_close(got[0], a.astype(np.float64) @ _dequantized(big.astype(np.float32), 1, fmt).T,
                  dtype="f32", reduced=64)
+    if fmt == "int8":  # odd K decodes like any other (groups padded inside the kernel)
+        zq = _dequantized(odd.astype(np.float32), 1, fmt)
+        assert_close(got[2], z.astype(np.float32).astype(np.float64) @ zq.T, dtype="f32",
+                     reduced=49)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
@@ -80,12 +85,15 @@ def test_compiled_weight_only_gemm_matches_numpy_on_the_dequantized_weight(fmt, 
 
 @pytest.mark.parametrize(("fmt", "steps"), [("int8", 127), ("int4", 7)])
 def test_quantization_error_is_half_a_code_step(fmt, steps):
-    """What the user trades: each weight moves at most half its block's step, max|w| / qmax."""
+    """What the user trades: each weight moves at most half its block's stored step (max|w| /
+    qmax rounded to the nearest f16, so within 2**-11 of it)."""
     w = RNG.standard_normal((64, 128)).astype(np.float32)
     wq = _dequantized(w, 1, fmt)
+    _, scale = quantize_weight(w, 1, fmt)
     group = 128 if fmt == "int8" else 32
     amax = np.abs(w.reshape(64, -1, group)).max(axis=2, keepdims=True)
-    bound = np.broadcast_to(amax / steps / 2, (64, 128 // group, group)).reshape(64, 128)
+    assert np.all(np.abs(scale[..., None] - amax / steps) <= 2.0**-11 * amax / steps)
+    bound = np.broadcast_to(scale[..., None] / 2, (64, 128 // group, group)).reshape(64, 128)
     assert np.all(np.abs(wq - w) <= bound * (1 + 1e-6))
     graph = tf.compile(_layer(w, True, rows=(4,), epilogue=False), strict=True, weights=fmt)
     x = RNG.standard_normal((4, 128)).astype(np.float32)
@@ -100,3 +108,51 @@ def test_bad_formats_are_clear_errors():
         tf.compile(_layer(w, True), weights="int3")
     with pytest.raises(PassError, match="format 'fp2'"):
         PassManager("quantize-weights{format=fp2}").run(_layer(w, True))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_int8_activations_join_where_allowed_and_the_host_has_vnni(fmt, monkeypatch):
+    """With TILEFOLD_WEIGHT_ACTIVATIONS=int8 the integer-dot candidate joins the float one on
+    a VNNI host (and wins the cost model: fewer instructions a weight); its result matches
+    float64 NumPy on the same int8 activations (`q8_activations`) to f32 rounding. Without
+    VNNI it is not offered."""
+    from tilefold.quant.accuracy import corrected_matmul_bound, dequantized_activations
+    from tilefold.target import host_target
+
+    monkeypatch.setenv("TILEFOLD_WEIGHT_ACTIVATIONS", "int8")
+    n, k, m = 160, 96, 3
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    graph = tf.compile(_layer(w, True, rows=(m,), epilogue=False), strict=True, weights=fmt)
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    (got,) = graph(x)
+    (d,) = graph.decisions((m, k))
+    offered = {c.config.get("activations") for c in d.candidates if c.method == "blocks.gemm"}
+    vnni = host_target().has("avx512vnni")
+    assert offered == ({"f32", "int8"} if vnni else {"f32"})
+    wq = _dequantized(w, 1, fmt).T
+    xq = dequantized_activations(x) if vnni else x.astype(np.float64)
+    assert d.winner.config["activations"] == ("int8" if vnni else "f32")
+    assert (np.abs(got - xq @ wq) <= corrected_matmul_bound(xq, wq, np.zeros_like(wq))).all()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_a_weight_only_gemv_replays_natively(fmt):
+    """Called again and again on one input array (a decode step), the weight-only GEMV and its
+    epilogue are recorded as native calls and replayed in one; each answer follows the input's
+    contents, written in place between calls."""
+    from tilefold.compiler import Recording
+    from tilefold.runtime.replay import Replay
+
+    w = RNG.standard_normal((160, 96)).astype(np.float32)
+    graph = tf.compile(_layer(w, True, rows=(1,)), strict=True, weights=fmt)
+    wq = _dequantized(w, 1, fmt)
+    x = np.empty((1, 96), np.float32)
+    for _ in range(4):
+        x[...] = RNG.standard_normal((1, 96))
+        (got,) = graph(x)
+        y = x.astype(np.float64) @ wq.T
+        assert_close(got, y / (1 + np.exp(-y)), dtype="f32", reduced=96,
+                     scale=np.abs(x.astype(np.float64)) @ np.abs(wq.T))
+    (plan,) = graph._plans.values()
+    assert isinstance(plan.replay, Recording) and plan.replay.native_steps == len(plan.steps)
+    assert [type(s) for s in plan.replay.segments] == [Replay]

@@ -7,6 +7,8 @@ instruction, in its micro-kernel's inner loop, with nothing spilled to the stack
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tilefold.codegen.gemm.module import CODEGEN_OPTIONS, gemm_ir
@@ -16,6 +18,7 @@ from tilefold.codegen.lowp.driver import lowp_gemm_ir
 from tilefold.codegen.lowp.kernels import DOT_KERNELS
 from tilefold.codegen.lowp.packgen import pack_b_ir
 from tilefold.codegen.lowp.wgemv import WgemvSpec, wgemv_ir
+from tilefold.codegen.lowp.wvnni import wvnni_ir
 from tilefold.runtime import emit_assembly
 from tilefold.target import named_target, target_names
 
@@ -137,7 +140,23 @@ def test_widening_rows_emit_the_f32_gemm_with_widening_packing(kernel):
 def test_weight_only_gemv_emits_for_each_vector_width(target_name, code):
     target = named_target(target_name)
     lanes = 16 if target.has("avx512f") else 8
-    spec = WgemvSpec(choose_decoder(code, target), lanes, 64, 2, 2, zero_point=True)
+    spec = WgemvSpec(choose_decoder(code, target), lanes, 4, 64, 2, True, True)
     asm = emit_assembly(wgemv_ir(spec, target), target)
     tile = "\n".join(function_lines(asm, "tf_wtile_2"))
     assert "vfmadd" in tile and ("zmm" if lanes == 16 else "ymm") in tile
+    assert "vcvtph2ps" in tile  # f16 scales widened as they are loaded
+
+
+@pytest.mark.parametrize(("target_name", "extra", "lanes"), [
+    ("x86-64-v4", {"avx512vnni"}, 16),          # AVX512-VNNI
+    ("x86-64-v3", {"avxvnni"}, 8),              # AVX-VNNI (VEX), no AVX-512
+])
+@pytest.mark.parametrize("code", ["i4", "i8"])
+def test_integer_dot_gemv_emits_vpdpbusd(target_name, extra, lanes, code):
+    base = named_target(target_name)
+    target = dataclasses.replace(base, features=base.features | extra)
+    spec = WgemvSpec(choose_decoder(code, target), lanes, 4, 32, 1, True, False, dot=True)
+    asm = emit_assembly(wvnni_ir(spec, target), target)
+    tile = "\n".join(function_lines(asm, "tf_wtile_1"))
+    assert "vpdpbusd" in tile and ("zmm" if lanes == 16 else "ymm") in tile
+    assert "{vex}" in tile or lanes == 16  # AVX-VNNI's encoding, not EVEX

@@ -14,14 +14,31 @@ from tilefold.quant.formats import get_format
 W = np.ones((64, 8), np.float32)
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, np.inf, np.nan])
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
 def test_bad_scales(bad):
     qt = quantize(W, "int4")
     scale = qt.scale.copy()
     scale[1, 3] = bad
-    with pytest.raises(ScaleError, match=r"scale\[1, 3\].*finite and > 0"):
+    with pytest.raises(ScaleError, match=r"scale\[1, 3\].*must be finite"):
         QuantizedTensor(qt.format, qt.shape, 0, qt.data, scale)
+    with pytest.raises(ScaleError, match=r"offset\[1, 3\].*must be finite"):
+        QuantizedTensor(qt.format, qt.shape, 0, qt.data, qt.scale, offset=scale)
     with pytest.raises(ScaleError, match="dequantize"):
+        Dequantize.reference([qt.codes(), scale], {"dtype": qt.code})
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0])
+def test_zero_and_negative_scales_hold_stored_blocks(value):
+    """A stored weight may have them (GGUF's Q4_0 keeps the sign of a block's largest value in
+    its scale; an all-zero block has scale 0); the IR's quantize/dequantize ops still refuse
+    them (quantizing divides by the scale)."""
+    qt = quantize(W, "int4")
+    scale = qt.scale.copy()
+    scale[1, 3] = value
+    stored = QuantizedTensor(qt.format, qt.shape, 0, qt.data, scale)
+    want = qt.codes().astype(np.float64) * np.repeat(scale, 32, axis=0)
+    assert np.array_equal(stored.dequantize("f64"), want)
+    with pytest.raises(ScaleError, match="finite and > 0"):
         Dequantize.reference([qt.codes(), scale], {"dtype": qt.code})
 
 
@@ -70,9 +87,11 @@ def test_shape_mistakes():
 
 
 def test_kernel_limits_are_explained():
-    qt = quantize(np.ones((66, 4), np.float32), "int8", group_size=33)
-    with pytest.raises(UnsupportedError, match="even"):
-        quantized_matmul(np.ones((1, 66), np.float32), qt)
+    from tilefold.codegen.lowp.weight_only import weight_only_matmul
+
+    qt = quantize(np.ones((66, 4, 2), np.float32), "int8", group_size=33)
+    with pytest.raises(UnsupportedError, match="2-D"):
+        weight_only_matmul(np.ones((1, 66), np.float32), qt)
 
 
 def test_every_error_is_a_tilefold_error():

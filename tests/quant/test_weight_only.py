@@ -1,117 +1,236 @@
-"""Weight-only matmul (int4/fp4/fp8/int8 codes decoded in registers) against the float64
-reference of the dequantized math, on the host kernels and every forced fallback."""
+"""Weight-only matmul (int4/fp4/fp8/int8 codes decoded in registers, or int8 activations with an
+integer dot product) against float64 NumPy of the dequantized math, on the host kernels and
+every forced fallback: M = 1..9, K and N off the vector width and the group, strided x."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
-from tilefold.codegen.lowp.decode import choose_decoder, octet_packed
-from tilefold.quant import dequantize, quantize, quantized_matmul
-from tilefold.quant.accuracy import matmul_bound
+from tilefold.codegen.lowp import weight_only as wo
+from tilefold.codegen.lowp.decode import choose_decoder
+from tilefold.codegen.lowp.wlayout import tile_panels
+from tilefold.errors import ShapeError
+from tilefold.ir.ops.quant import expand_blocks
+from tilefold.quant import QuantizedTensor, dequantize, quantize, quantized_matmul
+from tilefold.quant.accuracy import (
+    activation_quantization_bound,
+    corrected_matmul_bound,
+    dequantized_activations,
+    matmul_bound,
+)
 
 CASES = [("int4", {}), ("int4", {"symmetric": False}), ("fp4", {}), ("fp8", {}),
-         ("fp8", {"group_size": 32}), ("int8", {}), ("int8", {"symmetric": False})]
+         ("fp8", {"group_size": 32}), ("int8", {}), ("int8", {"symmetric": False}),
+         ("int8", {"group_size": 32}), ("int4", {"group_size": 64})]
+
+
+def correction(qt: QuantizedTensor) -> np.ndarray:
+    """Per element, what the kernels add per unit of sum(x) (0 for symmetric codes): the
+    zero point's and offset's share of the weight, stored codes being code + 8 for int4."""
+    if qt.zero_point is None and qt.offset is None:
+        return np.zeros(qt.shape)
+    store = 8 if qt.code.name == "i4" else 0
+    zp = 0 if qt.zero_point is None else qt.zero_point.astype(np.float64)
+    off = 0 if qt.offset is None else qt.offset.astype(np.float64)
+    return expand_blocks(off - (store + zp) * qt.scale.astype(np.float64), qt.shape)
+
+
+def check(y: np.ndarray, x: np.ndarray, qt: QuantizedTensor) -> None:
+    w = dequantize(qt, "f64")
+    assert y.shape == (x.shape[0], qt.shape[1]) and y.dtype == np.float32
+    err = np.abs(y - x.astype(np.float64) @ w)
+    assert (err <= corrected_matmul_bound(x, w, correction(qt))).all(), err.max()
 
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize(("fmt", "kw"), CASES)
 def test_matches_dequantized_reference(rng, level, fmt, kw):
     target = target_for(level)
-    k, n = 192, 70
-    qw = quantize(rng.standard_normal((k, n)).astype(np.float32), fmt, **kw)
-    w = dequantize(qw, "f64")
-    for m in (1, 2, 5, 8, 11):
-        x = rng.standard_normal((m, k)).astype(np.float32)
-        y = quantized_matmul(x, qw, target=target)
-        assert y.shape == (m, n) and y.dtype == np.float32
-        assert (np.abs(y - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
-
-
-def test_fallback_decoders_are_chosen_without_avx512():
-    v3 = target_for("x86-64-v3")
-    assert choose_decoder("i4", v3).method == "sext4"
-    assert choose_decoder("fp4e2m1", v3).method == "minifloat"
-    host = target_for("host")
-    assert choose_decoder("i4", host).method == ("lut" if host.has("avx512f") else "sext4")
-
-
-@pytest.mark.parametrize("kw, group, method", [
-    ({}, 32, "offset4"),                    # octets, symmetric: codes + 8, masked in place
-    ({}, 6, "sext4"),                       # k-pairs: groups of 6 are not whole octets
-    ({"symmetric": False}, 32, "sext4"),    # its own zero points
-])
-def test_avx2_int4_decoders_and_extreme_codes(rng, kw, group, method):
-    """On AVX2 each layout gets its decoder; codes at -8 and 7 (and all between) against
-    float64 NumPy, x spanning magnitudes, M of 1 and 3."""
-    v3 = target_for("x86-64-v3")
-    w = rng.choice([-8.0, -1.0, 0.0, 3.0, 7.0], (96, 40)) * rng.uniform(0.5, 2, (1, 40))
-    qw = quantize(w.astype(np.float32), "int4", group_size=group, **kw)
-    dq = dequantize(qw, "f64")
-    from tilefold.codegen.lowp.weight_only import panel_layout
-
-    assert panel_layout(qw, v3).decoder.method == method
-    for m in (1, 3):
-        x = (rng.standard_normal((m, 96)) * 10.0 ** rng.integers(-3, 4, (m, 96)))
-        x = x.astype(np.float32)
-        y = quantized_matmul(x, qw, target=v3)
-        assert (np.abs(y - x.astype(np.float64) @ dq) <= matmul_bound(x, dq)).all()
-
-
-def test_torch_layout_contracts_axis_one(rng):
-    w = rng.standard_normal((48, 256)).astype(np.float32)  # [N, K] like nn.Linear.weight
-    qw = quantize(w, "int4", group_size=64, axis=1)
-    x = rng.standard_normal((3, 4, 256)).astype(np.float32)
-    y = quantized_matmul(x, qw)
-    ref = x.astype(np.float64) @ dequantize(qw, "f64").T
-    assert y.shape == (3, 4, 48)
-    assert (np.abs(y - ref) <= matmul_bound(x, dequantize(qw, "f64").T)).all()
-
-
-def test_bf16_activations_and_threads_agree(rng):
-    import ml_dtypes
-
-    qw = quantize(rng.standard_normal((512, 300)).astype(np.float32), "int4")
-    x = rng.standard_normal((1, 512)).astype(ml_dtypes.bfloat16)
-    one = quantized_matmul(x, qw, threads=1)
-    two = quantized_matmul(x, qw, threads=2)
-    assert np.array_equal(one, two)
-    w = dequantize(qw, "f64")
-    assert (np.abs(one - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
+    for k, n in [(192, 70), (64, 1), (576, 17)]:
+        qw = quantize(rng.standard_normal((k, n)).astype(np.float32), fmt, **kw)
+        for m in (1, 2, 3, 5, 8, 9):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            check(wo.weight_only_matmul(x, qw, target), x, qw)
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize(("k", "group"), [(64, 8), (80, 16), (256, 64), (96, 6), (192, 32)])
+@pytest.mark.parametrize(("k", "group"), [(96, 6), (80, 10), (64, 8), (80, 16), (256, 64)])
 @pytest.mark.parametrize(("fmt", "kw"), [("int4", {}), ("int4", {"symmetric": False}),
-                                         ("fp4", {})])
-def test_nibble_packings_match_reference(rng, level, k, group, fmt, kw):
-    """Octet-packed panels (AVX-512, group % 8 == 0) and k-pair panels (group 6, AVX2) for odd N,
-    several K and group sizes, M = 1..8."""
+                                         ("fp4", {}), ("int8", {}), ("fp8", {})])
+def test_groups_padded_to_whole_steps(rng, level, k, group, fmt, kw):
+    """Groups that are not whole steps (8 k of nibbles, 4 of bytes) are padded with zero codes
+    and zero x: odd N, M = 1..9."""
     target = target_for(level)
-    n = 37
-    qw = quantize(rng.standard_normal((k, n)).astype(np.float32), fmt, group_size=group, **kw)
-    w = dequantize(qw, "f64")
-    for m in range(1, 9):
+    qw = quantize(rng.standard_normal((k, 37)).astype(np.float32), fmt, group_size=group, **kw)
+    for m in range(1, 10):
         x = rng.standard_normal((m, k)).astype(np.float32)
-        y = quantized_matmul(x, qw, target=target)
-        assert y.shape == (m, n)
-        assert (np.abs(y - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
+        check(wo.weight_only_matmul(x, qw, target), x, qw)
 
 
-def test_octet_packing_is_chosen_for_nibbles_in_groups_of_8():
-    """AVX-512 (16 lanes) and AVX2 (8) alike; groups of 6 and byte codes keep k-pairs."""
-    assert octet_packed(16, 32, True) and octet_packed(8, 32, True)
-    assert not octet_packed(16, 6, True) and not octet_packed(8, 32, False)
+@pytest.mark.parametrize("level", LEVELS)
+def test_strided_x_and_extreme_codes(rng, level):
+    """Codes at -8 and 7 (and between), x spanning magnitudes, read through row strides,
+    column strides and reversed rows."""
+    target = target_for(level)
+    w = rng.choice([-8.0, -1.0, 0.0, 3.0, 7.0], (96, 40)) * rng.uniform(0.5, 2, (1, 40))
+    for kw in ({}, {"symmetric": False}):
+        qw = quantize(w.astype(np.float32), "int4", **kw)
+        x = rng.standard_normal((5, 192)) * 10.0 ** rng.integers(-3, 4, (5, 192))
+        x = x.astype(np.float32)
+        for view in (x[:, :96], x[:, ::2], x[::-1, 96:], x[1:4, 1::2]):
+            check(wo.weight_only_matmul(view, qw, target), view, qw)
 
 
-@pytest.mark.parametrize("kw", [{}, {"symmetric": False}])
-def test_kept_plans_follow_new_activations_and_threads(rng, kw):
-    """A plan kept on the weight serves new x (and, with zero points, new row sums of x)."""
-    qw = quantize(rng.standard_normal((256, 50)).astype(np.float32), "int4", **kw)
-    w = dequantize(qw, "f64")
-    for threads in (1, 2, 1):
-        for _ in range(2):
-            x = rng.standard_normal((3, 256)).astype(np.float32)
-            y = quantized_matmul(x, qw, threads=threads)
-            assert (np.abs(y - x.astype(np.float64) @ w) <= matmul_bound(x, w)).all()
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("fmt", "kw"), [("int4", {}), ("int4", {"symmetric": False}),
+                                         ("fp4", {}), ("int8", {}), ("fp8", {}),
+                                         ("int4", {"group_size": 6})])
+def test_many_rows_decode_into_gemm_panels(rng, level, fmt, kw):
+    """From GEMM_ROWS rows the weight is decoded into the f32 GEMM's panels (N off the panel
+    width: a narrow last panel) and the GEMM runs; strided x and a wider y row too."""
+    target = target_for(level)
+    k, n = 96, 101
+    qw = quantize(rng.standard_normal((k, n)).astype(np.float32), fmt, **kw)
+    for m in (wo.GEMM_ROWS, 70):
+        x = rng.standard_normal((m, 2 * k)).astype(np.float32)
+        call = wo.prepare(qw, m, 2 * k, 2, 128, target, 2)
+        assert isinstance(call, wo.UnpackedGemm)
+        out = np.full((m, 128), 3.0, np.float32)
+        call.run(x[:, ::2], out)
+        check(out[:, :n], x[:, ::2], qw)
+        assert (out[:, n:] == 3.0).all()
+
+
+def test_writes_the_callers_rows_and_leaves_the_rest(rng):
+    """A prepared call writes y[:M, :N] with the planned row stride, nothing past N."""
+    qw = quantize(rng.standard_normal((128, 45)).astype(np.float32), "int4")
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    out = np.full((3, 64), 7.0, np.float32)
+    wo.prepare(qw, 3, 128, ldy=64).run(x, out)
+    check(out[:, :45], x, qw)
+    assert (out[:, 45:] == 7.0).all()
+
+
+def test_threads_agree_bitwise(rng):
+    qw = quantize(rng.standard_normal((512, 300)).astype(np.float32), "int4")
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    one = wo.weight_only_matmul(x, qw, threads=1)
+    assert np.array_equal(one, wo.weight_only_matmul(x, qw, threads=2))
+    check(one, x, qw)
+
+
+def test_bf16_activations_and_torch_layout(rng):
+    import ml_dtypes
+
+    w = rng.standard_normal((48, 256)).astype(np.float32)  # [N, K] like nn.Linear.weight
+    qw = quantize(w, "int4", group_size=64, axis=1)
+    x = rng.standard_normal((3, 4, 256)).astype(ml_dtypes.bfloat16)
+    y = quantized_matmul(x, qw)
+    x32 = x.astype(np.float32).reshape(12, 256)
+    wt = dequantize(qw, "f64").T
+    assert y.shape == (3, 4, 48)
+    assert (np.abs(y.reshape(12, 48) - x32.astype(np.float64) @ wt) <= matmul_bound(x32, wt)).all()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_offsets_and_signed_scales(rng, level):
+    """GGUF's blocks: w = q * d + m (Q4_1: unsigned codes, an offset per block) and
+    w = (q - 8) * d with d of either sign or 0 (Q4_0)."""
+    target = target_for(level)
+    k, n = 128, 50
+    q = rng.integers(0, 16, (k, n))
+    d = rng.uniform(-0.1, 0.1, (k // 32, n)).astype(np.float16).astype(np.float32)
+    d[0, :3] = 0.0
+    m = rng.uniform(-1, 1, (k // 32, n)).astype(np.float16).astype(np.float32)
+    q41 = QuantizedTensor.from_codes("int4", (q - 8).astype("int4"), 0, np.abs(d),
+                                     np.full(d.shape, -8).astype("int4"), m)
+    q40 = QuantizedTensor.from_codes("int4", (q - 8).astype("int4"), 0, d)
+    assert np.array_equal(dequantize(q41, "f64"), q * expand_blocks(np.abs(d), (k, n))
+                          + expand_blocks(m, (k, n)))
+    for qt in (q41, q40):
+        assert wo.stream_layout(qt, target).f16_scales
+        for rows in (1, 4, 9):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            check(wo.weight_only_matmul(x, qt, target), x, qt)
+
+
+def test_decoders_by_level():
+    v3, host = target_for("x86-64-v3"), target_for("host")
+    assert choose_decoder("i4", v3).method == "offset4"
+    assert choose_decoder("fp4e2m1", v3).method == "minifloat"
+    wide = host.has("avx512f")
+    assert choose_decoder("i4", host).method == ("lut" if wide else "offset4")
+    if wide:  # symmetric codes decode to code (the table holds n - 8); corrected ones to n
+        assert choose_decoder("i4", host).bias == 8
+        assert choose_decoder("i4", host, corrected=True).bias == 0
+
+
+def test_tiles_balance_the_threads():
+    """SmolLM2's 576 and 960 columns (36, 60 panels of 16) split evenly over 2 threads."""
+    assert tile_panels(36, 2) == 3 and tile_panels(60, 2) == 3
+    assert tile_panels(3072, 2) == 4 and tile_panels(36, 1) == 4
+
+
+def test_bad_activations_are_refused(rng):
+    qw = quantize(rng.standard_normal((64, 8)).astype(np.float32), "int4")
+    with pytest.raises(ShapeError, match="f32"):
+        wo.weight_only_matmul(np.ones((2, 64)), qw)
+
+
+def _dot_targets() -> list:
+    """Targets whose integer-dot kernel runs here: the host (16 lanes with AVX512-VNNI) and,
+    where the host has VNNI with 256-bit EVEX forms, its AVX2 level plus those (8 lanes)."""
+    host = target_for("host")
+    out = [host] if host.has("avx512vnni") else []
+    if host.has("avx512vnni", "avx512vl"):
+        v3 = target_for("x86-64-v3")
+        out.append(dataclasses.replace(v3, features=v3.features | {"avx512vnni", "avx512vl"}))
+    return out
+
+
+DOT_CASES = [("int4", {}), ("int4", {"symmetric": False}), ("int8", {}),
+             ("int8", {"group_size": 32}), ("int8", {"symmetric": False}),
+             ("int4", {"group_size": 64})]
+
+
+@pytest.mark.parametrize("target", _dot_targets(), ids=lambda t: f"{t.name}-{t.vector_bits}")
+@pytest.mark.parametrize(("fmt", "kw"), DOT_CASES)
+def test_integer_dot_matches_its_quantized_activations(rng, target, fmt, kw):
+    """The VNNI kernel against float64 NumPy of the same int8 activations (`q8_activations`):
+    integer products are exact, so the only error is f32 rounding of the block sums, within the
+    f32 kernel bound. Against the float path's exact x @ w the error stays within the
+    activations' quantization bound (dx / 2) @ |w| plus that."""
+    for k, n in [(192, 70), (64, 1), (576, 33)]:
+        qw = quantize(rng.standard_normal((k, n)).astype(np.float32), fmt, **kw)
+        w = dequantize(qw, "f64")
+        layout = wo.stream_layout(qw, target)
+        assert wo.dot_refusal(layout, target) is None
+        for m in (1, 2, 4, 5, 9):
+            x = rng.standard_normal((m, 2 * k)).astype(np.float32)
+            for view in (x[:, :k], x[:, ::2]):
+                y = np.empty((m, n), np.float32)
+                for threads in (1, 2):
+                    wo.WeightOnlyCall(layout, m, view.strides[0] // 4, view.strides[1] // 4, n,
+                                      target, threads, dot=True).run(view, y)
+                    xq = dequantized_activations(view)
+                    bound = corrected_matmul_bound(xq, w, correction(qw))
+                    assert (np.abs(y - xq @ w) <= bound).all()
+                    exact = view.astype(np.float64) @ w
+                    assert (np.abs(y - exact) <= bound + activation_quantization_bound(view, w)
+                            + corrected_matmul_bound(view, w, correction(qw))).all()
+
+
+def test_integer_dot_refusals():
+    host = target_for("host")
+    rng = np.random.default_rng(0)
+    fp4 = quantize(rng.standard_normal((64, 16)).astype(np.float32), "fp4")
+    g16 = quantize(rng.standard_normal((64, 16)).astype(np.float32), "int4", group_size=16)
+    v3 = target_for("x86-64-v3")
+    assert "VNNI" in wo.dot_refusal(wo.stream_layout(fp4, v3), v3)
+    if host.has("avx512vnni"):
+        assert "integer codes" in wo.dot_refusal(wo.stream_layout(fp4, host), host)
+        assert "multiple" in wo.dot_refusal(wo.stream_layout(g16, host), host)

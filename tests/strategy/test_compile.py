@@ -240,3 +240,16 @@ def test_plans_are_kept_within_a_byte_budget(monkeypatch):
     xs = _inputs(module, 2, b=7)
     _close(graph(*xs)[0], interpret(module, *xs)[0])
     assert len(graph._plans) == 1
+
+
+def test_a_recording_counts_towards_its_plans_bytes():
+    """A plan replaying its kernels also holds the recording's output buffers (`Plan.held`)."""
+    module = parse_module(MLP)
+    graph = tilefold.compile(module)
+    xs = _inputs(module, 0, b=6)
+    for _ in range(3):  # the second call records, the third replays
+        _close(graph(*xs)[0], interpret(module, *xs)[0])
+    (plan,) = graph._plans.values()
+    assert plan.replay is not None
+    outputs = sum(np.empty(shape, dtype).nbytes for _, shape, dtype in plan.output_slots)
+    assert plan.held == plan.nbytes + outputs > plan.nbytes

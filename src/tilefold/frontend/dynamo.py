@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -305,7 +307,36 @@ class _Frozen(_Reported):
             log.info("tilefold: a frozen weight changed; lowering the graph again")
             self.watch = _watch(list(args), {i for i, _, _ in self.watch})
             self.runner = self.build()
-        return self.runner(*args)
+        outs = self.runner(*args)
+        if _CAPTURED is not None:
+            _CAPTURED.append(Call(self, args, outs))
+        return outs
+
+
+@dataclass(frozen=True)
+class Call:
+    """A whole-graph runner's call as `capture()` saw it: calling `runner(*args)` again runs the
+    same graph on the same tensors, without Dynamo's guards or AOTAutograd's wrappers."""
+
+    runner: Callable[..., list[Any]]
+    args: tuple
+    outputs: list[Any]
+
+
+_CAPTURED: list[Call] | None = None
+
+
+@contextmanager
+def capture() -> Iterator[list[Call]]:
+    """Record the whole-graph tilefold runners called inside the block, with their arguments
+    and results (a caller that owns every input, such as `Generator`, may then call a graph
+    directly)."""
+    global _CAPTURED
+    saved, _CAPTURED = _CAPTURED, []
+    try:
+        yield _CAPTURED
+    finally:
+        _CAPTURED = saved
 
 
 class _Partitioned:

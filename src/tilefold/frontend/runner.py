@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import numpy as np
+import torch
 
 from tilefold.errors import FallbackError, TilefoldError, strict
 from tilefold.frontend.converter import Converted, SizeOutput
@@ -95,17 +96,23 @@ class GraphRunner:
         self.converted = converted
         self.function = converted.module.functions[next(iter(converted.module.functions))]
         self.run = Executor(converted.module, label, strict, converted.donated(), weights)
+        written = set(converted.mutations.values())
+        self._inputs = [_StableInput(p not in written) for p in converted.arg_indices]
+        # Park tilefold's spinning workers after a call (PyTorch runs next and gets the
+        # cores); a caller running tilefold graphs back to back turns it off.
+        self.park = True
 
     @property
     def executor(self) -> str:
         return self.run.name
 
     def __call__(self, *args: Any) -> list[Any]:
-        arrays = [a if isinstance(a, np.ndarray) else to_numpy(a)  # sizes come as arrays
-                  for a in self.converted.arguments(args)]
+        arrays = [stable.array_of(a) for stable, a in  # size inputs come as arrays
+                  zip(self._inputs, self.converted.arguments(args), strict=True)]
         sizes = bind_symbols(self.function, arrays)
         outputs = self.run(*arrays)
-        thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
+        if self.park:
+            thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
         for r, p in self.converted.mutations.items():  # state the graph wrote, unless in place
             if outputs[r] is not arrays[self.converted.arg_indices.index(p)]:
                 args[p].copy_(to_torch(outputs[r]))
@@ -118,3 +125,45 @@ class GraphRunner:
                  for i in self.converted.outputs]
         views = self.converted.views
         return final if views is None else views(args, final)
+
+
+class _StableInput:
+    """One graph input's NumPy array, the same object from call to call while it can be, so
+    the compiled graph replays its recorded kernels (`compiler.Recording`): a tensor with the
+    same memory, shape and strides as the last call's gets the last array back; a small one
+    the graph only reads (a decode step's token ids and positions, new tensors every step) is
+    copied into the last array when its memory changed; a size input (`Converted.arguments`:
+    an array standing for a number) gets the last array back while its value stays."""
+
+    SMALL_BYTES = 1 << 12
+
+    def __init__(self, copy_small: bool):
+        self.copy_small = copy_small
+        self.key: tuple | None = None
+        self.array: np.ndarray | None = None
+
+    def array_of(self, t: Any) -> np.ndarray:
+        if isinstance(t, np.ndarray):  # a size input's IR form: the last array for its value
+            key = (t.shape, t.dtype, t.tobytes())
+            if key != self.key or self.array is None:
+                self.key, self.array = key, t
+            return self.array
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            return to_numpy(t)
+        key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+        last = self.array
+        if key == self.key and last is not None:
+            return last
+        new = to_numpy(t)
+        if (self.copy_small and last is not None and last.shape == new.shape
+                and last.dtype == new.dtype and new.nbytes <= self.SMALL_BYTES
+                and last.flags.writeable and new.flags.c_contiguous):
+            last[...] = new
+            return last
+        if self.copy_small and new.nbytes <= self.SMALL_BYTES:
+            new = np.array(new)  # our own copy, so later calls can write into it
+            self.key = None
+        else:
+            self.key = key
+        self.array = new
+        return new

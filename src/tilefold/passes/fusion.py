@@ -346,34 +346,46 @@ def _shape(shape: tuple) -> str:
     return "[" + ",".join(map(str, shape)) + "]"
 
 
-def outlined(fn: Function, group: Group, rewriter: Rewriter) -> Operation:
-    """Replace the group's ops by one `fused` op whose region holds them."""
-    inputs = group.inputs()
+def outline(fn: Function, groups: list[Group], rewriter: Rewriter) -> list[Operation]:
+    """Replace each group's ops by one `fused` op whose region holds them (all groups in one
+    sweep: a use table built once, one rename and one reordering of the block)."""
     uses = fn.uses()
-    outputs = [
-        r for op in group.ops for r in op.results
-        if any(u not in group.members for u in uses.get(r, []))
-    ]
-    region = Block()
-    mapping = {v: region.add_arg(Value(v.type, rewriter.fresh_name(), None, 0)) for v in inputs}
     block = fn.body
-    at = block.ops.index(group.ops[-1])
-    for op in group.ops:
-        op.operands = [mapping.get(v, v) for v in op.operands]
-        region.append(op)
-    region.append(Operation(OPS["yield"], outputs, {}, [], []))
-    fused = Operation(
-        OPS["fused"], inputs, {"kind": group.kind}, [v.type for v in outputs],
-        [rewriter.fresh_name() for _ in outputs], regions=[region], loc=group.ops[0].loc,
-    )
-    fused.parent = block
-    rest = [op for op in block.ops[:at] if op not in group.members]
-    block.ops = [*rest, fused, *(op for op in block.ops[at:] if op not in group.members)]
-    renamed = dict(zip(outputs, fused.results, strict=True))
+    renamed: dict[Value, Value] = {}
+    fused_at: dict[Operation, Operation] = {}  # a group's last op -> its fused op
+    members: set[Operation] = set()
+    made = []
+    for group in groups:
+        inputs = group.inputs()
+        outputs = [r for op in group.ops for r in op.results
+                   if any(u not in group.members for u in uses.get(r, []))]
+        region = Block()
+        mapping = {v: region.add_arg(Value(v.type, rewriter.fresh_name(), None, 0))
+                   for v in inputs}
+        for op in group.ops:
+            op.operands = [mapping.get(v, v) for v in op.operands]
+            region.append(op)
+        region.append(Operation(OPS["yield"], outputs, {}, [], []))
+        fused = Operation(
+            OPS["fused"], inputs, {"kind": group.kind}, [v.type for v in outputs],
+            [rewriter.fresh_name() for _ in outputs], regions=[region], loc=group.ops[0].loc,
+        )
+        fused.parent = block
+        renamed.update(zip(outputs, fused.results, strict=True))
+        fused_at[group.ops[-1]] = fused
+        members |= group.members
+        made.append(fused)
+    order = []
     for op in block.ops:
+        if op in fused_at:
+            order.append(fused_at[op])
+        elif op not in members:
+            order.append(op)
+    block.ops = order
+    for op in block.ops:  # the group results outside their group: now the fused ops'
         op.operands = [renamed.get(v, v) for v in op.operands]
     _schedule(block)
-    return fused
+    return made
 
 
 def _schedule(block: Block) -> None:
@@ -427,9 +439,7 @@ class Fusion(Pass):
         groups = planner.plan()
         self.refusals += planner.refusals
         self.count("num-refused", len(planner.refusals))
-        for group in groups:
-            if len(group.ops) == 1 and not self.singletons:
-                continue
-            outlined(fn, group, planner.rewriter)
-            self.count("num-groups")
-            self.count("num-fused-ops", len(group.ops))
+        kept = [g for g in groups if len(g.ops) > 1 or self.singletons]
+        outline(fn, kept, planner.rewriter)
+        self.count("num-groups", len(kept))
+        self.count("num-fused-ops", sum(len(g.ops) for g in kept))

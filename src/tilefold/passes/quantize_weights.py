@@ -10,10 +10,12 @@ faster (llama.cpp's Q8_0 / Q4_0 and torchao's weight-only schemes). The rewrite 
                                                 %y = matmul(%x, %w) {transpose_b = true}
 
 with symmetric scales along the contraction axis K (int8: one per output channel; int4: one
-per `group` consecutive K). Fusion makes the dequantize the matmul's prologue, and the
+per `group` consecutive K), each rounded to f16 first where that is a normal f16 (as llama.cpp
+stores them: the kernels then stream 2 bytes a scale, 10% of an int4 weight's bytes) and the
+codes chosen for the rounded scale. Fusion makes the dequantize the matmul's prologue, and the
 weight-only kernels (`codegen/lowp`) decode the codes in registers. Weights with fewer than
-`min-elements` elements (norms, tiny projections), an odd K (the kernels step K in pairs) and
-K not divisible by the group stay f32.
+`min-elements` elements (norms, tiny projections) and K not divisible by the group (int4: 32,
+which also keeps K even for two codes a byte) stay f32.
 """
 
 from __future__ import annotations
@@ -32,14 +34,21 @@ from tilefold.passes.rewrite import Rewriter, constant_of
 FORMATS = {"int8": (dtypes.i8, 127.0, None), "int4": (dtypes.i4, 7.0, 32)}
 
 
+F16_NORMAL = (2.0**-14, 65504.0)
+
+
 def quantize_weight(w: np.ndarray, axis: int, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric codes and f32 scales of `w` blocked along `axis` (the `quantize` op's)."""
+    """Symmetric codes and f32 scales of `w` blocked along `axis` (the `quantize` op's), the
+    scales rounded to f16 where every one stays a normal f16."""
     code, qmax, group = FORMATS[fmt]
     k = w.shape[axis]
     blocks = 1 if group is None else k // group
     moved = np.moveaxis(w.astype(np.float64), axis, -1)
     amax = np.abs(moved.reshape(*moved.shape[:-1], blocks, k // blocks)).max(axis=-1)
     scale = np.moveaxis(np.where(amax > 0, amax / qmax, 1.0), -1, axis).astype(np.float32)
+    half = scale.astype(np.float16).astype(np.float32)
+    if ((half >= F16_NORMAL[0]) & (half <= F16_NORMAL[1])).all():
+        scale = half
     return Quantize.reference([w, scale], {"dtype": code}), scale
 
 
@@ -65,7 +74,7 @@ class QuantizeWeights(Pass):
                     or op.operands[0].type.dtype != dtypes.f32 or op.attr("transpose_a")):
                 continue
             axis = 1 if op.attr("transpose_b") else 0
-            if w.shape[axis] % (group or 2):
+            if group and w.shape[axis] % group:
                 continue
             codes, scale = quantize_weight(w, axis, self.format)
             q = rewriter.create(op, "constant", [], {"value": codes}, loc=op.loc).results[0]

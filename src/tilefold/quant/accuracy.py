@@ -38,3 +38,41 @@ def matmul_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     x64, w64 = np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64))
     k = x64.shape[-1]
     return (k + 2) * F32_UNIT_ROUNDOFF * (x64 @ w64)
+
+
+def corrected_matmul_bound(x: np.ndarray, w: np.ndarray, correction: np.ndarray) -> np.ndarray:
+    """Bound on |y - x @ w| for a kernel that sums x * (w - c) and adds c * sum(x) per group,
+    with `correction` c expanded to w's shape (zero points, offsets): both sums carry
+    (K + 2) f32 roundings of terms no larger than |x| (|w| + |c|)."""
+    c = np.abs(np.asarray(correction, np.float64))
+    return matmul_bound(x, np.abs(np.asarray(w, np.float64)) + 2 * c)
+
+
+ACTIVATION_BLOCK = 32
+
+
+def q8_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 activations the integer-dot kernels multiply by (llama.cpp's Q8_0 blocks):
+    per row and block of 32 k, dx = f32(max|x| / 127) and q = rint(x / dx) in f32 (0 where dx
+    is 0). Returns (q as int8 [M, K], dx as f32 [M, K/32])."""
+    x = np.asarray(x, np.float32)
+    m, k = x.shape
+    blocks = x.reshape(m, k // ACTIVATION_BLOCK, ACTIVATION_BLOCK)
+    dx = (np.abs(blocks).max(axis=-1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(dx[..., None] > 0, np.rint(blocks / dx[..., None]), 0)
+    return q.astype(np.int8).reshape(m, k), dx
+
+
+def dequantized_activations(x: np.ndarray) -> np.ndarray:
+    """q8_activations(x) as float64 values q * dx: what an integer-dot kernel computes with."""
+    q, dx = q8_activations(x)
+    return q.astype(np.float64) * np.repeat(dx.astype(np.float64), ACTIVATION_BLOCK, axis=1)
+
+
+def activation_quantization_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Bound on |y_dot - x @ w| from quantizing the activations alone: each x[m, k] moves at
+    most dx / 2 (half a code step of its block), so y moves at most (dx / 2) @ |w|."""
+    _, dx = q8_activations(x)
+    half = np.repeat(dx.astype(np.float64), ACTIVATION_BLOCK, axis=1) / 2
+    return half @ np.abs(np.asarray(w, np.float64))

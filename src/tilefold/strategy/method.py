@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from tilefold.errors import TilefoldError
+from tilefold.runtime.replay import NativeCall
 from tilefold.strategy.cost import Machine
 from tilefold.strategy.problem import Problem
 
@@ -29,21 +30,31 @@ class Kernel:
     `asm` returns the generated assembly when there is one. `strided` kernels take inputs in
     any layout (views: transposed, sliced, broadcast), `strided_out` ones write outputs in any
     layout; others are handed C-contiguous arrays.
+
+    `calls(*arrays)`, where given, returns the native calls (`runtime.replay.NativeCall`) that
+    `run(*arrays)` makes, in order, or None when this call needs Python: a compiled graph
+    whose inputs stay the same objects records them once and replays its kernels in one
+    native call (`runtime/replay.py`), so `calls` must hold for as long as these very arrays
+    keep their memory (it may allocate what it needs, e.g. scratch, once, for them).
     """
 
     def __init__(self, run: Callable[..., None], source: str | Callable[[], str] = "",
                  asm: Callable[[], str] | None = None, *, strided: bool = False,
-                 strided_out: bool = False):
+                 strided_out: bool = False,
+                 calls: Callable[..., list[NativeCall] | None] | None = None):
         self.run = run
         self._source = source
         self._asm = asm
         self.strided = strided
         self.strided_out = strided_out
+        self.calls = calls
 
     @classmethod
     def native(cls, loaded: RowKernel) -> Kernel:
         """A codegen row kernel (`function`, `source`, `assembly`) as a `Kernel`."""
-        return cls(loaded.function, loaded.source, loaded.assembly)
+        native, bound = loaded.native, loaded.bound
+        return cls(loaded.function, loaded.source, loaded.assembly,
+                   calls=lambda *arrays: [NativeCall(native, (*arrays, *bound), bound)])
 
     @property
     def source(self) -> str:

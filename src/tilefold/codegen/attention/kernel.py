@@ -18,6 +18,7 @@ import numpy as np
 from tilefold.codegen.attention import flash
 from tilefold.codegen.attention.flash import AttentionConfig
 from tilefold.runtime import compile_generated, source_digest
+from tilefold.runtime.replay import NativeCall
 from tilefold.target import Target
 
 
@@ -46,6 +47,19 @@ class AttentionKernel:
             self._fn(q, k, v, mask, dst, scale)
         if dst is not out4:
             out4[...] = dst
+
+    def calls(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+              out: np.ndarray, scale: float) -> list[NativeCall] | None:
+        """The native call `self(...)` makes, for replay; None where it would copy first."""
+        q, k, v, out4 = (_rank4(x) for x in (q, k, v, out))
+        if v.strides[-1] != 4 or out4.strides[-1] != 4:
+            return None
+        if mask is None:
+            return [NativeCall(self._fn, (q, k, v, out4, scale))]
+        mask = _rank4(mask)
+        if mask.shape[-1] != k.shape[-2] or mask.strides[-1] != mask.itemsize:
+            return None
+        return [NativeCall(self._fn, (q, k, v, mask, out4, scale))]
 
 
 def _rank4(x: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from llvmlite import ir
 from tilefold.codegen import llvm_util as u
 from tilefold.runtime import CompiledModule, compile_llvm_ir
 from tilefold.runtime.buffers import aligned_empty
+from tilefold.runtime.replay import NativeCall
 from tilefold.target import Target
 
 WORKER_TYPE = ir.FunctionType(u.void, [u.i8.as_pointer(), u.i32, u.i32])
@@ -183,3 +184,12 @@ class NativePlan:
     def run(self, x: np.ndarray, y: np.ndarray, z: np.ndarray) -> None:
         """One native call. The caller guarantees the shapes, strides and dtypes planned for."""
         self._entry(self._params_ptr, x, y, z, _workspace.get(self.ws_bytes))
+
+    def call(self, x: np.ndarray, y: np.ndarray, z: np.ndarray) -> NativeCall | None:
+        """`run(x, y, z)` as a call to replay (with a workspace of its own), or None where
+        the entry reads raw pointers through Python."""
+        if DATA_OFFSET < 0:
+            return None
+        ws = aligned_empty((max(self.ws_bytes, 1),), np.uint8)
+        return NativeCall(self._entry, (self._params_ptr, x, y, z, ws.ctypes.data),
+                          (ws, self.params))

@@ -16,6 +16,7 @@ from tilefold.codegen.gemm.module import GemmModule, gemm_module
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.gemm.registry import select_microkernel
 from tilefold.errors import UnsupportedError
+from tilefold.runtime.replay import NativeCall
 
 # Below this many flops a second thread costs more (wake-up, split) than it saves.
 PARALLEL_MIN_FLOPS = 2_000_000
@@ -170,6 +171,9 @@ class GemvPlan(NativePlan):
         else:
             self.run(a, b, c)
 
+    def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> NativeCall | None:
+        return super().call(b, a, c) if self.w_is_a else super().call(a, b, c)
+
 
 class EmptyKPlan:
     """C (+)= A @ B with K = 0: nothing to add, so C becomes zeros (beta 0) or stays (beta 1)."""
@@ -180,6 +184,10 @@ class EmptyKPlan:
     def __call__(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
         if not self.beta:
             c[...] = 0
+
+    def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+        """Nothing native to replay (NumPy zeroes C)."""
+        return None
 
 
 def _batch_offsets(batch_shape, *arrays_and_strides) -> np.ndarray:

@@ -32,6 +32,7 @@ from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
 from tilefold.runtime import num_threads
 from tilefold.runtime.buffers import aligned_empty
+from tilefold.runtime.replay import NativeCall
 from tilefold.target import Target, host_target
 
 
@@ -106,6 +107,18 @@ class CompiledGroup:
         plan.cfunc(*map(id, arrays), *plan.consts, *map(id, outs), *map(id, scratch),
                    plan.params_ptr, plan.nthreads)
         return outs
+
+    def calls(self, *arrays: np.ndarray, out: list[np.ndarray]) -> list[NativeCall] | None:
+        """The native call `self(*arrays, out=out)` makes, for replay (with scratch buffers of
+        its own), or None where the call would copy its inputs first."""
+        self(*arrays, out=out)  # plans the signature and checks the buffers
+        plan = self._plans[tuple([(a.shape, a.strides, a.dtype) for a in arrays])]
+        if plan.copy_inputs:
+            return None
+        scratch = [aligned_empty((n,), np.float32) for n in plan.scratch]
+        args = (*map(id, arrays), *plan.consts, *map(id, out), *map(id, scratch),
+                plan.params_ptr, plan.nthreads)
+        return [NativeCall(plan.cfunc, args, (*arrays, *out, *scratch, plan.params))]
 
     def kernel_text(self, *arrays: np.ndarray) -> str:
         """The kernel IR and schedule that runs for these inputs (row-major when none)."""

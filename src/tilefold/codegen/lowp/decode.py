@@ -1,8 +1,12 @@
 """Decoding weight codes to f32 vectors in registers: one rule per code kind, chosen per target.
 
-A decoder turns the bytes of one k-pair of a column panel (L lanes) into two f32 vectors (codes
-k and k+1). Values may come out scaled by a power of two (`factor` undoes it, once per group):
-minifloats are decoded by moving their bits into an f32 and rebiasing the exponent later.
+Codes come in *steps* of 4 * L bytes per column panel of L lanes (`codegen/lowp/wlayout.py`):
+4-bit codes as one 32-bit word per lane holding 8 k (byte b: code k0 + b in its low nibble, code
+k0 + 4 + b in its high one, so that masking the low or high nibbles gives the u8 quads an integer
+dot product reads), 8-bit codes as 4 rows of L bytes (k0 .. k0 + 3). Integer 4-bit codes are
+stored unsigned, as the code plus 8 (GGUF's Q4_0/Q4_1 nibbles as they are). A decoder turns
+position j of a step into one f32 vector; the value may be the code times a power of two
+(`factor` undoes it once per group) or minus `bias`.
 """
 
 from __future__ import annotations
@@ -16,138 +20,125 @@ from llvmlite import ir
 from tilefold.codegen import llvm_util as u
 from tilefold.target import Target
 
-# 4-bit code -> value, indexed by the nibble (low 4 bits).
-NIBBLE_TABLES = {
-    "i4": np.array([v - 16 if v > 7 else v for v in range(16)], np.float32),
-    "fp4e2m1": np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32),
-}
+# 4-bit code -> value, indexed by the stored nibble; the integer table is shifted by a bias.
+FP4_TABLE = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+NIBBLE_STORE_OFFSET = 8  # integer 4-bit codes are stored as code + 8 (unsigned)
 
 
 @dataclass(frozen=True)
 class Decoder:
-    """How codes of dtype `code` become f32 lanes; `nibbles` codes pack two per byte. Codes
-    may be stored plus `offset` (mod 16): the kernel then subtracts offset * sum(x) per group,
-    as it does for zero points."""
+    """How codes of dtype `code` become f32 lanes. A stored integer nibble n decodes to
+    n - `bias` (or to n * 16**j at position j with x pre-scaled by 16**-j: "offset4")."""
 
     code: str
-    method: str  # "lut" (vpermps), "offset4", "sext4", "minifloat", "int"
-    nibbles: bool
+    method: str  # "lut" (vpermps), "offset4", "minifloat", "int"
     factor: float = 1.0
-    offset: int = 0
+    bias: int = 0
 
     @property
-    def bytes_per_pair(self) -> int:
-        """Bytes per lane holding codes k and k+1."""
-        return 1 if self.nibbles else 2
+    def nibbles(self) -> bool:
+        return self.code in ("i4", "fp4e2m1")
+
+    @property
+    def per_step(self) -> int:
+        """k per step (one 32-bit word per lane)."""
+        return 8 if self.nibbles else 4
+
+    @property
+    def tag(self) -> str:
+        return f"{self.code}_{self.method}{self.bias or ''}"
 
 
-def choose_decoder(code: str, target: Target, octets: bool = False) -> Decoder:
+def choose_decoder(code: str, target: Target, corrected: bool = False) -> Decoder:
     """The fastest decoder the target supports for `code` (i4, fp4e2m1, fp8e4m3, i8, u8);
-    `octets`: the weight's panels hold 8 k per 32-bit lane (`octet_packed`) and it has no zero
-    points of its own."""
-    nibbles = code in NIBBLE_TABLES
-    if nibbles and target.has("avx512f"):
-        return Decoder(code, "lut", True)
-    if code == "i4" and octets:
-        return Decoder(code, "offset4", True, offset=8)
+    `corrected`: the weight has per-group corrections (zero points, offsets) of its own, which
+    the layout computes for integer nibbles decoded without a bias."""
+    if code == "i4" and target.has("avx512f"):
+        return Decoder(code, "lut", bias=0 if corrected else NIBBLE_STORE_OFFSET)
+    if code == "fp4e2m1" and target.has("avx512f"):
+        return Decoder(code, "lut")
     if code == "i4":
-        return Decoder(code, "sext4", True)
+        return Decoder(code, "offset4")
     if code == "fp4e2m1":
-        return Decoder(code, "minifloat", True, 2.0**126)
+        return Decoder(code, "minifloat", 2.0**126)
     if code == "fp8e4m3":
-        return Decoder(code, "minifloat", False, 2.0**120)
-    return Decoder(code, "int", False)
+        return Decoder(code, "minifloat", 2.0**120)
+    return Decoder(code, "int")
 
 
-def _i32(b, value, lanes):
+def nibble_k(j: int) -> int:
+    """k offset within its step of the nibble at bits 4j .. 4j+3 of a lane's word."""
+    return j // 2 + 4 * (j % 2)
+
+
+def bias_correction(dec: Decoder, corrected: bool) -> int:
+    """What the decoded values of a symmetric integer 4-bit weight lack: decoded n - bias for a
+    code n - 8, so each group adds (bias - 8) * sum(x) times its scale (0: nothing to add; a
+    weight with corrections of its own has them in its corrections)."""
+    return dec.bias - NIBBLE_STORE_OFFSET if dec.code == "i4" and not corrected else 0
+
+
+def x_scales(dec: Decoder) -> np.ndarray | None:
+    """What x[k] is multiplied by, by k's offset within its step, before an "offset4" kernel
+    reads it (None for the other decoders): that decoder converts nibble j in place, as
+    n * 16**j, so x[k] comes scaled by 16**-j (exact: a power of two); the top nibble (j = 7,
+    at the sign bit) is shifted down instead."""
+    if dec.method != "offset4":
+        return None
+    out = np.ones(8, np.float32)
+    for j in range(7):
+        out[nibble_k(j)] = 16.0**-j
+    return out
+
+
+def _i32(value: int, lanes: int) -> ir.Constant:
     return ir.Constant(u.vec(u.i32, lanes), [value] * lanes)
 
 
-def _minifloat_bits(b, x, code: str, lanes: int):
+def _minifloat_bits(b: ir.IRBuilder, x: ir.Value, code: str, lanes: int) -> ir.Value:
     """f32 bits of a minifloat code held in the low bits of each i32 lane (x: sign-extended for
-    fp8, a bare nibble for fp4): sign to bit 31, exponent|mantissa below f32's exponent field."""
+    fp8, a nibble in the low 4 bits for fp4): sign to bit 31, exponent|mantissa below f32's
+    exponent field."""
     if code == "fp8e4m3":
-        bits = b.and_(b.shl(x, _i32(b, 20, lanes)), _i32(b, 0x87F00000 - (1 << 32), lanes))
+        bits = b.and_(b.shl(x, _i32(20, lanes)), _i32(0x87F00000 - (1 << 32), lanes))
     else:
-        mag = b.shl(b.and_(x, _i32(b, 7, lanes)), _i32(b, 22, lanes))
-        sign = b.shl(b.and_(x, _i32(b, 8, lanes)), _i32(b, 28, lanes))
+        mag = b.shl(b.and_(x, _i32(7, lanes)), _i32(22, lanes))
+        sign = b.shl(b.and_(x, _i32(8, lanes)), _i32(28, lanes))
         bits = b.or_(mag, sign)
     return b.bitcast(bits, u.vec(u.f32, lanes))
-
-
-def _one(b: ir.IRBuilder, dec: Decoder, x, lanes: int, lut):
-    """One vector of f32 values from codes in the low bits of the i32 lanes of `x`."""
-    if dec.method == "lut":
-        fn = u.intrinsic(b.module, "llvm.x86.avx512.permvar.sf.512", u.vec(u.f32, 16),
-                         [u.vec(u.f32, 16), u.vec(u.i32, 16)])
-        return b.call(fn, [lut, x])
-    if dec.method == "sext4":
-        nib = b.and_(x, _i32(b, 15, lanes))
-        return b.sitofp(b.sub(b.xor(nib, _i32(b, 8, lanes)), _i32(b, 8, lanes)),
-                        u.vec(u.f32, lanes))
-    if dec.method == "minifloat":
-        return _minifloat_bits(b, x, dec.code, lanes)
-    return b.sitofp(x, u.vec(u.f32, lanes))
 
 
 def lut_constant(dec: Decoder) -> ir.Constant | None:
     """The vpermps table operand, or None when the decoder needs none."""
     if dec.method != "lut":
         return None
-    return ir.Constant(u.vec(u.f32, 16), [float(v) for v in NIBBLE_TABLES[dec.code]])
+    table = FP4_TABLE if dec.code == "fp4e2m1" else np.arange(16) - dec.bias
+    return ir.Constant(u.vec(u.f32, 16), [float(v) for v in table])
 
 
-def decode_pair(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lanes: int,
-                lut: ir.Constant | None) -> tuple[ir.Value, ir.Value]:
-    """(codes k, codes k+1) as f32 vectors from the `bytes_per_pair * lanes` bytes at `ptr`."""
-    byte_vec = u.vec(u.i8, lanes)
-    i32v = u.vec(u.i32, lanes)
-    signed = dec.code in ("i8", "fp8e4m3")
-
-    def load(offset):
-        p = b.bitcast(u.gep(b, ptr, offset), byte_vec.as_pointer())
-        raw = b.load(p, align=1)
-        return b.sext(raw, i32v) if signed else b.zext(raw, i32v)
-
-    if dec.nibbles:
-        both = load(0)
-        return (_one(b, dec, both, lanes, lut),
-                _one(b, dec, b.lshr(both, _i32(b, 4, lanes)), lanes, lut))
-    return _one(b, dec, load(0), lanes, lut), _one(b, dec, load(lanes), lanes, lut)
-
-
-def octet_packed(lanes: int, group: int, nibbles: bool) -> bool:
-    """Whether panels hold 8 k per 32-bit lane (nibble j = code k0 + j) instead of k-pairs per
-    byte: one full-width load feeds 8 decodes, where byte pairs take a zero-extending load per
-    2 decodes. With a 16-entry `vpermps` table (which reads only the low 4 index bits) a decode
-    is a shift and the permute; signed int4 on AVX2 ("offset4", codes stored + 8, x pre-scaled
-    by 16**-j) is a mask of the nibble in place and its conversion. On Zen 1 (vector shifts on
-    one pipe) that ran 1x4096x4096 at 3.4-3.8 GB/s of packed weights, where two shifts a nibble
-    (the sign extended in place) ran 3.0; building the float from 2**23's bits instead of
-    converting gained nothing."""
-    return nibbles and group % 8 == 0
-
-
-def octet_x_scales(dec: Decoder) -> np.ndarray | None:
-    """What x[k] is multiplied by, by k mod 8, before an "offset4" kernel reads it (None for
-    the other decoders): that decoder converts nibble j in place, as u * 16**j, so x[k] comes
-    scaled by 16**-j (exact: a power of two); nibble 7, at the sign bit, is shifted down."""
-    if dec.method != "offset4":
-        return None
-    return np.array([16.0 ** -j for j in range(7)] + [1.0], np.float32)
-
-
-def decode_octet(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lut: ir.Constant | None,
-                 lanes: int) -> list[ir.Value]:
-    """Codes k0 .. k0+7 of `lanes` lanes as f32 vectors from the octet-packed words at `ptr`."""
-    i32v = u.vec(u.i32, lanes)
+def decode_word(b: ir.IRBuilder, dec: Decoder, word: ir.Value, j: int, lut: ir.Constant | None,
+                lanes: int) -> ir.Value:
+    """Nibble j (bits 4j .. 4j+3) of each lane of the i32 vector `word` as f32."""
     fty = u.vec(u.f32, lanes)
-    words = b.load(b.bitcast(ptr, i32v.as_pointer()), align=4)
-    if dec.method == "offset4":  # codes + 8 (unsigned): masked in place, converted (u * 16**j)
-        return [b.sitofp(b.and_(words, _i32(b, 15 << 4 * j, lanes)), fty) for j in range(7)] + [
-            b.sitofp(b.lshr(words, _i32(b, 28, lanes)), fty)]
-    if dec.method == "sext4":  # nibble j to the top, then back down with its sign
-        return [b.sitofp(b.ashr(b.shl(words, _i32(b, 28 - 4 * j, lanes)) if j < 7 else words,
-                                _i32(b, 28, lanes)), u.vec(u.f32, lanes)) for j in range(8)]
-    return [_one(b, dec, b.lshr(words, _i32(b, 4 * j, lanes)) if j else words, lanes, lut)
-            for j in range(8)]
+    if dec.method == "offset4":  # masked in place: n * 16**j; the top nibble shifted down
+        if j == 7:
+            return b.sitofp(b.lshr(word, _i32(28, lanes)), fty)
+        return b.sitofp(b.and_(word, _i32(15 << 4 * j, lanes)), fty)
+    shifted = b.lshr(word, _i32(4 * j, lanes)) if j else word
+    if dec.method == "lut":  # vpermps reads only the low 4 bits of each index
+        fn = u.intrinsic(b.module, "llvm.x86.avx512.permvar.sf.512", u.vec(u.f32, 16),
+                         [u.vec(u.f32, 16), u.vec(u.i32, 16)])
+        return b.call(fn, [lut, shifted])
+    return _minifloat_bits(b, shifted, dec.code, lanes)
+
+
+def decode_bytes(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lanes: int) -> ir.Value:
+    """The `lanes` 8-bit codes at `ptr` (one k of a panel) as f32."""
+    raw = b.load(b.bitcast(ptr, u.vec(u.i8, lanes).as_pointer()), align=1)
+    i32v, fty = u.vec(u.i32, lanes), u.vec(u.f32, lanes)
+    if dec.code == "u8":
+        return b.uitofp(b.zext(raw, i32v), fty)
+    wide = b.sext(raw, i32v)
+    if dec.method == "minifloat":
+        return _minifloat_bits(b, wide, dec.code, lanes)
+    return b.sitofp(wide, fty)

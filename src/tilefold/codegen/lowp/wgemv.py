@@ -1,9 +1,12 @@
-"""Weight-only low-precision GEMV/skinny GEMM (M = 1..8 per pass) in LLVM IR.
+"""Weight-only low-precision GEMV/skinny GEMM in LLVM IR: codes decoded to f32 in registers.
 
-y[M, N] = x[M, K] @ W[K, N] with W held as codes in column panels of L lanes, two k per step
-(`panel_layout`), decoded in registers and never written back: each thread streams its panels
-once. Per group of K: tmp = sum_k x[m, k] * code[k, n] in two chains (even and odd k), then
-acc += tmp * scale[g, n] (+ zcorr[g, n] * sum_k x[m, k] for zero points).
+y[M, N] = x[M, K] @ W[K, N] with W in the stream layout (`wlayout.py`). One native call: each
+thread first copies x into its workspace (rows padded per group to whole steps, scaled per k
+where the decoder wants it, `x_scales`) and sums each group of each row (for zero points,
+offsets and biased decoders), then walks its tiles front to back. Per tile and group:
+tmp = sum_k x[m, k] * code[k, n] in register chains, then acc += tmp * scale[g, n]
+(+ correction[g, n] * sum_g x[m, :]); the tile's columns are stored into y (row stride LDY)
+under a lane mask, so y is the caller's array and N needs no padding.
 """
 
 from __future__ import annotations
@@ -16,174 +19,336 @@ from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker
 from tilefold.codegen.lowp.decode import (
     Decoder,
-    decode_octet,
-    decode_pair,
+    bias_correction,
+    decode_bytes,
+    decode_word,
     lut_constant,
-    octet_packed,
+    nibble_k,
+    x_scales,
 )
 from tilefold.target import Target
 
 ENTRY = "tf_wgemv"
-# Bytes ahead each panel stream is prefetched: weights decoded from DRAM (a model larger than
-# the cache) went from 17.5-18.1 to 21.1-26.3 GB/s on 1x4096x4096 int4 (1024: 19.9-23.8);
-# cached weights run the same.
-PREFETCH_BYTES = 512
 _FP = u.f32.as_pointer()
 _I8P = u.i8.as_pointer()
-TILE_TYPE = ir.FunctionType(u.void, [_FP, u.i64, _I8P, _FP, _FP, _FP, u.i64, _FP, u.i64, u.i64])
+# tile(xs, xrow, aux, auxrow, ng, w, chunk, y, ldy, ncols, scratch)
+TILE_TYPE = ir.FunctionType(u.void, [_I8P, u.i64, _FP, u.i64, u.i64, _I8P, u.i64, _FP, u.i64,
+                                     u.i64, _FP])
+# prologue(x, ldx, sxk, m, ng, k, xs, xrow, aux, auxrow, tmp)
+PROLOGUE_TYPE = ir.FunctionType(u.void, [_FP, u.i64, u.i64, u.i64, u.i64, u.i64, _I8P, u.i64,
+                                         _FP, u.i64, _FP])
 
 
 class WParam(ParamBlock):
-    """Slots of the int64 parameter block of `tf_wgemv`."""
+    """Slots of the int64 parameter block of `tf_wgemv` (its workspace regions per thread: x as
+    the tiles read it, XROW bytes a row; per-row values, AUXROW 4-byte words a row; a tile
+    pass's accumulators; one gathered row of strided x)."""
 
     M = 0
     K = 1
-    LDX = 2
-    LDY = 3
-    UNITS = 4
-    GROUPS = 5
-    THREADS = 6
-    DATA_OFFSET = 7
-    SCALE = 8
-    ZCORR = 9
-    SX = 10
+    LDX = 2  # x's row stride, elements
+    SXK = 3  # x's column stride, elements
+    LDY = 4
+    N = 5
+    TILES = 6
+    GROUPS = 7
+    CHUNK = 8  # bytes per group chunk
+    XROW = 9
+    AUXROW = 10
+    AUX_OFF = 11  # byte offsets of the regions in a thread's workspace
+    SCRATCH_OFF = 12
+    TMP_OFF = 13
+    WS_STRIDE = 14  # workspace bytes per thread
+    THREADS = 15
+    DATA_OFFSET = 16
 
 
 @dataclass(frozen=True)
 class WgemvSpec:
-    """One compiled module: decoder, lanes, group size, rows per pass and panels per tile."""
+    """One compiled module: decoder, lanes, panels per tile, group (and padded group), steps
+    unrolled, rows per pass, scale storage and corrections."""
 
     decoder: Decoder
     lanes: int
+    panels: int
     group: int
     mt: int
-    nv: int
-    zero_point: bool
+    f16_scales: bool
+    corrected: bool
+    dot: bool = False  # int8 x (per block of 32) and an integer dot product (`wvnni.py`)
 
     @property
-    def octets(self) -> bool:
-        """Panels hold 8 k per 32-bit lane (`decode.octet_packed`)."""
-        return octet_packed(self.lanes, self.group, self.decoder.nibbles)
+    def steps(self) -> int:
+        return -(-self.group // self.decoder.per_step)
+
+    @property
+    def group_padded(self) -> int:
+        return self.steps * self.decoder.per_step
+
+    @property
+    def sums(self) -> bool:
+        """Whether the kernel needs each group's sum of x."""
+        return self.corrected or bias_correction(self.decoder, self.corrected) != 0
+
+    @property
+    def code_bytes(self) -> int:
+        return self.steps * self.panels * self.lanes * 4
+
+    @property
+    def scale_bytes(self) -> int:
+        return self.panels * self.lanes * (2 if self.f16_scales else 4)
 
     @property
     def name(self) -> str:
-        zp = "_zp" if self.zero_point else ""
-        d = self.decoder
-        return f"wgemv_{d.code}_{d.method}_l{self.lanes}_g{self.group}_m{self.mt}x{self.nv}{zp}"
+        flags = ("h" if self.f16_scales else "f") + ("c" if self.corrected else "")
+        kind = "wvnni" if self.dot else "wgemv"
+        return (f"{kind}_{self.decoder.tag}_l{self.lanes}p{self.panels}_g{self.group}_"
+                f"m{self.mt}{flags}")
 
 
-def _unroll(pairs: int) -> int:
-    return next(f for f in (8, 4, 2, 1) if pairs % f == 0)
+def workspace(spec: WgemvSpec, m: int, k: int, groups: int) -> dict[WParam, int]:
+    """The workspace slots of the parameter block for M rows: row sizes, region offsets and
+    the bytes per thread (every region 64-byte aligned)."""
+    def up(n: int) -> int:
+        return -(-n // 64) * 64
+
+    if spec.dot:  # x as int8 codes; per row: block scales, block code sums, group sums
+        blocks = k // 32
+        xrow, auxrow = up(k + 64), 2 * blocks + groups
+    else:  # x as f32, groups padded to whole steps, a vector of slack; per row: group sums
+        xrow, auxrow = 4 * (groups * spec.group_padded + spec.lanes), groups
+    aux = up(m * xrow)
+    scratch = aux + up(4 * m * auxrow)
+    tmp = scratch + up(4 * spec.mt * spec.panels * spec.lanes)
+    return {WParam.XROW: xrow, WParam.AUXROW: auxrow, WParam.AUX_OFF: aux,
+            WParam.SCRATCH_OFF: scratch, WParam.TMP_OFF: tmp,
+            WParam.WS_STRIDE: tmp + up(4 * (k + spec.lanes))}
 
 
-def _emit_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
-    """tile(x, ldx, w, s, zc, sx, ng, y, ldy, k): y[mt, nv*L] = x[mt, k] @ panels."""
+def registers(lanes: int) -> int:
+    return 32 if lanes == 16 else 16
+
+
+def rows_per_pass(lanes: int, panels: int) -> int:
+    """Rows a tile pass keeps in one chain per panel and row (accumulators in memory), with a
+    register for each row's broadcast of x and three for the decode (word, value, table)."""
+    return max(1, (registers(lanes) - 3) // (panels + 1))
+
+
+def accumulators_in_registers(lanes: int, panels: int, mt: int, chains: int) -> bool:
+    """Whether a pass's group accumulators fit in registers beside its chains."""
+    return mt * panels * (chains + 1) + mt + 4 <= registers(lanes)
+
+
+def _splat_f(b: ir.IRBuilder, ptr: ir.Value, lanes: int) -> ir.Value:
+    return u.splat(b, b.load(ptr, align=4), lanes)
+
+
+def emit_float_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
+    """tile(...): y[mt, P*L] (its first ncols columns) = xs[mt, :] @ the tile's chunks at w,
+    with xs the f32 rows the float prologue wrote and aux each row's group sums."""
     fn = ir.Function(module, TILE_TYPE, name=f"tf_wtile_{mt}")
     fn.linkage = "internal"
-    x, ldx, w, s, zc, sx, ng, y, ldy, k = fn.args
+    xs8, xrow8, sums, auxrow, ng, w, chunk, y, ldy, ncols, scratch = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    lanes, nv, dec = spec.lanes, spec.nv, spec.decoder
+    xs, xrow = b.bitcast(xs8, _FP), b.sdiv(xrow8, u.const(4))
+    lanes, panels, dec = spec.lanes, spec.panels, spec.decoder
     vty = u.vec(u.f32, lanes)
-    zero = ir.Constant(vty, [0.0] * lanes)
+    zero = u.zeros(vty)
     lut = lut_constant(dec)
-    pair_bytes = dec.bytes_per_pair * lanes
-    panel_bytes = b.mul(b.sdiv(k, u.const(2)), u.const(pair_bytes))
-    panels = [u.gep(b, w, b.mul(u.const(v), panel_bytes)) for v in range(nv)]
-    rows = [u.gep(b, x, b.mul(u.const(m), ldx)) for m in range(mt)]
-    pairs = spec.group // 2
-    unroll = _unroll(pairs)
-    with u.for_range_carry(b, u.const(0), ng, 1, [zero] * (mt * nv), "g") as gl:
+    chains = 2 if mt == 1 else 1
+    in_regs = accumulators_in_registers(lanes, panels, mt, chains)
+    rows = [u.gep(b, xs, b.mul(u.const(m), xrow)) for m in range(mt)]
+    sum_rows = [u.gep(b, sums, b.mul(u.const(m), auxrow)) for m in range(mt)]
+    n_acc = mt * panels
+    if not in_regs:
+        for i in range(n_acc):
+            b.store(zero, u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4)
+    step_bytes = panels * lanes * 4
+    per_step = dec.per_step
+    with u.for_range_carry(b, u.const(0), ng, 1, [zero] * n_acc if in_regs else [], "g") as gl:
         g = gl.index
-        k0 = b.mul(g, u.const(spec.group))
-        inits = [zero] * (2 * mt * nv)
-        with u.for_range_carry(b, u.const(0), u.const(pairs), unroll, inits, "kp") as kl:
-            tmp = list(kl.values)
-            for step in range(unroll):
-                kp = b.add(kl.index, u.const(step))
-                kk = b.add(k0, b.mul(kp, u.const(2)))
-                byte_off = b.mul(b.sdiv(kk, u.const(2)), u.const(pair_bytes))
-                if spec.octets and step % 4 == 0:
-                    octets = [decode_octet(b, dec, u.gep(b, panels[v], byte_off), lut, lanes)
-                              for v in range(nv)]
-                    for v in range(nv):
-                        u.prefetch(b, u.gep(b, panels[v],
-                                            b.add(byte_off, u.const(PREFETCH_BYTES))))
-                for v in range(nv):
-                    if spec.octets:
-                        lo, hi = octets[v][2 * (step % 4): 2 * (step % 4) + 2]
+        cptr = u.gep(b, w, b.mul(g, chunk))
+        xg = [u.gep(b, rows[m], b.mul(g, u.const(spec.group_padded))) for m in range(mt)]
+        inits = [zero] * (n_acc * chains)
+        # One step a loop iteration: unrolling more made the scheduler hoist the decodes of
+        # several steps and spill (AVX-512 from 4 rows a pass, AVX2 from one).
+        with u.for_range_carry(b, u.const(0), u.const(spec.steps), 1, inits, "s") as sl:
+            tmp = list(sl.values)
+            s = sl.index
+            sptr = u.gep(b, cptr, b.mul(s, u.const(step_bytes)))
+            xk = [u.gep(b, xg[m], b.mul(s, u.const(per_step))) for m in range(mt)]
+            for v in range(panels):
+                vptr = u.gep(b, sptr, v * lanes * 4)
+                word = None
+                if dec.nibbles:
+                    word = b.load(b.bitcast(vptr, u.vec(u.i32, lanes).as_pointer()),
+                                  align=4)
+                for j in range(per_step):
+                    if dec.nibbles:
+                        val, kk = decode_word(b, dec, word, j, lut, lanes), nibble_k(j)
                     else:
-                        lo, hi = decode_pair(b, dec, u.gep(b, panels[v], byte_off), lanes, lut)
+                        val, kk = decode_bytes(b, dec, u.gep(b, vptr, j * lanes), lanes), j
                     for m in range(mt):
-                        xe = u.splat(b, b.load(u.gep(b, rows[m], kk), align=4), lanes)
-                        xo = u.splat(b, b.load(u.gep(b, rows[m], b.add(kk, u.const(1))),
-                                               align=4), lanes)
-                        i = 2 * (m * nv + v)
-                        tmp[i] = u.fma(b, xe, lo, tmp[i])
-                        tmp[i + 1] = u.fma(b, xo, hi, tmp[i + 1])
-            kl.next = tmp
-        acc = list(gl.values)
+                        i = (m * panels + v) * chains + j % chains
+                        tmp[i] = u.fma(b, _splat_f(b, u.gep(b, xk[m], kk), lanes), val,
+                                       tmp[i])
+            sl.next = tmp
+        acc = list(gl.values) if in_regs else [
+            b.load(u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4) for i in range(n_acc)]
+        tail = u.gep(b, cptr, spec.code_bytes)
         factor = ir.Constant(vty, [dec.factor] * lanes)
-        for v in range(nv):
-            at = b.mul(b.add(b.mul(u.const(v), ng), g), u.const(lanes))
-            sv = b.load(u.vptr(b, u.gep(b, s, at), lanes), align=4)
-            zv = b.load(u.vptr(b, u.gep(b, zc, at), lanes), align=4) if spec.zero_point else None
+        fix = bias_correction(dec, spec.corrected)
+        sx = [_splat_f(b, u.gep(b, sum_rows[m], g), lanes) for m in range(mt)] \
+            if spec.sums else []
+        for v in range(panels):
+            sc = load_scales(b, spec, tail, v)
+            cr = load_corrections(b, spec, tail, v) if spec.corrected else None
             for m in range(mt):
-                i = m * nv + v
-                t = b.fadd(kl.result[2 * i], kl.result[2 * i + 1])
+                i = m * panels + v
+                t = sl.result[i * chains]
+                for c in range(1, chains):
+                    t = b.fadd(t, sl.result[i * chains + c])
                 if dec.factor != 1.0:
                     t = b.fmul(t, factor)
-                acc[i] = u.fma(b, t, sv, acc[i])
-                if zv is not None:
-                    sxm = b.load(u.gep(b, sx, b.add(b.mul(u.const(m), ng), g)), align=4)
-                    acc[i] = u.fma(b, u.splat(b, sxm, lanes), zv, acc[i])
-        gl.next = acc
-    for m in range(mt):
-        row = u.gep(b, y, b.mul(u.const(m), ldy))
-        for v in range(nv):
-            b.store(gl.result[m * nv + v], u.vptr(b, u.gep(b, row, v * lanes), lanes), align=4)
+                if fix:
+                    t = u.fma(b, sx[m], ir.Constant(vty, [float(fix)] * lanes), t)
+                acc[i] = u.fma(b, t, sc, acc[i])
+                if cr is not None:
+                    acc[i] = u.fma(b, sx[m], cr, acc[i])
+        if in_regs:
+            gl.next = acc
+        else:
+            for i in range(n_acc):
+                b.store(acc[i], u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4)
+    final = gl.result if in_regs else [
+        b.load(u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4) for i in range(n_acc)]
+    store_tile(b, final, y, ldy, ncols, mt, panels, lanes)
     b.ret_void()
     return fn
 
 
-def _emit_worker(module: ir.Module, spec: WgemvSpec) -> ir.Function:
-    """Thread body: tiles [u0, u1) of nv panels, each for all rows in passes of up to mt."""
-    tiles = [_emit_tile(module, spec, mt) for mt in range(1, spec.mt + 1)]
+def store_tile(b: ir.IRBuilder, acc: list[ir.Value], y: ir.Value, ldy: ir.Value,
+               ncols: ir.Value, mt: int, panels: int, lanes: int) -> None:
+    """acc[m * panels + v] into y's row m, columns v*L.., only those below `ncols`."""
+    for v in range(panels):
+        left = u.smax(b, u.const(0), u.smin(b, u.const(lanes), b.sub(ncols, u.const(v * lanes))))
+        mask = u.lane_mask(b, left, lanes)
+        for m in range(mt):
+            row = u.gep(b, y, b.add(b.mul(u.const(m), ldy), u.const(v * lanes)))
+            u.masked_store(b, acc[m * panels + v], u.vptr(b, row, lanes), mask)
+
+
+def load_scales(b: ir.IRBuilder, spec: WgemvSpec, tail: ir.Value, v: int) -> ir.Value:
+    """Panel v's scales of the chunk whose scales start at `tail` (f16 widened, or f32)."""
+    lanes = spec.lanes
+    if spec.f16_scales:
+        hty = u.vec(ir.HalfType(), lanes)
+        raw = b.load(b.bitcast(u.gep(b, tail, v * lanes * 2), hty.as_pointer()), align=2)
+        return b.fpext(raw, u.vec(u.f32, lanes))
+    return b.load(u.vptr(b, b.bitcast(u.gep(b, tail, v * lanes * 4), _FP), lanes), align=4)
+
+
+def load_corrections(b: ir.IRBuilder, spec: WgemvSpec, tail: ir.Value, v: int) -> ir.Value:
+    """Panel v's corrections (f32, after the chunk's scales)."""
+    at = u.gep(b, tail, spec.scale_bytes + v * spec.lanes * 4)
+    return b.load(u.vptr(b, b.bitcast(at, _FP), spec.lanes), align=4)
+
+
+def emit_float_prologue(module: ir.Module, spec: WgemvSpec) -> ir.Function:
+    """prologue(...): xs[r, g*gp + i] = x[r, g*group + i] * x_scales[i % 8] (zeros where the
+    group is padded), aux[r, g] = the group's sum of x. xs rows need `lanes` floats of slack."""
+    fn = ir.Function(module, PROLOGUE_TYPE, name="tf_wx_prologue")
+    fn.linkage = "internal"
+    x, ldx, sxk, m, ng, k, xs8, xrow8, sums_ptr, auxrow, tmp = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    xs, xrow = b.bitcast(xs8, _FP), b.sdiv(xrow8, u.const(4))
+    lanes, group, group_padded, sums = spec.lanes, spec.group, spec.group_padded, spec.sums
+    scales = x_scales(spec.decoder)
+    vty = u.vec(u.f32, lanes)
+    factors = None if scales is None else ir.Constant(
+        vty, [float(scales[i % 8]) for i in range(lanes)])
+    reduce = u.intrinsic(module, f"llvm.vector.reduce.fadd.v{lanes}f32", u.f32, [u.f32, vty])
+    with u.for_range(b, u.const(0), m, 1, "r") as r:
+        src = x_row(b, x, ldx, sxk, r, k, tmp)
+        dst = u.gep(b, xs, b.mul(r, xrow))
+        with u.for_range(b, u.const(0), ng, 1, "gg") as g:
+            with u.for_range_carry(b, u.const(0), u.const(group_padded), lanes,
+                                   [u.zeros(vty)], "i") as il:
+                i = il.index
+                mask = u.lane_mask(b, b.sub(u.const(group), i), lanes)
+                at = b.add(b.mul(g, u.const(group)), i)
+                v = u.masked_load(b, u.vptr(b, u.gep(b, src, at), lanes), mask, lanes)
+                scaled = v if factors is None else b.fmul(v, factors)
+                out = u.gep(b, dst, b.add(b.mul(g, u.const(group_padded)), i))
+                b.store(scaled, u.vptr(b, out, lanes), align=4)
+                il.next = [b.fadd(il.values[0], v)]
+            if sums:
+                total = b.call(reduce, [ir.Constant(u.f32, 0.0), il.result[0]])
+                b.store(total, u.gep(b, sums_ptr, b.add(b.mul(r, auxrow), g)), align=4)
+    b.ret_void()
+    return fn
+
+
+def x_row(b: ir.IRBuilder, x: ir.Value, ldx: ir.Value, sxk: ir.Value, r: ir.Value, k: ir.Value,
+          tmp: ir.Value) -> ir.Value:
+    """Row r of x as a contiguous f32 pointer: in place, or gathered into `tmp` when x's column
+    stride is not 1."""
+    src = u.gep(b, x, b.mul(r, ldx))
+    contiguous = b.icmp_signed("==", sxk, u.const(1))
+    with b.if_then(b.not_(contiguous)), u.for_range(b, u.const(0), k, 1, "kk") as kk:
+        b.store(b.load(u.gep(b, src, b.mul(kk, sxk)), align=4), u.gep(b, tmp, kk), align=4)
+    return b.select(contiguous, src, tmp)
+
+
+def _emit_worker(module: ir.Module, spec: WgemvSpec, emit_tile, emit_prologue) -> ir.Function:
+    """Thread body: the x prologue into this thread's workspace, then tiles [u0, u1) for all
+    rows in passes of up to mt (`emit_tile(module, spec, mt)` makes each pass's function)."""
+    tiles = [emit_tile(module, spec, mt) for mt in range(1, spec.mt + 1)]
     ptr = TILE_TYPE.as_pointer()
     table = ir.GlobalVariable(module, ir.ArrayType(ptr, len(tiles)), "tf_wtile_table")
     table.global_constant = True
     table.linkage = "internal"
     table.initializer = ir.Constant(ir.ArrayType(ptr, len(tiles)), tiles)
+    prologue = emit_prologue(module, spec)
     wk = emit_worker(module, "tf_wgemv_worker", _FP, _I8P, _FP)
     b, x, w, y = wk.b, wk.x, wk.y, wk.z
-    m, k, ldx, ldy = wk[WParam.M], wk[WParam.K], wk[WParam.LDX], wk[WParam.LDY]
-    ng = wk[WParam.GROUPS]
-    s, zc, sx = (b.inttoptr(wk[slot], _FP) for slot in (WParam.SCALE, WParam.ZCORR, WParam.SX))
-    units = wk[WParam.UNITS]
-    tid64, nth64 = wk.tid, wk.nth
-    u0 = b.sdiv(b.mul(units, tid64), nth64)
-    u1 = b.sdiv(b.mul(units, b.add(tid64, u.const(1))), nth64)
-    lanes, nv = spec.lanes, spec.nv
-    tile_bytes = b.mul(b.mul(b.sdiv(k, u.const(2)), u.const(spec.decoder.bytes_per_pair * lanes)),
-                       u.const(nv))
+    m, k, ng = wk[WParam.M], wk[WParam.K], wk[WParam.GROUPS]
+    xrow, auxrow = wk[WParam.XROW], wk[WParam.AUXROW]
+    chunk = wk[WParam.CHUNK]
+    ws = u.gep(b, b.bitcast(wk.ws, _I8P), b.mul(wk.tid, wk[WParam.WS_STRIDE]))
+    aux = b.bitcast(u.gep(b, ws, wk[WParam.AUX_OFF]), _FP)
+    scratch = b.bitcast(u.gep(b, ws, wk[WParam.SCRATCH_OFF]), _FP)
+    tmp = b.bitcast(u.gep(b, ws, wk[WParam.TMP_OFF]), _FP)
+    b.call(prologue, [x, wk[WParam.LDX], wk[WParam.SXK], m, ng, k, ws, xrow, aux, auxrow, tmp])
+    units = wk[WParam.TILES]
+    u0 = b.sdiv(b.mul(units, wk.tid), wk.nth)
+    u1 = b.sdiv(b.mul(units, b.add(wk.tid, u.const(1))), wk.nth)
+    tile_bytes = b.mul(ng, chunk)
+    width = spec.panels * spec.lanes
+    n, ldy = wk[WParam.N], wk[WParam.LDY]
     with u.for_range(b, u0, u1, 1, "unit") as unit:
-        col = b.mul(unit, u.const(nv * lanes))
+        col = b.mul(unit, u.const(width))
         w_t = u.gep(b, w, b.mul(unit, tile_bytes))
-        s_t = u.gep(b, s, b.mul(col, ng))
-        zc_t = u.gep(b, zc, b.mul(col, ng))
         with u.for_range(b, u.const(0), m, spec.mt, "m") as m0:
             rows = u.smin(b, u.const(spec.mt), b.sub(m, m0))
             slot = b.gep(table, [u.const(0, u.i32), b.trunc(b.sub(rows, u.const(1)), u.i32)])
-            b.call(b.load(slot), [u.gep(b, x, b.mul(m0, ldx)), ldx, w_t, s_t, zc_t,
-                                  u.gep(b, sx, b.mul(m0, ng)), ng,
-                                  u.gep(b, y, b.add(b.mul(m0, ldy), col)), ldy, k])
+            b.call(b.load(slot), [u.gep(b, ws, b.mul(m0, xrow)), xrow,
+                                  u.gep(b, aux, b.mul(m0, auxrow)), auxrow, ng, w_t, chunk,
+                                  u.gep(b, y, b.add(b.mul(m0, ldy), col)), ldy,
+                                  b.sub(n, col), scratch])
     b.ret_void()
     return wk.fn
 
 
-def wgemv_ir(spec: WgemvSpec, target: Target) -> str:
-    """LLVM IR of the module for `spec`: `tf_wgemv(params, x, w_panels, y, unused)`."""
+def module_ir(spec: WgemvSpec, target: Target, emit_tile, emit_prologue) -> str:
+    """LLVM IR of a weight-only module: `tf_wgemv(params, x, layout_data, y, ws)`."""
     module = ir.Module(name=spec.name)
     module.triple = target.triple
-    worker = _emit_worker(module, spec)
-    emit_entry(module, worker, ENTRY, WParam)
+    emit_entry(module, _emit_worker(module, spec, emit_tile, emit_prologue), ENTRY, WParam)
     return str(module)
+
+
+def wgemv_ir(spec: WgemvSpec, target: Target) -> str:
+    """LLVM IR of the float-decoding module for `spec`."""
+    return module_ir(spec, target, emit_float_tile, emit_float_prologue)

@@ -57,13 +57,20 @@ def build(problem: Problem, ctx: Context) -> Kernel:
     if mask == "none":
         def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
             kernel(q, k, v, None, out, scale)
+
+        def calls(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray):
+            return kernel.calls(q, k, v, None, out, scale)
     else:
         def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray,
                 out: np.ndarray) -> None:
             kernel(q, k, v, m, out, scale)
 
+        def calls(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray,
+                  out: np.ndarray):
+            return kernel.calls(q, k, v, m, out, scale)
+
     def asm() -> str:
         return emit_assembly(kernel.source(), ctx.target, opt_level=2)
 
     return Kernel(run, f"// fused attention kernel for {cfg} (LLVM IR: see the assembly)", asm,
-                  strided=True, strided_out=True)
+                  strided=True, strided_out=True, calls=calls)

@@ -54,4 +54,7 @@ def build(problem: Problem, ctx: Context, backend: str) -> Kernel:
     def run(*arrays: np.ndarray) -> None:
         group(*arrays[:n_in], out=list(arrays[n_in:]))  # the planner's outputs are contiguous
 
-    return Kernel(run, group.kernel_text, group.assembly, strided=True)
+    def calls(*arrays: np.ndarray):
+        return group.calls(*arrays[:n_in], out=list(arrays[n_in:]))
+
+    return Kernel(run, group.kernel_text, group.assembly, strided=True, calls=calls)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import weakref
 from collections.abc import Callable
 
@@ -31,6 +32,7 @@ from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
 from tilefold.passes.fusion import FREE_PROLOGUES  # the prologues that are views
 from tilefold.runtime import source_digest
+from tilefold.runtime.replay import NativeCall
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -119,13 +121,82 @@ class GemmEpilogue(Method):
         if rounded and not epilogue:
             note = f"C rounded to {problem.types[c].dtype} by a row program"
         if deq is not None:
-            config["weights"] = str(problem.types[deq.operands[0]].dtype)
-            return [self.candidate(config, estimate,
-                                   lambda: build_weight_only(problem, ctx, mm, deq, epi),
-                                   "weight-only: codes decoded in registers")]
+            epi_s = estimate - roofline(w.gemm_flops, nbytes, machine, GEMM_EFFICIENCY)
+            return self._weight_only_candidates(problem, ctx, mm, deq, epi, config, epi_s)
         build = build_lowp_gemm if lowp else build_gemm
         return [self.candidate(config, estimate,
                                lambda: build(problem, ctx, mm, prologue, epi, prepack), note)]
+
+    def _weight_only_candidates(self, problem: Problem, ctx: Context, mm: Operation, deq: Operation,
+                     epi: tuple | None, config: dict, epi_s: float) -> list[Candidate]:
+        """The float-decoding candidate and, where activations may be quantized
+        (`WEIGHT_ACTIVATIONS`) and the host has VNNI, the integer-dot one."""
+        from tilefold.codegen.lowp.weight_only import dot_refusal
+
+        weight = _weight_of(problem, ctx, mm, deq)
+        layout = weight_layout(weight, ctx.target)
+        config = {**config, "weights": str(problem.types[deq.operands[0]].dtype)}
+        rows = int(np.prod(problem.shape(mm.operands[0])[:-1]))
+        out = []
+        kinds = [False]
+        if os.environ.get(WEIGHT_ACTIVATIONS, "f32") == "int8" and \
+                dot_refusal(layout, ctx.target) is None:
+            kinds.append(True)
+        for dot in kinds:
+            estimate = _weight_only_seconds(ctx, layout, rows, dot) + epi_s
+            note = ("weight-only: int8 activations (per 32 k) x codes, integer dot product"
+                    if dot else "weight-only: codes decoded in registers")
+            out.append(self.candidate({**config, "activations": "int8" if dot else "f32"},
+                                      estimate,
+                                      lambda dot=dot: build_weight_only(problem, ctx, mm, deq,
+                                                                        epi, dot), note))
+        return out
+
+
+# "int8" lets weight-only GEMMs quantize their activations to int8 per block of 32 k (as
+# llama.cpp's Q8_0 activations) for an integer dot product, where the host has VNNI: a
+# candidate beside the float path (which stays exact to f32 rounding); default "f32".
+WEIGHT_ACTIVATIONS = "TILEFOLD_WEIGHT_ACTIVATIONS"
+# Vector instructions per vector of weights besides one multiply-add per row: decoding 16 codes
+# to f32 is a shift and a table permute; an integer dot's 64 codes take a load and masks.
+_DECODE_OPS = 2.0
+
+
+def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
+    """Estimated seconds of a weight-only GEMM: its vector instructions (at the f32 FMA rate)
+    or its stream of codes and scales, whichever is slower, and the call; from `GEMM_ROWS`
+    rows (float) the f32 GEMM's time and the decoding into its panels (4 bytes written a
+    weight)."""
+    from tilefold.codegen.lowp.weight_only import GEMM_ROWS
+
+    weights, nbytes = layout.k * layout.n, layout.data.nbytes
+    stream = nbytes / ctx.machine.bandwidth(nbytes)
+    if rows >= GEMM_ROWS and not dot:
+        unpack = max(stream, 4 * weights / ctx.machine.bandwidth(4 * weights))
+        return (2 * rows * weights / (ctx.machine.gflops * 1e9 * GEMM_EFFICIENCY) + unpack
+                + 2 * ctx.machine.call_s)
+    lanes = layout.lanes * (4 if dot else 1)  # weights per vector instruction
+    ops = weights / lanes * (_DECODE_OPS + rows)
+    compute = ops * 2 * layout.lanes / (ctx.machine.gflops * 1e9)
+    return max(compute, stream) + ctx.machine.call_s
+
+
+def weight_layout(weight, target: Target):
+    from tilefold.codegen.lowp.weight_only import stream_layout
+
+    return stream_layout(weight, target)
+
+
+def _weight_of(problem: Problem, ctx: Context, mm: Operation, deq: Operation):
+    """The QuantizedTensor of `deq`'s constant codes, scales (and zero points), built once per
+    codes array."""
+    from tilefold.quant import QuantizedTensor
+
+    codes, scale, *zero_point = (problem.constants[v] for v in deq.operands)
+    axis = 1 if problem.attrs(mm)["transpose_b"] else 0  # the contraction axis of B as stored
+    fmt = _format_of(problem, deq)
+    return _packed_once(codes, ("weight-only", axis), lambda: QuantizedTensor.from_codes(
+        fmt, codes, axis, scale, zero_point[0] if zero_point else None))
 
 
 def _weight_only(problem: Problem, mm: Operation, prologue: list[Operation]
@@ -145,10 +216,11 @@ def _weight_only(problem: Problem, mm: Operation, prologue: list[Operation]
     if str(a.dtype) != "f32" or str(b.dtype) != "f32" or len(b.shape) != 2 \
             or attrs["transpose_a"]:
         return "weight-only GEMM: f32 x rows (not transposed) times a 2-D dequantized f32 B"
-    if problem.shape(mm.operands[0])[-1] % 2:
-        return "weight-only GEMM: the kernels step K in pairs; K is odd"
-    if _format_of(problem, deq) is None:
+    fmt = _format_of(problem, deq)
+    if fmt is None:
         return f"no weight-only kernel for {problem.types[deq.operands[0]].dtype} codes"
+    if fmt.bits == 4 and problem.shape(mm.operands[0])[-1] % 2:
+        return "weight-only GEMM: 4-bit codes pack two a byte along K; K is odd"
     return deq
 
 
@@ -163,36 +235,42 @@ def _format_of(problem: Problem, deq: Operation):
 
 
 def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operation,
-                      epi: tuple | None) -> Kernel:
+                      epi: tuple | None, dot: bool = False) -> Kernel:
     """x @ dequantize(codes, scales) by the weight-only GEMV/skinny GEMM (`codegen/lowp`),
-    which decodes the codes in registers, then the epilogue's row program over C."""
-    from tilefold.codegen.lowp.weight_only import weight_only_matmul
-    from tilefold.quant import QuantizedTensor
+    one native call on A's and C's arrays as they are (C-contiguous: rows of K and of N),
+    then the epilogue's row program over C."""
+    from tilefold.codegen.lowp.weight_only import prepare
 
-    ops = _Operands(problem, mm, [])
-    codes, scale, *zero_point = (problem.constants[v] for v in deq.operands)
-    axis = 1 if ops.tb else 0  # the contraction axis of B as stored
-    fmt = _format_of(problem, deq)
-    weight = _packed_once(codes, ("weight-only", axis), lambda: QuantizedTensor.from_codes(
-        fmt, codes, axis, scale, zero_point[0] if zero_point else None))
+    weight = _weight_of(problem, ctx, mm, deq)
+    layout = weight_layout(weight, ctx.target)
+    a_in = problem.inputs.index(mm.operands[0])
+    a_shape = problem.shape(mm.operands[0])
+    rows, k = int(np.prod(a_shape[:-1])), a_shape[-1]
     c_val = mm.results[0]
     n_in = len(problem.inputs)
     c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
     scratch = np.empty(problem.shape(c_val), np.float32)
-    k = problem.shape(ops.a_val)[-1]
-    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
+    epilogue = _Epilogue(problem, ctx, epi, c_val)
+    call = None
+    if rows and k and layout.n:
+        call = prepare(weight, rows, k, 1, layout.n, ctx.target, ctx.threads, dot)
 
     def run(*arrays: np.ndarray) -> None:
         c = arrays[n_in + c_out] if c_out is not None else scratch
-        rows = np.ascontiguousarray(ops.operand(ops.a_val, arrays)).reshape(-1, k)
-        if rows.size and c.size:
-            c.reshape(rows.shape[0], -1)[...] = weight_only_matmul(rows, weight, ctx.target,
-                                                                  ctx.threads)
-        else:
+        if call is None:
             c[...] = 0
-        epilogue(c, arrays)
+        else:
+            call.run(arrays[a_in], c)
+        epilogue.run(c, arrays)
 
-    return _kernel(run, f"weight-only {fmt.name}", epi_kernel)
+    def calls(*arrays: np.ndarray) -> list[NativeCall] | None:
+        c = arrays[n_in + c_out] if c_out is not None else scratch
+        gemm = [] if call is None else call.calls(arrays[a_in], c)
+        rest = epilogue.calls(c, arrays)
+        return None if gemm is None or rest is None or call is None else [*gemm, *rest]
+
+    kind = "int8 x " if dot else ""
+    return _kernel(run, f"weight-only {kind}{weight.format.name}", epilogue, calls)
 
 
 def _lanes(ctx: Context) -> int:
@@ -290,29 +368,37 @@ class _Operands:
         return c[..., None, :] if self.a_vec else c
 
 
-def _epilogue_runner(problem: Problem, ctx: Context, epi: tuple | None, c_val: Value):
-    """`run(c, arrays)`: the epilogue's row kernel over C and the call's arrays (or nothing),
-    and the kernel itself (None without an epilogue)."""
-    if epi is None:
-        return lambda c, arrays: None, None
-    kernel = _epilogue_kernel(problem, ctx, epi)
-    _, ins, outs = epi
-    n_in = len(problem.inputs)
-    # Where each epilogue argument comes from: -1 is C, else an index into the arrays.
-    picks = [-1 if v is c_val else problem.inputs.index(v) for v in ins]
-    picks += [n_in + problem.outputs.index(v) for v in outs]
+class _Epilogue:
+    """The epilogue's row kernel over C and a call's arrays: `run(c, arrays)` runs it (nothing
+    without an epilogue), `calls(c, arrays)` lists its native calls; `kernel` is None without."""
 
-    def run(c: np.ndarray, arrays) -> None:
-        kernel.run(*(c if i < 0 else arrays[i] for i in picks))
+    def __init__(self, problem: Problem, ctx: Context, epi: tuple | None, c_val: Value):
+        self.kernel = None if epi is None else _epilogue_kernel(problem, ctx, epi)
+        self.picks: list[int] = []
+        if epi is not None:
+            _, ins, outs = epi
+            n_in = len(problem.inputs)
+            # Where each epilogue argument comes from: -1 is C, else an index into the arrays.
+            self.picks = [-1 if v is c_val else problem.inputs.index(v) for v in ins]
+            self.picks += [n_in + problem.outputs.index(v) for v in outs]
 
-    return run, kernel
+    def _args(self, c: np.ndarray, arrays) -> list[np.ndarray]:
+        return [c if i < 0 else arrays[i] for i in self.picks]
+
+    def run(self, c: np.ndarray, arrays) -> None:
+        if self.kernel is not None:
+            self.kernel.run(*self._args(c, arrays))
+
+    def calls(self, c: np.ndarray, arrays) -> list[NativeCall] | None:
+        return [] if self.kernel is None else self.kernel.calls(*self._args(c, arrays))
 
 
-def _kernel(run, gemm: str, epi_kernel: Kernel | None) -> Kernel:
+def _kernel(run, gemm: str, epilogue: _Epilogue, calls=None) -> Kernel:
+    epi_kernel = epilogue.kernel
     if epi_kernel is None:
-        return Kernel(run, f"// GEMM {gemm} only")
+        return Kernel(run, f"// GEMM {gemm} only", calls=calls)
     return Kernel(run, lambda: f"// GEMM {gemm} + epilogue\n{epi_kernel.source}",
-                  epi_kernel.asm)
+                  epi_kernel.asm, calls=calls)
 
 
 # Packed copies of constant weights, by the weight array and how it was packed: every problem
@@ -349,7 +435,7 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
         plan = make_plan(module, a0, packed if packed is not None else b0, ops.c(scratch), 0,
                          ctx.threads)
     b_arg = packed.data if packed is not None else None
-    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
+    epilogue = _Epilogue(problem, ctx, epi, c_val)
 
     def run(*arrays: np.ndarray) -> None:
         c = arrays[n_in + c_out] if c_out is not None else scratch
@@ -357,9 +443,16 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
             c[...] = 0
         else:
             plan(ops.a(arrays), b_arg if b_arg is not None else ops.b(arrays), ops.c(c))
-        epilogue(c, arrays)
+        epilogue.run(c, arrays)
 
-    return _kernel(run, module.kernel.name, epi_kernel)
+    def calls(*arrays: np.ndarray) -> list[NativeCall] | None:
+        c = arrays[n_in + c_out] if c_out is not None else scratch
+        gemm = None if plan is None else plan.call(
+            ops.a(arrays), b_arg if b_arg is not None else ops.b(arrays), ops.c(c))
+        rest = epilogue.calls(c, arrays)
+        return None if gemm is None or rest is None else [gemm, *rest]
+
+    return _kernel(run, module.kernel.name, epilogue, calls)
 
 
 def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
@@ -384,7 +477,7 @@ def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: lis
         b_arg = _packed_once(weight, ("lowp", ops.tb, str(a_dtype), ctx.target.name),
                              lambda: prepack_lowp(ops.oriented(weight, ops.tb), a_dtype,
                                                   target=ctx.target))
-    epilogue, epi_kernel = _epilogue_runner(problem, ctx, epi, c_val)
+    epilogue = _Epilogue(problem, ctx, epi, c_val)
 
     def run(*arrays: np.ndarray) -> None:
         if empty:
@@ -395,10 +488,10 @@ def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: lis
             c = c.reshape(c_shape)
         if c_out is not None:
             arrays[n_in + c_out][...] = c
-        epilogue(c, arrays)
+        epilogue.run(c, arrays)
 
     kind = "x".join(str(problem.types[v].dtype) for v in mm.operands)
-    return _kernel(run, f"matmul_lowp {kind}", epi_kernel)
+    return _kernel(run, f"matmul_lowp {kind}", epilogue)
 
 
 # The modules whose code shapes an epilogue's IR (with the row kernel's: its cache fingerprint).

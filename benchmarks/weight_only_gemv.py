@@ -1,0 +1,160 @@
+"""Weight-only GEMV on SmolLM2-135M's shapes: GB/s per call, hot and cold, and a token's sequence.
+
+Times the kernels' native calls (`NativePlan.run`, what a replayed plan makes), not the Python
+wrapper. "hot": one weight called again and again (in L2/L3); "cold": a ring of copies larger
+than twice L3; "token": the 121 GEMVs of one decoded token with every layer's own weights
+(30 x qkv, o, gate_up, down, then lm_head), as a model reads them.
+
+Run alone: `flock -x /tmp/tf-cpu.lock python benchmarks/weight_only_gemv.py [--formats int4,q4_0]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+from tilefold.codegen.lowp import weight_only as wo
+from tilefold.codegen.lowp.wgemv import WParam
+from tilefold.quant import FORMATS, QuantizedTensor
+from tilefold.target import host_target
+
+# (name, K, N) per layer, then the head.
+LAYER = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
+HEAD = ("lm_head", 576, 49152)
+LAYERS = 30
+PREFETCH = None
+HUGE = False
+
+
+def huge_copy(a: np.ndarray) -> np.ndarray:
+    """`a` copied into 2 MiB-aligned memory advised to use transparent huge pages."""
+    import ctypes
+    import mmap
+
+    size = -(-a.nbytes // (2 << 20)) * (2 << 20)
+    buf = mmap.mmap(-1, size + (2 << 20))
+    raw = np.frombuffer(buf, np.uint8)
+    start = -raw.ctypes.data % (2 << 20)
+    libc = ctypes.CDLL(None)
+    libc.madvise(ctypes.c_void_p(raw.ctypes.data + start), ctypes.c_size_t(size), 14)
+    out = raw[start:start + a.nbytes]
+    out[...] = a
+    return out
+
+
+def random_weight(fmt: str, k: int, n: int, rng, zero_point: bool = False) -> QuantizedTensor:
+    """A [K, N] weight of random codes, group-32 scales (and zero points), without floats."""
+    f = FORMATS[fmt]
+    rows = k // 2 if f.bits == 4 else k
+    data = np.frombuffer(rng.bytes(rows * n), np.uint8 if f.bits == 4 else f.code.np_dtype)
+    scale = rng.uniform(0.01, 0.1, (k // 32, n)).astype(np.float32)
+    zp = None
+    if zero_point:
+        code = f.asymmetric_code
+        lo, hi = (-8, 8) if f.bits == 4 else (0, 256)
+        zp = rng.integers(lo, hi, scale.shape).astype(code.np_dtype)
+    return QuantizedTensor(f, (k, n), 0, data.reshape(rows, n).copy(), scale, zp)
+
+
+class Call:
+    """The native call of one weight for M rows: x, y, the call and the bytes it streams."""
+
+    def __init__(self, qt: QuantizedTensor, m: int, threads: int, rng):
+        k = qt.shape[0]
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        call = wo.prepare(qt, m, k, threads=threads)
+        if PREFETCH is not None:
+            call.plan.params[WParam.PREFETCH] = PREFETCH
+        if HUGE:
+            call.data = huge_copy(call.data)
+        y = np.empty((m, qt.shape[1]), np.float32)
+        self.call = call
+        self.run = lambda: call.run(x, y)
+        self.nbytes = call.data.nbytes
+
+
+def per_call(calls: list[Call], seconds: float) -> float:
+    """Seconds per call, cycling through `calls` (best of 5 blocks)."""
+    runs = [c.run for c in calls]
+    for r in runs:
+        r()
+    reps = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(reps):
+            for r in runs:
+                r()
+        spent = time.perf_counter() - start
+        if spent > seconds / 5:
+            break
+        reps *= 2
+    best = spent
+    for _ in range(4):
+        start = time.perf_counter()
+        for _ in range(reps):
+            for r in runs:
+                r()
+        best = min(best, time.perf_counter() - start)
+    return best / (reps * len(runs))
+
+
+def fresh_bandwidth(threads: int) -> float:
+    """The memory probe's read bandwidth (`tilefold bench memory`'s forms), measured now: the
+    stored figure is the best ever seen, and this shared host's bandwidth varies."""
+    from tilefold.target.peaks import READ_FORMS, _read_rate
+
+    data = np.ones((256 << 20) // 4, np.float32)
+    return max(_read_rate(host_target(), data, threads, *form) for form in READ_FORMS) / 1e9
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--formats", default="int4,int8")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--m", type=int, default=1)
+    p.add_argument("--seconds", type=float, default=0.5)
+    p.add_argument("--zero-point", action="store_true")
+    p.add_argument("--prefetch", type=int, default=None)
+    p.add_argument("--huge", action="store_true")
+    p.add_argument("--shapes", default="qkv,o,gate_up,down,lm_head")
+    args = p.parse_args()
+    global PREFETCH, HUGE
+    PREFETCH, HUGE = args.prefetch, args.huge
+    rng = np.random.default_rng(0)
+    l3 = host_target().l3_bytes
+    for threads in (int(t) for t in args.threads.split(",")):
+        bw = fresh_bandwidth(threads)
+        print(f"== {threads} thread(s), probe {bw:.1f} GB/s, M = {args.m}")
+        for fmt in args.formats.split(","):
+            print(f"-- {fmt}: shape  KxN   bytes  hot us GB/s %  |  cold us GB/s %")
+            for name, k, n in (*LAYER, HEAD):
+                if name not in args.shapes.split(","):
+                    continue
+                one = Call(random_weight(fmt, k, n, rng, args.zero_point), args.m, threads, rng)
+                copies = max(2, math.ceil(2 * l3 / one.nbytes))
+                ring = [one] + [Call(random_weight(fmt, k, n, rng, args.zero_point), args.m,
+                                     threads, rng) for _ in range(copies - 1)]
+                hot = per_call([one], args.seconds)
+                cold = per_call(ring, args.seconds)
+                nb = one.nbytes
+                print(f"{name:>8} {k:>5}x{n:<6}{nb / 1e6:7.2f}MB "
+                      f"{hot * 1e6:8.1f} {nb / hot / 1e9:5.1f} {100 * nb / hot / 1e9 / bw:3.0f}%"
+                      f"  | {cold * 1e6:8.1f} {nb / cold / 1e9:5.1f} "
+                      f"{100 * nb / cold / 1e9 / bw:3.0f}%")
+                del ring
+            token = [Call(random_weight(fmt, k, n, rng, args.zero_point), args.m, threads, rng)
+                     for _ in range(LAYERS) for _, k, n in LAYER]
+            token.append(Call(random_weight(fmt, *HEAD[1:], rng, args.zero_point), args.m,
+                              threads, rng))
+            t = per_call(token, args.seconds * 4) * len(token)
+            nb = sum(c.nbytes for c in token)
+            print(f"   token: {len(token)} calls, {nb / 1e6:.1f} MB, {t * 1e3:.2f} ms, "
+                  f"{nb / t / 1e9:.1f} GB/s ({100 * nb / t / 1e9 / bw:.0f}% of the probe)")
+            del token
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""One contender of `tilefold generate` in a process of its own: it loads the model, builds the
+contender (tilefold, PyTorch eager or inductor, through `model.generate` or the `Generator`
+loop, or llama.cpp), and answers the parent in JSON lines.
+
+`python -m tilefold.cli.llm_worker SPEC.json`. In "generate" mode it loads, builds, runs one
+generation (its time to first token is what a user waits for in this process) and says
+`ready`; then each `run` line it reads runs one generation, and `quit` ends it with its peak
+RSS. In "logits" mode it writes the logits of the spec's tokens to a .npy file and ends. Its
+stdout is the parent's channel: anything else printed goes to stderr. torch is imported only
+by the contenders that use it, so llama.cpp's RSS is its own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import numpy as np
+
+from tilefold.cli import llm_metrics, llm_models
+from tilefold.cli.llm_metrics import Weight
+
+# llama.cpp file types by precision: what `llama_model_quantize` writes for --quant.
+LLAMA_TYPES = {"F32": "LLAMA_FTYPE_ALL_F32", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+               "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+SHIPPED = "shipped"  # llama.cpp on the GGUF file as it is
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def rss_bytes() -> int:
+    """Resident set size now."""
+    return _status_bytes("VmRSS")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (VmHWM: getrusage's ru_maxrss would carry the
+    parent's peak over fork and exec)."""
+    return _status_bytes("VmHWM")
+
+
+def run_record(tokens: list[int], prefill_s: float, decode_s: float) -> dict[str, Any]:
+    """One generation as the parent reads it: the new tokens, the seconds to the first (the
+    prompt's forward) and of the rest."""
+    return {"tokens": tokens, "prefill_s": prefill_s, "decode_s": decode_s}
+
+
+def sizes(weights_per_token: int, weights_stored: int, kv_shape: tuple[int, int, int],
+          context: float, length: int, kv_element: int) -> dict[str, float]:
+    """A contender's bytes: read per decoded token (weights; K and V at the mean decode
+    `context`) and held (its weights; a KV cache of `length` positions)."""
+    layers, kv_heads, head_dim = kv_shape
+    return {"weights_per_token": weights_per_token,
+            "kv_per_token": llm_metrics.kv_bytes(layers, kv_heads, head_dim, context, kv_element),
+            "weights_stored": weights_stored,
+            "kv_cache": llm_metrics.kv_bytes(layers, kv_heads, head_dim, length, kv_element)}
+
+
+# ---- PyTorch contenders --------------------------------------------------------------------------
+
+class TorchContender:
+    """A contender over the f32 transformers model; `fmt` is the weights' stored format."""
+
+    fmt = "f32"
+
+    def __init__(self, spec: dict[str, Any], model: Any):
+        self.spec, self.model = spec, model
+
+    def sizes(self, context: float, length: int) -> dict[str, float]:
+        import torch
+
+        names = {id(t): n for n, t in self.model.named_parameters()}  # tied: the first name
+        weights = [Weight(f"{m}.{p}" if m else p, tuple(t.shape),
+                          "matmul" if isinstance(mod, torch.nn.Linear) and p == "weight"
+                          else "gather" if isinstance(mod, torch.nn.Embedding) else "other",
+                          names.get(id(t), ""))
+                   for m, mod in self.model.named_modules()
+                   for p, t in mod.named_parameters(recurse=False)]
+        config = self.model.config.get_text_config()
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        shape = (config.num_hidden_layers, kv_heads, head_dim)
+        return sizes(llm_metrics.weight_bytes_per_token(weights, self.fmt),
+                     llm_metrics.weight_bytes_stored(weights, self.fmt), shape, context, length,
+                     llm_metrics.F32)
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self.model(torch.tensor([list(tokens)])).logits[0].float().numpy()
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
+class Loop(TorchContender):
+    """tilefold's `Generator`: prefill, then a Python loop over the compiled forward on a
+    static cache (backend "tilefold", "eager" or "inductor")."""
+
+    backend = "tilefold"
+
+    def __init__(self, spec: dict[str, Any], model: Any):
+        from tilefold.frontend.generation import Generator
+
+        super().__init__(spec, model)
+        options = {}
+        if self.backend == "tilefold":
+            self.fmt = spec["quant"]
+            options = {"weights": self.fmt, **({"strict": True} if spec.get("strict") else {})}
+        length = spec["max_length"]
+        self.generator = Generator(model, max_length=length, backend=self.backend,
+                                   options=options)
+
+    def generate(self, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+        got = self.generator(prompt, new_tokens)
+        return run_record(got.tokens, got.prefill_s, got.decode_s)
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        return self.generator.logits(tokens)
+
+    def info(self) -> dict[str, Any]:
+        if self.backend != "tilefold":
+            return {}
+        from tilefold.frontend import report
+
+        graphs = report.reports()
+        methods: dict[str, int] = {}
+        for graph in graphs:
+            for method, n in graph.methods().items():
+                methods[method] = methods.get(method, 0) + n
+        return {"graphs": len(graphs), "pytorch_ops": sum(g.fallback_nodes for g in graphs),
+                "kernel_methods": methods}
+
+
+class EagerLoop(Loop):
+    backend = "eager"
+
+
+class InductorLoop(Loop):
+    backend = "inductor"
+
+
+class _Clock:
+    """A `model.generate` streamer that notes when each new token arrives (the first `put` is
+    the prompt)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+class HFGenerate(TorchContender):
+    """`model.generate` as users run it: greedy, the default (growing) cache."""
+
+    cache: str | None = None  # cache_implementation; None: the default
+
+    def generate(self, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+        import torch
+
+        ids = torch.tensor([prompt])
+        clock = _Clock()
+        pad = self.model.generation_config.pad_token_id
+        with torch.no_grad():
+            start = time.perf_counter()
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                      max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                      pad_token_id=0 if pad is None else pad, streamer=clock,
+                                      cache_implementation=self.cache)
+        first, last = clock.times[1], clock.times[-1]
+        return run_record(out[0, len(prompt):].tolist(), first - start, last - first)
+
+
+class HFInductor(HFGenerate):
+    """`model.generate` with a static cache and `model.forward` compiled by inductor, as Hugging
+    Face recommends for `torch.compile`."""
+
+    cache = "static"
+
+    def __init__(self, spec: dict[str, Any], model: Any):
+        import torch
+
+        super().__init__(spec, model)
+        model.forward = torch.compile(model.forward)
+
+
+# ---- llama.cpp -----------------------------------------------------------------------------------
+
+def llama_file(gguf: str, kind: str, folder: str) -> str:
+    """`gguf` requantized by llama.cpp to `kind` (a LLAMA_TYPES key) in `folder`, made once;
+    `gguf` itself for SHIPPED."""
+    if kind == SHIPPED:
+        return gguf
+    import llama_cpp
+
+    stem = os.path.splitext(os.path.basename(gguf))[0]
+    stat = os.stat(gguf)
+    out = os.path.join(folder, f"{stem}-{stat.st_size}-{stat.st_mtime_ns}.{kind}.gguf")
+    if os.path.exists(out):
+        return out
+    os.makedirs(folder, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, LLAMA_TYPES[kind])
+    params.allow_requantize = True
+    tmp = f"{out}.{os.getpid()}.tmp"
+    if llama_cpp.llama_model_quantize(gguf.encode(), tmp.encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama_model_quantize to {kind} failed")
+    os.replace(tmp, out)
+    return out
+
+
+def load_llama(spec: dict[str, Any]) -> Any:
+    """llama.cpp's model and context for the spec: its GGUF file at the spec's type, the
+    spec's threads and context; every position's logits kept in "logits" mode."""
+    import llama_cpp
+
+    path = llama_file(spec["gguf"], spec["quant"], spec["llama_dir"])
+    threads, context = spec["threads"], spec["max_length"]
+    return llama_cpp.Llama(path, n_ctx=context, n_batch=min(context, 512), n_threads=threads,
+                           n_threads_batch=threads, logits_all=spec["mode"] == "logits",
+                           verbose=False)
+
+
+class LlamaCpp:
+    """llama.cpp (llama-cpp-python) on the GGUF file at the spec's precision: the prompt in one
+    batch, then one token at a time, greedy on the last logits."""
+
+    def __init__(self, spec: dict[str, Any], llm: Any):
+        import llama_cpp
+
+        self.llm, self.path = llm, llm.model_path
+        self.vocab = llm.n_vocab()
+        self._logits = llama_cpp.llama_get_logits_ith
+
+    def _next(self) -> int:
+        last = np.ctypeslib.as_array(self._logits(self.llm.ctx, -1), shape=(self.vocab,))
+        return int(last.argmax())
+
+    def generate(self, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+        self.llm.reset()
+        start = time.perf_counter()
+        self.llm.eval(prompt)
+        tokens = [self._next()]
+        first = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            self.llm.eval(tokens[-1:])
+            tokens.append(self._next())
+        return run_record(tokens, first - start, time.perf_counter() - first)
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        self.llm.reset()
+        self.llm.eval(list(tokens))
+        return np.array(self.llm.scores[:len(tokens)], dtype=np.float32)
+
+    def sizes(self, context: float, length: int) -> dict[str, float]:
+        import gguf
+
+        reader = gguf.GGUFReader(self.path)
+        tensors = [(t.name, int(t.n_bytes), int(t.shape[-1])) for t in reader.tensors]
+        meta = self.llm.metadata
+        arch = meta["general.architecture"]
+        heads = int(meta[f"{arch}.attention.head_count"])
+        head_dim = int(meta.get(f"{arch}.attention.key_length")
+                       or int(meta[f"{arch}.embedding_length"]) // heads)
+        kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+        shape = (int(meta[f"{arch}.block_count"]), kv_heads, head_dim)
+        return sizes(llm_metrics.gguf_bytes_per_token(tensors), sum(n for _, n, _ in tensors),
+                     shape, context, length, 2)  # K and V in f16
+
+    def info(self) -> dict[str, Any]:
+        return {"file": self.path}
+
+
+# Contender key -> class; `--compare` names groups of them (`llm_runs.COMPARE`).
+CONTENDERS: dict[str, Callable[[dict[str, Any], Any], Any]] = {
+    "tilefold": Loop, "hf-eager": HFGenerate, "eager": EagerLoop, "hf-inductor": HFInductor,
+    "inductor": InductorLoop, "llamacpp": LlamaCpp,
+}
+
+
+# ---- the process ---------------------------------------------------------------------------------
+
+def _send(channel: TextIO, message: dict[str, Any]) -> None:
+    channel.write(json.dumps(message) + "\n")
+    channel.flush()
+
+
+def serve(spec: dict[str, Any], channel: TextIO, commands: TextIO) -> None:
+    """Build the spec's contender and answer the parent (see the module's docstring)."""
+    name = spec["contender"]
+    uses_torch = name != "llamacpp"
+    if uses_torch:  # the parent set every other thread knob in the environment
+        import torch
+
+        torch.set_num_threads(spec["threads"])
+    rss_base = rss_bytes()
+    start = time.perf_counter()
+    model = llm_models.load_model(spec["kind"], spec["path"]) if uses_torch else load_llama(spec)
+    load_s = time.perf_counter() - start
+    start = time.perf_counter()
+    contender = CONTENDERS[name](spec, model)
+    build_s = time.perf_counter() - start
+    if spec["mode"] == "logits":
+        np.save(spec["logits_out"], contender.logits(spec["tokens"]))
+        _send(channel, {"done": True, "seconds": time.perf_counter() - start,
+                        "peak_rss": peak_rss_bytes()})
+        return
+    prompt, new = spec["prompt"], spec["new_tokens"]
+    first = contender.generate(prompt, new)
+    context = llm_metrics.mean_decode_context(len(prompt), new)
+    _send(channel, {"ready": True, "load_s": load_s, "build_s": build_s,
+                    "ttft_s": build_s + first["prefill_s"], "first": first,
+                    "sizes": contender.sizes(context, spec["max_length"]),
+                    "rss_base": rss_base, "info": contender.info()})
+    for line in commands:
+        if line.strip() == "run":
+            _send(channel, contender.generate(prompt, new))
+        else:
+            break
+    _send(channel, {"peak_rss": peak_rss_bytes(), "rss": rss_bytes()})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    (path,) = sys.argv[1:] if argv is None else argv
+    with open(path) as f:
+        spec = json.load(f)
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # stray prints (libraries, warnings) go to stderr, not into the channel
+    try:
+        serve(spec, channel, sys.stdin)
+    except Exception as exc:  # the parent shows it as this contender's failure
+        first = str(exc).strip().splitlines()[:1]
+        _send(channel, {"error": f"{type(exc).__name__}: {first[0] if first else ''}"})
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

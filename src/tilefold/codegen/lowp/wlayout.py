@@ -1,0 +1,147 @@
+"""The weight-only kernels' weight layout: each thread's columns as one stream of group chunks.
+
+A [K, N] weight's columns are cut into tiles of P panels of L lanes (P * L columns). A tile is
+stored as one run of *chunks*, one per group of K: the group's codes for the P panels in steps
+(`decode.py`: per step and panel one word per lane: 8 nibbles or 4 bytes), then the group's
+scales for the tile's columns (f16 where every scale is exactly an f16, as GGUF's are; else
+f32), then its corrections (f32, where the weight has zero points or offsets: what a group adds
+per unit of sum(x)), each chunk padded to a cache line. Tiles follow one another, so a thread
+reads its columns front to back as one sequential stream, which the hardware prefetcher follows
+(software prefetch on top of it measured no faster). Groups whose length is not a whole number
+of steps are padded with zero codes (the kernels pad x with zeros there too).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import numpy as np
+
+from tilefold.codegen.lowp.decode import NIBBLE_STORE_OFFSET, Decoder, nibble_k
+from tilefold.errors import UnsupportedError
+
+TILE_PANELS = (4, 3, 2)  # panels per tile, the first that balances the threads best
+CHUNK_ALIGN = 64
+
+
+class QuantizedWeight(Protocol):
+    """What the kernels read of a `tilefold.quant.QuantizedTensor` (a layer above codegen)."""
+
+    shape: tuple[int, ...]
+    axis: int
+    format: Any  # tilefold.quant.Format: .bits, .name
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    offset: np.ndarray | None
+    kernel_layouts: dict[Any, Any]
+
+    @property
+    def code(self) -> Any: ...
+
+    @property
+    def group_size(self) -> int: ...
+
+    def codes(self) -> np.ndarray: ...
+
+
+def tile_panels(panels: int, threads: int) -> int:
+    """Panels per tile for a weight of `panels` panels split over `threads` threads: the fewest
+    panels on the busiest thread, then the widest tile (more independent chains per step)."""
+    def busiest(p: int) -> int:
+        return math.ceil(math.ceil(panels / p) / threads) * p
+    return min(TILE_PANELS, key=lambda p: (busiest(p), -p))
+
+
+class StreamLayout:
+    """A weight's codes, scales and corrections in tile chunks for one decoder and vector width.
+
+    `data` (uint8) holds the chunks: tile t, group g at byte (t * groups + g) * chunk_bytes."""
+
+    def __init__(self, qt: QuantizedWeight, lanes: int, decoder: Decoder, threads: int):
+        codes = np.moveaxis(qt.codes(), qt.axis, 0)
+        if codes.ndim != 2:
+            raise UnsupportedError(
+                f"weight-only matmul takes a 2-D weight, got shape {list(qt.shape)}; "
+                "reshape it to [K, N] (or [N, K] with axis=1)")
+        k, n = codes.shape
+        group = qt.group_size
+        self.k, self.n, self.group, self.lanes, self.decoder = k, n, group, lanes, decoder
+        self.groups = k // group
+        step = decoder.per_step
+        self.steps = -(-group // step)  # steps per group
+        self.group_padded = self.steps * step
+        panels = max(1, -(-n // lanes))
+        self.panels_per_tile = p = tile_panels(panels, threads)
+        self.tiles = -(-panels // p)
+        width = self.tiles * p * lanes
+        stored = _stored_codes(codes, qt, decoder)  # uint8 [K, N]
+        full = np.zeros((self.groups, self.group_padded, width), np.uint8)
+        full[:, :group, :n] = stored.reshape(self.groups, group, n)
+        g, s, t = self.groups, self.steps, self.tiles
+        if decoder.nibbles:
+            octets = full.reshape(g, s, 8, t, p, lanes).astype(np.uint32)
+            words = sum(octets[:, :, nibble_k(j)] << np.uint32(4 * j) for j in range(8))
+            code_part = words.transpose(2, 0, 1, 3, 4).reshape(t, g, -1).view(np.uint8)
+        else:
+            code_part = full.reshape(g, s, 4, t, p, lanes).transpose(3, 0, 1, 4, 2, 5)
+            code_part = code_part.reshape(t, g, -1)
+        scale = self._per_column(qt, qt.scale)
+        self.f16_scales = bool(np.array_equal(scale.astype(np.float16).astype(np.float32),
+                                              scale))
+        scale_part = self._chunked(scale.astype(np.float16 if self.f16_scales else np.float32))
+        parts = [code_part, scale_part]
+        self.corrected = qt.zero_point is not None or qt.offset is not None
+        if self.corrected:
+            parts.append(self._chunked(_corrections(qt, self._per_column).astype(np.float32)))
+        self.code_bytes = code_part.shape[2]
+        self.scale_bytes = scale_part.shape[2]
+        used = sum(part.shape[2] for part in parts)
+        self.chunk_bytes = -(-used // CHUNK_ALIGN) * CHUNK_ALIGN
+        self.data = np.zeros((t, g, self.chunk_bytes), np.uint8)
+        at = 0
+        for part in parts:
+            self.data[:, :, at:at + part.shape[2]] = part
+            at += part.shape[2]
+        self.data = self.data.reshape(-1)
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.groups * self.chunk_bytes
+
+    @property
+    def tile_width(self) -> int:
+        return self.panels_per_tile * self.lanes
+
+    def _per_column(self, qt: QuantizedWeight, values: np.ndarray) -> np.ndarray:
+        """Blockwise values [groups', N'] as [groups, N] (repeated over the blocks they span)."""
+        v = np.moveaxis(values, qt.axis, 0)
+        return np.repeat(np.repeat(v, self.groups // v.shape[0], axis=0),
+                         self.n // v.shape[1], axis=1)
+
+    def _chunked(self, per_column: np.ndarray) -> np.ndarray:
+        """[groups, N] -> bytes [tiles, groups, P * L * itemsize] (columns padded with zeros)."""
+        width = self.tiles * self.tile_width
+        full = np.zeros((self.groups, width), per_column.dtype)
+        full[:, :self.n] = per_column
+        tiled = full.reshape(self.groups, self.tiles, self.tile_width).transpose(1, 0, 2)
+        return np.ascontiguousarray(tiled).view(np.uint8)
+
+
+def _stored_codes(codes: np.ndarray, qt: QuantizedWeight, decoder: Decoder) -> np.ndarray:
+    """Codes as the bytes or nibbles the kernels read: integer 4-bit codes plus 8, others as
+    their bits."""
+    if decoder.code == "i4":
+        return (codes.astype(np.int8) + NIBBLE_STORE_OFFSET).astype(np.uint8)
+    bits = np.ascontiguousarray(codes).view(np.uint8)
+    return bits & 0x0F if decoder.nibbles else bits
+
+
+def _corrections(qt: QuantizedWeight, per_column) -> np.ndarray:
+    """What each group adds per unit of sum(x) in the layout's decoding (codes decoded as
+    stored, integer nibbles without their + 8): offset - (8 + zero point) * scale, in f64."""
+    scale = per_column(qt, qt.scale).astype(np.float64)
+    zp = 0.0 if qt.zero_point is None else per_column(qt, qt.zero_point).astype(np.float64)
+    store = NIBBLE_STORE_OFFSET if qt.code.name == "i4" else 0
+    offset = 0.0 if qt.offset is None else per_column(qt, qt.offset).astype(np.float64)
+    return offset - (store + zp) * scale

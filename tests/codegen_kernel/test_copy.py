@@ -1,0 +1,105 @@
+"""The native strided copy (`codegen/cpu/copy.py`): plain copies over any strides (transposed,
+sliced, broadcast sources), scatters (`index_put`'s row writes) and gathers along any axis,
+against NumPy; an index out of range sets the status word instead of touching memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefold.codegen.cpu.copy import MAX_RANK, copy_call
+
+RNG = np.random.default_rng(11)
+DTYPES = [np.float32, np.float64, np.int64, np.int16, np.bool_, np.uint8]
+
+
+def _random(shape, dtype):
+    return (RNG.standard_normal(shape) * 100).astype(dtype)
+
+
+def _status():
+    return np.zeros(1, np.int64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (2, 1, 13), (4, 3, 2, 17), (2, 2, 2, 2, 3)])
+def test_contiguous_and_transposed_copies(shape, dtype):
+    src = _random(shape, dtype)
+    dst = np.empty(shape, dtype)
+    copy_call(dst, src, status=_status())()
+    np.testing.assert_array_equal(dst, src)
+    perm = tuple(reversed(range(len(shape))))
+    dst_t = np.empty(tuple(shape[p] for p in perm), dtype)
+    copy_call(dst_t, src.transpose(perm), status=_status())()
+    np.testing.assert_array_equal(dst_t, src.transpose(perm))
+
+
+def test_sliced_and_broadcast_sources_and_strided_destinations():
+    base = _random((6, 9, 11), np.float32)
+    src = base[1:5, ::2, 3:10]
+    dst_base = np.zeros((4, 10, 7), np.float32)
+    dst = dst_base[:, 1:6]
+    copy_call(dst, src, status=_status())()
+    np.testing.assert_array_equal(dst, src)
+    assert not dst_base[:, 0].any() and not dst_base[:, 6:].any()
+    k = _random((1, 3, 1, 29, 8), np.float32)
+    wide = np.broadcast_to(k, (1, 3, 4, 29, 8))  # a repeat of KV heads: stride 0
+    out = np.empty(wide.shape, np.float32)
+    copy_call(out, wide, status=_status())()
+    np.testing.assert_array_equal(out, wide)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 3])
+def test_scatter_writes_rows_in_place(axis):
+    out = _random((3, 5, 7, 4), np.float32)
+    want = out.copy()
+    n = 3
+    index = RNG.choice(np.arange(-out.shape[axis], out.shape[axis]), n, replace=False)
+    keep = {i % out.shape[axis] for i in index}
+    if len(keep) < n:  # a repeated position: the last write wins in both
+        index = np.array(sorted(keep), np.int64)
+        n = len(index)
+    index = index.astype(np.int64)
+    shape = list(out.shape)
+    shape[axis] = n
+    values = _random(tuple(shape), np.float32)
+    copy_call(out, values, index=index, axis=axis, side="dst", status=_status())()
+    key = (slice(None),) * axis + (index,)
+    want[key] = values
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_gather_picks_rows(axis):
+    table = _random((6, 5, 4), np.float64)
+    index = RNG.integers(-table.shape[axis], table.shape[axis], 9).astype(np.int64)
+    out = np.empty(np.take(table, index, axis=axis).shape, table.dtype)
+    copy_call(out, table, index=index, axis=axis, side="src", status=_status())()
+    np.testing.assert_array_equal(out, np.take(table, index, axis=axis))
+
+
+def test_an_index_out_of_range_sets_the_status_and_writes_nothing_there():
+    table = _random((10, 4), np.float32)
+    out = np.zeros((3, 4), np.float32)
+    status = _status()
+    copy_call(out, table, index=np.array([2, 10, -11], np.int64), axis=0, side="src",
+              status=status)()
+    assert status[0] == 1
+    np.testing.assert_array_equal(out[0], table[2])
+    assert not out[1:].any()
+    cache = np.zeros((2, 8, 3), np.float32)
+    status = _status()
+    copy_call(cache, np.ones((2, 1, 3), np.float32), index=np.array([8], np.int64), axis=1,
+              side="dst", status=status)()
+    assert status[0] == 1 and not cache.any()
+
+
+def test_copies_without_a_native_form_are_declined():
+    a = np.zeros((2, 3), np.float32)
+    assert copy_call(a, np.zeros((2, 3), np.float64)) is None  # element sizes differ
+    assert copy_call(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)) is None
+    deep = np.zeros((1,) * (MAX_RANK + 1) + (2,) * 0, np.float32)
+    assert copy_call(deep, deep.copy()) is not None  # size-1 dims coalesce away
+    index = np.array([0], np.int32)
+    assert copy_call(a, a[:1], index=index, axis=0, side="dst") is None  # int32 index
+    assert copy_call(a, a[:1], index=np.array([0], np.int64), axis=0, side="dst") is None
