@@ -84,9 +84,13 @@ NATIVE_UPDATES: dict[str, Callable[..., list[NativeCall] | None]] = {
     "index_put": _index_put_native}
 
 # Plans kept per compiled graph, by input shapes. Symbolic dims make a new plan per size (a
-# growing KV cache: one per generated token); each holds its intermediates, so only the most
-# recently used are kept (a dropped plan is made again when its shapes come back).
-MAX_PLANS = 8
+# growing KV cache: one per generated token; sentences of every length); each holds its
+# intermediates, so only the most recently used are kept, up to MAX_PLANS of them holding at most
+# PLAN_BYTES of buffers together (the newest always stays). A dropped plan is made again when
+# its shapes come back, which costs more than a small call (MiniLM batches: ~6 ms, a call 17 ms):
+# a count alone (8) re-planned every call of a workload cycling through a dozen sizes.
+MAX_PLANS = 64
+PLAN_BYTES = 256 << 20
 # Kernel decisions kept per compiled graph, by op, operand shapes and the sizes of the symbolic
 # dims the op names itself (an arange's length, a slice's start). Plans share them: a new
 # decode length decides again only the ops whose sizes changed (the cache's concat and
@@ -113,8 +117,14 @@ class Plan:
     decisions: list[Decision]
     layout: dict[str, str]  # layout op result -> "view" or "copy" (for explain)
     poisoned: bool = False  # strict: fresh buffers start as NaN (int max), never stale values
+    nbytes: int = 0  # the buffers it holds (intermediates, copies)
     replay: Recording | None = None  # the steps recorded for one set of input arrays
     last_inputs: tuple = ()  # the previous call's input arrays (two alike: record them)
+
+    @property
+    def held(self) -> int:
+        """Bytes of buffers this plan holds, its recording's included."""
+        return self.nbytes + (self.replay.nbytes if self.replay is not None else 0)
 
     def execute(self, env: list, arrays: Sequence[np.ndarray], outputs: Sequence[np.ndarray]
                 ) -> None:
@@ -143,6 +153,7 @@ class Recording:
         self.inputs = tuple(arrays)
         self.env = list(plan.env)
         outputs = [np.empty(shape, dtype) for _, shape, dtype in plan.output_slots]
+        self.nbytes = sum(o.nbytes for o in outputs)  # beyond the plan's (for its budget)
         plan.execute(self.env, arrays, outputs)  # makes the views; checks every step once
         self.results = plan.results_of(self.env, copy_fresh=True)
         self.segments: list[Callable[[], None]] = []
@@ -256,11 +267,13 @@ class CompiledGraph:
             return self._plans[key]
 
     def _keep(self, key: tuple, plan: Plan) -> Plan:
-        """Cache `plan`, dropping the least recently used beyond `MAX_PLANS` (a plan holds its
-        intermediates' buffers: one per decode length would grow without bound)."""
+        """Cache `plan`, dropping the least recently used beyond `MAX_PLANS` plans or
+        `PLAN_BYTES` of buffers (a plan holds its intermediates: one per decode length would
+        grow without bound)."""
         self._plans[key] = plan
-        while len(self._plans) > MAX_PLANS:
-            self._plans.popitem(last=False)
+        held = sum(p.held for p in self._plans.values())
+        while len(self._plans) > 1 and (len(self._plans) > MAX_PLANS or held > PLAN_BYTES):
+            held -= self._plans.popitem(last=False)[1].held
         return plan
 
     def _plan(self, shapes: list[tuple]) -> Plan:
@@ -312,6 +325,7 @@ class _Planner:
         self.owned: dict[Value, np.ndarray] = {}  # planned intermediate -> its (base) buffer
         self.per_call: set[Value] = set(fn.args)  # values whose arrays change every call
         self.alloc = poison if strict(graph.strict) else np.empty
+        self.nbytes = 0  # of the buffers allocated for this plan
         for a, shape in zip(fn.args, shapes, strict=True):  # probes: views learn layouts
             self.env[self.slot[a]] = np.empty(shape, a.type.dtype.np_dtype)
         self.ops = [op for op in fn.ops if op.name != "return"]
@@ -347,7 +361,7 @@ class _Planner:
             self.env[self.slot[v]] = None
         return Plan(self.steps, self.natives, self.views, self.env,
                     [self.slot[a] for a in self.fn.args], self.fresh, results, decisions,
-                    self.layout, self.alloc is poison)
+                    self.layout, self.alloc is poison, self.nbytes)
 
     def _step(self, run: Callable[..., None], slots: list[int], native: Native | None) -> None:
         self.steps.append((run, slots))
@@ -375,6 +389,7 @@ class _Planner:
             self.views.append((slot[y], slot[x], view, attrs))
         elif copied:  # into a buffer of its own, in order (per-call arrays are C-ordered)
             base = np.empty(out.shape, out.dtype)
+            self.nbytes += base.nbytes
             self._copy_step(self._const_slot(base.reshape(env[slot[x]].shape)), slot[x])
             out = base
             self.layout[y.name] = "copy"
@@ -429,7 +444,11 @@ class _Planner:
             perm = self._transposed_by_user(r) if kernel.strided_out else None
             stored = shape if perm is None else tuple(shape[p] for p in perm)
             pool = self.free.get((stored, dtype.str))
-            base = self.owned[r] = pool.pop() if pool else self.alloc(stored, dtype)
+            if pool:
+                base = self.owned[r] = pool.pop()
+            else:
+                base = self.owned[r] = self.alloc(stored, dtype)
+                self.nbytes += base.nbytes
             env[slot[r]] = base if perm is None else base.transpose(np.argsort(perm))
         calls = kernel.calls
         self._step(kernel.run, args, None if calls is None else
@@ -440,6 +459,7 @@ class _Planner:
         """A slot holding a C-contiguous copy of `v`, refreshed by a step before each use."""
         array = self.env[self.slot[v]]
         copy_slot = self._const_slot(np.empty(array.shape, array.dtype))
+        self.nbytes += array.nbytes
         self._copy_step(copy_slot, self.slot[v])
         return copy_slot
 

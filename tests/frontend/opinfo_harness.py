@@ -119,6 +119,28 @@ def cases() -> list[Case]:
     return found
 
 
+def dynamic_cases() -> list[Case]:
+    """One case per OpInfo, in its first dtype (float32 where it has it), for the
+    `dynamic=True` run."""
+    first: dict[int, Case] = {}
+    for case in cases():
+        first.setdefault(id(case.info), case)
+    return list(first.values())
+
+
+def dynamic_picked(case: Case, samples: list[SampleInput]) -> list[int]:
+    """Which samples run under dynamic=True: all with TILEFOLD_OPINFO_FULL=1, else the one with
+    the most dims Dynamo makes symbolic (sizes 0 and 1 stay static), the first among equals."""
+    if FULL:
+        return list(range(len(samples)))
+
+    def symbolic_dims(sample: SampleInput) -> int:
+        leaves, _ = tree_flatten((sample.input, sample.args, sample.kwargs))
+        return sum(d > 1 for t in leaves if isinstance(t, torch.Tensor) for d in t.shape)
+
+    return [max(range(len(samples)), key=lambda i: (symbolic_dims(samples[i]), -i))]
+
+
 def uncovered() -> list[str]:
     """Lowered ATen packets no op_db entry names (tested elsewhere or not at all)."""
     named = {aten_packet(info) for info in op_db}
@@ -168,8 +190,9 @@ UNINITIALIZED = {"empty", "empty_like", "empty_permuted", "empty_strided", "new_
                  "new_empty_strided"}
 
 
-def run_sample(case: Case, sample: SampleInput) -> Outcome:
-    """The sample through torch.compile(backend="tilefold"), compared with eager PyTorch."""
+def run_sample(case: Case, sample: SampleInput, dynamic: bool = False) -> Outcome:
+    """The sample through torch.compile(backend="tilefold"), compared with eager PyTorch;
+    `dynamic`: every dim Dynamo may make symbolic is (`torch.compile(dynamic=True)`)."""
     leaves, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
     slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     tensors = [leaves[i].detach() for i in slots]
@@ -190,7 +213,7 @@ def run_sample(case: Case, sample: SampleInput) -> Outcome:
         report.REPORTS.clear()
         # Not strict: leaving an op to PyTorch is the rule of the game here; the interpreter
         # taking over a compiled graph still counts as a failure (`Outcome.failed`).
-        compiled = torch.compile(call, backend="tilefold", dynamic=False,
+        compiled = torch.compile(call, backend="tilefold", dynamic=dynamic,
                                  options={"strict": False})
         try:
             got = _seeded(compiled, tensors, 0)

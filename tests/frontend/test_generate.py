@@ -121,6 +121,25 @@ def _eager(model, prompt, new_tokens):
         model.forward = compiled
 
 
+def test_static_cache_of_another_length_recompiles_with_a_symbolic_length():
+    """A second `generate` with more new tokens makes a longer static cache: Dynamo traces the
+    prefill again with `max_cache_len` as a SymInt input that only `torch.zeros` (the cache's
+    allocation, in the graph) uses, so no tensor argument's shape holds it; the IR takes it
+    as an empty `u8[?s,0]` argument. Unpadded, so no mask carries the length either."""
+    torch.manual_seed(3)
+    prompt = {"input_ids": torch.randint(1, VOCAB, (1, 5))}
+    eager = _model("llama")  # its own model: generate() remembers the longest cache it made
+    want = [_generate(eager, prompt, "static", n) for n in (6, 10)]
+    model = _model("llama")
+    _compile(model)
+    for n, tokens in zip((6, 10), want, strict=True):
+        assert torch.equal(_generate(model, prompt, "static", n), tokens)
+    graphs = _graphs()
+    carried = [a for g in graphs for e in g.executors for a in e.runner.function.args
+               if a.name.startswith("size_")]
+    assert carried and all(a.type.dtype.name == "u8" and a.type.shape[1] == 0 for a in carried)
+
+
 def test_static_cache_is_written_in_place():
     """The decode step's cache writes (`index_put` into a graph input) land in the cache tensors
     themselves, planned "in place": no copy of the cache per token. Its attention reads them

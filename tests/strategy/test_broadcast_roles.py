@@ -262,6 +262,29 @@ def test_epilogue_casts_and_masks_are_exact(shape):
             ] == ["blocks.gemm"]
 
 
+@pytest.mark.parametrize("shape", [(8, 8, 8), (5, 13, 3), (17, 33, 7)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("role", ["tile", "row"])
+def test_epilogue_reads_and_writes_bool_masks(shape, role):
+    """A bool mask read by a GEMM's epilogue (a causal mask after a linear layer, as a tile or
+    a row shared by all rows) and a bool result: both ran the GEMM on NumPy ("in memory a row
+    program's values are f32/..."). Integer operands make C exact."""
+    m, n, k = shape
+    a = RNG.integers(-4, 5, (m, k)).astype(np.float32)
+    w = RNG.integers(-4, 5, (k, n)).astype(np.float32)
+    mask = RNG.random((m, n) if role == "tile" else (n,)) < 0.5
+    b = Builder("main")
+    x, y = b.arg("x", "f32", a.shape), b.arg("y", "f32", w.shape)
+    keep = b.arg("keep", "bool", mask.shape)
+    c = x @ y
+    graph = tilefold.compile(b.build(F.where(keep, c, 0.0), F.greater(c, 0.0)))
+    got, positive = graph(a, w, mask)
+    np.testing.assert_array_equal(got, np.where(mask, a @ w, 0.0))
+    np.testing.assert_array_equal(positive, a @ w > 0)
+    assert [d.winner.method for d in graph.decisions(a.shape, w.shape, mask.shape)] == [
+        "blocks.gemm"]
+
+
 # --- memory-bound groups ----------------------------------------------------------------
 NATIVE = {"autocodegen.kernel", "handwritten.softmax", "lto.rowlib"}
 ROW = rand(16)

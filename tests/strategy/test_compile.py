@@ -215,3 +215,41 @@ def test_strict_plans_poison_fresh_buffers():
     (got,) = graph(np.ones((4, 8), np.float32))
     assert np.isnan(got).all()
     assert not compile(module, strict=False).plan_for((4, 8)).poisoned
+
+
+def test_plans_are_kept_within_a_byte_budget(monkeypatch):
+    """Plans for many sizes of a symbolic dim stay cached (no new plan per call when a workload
+    cycles through them) until their buffers pass PLAN_BYTES; the newest is always kept, and a
+    size planned again still computes right."""
+    from tilefold import compiler
+
+    module = parse_module(MLP)
+    graph = tilefold.compile(module)
+    sizes = [3, 9, 17, 40, 64]
+    for batch in sizes:
+        graph(*_inputs(module, batch, b=batch))
+    assert len(graph._plans) == len(sizes)  # all of them: far below either limit
+    held = [p.nbytes for p in graph._plans.values()]
+    assert held == sorted(held) and held[0] > 0  # intermediates grow with the batch
+    monkeypatch.setattr(compiler, "PLAN_BYTES", held[-1] + held[-2])
+    xs = _inputs(module, 1, b=5)
+    _close(graph(*xs)[0], interpret(module, *xs)[0])
+    kept = list(graph._plans.values())
+    assert sum(p.nbytes for p in kept) <= held[-1] + held[-2] and len(kept) < len(sizes)
+    monkeypatch.setattr(compiler, "PLAN_BYTES", 0)  # a new size: only its plan stays
+    xs = _inputs(module, 2, b=7)
+    _close(graph(*xs)[0], interpret(module, *xs)[0])
+    assert len(graph._plans) == 1
+
+
+def test_a_recording_counts_towards_its_plans_bytes():
+    """A plan replaying its kernels also holds the recording's output buffers (`Plan.held`)."""
+    module = parse_module(MLP)
+    graph = tilefold.compile(module)
+    xs = _inputs(module, 0, b=6)
+    for _ in range(3):  # the second call records, the third replays
+        _close(graph(*xs)[0], interpret(module, *xs)[0])
+    (plan,) = graph._plans.values()
+    assert plan.replay is not None
+    outputs = sum(np.empty(shape, dtype).nbytes for _, shape, dtype in plan.output_slots)
+    assert plan.held == plan.nbytes + outputs > plan.nbytes

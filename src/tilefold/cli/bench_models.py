@@ -12,7 +12,8 @@ temporary directory and run on the CPU provider with every graph optimization; i
 is export + session build + first run in this process, minus latency. Every contender gets the
 same thread count (torch, tilefold, ORT intra-op, BLAS). tilefold's and ORT's outputs are
 checked against eager. Times in the JSON are seconds. Run it under
-`flock /tmp/tilefold-bench.lock`.
+`flock /tmp/tilefold-bench.lock`. `--encode` times MiniLM's sentence-embedding flow instead
+(`cli/encode_flow.py`: batches of varying shape, so dynamic shapes).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from tilefold.cli import models
 from tilefold.cli.benchutil import Bench, Row, Section, Suite
+from tilefold.cli.encode_flow import bench_encode
 from tilefold.cli.models import EAGER, MODELS, Contender, Workload
 from tilefold.errors import TilefoldError
 
@@ -44,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layers of the config-built models (MiniLM keeps its 6)")
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile")
     parser.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
+    parser.add_argument("--encode", action="store_true",
+                        help="MiniLM's sentence-embedding flow instead: batches of 3-8 sentences "
+                             "of varying length, one shape per batch (dynamic shapes)")
+    parser.add_argument("--batches", type=int, default=12,
+                        help="batches in the --encode flow (default 12)")
 
 
 def _models(text: str) -> list[str]:
@@ -68,6 +75,15 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
     import torch
 
     torch.set_num_threads(threads)
+    if args.encode:
+        if models.missing_packages("minilm"):
+            print(f"--encode needs {', '.join(models.missing_packages('minilm'))} "
+                  f"({models.INSTALL})")
+            return 2
+        with _blas_limits(threads):
+            bench.extra.update(threads=threads, torch=torch.__version__,
+                               encode=bench_encode(args, bench, threads))
+        return 0
     ort_reason = None if not args.no_ort else "--no-ort"
     if ort_reason is None:
         try:

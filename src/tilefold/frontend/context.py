@@ -14,7 +14,8 @@ import torch.fx as fx
 from tilefold import dtypes
 from tilefold.dtypes import DType
 from tilefold.errors import TilefoldError
-from tilefold.frontend.lowering import NotApplicable
+from tilefold.frontend.graph_io import value_argument
+from tilefold.frontend.lowering import NotApplicable, Specialized
 from tilefold.frontend.symbolic import Composite, Size, Sizes
 from tilefold.frontend.tensors import to_dtype
 from tilefold.ir import Builder, Tensor
@@ -53,6 +54,8 @@ class LoweringContext:
         self.env: dict[fx.Node, Any] = {}
         self.node: fx.Node | None = None
         self.mutations: dict[fx.Node, Tensor] = {}  # graph input -> the value written back
+        self.size_inputs: dict[str, int] = {}  # symbol of a SymInt input -> its placeholder
+        self.value_args: dict[str, Tensor] = {}  # symbol -> its `i64[]` argument (graph_io)
         self._scalars: dict[tuple, Tensor] = {}
 
     # -- values ------------------------------------------------------------------------------
@@ -107,6 +110,10 @@ class LoweringContext:
             for axis, d in enumerate(arg.type.shape):
                 if isinstance(d, SymDim) and d.name == symbol:
                     return self.op("dim_size", Tensor(self.b, arg), axis=axis)
+        if symbol in self.size_inputs:  # a SymInt input no tensor's shape holds: its number
+            if symbol not in self.value_args:
+                self.value_args[symbol] = value_argument(self.b, symbol)
+            return self.value_args[symbol]
         raise NotApplicable(f"no input's shape carries the size ?{symbol}")
 
     def operand(self, arg: Any, dtype: DType) -> Tensor:
@@ -163,12 +170,35 @@ class LoweringContext:
         """The current node's result shape as IR dims (NotApplicable for a product of sizes)."""
         return self.dims(self.out(index).shape)
 
-    def dims(self, shape: Any) -> tuple[Dim, ...]:
+    def dims(self, shape: Any, specialize: bool = True) -> tuple[Dim, ...]:
+        """IR dims of a PyTorch shape; a size no IR dim names (a product or a floor division
+        of sizes) is specialized (`static`), or NotApplicable without `specialize`."""
         dims = tuple(self.size(d) for d in shape)
         for d in dims:
             if isinstance(d, Composite):
+                if specialize:
+                    self.static(d)
                 raise NotApplicable(f"the size {d} (a product of symbolic sizes) has no IR name")
         return dims  # type: ignore[return-value]
+
+    def static(self, *sizes: Any) -> None:
+        """Fix the symbols of `sizes` (sizes, SymInts or nodes computing them) to this trace's
+        values: raises `Specialized` (the conversion starts over) unless they are constants."""
+        values = [self.meta(s) if isinstance(s, fx.Node) else s for s in sizes]
+        if any([self.sizes.specialize(v) for v in values]):  # every one, before starting over
+            raise Specialized(f"specialized {', '.join(map(str, values))}")
+
+    def number(self, arg: Any) -> Any:
+        """A scalar argument as a Python number. `torch.compile(dynamic=True)` hands Python ints
+        in as SymInts; where a rule needs the number itself (an attribute, a branch) it is
+        specialized (`static`), as Dynamo does for every int without dynamic=True."""
+        value = self.meta(arg) if isinstance(arg, fx.Node) else arg
+        if not isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return value
+        self.static(value)
+        expr = self.sizes.expr(value)
+        return bool(expr) if isinstance(value, torch.SymBool) else (
+            float(expr) if isinstance(value, torch.SymFloat) else int(expr))
 
     def size(self, arg: Any) -> Size:
         """An int argument (literal, SymInt or a node computing one) as a size."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,11 +15,12 @@ import torch.fx as fx
 from tilefold.errors import Location, UnsupportedError
 from tilefold.frontend import rules  # noqa: F401  (registers every lowering rule)
 from tilefold.frontend.context import LoweringContext, Merged, Unavailable
-from tilefold.frontend.lowering import NotApplicable, rule_for
+from tilefold.frontend.graph_io import SIZE_FORMS, ViewReplay, carry_dims, unheld
+from tilefold.frontend.lowering import NotApplicable, Specialized, rule_for
 from tilefold.frontend.symbolic import Sizes
 from tilefold.frontend.tensors import to_numpy
 from tilefold.ir import Builder, Module, Tensor
-from tilefold.ir.dims import Bindings
+from tilefold.ir.dims import Bindings, is_derived
 from tilefold.ir.types import SymDim
 
 # How a placeholder enters the IR: a function argument named `name`, a constant, or a size.
@@ -57,10 +58,34 @@ class Converted:
 
     # placeholder position -> the symbol of a size argument (a SymInt input), for size outputs
     size_args: dict[int, str] = field(default_factory=dict)
+    # IR argument index -> how a size input is passed there ("dim" or "value": `graph_io`)
+    size_inputs: dict[int, str] = field(default_factory=dict)
+    views: ViewReplay | None = None  # outputs that are views, made again on their bases
 
     def donated(self) -> dict[int, int]:
         """The mutations as IR result index -> IR argument index (`tilefold.compile`'s donate)."""
         return {r: self.arg_indices.index(p) for r, p in self.mutations.items()}
+
+    def arguments(self, args: Sequence[Any]) -> list[Any]:
+        """The IR function's arguments from the graph's: its tensors as they are, each size
+        input in its IR form (a NumPy array)."""
+        forms = self.size_inputs
+        return [SIZE_FORMS[forms[k]](args[p]) if k in forms else args[p]
+                for k, p in enumerate(self.arg_indices)]
+
+
+def _size_arguments(ctx: LoweringContext, result: Converted, sizes: dict[str, int]) -> None:
+    """Append the size inputs the IR function takes (`graph_io`) to its argument list."""
+    carried, signed = unheld(ctx.b.function, list(sizes))
+    ctx.static(*(SymDim(s) for s in signed))  # maybe negative: no dim can carry them
+    carry_dims(ctx.b, carried)
+    args = ctx.b.function.args
+    for symbol, value in ctx.value_args.items():
+        result.size_inputs[args.index(value.value)] = "value"
+        result.arg_indices.append(sizes[symbol])
+    for symbol in carried:
+        result.size_inputs[len(result.arg_indices)] = "dim"
+        result.arg_indices.append(sizes[symbol])
 
 
 def is_size_node(node: fx.Node) -> bool:
@@ -113,8 +138,18 @@ def convert_graph(
     node no rule lowers raises UnsupportedError naming every such node; with `trial`, such
     nodes are recorded and their results become fresh function arguments, so that one pass
     finds every unsupported node (the partitioner's question); a trial that finds none has
-    built the module, as a plain conversion would.
+    built the module, as a plain conversion would. A rule that specializes symbolic sizes
+    (`Specialized`) makes the conversion start over, those sizes now constants.
     """
+    while True:  # each start over fixes at least one more symbol, so this ends
+        try:
+            return _convert(graph, inputs, name, dim_names, trial)
+        except Specialized:
+            continue
+
+
+def _convert(graph: fx.Graph, inputs: Callable[[int, fx.Node], Input], name: str,
+             dim_names: dict[str, str] | None, trial: bool) -> Converted:
     b = Builder(name)
     ctx = LoweringContext(b, Sizes(dim_names))
     result = Converted(b.module, [], [])
@@ -126,6 +161,8 @@ def convert_graph(
             ctx.env[node] = ctx.size(node)
             if isinstance(ctx.env[node], SymDim):
                 result.size_args[i] = ctx.env[node].name
+                if not is_derived(ctx.env[node].name):
+                    ctx.size_inputs.setdefault(ctx.env[node].name, i)
         elif kind == "constant":
             key = id(payload)
             if key not in constants:
@@ -166,6 +203,8 @@ def convert_graph(
     for node, value in ctx.mutations.items():
         result.mutations[len(outputs)] = position[node]
         outputs.append(value)
+    _size_arguments(ctx, result, ctx.size_inputs)
+    result.views = ViewReplay.of(graph)
     b.build(*outputs)
     return result
 
@@ -205,7 +244,7 @@ def _stand_in(ctx: LoweringContext, node: fx.Node, result: Converted) -> Any:
     for v in vals:
         try:
             outs.append(ctx.b.arg(ctx.b.function.fresh_name(f"{node.name}_"),
-                                  ctx.dtype(v.dtype), ctx.dims(v.shape)))
+                                  ctx.dtype(v.dtype), ctx.dims(v.shape, specialize=False)))
         except (NotApplicable, AttributeError):
             outs.append(Unavailable(f"{node.name} runs outside tilefold"))
     return outs if isinstance(val, list | tuple) else outs[0]
@@ -218,6 +257,8 @@ def _lower(ctx: LoweringContext, node: fx.Node) -> Any:
         return ctx.size(node)
     if node.target is operator.getitem:
         return _getitem(ctx, *node.args)
+    if node.target is torch.sym_float:  # a SymInt used as a float: the same size, cast later
+        return ctx.value(node.args[0])
     rule = rule_for(node.target)
     if rule is None:
         raise NotApplicable(f"no lowering rule for {op_name(node)}")

@@ -86,11 +86,17 @@ class GPUGraphRunner:
         return []  # GPU choices are in `groups()` (the CPU's strategy decisions are not made)
 
     def __call__(self, *args: Any) -> list[Any]:
-        tensors = [args[i] for i in self.converted.arg_indices]
+        import numpy as np
+        import torch
+
+        tensors = [torch.from_numpy(a) if isinstance(a, np.ndarray) else a  # a size input
+                   for a in self.converted.arguments(args)]
         results = (self.cuda_graph or self.graph)(*tensors)
         for i, lead in self.converted.flattened.items():  # as PyTorch sees them
             results[i] = results[i].flatten(0, lead - 1)
-        return [None if i is None else results[i] for i in self.converted.outputs]
+        final = [None if i is None else results[i] for i in self.converted.outputs]
+        views = self.converted.views
+        return final if views is None else views(args, final)
 
 
 def cuda_graphs_allowed(graph: Any) -> bool:

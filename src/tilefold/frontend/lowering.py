@@ -2,9 +2,10 @@
 
 A rule is `fn(ctx, *args, **kwargs)` called with the FX node's own arguments. It builds IR through
 `ctx` and returns the node's value (a `Tensor`, a list for several results, a dim, or None). When
-it cannot lower this particular call (a dropout probability, an unsupported dtype, a shape the IR
-cannot name) it raises `NotApplicable` with a reason; the caller then runs that node with PyTorch
-(torch.compile) or reports it (torch.export).
+it cannot lower this particular call (a dropout probability, an unsupported dtype) it raises
+`NotApplicable` with a reason; the caller then runs that node with PyTorch (torch.compile) or
+reports it (torch.export). Where only symbolic sizes stand in the way, it specializes them
+(`Specialized`) and the graph is converted again with them fixed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ class NotApplicable(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class Specialized(Exception):
+    """A rule fixed symbolic sizes to the values this trace saw (the IR cannot express what it
+    needs of them: a product or floor division of sizes, a number an attribute must hold).
+    The guards that added make Dynamo trace again for other values; the conversion starts over,
+    seeing those sizes as constants everywhere."""
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,8 @@ class GraphRunner:
         return self.run.name
 
     def __call__(self, *args: Any) -> list[Any]:
-        arrays = [stable.array_of(args[i])
-                  for stable, i in zip(self._inputs, self.converted.arg_indices, strict=True)]
+        arrays = [stable.array_of(a) for stable, a in  # size inputs come as arrays
+                  zip(self._inputs, self.converted.arguments(args), strict=True)]
         sizes = bind_symbols(self.function, arrays)
         outputs = self.run(*arrays)
         if self.park:
@@ -121,8 +121,10 @@ class GraphRunner:
             results[i] = results[i].flatten(0, lead - 1)
         for p, symbol in self.converted.size_args.items():
             sizes[symbol] = int(args[p])
-        return [None if i is None else i.value(sizes) if isinstance(i, SizeOutput) else results[i]
-                for i in self.converted.outputs]
+        final = [None if i is None else i.value(sizes) if isinstance(i, SizeOutput) else results[i]
+                 for i in self.converted.outputs]
+        views = self.converted.views
+        return final if views is None else views(args, final)
 
 
 class _StableInput:
@@ -130,7 +132,8 @@ class _StableInput:
     the compiled graph replays its recorded kernels (`compiler.Recording`): a tensor with the
     same memory, shape and strides as the last call's gets the last array back; a small one
     the graph only reads (a decode step's token ids and positions, new tensors every step) is
-    copied into the last array when its memory changed."""
+    copied into the last array when its memory changed; a size input (`Converted.arguments`:
+    an array standing for a number) gets the last array back while its value stays."""
 
     SMALL_BYTES = 1 << 12
 
@@ -140,6 +143,11 @@ class _StableInput:
         self.array: np.ndarray | None = None
 
     def array_of(self, t: Any) -> np.ndarray:
+        if isinstance(t, np.ndarray):  # a size input's IR form: the last array for its value
+            key = (t.shape, t.dtype, t.tobytes())
+            if key != self.key or self.array is None:
+                self.key, self.array = key, t
+            return self.array
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
             return to_numpy(t)
         key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)

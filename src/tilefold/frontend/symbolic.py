@@ -4,7 +4,9 @@ stay sympy.
 tilefold's IR names each dynamic size (`?s0`, or a name the user gives, `?batch`) and sums of
 them with integer coefficients (`?(s0+1)`: a KV cache after one more token, `ir/dims.py`); it
 has no products of sizes. A size such as `s0*s1` (a flattened batch x sequence) is kept as a
-`Composite` that only a few rules accept.
+`Composite` that only a few rules accept; where one is needed as a dim, `specialize` fixes its
+symbols to the values the trace saw (a guard Dynamo checks on every call, tracing again when
+they change).
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ class Sizes:
     def __init__(self, names: dict[str, str] | None = None):
         self.names = dict(names or {})  # torch symbol name -> IR dim name
         self.inverse = {v: k for k, v in self.names.items()}
+        self.env: Any = None  # PyTorch's ShapeEnv, from the first SymInt seen
+
+    def specialize(self, value: Any) -> bool:
+        """Fix every symbol of `value` to the size this trace saw, with a guard; whether any
+        was still free (False: `value` is a constant already)."""
+        expr = self.expr(value)
+        if not expr.free_symbols or self.env is None:
+            return False
+        hints = self.env.backed_var_to_val
+        for symbol in sorted(expr.free_symbols, key=str):
+            real = next(s for s in hints if s.name == symbol.name)
+            self.env.evaluate_expr(sympy.Eq(real, hints[real]))
+        return True
 
     def size(self, value: Any) -> Size:
         """An int, a named SymDim or a Composite for an int, SymInt or sympy expression."""
@@ -55,8 +70,9 @@ class Sizes:
 
     def expr(self, value: Any) -> Any:
         """A sympy expression over plain torch-named symbols."""
-        if isinstance(value, torch.SymInt):  # with the equalities the shape env has learnt
-            expr = value.node.shape_env.replace(value.node.expr)
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            self.env = value.node.shape_env  # with the equalities it has learnt
+            expr = self.env.replace(value.node.expr)
         elif isinstance(value, SymDim):
             terms, const = dims.parse(value.name) or ({value.name: 1}, 0)
             expr = sympy.Integer(const) + sum(

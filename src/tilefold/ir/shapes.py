@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from tilefold.errors import ShapeError
+from tilefold.ir import dims
 from tilefold.ir.types import Dim, SymDim
 
 
@@ -45,9 +46,20 @@ def normalize_axes(op: str, axes: Sequence[int] | None, rank: int) -> tuple[int,
 
 
 def factors(shape: Sequence[Dim]) -> tuple[int, Counter]:
-    """The element count of `shape` as (static product, multiset of symbolic dim names)."""
+    """The element count of `shape` as (static product, multiset of symbolic dim names); a
+    multiple of one symbol (`?(2*s0)`, a concat of a tensor with itself) is its factor and
+    the symbol."""
     static = math.prod(d for d in shape if isinstance(d, int))
-    return static, Counter(d.name for d in shape if isinstance(d, SymDim))
+    names: Counter = Counter()
+    for d in shape:
+        if isinstance(d, SymDim):
+            terms, const = (dims.parse(d.name) if dims.is_derived(d.name) else None) or ({}, 1)
+            if len(terms) == 1 and const == 0 and next(iter(terms.values())) > 0:
+                (symbol, coefficient), = terms.items()
+                static, names[symbol] = static * coefficient, names[symbol] + 1
+            else:
+                names[d.name] += 1
+    return static, names
 
 
 def resolve_reshape(op: str, source: Sequence[Dim], target: Sequence[Dim]) -> tuple[Dim, ...]:

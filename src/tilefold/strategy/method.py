@@ -52,9 +52,9 @@ class Kernel:
     @classmethod
     def native(cls, loaded: RowKernel) -> Kernel:
         """A codegen row kernel (`function`, `source`, `assembly`) as a `Kernel`."""
-        function = loaded.function
-        return cls(function, loaded.source, loaded.assembly,
-                   calls=lambda *arrays: [NativeCall(function, arrays)])
+        native, bound = loaded.native, loaded.bound
+        return cls(loaded.function, loaded.source, loaded.assembly,
+                   calls=lambda *arrays: [NativeCall(native, (*arrays, *bound), bound)])
 
     @property
     def source(self) -> str:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
+from tilefold.codegen.cpu.rowkernel import RowKernel
 from tilefold.codegen.gemm.abi import DATA_OFFSET
 from tilefold.errors import UnsupportedError
 from tilefold.runtime import compile_generated, emit_assembly, source_digest
@@ -173,15 +174,9 @@ def scalar_ir(group: ScalarGroup, name: str, triple: str) -> str:
     return str(module)
 
 
-@dataclass(frozen=True)
-class ScalarKernel:
-    function: Callable[..., None]
-    source: Callable[[], str]
-    assembly: Callable[[], str]
-
-
-def scalar_kernel(group: ScalarGroup, name: str, target: Target) -> ScalarKernel:
-    """The compiled loop (cached on disk by the group's description)."""
+def scalar_kernel(group: ScalarGroup, name: str, target: Target) -> RowKernel:
+    """The compiled loop (cached on disk by the group's description), called as a row kernel
+    is (array objects in)."""
     if DATA_OFFSET < 0:
         raise UnsupportedError("this Python keeps NumPy data pointers where tilefold cannot "
                                "read them; native kernels are unavailable (extern still works)")
@@ -193,4 +188,4 @@ def scalar_kernel(group: ScalarGroup, name: str, target: Target) -> ScalarKernel
                                  name=name)
     nargs = len(group.inputs) + len(group.outputs)
     fn = compiled.function(name, None, *([ctypes.py_object] * nargs))
-    return ScalarKernel(fn, make_ir, lambda: emit_assembly(make_ir(), target))
+    return RowKernel(fn, make_ir, lambda: emit_assembly(make_ir(), target))

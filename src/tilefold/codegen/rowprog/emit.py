@@ -75,8 +75,9 @@ class Emitter:
         self._scalars(b, ptrs, row, self.stages, scalars)
         for value, arg in self.p.outputs:
             if not self.p.vec[value]:
-                memory.store_scalar(b, scalars[value], u.gep(b, ptrs[arg], row),
-                                    self.p.memory[arg])
+                dtype = self.p.memory[arg]
+                memory.store_scalar(b, _from_lanes(b, scalars[value], dtype),
+                                    u.gep(b, ptrs[arg], row), dtype)
 
     def _scalars(self, b, ptrs, row, stage, scalars) -> None:
         """Scalar (per-row) values that become computable at the start of `stage`."""
@@ -86,8 +87,9 @@ class Emitter:
                 continue
             if i in self.p.sources:
                 src = self.p.sources[i]
-                scalars[i] = memory.load_scalar(b, u.gep(b, ptrs[src.arg], _offset(b, src, row)),
-                                                self.p.memory[src.arg])
+                dtype = self.p.memory[src.arg]
+                scalars[i] = _to_lanes(b, memory.load_scalar(
+                    b, u.gep(b, ptrs[src.arg], _offset(b, src, row)), dtype), dtype)
             elif self.p.prims[i].op not in IDENTITY:
                 prim = self.p.prims[i]
                 scalars[i] = self._op(m, prim, [scalars[a] for a in prim.args])
@@ -149,10 +151,11 @@ class Emitter:
         return out
 
     def _load(self, b, base, offset, mask, dtype: str = "f32"):
-        return memory.load_vector(b, u.gep(b, base, offset), dtype, self.lanes, mask)
+        raw = memory.load_vector(b, u.gep(b, base, offset), dtype, self.lanes, mask)
+        return _to_lanes(b, raw, dtype)
 
     def _store(self, b, value, base, offset, mask, dtype: str = "f32"):
-        memory.store_vector(b, value, u.gep(b, base, offset), dtype, mask)
+        memory.store_vector(b, _from_lanes(b, value, dtype), u.gep(b, base, offset), dtype, mask)
 
     @staticmethod
     def _op(m: MathBuilder, prim: Prim, args: list[ir.Value]) -> ir.Value:
@@ -245,3 +248,21 @@ def _horizontal(b: ir.IRBuilder, op: str, acc: ir.Value, lanes: int) -> ir.Value
     name = "fmaximum" if op == "rmax" else "fminimum"
     fn = u.intrinsic(b.module, f"llvm.vector.reduce.{name}.v{lanes}f32", u.f32, [vty])
     return b.call(fn, [acc])
+
+
+def _to_lanes(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:
+    """A loaded element in the program's lanes: a bool (i1) as 0.0/1.0, the rest as loaded."""
+    return b.uitofp(value, _like(value.type, u.f32)) if dtype == "bool" else value
+
+
+def _from_lanes(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:
+    """A lane value in the form `memory` stores for `dtype`: a bool from 0.0/1.0 as i1."""
+    if dtype != "bool":
+        return value
+    return b.fcmp_unordered("une", value, ir.Constant(value.type, 0.0 if not isinstance(
+        value.type, ir.VectorType) else [0.0] * value.type.count))
+
+
+def _like(ty: ir.Type, element: ir.Type) -> ir.Type:
+    return u.vec(element, ty.count) if isinstance(ty, ir.VectorType) else element
+

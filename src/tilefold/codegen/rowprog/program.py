@@ -10,9 +10,9 @@ how the ops line its dims up with C's (`Space`, over `tilefold.ir.axes`), never 
 an [N] bias and an [M] row sum look alike when M == N.
 
 Values are f32 lanes (bf16/f16 results rounded after each op, bools as 0/1) or i32 lanes
-(integer arithmetic, wrapping as the reference's); arguments are f32, bf16, f16 or i32 in
-memory, and an input may be stored wider than its IR type (a bf16 GEMM's f32 sums, rounded
-to bf16 when loaded).
+(integer arithmetic, wrapping as the reference's); arguments are f32, bf16, f16, i32 or bool
+(a mask, as 0/1 lanes) in memory, and an input may be stored wider than its IR type (a bf16
+GEMM's f32 sums, rounded to bf16 when loaded).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tilefold.ir.types import TensorType
 
 # Dtypes a value inside the program may have, held in f32 lanes: rounded values, 0/1 masks.
 INTERNAL = {"f32", "f16", "bf16", "bool", "i32"}
-MEMORY = {"f32", "f16", "bf16", "i32"}  # element types of the arguments
+MEMORY = {"f32", "f16", "bf16", "i32", "bool"}  # element types of the arguments
 INT_ARITH = {"add", "sub", "mul", "max", "min", "relu", "neg", "abs"}  # i32 in, i32 out
 INT_COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}  # i32 in, 0/1 in f32 out
 IDENTITY = {"rsum": 0.0, "rmax": -math.inf, "rmin": math.inf}  # row reductions
@@ -67,7 +67,7 @@ class Program:
     `memory[arg]` what element type argument `arg` holds, `ints` the values in i32 lanes
     ("itof" converts one to f32)."""
 
-    rows: int
+    rows: int = field(repr=False)  # not in the repr (a kernel's fingerprint): run-time rows
     n: int
     prims: dict[int, Prim] = field(default_factory=dict)
     sources: dict[int, Source] = field(default_factory=dict)

@@ -14,23 +14,23 @@ aten = torch.ops.aten
 
 @lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def arange(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
-    """start + step * i; the length comes from PyTorch's (possibly symbolic) result shape"""
-    start = _number(ctx, args[0]) if len(args) >= 2 else 0
-    step = _number(ctx, args[2] if len(args) == 3 else kwargs.get("step", 1))
-    if not isinstance(start, int | float) or not isinstance(step, int | float):
-        raise NotApplicable("arange with a symbolic start or step")
-    return ctx.op("arange", shape=ctx.out_shape(), start=start, step=step, dtype=ctx.out_dtype())
-
-
-def _number(ctx: LoweringContext, value: Any) -> Any:
-    return value if isinstance(value, float) else ctx.size(value)
+    """start + step * i; the length comes from PyTorch's (possibly symbolic) result shape, a
+    symbolic start is added at run time, a symbolic step is specialized"""
+    start = args[0] if len(args) >= 2 else kwargs.get("start", 0)
+    step = ctx.number(args[2] if len(args) == 3 else kwargs.get("step", 1))
+    shape, dtype = ctx.out_shape(), ctx.out_dtype()
+    first = start if isinstance(start, float) else ctx.size(start)
+    if isinstance(first, int | float):
+        return ctx.op("arange", shape=shape, start=first, step=step, dtype=dtype)
+    line = ctx.op("arange", shape=shape, step=step, dtype=dtype)
+    return ctx.op("add", line, ctx.operand(start, dtype))
 
 
 def _filled(ctx: LoweringContext, value: Any) -> Any:
-    """A scalar broadcast to the result shape."""
-    if not isinstance(value, bool | int | float):
+    """A scalar (a SymInt, with dynamic=True: read at run time) broadcast to the result shape."""
+    if not isinstance(value, bool | int | float | torch.fx.Node):
         raise NotApplicable(f"fill value {value!r}")
-    scalar = ctx.scalar(value, ctx.out_dtype())
+    scalar = ctx.operand(value, ctx.out_dtype())
     shape = ctx.out_shape()
     return ctx.op("broadcast_to", scalar, shape=shape) if shape else scalar
 
@@ -79,5 +79,5 @@ def triangle(ctx: LoweringContext, x: Any, diagonal: int = 0) -> Any:
     cols = ctx.op("arange", shape=[t.shape[-1]])
     offset = ctx.op("sub", cols, rows)
     cmp = "le" if ctx.node.target is aten.tril.default else "ge"
-    keep = ctx.op(cmp, offset, ctx.scalar(diagonal, offset.dtype))
+    keep = ctx.op(cmp, offset, ctx.operand(diagonal, offset.dtype))
     return ctx.op("where", keep, t, ctx.scalar(0, t.dtype))

@@ -86,7 +86,7 @@ def _unary(name: str):
 def _arithmetic(name: str):
     def rule(ctx: LoweringContext, x: Any, y: Any, *, alpha: Any = 1) -> Any:
         dtype = ctx.out_dtype()
-        if alpha == 1:
+        if alpha == 1:  # else a number, or a SymInt (dynamic=True) read at run time
             return ctx.elementwise(lambda a, b: ctx.op(name, a, b), [x, y], dtype)
         if name not in ("add", "sub"):
             raise NotApplicable(f"alpha={alpha} on {name}")
@@ -126,7 +126,7 @@ for _target, _name in COMPARISON.items():
 @lowering(aten.softplus.default, whole=True)
 def softplus(ctx: LoweringContext, x: Any, beta: Any = 1, threshold: Any = 20) -> Any:
     """log(1 + e**(beta x)) / beta, linear above the threshold"""
-    attrs = {"beta": float(beta), "threshold": float(threshold)}
+    attrs = {"beta": float(ctx.number(beta)), "threshold": float(ctx.number(threshold))}
     return ctx.elementwise(lambda t: ctx.op("softplus", t, **attrs), [x], ctx.out_dtype())
 
 
@@ -262,8 +262,8 @@ def rsub(ctx: LoweringContext, x: Any, y: Any, alpha: Any = 1) -> Any:
     """y - alpha * x"""
     dt = ctx.out_dtype()
     t = ctx.operand(x, dt)
-    if alpha != 1:
-        t = ctx.op("mul", t, ctx.scalar(alpha, dt))
+    if alpha != 1:  # a number, or a SymInt (dynamic=True) read at run time
+        t = ctx.op("mul", t, ctx.operand(alpha, dt))
     return ctx.op("sub", ctx.operand(y, dt), t)
 
 

@@ -29,6 +29,7 @@ def mm(ctx: LoweringContext, a: Any, b: Any) -> Any:
 @lowering(aten.addmm.default)
 def addmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     """beta * bias + alpha * (a @ b); beta = 0 ignores bias (its NaNs too), as PyTorch"""
+    beta, alpha = ctx.number(beta), ctx.number(alpha)  # beta == 0 decides the IR
     if not all(isinstance(v, int | float) for v in (beta, alpha)):
         raise NotApplicable(f"addmm with beta={beta}, alpha={alpha}")
     product = _rows_matmul(ctx, a, ctx.tensor(b))
@@ -135,8 +136,8 @@ def _affine(ctx: LoweringContext, arg: Any, x: Any, ndims: int, fill: float) -> 
     if arg is not None:
         return ctx.cast(ctx.tensor(arg), x.dtype)
     shape = tuple(x.shape[x.ndim - ndims:])
-    if not all(isinstance(d, int) for d in shape):
-        raise NotApplicable("normalization without weight over symbolic dims")
+    if not all(isinstance(d, int) for d in shape):  # the fill broadcast to the symbolic dims
+        return ctx.op("broadcast_to", ctx.scalar(fill, x.dtype), shape=shape)
     return ctx.b.constant(np.full(shape, fill, dtype=x.dtype.np_dtype))
 
 
@@ -296,7 +297,7 @@ def vector_norm(ctx: LoweringContext, x: Any, ord: float = 2, dim: Any = None,
     def reduce(name: str, v: Any) -> Any:
         return ctx.op(name, v, axes=axes, keepdims=bool(keepdim))
 
-    p = float(ord)
+    p = float(ctx.number(ord))  # the order picks the formula
     if p == float("inf") or p == float("-inf"):
         norm = reduce("reduce_max" if p > 0 else "reduce_min", ctx.op("abs", t))
     elif p == 0:  # the number of nonzero elements

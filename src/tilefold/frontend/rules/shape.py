@@ -9,7 +9,7 @@ import torch
 from tilefold.frontend.context import LoweringContext, Merged
 from tilefold.frontend.lowering import NotApplicable, lowering
 from tilefold.frontend.symbolic import Composite
-from tilefold.ir import Tensor
+from tilefold.ir import Tensor, dims
 from tilefold.ir.types import SymDim, dim_sum
 
 aten = torch.ops.aten
@@ -18,20 +18,27 @@ END = 2**63 - 1
 
 @lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(ctx: LoweringContext, x: Any, shape: Any) -> Any:
-    """reshape; a leading size that is a product of symbolic sizes stays unflattened (Merged)"""
+    """reshape; a leading size that is a product of symbolic sizes stays unflattened (Merged);
+    sizes whose relation the IR cannot check (a product elsewhere, s0*s1 == s2) are specialized"""
     target = [ctx.size(d) for d in ctx.out().shape]
     src = ctx.value(x)
     base = src.tensor if isinstance(src, Merged) else src
     if not any(isinstance(d, Composite) for d in target):
-        return base if list(base.shape) == target else ctx.op("reshape", base, shape=target)
-    if any(isinstance(d, Composite) for d in target[1:]):
-        raise NotApplicable(f"view to {[str(d) for d in target]}: only a leading merged size")
-    for lead in range(1, base.ndim + 1):
-        if ctx.sizes.same(ctx.sizes.product(base.shape[:lead]), target[0]):
-            shape = [*base.shape[:lead], *target[1:]]
-            kept = base if list(base.shape) == shape else ctx.op("reshape", base, shape=shape)
-            return Merged(kept, lead)
-    raise NotApplicable(f"view: {target[0]} is not a product of leading dims of {base.type}")
+        if list(base.shape) == target:
+            return base
+        try:
+            return ctx.op("reshape", base, shape=target)
+        except NotApplicable:
+            ctx.static(*base.shape, *target)
+            raise
+    if not any(isinstance(d, Composite) for d in target[1:]):
+        for lead in range(1, base.ndim + 1):
+            if ctx.sizes.same(ctx.sizes.product(base.shape[:lead]), target[0]):
+                shape = [*base.shape[:lead], *target[1:]]
+                kept = base if list(base.shape) == shape else ctx.op("reshape", base, shape=shape)
+                return Merged(kept, lead)
+    ctx.static(*base.shape, *target)
+    raise NotApplicable(f"view of {base.type} to {[str(d) for d in target]}")
 
 
 @lowering(aten.permute.default)
@@ -97,13 +104,14 @@ def squeeze(ctx: LoweringContext, x: Any, dims: Any = None) -> Any:
 
 @lowering(aten.slice.Tensor)
 def slice_(
-    ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+    ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: Any = None, step: Any = 1
 ) -> Any:
-    """x[start:end:step] along dim; a symbolic result length becomes a gather of an arange"""
+    """x[start:end:step] along dim; of a symbolic dim, a gather of an arange (`take`)"""
     t = ctx.tensor(x)
     dim %= t.ndim
     in_size = t.shape[dim]
     out_size = ctx.out_shape()[dim]
+    step = ctx.number(step)
     first = 0 if start is None else ctx.size(start)
     stop = END if end is None else ctx.size(end)
     if out_size == in_size and first == 0 and step == 1:
@@ -112,22 +120,53 @@ def slice_(
         starts, stops, steps = [0] * t.ndim, [END] * t.ndim, [1] * t.ndim
         starts[dim], stops[dim], steps[dim] = first, stop, step
         return ctx.op("slice", t, starts=starts, stops=stops, steps=steps)
-    if step > 0 and not isinstance(first, Composite):
-        if isinstance(first, int) and first < 0:  # the last elements of a symbolic dim
-            if stop != END or step != 1:
-                raise NotApplicable(f"slice [{first}:{stop}:{step}] of a size-{in_size} dim")
-            if out_size == in_size:  # the start clamps to 0 (PyTorch knows the sizes)
-                return t
-            if not isinstance(out_size, int):
-                raise NotApplicable(f"slice [{first}:] of a size-{in_size} dim")
-            first = dim_sum(in_size, -out_size)
-        if isinstance(first, int):
-            idx = ctx.op("arange", shape=[out_size], start=first, step=step)
-        else:
-            idx = ctx.op("add", ctx.op("arange", shape=[out_size], step=step),
-                         ctx.size_value(first))
-        return ctx.op("gather", t, idx, axis=dim)
-    raise NotApplicable(f"slice [{first}:{stop}:{step}] of a size-{in_size} dim")
+    begin = _first_index(ctx, in_size, out_size, first, stop, step)
+    if begin is None:
+        ctx.static(in_size, out_size, first, stop)
+        raise NotApplicable(f"slice [{first}:{stop}:{step}] of a size-{in_size} dim")
+    return take(ctx, t, dim, begin, out_size, step)
+
+
+def _first_index(ctx: LoweringContext, size: Any, length: Any, start: Any, stop: Any,
+                 step: int) -> Any:
+    """The index of the first element `[start:stop:step]` takes from a dim of `size`, where
+    PyTorch's result `length` tells which of the clamps (a negative bound counts from the end,
+    then bounds clamp to [0, size]) applied; None when that is not clear."""
+    if length == 0:
+        return 0
+    if isinstance(start, Composite) or isinstance(stop, Composite):
+        return None
+    starts = [dim_sum(size, start), 0] if isinstance(start, int) and start < 0 else [start]
+    if step != 1:  # the length then is a floor division, which PyTorch left only when static
+        return start if isinstance(start, int) and start >= 0 else None
+    stops = ([size] if stop == END else
+             [dim_sum(size, stop), 0] if isinstance(stop, int) and stop < 0 else [stop, size])
+    for s in starts:
+        if any(ctx.sizes.same(length, dim_sum(e, -s if isinstance(s, int) else _negated(s)))
+               for e in stops):
+            return s
+    return None
+
+
+def _negated(d: SymDim) -> SymDim:
+    terms, const = dims.parse(d.name) or ({d.name: 1}, 0)
+    return SymDim(dims.render({k: -v for k, v in terms.items()}, -const))
+
+
+def take(ctx: LoweringContext, t: Tensor, dim: int, first: Any, length: Any, step: int = 1
+         ) -> Tensor:
+    """`length` elements of `t` along `dim` from `first` by `step` >= 1 (sizes: ints or dims):
+    a slice where the dim and bounds are numbers, else a gather of an arange (a slice of a
+    symbolic dim has no static bounds)."""
+    if all(isinstance(v, int) for v in (t.shape[dim], first, length)):
+        starts, stops, steps = [0] * t.ndim, [END] * t.ndim, [1] * t.ndim
+        starts[dim], stops[dim], steps[dim] = first, first + step * length, step
+        return ctx.op("slice", t, starts=starts, stops=stops, steps=steps)
+    if isinstance(first, int):
+        idx = ctx.op("arange", shape=[length], start=first, step=step)
+    else:
+        idx = ctx.op("add", ctx.op("arange", shape=[length], step=step), ctx.size_value(first))
+    return ctx.op("gather", t, idx, axis=dim)
 
 
 @lowering(aten.select.int)
@@ -136,10 +175,15 @@ def select(ctx: LoweringContext, x: Any, dim: int, index: Any) -> Any:
     t = ctx.tensor(x)
     dim %= t.ndim
     size, i = t.shape[dim], ctx.size(index)
-    if not isinstance(i, int) or (i < 0 and not isinstance(size, int)):
-        raise NotApplicable(f"select index {i} on a dim of size {size}")
+    i64 = ctx.dtype(torch.int64)
+    if not isinstance(i, int):  # read at run time; a negative one counts from the end
+        at = ctx.size_value(i)
+        wrapped = ctx.op("add", at, ctx.size_value(size))
+        at = ctx.op("where", ctx.op("lt", at, ctx.scalar(0, i64)), wrapped, at)
+        return ctx.op("gather", t, at, axis=dim)
     if isinstance(size, SymDim):
-        return ctx.op("gather", t, ctx.scalar(i, ctx.dtype(torch.int64)), axis=dim)
+        at = ctx.scalar(i, i64) if i >= 0 else ctx.size_value(dim_sum(size, i))
+        return ctx.op("gather", t, at, axis=dim)
     starts, stops, steps = [0] * t.ndim, [END] * t.ndim, [1] * t.ndim
     starts[dim], stops[dim] = i % size, i % size + 1
     picked = ctx.op("slice", t, starts=starts, stops=stops, steps=steps)
@@ -161,15 +205,11 @@ def split(ctx: LoweringContext, x: Any, sizes: Any, dim: int = 0) -> list[Tensor
     t = ctx.tensor(x)
     dim %= t.ndim
     outs = []
-    offset = 0
+    offset: Any = 0
     for piece in ctx.out():
-        n = ctx.size(piece.shape[dim])
-        if not isinstance(n, int):
-            raise NotApplicable("split into pieces of symbolic size")
-        starts, stops, steps = [0] * t.ndim, [END] * t.ndim, [1] * t.ndim
-        starts[dim], stops[dim] = offset, offset + n
-        outs.append(ctx.op("slice", t, starts=starts, stops=stops, steps=steps))
-        offset += n
+        (n,) = ctx.dims([piece.shape[dim]])
+        outs.append(take(ctx, t, dim, offset, n))
+        offset = dim_sum(offset, n)
     return outs
 
 

@@ -507,5 +507,5 @@ def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:
     lanes = _lanes(ctx)
     fingerprint = f"{source_digest(*_EPILOGUE_GENERATORS)}|{prog!r}|{lanes}"
     return Kernel.native(generated_row_kernel(
-        fingerprint, problem.kernel_symbol("tf_epilogue"), len(ins) + len(outs), prog.rows,
+        fingerprint, "tf_epilogue", len(ins) + len(outs), prog.rows,
         prog.n, ctx.threads, ctx.target, lambda: Emitter(prog, lanes, ctx.target.features)))
