@@ -190,3 +190,23 @@ def test_a_vocabulary_head_takes_the_head_format(head):
     assert_close(got[0].reshape(3, -1), a.astype(np.float64) @ wide_q.T, dtype="f32", reduced=k)
     assert_close(got[2], a.astype(np.float64) @ _dequantized(narrow, 1, "int4").T, dtype="f32",
                  reduced=k)
+
+
+def test_a_weight_is_quantized_once_for_every_graph_that_holds_it():
+    """Two graphs multiplying by the same weight (a model's prompt and decode graphs, each with
+    its own array of the weight's bytes) share one set of codes and scales, and so one
+    weight-only layout; a weight with other bytes gets its own."""
+    w = RNG.standard_normal((160, 96)).astype(np.float32)
+    other = w.copy()
+    other[3, 5] += 1.0
+
+    def codes_of(weight):
+        pm = PassManager("quantize-weights{format=int4},dce")
+        module = pm.run(_layer(weight, True, rows=(2,)))
+        (deq,) = [op for op in module.walk() if op.name == "dequantize"]
+        return [v.defining_op.attrs["value"] for v in deq.operands]
+
+    first, again, changed = codes_of(w), codes_of(w.copy()), codes_of(other)
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert first[0] is not changed[0]
+    assert not np.array_equal(first[0].astype(np.int8), changed[0].astype(np.int8))

@@ -166,7 +166,8 @@ def _convert(graph: fx.Graph, inputs: Callable[[int, fx.Node], Input], name: str
         elif kind == "constant":
             key = id(payload)
             if key not in constants:
-                constants[key] = b.constant(to_numpy(payload))
+                # the weight's own memory: the runner re-lowers when PyTorch changes it
+                constants[key] = b.constant(to_numpy(payload), copy=False)
                 result.frozen[i] = constants[key].value.defining_op.attrs["value"]
             ctx.env[node] = constants[key]
         else:

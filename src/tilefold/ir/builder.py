@@ -184,11 +184,14 @@ class Builder:
         return Tensor(self, value)
 
     def constant(
-        self, value: Any, dtype: str | dtypes.DType | np.dtype | type | None = None
+        self, value: Any, dtype: str | dtypes.DType | np.dtype | type | None = None,
+        copy: bool = True,
     ) -> Tensor:
         """A constant tensor. NumPy data keeps its dtype; Python floats become f32, ints i64.
 
         With `dtype`, the data is converted to it (floats rounded once to nearest even).
+        `copy=False` keeps a C-contiguous array as it is (a frozen weight whose owner watches
+        for changes), so the IR does not hold the model's weights a second time.
         """
         array = np.asarray(value)
         if dtype is not None:
@@ -200,7 +203,7 @@ class Builder:
             array = round_to(array, dt)
         elif not isinstance(value, np.ndarray | np.generic) and array.dtype == np.float64:
             array = array.astype(np.float32)
-        return self.op("constant", value=np.array(array, order="C"))
+        return self.op("constant", value=np.array(array, order="C", copy=copy or None))
 
     def _name(self) -> str:
         taken = {v.name for v in self.function.args}

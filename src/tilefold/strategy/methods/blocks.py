@@ -249,7 +249,7 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
     c_val = mm.results[0]
     n_in = len(problem.inputs)
     c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
-    scratch = np.empty(problem.shape(c_val), np.float32)
+    scratch = _c_buffer(problem.shape(c_val), c_out)
     epilogue = _Epilogue(problem, ctx, epi, c_val)
     call = None
     if rows and k and layout.n:
@@ -393,6 +393,17 @@ class _Epilogue:
         return [] if self.kernel is None else self.kernel.calls(*self._args(c, arrays))
 
 
+def _c_buffer(shape: tuple, c_out: int | None) -> np.ndarray:
+    """C's own f32 buffer when C is no output of the group (`c_out` None); else C is the output's
+    array and this only stands for its shape and C-contiguous strides in planning (never
+    written: a prompt's GEMMs would otherwise hold a second copy of every output)."""
+    if c_out is None:
+        return np.empty(shape, np.float32)
+    strides = tuple(4 * int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
+    return np.lib.stride_tricks.as_strided(np.empty(1, np.float32), shape, strides,
+                                           writeable=False)
+
+
 def _kernel(run, gemm: str, epilogue: _Epilogue, calls=None) -> Kernel:
     epi_kernel = epilogue.kernel
     if epi_kernel is None:
@@ -423,7 +434,7 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
     c_val = mm.results[0]
     n_in = len(problem.inputs)
     c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
-    scratch = np.empty(problem.shape(c_val), np.float32)
+    scratch = _c_buffer(problem.shape(c_val), c_out)
     probe = [np.empty(t.shape, np.float32) for t in problem.in_types()]
     a0, b0 = ops.a(probe), ops.b(probe)
     packed = plan = None
