@@ -10,8 +10,10 @@ import pytest
 
 import tilefold as tf
 from tests.tolerances import assert_close
+from tilefold import dtypes
 from tilefold.errors import DTypeError, PassError
 from tilefold.ir import Builder, interpret
+from tilefold.ir.ops.quant import Quantize
 from tilefold.passes import PassManager
 from tilefold.passes.quantize_weights import quantize_weight
 
@@ -96,6 +98,10 @@ def test_quantization_error_is_half_a_code_step(fmt, lo, hi):
     fit = np.maximum(blocks.max(axis=2, keepdims=True) / hi, blocks.min(axis=2, keepdims=True) / lo)
     assert np.all(np.abs(scale[..., None] - fit) <= 2.0**-11 * fit)
     assert codes.astype(np.int64).min() == lo or fmt == "int8"
+    assert np.array_equal(codes.astype(np.int64), Quantize.reference(
+        [w, scale], {"dtype": dtypes.i8 if fmt == "int8" else dtypes.i4}).astype(np.int64))
+    t_codes, t_scale = quantize_weight(np.ascontiguousarray(w.T), 0, fmt)  # along axis 0
+    assert np.array_equal(t_codes, codes.T) and np.array_equal(t_scale, scale.T)
     bound = np.broadcast_to(scale[..., None] / 2, (64, 128 // group, group)).reshape(64, 128)
     assert np.all(np.abs(wq - w) <= bound * (1 + 1e-6))
     graph = tf.compile(_layer(w, True, rows=(4,), epilogue=False), strict=True, weights=fmt)

@@ -37,7 +37,6 @@ import numpy as np
 from tilefold import dtypes
 from tilefold.errors import PassError
 from tilefold.ir import Function
-from tilefold.ir.ops.quant import Quantize
 from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter, constant_of
@@ -51,6 +50,7 @@ _VIEWS = frozenset({"reshape", "slice", "squeeze", "expand_dims", "cast"})
 
 
 F16_NORMAL = (2.0**-14, 65504.0)
+_CHUNK = 1 << 20  # weights quantized at a time
 
 
 def quantize_weight(w: np.ndarray, axis: int, fmt: str, group_size: int | None = None
@@ -62,15 +62,24 @@ def quantize_weight(w: np.ndarray, axis: int, fmt: str, group_size: int | None =
     group = group_size or group
     k = w.shape[axis]
     blocks = 1 if group is None else k // group
-    moved = np.moveaxis(w.astype(np.float32), axis, -1)
-    block = moved.reshape(*moved.shape[:-1], blocks, k // blocks)
+    moved = np.moveaxis(np.asarray(w, np.float32), axis, -1)
+    block = moved.reshape(-1, blocks, k // blocks)
     fit = np.maximum(block.max(axis=-1).astype(np.float64) / hi,
                      block.min(axis=-1).astype(np.float64) / lo)
-    scale = np.moveaxis(np.where(fit > 0, fit, 1.0), -1, axis).astype(np.float32)
-    half = scale.astype(np.float16).astype(np.float32)
+    step = np.where(fit > 0, fit, 1.0).astype(np.float32)
+    half = step.astype(np.float16).astype(np.float32)
     if ((half >= F16_NORMAL[0]) & (half <= F16_NORMAL[1])).all():
-        scale = half
-    return Quantize.reference([w, scale], {"dtype": code}), scale
+        step = half
+    # The `quantize` op's codes (x / scale in f64, rounded, clipped), block by block and a few
+    # rows at a time: no expanded scales, no f64 copy of the whole weight.
+    codes = np.empty(block.shape, code.np_dtype)
+    rows = max(1, _CHUNK // max(1, k))
+    for r in range(0, block.shape[0], rows):
+        q = np.rint(block[r:r + rows] / step[r:r + rows, :, None].astype(np.float64))
+        codes[r:r + rows] = np.clip(q, lo, hi, out=q)
+    scale = np.moveaxis(step.reshape(*moved.shape[:-1], blocks), -1, axis)
+    codes = np.moveaxis(codes.reshape(moved.shape), -1, axis)
+    return np.ascontiguousarray(codes), np.ascontiguousarray(scale)
 
 
 @register_pass
@@ -108,11 +117,7 @@ class QuantizeWeights(Pass):
             s = rewriter.create(op, "constant", [], {"value": scale}, loc=op.loc).results[0]
             deq = rewriter.create(op, "dequantize", [q, s], {"dtype": dtypes.f32},
                                   loc=op.loc).results[0]
-            name = op.results[0].name  # the new matmul takes over the old one's name
-            op.results[0].name = rewriter.fresh_name()
-            mm = rewriter.create(op, "matmul", [op.operands[0], deq], dict(op.attrs), [name],
-                                 loc=op.loc)
-            rewriter.replace(op, mm.results)
+            op.operands = [op.operands[0], deq]  # the same f32 type: the matmul stays
             self.count("num-quantized")
         rewriter.erase_dead()
 
@@ -126,7 +131,7 @@ _SCALES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _quantized_once(w: np.ndarray, axis: int, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    digest = hashlib.blake2b(np.ascontiguousarray(w).data, digest_size=16).hexdigest()
+    digest = hashlib.sha256(np.ascontiguousarray(w).data).hexdigest()
     key = (digest, w.shape, str(w.dtype), axis, fmt)
     codes, scale = _CODES.get(key), _SCALES.get(key)
     if codes is None or scale is None:
