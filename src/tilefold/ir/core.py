@@ -198,7 +198,8 @@ class Function:
 
     def replace_all_uses(self, old: Value, new: Value) -> None:
         for op in self.walk():
-            op.operands = [new if v is old else v for v in op.operands]
+            if old in op.operands:  # Values compare by identity
+                op.operands = [new if v is old else v for v in op.operands]
 
 
 class Module:
