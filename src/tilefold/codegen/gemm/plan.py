@@ -20,6 +20,10 @@ from tilefold.runtime.replay import NativeCall
 
 # Below this many flops a second thread costs more (wake-up, split) than it saves.
 PARALLEL_MIN_FLOPS = 2_000_000
+# A GEMV streams its matrix (two flops a four-byte weight): from this many bytes of it a second
+# thread's share of the memory bandwidth pays for its wake-up (a decode step's projections,
+# 1-4 MB each, read from DRAM: one core draws ~28 of a Zen 4's 48 GB/s).
+GEMV_PARALLEL_MIN_BYTES = 256 * 1024
 # A kernel keeping its A micro-panel in L1 runs a K up to this many KCs as one K block (the
 # panel then takes up to a quarter of L1 instead of a sixth): each further K block loads and
 # stores every C tile once more (1024x1536x384 at 2 threads, rocketlake: one block of 384
@@ -152,7 +156,7 @@ class GemvPlan(NativePlan):
     def __init__(self, module: GemmModule, n_out: int, k: int, ldw: int, incx: int, incy: int,
                  beta: int, threads: int, mode: GemvMode, w_is_a: bool,
                  config: GemvConfig | None = None):
-        threads = max(1, threads if 2 * n_out * k >= PARALLEL_MIN_FLOPS else 1)
+        threads = max(1, threads if 4 * n_out * k >= GEMV_PARALLEL_MIN_BYTES else 1)
         config = config or derive_gemv_config(module.target, mode, threads)
         values = {GemvParam.N_OUT: n_out, GemvParam.K: k, GemvParam.LDW: ldw,
                   GemvParam.INC_X: incx, GemvParam.INC_Y: incy, GemvParam.BETA: beta,
