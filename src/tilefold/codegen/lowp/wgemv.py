@@ -63,8 +63,32 @@ class WParam(ParamBlock):
     DATA_OFFSET = 16
 
 
+class ChunkGeometry:
+    """A group chunk of the stream layout as a kernel walks it (for specs with `decoder`,
+    `group`, `panels`, `lanes` and `f16_scales`): steps of one 32-bit code word a lane, the
+    code bytes and the scale bytes of a tile."""
+
+    decoder: Decoder
+    group: int
+    panels: int
+    lanes: int
+    f16_scales: bool
+
+    @property
+    def steps(self) -> int:
+        return -(-self.group // self.decoder.per_step)
+
+    @property
+    def code_bytes(self) -> int:
+        return self.steps * self.panels * self.lanes * 4
+
+    @property
+    def scale_bytes(self) -> int:
+        return self.panels * self.lanes * (2 if self.f16_scales else 4)
+
+
 @dataclass(frozen=True)
-class WgemvSpec:
+class WgemvSpec(ChunkGeometry):
     """One compiled module: decoder, lanes, panels per tile, group (and padded group), steps
     unrolled, rows per pass, scale storage and corrections."""
 
@@ -78,10 +102,6 @@ class WgemvSpec:
     dot: bool = False  # int8 x (per block of 32) and an integer dot product (`wvnni.py`)
 
     @property
-    def steps(self) -> int:
-        return -(-self.group // self.decoder.per_step)
-
-    @property
     def group_padded(self) -> int:
         return self.steps * self.decoder.per_step
 
@@ -90,13 +110,6 @@ class WgemvSpec:
         """Whether the kernel needs each group's sum of x."""
         return self.corrected or bias_correction(self.decoder, self.corrected) != 0
 
-    @property
-    def code_bytes(self) -> int:
-        return self.steps * self.panels * self.lanes * 4
-
-    @property
-    def scale_bytes(self) -> int:
-        return self.panels * self.lanes * (2 if self.f16_scales else 4)
 
     @property
     def name(self) -> str:
@@ -216,14 +229,9 @@ def emit_float_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
                 acc[i] = u.fma(b, t, sc, acc[i])
                 if cr is not None:
                     acc[i] = u.fma(b, sx[m], cr, acc[i])
-        if in_regs:
-            gl.next = acc
-        else:
-            for i in range(n_acc):
-                b.store(acc[i], u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4)
-    final = gl.result if in_regs else [
-        b.load(u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4) for i in range(n_acc)]
-    store_tile(b, final, y, ldy, ncols, mt, panels, lanes)
+        keep_accumulators(b, gl, acc, in_regs, scratch, lanes)
+    store_tile(b, final_accumulators(b, gl, in_regs, scratch, n_acc, lanes), y, ldy, ncols, mt,
+               panels, lanes)
     b.ret_void()
     return fn
 
@@ -352,3 +360,22 @@ def module_ir(spec: WgemvSpec, target: Target, emit_tile, emit_prologue) -> str:
 def wgemv_ir(spec: WgemvSpec, target: Target) -> str:
     """LLVM IR of the float-decoding module for `spec`."""
     return module_ir(spec, target, emit_float_tile, emit_float_prologue)
+
+
+def keep_accumulators(b: ir.IRBuilder, gl, acc: list, in_regs: bool, scratch, lanes: int
+                      ) -> None:
+    """A group's sums carried to the next group: the loop's values, or stored to scratch."""
+    if in_regs:
+        gl.next = acc
+    else:
+        for i, a in enumerate(acc):
+            b.store(a, u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4)
+
+
+def final_accumulators(b: ir.IRBuilder, gl, in_regs: bool, scratch, n_acc: int, lanes: int
+                       ) -> list:
+    """The sums after the last group: the loop's results, or loaded from scratch."""
+    if in_regs:
+        return gl.result
+    return [b.load(u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4)
+            for i in range(n_acc)]

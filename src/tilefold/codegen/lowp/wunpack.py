@@ -25,7 +25,7 @@ from tilefold.codegen.lowp.decode import (
     nibble_k,
     x_scales,
 )
-from tilefold.codegen.lowp.wgemv import load_corrections, load_scales
+from tilefold.codegen.lowp.wgemv import ChunkGeometry, load_corrections, load_scales
 from tilefold.target import Target
 
 ENTRY = "tf_wunpack"
@@ -48,7 +48,7 @@ class UParam(ParamBlock):
 
 
 @dataclass(frozen=True)
-class UnpackSpec:
+class UnpackSpec(ChunkGeometry):
     """One compiled decoder into panels of `nr` columns."""
 
     decoder: Decoder
@@ -58,18 +58,6 @@ class UnpackSpec:
     f16_scales: bool
     corrected: bool
     nr: int
-
-    @property
-    def steps(self) -> int:
-        return -(-self.group // self.decoder.per_step)
-
-    @property
-    def code_bytes(self) -> int:
-        return self.steps * self.panels * self.lanes * 4
-
-    @property
-    def scale_bytes(self) -> int:
-        return self.panels * self.lanes * (2 if self.f16_scales else 4)
 
     @property
     def name(self) -> str:

@@ -20,6 +20,8 @@ from tilefold.codegen.lowp.wgemv import (
     PROLOGUE_TYPE,
     TILE_TYPE,
     WgemvSpec,
+    final_accumulators,
+    keep_accumulators,
     load_corrections,
     load_scales,
     module_ir,
@@ -147,14 +149,9 @@ def emit_dot_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
                 if cr is not None:
                     gs = u.splat(b, b.load(u.gep(b, gsum_rows[m], g), align=4), lanes)
                     acc[i] = u.fma(b, gs, cr, acc[i])
-        if in_regs:
-            gl.next = acc
-        else:
-            for i in range(n_acc):
-                b.store(acc[i], u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4)
-    final = gl.result if in_regs else [
-        b.load(u.vptr(b, u.gep(b, scratch, i * lanes), lanes), align=4) for i in range(n_acc)]
-    store_tile(b, final, y, ldy, ncols, mt, panels, lanes)
+        keep_accumulators(b, gl, acc, in_regs, scratch, lanes)
+    store_tile(b, final_accumulators(b, gl, in_regs, scratch, n_acc, lanes), y, ldy, ncols, mt,
+               panels, lanes)
     b.ret_void()
     return fn
 
