@@ -16,9 +16,10 @@ from __future__ import annotations
 import copy
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -104,6 +105,27 @@ Native = Callable[[list], list[NativeCall] | None]
 
 
 @dataclass
+class StepTimes:
+    """Seconds spent per step label over the profiled calls of a compiled graph
+    (`CompiledGraph.profiling`): kernels by method, ops and first operand's shape, copies and
+    in-place updates."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    calls: int = 0
+
+    def add(self, label: str, seconds: float) -> None:
+        self.seconds[label] = self.seconds.get(label, 0.0) + seconds
+        self.counts[label] = self.counts.get(label, 0) + 1
+
+    def per_call(self) -> list[tuple[str, float, int]]:
+        """(label, seconds per call, steps per call), the most time first."""
+        calls = max(1, self.calls)
+        return sorted(((label, s / calls, self.counts[label] // calls)
+                       for label, s in self.seconds.items()), key=lambda row: -row[1])
+
+
+@dataclass
 class Plan:
     """Everything one input signature needs: steps, preallocated intermediates, outputs."""
 
@@ -120,23 +142,32 @@ class Plan:
     nbytes: int = 0  # the buffers it holds (intermediates, copies)
     replay: Recording | None = None  # the steps recorded for one set of input arrays
     last_inputs: tuple = ()  # the previous call's input arrays (two alike: record them)
+    labels: list[str] = field(default_factory=list)  # per step: what it runs (for profiles)
 
     @property
     def held(self) -> int:
         """Bytes of buffers this plan holds, its recording's included."""
         return self.nbytes + (self.replay.nbytes if self.replay is not None else 0)
 
-    def execute(self, env: list, arrays: Sequence[np.ndarray], outputs: Sequence[np.ndarray]
-                ) -> None:
-        """Run the steps in Python on `env` (this plan's, or a recording's own copy)."""
+    def execute(self, env: list, arrays: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+                times: StepTimes | None = None) -> None:
+        """Run the steps in Python on `env` (this plan's, or a recording's own copy); with
+        `times`, each step timed into it."""
         for slot, a in zip(self.input_slots, arrays, strict=True):
             env[slot] = a
         for (slot, _, _), out in zip(self.output_slots, outputs, strict=True):
             env[slot] = out
         for slot, x, view, attrs in self.views:
             env[slot] = view(env[x], attrs)
-        for run, slots in self.steps:
+        if times is None:
+            for run, slots in self.steps:
+                run(*[env[s] for s in slots])
+            return
+        for (run, slots), label in zip(self.steps, self.labels, strict=True):
+            started = time.perf_counter()
             run(*[env[s] for s in slots])
+            times.add(label, time.perf_counter() - started)
+        times.calls += 1
 
     def results_of(self, env: list, copy_fresh: bool) -> list[np.ndarray]:
         fresh = {s for s, _, _ in self.output_slots} if copy_fresh else set()
@@ -219,6 +250,8 @@ class CompiledGraph:
         # replayed from then on (`Recording`); TILEFOLD_REPLAY=0 turns that off.
         self.replay = os.environ.get("TILEFOLD_REPLAY", "1") != "0" and (
             target is None or target.is_host())
+        # Set to a StepTimes to time every step of every call into it (replay is then off).
+        self.profiling: StepTimes | None = None
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # most recently used last
         self._decided: OrderedDict[tuple, Decision] = OrderedDict()  # likewise
         self._symbols: dict[Operation, tuple[str, ...]] = {}
@@ -236,16 +269,17 @@ class CompiledGraph:
                 bind_symbols(self.function, arrays)  # TilefoldError on a bad shape or dtype
                 plan = self._keep(key, self._plan([a.shape for a in arrays]))
             self._plans.move_to_end(key)
-            if plan.replay is not None and plan.replay.matches(arrays):
+            times = self.profiling
+            if times is None and plan.replay is not None and plan.replay.matches(arrays):
                 return plan.replay()
-            if self.replay and plan.last_inputs and all(
+            if times is None and self.replay and plan.last_inputs and all(
                     a is b for a, b in zip(arrays, plan.last_inputs, strict=True)):
                 plan.replay, plan.last_inputs = Recording(plan, arrays), ()
                 return list(plan.replay.results)
             plan.last_inputs = tuple(arrays) if self.replay else ()
             fresh = poison if plan.poisoned else np.empty
             outputs = [fresh(shape, dtype) for _, shape, dtype in plan.output_slots]
-            plan.execute(plan.env, arrays, outputs)
+            plan.execute(plan.env, arrays, outputs, times)
             results = plan.results_of(plan.env, copy_fresh=False)
             for slot in plan.input_slots:  # the caller's arrays: not kept past the call
                 plan.env[slot] = None
@@ -318,6 +352,7 @@ class _Planner:
         self.bindings = bind_shapes(fn.args, shapes)
         self.steps: list[tuple] = []
         self.natives: list[Native | None] = []
+        self.labels: list[str] = []
         self.views: list[tuple] = []
         self.layout: dict[str, str] = {}
         self.fresh: list[tuple[int, tuple, np.dtype]] = []
@@ -361,15 +396,18 @@ class _Planner:
             self.env[self.slot[v]] = None
         return Plan(self.steps, self.natives, self.views, self.env,
                     [self.slot[a] for a in self.fn.args], self.fresh, results, decisions,
-                    self.layout, self.alloc is poison, self.nbytes)
+                    self.layout, self.alloc is poison, self.nbytes, labels=self.labels)
 
-    def _step(self, run: Callable[..., None], slots: list[int], native: Native | None) -> None:
+    def _step(self, run: Callable[..., None], slots: list[int], native: Native | None,
+              label: str) -> None:
         self.steps.append((run, slots))
         self.natives.append(native)
+        self.labels.append(label)
 
     def _copy_step(self, dst: int, src: int) -> None:
         """A step copying slot `src`'s array into slot `dst`'s (np.copyto; natively a copy)."""
-        self._step(np.copyto, [dst, src], lambda env: _one(copy_call(env[dst], env[src])))
+        self._step(np.copyto, [dst, src], lambda env: _one(copy_call(env[dst], env[src])),
+                   "copy")
 
     def _attrs(self, op: Operation) -> dict:
         def size(d):
@@ -420,7 +458,8 @@ class _Planner:
         native = NATIVE_UPDATES.get(op.name)
         self._step(lambda *arrays: update(*arrays, attrs=attrs), slots,
                    None if native is None else
-                   lambda env: native(*[env[s] for s in slots], attrs=attrs))
+                   lambda env: native(*[env[s] for s in slots], attrs=attrs),
+                   f"{op.name} (in place)")
 
     def _const_slot(self, array: np.ndarray) -> int:
         self.env.append(array)
@@ -451,8 +490,10 @@ class _Planner:
                 self.nbytes += base.nbytes
             env[slot[r]] = base if perm is None else base.transpose(np.argsort(perm))
         calls = kernel.calls
+        method = decision.winner.method if decision.winner is not None else "?"
         self._step(kernel.run, args, None if calls is None else
-                   lambda env: calls(*[env[s] for s in args]))
+                   lambda env: calls(*[env[s] for s in args]),
+                   f"{method}: {' -> '.join(problem.names)} {list(env[args[0]].shape)}")
         return decision
 
     def _contiguous(self, v: Value) -> int:

@@ -74,3 +74,25 @@ def test_generation_beyond_the_cache_is_refused():
         generator([1, 2, 3, 4, 5], 4)
     with pytest.raises(ShapeError, match="max_length"):
         generator([], 1)
+
+
+def test_a_profile_times_every_step_of_the_decode_graph_and_keeps_the_tokens():
+    """`Generator.profile` runs the decode graph's steps one by one, each timed: one profiled
+    call a decoded token, every step of the plan labelled (the decode attention kernel and the
+    GEMVs among them), and the tokens are those of an unprofiled generation."""
+    torch.manual_seed(0)
+    model = FAMILIES["llama"]().eval()
+    generator = Generator(model, max_length=32, options={"strict": True})
+    want = generator([5, 7, 9, 11], 9).tokens
+    times = generator.profile([5, 7, 9, 11], 9)
+    assert times.calls == 8  # the steps after the prompt's token
+    rows = times.per_call()
+    graph = generator._direct[0].runner.runner.run.compiled  # the decode step's graph
+    assert graph.profiling is None
+    (plan,) = graph._plans.values()
+    assert sum(count for _, _, count in rows) == len(plan.steps) == len(plan.labels)
+    labels = " ".join(label for label, _, _ in rows)
+    assert "handwritten.decode_attention: scaled_dot_product_attention" in labels
+    assert "blocks.gemm: matmul" in labels
+    assert all(seconds > 0 for _, seconds, _ in rows)
+    assert generator([5, 7, 9, 11], 9).tokens == want

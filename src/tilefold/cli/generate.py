@@ -48,6 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=count(1), default=len(os.sched_getaffinity(0)),
                    help="threads for every contender (default: all cores)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    p.add_argument("--profile", action="store_true",
+                   help="instead: where tilefold's decode step spends its time, by kernel")
     p.set_defaults(handler=handle)
 
 
@@ -153,6 +155,10 @@ def handle(args: argparse.Namespace) -> int:
         raise TilefoldError(f"--max-length {length}: the prompt's {len(prompt)} tokens and "
                             f"{args.new_tokens} new ones need {len(prompt) + args.new_tokens}")
     header, gbps = host_lines(args.threads)
+    if args.profile:
+        print("\n".join([*header, *profile_lines(prepared, prompt, args.new_tokens, length,
+                                                  formats[0], args.threads)]))
+        return 0
     work = Workload(prepared, prompt, args.new_tokens, args.threads, length, args.strict,
                     str(cache_dir() / "llm"))
     jobs = llm_runs.jobs_for(formats, compare, prepared, say)
@@ -184,6 +190,31 @@ def handle(args: argparse.Namespace) -> int:
     if rows[0]["error"] is not None:
         raise TilefoldError(f"{rows[0]['label']} failed: {rows[0]['error']}")
     return 0
+
+
+def profile_lines(prepared: llm_models.Prepared, prompt: list[int], new_tokens: int,
+                  length: int, fmt: str, threads: int) -> list[str]:
+    """A decode step's time by kernel (`Generator.profile`), in this process."""
+    import torch
+
+    from tilefold.frontend.generation import Generator
+
+    torch.set_num_threads(threads)
+    model = llm_models.load_model(prepared.kind, prepared.path)
+    say(f"compiling and profiling tilefold {fmt}")
+    generator = Generator(model, max_length=length, options={"weights": fmt})
+    times = generator.profile(prompt, new_tokens)
+    rows = times.per_call()
+    total = sum(seconds for _, seconds, _ in rows) or 1.0
+    lines = ["", f"tilefold {fmt}: a decode step's {len(rows)} kinds of step, timed one by one "
+             f"over {times.calls} steps (not replayed): {total * 1e3:.2f} ms a token",
+             f"{'ms/token':>9} {'share':>6} {'calls':>5}  step"]
+    lines += [f"{seconds * 1e3:9.3f} {seconds / total:6.1%} {count:5d}  {label}"
+              for label, seconds, count in rows[:25]]
+    if len(rows) > 25:
+        rest = sum(seconds for _, seconds, _ in rows[25:])
+        lines.append(f"{rest * 1e3:9.3f} {rest / total:6.1%}        {len(rows) - 25} more")
+    return lines
 
 
 def _peer_notes(fmt: str, compare: list[str]) -> list[str]:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tilefold.errors import ShapeError
+from tilefold.compiler import StepTimes
+from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.frontend.dynamo import Call, capture
 
 BACKENDS = ("tilefold", "eager", "inductor")
@@ -127,6 +128,26 @@ class Generator:
                 result.step_s.append(time.perf_counter() - step)
             result.decode_s = time.perf_counter() - started
         return result
+
+    def profile(self, prompt: Sequence[int], new_tokens: int) -> StepTimes:
+        """Where a decode step's time goes: a generation whose decode graph runs its steps one
+        by one (not replayed), each timed (`CompiledGraph.profiling`); per call, in
+        `StepTimes.per_call()`. The graph is compiled and called directly first."""
+        if self.backend != "tilefold":
+            raise UnsupportedError(f"profile: backend {self.backend!r} has no tilefold graph")
+        self(prompt, DIRECT_AFTER + 2)
+        call = self._direct[0] if self._direct is not None else None
+        runner = getattr(getattr(call, "runner", None), "runner", None)
+        graph = getattr(getattr(runner, "run", None), "compiled", None)
+        if graph is None:
+            raise UnsupportedError("profile: the decode step is not one compiled tilefold graph "
+                                   "(a graph break, or the model left to PyTorch)")
+        graph.profiling = times = StepTimes()
+        try:
+            self(prompt, new_tokens)
+        finally:
+            graph.profiling = None
+        return times
 
     def logits(self, prompt: Sequence[int]) -> np.ndarray:
         """The model's logits at every position of `prompt` (one prefill, float32), for
