@@ -51,3 +51,25 @@ def test_merged_projections_stay_within_the_fp32_bound(with_bias: bool, transpos
         for outs in (tf.interpret(merged, x), compiled(x)):
             for i, got in enumerate(outs):
                 _check(got, x, weights[i], biases[i] if biases else None)
+
+
+def test_graphs_over_the_same_weights_share_one_merged_weight():
+    """Two modules whose constants are the same arrays (a model's prompt and decode graphs on
+    its frozen weights) get one merged array; a part changed in place is merged anew."""
+    rng = np.random.default_rng(2)
+    weights = [rng.standard_normal((w, K)).astype(np.float32) for w in WIDTHS]
+
+    def merged():
+        b = Builder("main")
+        x = b.arg("x", "f32", (3, K))
+        b_outs = [b.op("matmul", x, b.constant(w, copy=False), transpose_b=True)
+                  for w in weights]
+        module = PassManager("merge-matmuls,dce").run(b.build(*b_outs))
+        (mm,) = [op for op in module.walk() if op.name == "matmul"]
+        return mm.operands[1].defining_op.attrs["value"]
+
+    first, second = merged(), merged()
+    assert first is second and np.array_equal(first, np.concatenate(weights))
+    weights[1][2, 3] += 1.0
+    third = merged()
+    assert third is not first and np.array_equal(third, np.concatenate(weights))

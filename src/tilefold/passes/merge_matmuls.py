@@ -13,10 +13,14 @@ the consumers read the parts in place (XLA's and Inductor's horizontal fusion of
 Members must share the activation, transposes, dtype and K; each weight is a 2-D constant; a
 member's result feeds exactly one `add` of a 1-D constant bias (all members) or nothing else
 special (no member has one).
+
+A concatenation is made once for the same parts (the same arrays, checked equal to it): a
+model's prompt and decode graphs share the merged weight, and with it its packed copy.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 
 import numpy as np
@@ -27,6 +31,24 @@ from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter, constant_of
 
 END = 9223372036854775807  # slice stop: to the end of the axis
+
+# Merged weights by their parts' memory (address, shape, strides, dtype), held weakly.
+_MERGED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def concatenated(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    """`np.concatenate(parts, axis)`, the same array again for parts at the same memory whose
+    values it still holds (compared, not assumed: a weight changed in place is merged anew)."""
+    key = (axis, tuple((p.__array_interface__["data"][0], p.shape, p.strides, p.dtype.str)
+                       for p in parts))
+    found = _MERGED.get(key)
+    if found is not None:
+        cuts = np.cumsum([p.shape[axis] for p in parts])[:-1]
+        if all(np.array_equal(piece, part)
+               for piece, part in zip(np.split(found, cuts, axis), parts, strict=True)):
+            return found
+    merged = _MERGED[key] = np.concatenate(parts, axis=axis)
+    return merged
 
 
 @register_pass
@@ -77,7 +99,7 @@ class MergeMatmuls(Pass):
         tb = bool(first.attr("transpose_b"))
         weights = [constant_of(m.operands[1]) for m in members]
         widths = [w.shape[0] if tb else w.shape[1] for w in weights]
-        wcat = np.concatenate(weights, axis=0 if tb else 1)
+        wcat = concatenated(weights, 0 if tb else 1)
         w = rewriter.create(first, "constant", [], {"value": wcat}, loc=first.loc).results[0]
         out = rewriter.create(first, "matmul", [first.operands[0], w], dict(first.attrs),
                               loc=first.loc).results[0]
