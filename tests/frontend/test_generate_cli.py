@@ -291,3 +291,14 @@ def test_bench_llm_perplexity_bars(model_dir, tmp_path, capsys):
     assert bars["tilefold int8 perplexity / llama.cpp Q8_0's"]["met"] is True
     assert bars["tilefold int4 perplexity / llama.cpp Q4_0's"]["met"] is False  # 24 > 23.46
     assert "one window of 20 tokens" in capsys.readouterr().out
+
+
+def test_profile_lists_a_decode_steps_kernels(model_dir, capsys):
+    """`--profile`: tilefold's decode step timed kernel by kernel, the decode attention and the
+    weight-only GEMMs among them, in this process."""
+    assert main(["generate", "--model", str(model_dir), "--prompt", PROMPT, "--new-tokens", "8",
+                 "--threads", "1", "--quant", "int8", "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "tilefold int8: a decode step's" in out and "ms a token" in out
+    assert "handwritten.decode_attention: scaled_dot_product_attention" in out
+    assert "blocks.gemm: dequantize -> matmul" in out
