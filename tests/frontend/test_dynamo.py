@@ -233,3 +233,28 @@ def test_strict_mode_raises_when_the_interpreter_would_take_over(monkeypatch):
     (graph,) = report.reports()
     assert graph.executor == "interpreter"
     assert graph.groups() and {m for _, m in graph.groups()} == {"interpreter"}
+
+
+def test_graphs_of_one_model_share_its_weights_memory():
+    """Every graph Dynamo makes of a model freezes a weight as the same array, on the weight's
+    own memory (no copy per graph); a weight changed in place is frozen anew, with its new
+    values."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU()).eval()
+    compiled = torch.compile(model, backend="tilefold", dynamic=False)
+
+    def frozen():
+        return [op.attrs["value"] for g in report.reports() for e in g.executors
+                for op in e.runner.converted.module.walk()
+                if op.name == "constant" and op.attrs["value"].shape == (96, 64)]
+
+    with torch.no_grad():
+        for rows in (3, 5):  # two static graphs
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), model(x))
+        first, second = frozen()
+        assert first is second
+        assert np.shares_memory(first, model[0].weight.detach().numpy())
+        model[0].weight.mul_(2.0)
+        x = torch.randn(3, 64)
+        torch.testing.assert_close(compiled(x), model(x))

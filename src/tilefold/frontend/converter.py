@@ -18,7 +18,7 @@ from tilefold.frontend.context import LoweringContext, Merged, Unavailable
 from tilefold.frontend.graph_io import SIZE_FORMS, ViewReplay, carry_dims, unheld
 from tilefold.frontend.lowering import NotApplicable, Specialized, rule_for
 from tilefold.frontend.symbolic import Sizes
-from tilefold.frontend.tensors import to_numpy
+from tilefold.frontend.tensors import frozen_array, to_numpy
 from tilefold.ir import Builder, Module, Tensor
 from tilefold.ir.dims import Bindings, is_derived
 from tilefold.ir.types import SymDim
@@ -167,7 +167,7 @@ def _convert(graph: fx.Graph, inputs: Callable[[int, fx.Node], Input], name: str
             key = id(payload)
             if key not in constants:
                 # the weight's own memory: the runner re-lowers when PyTorch changes it
-                constants[key] = b.constant(to_numpy(payload), copy=False)
+                constants[key] = b.constant(frozen_array(payload), copy=False)
                 result.frozen[i] = constants[key].value.defining_op.attrs["value"]
             ctx.env[node] = constants[key]
         else:

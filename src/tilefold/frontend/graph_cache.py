@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from tilefold.frontend.converter import Converted
-from tilefold.frontend.tensors import to_numpy
+from tilefold.frontend.tensors import frozen_array
 from tilefold.ir import parse_module, print_module
 from tilefold.runtime import source_digest
 from tilefold.target import cache_dir
@@ -144,7 +144,7 @@ def load(key: str) -> Entry | None:
 
 def converted(entry: Entry, real: list[Any]) -> Converted:
     """The stored lowering with `real`'s frozen weights bound to its constants."""
-    bound = {f"input:{i}": to_numpy(real[i]) for i in entry.frozen}
+    bound = {f"input:{i}": frozen_array(real[i]) for i in entry.frozen}
     module = parse_module(entry.text, "<graph cache>", bound=bound)
     return Converted(module, list(entry.arg_indices), list(entry.outputs),
                      lowered=dict(entry.lowered))

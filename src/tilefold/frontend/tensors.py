@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import ml_dtypes
 import numpy as np
 import torch
@@ -39,6 +41,22 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
+
+
+# A frozen weight's array by the tensor, its version and memory, held weakly (the array keeps
+# the weight's storage alive, so that memory cannot be another tensor's meanwhile).
+_FROZEN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def frozen_array(t: torch.Tensor) -> np.ndarray:
+    """`to_numpy(t)` for a weight frozen into graphs: the same array object for every graph
+    made while the weight is unchanged (its version), so what passes and kernels derive from
+    it once (packed copies, keyed by the array) serves all of a model's graphs."""
+    key = (id(t), t._version, t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype))
+    found = _FROZEN.get(key)
+    if found is None:
+        found = _FROZEN[key] = to_numpy(t)
+    return found
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
