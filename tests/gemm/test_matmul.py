@@ -104,13 +104,14 @@ def test_strided_out_view():
 @pytest.mark.parametrize("form", ["x@W rows", "x@W cols", "W@x rows", "W@x cols"])
 def test_matrix_vector_every_tail(form):
     """Both GEMV forms (dot and axpy) on every k and output count around the vector width and the
-    row blocks, into a NaN-filled C (beta 0: never read) and accumulating into C (beta 1)."""
+    row blocks, into a NaN-filled C (beta 0: never read) and accumulating into C (beta 1); k
+    also past the dot form's groups of four vectors (64 f32 on AVX-512) and their tails."""
     from tilefold.codegen.gemm.module import gemm_module
     from tilefold.codegen.gemm.plan import EmptyKPlan, GemvPlan, make_plan
 
     rng = np.random.default_rng(11)
     module = gemm_module()
-    for k in [*range(0, 35), 61]:
+    for k in [*range(0, 35), 61, 64, 79, 130]:
         for outs in (1, 3, 4, 5, 8, 9, 16, 17, 33, 47, 57):
             matrix = make(rng, (k, outs) if form.startswith("x") else (outs, k),
                           "c" if form.endswith("rows") else "t")
