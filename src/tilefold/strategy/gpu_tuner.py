@@ -52,6 +52,7 @@ class GPUCandidate:
     key: str
     build: Callable[[], Runner]
     extern: bool = False
+    reduced: int = 1  # terms summed into each output element (a GEMM's K): the tolerance
 
 
 @dataclass
@@ -76,25 +77,30 @@ def config_key(config: GemmConfig | AttentionConfig) -> str:
 
 
 def config_candidates(configs: Sequence[Any], template: Callable[[Any], Runner] | None,
-                      extern_key: str, extern: Runner | None) -> list[GPUCandidate]:
+                      extern_key: str, extern: Runner | None, reduced: int = 1
+                      ) -> list[GPUCandidate]:
     """A template at each of `configs` (`template(config)` builds one; None: the template
-    refuses the problem), in their order, then the extern (None: there is none)."""
-    out = [GPUCandidate(config_key(c), functools.partial(template, c)) for c in configs
-           ] if template is not None else []
+    refuses the problem), in their order, then the extern (None: there is none); each output
+    element sums `reduced` terms."""
+    out = [GPUCandidate(config_key(c), functools.partial(template, c), reduced=reduced)
+           for c in configs] if template is not None else []
     if extern is not None:
-        out.append(GPUCandidate(extern_key, lambda: extern, extern=True))
+        out.append(GPUCandidate(extern_key, lambda: extern, extern=True, reduced=reduced))
     return out
 
 
 def gemm_candidates(target: GPUTarget, mnk: tuple[int, int, int], dtype: str,
                     template: Callable[[GemmConfig], Runner] | None, extern: Runner | None,
-                    limit: int = 4, tma: bool = False) -> list[GPUCandidate]:
+                    limit: int = 4, tma: bool = False, out_dtype: str = "f32",
+                    fp8_fast_accum: bool = False) -> list[GPUCandidate]:
     """The GEMM template at the first `limit` configs `propose_configs` gives for an M x N x K
     GEMM whose dot reads `dtype` (with `tma`, when the operands suit tensor descriptors, one
-    more on sm_90: the first's persistent TMA twin, second), then the extern (e.g.
-    torch.matmul plus the epilogue)."""
-    configs = propose_configs(target, *mnk, dtype, limit=limit, tma=tma) if template else []
-    return config_candidates(configs, template, EXTERN_GEMM, extern)
+    more on sm_90: the first's persistent TMA twin, second, sized for C in `out_dtype`), then
+    the extern (e.g. torch.matmul plus the epilogue); `fp8_fast_accum`: an fp8 template's
+    accumulation mode."""
+    configs = propose_configs(target, *mnk, dtype, limit=limit, tma=tma, out_dtype=out_dtype,
+                              fp8_fast_accum=fp8_fast_accum) if template else []
+    return config_candidates(configs, template, EXTERN_GEMM, extern, reduced=mnk[2])
 
 
 def attention_candidates(target: GPUTarget, q: Any, k: Any, dtype: str,
@@ -104,7 +110,8 @@ def attention_candidates(target: GPUTarget, q: Any, k: Any, dtype: str,
     for q [B, H, Sq, D] over k [B, Hkv, Sk, D] in `dtype`, then the extern (torch's SDPA)."""
     b, h, sq, d = q.shape
     configs = propose_attention_configs(target, b * h, sq, k.shape[2], d, dtype, limit=limit)
-    return config_candidates(configs, template, EXTERN_ATTENTION, extern)
+    return config_candidates(configs, template, EXTERN_ATTENTION, extern,
+                             reduced=int(k.shape[2]) + d)
 
 
 def default_timer(fn: Callable[[], Any]) -> float:
