@@ -144,11 +144,12 @@ def test_a_cuda_graph_call_copies_inputs_in_and_results_out(monkeypatch):
     assert len(calls) == 5
 
 
-def test_a_failed_capture_runs_the_graph_directly(monkeypatch, caplog):
-    def refuse(fn):
-        raise RuntimeError("operation not permitted when stream is capturing")
+def _refuse(fn):
+    raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(gpu_runner, "cuda_capture", refuse)
+
+def test_a_failed_capture_runs_the_graph_directly(monkeypatch, caplog, allow_fallback):
+    monkeypatch.setattr(gpu_runner, "cuda_capture", _refuse)
     b = Builder("main")
     x = b.arg("x", "f32", (4,))
     graph = tf.compile(b.build(F.exp(x)), target=H200, strict=True)
@@ -157,3 +158,16 @@ def test_a_failed_capture_runs_the_graph_directly(monkeypatch, caplog):
     for t in xs:
         assert_close(call(t)[0].numpy(), np.exp(t.numpy().astype(np.float64)), dtype="f32")
     assert call.captured is False and "CUDA graph capture failed" in caplog.text
+
+
+def test_a_failed_capture_raises_in_strict_mode(monkeypatch):
+    from tilefold.errors import FallbackError
+
+    monkeypatch.setattr(gpu_runner, "cuda_capture", _refuse)
+    b = Builder("main")
+    x = b.arg("x", "f32", (4,))
+    call = gpu_runner.CUDAGraphCall(tf.compile(b.build(F.exp(x)), target=H200, strict=True))
+    t = torch.from_numpy(RNG.standard_normal(4).astype(np.float32))
+    call(t)  # the first call runs the graph; the second captures it
+    with pytest.raises(FallbackError, match=r"capture failed.*strict mode"):
+        call(t)

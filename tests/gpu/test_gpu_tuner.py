@@ -22,6 +22,7 @@ from tilefold.strategy.gpu_tuner import (  # noqa: E402
     EXTERN_GEMM,
     GPUCandidate,
     GPUTuner,
+    WrongAnswerError,
     config_key,
 )
 from tilefold.strategy.tuning_db import TuningDB  # noqa: E402
@@ -133,7 +134,7 @@ def _matmul_candidates(a, b):
             GPUCandidate("extern", lambda: lambda ts: [ts[0] @ ts[1]], extern=True)]
 
 
-def test_wrong_and_failing_candidates_score_inf(tmp_path):
+def test_wrong_and_failing_candidates_score_inf(tmp_path, allow_fallback):
     a = torch.from_numpy(RNG.standard_normal((9, 7)).astype(np.float32))
     b = torch.from_numpy(RNG.standard_normal((7, 5)).astype(np.float32))
     timer = FakeTimer([2.0, 1.0])  # extern 2 ms, then "right" 1 ms; "wrong" is never timed
@@ -146,6 +147,36 @@ def test_wrong_and_failing_candidates_score_inf(tmp_path):
     (got,) = choice.run([a, b])
     want = a.numpy().astype(np.float64) @ b.numpy().astype(np.float64)
     assert_close(got.numpy(), want, dtype="f32", reduced=7)
+
+
+def test_strict_mode_raises_on_a_wrong_candidate(tmp_path):
+    a = torch.from_numpy(RNG.standard_normal((9, 7)).astype(np.float32))
+    b = torch.from_numpy(RNG.standard_normal((7, 5)).astype(np.float32))
+    with pytest.raises(WrongAnswerError, match=r"wrong.*strict mode"):
+        _tuner(tmp_path, FakeTimer()).choose("mm", [a, b], _matmul_candidates(a, b))
+
+
+def test_a_bf16_candidate_missing_one_k_block_of_many_fails_against_f32(tmp_path):
+    # K = 2048 in bf16, one 64-wide block of it dropped: 3% of the terms, well inside the
+    # 2e-2-of-the-maximum the old check allowed, far outside the bf16 tolerance for K terms
+    k = 2048
+    a = torch.from_numpy(RNG.standard_normal((32, k)).astype(np.float32)).bfloat16()
+    b = torch.from_numpy(RNG.standard_normal((k, 24)).astype(np.float32)).bfloat16()
+
+    def dropped(ts):
+        return [(ts[0][:, 64:].float() @ ts[1][64:].float()).bfloat16()]
+
+    def right(ts):
+        return [(ts[0].double() @ ts[1].double()).bfloat16()]
+
+    cands = [GPUCandidate("dropped", lambda: dropped, reduced=k),
+             GPUCandidate("right", lambda: right, reduced=k),
+             GPUCandidate("extern", lambda: lambda ts: [ts[0] @ ts[1]], extern=True,
+                          reduced=k)]
+    with pytest.raises(WrongAnswerError, match="dropped"):
+        _tuner(tmp_path, FakeTimer()).choose("mm bf16", [a, b], cands)
+    choice = _tuner(tmp_path, FakeTimer([3.0, 2.0])).choose("mm bf16", [a, b], cands[1:])
+    assert choice.key == "right" and not choice.failures
 
 
 def test_the_extern_is_timed_even_when_the_budget_is_spent(tmp_path):

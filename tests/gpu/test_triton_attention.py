@@ -82,6 +82,35 @@ def test_a_row_without_keys_gives_zeros_as_the_ir_op_does():
     assert_close(out.numpy(), want, dtype="f32", reduced=29)
 
 
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 32)], ids=lambda b: "x".join(
+    map(str, b)))
+@pytest.mark.parametrize("lens", [None, [37, 0, 21]], ids=["dense", "padded"])
+def test_unmasked_and_diagonal_key_blocks_over_several_query_blocks(blocks, lens):
+    # 3 query blocks or more: blocks below the diagonal run unmasked, the diagonal and the
+    # key tail (37 keys, padded to 21 or none) masked, the heaviest query block first
+    b, hq, sq, sk, d = 3, 2, 37, 37, 16
+    q, k, v = (torch.from_numpy(RNG.standard_normal((b, hq, s, d)).astype(np.float32))
+               for s in (sq, sk, sk))
+    att = TritonAttention("f32", causal=True, padded=lens is not None)
+    kv = None if lens is None else torch.tensor(lens, dtype=torch.int32)
+    out = att(q, k, v, kv_lens=kv, block_m=blocks[0], block_n=blocks[1])
+    want = _reference(*(t.double().numpy() for t in (q, k, v)), True, lens)
+    assert_close(out.numpy(), want, dtype="f32", reduced=sk)
+    if lens is None:  # the unread lengths are made once a device, not per call
+        assert att._no_lengths and att(q, k, v) is not None and len(att._no_lengths) == 1
+
+
+def test_the_source_masks_only_the_diagonal_and_tail_blocks():
+    from tilefold.codegen.triton.attention import emit_attention
+
+    src = emit_attention(AttentionSpec("bf16", causal=True))
+    unmasked, masked = src.split("for n0 in range(")[1:]
+    assert "valid" not in unmasked and "n_mask" not in unmasked
+    assert "rn[None, :] <= rm[:, None]" in masked
+    assert "tl.exp2(s - m_use[:, None])" in src and "_tf_exp" not in src
+    assert "- 1 - tl.program_id(1)" in src  # causal: the last query block first
+
+
 def test_bad_input_is_a_clear_error():
     q = torch.zeros(1, 3, 4, 8)
     with pytest.raises(ShapeError, match="heads dividing"):

@@ -23,11 +23,7 @@ torch = pytest.importorskip("torch")
 
 from tests.tolerances import assert_close  # noqa: E402
 from tilefold.codegen.triton.gemm import GemmSpec, emit_gemm  # noqa: E402
-from tilefold.codegen.triton.gemm_config import (  # noqa: E402
-    EPILOGUE_SCRATCH,
-    GemmConfig,
-    propose_configs,
-)
+from tilefold.codegen.triton.gemm_config import GemmConfig, propose_configs  # noqa: E402
 from tilefold.codegen.triton.gemm_group import TritonGemmGroup  # noqa: E402
 from tilefold.codegen.triton.gemm_launch import TritonGemm, tma_order  # noqa: E402
 from tilefold.codegen.triton.ptx import compile_gemm_ptx  # noqa: E402
@@ -143,12 +139,15 @@ def test_operands_tma_cannot_copy_are_refused_by_name():
 
 
 def test_only_sm_90_chips_propose_the_persistent_twin_when_operands_suit():
-    for dtype in ("bf16", "f16", "fp8e4m3"):
-        first, twin, *rest = propose_configs(H200, 4096, 4096, 4096, dtype, tma=True)
+    for dtype, out in (("bf16", "f32"), ("bf16", "bf16"), ("f16", "f16"), ("fp8e4m3", "bf16")):
+        first, twin, *rest = propose_configs(H200, 4096, 4096, 4096, dtype, tma=True,
+                                             out_dtype=out)
         assert (twin.persistent, first.persistent) == (H200.sm_count, 0)
         assert (twin.block_m, twin.block_n, twin.block_k) == \
             (first.block_m, first.block_n, first.block_k)
-        assert twin.shared_bytes(dtype) + EPILOGUE_SCRATCH <= H200.shared_memory_per_block
+        # the epilogue's scratch holds C's tile in its own dtype beside the pipeline
+        scratch = twin.block_m * twin.block_n * (4 if out == "f32" else 2)
+        assert twin.shared_bytes(dtype) + scratch < H200.shared_memory_per_block
         assert len(rest) == 3 and not any(c.persistent for c in rest)
     untwinned = [propose_configs(H200, 4096, 4096, 4096, "bf16"),
                  propose_configs(gpu_target("a100"), 4096, 4096, 4096, "bf16", tma=True),

@@ -7,6 +7,7 @@ kernel's bf16 rounding, not Triton's bf16 loads (the sm_90 PTX tests compile tho
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import ml_dtypes
@@ -20,7 +21,7 @@ from tests.tolerances import assert_close, tolerance  # noqa: E402
 from tilefold.codegen.backend import get_backend  # noqa: E402
 from tilefold.codegen.kernel import lower_group  # noqa: E402
 from tilefold.codegen.triton.group import TritonGroup  # noqa: E402
-from tilefold.codegen.triton.schedule import GPUSchedule  # noqa: E402
+from tilefold.codegen.triton.schedule import GPUSchedule, choose_gpu_schedule  # noqa: E402
 from tilefold.ir import functional as F  # noqa: E402
 from tilefold.ir import trace  # noqa: E402
 from tilefold.target import gpu_target  # noqa: E402
@@ -140,12 +141,29 @@ def test_f16_elementwise():
 def test_rows_longer_than_a_chunk_take_several_masked_chunks():
     kernel, _ = lower_group(trace(lambda x: F.softmax(x), ("x", "f32", ("n", "m")))["main"])
     sched = GPUSchedule(("i0",), ("r1",), True, tile_elements=32, max_block_cols=16,
-                        num_warps=1)
+                        num_warps=1, one_pass_cols=16)
     launch = get_backend("triton").compile(kernel, sched, H200).entry
     x = _normal(5, 37) * 3
     out = torch.empty(5, 37)
     launch([torch.from_numpy(x), out], [5, 37], [[37, 1], [37, 1]])  # 3 chunks, the last masked
     assert_close(out.numpy(), _softmax64(x.astype(np.float64), -1), dtype="f32", reduced=37)
+
+
+@pytest.mark.parametrize("one_pass_cols", [0, 64], ids=["looped", "one-pass"])
+def test_layer_norm_in_chunks_and_in_one_pass(one_pass_cols):
+    x, w, b = _normal(5, 37) + 2, _normal(37), _normal(37)
+    kernel, _ = lower_group(trace(lambda x, w, b: F.layer_norm(x, w, b, eps=1e-5),
+                                  ("x", "f32", ("n", "m")), ("w", "f32", ("m",)),
+                                  ("b", "f32", ("m",)))["main"])
+    sched = dataclasses.replace(choose_gpu_schedule(kernel, H200), max_block_cols=16,
+                                one_pass_cols=one_pass_cols)
+    launch = get_backend("triton").compile(kernel, sched, H200).entry
+    out = torch.empty(5, 37)
+    launch([*map(torch.from_numpy, (x, w, b)), out], [5, 37], [[37, 1], [1], [1], [37, 1]])
+    x64 = x.astype(np.float64)
+    d = x64 - x64.mean(-1, keepdims=True)
+    want = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * w + b
+    assert_close(out.numpy(), want, dtype="f32", reduced=37, scale=np.abs(want))
 
 
 def test_bool_inputs_and_constant_buffers():

@@ -12,7 +12,7 @@ from tilefold.codegen.kernel import lower_group
 from tilefold.codegen.kernel.ir import Const, Kernel, Store
 from tilefold.codegen.lower.primitives import PRIMITIVES
 from tilefold.codegen.triton.math import PRIMITIVE_FORMS
-from tilefold.codegen.triton.schedule import GPUSchedule, choose_gpu_schedule
+from tilefold.codegen.triton.schedule import GPUSchedule, Launch, choose_gpu_schedule
 from tilefold.ir import functional as F
 from tilefold.ir import trace
 from tilefold.target import gpu_target, host_target
@@ -83,9 +83,23 @@ def test_a_sum_over_the_leading_axis_puts_rows_first():
 def test_source_names_the_kernel_and_masks_every_access():
     text = TRITON.source(_softmax(), None, H200)
     assert "@triton.jit" in text and "def main(" in text
-    assert text.count("tl.load(") == text.count("mask=tile_mask, other=0)") == 3
-    assert "tl.reduce(acc0, 1, _tf_max, keep_dims=True)" in text and "def _tf_max" in text
+    # one load in the ONE_PASS form, one a pass in the looped form
+    one, looped = text.split("    if ONE_PASS:")[1].split("    else:")
+    assert one.count("tl.load(") == one.count("mask=tile_mask, other=0)") == 1
+    assert looped.count("tl.load(") == looped.count("mask=tile_mask, other=0)") == 3
+    assert "while" not in one and one.count("tl.exp2(") == 1  # e^(x - max) once an element
+    assert "_tf_max, keep_dims=True)" in text and "def _tf_max" in text
     assert "libdevice" not in text and "def _tf_tanh" not in text  # helpers only when used
+
+
+def test_one_pass_holds_rows_up_to_a_limit_and_stores_without_rounding_twice():
+    sched = choose_gpu_schedule(_softmax(), H200)
+    assert sched.launch(8192, 8192) == Launch(1, 8192, 16, True)  # 16 f32 a thread
+    assert sched.launch(5, 37) == Launch(8, 64, 4, True)
+    assert sched.launch(3, 40000) == Launch(1, 2048, 4, False)  # beyond: chunks in a loop
+    bf16 = _kernel(lambda x: F.softmax(x, -1), ("x", "bf16", ("n", "m")))
+    text = TRITON.source(bf16, None, H200)
+    assert "_tf_round_bf16" not in text  # the bf16 store rounds once, to nearest even
 
 
 def test_a_constant_store_is_a_tile():

@@ -8,7 +8,9 @@ runs in PyTorch with a log line, or fails in strict mode); anything else keeps t
 (`GraphRunner`, NumPy arrays). CUDA graphs (`TILEFOLD_CUDA_GRAPHS=0` turns them off) are
 captured after one warm-up call, which compiles every kernel and copies the constants to the
 device; never under Triton's interpreter, for symbolic shapes, or when a step of the graph runs
-on the host; a call with other layouts than the captured ones runs the graph directly.
+on the host; a call with other layouts than the captured ones runs the graph directly. A
+capture that fails runs the graph uncaptured with a warning, or raises `FallbackError` in
+strict mode.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tilefold.codegen.triton.launch import interpreting
-from tilefold.errors import UnsupportedError
+from tilefold.errors import FallbackError, UnsupportedError, strict
 from tilefold.frontend.converter import Converted
 from tilefold.frontend.runner import GraphRunner
 from tilefold.target.gpu import GPUTarget, detect_gpu, gpu_target_names
@@ -125,6 +127,12 @@ class CUDAGraphCall:
             try:
                 self._capture(tensors, layouts)
             except Exception as exc:  # a step that cannot be captured: run it as it is
+                if strict():
+                    why = f"{type(exc).__name__}: {exc}"
+                    raise FallbackError(f"tilefold: CUDA graph capture failed ({why}); "
+                                        "strict mode refuses to run "
+                                        "the graph uncaptured (TILEFOLD_CUDA_GRAPHS=0 turns "
+                                        "capture off)") from exc
                 log.warning("tilefold: CUDA graph capture failed (%s: %s); running the graph "
                             "directly", type(exc).__name__, exc)
                 self.captured = False

@@ -9,11 +9,16 @@ process builds and times nothing else.
 
 Candidates come in the cost model's order (see `gemm_candidates`); untuned, the first one that
 builds runs. Tuning (`TILEFOLD_TUNE`, as on the CPU) times the extern first, whatever the
-budget, so the winner is never slower than it, then the others in order until the budget is
-spent. Every candidate's first outputs are checked against the extern's: one that fails to
-build, raises or computes a different answer scores `inf` with its reason and never wins.
-The timer is injected (`timer(fn) -> milliseconds`): `triton.testing.do_bench` on a GPU,
-`perf_counter` under Triton's interpreter, and a deterministic fake in tests.
+budget, so the winner is never slower than it, then the others in order while the budget
+lasts, a candidate's compile counted in it (one is not started when the slowest build so far
+would overrun it). Every candidate's first outputs are checked against a reference: the
+extern run on f32 copies of the tensors (or the caller's `reference`; the extern's own
+outputs where neither runs), at a tolerance by the output's dtype and the terms each output
+sums (`GPUCandidate.reduced`: a GEMM's K), so a dropped K block fails. One that fails to build
+or raises scores `inf` with its reason, logged, and never wins; one with a wrong answer too,
+except in strict mode, where it raises `WrongAnswerError`. The timer is injected
+(`timer(fn) -> milliseconds`): `triton.testing.do_bench`'s median on a GPU, the median of
+three `perf_counter` runs under Triton's interpreter, and a deterministic fake in tests.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 from tilefold.codegen.triton.attention_config import AttentionConfig, propose_attention_configs
 from tilefold.codegen.triton.gemm_config import GemmConfig, propose_configs
 from tilefold.codegen.triton.launch import interpreting
-from tilefold.errors import UnsupportedError
+from tilefold.errors import CompileError, UnsupportedError, strict
 from tilefold.runtime import source_digest
 from tilefold.strategy.autotune import retune, tune_budget
 from tilefold.strategy.tuning_db import TuningDB, key_fields, key_of
@@ -40,8 +45,15 @@ Timer = Callable[[Callable[[], Any]], float]  # milliseconds one call of fn take
 Runner = Callable[[Sequence[Any]], list[Any]]  # tensors in, output tensors out
 EXTERN_GEMM = "extern.torch.matmul"
 EXTERN_ATTENTION = "extern.torch.sdpa"
-TOLERANCE = {"float32": 1e-3, "float64": 1e-9}  # of the largest magnitude; 2e-2 otherwise
+# unit roundoff of an output's dtype (the answer check's tolerance, `_mismatch`)
+ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,
+            "bfloat16": 2.0 ** -8, "float8_e4m3fn": 2.0 ** -4}
+F32_ROUNDOFF = 2.0 ** -24
 _UNSET: Any = object()
+
+
+class WrongAnswerError(CompileError):
+    """A tuning candidate computed another answer than the reference (strict mode)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class GPUCandidate:
     key: str
     build: Callable[[], Runner]
     extern: bool = False
+    reduced: int = 1  # terms summed into each output element (a GEMM's K): the tolerance
 
 
 @dataclass
@@ -76,25 +89,30 @@ def config_key(config: GemmConfig | AttentionConfig) -> str:
 
 
 def config_candidates(configs: Sequence[Any], template: Callable[[Any], Runner] | None,
-                      extern_key: str, extern: Runner | None) -> list[GPUCandidate]:
+                      extern_key: str, extern: Runner | None, reduced: int = 1
+                      ) -> list[GPUCandidate]:
     """A template at each of `configs` (`template(config)` builds one; None: the template
-    refuses the problem), in their order, then the extern (None: there is none)."""
-    out = [GPUCandidate(config_key(c), functools.partial(template, c)) for c in configs
-           ] if template is not None else []
+    refuses the problem), in their order, then the extern (None: there is none); each output
+    element sums `reduced` terms."""
+    out = [GPUCandidate(config_key(c), functools.partial(template, c), reduced=reduced)
+           for c in configs] if template is not None else []
     if extern is not None:
-        out.append(GPUCandidate(extern_key, lambda: extern, extern=True))
+        out.append(GPUCandidate(extern_key, lambda: extern, extern=True, reduced=reduced))
     return out
 
 
 def gemm_candidates(target: GPUTarget, mnk: tuple[int, int, int], dtype: str,
                     template: Callable[[GemmConfig], Runner] | None, extern: Runner | None,
-                    limit: int = 4, tma: bool = False) -> list[GPUCandidate]:
+                    limit: int = 4, tma: bool = False, out_dtype: str = "f32",
+                    fp8_fast_accum: bool = False) -> list[GPUCandidate]:
     """The GEMM template at the first `limit` configs `propose_configs` gives for an M x N x K
     GEMM whose dot reads `dtype` (with `tma`, when the operands suit tensor descriptors, one
-    more on sm_90: the first's persistent TMA twin, second), then the extern (e.g.
-    torch.matmul plus the epilogue)."""
-    configs = propose_configs(target, *mnk, dtype, limit=limit, tma=tma) if template else []
-    return config_candidates(configs, template, EXTERN_GEMM, extern)
+    more on sm_90: the first's persistent TMA twin, second, sized for C in `out_dtype`), then
+    the extern (e.g. torch.matmul plus the epilogue); `fp8_fast_accum`: an fp8 template's
+    accumulation mode."""
+    configs = propose_configs(target, *mnk, dtype, limit=limit, tma=tma, out_dtype=out_dtype,
+                              fp8_fast_accum=fp8_fast_accum) if template else []
+    return config_candidates(configs, template, EXTERN_GEMM, extern, reduced=mnk[2])
 
 
 def attention_candidates(target: GPUTarget, q: Any, k: Any, dtype: str,
@@ -104,7 +122,8 @@ def attention_candidates(target: GPUTarget, q: Any, k: Any, dtype: str,
     for q [B, H, Sq, D] over k [B, Hkv, Sk, D] in `dtype`, then the extern (torch's SDPA)."""
     b, h, sq, d = q.shape
     configs = propose_attention_configs(target, b * h, sq, k.shape[2], d, dtype, limit=limit)
-    return config_candidates(configs, template, EXTERN_ATTENTION, extern)
+    return config_candidates(configs, template, EXTERN_ATTENTION, extern,
+                             reduced=int(k.shape[2]) + d)
 
 
 def default_timer(fn: Callable[[], Any]) -> float:
@@ -113,7 +132,7 @@ def default_timer(fn: Callable[[], Any]) -> float:
     if not interpreting():
         from triton.testing import do_bench
 
-        return float(do_bench(fn, warmup=10, rep=40))
+        return float(do_bench(fn, warmup=10, rep=40, return_mode="median"))
     fn()
     runs = []
     for _ in range(3):
@@ -152,9 +171,11 @@ class GPUTuner:
         return key_of(fields), fields
 
     def choose(self, signature: str, tensors: Sequence[Any],
-               candidates: Sequence[GPUCandidate]) -> GPUChoice:
+               candidates: Sequence[GPUCandidate], reference: Runner | None = None
+               ) -> GPUChoice:
         """The database's winner, else (tuning) the fastest measured, else the first that
-        builds; `UnsupportedError` naming each failure when none builds."""
+        builds; `UnsupportedError` naming each failure when none builds. `reference` computes
+        the answers candidates are checked against (default: the extern on f32 copies)."""
         if not candidates:
             raise UnsupportedError(f"GPU tuner: no candidate for {signature}")
         key, fields = self.key(signature, tensors, candidates)
@@ -169,7 +190,7 @@ class GPUTuner:
             log.info("tuning database winner %s unavailable for %s; choosing again",
                      entry["winner"], signature)
         if tuning:
-            choice = self._tune(tensors, candidates)
+            choice = self._tune(tensors, candidates, reference)
             if math.isfinite(choice.timings.get(choice.key, math.inf)):
                 self.db.record(key, {**fields, "winner": choice.key, "failures": choice.failures,
                                      "timings": {k: v if math.isfinite(v) else "inf"
@@ -191,34 +212,51 @@ class GPUTuner:
             log.info("GPU candidate %s: %s", c.key, failures[c.key])
             return None
 
-    def _tune(self, tensors: Sequence[Any], candidates: Sequence[GPUCandidate]) -> GPUChoice:
-        """Time the externs, then the others in order while the budget lasts."""
+    def _tune(self, tensors: Sequence[Any], candidates: Sequence[GPUCandidate],
+              reference: Runner | None) -> GPUChoice:
+        """Time the externs, then the others in order while the budget (compiles included)
+        lasts."""
         start = time.perf_counter()
         order = sorted(candidates, key=lambda c: not c.extern)
+        reduced = max(c.reduced for c in candidates)
         timings: dict[str, float] = {}
         failures: dict[str, str] = {}
         runs: dict[str, Runner] = {}
-        reference = None
+        want, exact = self._reference(tensors, candidates, reference)
+        slowest = 0.0  # the longest build and first run so far
         for c in order:
-            if not c.extern and time.perf_counter() - start > self.budget:
-                log.info("GPU tuning budget (%.0f s) spent before %s", self.budget, c.key)
+            spent = time.perf_counter() - start
+            if not c.extern and spent + slowest > self.budget:
+                log.info("GPU tuning budget (%.0f s) spent before %s (%.1f s spent, a build "
+                         "takes up to %.1f s)", self.budget, c.key, spent, slowest)
                 break
+            built = time.perf_counter()
             run = self._build(c, failures)
             timings[c.key] = math.inf
             if run is None:
+                slowest = max(slowest, time.perf_counter() - built)
                 continue
             try:
                 outs = run(tensors)
-                wrong = _mismatch(outs, reference) if reference is not None else None
+                slowest = max(slowest, time.perf_counter() - built)
+                if want is None:  # the extern's own answer is the reference
+                    want = outs
+                wrong = _mismatch(outs, want, reduced, exact)
                 if wrong:
                     failures[c.key] = wrong
+                    log.warning("GPU candidate %s: %s", c.key, wrong)
+                    if strict() and not c.extern:
+                        raise WrongAnswerError(f"GPU tuning: {c.key} {wrong} (strict mode "
+                                               "refuses a wrong candidate)")
                     continue
-                reference = reference if reference is not None else outs
                 self.timed += 1
                 timings[c.key] = self.timer(lambda run=run: run(tensors))
                 runs[c.key] = run
+            except WrongAnswerError:
+                raise
             except Exception as exc:  # scored inf with its reason (Triton's autotuner habit)
                 failures[c.key] = f"run failed: {type(exc).__name__}: {exc}"
+                log.warning("GPU candidate %s: %s", c.key, failures[c.key])
         if not runs:
             raise UnsupportedError("GPU tuner: every candidate failed: " +
                                    "; ".join(f"{k}: {v}" for k, v in failures.items()))
@@ -227,22 +265,55 @@ class GPUTuner:
                  ", ".join(f"{k} {v:.3f} ms" for k, v in timings.items()))
         return GPUChoice(best, runs[best], "fastest when measured", timings, failures)
 
+    def _reference(self, tensors: Sequence[Any], candidates: Sequence[GPUCandidate],
+                   reference: Runner | None) -> tuple[list[Any] | None, bool]:
+        """The answers to check against and whether they are exact (computed in f32 or
+        wider, not rounded like the candidates'): `reference`, else the extern on f32 copies
+        of the tensors, else (None) the extern's own outputs when it runs first."""
+        if reference is not None:
+            return list(reference(tensors)), True
+        extern = next((c for c in candidates if c.extern), None)
+        if extern is None:
+            return None, False
+        wide = [t.float() if getattr(t, "is_floating_point", lambda: False)()
+                and t.element_size() < 4 else t for t in tensors]
+        try:
+            return [o.float() for o in extern.build()(wide)], True
+        except Exception as exc:  # an extern that takes only its own dtypes (_scaled_mm)
+            log.info("GPU tuner: the extern %s does not run on f32 copies (%s: %s); its own "
+                     "answers are the reference", extern.key, type(exc).__name__, exc)
+            return None, False
 
-def _mismatch(outs: Sequence[Any], reference: Sequence[Any]) -> str | None:
-    """Why `outs` differ from the extern's `reference` outputs (None when they agree)."""
+
+def _mismatch(outs: Sequence[Any], reference: Sequence[Any], reduced: int = 1,
+              exact: bool = True) -> str | None:
+    """Why `outs` differ from the `reference` outputs (None when they agree): each element
+    within eps (|want| + mean |want|), eps = 4 u(its dtype) + (16 + 4 reduced) u(f32) (the
+    rule of tests/tolerances.py with a second rounding of the result allowed; the mean
+    magnitude stands for the size of the terms where a sum cancels), twice that when the
+    reference was rounded as the candidates are (not `exact`)."""
     if len(outs) != len(reference):
-        return f"wrong answer: {len(outs)} outputs, the extern gives {len(reference)}"
+        return f"wrong answer: {len(outs)} outputs, the reference gives {len(reference)}"
     for i, (got, want) in enumerate(zip(outs, reference, strict=True)):
         if tuple(got.shape) != tuple(want.shape):
             return f"wrong answer: output {i} is {list(got.shape)}, not {list(want.shape)}"
+        if not want.numel():
+            continue
         g, w = got.double(), want.double()
-        scale = max(float(w.abs().max()) if w.numel() else 0.0, 1e-30)
-        err = float((g - w).abs().max()) / scale if w.numel() else 0.0
-        if not err <= TOLERANCE.get(str(want.dtype).removeprefix("torch."), 2e-2):
-            return f"wrong answer: output {i} differs from the extern's by {err:.1e} of its max"
+        u = ROUNDOFF.get(str(got.dtype).removeprefix("torch."), 2.0 ** -8)
+        eps = (4 * u + (16 + 4 * reduced) * F32_ROUNDOFF) * (1 if exact else 2)
+        err = (g - w).abs()
+        bound = eps * (w.abs() + float(w.abs().mean()))
+        if not bool((err <= bound).all()):  # NaN fails too
+            worst = float(((err - bound) / w.abs().max().clamp_min(1e-30)).nan_to_num(1.0)
+                          .max())
+            return (f"wrong answer: output {i} differs from the reference beyond the "
+                    f"{got.dtype} tolerance for sums of {reduced} (eps {eps:.1e}; worst "
+                    f"excess {worst:.1e} of the largest magnitude)")
     return None
 
 
 __all__ = ["EXTERN_ATTENTION", "EXTERN_GEMM", "GPUCandidate", "GPUChoice", "GPUTuner",
+           "WrongAnswerError",
            "attention_candidates", "config_candidates", "config_key", "default_timer",
            "gemm_candidates", "generators_digest"]

@@ -1,12 +1,19 @@
 """Kernel IR + GPU schedule -> the text of one `@triton.jit` function (and the helpers it calls).
 
 The generated kernel takes the buffers' pointers, then every run-time size and stride
-(`kernel_params`), then `n_rows`, `n_cols` and the constexprs `BLOCK_R`, `BLOCK_C`. A program
+(`kernel_params`), then `n_rows`, `n_cols` and the constexprs `BLOCK_R`, `BLOCK_C` and
+`ONE_PASS`. A program
 owns BLOCK_R rows; every value is a tile of shape [BLOCK_R, 1] (varies by row only) or
 [BLOCK_R, BLOCK_C] (by column too), or a scalar; loads and stores are masked at the tile's edge
 and load a broadcast operand once per row (or once). Each distinct expression is one local,
 so a value a pass needs twice is computed once; a reduction pass is a loop over column chunks
-accumulating a whole tile, combined across the tile at the end.
+accumulating a whole tile, combined across the tile at the end. A kernel with reduction passes
+has a second form, taken when `ONE_PASS` (the launch's chunk holds the whole row:
+`GPUSchedule.launch`): no loops, every pass over the one chunk, sharing its loads and the
+values computed from them; what a pass stores to the program's own tile, a later pass takes
+from registers, as stored (no barrier, no second read), and of two stores to one tile only
+the last is kept. A store of a value rounded to
+the buffer's own dtype stores it unrounded: the conversion rounds to nearest even the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ FINAL = {"sum": "tl.reduce({0}, 1, _tf_add, keep_dims=True)",
          "max": "tl.reduce({0}, 1, _tf_max, keep_dims=True)",
          "min": "tl.reduce({0}, 1, _tf_min, keep_dims=True)"}
 POINTER_TYPES = {"f32": "*fp32", "bf16": "*bf16", "f16": "*fp16", "bool": "*i1"}
+# a rounding primitive -> the buffer dtype whose store conversion rounds the same way
+SAME_DTYPE_ROUNDING = {"round_bf16": "bf16", "round_f16": "f16"}
 
 
 def ident(name: str) -> str:
@@ -64,6 +73,8 @@ class _Emitter(kir.StmtVisitor):
         self.env: dict[str, str] = {}
         self.count = 0
         self.in_cols = False
+        self.one_pass = False  # emitting the ONE_PASS form: passes over one chunk, no loops
+        self.tile_stores: dict[str, int] = {}  # ONE_PASS: a buffer's last tile store's line
         self.loaded = {e.buffer for x in kernel_expressions(kernel) for e in kir.walk_expr(x)
                        if isinstance(e, kir.Load)}
 
@@ -108,10 +119,10 @@ class _Emitter(kir.StmtVisitor):
     def varies(self, buf: str, axes: tuple[str, ...]) -> bool:
         return any(self.k.stride(buf, a) != 0 for a in axes)
 
-    def columns(self, start: str) -> None:
-        """Column indices and masks of the chunk starting at `start`."""
-        self.line(f"cols = tl.multiple_of({start}, BLOCK_C) + tl.arange(0, BLOCK_C)[None, :]"
-                  ".to(tl.int64)")
+    def columns(self, start: str | None) -> None:
+        """Column indices and masks of the chunk starting at `start` (None: at 0)."""
+        first = "" if start is None else f"tl.multiple_of({start}, BLOCK_C) + "
+        self.line(f"cols = {first}tl.arange(0, BLOCK_C)[None, :].to(tl.int64)")
         self.line("col_mask = cols < n_cols")
         self.line("tile_mask = row_mask & col_mask")
         self.decompose("cols", self.s.col_axes)
@@ -141,11 +152,30 @@ class _Emitter(kir.StmtVisitor):
     def store(self, stmt: kir.Store) -> None:
         ptr, _ = self.address(stmt.buffer)
         zero, mask = ("zero_t", "tile_mask") if self.in_cols else ("zero_r", "row_mask")
-        value = self.expr(stmt.value)
-        if isinstance(stmt.value, kir.Const):
+        stored = stmt.value
+        if isinstance(stored, kir.Call) and \
+                SAME_DTYPE_ROUNDING.get(stored.op) == self.k.buffer(stmt.buffer).dtype:
+            stored = stored.args[0]  # the store's own conversion rounds the same way
+        value = self.expr(stored)
+        if isinstance(stored, kir.Const):
             value = self.local(f"tl.full([1, 1], {value}, tl.float32)")
         elem = f"{ident(stmt.buffer)}_ptr.dtype.element_ty"
         self.line(f"tl.store({ptr} + {zero}, {value}.to({elem}), mask={mask})")
+        dtype = self.k.buffer(stmt.buffer).dtype
+        if self.one_pass and self.in_cols and dtype != "bool" and \
+                self.varies(stmt.buffer, self.s.col_axes):
+            # this program owns the tile: a later pass reads back what it stored, and a later
+            # store there makes this one dead
+            earlier = self.tile_stores.get(stmt.buffer)
+            if earlier is not None:
+                self.lines[earlier] = ""
+            self.tile_stores[stmt.buffer] = len(self.lines) - 1
+            memo = self.memo[-1]
+            for e in [e for e in memo if any(isinstance(x, kir.Load) and x.buffer == stmt.buffer
+                                             for x in kir.walk_expr(e))]:
+                del memo[e]
+            memo[kir.Load(stmt.buffer)] = value if dtype == "f32" else \
+                self.local(f"{value}.to({elem}).to(tl.float32)")
 
     # --- expressions --------------------------------------------------------------------
     def expr(self, e: kir.Expr) -> str:
@@ -174,6 +204,9 @@ class _Emitter(kir.StmtVisitor):
         self.store(stmt)
 
     def column_loop(self, loop: kir.Loop) -> None:
+        if self.one_pass:
+            self.column_pass(loop)
+            return
         accs = {r.name: self.local(f"tl.full([BLOCK_R, BLOCK_C], {IDENTITY[r.op]}, tl.float32)",
                                    "acc") for r in loop.reductions}
         # a while loop: Triton 3.6's interpreter cannot range() over a run-time bound
@@ -196,6 +229,23 @@ class _Emitter(kir.StmtVisitor):
             self.line("tl.debug_barrier()")
         for red in loop.reductions:
             self.env[red.name] = self.finish(red, accs[red.name])
+
+    def column_pass(self, loop: kir.Loop) -> None:
+        """`loop` over the one chunk of the ONE_PASS form: the columns made by the first
+        pass, loads and values shared with the other passes, and what a pass stores read
+        back from registers (`store`)."""
+        if not self.columns_made:
+            self.columns(None)
+            self.columns_made = True
+        self.in_cols = True
+        self.stmts(loop.body)
+        totals = {}
+        for red in loop.reductions:
+            masked = f"tl.where(tile_mask, {self.expr(red.value)}, {IDENTITY[red.op]})"
+            totals[red.name] = masked
+        self.in_cols = False
+        for red in loop.reductions:
+            self.env[red.name] = self.finish(red, totals[red.name])
 
     def finish(self, red: kir.Reduction, acc: str) -> str:
         total = self.local(FINAL[red.op].format(acc), "t")
@@ -228,15 +278,28 @@ class _Emitter(kir.StmtVisitor):
     def function(self) -> list[str]:
         _, stmts = row_body(self.k)
         self.header()
-        self.stmts(stmts)
+        if self.s.loop_cols and any(isinstance(st, kir.Loop) for st in stmts):
+            self.line("if ONE_PASS:  # the row is one chunk: every pass over it, loaded once")
+            self.depth += 1
+            self.one_pass, self.columns_made = True, False
+            self.stmts(stmts)
+            self.one_pass, self.memo, self.env = False, [{}], {}
+            self.depth -= 1
+            self.line("else:")
+            self.depth += 1
+            self.stmts(stmts)
+            self.depth -= 1
+        else:
+            self.stmts(stmts)
         params = [param_name(p) for p in kernel_params(self.k)]
         head = ["@triton.jit",
                 f"def {ident(self.k.name)}(",
                 *(f"    {p}," for p in [*params, "n_rows", "n_cols"]),
                 "    BLOCK_R: tl.constexpr,",
                 "    BLOCK_C: tl.constexpr,",
+                "    ONE_PASS: tl.constexpr,",
                 "):"]
-        return head + self.lines
+        return head + [line for line in self.lines if line]
 
 
 def kernel_expressions(kernel: kir.Kernel) -> list[kir.Expr]:

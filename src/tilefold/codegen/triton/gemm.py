@@ -4,12 +4,19 @@ weight-dequantizing prologue and fused epilogue, plus the split-K reduce kernel.
 `tf_gemm` computes one BLOCK_M x BLOCK_N tile of C[b] = A[b] @ B[b] per program:
 
 - program ids are swizzled so GROUP_M consecutive row blocks walk the same columns of B while
-  they are in L2; axis 1 of the grid is the (flattened) batch, axis 2 the K split;
+  they are in L2; axis 1 of the grid is the (flattened) batch from entry BATCH0 on (a batch
+  beyond the 65,535 programs CUDA allows along axis 1 is launched in chunks), axis 2 the K
+  split;
 - every operand is addressed by its strides, so a transposed A or B is a strided view and a
   broadcast batch a zero batch stride; K tails are masked (loads give 0), and rows and
   columns past M and N wrap around to the first ones, which the masked stores never write;
 - the dot accumulates in f32 (`input_precision="ieee"` for f32 operands: no TF32 rounding);
-  fp8 e4m3 operands go to the matrix units as they are;
+  fp8 e4m3 operands are loaded as fp8 and go to the matrix units as they are (only the
+  interpreter, which cannot fill masked lanes of an fp8 load, gets their bytes and bitcasts
+  them); an fp8 x fp8 dot's accumulation is explicit: precise (`fp8_fast_accum=False`, the
+  default, as `torch._scaled_mm`'s) promotes the matrix units' partial sums into the f32
+  accumulator after every K block (`max_num_imprecise_acc=BLOCK_K`), fast lets them
+  accumulate in the units' reduced precision over the whole K loop (Triton's sm_90 default);
 - quantized weights (`b` = "i8"/"u8": one int8 code an element, "i4": two int4 codes a byte
   along K, the even k in the low nibble, as `tilefold.quant` packs them, "fp8e4m3" under an
   f32/f16/bf16 A: fp8 codes) are dequantized per tile, (code - zero[k // QGROUP, n]) *
@@ -73,6 +80,8 @@ class GemmSpec:
     the epilogue reads it, as the graph IR rounds each op's result. `tma`: None for one
     program a tile with pointer loads, else the persistent TMA variant with B's memory order
     ("kn": rows along K, "nk": rows along N); A's rows run along K either way.
+    `fp8_fast_accum`: an fp8 x fp8 dot accumulates in the matrix units' fast mode (see the
+    header); precise otherwise.
     """
 
     a: str
@@ -84,6 +93,7 @@ class GemmSpec:
     pipelined: bool = True
     zero_point: bool = False
     tma: str | None = None
+    fp8_fast_accum: bool = False
     inputs: tuple[int, ...] = field(init=False)  # epilogue argument numbers the kernel reads
 
     @property
@@ -117,6 +127,8 @@ class GemmSpec:
             raise UnsupportedError(f"{op}: the persistent TMA variant copies A and B as they "
                                    "are, with no K split; dequantized weights and split-K run "
                                    "on the pointer variant (tma=None)")
+        if self.fp8_fast_accum and (self.a, self.b) != ("fp8e4m3", "fp8e4m3"):
+            raise UnsupportedError(f"{op}: fast accumulation is a mode of fp8 x fp8 dots")
         if self.c_round is not None and self.c_round not in ROUND:
             raise UnsupportedError(f"{op}: C rounds to bf16 or f16, not {self.c_round}")
         prog = self.epilogue
@@ -205,18 +217,22 @@ def _tile(out: _Lines) -> None:
 
 def _operand_loads(out: _Lines, spec: GemmSpec) -> None:
     out("k_mask = rk < K")
-    # fp8 comes as its bytes (the interpreter cannot fill masked lanes of an fp8 load)
-    fp8 = ".to(tl.float8e4nv, bitcast=True)"
-    out(f"a = tl.load(a_ptrs, mask=k_mask[None, :], other=0){fp8 * (spec.a == 'fp8e4m3')}")
+    # compiled, fp8 loads as fp8; the interpreter (which cannot fill masked lanes of an fp8
+    # load) gets its bytes and bitcasts them
+    fp8 = "" if spec.pipelined else ".to(tl.float8e4nv, bitcast=True)"
+    out(f"a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)"
+        f"{fp8 * (spec.a == 'fp8e4m3')}")
     b_mask = "mask=k_mask[:, None], other=0"
     if not spec.dequantizes:
-        out(f"b = tl.load(b_ptrs, {b_mask}){fp8 * (spec.b == 'fp8e4m3')}")
+        out(f"b = tl.load(b_ptrs, {b_mask}.0){fp8 * (spec.b == 'fp8e4m3')}")
         return
     if spec.b == "i4":  # two codes a byte along K: k even in the low nibble; sign-extend
         out(f"byte = tl.load(b_ptrs, {b_mask}).to(tl.int32)")
         out("q = ((((byte >> ((rk[:, None] % 2) * 4)) & 15) ^ 8) - 8).to(tl.float32)")
     else:
-        out(f"q = tl.load(b_ptrs, {b_mask}){fp8 * (spec.b == 'fp8e4m3')}.to(tl.float32)")
+        other = ".0" if spec.b == "fp8e4m3" else ""
+        out(f"q = tl.load(b_ptrs, {b_mask}{other}){fp8 * (spec.b == 'fp8e4m3')}"
+            ".to(tl.float32)")
     group = "(rk[:, None] // QGROUP)"
     if spec.zero_point:
         out(f"q -= tl.load(z_base + {group} * sz_g, {b_mask}).to(tl.float32)")
@@ -245,14 +261,14 @@ def main_params(spec: GemmSpec) -> list[str]:
             "sa_b", "sa_m", "sa_k", "sb_b", "sb_k", "sb_n",
             *(["ss_b", "ss_g", "ss_n"] if quant else []),
             *(["sz_b", "sz_g", "sz_n"] if zp else []), "so_s", "so_b", "so_m", "so_n",
-            *(TMA_PARAMS if spec.tma else [])]
+            *(TMA_PARAMS if spec.tma else ["BATCH0"])]
 
 
 def reduce_params(spec: GemmSpec) -> list[str]:
     """`tf_gemm_reduce`'s run-time parameters, in order."""
     return ["w_ptr", *(f"e{a}_ptr" for a in spec.inputs),
             *(f"o{j}_ptr" for j in range(len(spec.stores))), "M", "N",
-            "sw_s", "sw_b", "sw_m", "sw_n", "so_b", "so_m", "so_n"]
+            "sw_s", "sw_b", "sw_m", "sw_n", "so_b", "so_m", "so_n", "BATCH0"]
 
 
 def _loop(out: _Lines, spec: GemmSpec, var: str, start: str, stop: str, step: str = "1",
@@ -300,16 +316,25 @@ def _finish(out: _Lines, spec: GemmSpec) -> None:
         _store(out, spec, _epilogue(out, spec))
 
 
+def dot_options(spec: GemmSpec) -> str:
+    """The keyword arguments of the template's `tl.dot`: IEEE products for f32 (no TF32), the
+    accumulation mode of an fp8 x fp8 dot (see the header)."""
+    if spec.a == "f32":
+        return ', input_precision="ieee"'
+    if (spec.a, spec.b) == ("fp8e4m3", "fp8e4m3") and not spec.fp8_fast_accum:
+        return ", max_num_imprecise_acc=BLOCK_K"
+    return ""
+
+
 def _dot(out: _Lines, spec: GemmSpec) -> None:
-    precision = ', input_precision="ieee"' if spec.a == "f32" else ""
-    out(f"acc = tl.dot(a, b, acc{precision})")
+    out(f"acc = tl.dot(a, b, acc{dot_options(spec)})")
 
 
 def _pointer_body(out: _Lines, spec: GemmSpec) -> None:
     """One program a tile (and K split), operands loaded through pointers."""
     quant = spec.dequantizes
     out("pid = tl.program_id(0)")
-    out("pid_b = tl.program_id(1).to(tl.int64)")
+    out("pid_b = BATCH0 + tl.program_id(1).to(tl.int64)  # launched in chunks of <= 65,535")
     out("pid_k = tl.program_id(2)")
     out("blocks_m = (M + BLOCK_M - 1) // BLOCK_M")
     out("blocks_n = (N + BLOCK_N - 1) // BLOCK_N")
@@ -382,7 +407,7 @@ def _main_kernel(spec: GemmSpec) -> list[str]:
 def _reduce_kernel(spec: GemmSpec) -> list[str]:
     out = _Lines()
     out("pid = tl.program_id(0)")
-    out("pid_b = tl.program_id(1).to(tl.int64)")
+    out("pid_b = BATCH0 + tl.program_id(1).to(tl.int64)")
     out("blocks_n = (N + BLOCK_N - 1) // BLOCK_N")
     out("pid_m = pid // blocks_n")
     out("pid_n = pid % blocks_n")
@@ -408,7 +433,9 @@ def emit_gemm(spec: GemmSpec) -> str:
     if spec.split == "workspace":
         body += _reduce_kernel(spec)
     variant = "pointer loads" if spec.tma is None else f"persistent TMA, B {spec.tma}"
-    note = (f"# A {spec.a}, B {spec.b}, {variant}, split-K {spec.split}, epilogue "
+    fp8 = f", fp8 {'fast' if spec.fp8_fast_accum else 'precise'} accumulation" \
+        if (spec.a, spec.b) == ("fp8e4m3", "fp8e4m3") else ""
+    note = (f"# A {spec.a}, B {spec.b}{fp8}, {variant}, split-K {spec.split}, epilogue "
             f"{'none' if spec.epilogue is None else len(spec.epilogue.prims)} primitive(s)")
     return triton_module("Triton GEMM generated by tilefold's template (codegen/triton/gemm.py).",
                          body, [note])
@@ -422,5 +449,5 @@ def signature(spec: GemmSpec, kernel: str, pointers: dict[str, str]) -> dict[str
     return {p: pointers.get(p, "*fp32" if p.endswith("_ptr") else "i32") for p in params}
 
 
-__all__ = ["TMA_ORDERS", "TMA_PARAMS", "GemmSpec", "emit_gemm", "main_params", "reduce_params",
-           "signature"]
+__all__ = ["TMA_ORDERS", "TMA_PARAMS", "GemmSpec", "dot_options", "emit_gemm", "main_params",
+           "reduce_params", "signature"]

@@ -11,8 +11,9 @@ size); measuring them is the tuner's job.
 On sm_90 and later, when the caller says the operands suit the tensor memory accelerator
 (`tma=True`: see `gemm_launch.tma_order`), the first config is followed by its persistent
 twin: one program an SM looping over the tiles, A and B tiles copied by TMA through tensor
-descriptors. It comes second, not first, because nothing here can tell the two apart without
-measuring; the tuner times both (and checks the persistent one against the extern first).
+descriptors, with fewer stages where C's tile (in the output's dtype) must fit beside them.
+It comes second, not first, because nothing here can tell the two apart without measuring;
+the tuner times both (and checks each against its reference first).
 """
 
 from __future__ import annotations
@@ -26,18 +27,25 @@ from tilefold.target.gpu import GPUTarget
 
 # bytes per element of the operands the dot reads from shared memory
 ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "fp8e4m3": 1}
-TILES = ((128, 256, 64), (256, 128, 64), (128, 128, 64), (128, 64, 64), (64, 128, 64),
-         (64, 64, 64), (64, 64, 32), (32, 64, 64), (32, 32, 32), (16, 64, 128), (16, 32, 64),
-         (16, 16, 32))
+# (BLOCK_M, BLOCK_N, BLOCK_K)
+TILES = ((128, 256, 128), (128, 256, 64), (256, 128, 128), (256, 128, 64), (128, 128, 128),
+         (128, 128, 64), (128, 64, 64), (64, 128, 128), (64, 128, 64), (64, 64, 64),
+         (64, 64, 32), (32, 64, 64), (32, 32, 32), (16, 64, 128), (16, 32, 64), (16, 16, 32))
+# tiles for 1-byte dtypes only: a K step of 128 fp8 is one 128-byte swizzle row of shared
+# memory, as a 64-element bf16 step is
+BYTE_TILES = frozenset({(128, 256, 128), (256, 128, 128), (128, 128, 128), (64, 128, 128)})
 MAX_STAGES = 5
 MAX_SPLIT_K = 16
 TMA_CAPABILITY = (9, 0)  # Hopper: the first NVIDIA architecture with tensor descriptors
 TMA_DTYPES = ("f16", "bf16", "fp8e4m3")  # the matrix units' dtypes the persistent twin serves
-# bytes a persistent tile keeps free of the pipeline: Triton's layout conversion of the f32
-# accumulator before the epilogue overlaps the next tile's copies, so it cannot reuse them
-# (32 KB and its barriers, measured for a 128 x 256 bf16 tile on Triton 3.6)
-EPILOGUE_SCRATCH = 33 * 1024
+# A persistent tile's epilogue converts the accumulator's layout through shared memory in C's
+# dtype (BLOCK_M x BLOCK_N elements), while the next tile's copies fill the pipeline, so that
+# scratch comes on top of the stages; plus the pipeline's barriers and alignment
+EPILOGUE_SLACK = 1024
 LOAD_COST = 64  # products a tile must do per element it loads to keep the matrix units busy
+# f32 accumulator registers a thread may hold (of 255): a precise fp8 dot keeps a second,
+# partial accumulator beside the first (see `gemm.dot_options`)
+ACC_REGISTERS = 128
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,13 @@ class GemmConfig:
         """Shared memory the pipelined A and B tiles take when the dot reads `dtype`."""
         size = _element_bytes(dtype)
         return self.num_stages * (self.block_m + self.block_n) * self.block_k * size
+
+    def epilogue_bytes(self, out_dtype: str) -> int:
+        """Shared memory a persistent config's epilogue keeps beside the pipeline: the tile
+        in C's dtype (its layout conversion) and the barriers (0 for one program a tile)."""
+        if not self.persistent:
+            return 0
+        return self.block_m * self.block_n * _element_bytes(out_dtype) + EPILOGUE_SLACK
 
     def grid(self, m: int, n: int, batch: int = 1) -> tuple[int, int, int]:
         """Programs along (output tiles, batch, K splits); a persistent config's programs
@@ -118,23 +133,28 @@ def persistent_ok(target: GPUTarget, dtype: str) -> bool:
             and dtype in TMA_DTYPES)
 
 
-def _persistent_twin(target: GPUTarget, config: GemmConfig, dtype: str) -> GemmConfig | None:
+def _persistent_twin(target: GPUTarget, config: GemmConfig, dtype: str, out_dtype: str
+                     ) -> GemmConfig | None:
     """`config` as the persistent variant, its pipeline cut to leave the epilogue's scratch
-    free (None when fewer than two stages would remain)."""
+    for C in `out_dtype` free (None when fewer than two stages would remain)."""
+    twin = dataclasses.replace(config, persistent=target.sm_count)
     per_stage = config.shared_bytes(dtype) // config.num_stages
-    stages = min(config.num_stages,
-                 (target.shared_memory_per_block - EPILOGUE_SCRATCH) // per_stage)
+    stages = min(config.num_stages, (target.shared_memory_per_block
+                                     - twin.epilogue_bytes(out_dtype)) // per_stage)
     if stages < 2:
         return None
-    return dataclasses.replace(config, num_stages=stages, persistent=target.sm_count)
+    return dataclasses.replace(twin, num_stages=stages)
 
 
 def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
-                    limit: int = 4, tma: bool = False) -> list[GemmConfig]:
+                    limit: int = 4, tma: bool = False, out_dtype: str = "f32",
+                    fp8_fast_accum: bool = False) -> list[GemmConfig]:
     """Up to `limit` configs for an M x N x K GEMM whose dot reads `dtype`, best guess first,
     each within `target`'s shared memory per block; with `tma` (the operands suit tensor
     descriptors) on a target where `persistent_ok`, one more: the first's persistent twin,
-    second."""
+    second, its stages leaving room for C's tile in `out_dtype` (the widest output; f32 when
+    unknown, which always fits). An fp8 dot accumulating precisely (not `fp8_fast_accum`)
+    holds two accumulators, so it takes only tiles whose two fit ACC_REGISTERS a thread."""
     if min(m, n, k) < 1:
         raise UnsupportedError(f"propose_configs: M, N, K = {m}, {n}, {k}; every size must be "
                                ">= 1 (an empty GEMM launches nothing)")
@@ -144,7 +164,8 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
                                f"{', '.join(sorted(target.matrix_dtypes))}, not {dtype}")
     scored = []
     for bm, bn, bk in TILES:
-        if bk * size < 32 or not (_fits(m, bm) and _fits(n, bn) and _fits(k, bk, 32)):
+        if bk * size < 32 or (size != 1 and (bm, bn, bk) in BYTE_TILES) or \
+                not (_fits(m, bm) and _fits(n, bn) and _fits(k, bk, 32)):
             continue
         per_stage = (bm + bn) * bk * size
         stages = min(MAX_STAGES, target.shared_memory_per_block // per_stage)
@@ -153,6 +174,9 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
         tiles = -(-m // bm) * -(-n // bn)
         split = _split(target, tiles, k, bk)
         warps = 8 if bm * bn >= 128 * 128 else 4
+        accumulators = 2 if dtype == "fp8e4m3" and not fp8_fast_accum else 1
+        if bm * bn * accumulators > ACC_REGISTERS * warps * target.warp_size:
+            continue
         config = GemmConfig(bm, bn, bk, 8, warps, stages, split)
         sms = target.sm_count or tiles
         waves = math.ceil(tiles * split / sms)
@@ -166,7 +190,7 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
                                "shared memory in two stages")
     scored.sort(key=lambda s: (s[0], s[1]))
     configs = [config for _, _, config in scored[:limit]]
-    twin = _persistent_twin(target, configs[0], dtype) \
+    twin = _persistent_twin(target, configs[0], dtype, out_dtype) \
         if tma and configs[0].split_k == 1 and persistent_ok(target, dtype) else None
     return [configs[0], twin, *configs[1:]] if twin is not None else configs
 

@@ -46,6 +46,7 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, TORCH_DTYPES[name])
 
 
+MAX_GRID_Y = 65535  # programs along a CUDA grid's axis 1 (the batch here)
 TMA_ALIGN = 16  # bytes: the tensor memory accelerator's alignment of addresses and strides
 
 
@@ -120,7 +121,7 @@ class TritonGemm:
     def __init__(self, a: str, b: str, *, epilogue: Program | None = None,
                  stores: tuple[int | None, ...] = (None,), c_round: str | None = None,
                  split: str = "none", out_dtypes: tuple[str, ...] = ("f32",),
-                 zero_point: bool = False):
+                 zero_point: bool = False, fp8_fast_accum: bool = False):
         if len(out_dtypes) != len(stores):
             raise UnsupportedError(f"Triton GEMM: {len(stores)} stored value(s) but "
                                    f"{len(out_dtypes)} output dtype(s)")
@@ -131,7 +132,8 @@ class TritonGemm:
         interp = interpreting()
         dot = "f32" if interp and a == "bf16" else a  # the interpreter's bf16 is wrong
         self.spec = GemmSpec(dot, dot if b == a else b, epilogue, stores, c_round, split,
-                             pipelined=not interp, zero_point=zero_point)
+                             pipelined=not interp, zero_point=zero_point,
+                             fp8_fast_accum=fp8_fast_accum)
         self.source = emit_gemm(self.spec)
         self.fn = load_jit(self.source, KERNEL)
         self.reduce = load_jit(self.source, REDUCE) if split == "workspace" else None
@@ -187,10 +189,9 @@ class TritonGemm:
             a3, _ = widened_f32(a3)
         if interp and self.b == "bf16":
             b3, _ = widened_f32(b3)
-        if self.a == "fp8e4m3" and order is None:  # fp8 bytes, bitcast by the kernel
-            a3 = a3.view(torch.uint8)
-        if self.b == "fp8e4m3" and order is None:
-            b3 = b3.view(torch.uint8)
+        if interp and order is None:  # the interpreter's kernel bitcasts fp8 bytes
+            a3 = a3.view(torch.uint8) if self.a == "fp8e4m3" else a3
+            b3 = b3.view(torch.uint8) if self.b == "fp8e4m3" else b3
         extra = [t.contiguous().float() if interp and t.dtype == torch.bfloat16
                  else t.contiguous() for t in epilogue_inputs]
         if len(extra) != len(self.spec.inputs):
@@ -279,16 +280,18 @@ class TritonGemm:
             out_strides = [0, *results[0].stride()]
         args += [m, n, k, k_iters, *([k // scale.shape[-2]] if scale is not None else []),
                  *map(int, a3.stride()), *map(int, b3.stride()), *qargs, *out_strides]
-        with np.errstate(all="ignore"):  # the interpreter's NumPy, on lanes past the edge
-            self.fn[config.grid(m, n, count)](
-                *args, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                BLOCK_K=config.block_k, GROUP_M=config.group_m,
-                num_warps=config.num_warps, num_stages=config.num_stages)
-            if work is not None:
-                self.reduce[config.grid(m, n, count)[:2]](
-                    work, *extra, *results, m, n, *work.stride(), *results[0].stride(),
-                    BLOCK_M=config.block_m, BLOCK_N=config.block_n, SPLIT_K=split,
-                    num_warps=config.num_warps)
+        for first in range(0, count, MAX_GRID_Y):  # grid axis 1 holds at most 65,535
+            grid = config.grid(m, n, min(MAX_GRID_Y, count - first))
+            with np.errstate(all="ignore"):  # the interpreter's NumPy, on lanes past the edge
+                self.fn[grid](
+                    *args, first, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                    BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                    num_warps=config.num_warps, num_stages=config.num_stages)
+                if work is not None:
+                    self.reduce[grid[:2]](
+                        work, *extra, *results, m, n, *work.stride(), *results[0].stride(),
+                        first, BLOCK_M=config.block_m, BLOCK_N=config.block_n, SPLIT_K=split,
+                        num_warps=config.num_warps)
 
 
 def _per_batch(t: Any, count: int, n: int) -> Any:

@@ -113,7 +113,8 @@ class TritonLaunch:
         n_rows, n_cols = self.geometry(sizes)
         if n_rows == 0 or (n_cols == 0 and not s.loop_cols):
             return
-        block_r, block_c = s.block_shape(n_rows, n_cols)
+        shape = s.launch(n_rows, n_cols)
+        block_r, block_c = shape.block_r, shape.block_c
         blocks = -(-n_rows // block_r) * (1 if s.loop_cols else -(-n_cols // block_c))
         import torch
 
@@ -135,7 +136,7 @@ class TritonLaunch:
                 args.append(int(strides[index[p[1]]][k.axis_index(p[2])]))
         with np.errstate(all="ignore"):  # the interpreter's NumPy, on lanes past the edge
             self.fn[(blocks,)](*args, n_rows, n_cols, BLOCK_R=block_r, BLOCK_C=block_c,
-                               num_warps=s.num_warps)
+                               ONE_PASS=shape.one_pass, num_warps=shape.num_warps)
         for flat, wide in copy_back:
             span = flat.shape[0]
             flat.copy_(torch.as_strided(wide, (span,), (1,)))

@@ -11,7 +11,10 @@ Triton lowers f32 `tl.log`, `tl.sin`, `tl.cos` and `tl.erf` to libdevice's accur
 NVIDIA GPUs, but `tl.exp` to `ex2.approx(x log2 e)`, whose relative error grows with |x| (some
 80 ulp at x = 80): exp is `_tf_exp`, a Cody-Waite reduction to |r| <= ln 2 / 2 before the fast
 exp2, scaled by 2**k built from its bits (checked under the interpreter, which runs NumPy's
-exp2; its GPU error bound is still to be measured on a GPU).
+exp2; its GPU error bound is still to be measured on a GPU). `exp_nonpositive` (softmax's
+e^(x - max), x - max <= 0) is one exp2 of x log2(e): its result is at most 1, so the error the
+product's rounding adds (|x log2 e| u relative) stays below u absolute, small beside the row
+sum of at least 1 it is divided by.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ PRIMITIVE_FORMS: dict[str, str] = {
     "round_bf16": "_tf_round_bf16({0})",      # bit arithmetic: no bf16 in the interpreter
     "round_f16": "{0}.to(tl.float16).to(tl.float32)",
     "exp": "_tf_exp({0})",
-    "exp_nonpositive": "_tf_exp({0})",
+    "exp_nonpositive": "tl.exp2({0} * 1.4426950408889634)",  # x <= 0: see the header
     "log": "tl.log({0})",
     "tanh": "_tf_tanh({0})",
     "erf": "tl.erf({0})",

@@ -59,12 +59,12 @@ def compile_ptx(kernel: Kernel, schedule: GPUSchedule, target: GPUTarget,
     if target.vendor != "nvidia" or target.compute_capability is None:
         raise UnsupportedError(f"PTX is NVIDIA's; {target.name} is {target.vendor}")
     major, minor = target.compute_capability
-    block = schedule.block_shape(n_rows, n_cols)
+    shape = schedule.launch(n_rows, n_cols)
     result = compile_source(emit_triton(kernel, schedule), kernel.name, signature(kernel),
-                            {"BLOCK_R": block[0], "BLOCK_C": block[1]}, target,
-                            schedule.num_warps)
-    return PTXReport(result["ptx"], f"sm_{major}{minor}", block, schedule.num_warps,
-                     result["shared"], result["registers"], result["spills"])
+                            {"BLOCK_R": shape.block_r, "BLOCK_C": shape.block_c,
+                             "ONE_PASS": shape.one_pass}, target, shape.num_warps)
+    return PTXReport(result["ptx"], f"sm_{major}{minor}", (shape.block_r, shape.block_c),
+                     shape.num_warps, result["shared"], result["registers"], result["spills"])
 
 
 def compile_source(source: str, name: str, sig: dict[str, str], constants: dict[str, int],
@@ -81,8 +81,8 @@ def compile_source(source: str, name: str, sig: dict[str, str], constants: dict[
     return _in_child(job) if interpreting() else _compile(job)
 
 
-# pointer types of the GEMM's operands (fp8 passes its bytes; int4 two codes a byte)
-GEMM_POINTERS = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8e4m3": "*u8",
+# pointer types of the GEMM's operands (int4: two codes a byte)
+GEMM_POINTERS = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8e4m3": "*fp8e4nv",
                  "i8": "*i8", "i4": "*u8"}
 
 
@@ -94,10 +94,11 @@ def compile_gemm_ptx(spec: GemmSpec, config: GemmConfig, target: GPUTarget,
     (f32 where not given). The strides in `unit_strides` are 1, as Triton specializes a launch
     whose stride is 1 (by default A and C row-major, and B row-major too unless `spec.tma` says
     it is stored transposed): that is what lets it copy tiles to shared memory asynchronously
-    and pipeline the K loop. The TMA variant reads fp8 as it is (descriptors, not bytes)."""
+    and pipeline the K loop. fp8 operands are fp8 pointers (bytes only for the interpreter's
+    kernel, `spec.pipelined` false)."""
     if unit_strides is None:
         unit_strides = ("sa_k", "sb_k" if spec.tma == "nk" else "sb_n", "so_n")
-    operand = {**GEMM_POINTERS, "fp8e4m3": "*fp8e4nv"} if spec.tma else GEMM_POINTERS
+    operand = GEMM_POINTERS if spec.pipelined else {**GEMM_POINTERS, "fp8e4m3": "*u8"}
     pointers = {"a_ptr": operand[spec.a], "b_ptr": operand[spec.b],
                 **{f"o{j}_ptr": GEMM_POINTERS[d] for j, d in enumerate(out_dtypes)},
                 **{f"e{arg}_ptr": GEMM_POINTERS[d]

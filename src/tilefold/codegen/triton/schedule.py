@@ -4,7 +4,11 @@ A program owns `BLOCK_R` rows (the row axes flattened, last fastest) and works o
 `BLOCK_R x BLOCK_C`. When the kernel reduces, the columns are its reduced axes (flattened) and
 each reduction pass loops over them in chunks of `BLOCK_C`; otherwise the columns are the axis
 along which most buffers are contiguous, and the grid also splits them. The tile sizes are
-picked per launch from the actual sizes (`block_shape`), within the schedule's bounds.
+picked per launch from the actual sizes (`launch`), within the schedule's bounds.
+
+A reduction whose whole row fits ONE_PASS_COLS columns runs in one pass (`one_pass`): one
+chunk the width of the row, held in registers by up to MAX_WARPS warps, so every pass of the
+kernel reads the row loaded once (softmax: x read once, each e^(x - max) computed once).
 """
 
 from __future__ import annotations
@@ -18,6 +22,18 @@ from tilefold.target.gpu import GPUTarget
 ELEMENTS_PER_THREAD = 16  # four 128-bit loads of f32 per thread per tile
 NUM_WARPS = 4
 MIN_COLS = 16  # columns of a rows-first tile, at least
+MAX_WARPS = 16
+ONE_PASS_COLS = ELEMENTS_PER_THREAD * MAX_WARPS * 32  # a row held in registers, at most
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch's tile (BLOCK_R x BLOCK_C), warps, and whether the row is one chunk."""
+
+    block_r: int
+    block_c: int
+    num_warps: int
+    one_pass: bool
 
 
 @dataclass(frozen=True)
@@ -33,6 +49,7 @@ class GPUSchedule:
     max_block_cols: int
     num_warps: int
     rows_first: bool = False  # memory is contiguous along rows, not columns (column sums)
+    one_pass_cols: int = ONE_PASS_COLS  # the longest row a reduction holds in one chunk
 
     def block_shape(self, n_rows: int | None, n_cols: int | None) -> tuple[int, int]:
         """(BLOCK_R, BLOCK_C), powers of two: columns first (up to the row's length), then as
@@ -49,6 +66,20 @@ class GPUSchedule:
         if n_rows is not None:
             rows = min(rows, _pow2(n_rows))
         return rows, cols
+
+    def launch(self, n_rows: int | None, n_cols: int | None) -> Launch:
+        """The tile, warps and pass form for these sizes: a reduction whose row fits
+        `one_pass_cols` takes it whole in one chunk, with warps enough for ELEMENTS_PER_THREAD
+        elements a thread; anything else `block_shape` and the schedule's warps."""
+        if self.loop_cols and n_cols is not None and 0 < n_cols <= self.one_pass_cols:
+            cols = _pow2(n_cols)
+            rows = max(1, self.tile_elements // cols)
+            if n_rows is not None:
+                rows = min(rows, _pow2(n_rows))
+            warps = min(MAX_WARPS, max(self.num_warps,
+                                       rows * cols // (ELEMENTS_PER_THREAD * 32)))
+            return Launch(rows, cols, warps, True)
+        return Launch(*self.block_shape(n_rows, n_cols), self.num_warps, False)
 
     def __str__(self) -> str:
         how = ("looped" if self.loop_cols else "split") + (", rows first" if self.rows_first
