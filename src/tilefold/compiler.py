@@ -152,7 +152,7 @@ class Plan:
     def execute(self, env: list, arrays: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                 times: StepTimes | None = None) -> None:
         """Run the steps in Python on `env` (this plan's, or a recording's own copy); with
-        `times`, each step timed into it."""
+        `times`, each step timed into it (a step that replays natively as its native calls)."""
         for slot, a in zip(self.input_slots, arrays, strict=True):
             env[slot] = a
         for (slot, _, _), out in zip(self.output_slots, outputs, strict=True):
@@ -163,9 +163,15 @@ class Plan:
             for run, slots in self.steps:
                 run(*[env[s] for s in slots])
             return
-        for (run, slots), label in zip(self.steps, self.labels, strict=True):
+        for (run, slots), native, label in zip(self.steps, self.natives, self.labels,
+                                               strict=True):
+            calls = native(env) if native is not None else None
             started = time.perf_counter()
-            run(*[env[s] for s in slots])
+            if calls is None:
+                run(*[env[s] for s in slots])
+            else:  # what a replay runs, without the Python wrapper's own time
+                for call in calls:
+                    call()
             times.add(label, time.perf_counter() - started)
         times.calls += 1
 

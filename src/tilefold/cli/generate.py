@@ -207,7 +207,7 @@ def profile_lines(prepared: llm_models.Prepared, prompt: list[int], new_tokens: 
     rows = times.per_call()
     total = sum(seconds for _, seconds, _ in rows) or 1.0
     lines = ["", f"tilefold {fmt}: a decode step's {len(rows)} kinds of step, timed one by one "
-             f"over {times.calls} steps (not replayed): {total * 1e3:.2f} ms a token",
+             f"over {times.calls} steps (one by one, not replayed): {total * 1e3:.2f} ms a token",
              f"{'ms/token':>9} {'share':>6} {'calls':>5}  step"]
     lines += [f"{seconds * 1e3:9.3f} {seconds / total:6.1%} {count:5d}  {label}"
               for label, seconds, count in rows[:25]]

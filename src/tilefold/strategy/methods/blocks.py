@@ -105,7 +105,11 @@ class GemmEpilogue(Method):
                 return f"epilogue: {exc}"
         w = work(problem)
         c_bytes = 4 * float(np.prod(problem.shape(c)))
-        prepack = mm.operands[1] in problem.constants and len(b_shape) == 2
+        # A constant B is packed once, except for an f32 product with a single row of C: the
+        # GEMV reads the weight in place as one sequential stream (through packed panels,
+        # SmolLM2's f32 decode GEMVs ran ~2x slower on znver4, and kept a second copy).
+        gemv = not lowp and int(np.prod(problem.shape(c)[:-1])) == 1
+        prepack = mm.operands[1] in problem.constants and len(b_shape) == 2 and not gemv
         machine, nbytes, calls = ctx.machine, w.bytes_fused, 2 if epi else 1
         if lowp:
             machine = dataclasses.replace(machine, gflops=_lowp_gflops(ctx, LOWP_PEAKS[pair]))
