@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from tilefold.errors import UnsupportedError
 from tilefold.ir import OPS, Block, Function, Operation, Value
 from tilefold.ir.axes import AxisClasses
-from tilefold.ir.shapes import normalize_axes, normalize_axis
 from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
@@ -38,7 +37,6 @@ COMPUTE_OPS = frozenset({"matmul"})
 PROLOGUE_OPS = frozenset({"transpose", "broadcast_to", "expand_dims", "cast", "dequantize"})
 # Prologues that only reinterpret memory, so giving each consumer its own copy costs nothing.
 FREE_PROLOGUES = frozenset({"transpose", "broadcast_to", "expand_dims"})
-ROW_NORMS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
 
 
 @dataclass(frozen=True)
@@ -96,16 +94,6 @@ class Group:
 
 def _describe(op: Operation) -> str:
     return f"%{op.results[0].name} ({op.name})" if op.results else op.name
-
-
-def reduction_axes(op: Operation) -> tuple[int, ...]:
-    """The axes a reduction-family op reduces over, normalized for its operand's rank."""
-    rank = op.operands[0].type.rank
-    if op.name in ("layer_norm", "rms_norm"):
-        return tuple(range(normalize_axis(op.name, op.attr("axis"), rank), rank))
-    if op.name in ("softmax", "log_softmax"):
-        return (normalize_axis(op.name, op.attr("axis"), rank),)
-    return normalize_axes(op.name, op.attr("axes"), rank)
 
 
 def _patterns(rank: int, axes: tuple[int, ...] | None) -> list[tuple[int | None, ...]]:
@@ -190,7 +178,7 @@ class Planner:
         group = Group([op], kind, op.results[0])
         if op.has_trait("reduction"):
             group.space = op.operands[0]
-            group.axes = reduction_axes(op)
+            group.axes = op.reduced_axes()
         self.groups.append(group)
         self.group_of[op] = group
         return group
@@ -211,7 +199,7 @@ class Planner:
                 group.add(op)
                 self.group_of[op] = group
                 if op.has_trait("reduction"):
-                    group.axes = reduction_axes(op)
+                    group.axes = op.reduced_axes()
                 return
             self.refuse(group, op, reason)
         self.start(op, "memory")
@@ -246,7 +234,7 @@ class Planner:
                     "each other (NumPy aligns a keepdims=false row result with the last axis, "
                     "not the rows)")
         if op.has_trait("reduction"):
-            axes = reduction_axes(op)
+            axes = op.reduced_axes()
             source = tuple(op.operands[0].type.shape)
             if not lineup.faces(op.operands[0], tuple(range(len(group.domain)))):
                 return f"it reduces {_shape(source)}, not the group's space {_shape(group.domain)}"
