@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from tilefold.codegen.lower import op_flops as flops_per_element
 from tilefold.errors import PassError, TilefoldError
 from tilefold.ir.core import Function, Operation
 from tilefold.ir.types import (
@@ -133,9 +134,6 @@ def nbytes(t: TensorType) -> int:
     return math.prod(local_shape(t)) * t.dtype.bits // 8
 
 
-# flops per result element of ops that are neither matmuls nor attention (default 1)
-FLOPS_PER_ELEMENT = {"layer_norm": 8, "rms_norm": 5, "softmax": 5, "log_softmax": 5,
-                     "gelu": 8, "silu": 4, "exp": 4, "tanh": 4}
 FREE = frozenset({"reshape", "expand_dims", "squeeze"})  # views: no work, no traffic
 
 
@@ -149,7 +147,7 @@ def op_flops(op: Operation) -> float:
     if op.name == "scaled_dot_product_attention":
         q, k = (local_shape(v.type) for v in op.operands[:2])
         return 2.0 * math.prod(out[:-1]) * k[-2] * (q[-1] + out[-1])
-    return float(FLOPS_PER_ELEMENT.get(op.name, 1) * math.prod(out))
+    return float(flops_per_element(op.name) * math.prod(out))  # the lowering table's
 
 
 def after_step(t: TensorType, op: str, axis: str, attrs: dict) -> TensorType:
