@@ -18,11 +18,13 @@ from tilefold.distributed import (
     plan_cost,
     search,
 )
-from tilefold.distributed.cost import LINKS
+from tilefold.distributed.cost import DEVICES, LINKS, DeviceSpec, device_spec
 from tilefold.distributed.plan import parse_mesh
+from tilefold.errors import TilefoldError
 from tilefold.ir import parse_module, verify
 from tilefold.ir.types import parse_placements
 from tilefold.passes import run_pipeline
+from tilefold.target.gpu import GPU_TARGETS
 
 
 @pytest.mark.parametrize("t", [2, 4, 8])
@@ -129,6 +131,19 @@ func @main(%x: f32[8,6] @m[S(0)], %c: bool[8,6] @m[S(0)], %g: f32[6] @m[R])
     (op,) = [o for o in module["main"].ops if o.name == name]
     assert name in RULES
     assert AlphaBeta(module.meshes["m"]).compute(op).flops == RULES[name].flops * 4 * 6
+
+
+def test_devices_are_the_gpu_targets_chips() -> None:
+    """One hardware model: each GPU device's roofline is its `target/gpu.py` entry's."""
+    chips = [t for t in GPU_TARGETS.values() if t.sm_count is not None]
+    assert set(DEVICES) == {t.name for t in chips} | {"cpu"}
+    for t in chips:
+        d = DEVICES[t.name]
+        assert (d.flops, d.bandwidth, d.memory) == (t.matrix_tflops * 1e12,
+                                                    t.memory_bandwidth_gbps * 1e9, t.memory_bytes)
+    assert DEVICES["h100"] == DeviceSpec("h100", 989e12, 3.35e12, 80 << 30)  # as it was typed
+    with pytest.raises(TilefoldError, match=r"sm_90 .* is an architecture"):
+        device_spec(GPU_TARGETS["sm_90"])
 
 
 def test_default_links_follow_the_node_boundary() -> None:

@@ -27,6 +27,7 @@ from tilefold.ir.types import (
     local_shape,
 )
 from tilefold.passes.expand_redistribute import Step, redistribute_paths, redistribute_steps
+from tilefold.target.gpu import GPU_TARGETS, GPUTarget
 
 
 class CostModelError(TilefoldError):
@@ -52,9 +53,18 @@ class Link:
     beta: float
 
 
+def device_spec(gpu: GPUTarget) -> DeviceSpec:
+    """The roofline of a GPU chip from its entry in `target/gpu.py` (the one hardware model)."""
+    if gpu.matrix_tflops is None or gpu.memory_bandwidth_gbps is None or gpu.memory_bytes is None:
+        raise CostModelError(f"{gpu} is an architecture, not a chip: it has no peak figures")
+    return DeviceSpec(gpu.name, gpu.matrix_tflops * 1e12, gpu.memory_bandwidth_gbps * 1e9,
+                      gpu.memory_bytes)
+
+
+# Every GPU chip tilefold knows, and a nominal CPU node (the gloo runtime's: it prices only
+# collectives that matter, so its figures are round ones, not a measured machine's).
 DEVICES = {
-    "h100": DeviceSpec("h100", 989e12, 3.35e12, 80 << 30),
-    "a100": DeviceSpec("a100", 312e12, 2.0e12, 80 << 30),
+    **{name: device_spec(gpu) for name, gpu in GPU_TARGETS.items() if gpu.sm_count is not None},
     "cpu": DeviceSpec("cpu", 1e12, 50e9, 64 << 30),
 }
 LINKS = {
