@@ -27,8 +27,8 @@ from tilefold.codegen.cpu.copy import OUT_OF_RANGE, copy_call
 from tilefold.errors import DTypeError, ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
+from tilefold.ir.ops import VIEWS  # layout ops as NumPy views
 from tilefold.ir.ops.index import index_key
-from tilefold.ir.ops.shape import slice_index
 from tilefold.ir.types import SymDim
 from tilefold.passes import PassManager
 from tilefold.runtime.replay import NativeCall, Replay
@@ -41,16 +41,6 @@ from tilefold.target.gpu import GPUTarget, gpu_target, gpu_target_names
 PIPELINE = "default,merge-matmuls,dce,fusion"
 # `weights=` (else TILEFOLD_WEIGHTS): constant matmul weights stored as these codes.
 WEIGHT_FORMATS = ("f32", "int8", "int4")
-
-View = Callable[[np.ndarray, dict], np.ndarray]
-VIEWS: dict[str, View] = {
-    "reshape": lambda x, a: x.reshape(a["shape"]),
-    "transpose": lambda x, a: x.transpose(a["perm"]),
-    "expand_dims": lambda x, a: np.expand_dims(x, tuple(a["axes"])),
-    "squeeze": lambda x, a: np.squeeze(x, tuple(a["axes"])),
-    "broadcast_to": lambda x, a: np.broadcast_to(x, a["shape"]),
-    "slice": lambda x, a: x[slice_index(a)],
-}
 
 
 def _index_put(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs: dict) -> None:

@@ -36,7 +36,7 @@ from tilefold.codegen.triton.group import TritonGroup
 from tilefold.errors import FallbackError, TilefoldError, UnsupportedError, strict, strict_mode
 from tilefold.ir import OPS, Block, Module, Operation, Value
 from tilefold.ir.interpreter import run_region
-from tilefold.ir.ops.shape import slice_index
+from tilefold.ir.ops import VIEWS  # layout ops as torch views
 from tilefold.ir.types import TensorType
 from tilefold.strategy.gpu_tuner import (
     GPUCandidate,
@@ -47,27 +47,6 @@ from tilefold.strategy.gpu_tuner import (
 )
 from tilefold.strategy.problem import Problem
 from tilefold.target.gpu import GPUTarget
-
-# IR view op -> the torch view of a tensor (the CPU path makes the same ones with NumPy).
-VIEWS: dict[str, Callable[[Any, dict], Any]] = {
-    "reshape": lambda x, a: x.reshape(tuple(a["shape"])),
-    "transpose": lambda x, a: x.permute(*a["perm"]),
-    "expand_dims": lambda x, a: _unsqueeze(x, a["axes"]),
-    "squeeze": lambda x, a: x.squeeze(tuple(a["axes"])) if a["axes"] else x,
-    "broadcast_to": lambda x, a: _broadcast(x, tuple(a["shape"])),
-    "slice": lambda x, a: x[slice_index(a)],
-}
-
-
-def _unsqueeze(x, axes):
-    for axis in sorted(axes):
-        x = x.unsqueeze(axis)
-    return x
-
-
-def _broadcast(x, shape):
-    lead = len(shape) - x.dim()
-    return x.reshape((1,) * lead + tuple(x.shape)).expand(*shape)
 
 
 @dataclass

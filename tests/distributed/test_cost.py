@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tilefold.codegen.lower import RULES, op_flops
 from tilefold.distributed import (
     AlphaBeta,
     BlockShape,
@@ -17,11 +18,13 @@ from tilefold.distributed import (
     plan_cost,
     search,
 )
-from tilefold.distributed.cost import LINKS
+from tilefold.distributed.cost import DEVICES, LINKS, DeviceSpec, device_spec
 from tilefold.distributed.plan import parse_mesh
+from tilefold.errors import TilefoldError
 from tilefold.ir import parse_module, verify
 from tilefold.ir.types import parse_placements
 from tilefold.passes import run_pipeline
+from tilefold.target.gpu import GPU_TARGETS
 
 
 @pytest.mark.parametrize("t", [2, 4, 8])
@@ -102,7 +105,7 @@ func @main(%x: f32[512,256] @m[R], %w: f32[256,1024] @m[S(1)]) -> (f32[512,1024]
     moved = (512 * 256 + 256 * 256 + 512 * 256) * 4
     d = model.device
     assert mm.seconds == max(mm.flops / d.flops, moved / d.bandwidth)
-    assert gelu.flops == 8 * 512 * 256
+    assert gelu.flops == op_flops("gelu") * 512 * 256  # the lowering table's: one count
     assert gelu.seconds == max(gelu.flops / d.flops, 2 * 512 * 256 * 4 / d.bandwidth)
     # arguments stay; %y lives until gelu has read it
     assert model.peak_memory(module["main"]) == (512 * 256 + 256 * 256 + 2 * 512 * 256) * 4
@@ -110,6 +113,37 @@ func @main(%x: f32[512,256] @m[R], %w: f32[256,1024] @m[S(1)]) -> (f32[512,1024]
     assert table.splitlines()[0].split() == ["what", "kind", "GFLOP", "MB", "moved", "ms"]
     assert table.splitlines()[-1].split()[0] == "total"
     assert "%y matmul" in (mm + gelu).table(detail=True)
+
+
+@pytest.mark.parametrize("name", ["gelu", "softmax", "log_softmax", "layer_norm", "rms_norm",
+                                  "exp", "add", "where"])
+def test_an_op_costs_the_flops_its_lowering_rule_gives(name: str) -> None:
+    """Per result element, the flops the kernels' cost model charges (`codegen/lower/rules.py`),
+    not a second table."""
+    operands = {"where": "%c, %x, %x", "layer_norm": "%x, %g, %g", "rms_norm": "%x, %g"}
+    text = f"""mesh @m [tp=2]
+func @main(%x: f32[8,6] @m[S(0)], %c: bool[8,6] @m[S(0)], %g: f32[6] @m[R])
+    -> (f32[8,6] @m[S(0)]) {{
+  %y = {name}({operands.get(name, "%x")}) : f32[8,6] @m[S(0)]
+  return(%y)
+}}"""
+    module = verify(parse_module(text.replace("add(%x)", "add(%x, %x)")))
+    (op,) = [o for o in module["main"].ops if o.name == name]
+    assert name in RULES
+    assert AlphaBeta(module.meshes["m"]).compute(op).flops == RULES[name].flops * 4 * 6
+
+
+def test_devices_are_the_gpu_targets_chips() -> None:
+    """One hardware model: each GPU device's roofline is its `target/gpu.py` entry's."""
+    chips = [t for t in GPU_TARGETS.values() if t.sm_count is not None]
+    assert set(DEVICES) == {t.name for t in chips} | {"cpu"}
+    for t in chips:
+        d = DEVICES[t.name]
+        assert (d.flops, d.bandwidth, d.memory) == (t.matrix_tflops * 1e12,
+                                                    t.memory_bandwidth_gbps * 1e9, t.memory_bytes)
+    assert DEVICES["h100"] == DeviceSpec("h100", 989e12, 3.35e12, 80 << 30)  # as it was typed
+    with pytest.raises(TilefoldError, match=r"sm_90 .* is an architecture"):
+        device_spec(GPU_TARGETS["sm_90"])
 
 
 def test_default_links_follow_the_node_boundary() -> None:

@@ -153,7 +153,7 @@ func @main(%p: f64[6,8] @m[P(sum)], %q: f64[6,8] @m[P(sum)], %g: f64[8] @m[R])
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ("device=tpu", "no such device; known: h100, a100, cpu"),
+    ("device=tpu", "no such device; known: a100, h100, h200, mi300x, cpu"),
     ("link=carrier-pigeon", "unknown link class 'carrier-pigeon'"),
 ])
 def test_unknown_devices_and_links_are_named(options: str, message: str) -> None:

@@ -41,6 +41,7 @@ def test_every_chain_ends_at_an_architecture_of_one_vendor(name):
 def test_a_chip_has_every_figure_and_its_architecture_s_units(name):
     chip = gpu_target(name)
     assert chip.sm_count > 0 and chip.l2_bytes > 0 and chip.memory_bandwidth_gbps > 0
+    assert chip.memory_bytes > 0 and chip.matrix_tflops > 0
     arch = gpu_target(chip.arch)
     assert arch.name in chip.family and arch.sm_count is None
     assert chip.matrix_dtypes == arch.matrix_dtypes
@@ -51,6 +52,8 @@ def test_published_figures():
     h100, h200, a100, mi = (gpu_target(n) for n in ("h100", "h200", "a100", "mi300x"))
     assert (h100.compute_capability, h100.sm_count, h100.l2_bytes) == ((9, 0), 132, 50 << 20)
     assert h200.memory_bandwidth_gbps == 4800 and h100.memory_bandwidth_gbps == 3350
+    assert (h100.matrix_tflops, h100.memory_bytes) == (989, 80 << 30)
+    assert (a100.matrix_tflops, h200.memory_bytes, mi.memory_bytes) == (312, 141 << 30, 192 << 30)
     assert a100.sm_count == 108 and a100.shared_memory_per_block == 163 * 1024
     assert h200.has_matrix("fp8e4m3") and not a100.has_matrix("fp8e4m3")
     assert a100.has_matrix("i4") and not h100.has_matrix("i4")

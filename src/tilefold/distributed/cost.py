@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from tilefold.codegen.lower import op_flops as flops_per_element
 from tilefold.errors import PassError, TilefoldError
 from tilefold.ir.core import Function, Operation
 from tilefold.ir.types import (
@@ -26,6 +27,7 @@ from tilefold.ir.types import (
     local_shape,
 )
 from tilefold.passes.expand_redistribute import Step, redistribute_paths, redistribute_steps
+from tilefold.target.gpu import GPU_TARGETS, GPUTarget
 
 
 class CostModelError(TilefoldError):
@@ -51,9 +53,18 @@ class Link:
     beta: float
 
 
+def device_spec(gpu: GPUTarget) -> DeviceSpec:
+    """The roofline of a GPU chip from its entry in `target/gpu.py` (the one hardware model)."""
+    if gpu.matrix_tflops is None or gpu.memory_bandwidth_gbps is None or gpu.memory_bytes is None:
+        raise CostModelError(f"{gpu} is an architecture, not a chip: it has no peak figures")
+    return DeviceSpec(gpu.name, gpu.matrix_tflops * 1e12, gpu.memory_bandwidth_gbps * 1e9,
+                      gpu.memory_bytes)
+
+
+# Every GPU chip tilefold knows, and a nominal CPU node (the gloo runtime's: it prices only
+# collectives that matter, so its figures are round ones, not a measured machine's).
 DEVICES = {
-    "h100": DeviceSpec("h100", 989e12, 3.35e12, 80 << 30),
-    "a100": DeviceSpec("a100", 312e12, 2.0e12, 80 << 30),
+    **{name: device_spec(gpu) for name, gpu in GPU_TARGETS.items() if gpu.sm_count is not None},
     "cpu": DeviceSpec("cpu", 1e12, 50e9, 64 << 30),
 }
 LINKS = {
@@ -133,9 +144,6 @@ def nbytes(t: TensorType) -> int:
     return math.prod(local_shape(t)) * t.dtype.bits // 8
 
 
-# flops per result element of ops that are neither matmuls nor attention (default 1)
-FLOPS_PER_ELEMENT = {"layer_norm": 8, "rms_norm": 5, "softmax": 5, "log_softmax": 5,
-                     "gelu": 8, "silu": 4, "exp": 4, "tanh": 4}
 FREE = frozenset({"reshape", "expand_dims", "squeeze"})  # views: no work, no traffic
 
 
@@ -149,7 +157,7 @@ def op_flops(op: Operation) -> float:
     if op.name == "scaled_dot_product_attention":
         q, k = (local_shape(v.type) for v in op.operands[:2])
         return 2.0 * math.prod(out[:-1]) * k[-2] * (q[-1] + out[-1])
-    return float(FLOPS_PER_ELEMENT.get(op.name, 1) * math.prod(out))
+    return float(flops_per_element(op.name) * math.prod(out))  # the lowering table's
 
 
 def after_step(t: TensorType, op: str, axis: str, attrs: dict) -> TensorType:

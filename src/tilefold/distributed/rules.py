@@ -106,12 +106,15 @@ def register_rule(*names: str) -> Callable[[Rule], Rule]:
 
 
 def rule_for(op: Operation) -> Einsum | None:
-    """The op's annotation: its registered rule, else the elementwise one for elementwise ops."""
+    """The op's annotation: its registered rule, else the elementwise one for elementwise ops
+    and the normalizing one for normalizing ops."""
     rule = RULES.get(op.name)
     if rule is not None:
         return rule(op)
     if op.has_trait("elementwise"):
         return elementwise(op)
+    if op.has_trait("normalizing"):
+        return normalizing(op)
     return None
 
 
@@ -174,22 +177,12 @@ register_rule("reduce_max")(lambda op: _reduced(op, "max"))
 register_rule("reduce_mean", "reduce_min")(lambda op: _reduced(op, None))
 
 
-@register_rule("softmax", "log_softmax")
-def along_axis(op: Operation) -> Einsum:
-    t = op.operands[0].type
-    letters = LETTERS[: t.rank]
-    return Einsum((letters,), letters, fixed=letters[normalize_axis(op.name, op.attr("axis"),
-                                                                   t.rank)])
-
-
-@register_rule("layer_norm", "rms_norm")
-def norm(op: Operation) -> Einsum:
-    """Normalized dims [axis, rank) are fixed; weight and bias index them."""
-    t = op.operands[0].type
-    letters = LETTERS[: t.rank]
-    axis = normalize_axis(op.name, op.attr("axis"), t.rank)
-    affine = (letters[axis:],) * (len(op.operands) - 1)
-    return Einsum((letters, *affine), letters, fixed=letters[axis:])
+def normalizing(op: Operation) -> Einsum:
+    """A normalizing op (softmax, a norm): its normalized dims are fixed; weight and bias index
+    them."""
+    letters = LETTERS[: op.operands[0].type.rank]
+    fixed = "".join(letters[a] for a in op.reduced_axes())
+    return Einsum((letters, *(fixed,) * (len(op.operands) - 1)), letters, fixed=fixed)
 
 
 @register_rule("transpose")

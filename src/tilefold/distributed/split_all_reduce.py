@@ -10,10 +10,11 @@ parallelism), where the cost model says it pays; on the global placed program.
 On a ring, reduce_scatter + all_gather move the bytes of one all_reduce in as many steps, so
 what is won is the chain's compute on a block instead of the whole tensor; a cost model whose
 all_reduce is cheaper than the pair (a tree for small messages, say) keeps the all_reduce.
-The chain is a run of ops each the one use of the value before it, each elementwise or a norm,
-none changing the shape; it is split on the first dim that every op's sharding rule lets it
-split (never a normalized dim) and that the axis divides; a replicated operand that has that
-dim is cut with local_slice, which moves nothing. On the global program the rules check every
+The chain is a run of ops each the one use of the value before it, each elementwise or
+normalizing (softmax, a norm: rows normalized on their own), none changing the shape; it is
+split on the first dim that every op's sharding rule lets it split (never a normalized dim)
+and that the axis divides; a replicated operand that has that dim is cut with local_slice,
+which moves nothing. On the global program the rules check every
 new placement and the simulator runs the result, as with merge-partials.
 """
 
@@ -32,15 +33,14 @@ from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
 
-ROW_WISE = frozenset({"layer_norm", "rms_norm", "softmax", "log_softmax"})  # besides elementwise
-
 
 def chain_after(value: Value, users: dict[Value, list[Operation]]) -> list[Operation]:
     """The ops that can run on a block of `value`: each the one use of the one before."""
     chain: list[Operation] = []
     while len(users[value]) == 1:
         op = users[value][0]
-        if not (op.has_trait("elementwise") or op.name in ROW_WISE) or len(op.results) != 1:
+        row_wise = op.has_trait("elementwise") or op.has_trait("normalizing")
+        if not row_wise or len(op.results) != 1:
             break
         if op.result.type.shape != value.type.shape or op.result.type.sharding is None:
             break

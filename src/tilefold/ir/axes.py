@@ -2,8 +2,9 @@
 
 NumPy broadcasting lines an elementwise op's operands up with its result by their trailing
 dims (a size-1 dim facing a larger one broadcasts and joins nothing); a reduction keeps or drops
-the dims it reduces; softmax and the norms keep their operand's dims, a norm's weights line up
-with the normalized trailing dims; expand_dims, squeeze and transpose move dims around.
+the dims it reduces; a normalizing op (softmax, the norms: the `normalizing` trait) keeps its
+operand's dims, and its weights line up with the normalized dims; expand_dims, squeeze and
+transpose move dims around.
 
 Kernels take an operand's role (one value per row, one row shared by all rows, a full tile)
 from these classes, never from its shape alone: an [N] bias and an [M] per-row sum have the
@@ -15,11 +16,10 @@ from __future__ import annotations
 
 from tilefold.errors import UnsupportedError
 from tilefold.ir.core import Operation, Value
-from tilefold.ir.shapes import normalize_axes, normalize_axis
+from tilefold.ir.shapes import normalize_axes
 from tilefold.ir.types import Dim
 
 Pair = tuple[Value, int]  # (value, dim)
-NORMALIZING = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
 
 
 def is_one(d: Dim) -> bool:
@@ -53,19 +53,16 @@ class AxisClasses:
             for x in operands:
                 self._broadcast(x, out)
             return frozenset()
-        if op.name in NORMALIZING:
-            x = op.operands[0]
+        if op.has_trait("normalizing"):
+            x, axes = op.operands[0], op.reduced_axes()
             for j in range(x.type.rank):
                 self.union((x, j), (out, j))
-            first = normalize_axis(op.name, op.attr("axis"), x.type.rank)
             for w in op.operands[1:]:
                 for k in range(w.type.rank):
-                    self.union((w, k), (x, first + k))
-            axes = (first,) if op.name.endswith("softmax") else range(first, x.type.rank)
+                    self.union((w, k), (x, axes[k]))
             return frozenset((x, j) for j in axes)
-        if op.has_trait("reduction") and "axes" in op.opdef.attributes:
-            x = op.operands[0]
-            axes = normalize_axes(op.name, op.attr("axes"), x.type.rank)
+        if op.has_trait("reduction"):
+            x, axes = op.operands[0], op.reduced_axes()
             kept = [j for j in range(x.type.rank) if j not in axes]
             for k, j in enumerate(kept):
                 self.union((x, j), (out, j if op.attr("keepdims") else k))

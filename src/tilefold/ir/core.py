@@ -86,6 +86,11 @@ class Operation:
             return self.attrs[key]
         return self.opdef.attributes[key].default
 
+    def reduced_axes(self) -> tuple[int, ...]:
+        """The axes of operand 0 this "reduction" op reduces over (`OpDef.reduced_axes`)."""
+        rank = self.operands[0].type.rank
+        return self.opdef.reduced_axes(rank, self.opdef.full_attrs(self.attrs))
+
     def erase(self) -> None:
         """Remove this op from its block; its results must be unused by then."""
         assert self.parent is not None, f"{self.name} is not in a block"

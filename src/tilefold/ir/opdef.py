@@ -23,6 +23,8 @@ from tilefold.ir.types import SymDim, TensorType, dim
 if TYPE_CHECKING:
     from tilefold.ir.core import Block
 
+# How a view op makes its result from an array (NumPy's or torch's) and its attributes.
+View = Callable[[Any, dict[str, Any]], Any]
 # How an op with regions has one evaluated: run_region(block, arrays) -> the block's results.
 RunRegion = Callable[["Block", list[np.ndarray]], list[np.ndarray]]
 
@@ -113,6 +115,15 @@ class OpDef:
               "lowered": codegen's op-lowering table (`codegen/lower/rules.py`) has a rule for
               the op, so fusion may put it in a generated kernel (passes cannot import codegen;
               a test checks the trait and the table agree).
+              "reduction": the op reduces operand 0 over `reduced_axes`.
+              "normalizing" (with "reduction"): the result has operand 0's shape, each row
+              (the elements that differ only on the reduced axes) normalized on its own, and
+              any further operands (a norm's weight and bias) index the reduced axes in order:
+              softmax, log_softmax, layer_norm, rms_norm. What `ir/axes.py` lines up, the
+              sharding rules keep whole, and split-all-reduce runs on a block of rows.
+    view:     for a layout op whose result is a view of operand 0 (no copy where the memory
+              allows one), `view(x, attrs)` makes it from a NumPy array or a torch tensor
+              (`tilefold.ir.ops.VIEWS` lists them); None for other ops.
     regions:  how many regions (nested blocks) an instance carries.
     The number of results is whatever `infer` returns.
     """
@@ -122,6 +133,7 @@ class OpDef:
     attributes: ClassVar[Mapping[str, Attr]] = attr_table()
     traits: ClassVar[frozenset[str]] = frozenset({"pure"})
     regions: ClassVar[int] = 0
+    view: ClassVar[View | None] = None
 
     @classmethod
     def arity(cls) -> tuple[int, int | None]:
@@ -139,6 +151,12 @@ class OpDef:
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         """The op's meaning on NumPy arrays: one array, or a list for several results."""
         raise NotImplementedError(f"{cls.name} has no reference implementation")
+
+    @classmethod
+    def reduced_axes(cls, rank: int, attrs: dict[str, Any]) -> tuple[int, ...]:
+        """The axes of operand 0 (of rank `rank`) a "reduction" op reduces over, ascending;
+        `attrs` with their defaults filled in (`full_attrs`)."""
+        raise NotImplementedError(f"'{cls.name}' reduces no axes")
 
     @classmethod
     def infer_op(

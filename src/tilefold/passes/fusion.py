@@ -6,6 +6,10 @@ Two families (DESIGN.md, "Fusion"):
 - memory: chains of elementwise ops and reductions over one iteration space (softmax,
   layer_norm, rms_norm, residual adds, ...).
 
+What the target's kernels can hold (which ops start a compute group, which prologues a GEMM
+takes, which reductions its epilogue may hold) is the backend's fusion policy
+(`passes/fusion_policy.py`, `fusion{backend=NAME}`; the CPU's by default).
+
 Only ops with the `lowered` trait join groups: their IR declaration says codegen's op-lowering
 table (`codegen/lower/rules.py`) has a rule for them, so no group reaches codegen holding an op
 no kernel can compute. What may join a group is decided by how the ops line dims up
@@ -26,19 +30,12 @@ from dataclasses import dataclass, field
 from tilefold.errors import UnsupportedError
 from tilefold.ir import OPS, Block, Function, Operation, Value
 from tilefold.ir.axes import AxisClasses
-from tilefold.ir.shapes import normalize_axes, normalize_axis
 from tilefold.passes.base import Option, Pass, Statistic
+from tilefold.passes.fusion_policy import FusionPolicy, fusion_policy
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
 
 log = logging.getLogger("tilefold.passes")
-
-COMPUTE_OPS = frozenset({"matmul"})
-# Ops folded into a GEMM operand: strides, broadcast batch dims, or a conversion at packing time.
-PROLOGUE_OPS = frozenset({"transpose", "broadcast_to", "expand_dims", "cast", "dequantize"})
-# Prologues that only reinterpret memory, so giving each consumer its own copy costs nothing.
-FREE_PROLOGUES = frozenset({"transpose", "broadcast_to", "expand_dims"})
-ROW_NORMS = frozenset({"softmax", "log_softmax", "layer_norm", "rms_norm"})
 
 
 @dataclass(frozen=True)
@@ -60,6 +57,7 @@ class Group:
     ops: list[Operation]
     kind: str
     space: Value  # the value spanning the group's iteration space (C of a GEMM)
+    compute: Operation | None = None  # a compute group's GEMM
     axes: tuple[int, ...] | None = None  # reduction axes of the domain, once a reduction joined
     members: set[Operation] = field(default_factory=set)
 
@@ -74,8 +72,7 @@ class Group:
         """The ops over the iteration space: all but a compute group's matmul and prologues."""
         if self.kind != "compute":
             return self.ops
-        at = next(i for i, op in enumerate(self.ops) if op.name in COMPUTE_OPS)
-        return self.ops[at + 1:]
+        return self.ops[self.ops.index(self.compute) + 1:]
 
     def add(self, op: Operation) -> None:
         self.ops.append(op)
@@ -96,16 +93,6 @@ class Group:
 
 def _describe(op: Operation) -> str:
     return f"%{op.results[0].name} ({op.name})" if op.results else op.name
-
-
-def reduction_axes(op: Operation) -> tuple[int, ...]:
-    """The axes a reduction-family op reduces over, normalized for its operand's rank."""
-    rank = op.operands[0].type.rank
-    if op.name in ("layer_norm", "rms_norm"):
-        return tuple(range(normalize_axis(op.name, op.attr("axis"), rank), rank))
-    if op.name in ("softmax", "log_softmax"):
-        return (normalize_axis(op.name, op.attr("axis"), rank),)
-    return normalize_axes(op.name, op.attr("axes"), rank)
 
 
 def _patterns(rank: int, axes: tuple[int, ...] | None) -> list[tuple[int | None, ...]]:
@@ -149,10 +136,13 @@ class _Lineup:
 
 
 class Planner:
-    """Partitions one function's ops into groups (legality rules in `why_not`)."""
+    """Partitions one function's ops into groups (legality rules in `why_not`; what the
+    backend's kernels can hold, in `policy`)."""
 
-    def __init__(self, fn: Function, max_ops: int, max_inputs: int, max_row: int):
+    def __init__(self, fn: Function, max_ops: int, max_inputs: int, max_row: int,
+                 policy: FusionPolicy):
         self.fn = fn
+        self.policy = policy
         self.rewriter = Rewriter(fn)
         self.max_ops = max_ops
         self.max_inputs = max_inputs
@@ -169,8 +159,8 @@ class Planner:
 
     def plan(self) -> list[Group]:
         for op in list(self.fn.ops):  # clone_before inserts prologue copies as we go
-            if op.name in COMPUTE_OPS:
-                self.start(op, "compute")
+            if self.policy.starts_compute(op):
+                self.start(op, "compute").compute = op
                 self.absorb_prologues(op)
             elif op.has_trait("lowered"):  # the lowering table has a rule for it
                 self.join_or_start(op)
@@ -190,7 +180,7 @@ class Planner:
         group = Group([op], kind, op.results[0])
         if op.has_trait("reduction"):
             group.space = op.operands[0]
-            group.axes = reduction_axes(op)
+            group.axes = op.reduced_axes()
         self.groups.append(group)
         self.group_of[op] = group
         return group
@@ -211,7 +201,7 @@ class Planner:
                 group.add(op)
                 self.group_of[op] = group
                 if op.has_trait("reduction"):
-                    group.axes = reduction_axes(op)
+                    group.axes = op.reduced_axes()
                 return
             self.refuse(group, op, reason)
         self.start(op, "memory")
@@ -246,17 +236,15 @@ class Planner:
                     "each other (NumPy aligns a keepdims=false row result with the last axis, "
                     "not the rows)")
         if op.has_trait("reduction"):
-            axes = reduction_axes(op)
+            axes = op.reduced_axes()
             source = tuple(op.operands[0].type.shape)
             if not lineup.faces(op.operands[0], tuple(range(len(group.domain)))):
                 return f"it reduces {_shape(source)}, not the group's space {_shape(group.domain)}"
             if group.axes is not None and axes != group.axes:
                 return f"it reduces axes {list(axes)}, the group reduces {list(group.axes)}"
-            if group.kind == "compute":
-                if axes != (len(source) - 1,):
-                    return "a GEMM epilogue may reduce only the last axis (rows of C)"
-                if isinstance(source[-1], int) and source[-1] > self.max_row:
-                    return f"a row of {source[-1]} exceeds the epilogue row limit {self.max_row}"
+            if group.kind == "compute" and (reason := self.policy.why_not_epilogue_reduction(
+                    axes, source, self.max_row)):
+                return reason
             if axes and axes != tuple(range(axes[0], len(source))):
                 return f"axes {list(axes)} are not trailing axes (only row reductions fuse)"
             return None
@@ -285,13 +273,13 @@ class Planner:
         group = self.group_of[matmul]
         for v in matmul.operands:
             producer = v.defining_op
-            if producer is None or producer.name not in PROLOGUE_OPS:
+            if producer is None or producer.name not in self.policy.prologue_ops:
                 continue
             owner = self.group_of.get(producer)
             users = {u for u in self.users.get(v, []) if u is not matmul}
             if owner is not None and len(owner.ops) > 1:
                 self.refuse(group, producer, "it already belongs to a larger memory-bound group")
-            elif users and producer.name not in FREE_PROLOGUES:
+            elif users and producer.name not in self.policy.free_prologues:
                 self.refuse(group, producer, f"%{v.name} has other users; computing it per "
                             "GEMM operand would repeat the conversion")
             elif users:
@@ -421,6 +409,8 @@ class Fusion(Pass):
         Option("max-inputs", int, 16, "most distinct inputs of one fused region"),
         Option("max-row", int, 4096, "longest row a GEMM epilogue may reduce"),
         Option("singletons", bool, True, "wrap lone fusible ops in a fused region too"),
+        Option("backend", str, "llvm", "the backend whose fusion policy says what its kernels "
+               "hold (passes/fusion_policy.py)"),
     )
     statistics = (
         Statistic("num-groups", "fused regions created"),
@@ -435,7 +425,8 @@ class Fusion(Pass):
 
     def run_on_function(self, fn: Function) -> None:
         self.count("num-folded-reshapes", fold_row_reshapes(fn, Rewriter(fn)))
-        planner = Planner(fn, self.max_ops, self.max_inputs, self.max_row)
+        planner = Planner(fn, self.max_ops, self.max_inputs, self.max_row,
+                          fusion_policy(self.backend))
         groups = planner.plan()
         self.refusals += planner.refusals
         self.count("num-refused", len(planner.refusals))

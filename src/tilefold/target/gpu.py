@@ -8,20 +8,22 @@ still runs on; each chain ends at the oldest architecture tilefold knows for the
 
 Figures are the vendors' published ones:
 - A100 (SXM4 80GB): NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020) and the A100
-  datasheet (108 SMs, 40 MB L2, 2,039 GB/s HBM2e; tensor cores: FP64, TF32, BF16, FP16, INT8,
-  INT4).
+  datasheet (108 SMs, 40 MB L2, 80 GB of HBM2e at 2,039 GB/s, 312 dense BF16 TFLOPS; tensor
+  cores: FP64, TF32, BF16, FP16, INT8, INT4).
 - H100 (SXM5): NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022) and the H100
-  datasheet (132 SMs, 50 MB L2, 3.35 TB/s HBM3; FP8 E4M3/E5M2 added, INT4 dropped).
-- H200 (SXM): the H200 datasheet (2024): the H100's GH100 chip (132 SMs, 50 MB L2) with
-  141 GB of HBM3e at 4.8 TB/s.
+  datasheet (132 SMs, 50 MB L2, 80 GB of HBM3 at 3.35 TB/s, 989 dense BF16 TFLOPS; FP8
+  E4M3/E5M2 added, INT4 dropped).
+- H200 (SXM): the H200 datasheet (2024): the H100's GH100 chip (132 SMs, 50 MB L2, 989 dense
+  BF16 TFLOPS) with 141 GB of HBM3e at 4.8 TB/s.
 - Shared memory a block may opt in to, per compute capability: CUDA C++ Programming Guide,
   "Technical Specifications per Compute Capability" (8.0: 163 KB, 9.0: 227 KB).
 - MI300X: AMD CDNA 3 architecture whitepaper and the Instinct MI300X datasheet (304 compute
-  units, 4 MB L2 per XCD x 8 XCDs = 32 MB, besides 256 MB of Infinity Cache, 5.3 TB/s HBM3,
-  64 KB of LDS per workgroup, 64-wide wavefronts; matrix cores: FP64, FP32, TF32 (XF32), BF16,
-  FP16, FP8 in AMD's FNUZ encodings, INT8).
+  units, 4 MB L2 per XCD x 8 XCDs = 32 MB, besides 256 MB of Infinity Cache, 192 GB of HBM3
+  at 5.3 TB/s, 1,307 dense BF16 TFLOPS, 64 KB of LDS per workgroup, 64-wide wavefronts;
+  matrix cores: FP64, FP32, TF32 (XF32), BF16, FP16, FP8 in AMD's FNUZ encodings, INT8).
 Matrix-unit dtypes use tilefold's dtype names where it has the format ("tf32" and the FNUZ
-FP8 encodings it does not have are named as the vendors do).
+FP8 encodings it does not have are named as the vendors do). Memory sizes are the vendors'
+"GB", which count binary gigabytes (an 80 GB H100 holds 80 GiB of HBM).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 
 from tilefold.errors import UnsupportedError, lookup
 
-KIB, MIB = 1024, 1024**2
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class GPUTarget:
     `sm_count` is streaming multiprocessors (NVIDIA) or compute units (AMD);
     `shared_memory_per_block` the most a block (workgroup) may use, in bytes;
     `memory_bandwidth_gbps` the peak DRAM bandwidth in GB/s (10**9 bytes a second);
+    `memory_bytes` the DRAM capacity; `matrix_tflops` the matrix units' dense peak at BF16, in
+    TFLOP/s (10**12 flops a second): the roofline the distributed cost model prices ops on;
     `matrix_dtypes` the operand dtypes of the matrix units (tensor/matrix cores).
     """
 
@@ -59,6 +63,8 @@ class GPUTarget:
     sm_count: int | None = None  # None for an architecture entry, and so below
     l2_bytes: int | None = None
     memory_bandwidth_gbps: float | None = None
+    memory_bytes: int | None = None
+    matrix_tflops: float | None = None
     family: tuple[str, ...] = ()  # filled from the parents when the table is built
 
     def has_matrix(self, dtype: str) -> bool:
@@ -79,14 +85,18 @@ _ENTRIES = (
     GPUTarget("sm_80", "nvidia", "sm_80", (8, 0), 32, 163 * KIB, _SM80_MMA, None),
     GPUTarget("sm_90", "nvidia", "sm_90", (9, 0), 32, 227 * KIB, _SM90_MMA, "sm_80"),
     GPUTarget("a100", "nvidia", "sm_80", (8, 0), 32, 163 * KIB, _SM80_MMA, "sm_80",
-              sm_count=108, l2_bytes=40 * MIB, memory_bandwidth_gbps=2039.0),
+              sm_count=108, l2_bytes=40 * MIB, memory_bandwidth_gbps=2039.0,
+              memory_bytes=80 * GIB, matrix_tflops=312.0),
     GPUTarget("h100", "nvidia", "sm_90", (9, 0), 32, 227 * KIB, _SM90_MMA, "sm_90",
-              sm_count=132, l2_bytes=50 * MIB, memory_bandwidth_gbps=3350.0),
+              sm_count=132, l2_bytes=50 * MIB, memory_bandwidth_gbps=3350.0,
+              memory_bytes=80 * GIB, matrix_tflops=989.0),
     GPUTarget("h200", "nvidia", "sm_90", (9, 0), 32, 227 * KIB, _SM90_MMA, "h100",
-              sm_count=132, l2_bytes=50 * MIB, memory_bandwidth_gbps=4800.0),
+              sm_count=132, l2_bytes=50 * MIB, memory_bandwidth_gbps=4800.0,
+              memory_bytes=141 * GIB, matrix_tflops=989.0),
     GPUTarget("gfx942", "amd", "gfx942", None, 64, 64 * KIB, _GFX942_MMA, None),
     GPUTarget("mi300x", "amd", "gfx942", None, 64, 64 * KIB, _GFX942_MMA, "gfx942",
-              sm_count=304, l2_bytes=32 * MIB, memory_bandwidth_gbps=5300.0),
+              sm_count=304, l2_bytes=32 * MIB, memory_bandwidth_gbps=5300.0,
+              memory_bytes=192 * GIB, matrix_tflops=1307.0),
 )
 _BY_NAME = {entry.name: entry for entry in _ENTRIES}
 

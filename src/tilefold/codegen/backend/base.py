@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tilefold.errors import TilefoldError, lookup
+from tilefold.passes.fusion_policy import CPU_FUSION, FusionPolicy, register_fusion_policy
 
 if TYPE_CHECKING:  # the kernel driver imports this table: no import back at run time
     from tilefold.codegen.kernel.ir import Kernel
@@ -34,9 +35,12 @@ class Executable:
 
 class Backend(ABC):
     """One code generator below the kernel IR. `name` is its registry key; `fingerprint`
-    changes with its code and enters every cache key of what it compiles."""
+    changes with its code and enters every cache key of what it compiles; `fusion` is what its
+    kernels can hold, which the fusion pass asks (`fusion{backend=NAME}`): the CPU's rules
+    unless the backend gives its own."""
 
     name: ClassVar[str]
+    fusion: ClassVar[FusionPolicy] = CPU_FUSION
 
     @abstractmethod
     def supports(self, kernel: Kernel, target: Any) -> str | None:
@@ -59,11 +63,12 @@ BACKENDS: dict[str, Backend] = {}
 
 
 def register_backend(cls: type[Backend]) -> type[Backend]:
-    """Class decorator adding one instance of `cls` to the table; a name taken twice is an
-    error."""
+    """Class decorator adding one instance of `cls` to the table, and its fusion policy to the
+    fusion pass's; a name taken twice is an error."""
     if cls.name in BACKENDS:
         raise TilefoldError(f"a code generation backend named {cls.name!r} is registered already")
     BACKENDS[cls.name] = cls()
+    register_fusion_policy(cls.name, cls.fusion)
     return cls
 
 

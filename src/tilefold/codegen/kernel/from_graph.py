@@ -169,8 +169,9 @@ def _buffer_classes(grp: Group, v: Value) -> tuple[int | None, ...]:
 
 
 def _is_reduce(op: Operation) -> bool:
-    """A reduce_* op (the Reduce family: reduces its `axes`), as opposed to softmax or a norm."""
-    return op.has_trait("reduction") and "axes" in op.opdef.attributes
+    """A reduce_* op (its result drops or keeps the reduced axes), as opposed to softmax or a
+    norm (the `normalizing` trait: its result has its operand's shape)."""
+    return op.has_trait("reduction") and not op.has_trait("normalizing")
 
 
 class _ExprContext:

@@ -18,7 +18,7 @@ class Norm(OpDef):
     """Normalizes x over axes [axis, rank); the affine operands have the shape of those axes."""
 
     attributes = attr_table(axis=Attr("int", -1), eps=Attr("float", 1e-5))
-    traits = frozenset({"pure", "reduction", "lowered"})
+    traits = frozenset({"pure", "reduction", "normalizing", "lowered"})
 
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
@@ -35,8 +35,8 @@ class Norm(OpDef):
         return [x.without_layout()]
 
     @classmethod
-    def axes(cls, x: np.ndarray, attrs: dict[str, Any]) -> tuple[int, ...]:
-        return tuple(range(normalize_axis(cls.name, attrs["axis"], x.ndim), x.ndim))
+    def reduced_axes(cls, rank: int, attrs: dict[str, Any]) -> tuple[int, ...]:
+        return tuple(range(normalize_axis(cls.name, attrs["axis"], rank), rank))
 
 
 @register
@@ -51,7 +51,7 @@ class LayerNorm(Norm):
 
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        axes = cls.axes(args[0], attrs)
+        axes = cls.reduced_axes(args[0].ndim, attrs)
 
         def fn(x, w, b):
             mean = x.mean(axis=axes, keepdims=True)
@@ -73,7 +73,7 @@ class RmsNorm(Norm):
 
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        axes = cls.axes(args[0], attrs)
+        axes = cls.reduced_axes(args[0].ndim, attrs)
 
         def fn(x, w):
             return x / np.sqrt((x * x).mean(axis=axes, keepdims=True) + attrs["eps"]) * w

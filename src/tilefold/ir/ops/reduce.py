@@ -29,10 +29,14 @@ class Reduce(OpDef):
         raise NotImplementedError
 
     @classmethod
+    def reduced_axes(cls, rank: int, attrs: dict[str, Any]) -> tuple[int, ...]:
+        return normalize_axes(cls.name, attrs["axes"], rank)
+
+    @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
         require(cls.name, x, cls.accepts)
-        axes = normalize_axes(cls.name, attrs["axes"], x.rank)
+        axes = cls.reduced_axes(x.rank, attrs)
         if cls.identity_free and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{cls.name}: cannot reduce the empty axis of {x}")
         if attrs["keepdims"]:
@@ -44,7 +48,7 @@ class Reduce(OpDef):
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         (x,) = args
-        axes = normalize_axes(cls.name, attrs["axes"], x.ndim)
+        axes = cls.reduced_axes(x.ndim, attrs)
         if cls.identity_free and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{cls.name}: cannot reduce an empty axis of shape {list(x.shape)}")
         return evaluate(
@@ -118,7 +122,11 @@ class SoftmaxFamily(AlongAxis):
     """Base of softmax and log_softmax: normalize along one `axis`, same shape and dtype."""
 
     attributes = attr_table(axis=Attr("int", -1))
-    traits = frozenset({"pure", "reduction", "lowered"})
+    traits = frozenset({"pure", "reduction", "normalizing", "lowered"})
+
+    @classmethod
+    def reduced_axes(cls, rank: int, attrs: dict[str, Any]) -> tuple[int, ...]:
+        return (normalize_axis(cls.name, attrs["axis"], rank),)
 
 
 @register

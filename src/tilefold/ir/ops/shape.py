@@ -1,4 +1,10 @@
-"""Layout ops: reshape, transpose, slice, concat, broadcast_to, expand_dims, squeeze, gather."""
+"""Layout ops: reshape, transpose, slice, concat, broadcast_to, expand_dims, squeeze, gather.
+
+The ops whose result is a view of their operand (reshape where the memory allows one; unit
+dims inserted or dropped by a reshape, as np.expand_dims does) declare it once, as
+`view(x, attrs)` on NumPy arrays and torch tensors alike (`tilefold.ir.arrays`): their
+reference, the compiled CPU graph, the GPU graph and the extern method all make it so.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tilefold.errors import DTypeError, ShapeError
+from tilefold.ir.arrays import namespace
 from tilefold.ir.opdef import Attr, OpDef, attr_table, register
 from tilefold.ir.ops.common import same_dtype
 from tilefold.ir.shapes import broadcast_shapes, normalize_axes, normalize_axis, resolve_reshape
@@ -39,9 +46,13 @@ class Reshape(OpDef):
         (x,) = types
         return [TensorType(resolve_reshape("reshape", x.shape, attrs["shape"]), x.dtype)]
 
+    @staticmethod
+    def view(x: Any, attrs: dict[str, Any]) -> Any:
+        return namespace(x).reshape(x, tuple(attrs["shape"]))
+
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        return np.reshape(args[0], attrs["shape"])
+        return cls.view(args[0], attrs)
 
 
 @register
@@ -61,9 +72,13 @@ class Transpose(OpDef):
             raise ShapeError(f"transpose: perm {list(perm)} is not a permutation of {x.rank} axes")
         return [TensorType(tuple(x.shape[p] for p in perm), x.dtype)]
 
+    @staticmethod
+    def view(x: Any, attrs: dict[str, Any]) -> Any:
+        return namespace(x).permute_dims(x, tuple(attrs["perm"]))
+
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        return np.transpose(args[0], attrs["perm"])
+        return cls.view(args[0], attrs)
 
 
 @register
@@ -100,9 +115,13 @@ class Slice(OpDef):
                 shape.append(len(range(*slice(start, stop, step).indices(d))))
         return [TensorType(tuple(shape), x.dtype)]
 
+    @staticmethod
+    def view(x: Any, attrs: dict[str, Any]) -> Any:
+        return x[slice_index(attrs)]
+
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        return args[0][slice_index(attrs)]
+        return cls.view(args[0], attrs)
 
 
 def slice_index(attrs: dict[str, Any]) -> tuple[slice, ...]:
@@ -164,9 +183,13 @@ class BroadcastTo(OpDef):
             )
         return [TensorType(shape, x.dtype)]
 
+    @staticmethod
+    def view(x: Any, attrs: dict[str, Any]) -> Any:
+        return namespace(x).broadcast_to(x, tuple(attrs["shape"]))
+
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        return np.broadcast_to(args[0], attrs["shape"]).copy()
+        return cls.view(args[0], attrs).copy()
 
 
 @register
@@ -181,14 +204,23 @@ class ExpandDims(OpDef):
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
         (x,) = types
-        rank = x.rank + len(attrs["axes"])
-        axes = normalize_axes("expand_dims", attrs["axes"], rank)
-        rest = iter(x.shape)
-        return [TensorType(tuple(1 if i in axes else next(rest) for i in range(rank)), x.dtype)]
+        return [TensorType(cls.result_shape(x.shape, attrs["axes"]), x.dtype)]
+
+    @staticmethod
+    def result_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
+        """`shape` with unit dims inserted to sit at `axes` of the result."""
+        rank = len(shape) + len(axes)
+        axes = normalize_axes("expand_dims", axes, rank)
+        rest = iter(shape)
+        return tuple(1 if i in axes else next(rest) for i in range(rank))
+
+    @staticmethod
+    def view(x: Any, attrs: dict[str, Any]) -> Any:
+        return x.reshape(ExpandDims.result_shape(tuple(x.shape), attrs["axes"]))
 
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        return np.expand_dims(args[0], tuple(attrs["axes"]))
+        return cls.view(args[0], attrs)
 
 
 @register
@@ -206,11 +238,21 @@ class Squeeze(OpDef):
         axes = normalize_axes("squeeze", attrs["axes"], x.rank)
         if any(x.shape[a] != 1 for a in axes):
             raise ShapeError(f"squeeze: axes {list(attrs['axes'])} of {x} are not all 1")
-        return [TensorType(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)]
+        return [TensorType(cls.result_shape(x.shape, axes), x.dtype)]
+
+    @staticmethod
+    def result_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
+        """`shape` without the dims at `axes`."""
+        axes = normalize_axes("squeeze", axes, len(shape))
+        return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+    @staticmethod
+    def view(x: Any, attrs: dict[str, Any]) -> Any:
+        return x.reshape(Squeeze.result_shape(tuple(x.shape), attrs["axes"]))
 
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
-        return np.squeeze(args[0], tuple(attrs["axes"]))
+        return cls.view(args[0], attrs)
 
 
 @register

@@ -30,7 +30,7 @@ from tilefold.codegen.kernel.schedule import vector_lanes
 from tilefold.codegen.vecmath import MATH_VECTORS
 from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
-from tilefold.passes.fusion import FREE_PROLOGUES  # the prologues that are views
+from tilefold.passes.fusion_policy import CPU_FUSION  # its free prologues are views
 from tilefold.runtime import source_digest
 from tilefold.runtime.replay import NativeCall
 from tilefold.strategy.cost import roofline, work
@@ -83,7 +83,8 @@ class GemmEpilogue(Method):
         deq = _weight_only(problem, mm, prologue)
         if isinstance(deq, str):
             return deq
-        bad = [op.name for op in prologue if op.name not in FREE_PROLOGUES and op is not deq]
+        views = CPU_FUSION.free_prologues
+        bad = [op.name for op in prologue if op.name not in views and op is not deq]
         if bad:
             return (f"prologue {', '.join(bad)} needs a packing-time conversion hook in the "
                     "GEMM (not available)")

@@ -29,6 +29,7 @@ from tilefold import dtypes
 from tilefold.errors import strict
 from tilefold.ir import Operation
 from tilefold.ir.interpreter import run_region
+from tilefold.ir.ops import VIEWS
 from tilefold.strategy.cost import Work, product_flops, roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -88,19 +89,15 @@ NUMPY: dict[str, Fn] = {
     "reduce_mean": _reduce(np.mean),
     "softmax": _softmax,
     "cumsum": _cumsum,
-    "transpose": lambda x, attrs: np.transpose(x, attrs["perm"]),
-    "reshape": lambda x, attrs: np.reshape(x, attrs["shape"]),
-    "expand_dims": lambda x, attrs: np.expand_dims(x, tuple(attrs["axes"])),
-    "squeeze": lambda x, attrs: np.squeeze(x, tuple(attrs["axes"])),
-    "broadcast_to": lambda x, attrs: np.broadcast_to(x, attrs["shape"]),
+    **VIEWS,  # layout ops: the views every path makes (`OpDef.view`)
 }
-LAYOUT = {"transpose", "reshape", "expand_dims", "squeeze", "broadcast_to"}
+LAYOUT = frozenset(VIEWS)
 # Ops whose table entry is right for every dtype they accept, integers included.
 ANY_DTYPE = frozenset({"cumsum", *LAYOUT})
 # Ops whose reference is plain NumPy data movement, selection or one exact conversion, with no
 # arithmetic evaluated in f64: running it is a library call like any other, even in strict mode.
 EXACT_REFERENCE = frozenset(
-    {"gather", "index", "index_put", "dim_size", "concat", "slice", "where", "cast", *LAYOUT}
+    {"gather", "index", "index_put", "dim_size", "concat", "where", "cast", *LAYOUT}
 )
 
 
