@@ -131,8 +131,9 @@ class Generator:
 
     def profile(self, prompt: Sequence[int], new_tokens: int) -> StepTimes:
         """Where a decode step's time goes: a generation whose decode graph runs its steps one
-        by one (each native step as the calls a replay makes), each timed (`CompiledGraph.profiling`); per call, in
-        `StepTimes.per_call()`. The graph is compiled and called directly first."""
+        by one, each timed (`CompiledGraph.profiling`; a native step as the calls a replay
+        makes); per call, in `StepTimes.per_call()`. The graph is compiled and called directly
+        first."""
         if self.backend != "tilefold":
             raise UnsupportedError(f"profile: backend {self.backend!r} has no tilefold graph")
         self(prompt, DIRECT_AFTER + 2)
