@@ -3,7 +3,8 @@
 Times the kernels' native calls (`NativePlan.run`, what a replayed plan makes), not the Python
 wrapper. "hot": one weight called again and again (in L2/L3); "cold": a ring of copies larger
 than twice L3; "token": the 121 GEMVs of one decoded token with every layer's own weights
-(30 x qkv, o, gate_up, down, then lm_head), as a model reads them.
+(30 x qkv, o, gate_up, down, then lm_head), as a model reads them. Format `f32` times the f32
+GEMV on a weight in PyTorch's [N, K] layout, read in place (what a decode step's f32 GEMMs run).
 
 Run alone: `flock -x /tmp/tf-cpu.lock python benchmarks/weight_only_gemv.py [--formats int4,q4_0]`.
 """
@@ -59,6 +60,28 @@ def random_weight(fmt: str, k: int, n: int, rng, zero_point: bool = False) -> Qu
     return QuantizedTensor(f, (k, n), 0, data.reshape(rows, n).copy(), scale, zp)
 
 
+class F32Call:
+    """The f32 GEMV plan of x[M, K] @ W[N, K].T for one random weight, W read in place."""
+
+    def __init__(self, k: int, n: int, m: int, threads: int, rng):
+        from tilefold.codegen.gemm.module import gemm_module
+        from tilefold.codegen.gemm.plan import make_plan
+
+        w = rng.standard_normal((n, k), dtype=np.float32)
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        y = np.empty((m, n), np.float32)
+        plan = make_plan(gemm_module(), x, w.T, y, 0, threads)
+        self.run = lambda: plan(x, w.T, y)
+        self.nbytes = w.nbytes
+
+
+def make_call(fmt: str, k: int, n: int, m: int, threads: int, rng, zero_point: bool):
+    """The call of one random weight of `fmt` ("f32" or a quantized format)."""
+    if fmt == "f32":
+        return F32Call(k, n, m, threads, rng)
+    return Call(random_weight(fmt, k, n, rng, zero_point), m, threads, rng)
+
+
 class Call:
     """The native call of one weight for M rows: x, y, the call and the bytes it streams."""
 
@@ -112,7 +135,7 @@ def fresh_bandwidth(threads: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--formats", default="int4,int8")
+    p.add_argument("--formats", default="int4,int8", help="f32, int4, int8, q4_0, ...")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--m", type=int, default=1)
     p.add_argument("--seconds", type=float, default=0.5)
@@ -133,10 +156,10 @@ def main() -> None:
             for name, k, n in (*LAYER, HEAD):
                 if name not in args.shapes.split(","):
                     continue
-                one = Call(random_weight(fmt, k, n, rng, args.zero_point), args.m, threads, rng)
+                one = make_call(fmt, k, n, args.m, threads, rng, args.zero_point)
                 copies = max(2, math.ceil(2 * l3 / one.nbytes))
-                ring = [one] + [Call(random_weight(fmt, k, n, rng, args.zero_point), args.m,
-                                     threads, rng) for _ in range(copies - 1)]
+                ring = [one] + [make_call(fmt, k, n, args.m, threads, rng, args.zero_point)
+                                for _ in range(copies - 1)]
                 hot = per_call([one], args.seconds)
                 cold = per_call(ring, args.seconds)
                 nb = one.nbytes
@@ -145,10 +168,9 @@ def main() -> None:
                       f"  | {cold * 1e6:8.1f} {nb / cold / 1e9:5.1f} "
                       f"{100 * nb / cold / 1e9 / bw:3.0f}%")
                 del ring
-            token = [Call(random_weight(fmt, k, n, rng, args.zero_point), args.m, threads, rng)
+            token = [make_call(fmt, k, n, args.m, threads, rng, args.zero_point)
                      for _ in range(LAYERS) for _, k, n in LAYER]
-            token.append(Call(random_weight(fmt, *HEAD[1:], rng, args.zero_point), args.m,
-                              threads, rng))
+            token.append(make_call(fmt, *HEAD[1:], args.m, threads, rng, args.zero_point))
             t = per_call(token, args.seconds * 4) * len(token)
             nb = sum(c.nbytes for c in token)
             print(f"   token: {len(token)} calls, {nb / 1e6:.1f} MB, {t * 1e3:.2f} ms, "
