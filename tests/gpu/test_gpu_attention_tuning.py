@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
 torch = pytest.importorskip("torch")
 
+from tests.gpu.placement import host, tensor  # noqa: E402
 from tests.tolerances import assert_close  # noqa: E402
 from tilefold.codegen.triton.attention import AttentionSpec, head_tile  # noqa: E402
 from tilefold.codegen.triton.attention_config import propose_attention_configs  # noqa: E402
@@ -75,12 +76,12 @@ def _graph(tmp_path, timer):
 
 def _run(graph):
     qv, kv, vv = (RNG.standard_normal(s).astype(np.float32) for s in (Q, KV, KV))
-    (got,) = graph(*map(torch.from_numpy, (qv, kv, vv)))
+    (got,) = graph(*map(tensor, (qv, kv, vv)))
     kr, vr = (np.repeat(a.astype(np.float64), 2, axis=1) for a in (kv, vv))
     scores = qv.astype(np.float64) @ kr.transpose(0, 1, 3, 2) / 4.0
     scores = np.where(np.tril(np.ones((9, 9), bool)), scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
-    assert_close(got.numpy(), (p / p.sum(-1, keepdims=True)) @ vr, dtype="f32", reduced=16)
+    assert_close(host(got), (p / p.sum(-1, keepdims=True)) @ vr, dtype="f32", reduced=16)
     return graph.report()[-1]
 
 

@@ -14,6 +14,9 @@ import pytest
 pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
 pytest.importorskip("torch")
 
+# on a device, benchmarks/gpu.py is what runs these tests
+pytestmark = pytest.mark.interpreter_only("benchmarks/gpu.py --smoke, the CPU's interpreted run")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

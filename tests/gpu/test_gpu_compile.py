@@ -1,6 +1,7 @@
-"""`tilefold.compile(module, target="h200")` on CPU torch tensors under Triton's interpreter:
-whole fused graphs (memory-bound groups as Triton kernels, GEMM groups as torch.matmul plus a
-Triton epilogue) against float64 NumPy, and strict mode refusing host round trips."""
+"""`tilefold.compile(module, target="h200")` on CPU torch tensors under Triton's interpreter (or
+compiled on CUDA ones: `placement.py`): whole fused graphs (memory-bound groups as Triton
+kernels, GEMM groups as torch.matmul plus a Triton epilogue) against float64 NumPy, and strict
+mode refusing host round trips."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ pytest.importorskip("triton", reason="Triton is an optional extra: pip install '
 torch = pytest.importorskip("torch")
 
 import tilefold as tf  # noqa: E402
+from tests.gpu.placement import f64, host, tensor  # noqa: E402
 from tests.tolerances import assert_close  # noqa: E402
 from tilefold.errors import FallbackError  # noqa: E402
 from tilefold.ir import Builder  # noqa: E402
@@ -68,9 +70,9 @@ def test_a_block_runs_on_the_gpu_path(n, d, f, template, cublas):
     assert not any("host" in line for line in lines), lines
     n = 9 if isinstance(n, str) else n
     x = RNG.standard_normal((n, d)).astype(np.float32)
-    (got,) = graph(torch.from_numpy(x))
+    (got,) = graph(tensor(x))
     assert isinstance(got, torch.Tensor)
-    assert_close(got.numpy(), _reference(x, module), dtype="f32", reduced=f)
+    assert_close(host(got), _reference(x, module), dtype="f32", reduced=f)
 
 
 def test_transposed_weight_prologue_and_views():
@@ -83,11 +85,11 @@ def test_transposed_weight_prologue_and_views():
     module = b.build(F.reshape(F.relu(c), (3, 24)), c)
     graph = tf.compile(module, target="h200", strict=True)
     xv = RNG.standard_normal((6, 20)).astype(np.float32)
-    got_r, got_c = graph(torch.from_numpy(xv))
+    got_r, got_c = graph(tensor(xv))
     wv = next(op.attrs["value"] for op in module["main"].ops if op.name == "constant")
     want_c = xv.astype(np.float64) @ wv.astype(np.float64).T
-    assert_close(got_c.numpy(), want_c, dtype="f32", reduced=20)
-    assert_close(got_r.numpy(), np.maximum(want_c, 0).reshape(3, 24), dtype="f32", reduced=20)
+    assert_close(host(got_c), want_c, dtype="f32", reduced=20)
+    assert_close(host(got_r), np.maximum(want_c, 0).reshape(3, 24), dtype="f32", reduced=20)
 
 
 def test_strict_mode_refuses_a_host_round_trip():
@@ -99,8 +101,8 @@ def test_strict_mode_refuses_a_host_round_trip():
     graph = tf.compile(module, target="h200", strict=False)
     assert any("host NumPy reference" in line for line in graph.report())
     xv = RNG.standard_normal((5, 8)).astype(np.float32)
-    (got,) = graph(torch.from_numpy(xv))
-    np.testing.assert_allclose(got.numpy(), np.cumsum(xv.astype(np.float64), axis=1),
+    (got,) = graph(tensor(xv))
+    np.testing.assert_allclose(host(got), np.cumsum(xv.astype(np.float64), axis=1),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -116,13 +118,13 @@ def test_attention_runs_on_the_attention_template():
     assert any(line.endswith("Triton attention template") for line in graph.report())
     qv, kv, vv = (RNG.standard_normal(s).astype(np.float32)
                   for s in ((1, 4, 9, 16), (1, 2, 9, 16), (1, 2, 9, 16)))
-    (got,) = graph(*map(torch.from_numpy, (qv, kv, vv)))
+    (got,) = graph(*map(tensor, (qv, kv, vv)))
     kr, vr = (np.repeat(a.astype(np.float64), 2, axis=1) for a in (kv, vv))
     scores = qv.astype(np.float64) @ kr.transpose(0, 1, 3, 2) / 4.0
     scores = np.where(np.tril(np.ones((9, 9), bool)), scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     want = (p / p.sum(-1, keepdims=True)) @ vr
-    assert_close(got.numpy(), want, dtype="f32", reduced=16)
+    assert_close(host(got), want, dtype="f32", reduced=16)
 
 
 def test_constants_are_copied_to_the_inputs_device_once():
@@ -131,13 +133,13 @@ def test_constants_are_copied_to_the_inputs_device_once():
     module, _ = _block(5, 16, 24)
     graph = tf.compile(module, target="h200", strict=True)
     x = RNG.standard_normal((5, 16)).astype(np.float32)
-    graph(torch.from_numpy(x))
+    graph(tensor(x))
     consts = [s for s in graph.steps if s.op.name == "constant"]
     assert consts
     made = [s.run([])[0] for s in consts]
-    (got,) = graph(torch.from_numpy(x))
+    (got,) = graph(tensor(x))
     assert all(s.run([])[0] is t for s, t in zip(consts, made, strict=True))
-    assert_close(got.numpy(), _reference(x, module), dtype="f32", reduced=24)
+    assert_close(host(got), _reference(x, module), dtype="f32", reduced=24)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
@@ -148,7 +150,7 @@ def test_scalar_constants_stay_0_d(dtype):
     x = b.arg("x", dtype, (3, 5))
     graph = tf.compile(b.build(F.relu(x * 2.0 + 1.0)), target="h200", strict=True)
     xv = RNG.standard_normal((3, 5)).astype(np.float32)
-    xt = torch.from_numpy(xv).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    xt = tensor(xv).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
     (got,) = graph(xt)
-    want = np.maximum(xt.double().numpy() * 2 + 1, 0)
-    assert_close(got.float().numpy(), want, dtype=dtype)
+    want = np.maximum(f64(xt) * 2 + 1, 0)
+    assert_close(host(got), want, dtype=dtype)

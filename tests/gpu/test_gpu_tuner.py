@@ -12,6 +12,7 @@ pytest.importorskip("triton", reason="Triton is an optional extra: pip install '
 torch = pytest.importorskip("torch")
 
 import tilefold.target.gpu as gpu_target_module  # noqa: E402
+from tests.gpu.placement import f64, host, tensor  # noqa: E402
 from tests.tolerances import assert_close  # noqa: E402
 from tilefold.codegen.triton.gemm_config import propose_configs  # noqa: E402
 from tilefold.compiler import optimized  # noqa: E402
@@ -58,9 +59,9 @@ def _linear():
 
 def _check(graph, w, bias):
     x = RNG.standard_normal((M, K)).astype(np.float32)
-    (got,) = graph(torch.from_numpy(x))
+    (got,) = graph(tensor(x))
     want = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + bias, 0)
-    assert_close(got.numpy(), want, dtype="f32", reduced=K)
+    assert_close(host(got), want, dtype="f32", reduced=K)
 
 
 def _tuner(tmp_path, timer, budget=30.0):
@@ -135,8 +136,8 @@ def _matmul_candidates(a, b):
 
 
 def test_wrong_and_failing_candidates_score_inf(tmp_path, allow_fallback):
-    a = torch.from_numpy(RNG.standard_normal((9, 7)).astype(np.float32))
-    b = torch.from_numpy(RNG.standard_normal((7, 5)).astype(np.float32))
+    a = tensor(RNG.standard_normal((9, 7)).astype(np.float32))
+    b = tensor(RNG.standard_normal((7, 5)).astype(np.float32))
     timer = FakeTimer([2.0, 1.0])  # extern 2 ms, then "right" 1 ms; "wrong" is never timed
     tuner = _tuner(tmp_path, timer)
     choice = tuner.choose("mm", [a, b], _matmul_candidates(a, b))
@@ -145,13 +146,13 @@ def test_wrong_and_failing_candidates_score_inf(tmp_path, allow_fallback):
     assert "no such tile" in choice.failures["broken"]
     assert choice.timings["wrong"] == choice.timings["broken"] == float("inf")
     (got,) = choice.run([a, b])
-    want = a.numpy().astype(np.float64) @ b.numpy().astype(np.float64)
-    assert_close(got.numpy(), want, dtype="f32", reduced=7)
+    want = f64(a) @ f64(b)
+    assert_close(host(got), want, dtype="f32", reduced=7)
 
 
 def test_strict_mode_raises_on_a_wrong_candidate(tmp_path):
-    a = torch.from_numpy(RNG.standard_normal((9, 7)).astype(np.float32))
-    b = torch.from_numpy(RNG.standard_normal((7, 5)).astype(np.float32))
+    a = tensor(RNG.standard_normal((9, 7)).astype(np.float32))
+    b = tensor(RNG.standard_normal((7, 5)).astype(np.float32))
     with pytest.raises(WrongAnswerError, match=r"wrong.*strict mode"):
         _tuner(tmp_path, FakeTimer()).choose("mm", [a, b], _matmul_candidates(a, b))
 
@@ -160,8 +161,8 @@ def test_a_bf16_candidate_missing_one_k_block_of_many_fails_against_f32(tmp_path
     # K = 2048 in bf16, one 64-wide block of it dropped: 3% of the terms, well inside the
     # 2e-2-of-the-maximum the old check allowed, far outside the bf16 tolerance for K terms
     k = 2048
-    a = torch.from_numpy(RNG.standard_normal((32, k)).astype(np.float32)).bfloat16()
-    b = torch.from_numpy(RNG.standard_normal((k, 24)).astype(np.float32)).bfloat16()
+    a = tensor(RNG.standard_normal((32, k)).astype(np.float32)).bfloat16()
+    b = tensor(RNG.standard_normal((k, 24)).astype(np.float32)).bfloat16()
 
     def dropped(ts):
         return [(ts[0][:, 64:].float() @ ts[1][64:].float()).bfloat16()]
@@ -180,8 +181,8 @@ def test_a_bf16_candidate_missing_one_k_block_of_many_fails_against_f32(tmp_path
 
 
 def test_the_extern_is_timed_even_when_the_budget_is_spent(tmp_path):
-    a = torch.from_numpy(RNG.standard_normal((4, 6)).astype(np.float32))
-    b = torch.from_numpy(RNG.standard_normal((6, 3)).astype(np.float32))
+    a = tensor(RNG.standard_normal((4, 6)).astype(np.float32))
+    b = tensor(RNG.standard_normal((6, 3)).astype(np.float32))
     timer = FakeTimer([3.0])
     choice = _tuner(tmp_path, timer, budget=0.0).choose("mm", [a, b],
                                                          _matmul_candidates(a, b))

@@ -1,10 +1,12 @@
-"""The Triton attention template run by Triton's interpreter on CPU torch tensors against
-float64 NumPy (causal and key-padding masks, grouped-query heads, several key blocks, a head
-dim below its tile, f32 and f16), and compiled for sm_90: wgmma for both products.
+"""The Triton attention template run by Triton's interpreter on CPU torch tensors (or compiled
+on CUDA ones: `placement.py`) against float64 NumPy (causal and key-padding masks, grouped-query
+heads, several key blocks, a head dim below its tile, f32, f16 and bf16), and compiled for
+sm_90: wgmma for both products.
 
 Triton's interpreter computes bf16 wrongly, so bf16 runs there as f32 on f32 copies of the
-bf16 operands (the bf16 case checks the widening; the PTX test compiles the bf16 kernel). The
-interpreter runs `tl.reduce` one element at a time, so the shapes stay small.
+bf16 operands (there the bf16 case checks the widening; the PTX test compiles the bf16 kernel;
+on the device it runs, P rounded to bf16 for the second product). The interpreter runs
+`tl.reduce` one element at a time, so the shapes stay small.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
 torch = pytest.importorskip("torch")
 
+from tests.gpu.placement import ON_DEVICE, compiled_kernels, f64, host, tensor  # noqa: E402
 from tests.tolerances import assert_close  # noqa: E402
 from tilefold.codegen.triton.attention import AttentionSpec, TritonAttention  # noqa: E402
 from tilefold.codegen.triton.ptx import compile_attention_ptx  # noqa: E402
@@ -48,12 +51,12 @@ def _reference(q, k, v, causal, lens):
 
 def _run(dtype, causal, lens, shape=(2, 4, 2, 11, 29, 24)):
     b, hq, hkv, sq, sk, d = shape
-    q, k, v = (torch.from_numpy(RNG.standard_normal(s).astype(np.float32)).to(TD[dtype])
+    q, k, v = (tensor(RNG.standard_normal(s).astype(np.float32)).to(TD[dtype])
                for s in ((b, hq, sq, d), (b, hkv, sk, d), (b, hkv, sk, d)))
     att = TritonAttention(dtype, causal=causal, padded=lens is not None)
-    kv = None if lens is None else torch.tensor(lens, dtype=torch.int32)
+    kv = None if lens is None else tensor(np.array(lens, np.int32))
     out = att(q, k, v, kv_lens=kv, block_m=16, block_n=16)  # two key blocks, a D tail
-    want = _reference(*(t.double().numpy() for t in (q, k, v)), causal, lens)
+    want = _reference(*map(f64, (q, k, v)), causal, lens)
     return out, want, att
 
 
@@ -61,25 +64,44 @@ def _run(dtype, causal, lens, shape=(2, 4, 2, 11, 29, 24)):
 @pytest.mark.parametrize("lens", [None, [29, 12]], ids=["dense", "padded"])
 def test_f32_attention_with_masks_and_grouped_heads(causal, lens):
     out, want, _ = _run("f32", causal, lens)
-    assert_close(out.numpy(), want, dtype="f32", reduced=29)
+    assert_close(host(out), want, dtype="f32", reduced=29)
 
 
 def test_f16_attention():
     out, want, _ = _run("f16", True, None)
     assert out.dtype == torch.float16
-    assert_close(out.double().numpy(), want, dtype="f16", reduced=29)
+    assert_close(f64(out), want, dtype="f16", reduced=29)
 
 
-def test_bf16_widened_to_f32_under_interpreter():
+def test_bf16_attention():
     out, want, att = _run("bf16", False, [5, 29], shape=(2, 2, 1, 7, 29, 16))
-    assert out.dtype == torch.bfloat16 and att.spec.dtype == "f32"
-    assert_close(out.double().numpy(), want, dtype="bf16", reduced=29)
+    assert out.dtype == torch.bfloat16
+    assert att.spec.dtype == ("bf16" if ON_DEVICE else "f32")  # widened for the interpreter
+    # on the device P is rounded to bf16 for P V: at most 2**-9 max|v| off, inside the bf16
+    # rule's 2 u(bf16) = 2**-7 for values of unit size
+    assert_close(f64(out), want, dtype="bf16", reduced=29)
+
+
+@pytest.mark.device_only("checks the binary Triton compiled for the CUDA device")
+def test_bf16_attention_ran_pipelined_on_the_matrix_units():
+    q, k, v = (tensor(RNG.standard_normal(s).astype(np.float32)).to(torch.bfloat16)
+               for s in ((2, 4, 100, 64), (2, 2, 100, 64), (2, 2, 100, 64)))
+    att = TritonAttention("bf16", causal=True, padded=True)
+    lens = [100, 37]
+    out = att(q, k, v, kv_lens=tensor(np.array(lens, np.int32)), block_m=64, block_n=64)
+    assert_close(f64(out), _reference(*map(f64, (q, k, v)), True, lens), dtype="bf16",
+                 reduced=100)
+    assert att.spec.dtype == "bf16" and "for n0 in range(" in att.source
+    binaries = compiled_kernels(att.fn)
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    form = r"wgmma\.mma_async\S*\.bf16\.bf16" if hopper else r"mma\.sync\S*\.bf16\.bf16"
+    assert binaries and re.search(form, binaries[0].asm["ptx"])
 
 
 def test_a_row_without_keys_gives_zeros_as_the_ir_op_does():
     out, want, _ = _run("f32", False, [0, 29], shape=(2, 1, 1, 3, 29, 16))
-    assert (out[0].numpy() == 0).all()
-    assert_close(out.numpy(), want, dtype="f32", reduced=29)
+    assert (host(out[0]) == 0).all()
+    assert_close(host(out), want, dtype="f32", reduced=29)
 
 
 @pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 32)], ids=lambda b: "x".join(
@@ -89,13 +111,13 @@ def test_unmasked_and_diagonal_key_blocks_over_several_query_blocks(blocks, lens
     # 3 query blocks or more: blocks below the diagonal run unmasked, the diagonal and the
     # key tail (37 keys, padded to 21 or none) masked, the heaviest query block first
     b, hq, sq, sk, d = 3, 2, 37, 37, 16
-    q, k, v = (torch.from_numpy(RNG.standard_normal((b, hq, s, d)).astype(np.float32))
+    q, k, v = (tensor(RNG.standard_normal((b, hq, s, d)).astype(np.float32))
                for s in (sq, sk, sk))
     att = TritonAttention("f32", causal=True, padded=lens is not None)
-    kv = None if lens is None else torch.tensor(lens, dtype=torch.int32)
+    kv = None if lens is None else tensor(np.array(lens, np.int32))
     out = att(q, k, v, kv_lens=kv, block_m=blocks[0], block_n=blocks[1])
-    want = _reference(*(t.double().numpy() for t in (q, k, v)), True, lens)
-    assert_close(out.numpy(), want, dtype="f32", reduced=sk)
+    want = _reference(*map(f64, (q, k, v)), True, lens)
+    assert_close(host(out), want, dtype="f32", reduced=sk)
     if lens is None:  # the unread lengths are made once a device, not per call
         assert att._no_lengths and att(q, k, v) is not None and len(att._no_lengths) == 1
 
@@ -149,13 +171,13 @@ def test_the_ir_op_runs_through_the_backend_with_its_attributes():
     q, k, v = (RNG.standard_normal(s).astype(np.float32)
                for s in ((1, 4, 9, 16), (1, 2, 21, 16), (1, 2, 21, 16)))
     out = get_backend("triton").attention(op, H200)(
-        *map(torch.from_numpy, (q, k, v)), block_m=16, block_n=16)
+        *map(tensor, (q, k, v)), block_m=16, block_n=16)
     group = 2
     kk, vv = np.repeat(k, group, axis=1).astype(np.float64), np.repeat(v, group, axis=1)
     s = np.where(np.tril(np.ones((9, 21), bool)), q.astype(np.float64) @ kk.swapaxes(-1, -2)
                  * 0.3, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
-    assert_close(out.numpy(), (p / p.sum(-1, keepdims=True)) @ vv, dtype="f32", reduced=21)
+    assert_close(host(out), (p / p.sum(-1, keepdims=True)) @ vv, dtype="f32", reduced=21)
 
 
 def test_ops_the_template_lacks_are_named():

@@ -1,12 +1,13 @@
-"""The Triton GEMM template run by Triton's interpreter on CPU torch tensors against float64
-NumPy (shapes of 1, primes, M == N == K, K tails, strided and broadcast operands, each
-epilogue, int8/int4 weights, both split-K variants, fp16 and fp8), its configs, and its sm_90
-PTX: wgmma for bf16, fp16 and fp8, and shared memory within the 227 KB of a Hopper block.
+"""The Triton GEMM template run by Triton's interpreter on CPU torch tensors (or compiled on
+CUDA ones: `placement.py`) against float64 NumPy (shapes of 1, primes, M == N == K, K tails,
+strided and broadcast operands, each epilogue, int8/int4 weights, both split-K variants, fp16
+and fp8), its configs, and its sm_90 PTX: wgmma for bf16, fp16 and fp8, shared memory within the
+227 KB of a Hopper block, and no TF32 for f32 operands.
 
 Triton's interpreter computes bf16 wrongly, so a bf16 GEMM runs there as an f32 one on f32
-copies of its bf16 operands (`codegen/triton/gemm_launch.py`): the bf16 cases check the
-widening and the rounding of C, not Triton's bf16 dot (the PTX test compiles that).
-TILEFOLD_GPU_SWEEP=1 adds a larger sweep of shapes and tiles.
+copies of its bf16 operands (`codegen/triton/gemm_launch.py`): there the bf16 cases check the
+widening and the rounding of C (the PTX test compiles the bf16 dot); on the device, the bf16
+dot itself. TILEFOLD_GPU_SWEEP=1 adds a larger sweep of shapes and tiles.
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ import pytest
 pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
 torch = pytest.importorskip("torch")
 
+from tests.gpu.placement import (  # noqa: E402
+    DEVICE,
+    ON_DEVICE,
+    compiled_kernels,
+    f64,
+    host,
+    tensor,
+)
 from tests.tolerances import assert_close  # noqa: E402
 from tilefold.codegen.triton.gemm import GemmSpec  # noqa: E402
 from tilefold.codegen.triton.gemm_config import GemmConfig, propose_configs  # noqa: E402
@@ -45,14 +54,6 @@ def _normal(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def _t(x):
-    return torch.from_numpy(np.ascontiguousarray(x))
-
-
-def _f64(t):
-    return t.double().numpy()
-
-
 def _gelu(x):
     return 0.5 * x * (1 + erf(x / np.sqrt(2)))
 
@@ -66,55 +67,56 @@ if SWEEP:
 def test_f32_gemm_of_odd_shapes(mnk):
     m, n, k = mnk
     a, b = _normal(m, k), _normal(k, n)
-    (c,) = TritonGemm("f32", "f32")(_t(a), _t(b), config=SMALL)
-    assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=k)
+    (c,) = TritonGemm("f32", "f32")(tensor(a), tensor(b), config=SMALL)
+    assert_close(host(c), a.astype(np.float64) @ b, dtype="f32", reduced=k)
 
 
 def test_transposed_operands_are_strides():
     at, bt = _normal(45, 19), _normal(23, 45)  # A^T [K, M] and B^T [N, K] in memory
-    a, b = _t(at).t(), _t(bt).t()
+    a, b = tensor(at).t(), tensor(bt).t()
     assert a.stride() == (1, 19) and b.stride() == (1, 45)
     (c,) = TritonGemm("f32", "f32")(a, b, config=SMALL)
-    assert_close(c.numpy(), at.T.astype(np.float64) @ bt.T, dtype="f32", reduced=45)
+    assert_close(host(c), at.T.astype(np.float64) @ bt.T, dtype="f32", reduced=45)
 
 
 def test_broadcast_batch_reads_b_once_per_batch():
     a, b = _normal(3, 2, 11, 40), _normal(40, 9)  # B broadcast: batch stride 0
-    (c,) = TritonGemm("f32", "f32")(_t(a), _t(b), config=SMALL)
+    (c,) = TritonGemm("f32", "f32")(tensor(a), tensor(b), config=SMALL)
     assert c.shape == (3, 2, 11, 9)
-    assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=40)
+    assert_close(host(c), a.astype(np.float64) @ b, dtype="f32", reduced=40)
     a1, b3 = _normal(1, 6, 20), _normal(4, 20, 5)  # A broadcast along the batch
-    (c,) = TritonGemm("f32", "f32")(_t(a1), _t(b3), config=SMALL)
-    assert_close(c.numpy(), a1.astype(np.float64) @ b3, dtype="f32", reduced=20)
+    (c,) = TritonGemm("f32", "f32")(tensor(a1), tensor(b3), config=SMALL)
+    assert_close(host(c), a1.astype(np.float64) @ b3, dtype="f32", reduced=20)
 
 
 def test_swizzle_covers_every_tile_once():
     for group_m in (2, 3):  # 5 row blocks: groups of 2 or 3 leave a partial group
         a, b = _normal(80, 33), _normal(33, 40)
         config = GemmConfig(16, 16, 32, group_m, 4, 2)
-        (c,) = TritonGemm("f32", "f32")(_t(a), _t(b), config=config)
-        assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=33)
+        (c,) = TritonGemm("f32", "f32")(tensor(a), tensor(b), config=config)
+        assert_close(host(c), a.astype(np.float64) @ b, dtype="f32", reduced=33)
 
 
 @pytest.mark.parametrize("dtype,out", [("f16", "f32"), ("f16", "f16"), ("fp8e4m3", "f32"),
                                        ("fp8e4m3", "bf16")])
 def test_low_precision_operands_accumulate_in_f32(dtype, out):
     td = {"f16": torch.float16, "fp8e4m3": torch.float8_e4m3fn}[dtype]
-    a, b = _t(_normal(29, 70)).to(td), _t(_normal(70, 31)).to(td)
+    a, b = tensor(_normal(29, 70)).to(td), tensor(_normal(70, 31)).to(td)
     (c,) = TritonGemm(dtype, dtype, out_dtypes=(out,))(a, b, config=SMALL)
-    want = _f64(a) @ _f64(b)  # the operands' own values: only the f32 sums and C round
-    assert_close(_f64(c), want, dtype=out, reduced=70)
+    want = f64(a) @ f64(b)  # the operands' own values: only the f32 sums and C round
+    assert_close(f64(c), want, dtype=out, reduced=70)
 
 
 @pytest.mark.parametrize("split", ["none", "workspace"])
-def test_bf16_widened_to_f32_under_interpreter(split):
-    a = _t(_normal(2, 19, 45)).to(torch.bfloat16)
-    b = _t(_normal(45, 24)).to(torch.bfloat16).t().contiguous().t()  # strided bf16 B
+def test_bf16_gemm_with_a_strided_b(split):
+    a = tensor(_normal(2, 19, 45)).to(torch.bfloat16)
+    b = tensor(_normal(45, 24)).to(torch.bfloat16).t().contiguous().t()  # strided bf16 B
     config = SMALL if split == "none" else GemmConfig(16, 16, 16, 2, 4, 2, 3)
     gemm = TritonGemm("bf16", "bf16", split=split, out_dtypes=("bf16",))
     (c,) = gemm(a, b, config=config)
-    assert c.dtype == torch.bfloat16 and gemm.spec.a == "f32"
-    assert_close(_f64(c), _f64(a) @ _f64(b), dtype="bf16", reduced=45)
+    assert c.dtype == torch.bfloat16
+    assert gemm.spec.a == ("bf16" if ON_DEVICE else "f32")  # widened for the interpreter
+    assert_close(f64(c), f64(a) @ f64(b), dtype="bf16", reduced=45)
 
 
 def _group(fn, *params, split="none"):
@@ -127,13 +129,13 @@ def test_bias_on_m_and_on_n_take_their_roles_from_the_ir():
     g = _group(lambda x, w, bm, bn: F.matmul(x, w) + F.expand_dims(bm, [1]) + bn,
                ("x", "f32", (n, n)), ("w", "f32", (n, n)), ("bm", "f32", (n,)),
                ("bn", "f32", (n,)))
-    (c,) = g(_t(x), _t(w), _t(bm), _t(bn), config=SMALL)
+    (c,) = g(tensor(x), tensor(w), tensor(bm), tensor(bn), config=SMALL)
     want = x.astype(np.float64) @ w + bm[:, None] + bn
-    assert_close(c.numpy(), want, dtype="f32", reduced=n)
-    src = g.source(_t(x), _t(w), _t(bm), _t(bn))
+    assert_close(host(c), want, dtype="f32", reduced=n)
+    src = g.source(tensor(x), tensor(w), tensor(bm), tensor(bn))
     assert "mask=m_mask" in src and "mask=n_mask" in src  # one row value, one shared row
-    (proposed,) = g(_t(x), _t(w), _t(bm), _t(bn))  # the config propose_configs picks
-    assert_close(proposed.numpy(), want, dtype="f32", reduced=n)
+    (proposed,) = g(*map(tensor, (x, w, bm, bn)))  # the config propose_configs picks
+    assert_close(host(proposed), want, dtype="f32", reduced=n)
 
 
 def test_activation_residual_and_scale_fused_before_the_store():
@@ -145,11 +147,11 @@ def test_activation_residual_and_scale_fused_before_the_store():
 
     g = _group(fn, ("x", "f32", (m, k)), ("w", "f32", (k, n)), ("b", "f32", (n,)),
                ("r", "f32", (m, n)))
-    got = g(_t(x), _t(w), _t(b), _t(r), config=SMALL)
+    got = g(tensor(x), tensor(w), tensor(b), tensor(r), config=SMALL)
     t = x.astype(np.float64) @ w + b
     want = [_gelu(t) * 0.25 + r, t / (1 + np.exp(-t))]
     for c, expect in zip(got, want, strict=True):
-        assert_close(c.numpy(), expect, dtype="f32", reduced=k, scale=np.abs(t) + 1)
+        assert_close(host(c), expect, dtype="f32", reduced=k, scale=np.abs(t) + 1)
 
 
 def test_batched_epilogue_operands_index_their_own_dims():
@@ -158,21 +160,21 @@ def test_batched_epilogue_operands_index_their_own_dims():
     g = _group(lambda x, w, r, b: F.matmul(x, w) * 2.0 + r + b,
                ("x", "f32", (bsz, m, k)), ("w", "f32", (k, n)), ("r", "f32", (m, n)),
                ("b", "f32", (bsz, 1, n)))
-    (c,) = g(_t(x), _t(w), _t(r), _t(b), config=SMALL)
+    (c,) = g(tensor(x), tensor(w), tensor(r), tensor(b), config=SMALL)
     want = (x.astype(np.float64) @ w) * 2 + r + b
-    assert_close(c.numpy(), want, dtype="f32", reduced=k, scale=2.0)
+    assert_close(host(c), want, dtype="f32", reduced=k, scale=2.0)
 
 
 def test_bf16_group_rounds_c_before_its_epilogue():
     m, n, k = 17, 40, 33
-    xs, ws, bs = (_t(_normal(*s)).to(torch.bfloat16) for s in ((m, k), (k, n), (n,)))
+    xs, ws, bs = (tensor(_normal(*s)).to(torch.bfloat16) for s in ((m, k), (k, n), (n,)))
     g = _group(lambda x, w, b: F.relu(F.matmul(x, w) + b), ("x", "bf16", (m, k)),
                ("w", "bf16", (k, n)), ("b", "bf16", (n,)))
     (c,) = g(xs, ws, bs, config=SMALL)
-    c64 = torch.from_numpy(_f64(xs) @ _f64(ws)).to(torch.bfloat16).double().numpy()
-    want = np.maximum(c64 + _f64(bs), 0)  # C rounded to bf16, then the sum rounded once
+    c64 = torch.from_numpy(f64(xs) @ f64(ws)).to(torch.bfloat16).double().numpy()
+    want = np.maximum(c64 + f64(bs), 0)  # C rounded to bf16, then the sum rounded once
     assert c.dtype == torch.bfloat16
-    assert_close(_f64(c), want, dtype="bf16", scale=np.abs(c64) + 1)
+    assert_close(f64(c), want, dtype="bf16", scale=np.abs(c64) + 1)
 
 
 def test_split_k_workspace_keeps_the_epilogue():
@@ -180,17 +182,17 @@ def test_split_k_workspace_keeps_the_epilogue():
     x, w, b = _normal(m, k), _normal(k, n), _normal(n)
     g = _group(lambda x, w, b: F.gelu(F.matmul(x, w) + b), ("x", "f32", (m, k)),
                ("w", "f32", (k, n)), ("b", "f32", (n,)), split="workspace")
-    (c,) = g(_t(x), _t(w), _t(b), config=GemmConfig(16, 16, 32, 8, 4, 2, 4))
+    (c,) = g(tensor(x), tensor(w), tensor(b), config=GemmConfig(16, 16, 32, 8, 4, 2, 4))
     t = x.astype(np.float64) @ w + b
-    assert_close(c.numpy(), _gelu(t), dtype="f32", reduced=k, scale=np.abs(t) + 1)
+    assert_close(host(c), _gelu(t), dtype="f32", reduced=k, scale=np.abs(t) + 1)
 
 
 @pytest.mark.parametrize("split_k", [2, 5])
 def test_split_k_atomic_adds_partials(split_k):
     a, b = _normal(2, 3, 200), _normal(200, 30)
     gemm = TritonGemm("f32", "f32", split="atomic")
-    (c,) = gemm(_t(a), _t(b), config=GemmConfig(16, 16, 32, 8, 4, 2, split_k))
-    assert_close(c.numpy(), a.astype(np.float64) @ b, dtype="f32", reduced=200)
+    (c,) = gemm(tensor(a), tensor(b), config=GemmConfig(16, 16, 32, 8, 4, 2, split_k))
+    assert_close(host(c), a.astype(np.float64) @ b, dtype="f32", reduced=200)
 
 
 def _dequantized(qt) -> np.ndarray:
@@ -209,8 +211,8 @@ def test_dequantized_weights(fmt, group):
     qt = quantize(w, fmt, group_size=group)
     x = _normal(2, 9, k)
     (c,) = TritonGemm("f32", "i8" if fmt == "int8" else "i4")(
-        _t(x), _t(qt.data), scale=_t(qt.scale), config=SMALL)
-    assert_close(c.numpy(), x.astype(np.float64) @ _dequantized(qt), dtype="f32", reduced=k)
+        tensor(x), tensor(qt.data), scale=tensor(qt.scale), config=SMALL)
+    assert_close(host(c), x.astype(np.float64) @ _dequantized(qt), dtype="f32", reduced=k)
 
 
 @pytest.mark.parametrize("fmt,group", [("int8", None), ("int4", 32)])
@@ -218,47 +220,48 @@ def test_asymmetric_weights_subtract_their_zero_points(fmt, group):
     k, n = 64, 21
     qt = quantize(_normal(k, n) + 0.7, fmt, group_size=group, symmetric=False)
     x = _normal(5, k)
-    zero = torch.from_numpy(qt.zero_point.astype(np.int16)).to(  # int4's i4 as bytes
+    zero = tensor(qt.zero_point.astype(np.int16)).to(  # int4's i4 as bytes
         torch.uint8 if fmt == "int8" else torch.int8)
     gemm = TritonGemm("f32", "u8" if fmt == "int8" else "i4", zero_point=True)
-    (c,) = gemm(_t(x), _t(qt.data), scale=_t(qt.scale), zero_point=zero, config=SMALL)
-    assert_close(c.numpy(), x.astype(np.float64) @ _dequantized(qt), dtype="f32", reduced=k)
+    (c,) = gemm(tensor(x), tensor(qt.data), scale=tensor(qt.scale), zero_point=zero, config=SMALL)
+    assert_close(host(c), x.astype(np.float64) @ _dequantized(qt), dtype="f32", reduced=k)
 
 
 def test_fp8_weights_with_scales_under_an_f16_activation():
     k, n = 48, 17
     qt = quantize(_normal(k, n), "fp8")  # one scale a column
-    codes = torch.from_numpy(qt.data.view(np.uint8).copy()).view(torch.float8_e4m3fn)
-    x = _t(_normal(2, 7, k)).to(torch.float16)
+    codes = tensor(qt.data.view(np.uint8)).view(torch.float8_e4m3fn)
+    x = tensor(_normal(2, 7, k)).to(torch.float16)
     (c,) = TritonGemm("f16", "fp8e4m3", out_dtypes=("f16",))(
-        x, codes, scale=_t(qt.scale), config=SMALL)
+        x, codes, scale=tensor(qt.scale), config=SMALL)
     # each weight rounded to the activation's f16 before the dot, as the template documents
     deq = _dequantized(qt).astype(np.float16).astype(np.float64)
-    assert_close(_f64(c), _f64(x) @ deq, dtype="f16", reduced=k)
+    assert_close(f64(c), f64(x) @ deq, dtype="f16", reduced=k)
 
 
 def test_int4_weights_dequantize_to_an_f16_activation():
     k, n = 64, 19
     qt = quantize(_normal(k, n), "int4", group_size=32)
-    x = _t(_normal(11, k)).to(torch.float16)
-    (c,) = TritonGemm("f16", "i4")(x, _t(qt.data), scale=_t(qt.scale), config=SMALL)
+    x = tensor(_normal(11, k)).to(torch.float16)
+    (c,) = TritonGemm("f16", "i4")(x, tensor(qt.data), scale=tensor(qt.scale), config=SMALL)
     deq16 = _dequantized(qt).astype(np.float16).astype(np.float64)  # in A's dtype, as documented
-    assert_close(c.numpy(), _f64(x) @ deq16, dtype="f32", reduced=k)
+    assert_close(host(c), f64(x) @ deq16, dtype="f32", reduced=k)
 
 
 def test_bad_input_is_a_clear_error():
     with pytest.raises(UnsupportedError, match="atomic split-K"):
         TritonGemm("f32", "f32", split="atomic", out_dtypes=("bf16",))
     with pytest.raises(ShapeError, match="K = 7"):
-        TritonGemm("f32", "f32")(_t(_normal(3, 7)), _t(_normal(8, 2)))
+        TritonGemm("f32", "f32")(tensor(_normal(3, 7)), tensor(_normal(8, 2)))
     with pytest.raises(ShapeError, match="scales"):
-        TritonGemm("f32", "i8")(_t(_normal(3, 8)), torch.zeros(8, 2, dtype=torch.int8))
+        TritonGemm("f32", "i8")(tensor(_normal(3, 8)), torch.zeros(8, 2, dtype=torch.int8,
+                                                                        device=DEVICE))
     with pytest.raises(UnsupportedError, match="one dtype"):
         GemmSpec("f16", "f32")
     g = _group(lambda x, w: F.softmax(F.matmul(x, w)), ("x", "f32", (4, 8)),
                ("w", "f32", (8, 6)))
     with pytest.raises(UnsupportedError, match="reduces along C's rows"):
-        g(_t(_normal(4, 8)), _t(_normal(8, 6)))
+        g(tensor(_normal(4, 8)), tensor(_normal(8, 6)))
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "fp8e4m3"])
@@ -296,11 +299,11 @@ def test_a_fused_compute_group_runs_through_the_backend():
     path = str(Path(__file__).resolve().parents[2] / "examples" / "linear_gelu.tfir")
     ((kind, names, region),) = fused_groups(path, "main")
     assert (kind, names) == ("compute", ["matmul", "add", "gelu"])
-    x, w, b = (_t(_normal(*s)).to(torch.bfloat16) for s in ((9, 256), (256, 512), (512,)))
+    x, w, b = (tensor(_normal(*s)).to(torch.bfloat16) for s in ((9, 256), (256, 512), (512,)))
     (c,) = get_backend("triton").gemm(region, H200)(x, w, b, config=GemmConfig(16, 128, 128))
-    c64 = torch.from_numpy(_f64(x) @ _f64(w)).to(torch.bfloat16).double().numpy()
-    t = torch.from_numpy(c64 + _f64(b)).to(torch.bfloat16).double().numpy()
-    assert_close(_f64(c), _gelu(t), dtype="bf16", scale=np.abs(t) + 1)
+    c64 = torch.from_numpy(f64(x) @ f64(w)).to(torch.bfloat16).double().numpy()
+    t = torch.from_numpy(c64 + f64(b)).to(torch.bfloat16).double().numpy()
+    assert_close(f64(c), _gelu(t), dtype="bf16", scale=np.abs(t) + 1)
 
 
 def test_view_prologues_become_strides():
@@ -310,9 +313,9 @@ def test_view_prologues_become_strides():
 
     g = _group(fn, ("xt", "f32", (3, 30, 11)), ("w", "f32", (30, 14)))
     xt, w = _normal(3, 30, 11), _normal(30, 14)
-    (c,) = g(_t(xt), _t(w), config=SMALL)
+    (c,) = g(tensor(xt), tensor(w), config=SMALL)
     want = np.swapaxes(xt, 1, 2).astype(np.float64) @ w
-    assert_close(c.numpy(), want, dtype="f32", reduced=30)
+    assert_close(host(c), want, dtype="f32", reduced=30)
 
 
 DEQUANT = """module {
@@ -334,17 +337,17 @@ def test_dequantize_prologue_of_a_torch_layout_weight():
     qt = quantize(w, "int8", axis=1)
     x, b = _normal(2, 9, 40), _normal(24)
     g = TritonGemmGroup(parse_module(DEQUANT).functions["main"], H200)
-    (c,) = g(_t(x), _t(qt.data), _t(qt.scale), _t(b), config=SMALL)
+    (c,) = g(tensor(x), tensor(qt.data), tensor(qt.scale), tensor(b), config=SMALL)
     deq = qt.data.astype(np.float64) * qt.scale
-    assert_close(c.numpy(), x.astype(np.float64) @ deq.T + b, dtype="f32", reduced=40)
-    assert g.plan(_t(x), _t(qt.data), _t(qt.scale), _t(b)).dequantize is not None
+    assert_close(host(c), x.astype(np.float64) @ deq.T + b, dtype="f32", reduced=40)
+    assert g.plan(tensor(x), tensor(qt.data), tensor(qt.scale), tensor(b)).dequantize is not None
 
 
 def test_prologues_the_template_lacks_are_named():
     g = _group(lambda x, w: F.matmul(F.cast(x, "f32"), w), ("x", "f16", (4, 8)),
                ("w", "f32", (8, 6)))
     with pytest.raises(UnsupportedError, match=r"prologue 'cast'.*cast outside the group"):
-        g(_t(_normal(4, 8)).half(), _t(_normal(8, 6)))
+        g(tensor(_normal(4, 8)).half(), tensor(_normal(8, 6)))
 
     def reuse(x, w):
         wt = F.transpose(w, (1, 0))
@@ -352,7 +355,29 @@ def test_prologues_the_template_lacks_are_named():
 
     g = _group(reuse, ("x", "f32", (4, 4)), ("w", "f32", (4, 4)))
     with pytest.raises(UnsupportedError, match=r"the epilogue reads .*, a prologue value"):
-        g(_t(_normal(4, 4)), _t(_normal(4, 4)))
+        g(tensor(_normal(4, 4)), tensor(_normal(4, 4)))
+
+
+def test_sm_90_ptx_of_an_f32_gemm_multiplies_in_ieee_f32():
+    report = compile_gemm_ptx(GemmSpec("f32", "f32"), GemmConfig(64, 64, 32, 8, 4, 3), H200)
+    ptx = report["ptx"]
+    assert "fma.rn.f32" in ptx and "tf32" not in ptx  # no TF32 tensor-core dot
+    assert not re.search(r"\bw?gmma\.|\bmma\.sync", ptx)
+    assert report["spills"] == 0
+
+
+@pytest.mark.device_only("checks the binary Triton compiled for the CUDA device")
+def test_a_bf16_gemm_ran_pipelined_on_the_matrix_units():
+    gemm = TritonGemm("bf16", "bf16", out_dtypes=("bf16",))
+    assert gemm.spec.a == "bf16" and "for i in range(0, K_ITERS):" in gemm.source
+    a, b = (tensor(_normal(*s)).to(torch.bfloat16) for s in ((200, 300), (300, 136)))
+    (c,) = gemm(a, b, config=GemmConfig(64, 64, 64, 8, 4, 3))  # K tail, partial tiles
+    assert_close(f64(c), f64(a) @ f64(b), dtype="bf16", reduced=300)
+    binaries = compiled_kernels(gemm.fn)
+    assert binaries and all(k.metadata.num_stages == 3 for k in binaries)
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    form = r"wgmma\.mma_async\S*\.bf16\.bf16" if hopper else r"mma\.sync\S*\.bf16\.bf16"
+    assert re.search(form, binaries[0].asm["ptx"])
 
 
 @pytest.mark.parametrize("a,b,split", [("f16", "i4", "none"), ("bf16", "i8", "workspace")])
@@ -381,6 +406,6 @@ def test_asymmetric_dequantize_prologue_from_the_ir():
     qt = quantize(_normal(40, 24) + 0.5, "int8", symmetric=False)
     x = _normal(5, 40)
     g = TritonGemmGroup(parse_module(ASYMMETRIC).functions["main"], H200)
-    (c,) = g(_t(x), _t(qt.data), _t(qt.scale), _t(qt.zero_point), config=SMALL)
+    (c,) = g(tensor(x), tensor(qt.data), tensor(qt.scale), tensor(qt.zero_point), config=SMALL)
     t = x.astype(np.float64) @ _dequantized(qt)
-    assert_close(c.numpy(), np.maximum(t, 0), dtype="f32", reduced=40)
+    assert_close(host(c), np.maximum(t, 0), dtype="f32", reduced=40)

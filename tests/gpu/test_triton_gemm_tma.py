@@ -1,13 +1,14 @@
 """The GEMM template's persistent TMA variant (sm_90): run by Triton's interpreter, which
-supports tensor descriptors, on CPU torch tensors against float64 NumPy (odd M, N and K, B
-row-major and stored transposed, a broadcast batch, fused epilogues, several tiles a program),
-the operands it refuses, the configs that propose it, the tuner racing it, and its sm_90 PTX
-for bf16 and fp8 (f16 takes bf16's path): TMA copies (`cp.async.bulk.tensor`) feeding wgmma
-within the 227 KB of a Hopper block.
+supports tensor descriptors, on CPU torch tensors (or compiled on a Hopper GPU's CUDA tensors:
+`placement.py`) against float64 NumPy (odd M, N and K, B row-major and stored transposed, a
+broadcast batch, fused epilogues, several tiles a program), the operands it refuses, the
+configs that propose it, the tuner racing it, and its sm_90 PTX for bf16 and fp8 (f16 takes
+bf16's path): TMA copies (`cp.async.bulk.tensor`) feeding wgmma within the 227 KB of a Hopper
+block.
 
 As in test_triton_gemm.py, a bf16 GEMM runs under the interpreter as an f32 one on f32 copies
-of its bf16 operands, so the bf16 cases check the widening and C's rounding around the
-variant, not Triton's bf16 dot (the PTX test compiles that).
+of its bf16 operands, so there the bf16 cases check the widening and C's rounding around the
+variant (the PTX test compiles Triton's bf16 dot); on the device, the bf16 dot itself.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
 torch = pytest.importorskip("torch")
 
+from tests.gpu.placement import DEVICE, f64, host, tensor  # noqa: E402
 from tests.tolerances import assert_close  # noqa: E402
 from tilefold.codegen.triton.gemm import GemmSpec, emit_gemm  # noqa: E402
 from tilefold.codegen.triton.gemm_config import GemmConfig, propose_configs  # noqa: E402
@@ -46,11 +48,7 @@ def _padded(dtype: str, *shape: int):
     odd sizes keep 16-byte aligned strides, as TMA needs."""
     width = -(-shape[-1] // 16) * 16
     full = RNG.standard_normal((*shape[:-1], width)).astype(np.float32)
-    return torch.from_numpy(full).to(TORCH[dtype])[..., :shape[-1]]
-
-
-def _f64(t):
-    return t.double().numpy()
+    return tensor(full).to(TORCH[dtype])[..., :shape[-1]]
 
 
 def _rounded(x, dtype: str):
@@ -77,10 +75,10 @@ def test_persistent_gemm_with_a_bias_and_gelu_epilogue(dtype, order):
                               ("b", dtype, (n,)))["main"], H200)
     assert g.tma(x, w, b)
     (c,) = g(x, w, b, config=TMA)
-    w64 = _f64(w) if order == "kn" else _f64(w).T
-    t = _rounded(_rounded(_f64(x) @ w64, dtype) + _f64(b), dtype)  # B broadcast over the batch
+    w64 = f64(w) if order == "kn" else f64(w).T
+    t = _rounded(_rounded(f64(x) @ w64, dtype) + f64(b), dtype)  # B broadcast over the batch
     assert c.dtype == TORCH[dtype]
-    assert_close(_f64(c), _gelu(t), dtype=dtype, reduced=k, scale=np.abs(t) + 1)
+    assert_close(f64(c), _gelu(t), dtype=dtype, reduced=k, scale=np.abs(t) + 1)
 
 
 @pytest.mark.parametrize("out", ["f32", "bf16"])
@@ -90,7 +88,7 @@ def test_persistent_fp8_gemm_reads_fp8_through_descriptors(out):
     gemm = TritonGemm("fp8e4m3", "fp8e4m3", out_dtypes=(out,))
     assert gemm.tma_order(a, bt.t()) == "nk"
     (c,) = gemm(a, bt.t(), config=TMA)
-    assert_close(_f64(c), _f64(a) @ _f64(bt).T, dtype=out, reduced=48)
+    assert_close(f64(c), f64(a) @ f64(bt).T, dtype=out, reduced=48)
 
 
 def test_broadcast_and_single_entry_dims_take_any_stride():
@@ -98,11 +96,11 @@ def test_broadcast_and_single_entry_dims_take_any_stride():
     b = _padded("f16", 3, 40, 50)
     assert a.stride(0) == 0
     (c,) = TritonGemm("f16", "f16")(a, b, config=TMA)
-    assert_close(c.numpy(), _f64(a) @ _f64(b), dtype="f32", reduced=40)
-    row = torch.from_numpy(RNG.standard_normal((1, 37)).astype(np.float32)).half()
+    assert_close(host(c), f64(a) @ f64(b), dtype="f32", reduced=40)
+    row = tensor(RNG.standard_normal((1, 37)).astype(np.float32)).half()
     w = _padded("f16", 37, 24)  # one row of A: its 74-byte stride is never used
     (c,) = TritonGemm("f16", "f16")(row, w, config=TMA)
-    assert_close(c.numpy(), _f64(row) @ _f64(w), dtype="f32", reduced=37)
+    assert_close(host(c), f64(row) @ f64(w), dtype="f32", reduced=37)
 
 
 def test_the_variant_source_copies_tiles_through_descriptors():
@@ -162,19 +160,20 @@ def test_the_tuner_races_the_twin_only_for_operands_that_suit():
     g = TritonGemmGroup(trace(lambda x, w, b: F.relu(F.matmul(x, w) + b),
                               ("x", "f16", (33, 40)), ("w", "f16", (40, 48)),
                               ("b", "f16", (48,)))["main"], H200)
-    shifted = torch.empty(40 * 48 + 1, dtype=torch.float16)[1:].view(40, 48)  # 2 bytes off
+    # the same values 2 bytes off a 16-byte boundary
+    shifted = torch.empty(40 * 48 + 1, dtype=torch.float16, device=DEVICE)[1:].view(40, 48)
     shifted.copy_(w)
     assert g.tma(x, w, b) and not g.tma(x, shifted, b)
     keys = [c.key for c in gemm_candidates(H200, g.mnk(x, w, b), "f16",
                                            lambda config: None, None, tma=g.tma(x, w, b))]
     assert len(keys) == 5 and keys[1].endswith("p132}") and "p132" not in keys[0]
     twin = propose_configs(H200, 33, 48, 40, "f16", tma=True)[1]
-    t = _rounded(_rounded(_f64(x) @ _f64(w), "f16") + _f64(b), "f16")
+    t = _rounded(_rounded(f64(x) @ f64(w), "f16") + f64(b), "f16")
     # the twin as tuned, then on a B with the same strides whose data TMA cannot copy (a graph
     # keys its tuned choice by shapes and strides): there the same tiles load by pointers
     for weight in (w, shifted):
         (c,) = g(x, weight, b, config=twin)
-        assert_close(_f64(c), np.maximum(t, 0), dtype="f16", reduced=40, scale=np.abs(t) + 1)
+        assert_close(f64(c), np.maximum(t, 0), dtype="f16", reduced=40, scale=np.abs(t) + 1)
 
 
 def test_a_compiled_graph_keeps_the_twin_when_it_measures_fastest(tmp_path):
@@ -196,8 +195,8 @@ def test_a_compiled_graph_keeps_the_twin_when_it_measures_fastest(tmp_path):
     graph = GPUGraph(optimized(module, "main")[0], "main", H200, strict=True, tuner=tuner)
     x, w, b = _padded("f16", m, k), _padded("f16", k, n), _padded("f16", n)
     (c,) = graph(x, w, b)
-    t = _rounded(_rounded(_f64(x) @ _f64(w), "f16") + _f64(b), "f16")
-    assert_close(_f64(c), np.maximum(t, 0), dtype="f16", reduced=k, scale=np.abs(t) + 1)
+    t = _rounded(_rounded(f64(x) @ f64(w), "f16") + f64(b), "f16")
+    assert_close(f64(c), np.maximum(t, 0), dtype="f16", reduced=k, scale=np.abs(t) + 1)
     (entry,) = TuningDB(tmp_path / "db.json").entries().values()
     assert entry["winner"].endswith(f"p{H200.sm_count}}}") and EXTERN_GEMM in entry["timings"]
 

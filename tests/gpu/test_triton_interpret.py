@@ -1,14 +1,16 @@
 """Every memory-bound kernel family the Triton backend emits, run by Triton's interpreter on CPU
-torch tensors at small odd shapes, against float64 NumPy.
+torch tensors (or compiled on CUDA ones: `placement.py`) at small odd shapes, against float64
+NumPy.
 
 Triton's interpreter computes bf16 wrongly, so bf16 buffers are widened to f32 for the launch
-while interpreting (`codegen/triton/launch.py`): the bf16 case checks the widening and the
-kernel's bf16 rounding, not Triton's bf16 loads (the sm_90 PTX tests compile those)."""
+while interpreting (`codegen/triton/launch.py`): there the bf16 case checks the widening and the
+kernel's bf16 rounding; on the device, Triton's bf16 loads and stores."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 pytest.importorskip("triton", reason="Triton is an optional extra: pip install 'tilefold[triton]'")
 torch = pytest.importorskip("torch")
 
+from tests.gpu.placement import DEVICE, compiled_kernels, f64, host, tensor  # noqa: E402
 from tests.tolerances import assert_close, tolerance  # noqa: E402
 from tilefold.codegen.backend import get_backend  # noqa: E402
 from tilefold.codegen.kernel import lower_group  # noqa: E402
@@ -33,9 +36,8 @@ erf = np.vectorize(math.erf)
 
 def _run(fn, params, *arrays):
     group = TritonGroup(trace(fn, *params)["main"], H200)
-    tensors = [a if isinstance(a, torch.Tensor) else torch.from_numpy(a) for a in arrays]
-    return [o.float().numpy() if o.dtype == torch.bfloat16 else o.numpy()
-            for o in group(*tensors)]
+    tensors = [a if isinstance(a, torch.Tensor) else tensor(a) for a in arrays]
+    return [host(o) for o in group(*tensors)]
 
 
 def _normal(*shape):
@@ -44,7 +46,7 @@ def _normal(*shape):
 
 def test_elementwise_chain_with_broadcast_and_strides():
     base = _normal(37, 7)
-    x = torch.from_numpy(base).t()  # (7, 37), column-major: the tile walks strided memory
+    x = tensor(base).t()  # (7, 37), column-major: the tile walks strided memory
     b = _normal(37)
     (got,) = _run(lambda x, b: F.exp(x - b) * F.sigmoid(x) + F.tanh(x) * F.gelu(x - 1.0),
                   (("x", "f32", ("n", "m")), ("b", "f32", ("m",))), x, b)
@@ -123,9 +125,9 @@ def test_layer_norm_and_rms_norm():
     assert_close(rms, want, dtype="f32", reduced=33, scale=np.abs(want))
 
 
-def test_bf16_softmax_is_widened_under_the_interpreter():
+def test_bf16_softmax():
     x = (_normal(5, 19) * 2).astype(ml_dtypes.bfloat16)
-    xt = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    xt = tensor(x.astype(np.float32)).to(torch.bfloat16)
     (got,) = _run(lambda x: F.softmax(x), (("x", "bf16", (5, 19)),), xt)
     assert_close(got, _softmax64(x.astype(np.float64), -1), dtype="bf16", reduced=19)
 
@@ -144,9 +146,9 @@ def test_rows_longer_than_a_chunk_take_several_masked_chunks():
                         num_warps=1, one_pass_cols=16)
     launch = get_backend("triton").compile(kernel, sched, H200).entry
     x = _normal(5, 37) * 3
-    out = torch.empty(5, 37)
-    launch([torch.from_numpy(x), out], [5, 37], [[37, 1], [37, 1]])  # 3 chunks, the last masked
-    assert_close(out.numpy(), _softmax64(x.astype(np.float64), -1), dtype="f32", reduced=37)
+    out = torch.empty(5, 37, device=DEVICE)
+    launch([tensor(x), out], [5, 37], [[37, 1], [37, 1]])  # 3 chunks, the last masked
+    assert_close(host(out), _softmax64(x.astype(np.float64), -1), dtype="f32", reduced=37)
 
 
 @pytest.mark.parametrize("one_pass_cols", [0, 64], ids=["looped", "one-pass"])
@@ -158,12 +160,12 @@ def test_layer_norm_in_chunks_and_in_one_pass(one_pass_cols):
     sched = dataclasses.replace(choose_gpu_schedule(kernel, H200), max_block_cols=16,
                                 one_pass_cols=one_pass_cols)
     launch = get_backend("triton").compile(kernel, sched, H200).entry
-    out = torch.empty(5, 37)
-    launch([*map(torch.from_numpy, (x, w, b)), out], [5, 37], [[37, 1], [1], [1], [37, 1]])
+    out = torch.empty(5, 37, device=DEVICE)
+    launch([*map(tensor, (x, w, b)), out], [5, 37], [[37, 1], [1], [1], [37, 1]])
     x64 = x.astype(np.float64)
     d = x64 - x64.mean(-1, keepdims=True)
     want = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * w + b
-    assert_close(out.numpy(), want, dtype="f32", reduced=37, scale=np.abs(want))
+    assert_close(host(out), want, dtype="f32", reduced=37, scale=np.abs(want))
 
 
 def test_bool_inputs_and_constant_buffers():
@@ -201,11 +203,11 @@ def test_exp_over_its_whole_range():
 
 def test_three_dims_permuted_rows_flattened_over_two_axes():
     base = _normal(7, 3, 5) * 2
-    x = torch.from_numpy(base).permute(1, 2, 0)  # (3, 5, 7), no axis contiguous in order
+    x = tensor(base).permute(1, 2, 0)  # (3, 5, 7), no axis contiguous in order
     s = _normal(1, 5, 1)
     params = (("x", "f32", (3, 5, 7)), ("s", "f32", (1, 5, 1)))
     group = TritonGroup(trace(lambda x, s: F.softmax(x * s, 1), *params)["main"], H200)
-    _, schedule = group.kernel_for(x, torch.from_numpy(s))
+    _, schedule = group.kernel_for(x, tensor(s))
     assert len(schedule.row_axes) == 2 and not schedule.rows_first
     (got,) = _run(lambda x, s: F.softmax(x * s, 1), params, x, s)
     x64 = base.transpose(1, 2, 0).astype(np.float64) * s
@@ -244,3 +246,20 @@ def test_casts_round_to_nearest_even(dtype, np_dtype):
         want = x.astype(np_dtype).astype(np.float32)
     (got,) = _run(lambda x: F.cast(x, dtype), (("x", "f32", (x.size,)),), x)
     np.testing.assert_array_equal(got.astype(np.float32), want)
+
+
+@pytest.mark.device_only("checks the binary Triton compiled for the CUDA device")
+def test_bf16_softmax_ran_compiled_for_the_device():
+    from triton.runtime.jit import JITFunction
+
+    kernel, _ = lower_group(trace(lambda x: F.softmax(x), ("x", "bf16", ("n", "m")))["main"])
+    launch = get_backend("triton").compile(kernel, choose_gpu_schedule(kernel, H200), H200).entry
+    x = tensor(_normal(6, 300) * 3).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    launch([x, out], [6, 300], [[300, 1], [300, 1]])
+    assert_close(f64(out), _softmax64(f64(x), -1), dtype="bf16", reduced=300)
+    assert isinstance(launch.fn, JITFunction)  # not the interpreter's InterpretedFunction
+    binaries = compiled_kernels(launch.fn)
+    major, minor = torch.cuda.get_device_capability()
+    assert binaries and all(k.metadata.target.arch == 10 * major + minor for k in binaries)
+    assert re.search(r"cvt\.rn\.bf16", binaries[0].asm["ptx"])  # stored as bf16, not widened

@@ -1,9 +1,10 @@
 """The Triton backend without Triton: what it supports, the GPU schedule it picks, the source
-it writes (none of this imports Triton)."""
+it writes, IEEE products for every f32 dot of the templates (none of this imports Triton)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -11,6 +12,8 @@ from tilefold.codegen.backend import get_backend
 from tilefold.codegen.kernel import lower_group
 from tilefold.codegen.kernel.ir import Const, Kernel, Store
 from tilefold.codegen.lower.primitives import PRIMITIVES
+from tilefold.codegen.triton.attention import AttentionSpec, emit_attention
+from tilefold.codegen.triton.gemm import GemmSpec, emit_gemm
 from tilefold.codegen.triton.math import PRIMITIVE_FORMS
 from tilefold.codegen.triton.schedule import GPUSchedule, Launch, choose_gpu_schedule
 from tilefold.ir import functional as F
@@ -120,3 +123,35 @@ def test_triton_is_not_imported_to_emit(monkeypatch):
 @pytest.mark.parametrize("name", ["h100", "sm_90", "a100"])
 def test_every_nvidia_target_gets_a_schedule(name):
     assert choose_gpu_schedule(_softmax(), gpu_target(name)).num_warps == 4
+
+
+F32_GEMMS = [GemmSpec("f32", "f32"), GemmSpec("f32", "f32", split="workspace"),
+             GemmSpec("f32", "f32", split="atomic"), GemmSpec("f32", "f32", pipelined=False),
+             GemmSpec("f32", "i8"), GemmSpec("f32", "u8", zero_point=True),
+             GemmSpec("f32", "i4", pipelined=False), GemmSpec("f32", "fp8e4m3"),
+             GemmSpec("f32", "f32", tma="kn"), GemmSpec("f32", "f32", tma="nk", pipelined=False)]
+NARROW_GEMMS = [GemmSpec("bf16", "bf16"), GemmSpec("f16", "f16", tma="nk"),
+                GemmSpec("f16", "i4"), GemmSpec("bf16", "i8", split="workspace"),
+                GemmSpec("fp8e4m3", "fp8e4m3")]
+
+
+def _dots(source: str) -> list[str]:
+    return re.findall(r"tl\.dot\([^\n]*", source)
+
+
+def test_every_dot_on_f32_operands_asks_for_ieee_products():
+    """TF32 (Triton's default for f32 dots on NVIDIA GPUs) would keep 10 of an f32 operand's 23
+    mantissa bits: every f32 dot of the templates (pointer and TMA, split-K, dequantized
+    weights, pipelined and interpreted; both attention products) says input_precision="ieee",
+    and no narrower one does (its products are exact in f32 anyway)."""
+    ieee = 'input_precision="ieee"'
+    for spec in F32_GEMMS:
+        dots = _dots(emit_gemm(spec))
+        assert dots and all(ieee in d for d in dots), (spec, dots)
+    for spec in NARROW_GEMMS:
+        dots = _dots(emit_gemm(spec))
+        assert dots and not any("input_precision" in d for d in dots), (spec, dots)
+    for dtype, pipelined in (("f32", True), ("f32", False), ("bf16", True), ("f16", True)):
+        dots = _dots(emit_attention(AttentionSpec(dtype, causal=True, pipelined=pipelined)))
+        assert len(dots) == 4  # scores and P V, in the unmasked and the masked key loops
+        assert all((ieee in d) == (dtype == "f32") for d in dots), (dtype, dots)
