@@ -38,7 +38,7 @@ from tilefold.strategy.problem import bind_shapes
 from tilefold.target import Target, named_target
 from tilefold.target.gpu import GPUTarget, gpu_target, gpu_target_names
 
-PIPELINE = "default,merge-matmuls,dce,fusion"
+PIPELINE = "integer-weights,default,merge-matmuls,dce,fusion"
 # `weights=` (else TILEFOLD_WEIGHTS): constant matmul weights stored as these codes.
 WEIGHT_FORMATS = ("f32", "int8", "int4")
 

@@ -89,3 +89,32 @@ def test_bad_formats_and_groups_are_clear_errors():
         tilefold.quantize(_mlp(), "int8", head="fp2")
     with pytest.raises(ShapeError, match="group_size=0"):
         tilefold.quantize(_mlp(), "int4", group_size=0)
+
+
+def test_torchao_int8_weight_only_layers_compile_to_the_weight_only_gemm_on_their_codes():
+    """torchao's `Int8WeightOnlyConfig` weights are tensor subclasses: AOTAutograd hands their
+    codes and scales to the backend as separate inputs, which the frontend freezes like the
+    parameter they belong to, and `integer-weights` runs as x @ dequantize(codes, scales)."""
+    torchao = pytest.importorskip("torchao.quantization")
+    model = _mlp()
+    torchao.quantize_(model, torchao.Int8WeightOnlyConfig())
+    quantized = [m for m in model if hasattr(m, "weight")]
+    assert all(type(m.weight).__name__ == "Int8Tensor" for m in quantized)
+    dense = [m.weight.qdata.double().numpy() * m.weight.scale.double().numpy()
+             for m in quantized]
+    x = torch.from_numpy(RNG.standard_normal((3, 64)).astype(np.float32))
+    h = x.double().numpy() @ dense[0].T + model[0].bias.double().detach().numpy()
+    h = h / (1 + np.exp(-h))
+    h = h @ dense[1].T
+    want = h @ dense[2].T + model[3].bias.double().detach().numpy()
+    with torch.no_grad():
+        torch._dynamo.reset()
+        report.REPORTS.clear()
+        compiled = torch.compile(model, backend="tilefold", options={"strict": True})
+        got = compiled(x).numpy()
+    assert_close(got, want, dtype="f32", reduced=128)
+    # the weight-only GEMM takes constant codes only: the weights were frozen; the last
+    # layer's 768 codes are below the pass's minimum and run as an f32 constant
+    (graph,) = _graphs()
+    configs = [d.winner.config for d in graph.decisions() if d.winner.method == "blocks.gemm"]
+    assert [c.get("weights") for c in configs] == ["i8", "i8", None]

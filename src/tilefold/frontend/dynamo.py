@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from tilefold.errors import FallbackError, TilefoldError, strict
 from tilefold.frontend import graph_cache, openmp
@@ -97,9 +98,10 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
 
     def inference(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
         report.trace_s = time.perf_counter() - started
+        real, real_frozen = _flattened(aten_gm, example_inputs, frozen)
         try:
             with unset_fake_temporarily():  # weights are read as real tensors
-                runner = _lower(aten_gm, example_inputs, frozen, report, flag, weights)
+                runner = _lower(aten_gm, real, real_frozen, report, flag, weights)
             same_inputs = sum(n.op == "placeholder" for n in aten_gm.graph.nodes) == len(
                 example_inputs)
             if key and same_inputs and isinstance(runner, _Frozen) and graph_cache.storable():
@@ -130,6 +132,36 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
 
 
 _GRAPHS: list[str] = []
+
+
+def _flattened(gm: fx.GraphModule, inputs: list[Any], frozen: set[int]
+               ) -> tuple[list[Any], set[int]]:
+    """The graph's inputs as AOTAutograd passes them, and which are frozen: a tensor subclass
+    (torchao's quantized weights) arrives as its inner tensors, each frozen with its parameter.
+    The inputs as given where the flattening does not match the graph's placeholders."""
+    if not any(is_traceable_wrapper_subclass(t) for t in inputs):
+        return inputs, frozen
+    flat: list[Any] = []
+    flat_frozen: set[int] = set()
+    for i, t in enumerate(inputs):
+        for inner in _leaves(t):
+            if i in frozen:
+                flat_frozen.add(len(flat))
+            flat.append(inner)
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(vals) != len(flat) or any(
+            not isinstance(v, torch.Tensor) or not isinstance(t, torch.Tensor)
+            or v.dtype != t.dtype or tuple(v.shape) != tuple(t.shape)
+            for v, t in zip(vals, flat, strict=True)):
+        return inputs, frozen
+    return flat, flat_frozen
+
+
+def _leaves(t: Any) -> list[Any]:
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [leaf for name in names for leaf in _leaves(getattr(t, name))]
 
 
 def _cached(entry: graph_cache.Entry, real: list[Any], report: GraphReport,

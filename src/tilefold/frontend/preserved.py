@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
 @torch.library.custom_op("tilefold::sdpa", mutates_args=())
@@ -58,12 +59,21 @@ SWAPS = {  # Dynamo graph target -> opaque op
 
 
 def preserve(gm: fx.GraphModule) -> int:
-    """Swap attention/linear calls in a Dynamo graph for the opaque ops; returns how many."""
+    """Swap attention/linear calls in a Dynamo graph for the opaque ops; returns how many.
+
+    A call with a tensor subclass among its arguments (torchao's quantized weights) is left
+    alone: the subclass implements the call itself, as its own ops, and knows nothing of ours."""
     count = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in SWAPS:
+        if node.op == "call_function" and node.target in SWAPS and not _subclassed(node):
             node.target = SWAPS[node.target]
             count += 1
     if count:
         gm.recompile()
     return count
+
+
+def _subclassed(node: fx.Node) -> bool:
+    args = [*node.args, *node.kwargs.values()]
+    return any(isinstance(a, fx.Node) and is_traceable_wrapper_subclass(a.meta.get("example_value"))
+               for a in args)
