@@ -31,7 +31,7 @@ from tilefold.runtime.timing import SETTLE_SECONDS, Timing, interleaved_medians
 
 # `--compare` names -> worker contenders (`llm_worker.CONTENDERS`).
 COMPARE = {"eager": ("hf-eager", "eager"), "inductor": ("hf-inductor", "inductor"),
-           "llamacpp": ("llamacpp",)}
+           "torchao": ("hf-inductor", "tilefold"), "llamacpp": ("llamacpp",)}
 QUANTS = {"none": "f32", "int8": "int8", "int4": "int4"}  # --quant -> tilefold's format
 LLAMA_FOR = {"f32": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # tilefold's format -> llama.cpp's
 LABELS = {"hf-eager": "HF eager generate", "eager": "eager loop",
@@ -50,11 +50,14 @@ class Job:
     key: str
     quant: str
     name: str = ""  # the label, when the default does not say enough
+    torchao: bool = False  # the model quantized by torchao first (int8 weight-only)
 
     @property
     def label(self) -> str:
         if self.name:
             return self.name
+        if self.torchao:
+            return f"torchao int8 + {'tilefold' if self.key == 'tilefold' else 'inductor'}"
         if self.key == "tilefold":
             return f"tilefold {self.quant}"
         if self.key == "llamacpp":
@@ -79,7 +82,7 @@ class Workload:
                 "path": self.model.path, "gguf": self.model.gguf, "threads": self.threads,
                 "max_length": self.max_length, "prompt": self.prompt,
                 "new_tokens": self.new_tokens, "strict": self.strict,
-                "llama_dir": self.llama_dir, **extra}
+                "llama_dir": self.llama_dir, "torchao": job.torchao, **extra}
 
 
 class WorkerFailed(Exception):
@@ -322,6 +325,17 @@ def llama_absent(model: Prepared) -> str | None:
     return None
 
 
+def torchao_absent(formats: list[str]) -> str | None:
+    """Why torchao's int8 weight-only model cannot be compared here, or None. (Its int4
+    weight-only configurations need CUDA kernels or bf16 weights: none runs on a CPU at f32.)"""
+    if "int8" not in formats:
+        return ("its weight-only path on the CPU is int8 (torchao 0.18's int4 needs CUDA or "
+                "bf16); run --quant int8")
+    if importlib.util.find_spec("torchao") is None:
+        return "not installed (pip install torchao)"
+    return None
+
+
 def onnx_genai_note() -> str:
     if importlib.util.find_spec("onnxruntime_genai") is None:
         return "ONNX Runtime GenAI: not installed (pip install onnxruntime-genai), not compared"
@@ -340,6 +354,12 @@ def jobs_for(formats: list[str], compare: list[str], model: Prepared,
                 say(f"llama.cpp not compared: {why}")
                 continue
             jobs += [Job("llamacpp", LLAMA_FOR[fmt]) for fmt in formats]
+        elif name == "torchao":
+            why = torchao_absent(formats)
+            if why is not None:
+                say(f"torchao not compared: {why}")
+                continue
+            jobs += [Job(key, "int8", torchao=True) for key in COMPARE[name]]
         else:
             jobs += [Job(key, "f32") for key in COMPARE[name]]
     return jobs

@@ -122,6 +122,8 @@ class Loop(TorchContender):
         if self.backend == "tilefold":
             self.fmt = spec["quant"]
             options = {"weights": self.fmt, **({"strict": True} if spec.get("strict") else {})}
+            if torchao_int8(spec, model):  # quantized already: tilefold runs torchao's codes
+                del options["weights"]
         length = spec["max_length"]
         self.generator = Generator(model, max_length=length, backend=self.backend,
                                    options=options)
@@ -149,6 +151,17 @@ class Loop(TorchContender):
 
 class EagerLoop(Loop):
     backend = "eager"
+
+
+def torchao_int8(spec: dict[str, Any], model: Any) -> bool:
+    """Quantize `model`'s linear layers with torchao's int8 weight-only scheme (one scale per
+    output channel) where the spec asks for it (`torchao`); whether it did."""
+    if not spec.get("torchao"):
+        return False
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    quantize_(model, Int8WeightOnlyConfig())
+    return True
 
 
 class InductorLoop(Loop):
@@ -200,6 +213,8 @@ class HFInductor(HFGenerate):
         import torch
 
         super().__init__(spec, model)
+        if torchao_int8(spec, model):
+            self.fmt = "int8"
         model.forward = torch.compile(model.forward)
 
 
