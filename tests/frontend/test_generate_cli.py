@@ -304,35 +304,37 @@ def test_profile_lists_a_decode_steps_kernels(model_dir, capsys):
     assert "blocks.gemm: dequantize -> matmul" in out
 
 
-def test_torchao_jobs_and_why_int4_is_not_compared():
+def test_torchao_jobs_at_each_quantized_format():
     said: list[str] = []
     prepared = None  # the model matters to llama.cpp's jobs only
-    jobs = llm_runs.jobs_for(["int4"], ["torchao"], prepared, said.append)
-    assert [j.label for j in jobs] == ["tilefold int4"]
-    assert any("torchao not compared" in s and "int8" in s for s in said)
+    jobs = llm_runs.jobs_for(["f32"], ["torchao"], prepared, said.append)
+    assert [j.label for j in jobs] == ["tilefold f32"]
+    assert any("torchao not compared" in s and "--quant int8 or int4" in s for s in said)
     if importlib.util.find_spec("torchao") is None:
         return
-    jobs = llm_runs.jobs_for(["int8"], ["torchao"], prepared, said.append)
-    assert [j.label for j in jobs] == ["tilefold int8", "torchao int8 + inductor",
-                                      "torchao int8 + tilefold"]
-    assert all(j.torchao for j in jobs[1:]) and not jobs[0].torchao
+    jobs = llm_runs.jobs_for(["int4"], ["torchao"], prepared, said.append)
+    assert [j.label for j in jobs] == ["tilefold int4", "torchao int4 + inductor",
+                                      "torchao int4 + tilefold"]
+    assert all(j.torchao and j.quant == "int4" for j in jobs[1:]) and not jobs[0].torchao
 
 
-def test_the_torchao_contender_runs_torchaos_int8_codes_through_tilefold(model_dir):
+@pytest.mark.parametrize(("fmt", "kind"), [("int8", "Int8Tensor"),
+                                           ("int4", "IntxUnpackedToInt8Tensor")])
+def test_the_torchao_contender_runs_torchaos_codes_through_tilefold(model_dir, fmt, kind):
     """The worker's torchao + tilefold contender: torchao's eager tokens, strict (every
-    layer on its int8 codes; nothing left to PyTorch)."""
+    layer on its codes; nothing left to PyTorch)."""
     pytest.importorskip("torchao")
     from tilefold.cli import llm_worker
 
     prepared = llm_models.prepare(llm_models.resolve(str(model_dir)), say=lambda s: None)
-    spec = {"contender": "tilefold", "quant": "int8", "torchao": True, "strict": True,
+    spec = {"contender": "tilefold", "quant": fmt, "torchao": True, "strict": True,
             "max_length": 24, "kind": prepared.kind, "path": prepared.path}
     model = llm_models.load_model(prepared.kind, prepared.path)
     loop = llm_worker.Loop(spec, model)
-    assert type(model.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
+    assert type(model.model.layers[0].mlp.up_proj.weight).__name__ == kind
     prompt = [5, 17, 33, 2, 9]
     with torch.no_grad():
         want = model.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8,
                               do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
     assert loop.generate(prompt, 8)["tokens"] == want
-    assert loop.info()["pytorch_ops"] == 0 and loop.fmt == "int8"
+    assert loop.info()["pytorch_ops"] == 0 and loop.fmt == fmt

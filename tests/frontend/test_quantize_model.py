@@ -118,3 +118,33 @@ def test_torchao_int8_weight_only_layers_compile_to_the_weight_only_gemm_on_thei
     (graph,) = _graphs()
     configs = [d.winner.config for d in graph.decisions() if d.winner.method == "blocks.gemm"]
     assert [c.get("weights") for c in configs] == ["i8", "i8", None]
+
+
+def test_torchao_int4_group_wise_layers_compile_to_the_int4_kernels():
+    """torchao's CPU int4 weight-only scheme (`IntxWeightOnlyConfig`, int4 codes in groups of
+    32 along K, held as int8): its dequantization, spelled out in ATen ops, becomes one
+    dequantize of int4 codes, run by the int4 weight-only GEMM."""
+    torchao = pytest.importorskip("torchao.quantization")
+    from torchao.quantization.granularity import PerGroup
+
+    model = _mlp()
+    torchao.quantize_(model, torchao.IntxWeightOnlyConfig(weight_dtype=torch.int4,
+                                                          granularity=PerGroup(32)))
+    dense = []
+    for m in (model[0], model[2], model[3]):
+        w = m.weight
+        zero = np.repeat(w.zero_point.double().numpy(), 32, axis=1)
+        dense.append((w.qdata.double().numpy() - zero) * np.repeat(w.scale.double().numpy(), 32,
+                                                                    axis=1))
+    x = torch.from_numpy(RNG.standard_normal((3, 64)).astype(np.float32))
+    h = x.double().numpy() @ dense[0].T + model[0].bias.double().detach().numpy()
+    h = h / (1 + np.exp(-h))
+    want = h @ dense[1].T @ dense[2].T + model[3].bias.double().detach().numpy()
+    with torch.no_grad():
+        torch._dynamo.reset()
+        report.REPORTS.clear()
+        got = torch.compile(model, backend="tilefold", options={"strict": True})(x).numpy()
+    assert_close(got, want, dtype="f32", reduced=128)
+    (graph,) = _graphs()
+    configs = [d.winner.config for d in graph.decisions() if d.winner.method == "blocks.gemm"]
+    assert [c.get("weights") for c in configs] == ["i4", "i4", None]

@@ -98,3 +98,50 @@ def test_compiled_int8_codes_run_the_weight_only_gemm(m):
     w = q.astype(np.float64) * s
     assert_close(got, x.astype(np.float64) @ w.T, dtype="f32", reduced=k,
                  scale=np.abs(x.astype(np.float64)) @ np.abs(w.T))
+
+
+def _grouped_layer(q, s, z, k: int, rows=(3,)):
+    """x @ reshape((cast(q) - cast(z)) * s).T as torchao's IntxWeightOnlyConfig lowers: q [N, K]
+    codes, s and z [N, G] viewed as [N, G, 1]."""
+    n, groups = s.shape
+    b = Builder("main")
+    x = b.arg("x", "f32", (*rows, k))
+    codes = b.op("cast", b.op("reshape", b.constant(q), shape=[n, groups, k // groups]),
+                 dtype="f32")
+    if z is not None:
+        codes = b.op("sub", codes, b.op("cast", b.op("reshape", b.constant(z),
+                                                      shape=[n, groups, 1]), dtype="f32"))
+    w = b.op("reshape", b.op("mul", codes, b.op("reshape", b.constant(s), shape=[n, groups, 1])),
+             shape=[n, k])
+    return b.build(b.op("matmul", x, b.op("transpose", w, perm=[1, 0])))
+
+
+@pytest.mark.parametrize(("codes", "zero", "want"), [
+    ((-8, 8), "nonzero", "i4"), ((-8, 8), "zeros", "i4"), ((-8, 8), None, "i4"),
+    ((-128, 128), None, "i8"), ((-128, 128), "nonzero", None)])
+def test_group_wise_codes_become_one_dequantize(codes, zero, want):
+    n, k, g = 96, 128, 32
+    q = RNG.integers(*codes, (n, k)).astype(np.int8)
+    s = RNG.uniform(0.01, 0.1, (n, k // g)).astype(np.float32)
+    z = {"nonzero": RNG.integers(-8, 8, (n, k // g)).astype(np.int8),
+         "zeros": np.zeros((n, k // g), np.int8), None: None}[zero]
+    module = _grouped_layer(q, s, z, k)
+    x = RNG.standard_normal((3, k)).astype(np.float32)
+    pm = PassManager("integer-weights{min-elements=1024},dce")
+    after = pm.run(module)
+    assert pm.passes[0].stats == {"num-rewritten": int(want is not None)}
+    w = (q.astype(np.float64) - (0 if z is None else np.repeat(z, g, axis=1))) \
+        * np.repeat(s.astype(np.float64), g, axis=1)
+    (got,) = interpret(after, x)
+    assert_close(got, x.astype(np.float64) @ w.T, dtype="f32", reduced=k,
+                 scale=np.abs(x.astype(np.float64)) @ np.abs(w.T))
+    if want is None:
+        return
+    (deq,) = [op for op in after.walk() if op.name == "dequantize"]
+    assert str(deq.operands[0].type.dtype) == want
+    assert len(deq.operands) == (3 if zero == "nonzero" else 2)  # all-zero points dropped
+    graph = tf.compile(after, strict=True)
+    (d,) = graph.decisions((3, k))
+    assert d.winner.method == "blocks.gemm" and d.winner.config["weights"] == want
+    assert_close(graph(x)[0], x.astype(np.float64) @ w.T, dtype="f32", reduced=k,
+                 scale=np.abs(x.astype(np.float64)) @ np.abs(w.T))

@@ -2,7 +2,7 @@
 
 It prints tilefold's text and, for each contender (tilefold at --quant; with --compare, PyTorch
 eager and inductor, each through `model.generate` and through tilefold's generation loop,
-torchao's int8 weight-only model through inductor and through tilefold, and llama.cpp at the
+torchao's weight-only model through inductor and through tilefold, and llama.cpp at the
 matching GGUF type), prompt and decode tokens/s, the time to the first token
 in a cold and a warm process, peak RSS, bytes read per token and the share of the host's
 measured read bandwidth. Every contender runs in processes of its own with the same threads.
@@ -223,9 +223,11 @@ def _peer_notes(fmt: str, compare: list[str]) -> list[str]:
     if fmt != "f32" and any(c in compare for c in ("eager", "inductor")):
         notes.append("PyTorch eager and inductor run the f32 weights (no weight-only path "
                      "without torchao)")
-    if "torchao" in compare and fmt == "int8":
-        notes.append("torchao int8: the linear layers quantized by torchao (Int8WeightOnlyConfig, "
-                     "a scale per channel), run by inductor (static cache) and by tilefold")
+    if "torchao" in compare and fmt != "f32":
+        scheme = ("Int8WeightOnlyConfig, a scale per channel" if fmt == "int8" else
+                  "IntxWeightOnlyConfig int4, a scale per 32")
+        notes.append(f"torchao {fmt}: the linear layers quantized by torchao ({scheme}), run by "
+                     "inductor (static cache) and by tilefold on torchao's codes")
     if "llamacpp" in compare:
         notes.append(f"llama.cpp runs {LLAMA_FOR[fmt]}: the GGUF file requantized by "
                      "llama.cpp (llama_model_quantize), K and V in f16")

@@ -50,14 +50,14 @@ class Job:
     key: str
     quant: str
     name: str = ""  # the label, when the default does not say enough
-    torchao: bool = False  # the model quantized by torchao first (int8 weight-only)
+    torchao: bool = False  # the model quantized by torchao first (weight-only, at `quant`)
 
     @property
     def label(self) -> str:
         if self.name:
             return self.name
         if self.torchao:
-            return f"torchao int8 + {'tilefold' if self.key == 'tilefold' else 'inductor'}"
+            return f"torchao {self.quant} + {'tilefold' if self.key == 'tilefold' else 'inductor'}"
         if self.key == "tilefold":
             return f"tilefold {self.quant}"
         if self.key == "llamacpp":
@@ -326,11 +326,9 @@ def llama_absent(model: Prepared) -> str | None:
 
 
 def torchao_absent(formats: list[str]) -> str | None:
-    """Why torchao's int8 weight-only model cannot be compared here, or None. (Its int4
-    weight-only configurations need CUDA kernels or bf16 weights: none runs on a CPU at f32.)"""
-    if "int8" not in formats:
-        return ("its weight-only path on the CPU is int8 (torchao 0.18's int4 needs CUDA or "
-                "bf16); run --quant int8")
+    """Why torchao's weight-only models cannot be compared here, or None."""
+    if formats == ["f32"]:
+        return "it quantizes weights: run --quant int8 or int4"
     if importlib.util.find_spec("torchao") is None:
         return "not installed (pip install torchao)"
     return None
@@ -359,7 +357,8 @@ def jobs_for(formats: list[str], compare: list[str], model: Prepared,
             if why is not None:
                 say(f"torchao not compared: {why}")
                 continue
-            jobs += [Job(key, "int8", torchao=True) for key in COMPARE[name]]
+            jobs += [Job(key, fmt, torchao=True) for fmt in formats if fmt != "f32"
+                     for key in COMPARE[name]]
         else:
             jobs += [Job(key, "f32") for key in COMPARE[name]]
     return jobs

@@ -122,7 +122,7 @@ class Loop(TorchContender):
         if self.backend == "tilefold":
             self.fmt = spec["quant"]
             options = {"weights": self.fmt, **({"strict": True} if spec.get("strict") else {})}
-            if torchao_int8(spec, model):  # quantized already: tilefold runs torchao's codes
+            if torchao_quantized(spec, model):  # tilefold runs torchao's own codes
                 del options["weights"]
         length = spec["max_length"]
         self.generator = Generator(model, max_length=length, backend=self.backend,
@@ -153,14 +153,18 @@ class EagerLoop(Loop):
     backend = "eager"
 
 
-def torchao_int8(spec: dict[str, Any], model: Any) -> bool:
-    """Quantize `model`'s linear layers with torchao's int8 weight-only scheme (one scale per
-    output channel) where the spec asks for it (`torchao`); whether it did."""
+def torchao_quantized(spec: dict[str, Any], model: Any) -> bool:
+    """Quantize `model`'s linear layers with torchao's CPU weight-only scheme at the spec's
+    `quant` where the spec asks for it (`torchao`): int8 with a scale per output channel, int4
+    in groups of 32 (`IntxWeightOnlyConfig`); whether it did."""
     if not spec.get("torchao"):
         return False
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    import torch
+    from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
 
-    quantize_(model, Int8WeightOnlyConfig())
+    quantize_(model, Int8WeightOnlyConfig() if spec["quant"] == "int8" else
+              IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)))
     return True
 
 
@@ -213,8 +217,8 @@ class HFInductor(HFGenerate):
         import torch
 
         super().__init__(spec, model)
-        if torchao_int8(spec, model):
-            self.fmt = "int8"
+        if torchao_quantized(spec, model):
+            self.fmt = spec["quant"]
         model.forward = torch.compile(model.forward)
 
 
