@@ -12,11 +12,11 @@ softmax/layer_norm/rms_norm against torch.compile in TB/s, a SwiGLU MLP and one 
 decode step through `torch.compile(backend="tilefold")`, and last the persistent TMA GEMMs
 (the cases most likely to hang). Every case runs strict (TILEFOLD_STRICT=1), checks its answer
 against an f32 reference first (error over the reference's largest magnitude), then times each
-contender (`do_bench` medians; `--smoke`: perf_counter medians). Template configs come from
-tilefold's own tuner (`strategy.gpu_tuner`): "tilefold" is the best config it measured,
-"chosen" the winner with the library kernel raced beside it. The tables, OUT_DIR/gpu.md and
-OUT_DIR/gpu.json, are rewritten after every case, so a run cut short keeps what it measured;
-each case's output is in OUT_DIR/logs/.
+contender (`do_bench` medians; `--smoke`: perf_counter medians). Template configs race in
+tilefold's one chooser (`strategy.select.choose` on the GPU platform): "tilefold" is the best
+config it measured, "chosen" the winner with the library kernel raced beside it. The tables,
+OUT_DIR/gpu.md and OUT_DIR/gpu.json, are rewritten after every case, so a run cut short keeps
+what it measured; each case's output is in OUT_DIR/logs/.
 """
 
 from __future__ import annotations
@@ -251,29 +251,22 @@ class Run:
     def __init__(self, args: argparse.Namespace):
         import torch
 
-        from tilefold.strategy.gpu_tuner import GPUTuner
+        from tilefold.strategy import TuningDB, context
         from tilefold.target import detect_gpu, gpu_target
 
         self.args, self.torch, self.smoke = args, torch, args.smoke
         self.device = "cpu" if self.smoke else "cuda"
         self.target = gpu_target("h200") if self.smoke else (detect_gpu() or gpu_target("h100"))
         self.dtype = torch.bfloat16
-        self.tuner = GPUTuner(self.target, timer=self.bench, budget=args.tune_budget)
+        self.ctx, self.db = context(self.target, timer=self.bench), TuningDB()
         self.rows: list[dict] = []
 
     def bench(self, fn) -> float:
-        """Milliseconds a call of `fn` takes (the median of its repeats)."""
-        if self.smoke:
-            fn()
-            runs = []
-            for _ in range(3):
-                start = time.perf_counter()
-                fn()
-                runs.append((time.perf_counter() - start) * 1e3)
-            return sorted(runs)[1]
-        from triton.testing import do_bench
+        """Milliseconds a call of `fn` takes (the median of its repeats; `--smoke` runs the
+        interpreter: a `perf_counter` median)."""
+        from tilefold.strategy.platform import device_timer
 
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return device_timer(fn, warmup=25, rep=100)
 
     def randn(self, *shape: int, dtype: Any = None) -> Any:
         return self.torch.randn(*shape, device=self.device, dtype=dtype or self.dtype)
@@ -299,31 +292,65 @@ class Run:
         path.write_text(json.dumps(self.rows))
 
 
-def tuned(run: Run, label: str, tensors: list, candidates: list) -> tuple[dict, str, Any]:
-    """tilefold's tuner over `candidates` (template configs, then the extern) on `tensors`:
-    the timings of the best template config and of the chosen candidate, the best config's
+def candidates(method: str, configs: list, template, extern, **key: Any) -> list:
+    """`template(config)` (a runner: tensors in, outputs out) at each config, in order, then
+    `extern` (a runner), as the chooser's candidates; `key` joins each config's name."""
+    from dataclasses import asdict
+
+    from tilefold.strategy import Candidate, Kernel
+
+    def kernel(run):
+        return Kernel(lambda *ts: run(list(ts)))
+
+    out = [Candidate(method, "building-blocks", {**asdict(c), **key}, float(i),
+                     lambda c=c: kernel(template(c))) for i, c in enumerate(configs)]
+    return [*out, Candidate("extern.torch.gpu", "extern", key, float(len(out)),
+                            lambda: kernel(extern))]
+
+
+def tuned(run: Run, problem: Any, tensors: list, candidates: list) -> tuple[dict, str, Any]:
+    """tilefold's chooser over `candidates` (template configs, then the extern) on `tensors`
+    (`problem`: the op they compute, for the tuning key and the answer's tolerance): the
+    timings of the best template config and of the chosen candidate (ms), the best config's
     name, and that config's runner (to check it, not the extern)."""
-    choice = run.tuner.choose(f"benchmarks/gpu.py {label}", tensors, candidates)
-    externs = {c.key for c in candidates if c.extern}
-    measured = {key: ms for key, ms in choice.timings.items() if key not in externs}
+    from dataclasses import replace
+
+    from tilefold.strategy import select
+
+    ctx = replace(run.ctx, arrays=tuple(tensors))
+    decision = select.choose(problem, ctx, candidates, [], run.db, run.args.tune_budget)
+    measured = {key: s * 1e3 for key, s in decision.measured.items()
+                if not key.startswith("extern.")}
     best = min(measured, key=measured.get)
-    timings = {"tilefold": measured[best], "chosen": choice.timings[choice.key]}
-    name = best.removeprefix("triton.gemm").removeprefix("triton.attention")
-    failures = "; ".join(f"{k}: {v}"[:160] for k, v in choice.failures.items())
-    return timings, name + (f" (failed: {failures})" if failures else ""), \
-        next(c for c in candidates if c.key == best).build()
+    timings = {"tilefold": measured[best],
+               "chosen": decision.measured[decision.winner.key] * 1e3}
+    failures = "; ".join(f"{k}: {v}"[:160] for k, v in decision.failures.items())
+    kernel = next(c for c in candidates if c.key == best).build()
+    return timings, best + (f" (failed: {failures})" if failures else ""), \
+        lambda ts: kernel.run(*ts)
 
 
-def tuned_gemm(run: Run, label: str, mnk: tuple[int, int, int], dot: str, tensors: list,
+def matmul_problem(m: int, n: int, k: int, dtype: str) -> Any:
+    """The lone matmul an M x N x K GEMM in `dtype` computes, as the chooser's problem."""
+    from tilefold.ir import functional as F
+    from tilefold.ir import trace
+    from tilefold.strategy import Problem
+
+    fn = trace(lambda a, b: F.matmul(a, b), ("a", dtype, (m, k)), ("b", dtype, (k, n)))["main"]
+    op = next(o for o in fn.ops if o.name == "matmul")
+    return Problem.of(op, [(m, k), (k, n)])
+
+
+def tuned_gemm(run: Run, mnk: tuple[int, int, int], dot: str, tensors: list,
                make, extern, tma: bool, fast: bool = False) -> tuple[dict[str, float], str, Any]:
     """`tuned` over the GEMM template (`make(split)` -> a `TritonGemm`; tensors: A, B, then
     the epilogue's) at its proposed pointer configs, or (`tma`) at the persistent TMA ones
     only, and `extern`."""
-    from tilefold.strategy.gpu_tuner import EXTERN_GEMM, gemm_candidates
+    from tilefold.codegen.triton.gemm_config import propose_configs
 
     gemms: dict[str, Any] = {"none": make("none")}
     if tma and gemms["none"].tma_order(*tensors[:2]) is None:
-        raise RuntimeError(f"{label}: the operands do not suit tensor descriptors")
+        raise RuntimeError(f"{dot}: the operands do not suit tensor descriptors")
 
     def template(config):
         split = "none" if config.split_k == 1 else "workspace"
@@ -331,17 +358,13 @@ def tuned_gemm(run: Run, label: str, mnk: tuple[int, int, int], dot: str, tensor
             gemms[split] = make(split)
         return lambda ts, gemm=gemms[split]: gemm(*ts[:2], epilogue_inputs=ts[2:], config=config)
 
-    candidates = gemm_candidates(run.target, mnk, dot, template, extern,
-                                 limit=run.args.configs, tma=tma, out_dtype="bf16",
-                                 fp8_fast_accum=fast)
-    persistent = [c for c in candidates if " p" in c.key]
-    if tma and not persistent:
-        raise RuntimeError(f"{label}: the tuner proposes no persistent TMA config here")
-    if tma:
-        candidates = persistent + [c for c in candidates if c.key == EXTERN_GEMM]
-    else:
-        candidates = [c for c in candidates if c not in persistent]
-    return tuned(run, label, tensors, candidates)
+    configs = propose_configs(run.target, *mnk, dot, limit=run.args.configs, tma=tma,
+                              out_dtype="bf16", fp8_fast_accum=fast)
+    configs = [c for c in configs if bool(c.persistent) == tma]
+    if tma and not configs:
+        raise RuntimeError(f"{dot}: the chooser is offered no persistent TMA config here")
+    return tuned(run, matmul_problem(*mnk, dot), tensors,
+                 candidates("triton.gemm", configs, template, extern, fp8_fast_accum=fast))
 
 
 def gemm_case(run: Run, m: int, n: int, k: int, layout: str, tma: bool) -> None:
@@ -353,7 +376,7 @@ def gemm_case(run: Run, m: int, n: int, k: int, layout: str, tma: bool) -> None:
     a = run.randn(m, k)
     b = run.randn(n, k).t() if layout == "NT" else run.randn(k, n)
     timings, best, template = tuned_gemm(
-        run, f"gemm bf16{' tma' * tma}", (m, n, k), "bf16", [a, b],
+        run, (m, n, k), "bf16", [a, b],
         lambda split: TritonGemm("bf16", "bf16", split=split, out_dtypes=("bf16",)),
         lambda ts: [torch.matmul(*ts)], tma)
     timings["cublas"] = run.bench(lambda: torch.matmul(a, b))
@@ -391,7 +414,7 @@ def fp8_case(run: Run, m: int, n: int, k: int) -> None:
     for fast in (False, True):
         suffix = "-fast" * fast
         t, best, template = tuned_gemm(
-            run, f"gemm fp8e4m3 row-scaled{suffix}", (m, n, k), "fp8e4m3", tensors,
+            run, (m, n, k), "fp8e4m3", tensors,
             lambda split, fast=fast: TritonGemm(
                 "fp8e4m3", "fp8e4m3", epilogue=plan.program, stores=plan.stores, split=split,
                 out_dtypes=("bf16",), fp8_fast_accum=fast),
@@ -429,15 +452,23 @@ def sdpa_kernel(torch, fn) -> str:
 
 def attention_case(run: Run, bsz: int, heads: int, seq: int, dim: int) -> None:
     from tilefold.codegen.triton.attention import TritonAttention
-    from tilefold.strategy.gpu_tuner import attention_candidates
+    from tilefold.codegen.triton.attention_config import propose_attention_configs
+    from tilefold.ir import trace
+    from tilefold.strategy import Problem
 
     q, k, v = (run.randn(bsz, heads, seq, dim) for _ in range(3))
     att = TritonAttention("bf16", causal=True)
     sdpa = run.torch.nn.functional.scaled_dot_product_attention
-    candidates = attention_candidates(
-        run.target, q, k, "bf16", lambda c: lambda ts: [att(*ts, **c.launch())],
-        lambda ts: [sdpa(*ts, is_causal=True)], limit=run.args.configs)
-    timings, best, template = tuned(run, "attention causal bf16", [q, k, v], candidates)
+    shape = (bsz, heads, seq, dim)
+    fn = trace(lambda q, k, v: q.builder.op("scaled_dot_product_attention", q, k, v,
+                                            is_causal=True),
+               *((name, "bf16", shape) for name in "qkv"))["main"]
+    problem = Problem.of(fn.ops[0], [shape] * 3)
+    configs = propose_attention_configs(run.target, bsz * heads, seq, seq, dim, "bf16",
+                                        limit=run.args.configs)
+    timings, best, template = tuned(run, problem, [q, k, v], candidates(
+        "triton.attention", configs, lambda c: lambda ts: [att(*ts, **c.launch())],
+        lambda ts: [sdpa(*ts, is_causal=True)]))
     timings["sdpa"] = run.bench(lambda: sdpa(q, k, v, is_causal=True))
     backend = sdpa_kernel(run.torch, lambda: sdpa(q, k, v, is_causal=True))
     flops = 2 * bsz * heads * seq * seq * dim  # two products, half the scores (causal)

@@ -83,6 +83,11 @@ class FallbackError(TilefoldError):
     kernel method, the reference interpreter, PyTorch); the message names what and why."""
 
 
+class WrongAnswerError(FallbackError):
+    """Strict mode: a tuning candidate computed another answer than the reference (outside
+    it, the candidate is passed over)."""
+
+
 _STRICT: ContextVar[bool | None] = ContextVar("tilefold_strict", default=None)
 
 

@@ -19,7 +19,7 @@ from tilefold.compiler import optimized  # noqa: E402
 from tilefold.errors import UnsupportedError  # noqa: E402
 from tilefold.gpu import GPUGraph  # noqa: E402
 from tilefold.ir import Builder  # noqa: E402
-from tilefold.strategy.gpu_tuner import EXTERN_ATTENTION, GPUTuner, config_key  # noqa: E402
+from tilefold.strategy.method import candidate_key  # noqa: E402
 from tilefold.strategy.tuning_db import TuningDB  # noqa: E402
 from tilefold.target import gpu_target  # noqa: E402
 
@@ -70,8 +70,8 @@ def _graph(tmp_path, timer):
     q, k, v = b.arg("q", "f32", Q), b.arg("k", "f32", KV), b.arg("v", "f32", KV)
     module = b.build(b.op("scaled_dot_product_attention", q, k, v, is_causal=True,
                           enable_gqa=True))
-    tuner = GPUTuner(H200, timer=timer, budget=30.0, db=TuningDB(tmp_path / "db.json"))
-    return GPUGraph(optimized(module, "main")[0], "main", H200, strict=True, tuner=tuner)
+    return GPUGraph(optimized(module, "main")[0], "main", H200, strict=True, timer=timer,
+                    budget=30.0, db=TuningDB(tmp_path / "db.json"))
 
 
 def _run(graph):
@@ -89,8 +89,9 @@ def test_the_tuner_picks_an_attention_config_or_sdpa(tmp_path):
     configs = propose_attention_configs(H200, 4, 9, 9, 16, "f32")
     timer = FakeTimer([5.0, 1.0])  # SDPA 5 ms, the first config 1 ms
     line = _run(_graph(tmp_path / "a", timer))
-    assert line.endswith(f"Triton attention template ({config_key(configs[0])}: fastest when "
-                         "measured)"), line
+    first = candidate_key("triton.attention", configs[0].launch())
+    assert line.endswith(f"Triton attention template ({first}: fastest of {len(configs) + 1} "
+                         "measured (tuned now))"), line
     assert timer.calls == len(configs) + 1
     line = _run(_graph(tmp_path / "b", FakeTimer([0.1])))  # SDPA fastest
-    assert f"torch SDPA ({EXTERN_ATTENTION}: fastest when measured)" in line, line
+    assert "torch SDPA (extern.torch.gpu{}: fastest of" in line, line

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -32,7 +33,6 @@ from tilefold.codegen.triton.ptx import compile_gemm_ptx  # noqa: E402
 from tilefold.errors import UnsupportedError  # noqa: E402
 from tilefold.ir import functional as F  # noqa: E402
 from tilefold.ir import trace  # noqa: E402
-from tilefold.strategy.gpu_tuner import gemm_candidates  # noqa: E402
 from tilefold.target import gpu_target  # noqa: E402
 
 H200 = gpu_target("h200")
@@ -164,9 +164,15 @@ def test_the_tuner_races_the_twin_only_for_operands_that_suit():
     shifted = torch.empty(40 * 48 + 1, dtype=torch.float16, device=DEVICE)[1:].view(40, 48)
     shifted.copy_(w)
     assert g.tma(x, w, b) and not g.tma(x, shifted, b)
-    keys = [c.key for c in gemm_candidates(H200, g.mnk(x, w, b), "f16",
-                                           lambda config: None, None, tma=g.tma(x, w, b))]
-    assert len(keys) == 5 and keys[1].endswith("p132}") and "p132" not in keys[0]
+    from tilefold.compiler import optimized
+    from tilefold.strategy import METHODS, Problem, context
+
+    module = trace(lambda x, w, b: F.relu(F.matmul(x, w) + b), ("x", "f16", (33, 40)),
+                   ("w", "f16", (40, 48)), ("b", "f16", (48,)))
+    fused = next(op for op in optimized(module, "main")[0]["main"].ops if op.name == "fused")
+    problem = Problem.of(fused, [tuple(t.shape) for t in (x, w, b)])
+    proposed = METHODS["triton.gemm"].propose(problem, replace(context(H200), arrays=(x, w, b)))
+    assert [c.config["persistent"] for c in proposed] == [0, H200.sm_count, 0, 0, 0]
     twin = propose_configs(H200, 33, 48, 40, "f16", tma=True)[1]
     t = _rounded(_rounded(f64(x) @ f64(w), "f16") + f64(b), "f16")
     # the twin as tuned, then on a B with the same strides whose data TMA cannot copy (a graph
@@ -180,7 +186,6 @@ def test_a_compiled_graph_keeps_the_twin_when_it_measures_fastest(tmp_path):
     from tilefold.compiler import optimized
     from tilefold.gpu import GPUGraph
     from tilefold.ir import Builder
-    from tilefold.strategy.gpu_tuner import EXTERN_GEMM, GPUTuner
     from tilefold.strategy.tuning_db import TuningDB
 
     m, n, k = 40, 48, 64
@@ -190,15 +195,15 @@ def test_a_compiled_graph_keeps_the_twin_when_it_measures_fastest(tmp_path):
     module = bld.build(F.relu(F.matmul(xa, wa) + ba))
     configs = propose_configs(H200, m, n, k, "f16", tma=True)
     times = iter([5.0, 3.0, 1.0, *[4.0] * (len(configs) - 2)])  # the extern, then the configs
-    tuner = GPUTuner(H200, timer=lambda fn: next(times), budget=30.0,
-                     db=TuningDB(tmp_path / "db.json"))
-    graph = GPUGraph(optimized(module, "main")[0], "main", H200, strict=True, tuner=tuner)
+    graph = GPUGraph(optimized(module, "main")[0], "main", H200, strict=True,
+                     timer=lambda fn: next(times), budget=30.0, db=TuningDB(tmp_path / "db.json"))
     x, w, b = _padded("f16", m, k), _padded("f16", k, n), _padded("f16", n)
     (c,) = graph(x, w, b)
     t = _rounded(_rounded(f64(x) @ f64(w), "f16") + f64(b), "f16")
     assert_close(f64(c), np.maximum(t, 0), dtype="f16", reduced=k, scale=np.abs(t) + 1)
     (entry,) = TuningDB(tmp_path / "db.json").entries().values()
-    assert entry["winner"].endswith(f"p{H200.sm_count}}}") and EXTERN_GEMM in entry["timings"]
+    assert f'"persistent":{H200.sm_count}' in entry["winner"]
+    assert "extern.torch.gpu{}" in entry["timings"]
 
 
 @pytest.mark.parametrize("dtype,order", [("bf16", "kn"), ("fp8e4m3", "nk")])

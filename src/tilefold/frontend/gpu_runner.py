@@ -85,7 +85,7 @@ class GPUGraphRunner:
         return counts
 
     def decisions(self) -> list[Any]:
-        return []  # GPU choices are in `groups()` (the CPU's strategy decisions are not made)
+        return self.graph.decisions()  # the same `strategy.Decision`s as the CPU's
 
     def __call__(self, *args: Any) -> list[Any]:
         import numpy as np

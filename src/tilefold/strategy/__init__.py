@@ -15,7 +15,7 @@ from __future__ import annotations
 from tilefold.runtime import num_threads
 from tilefold.strategy import methods  # registers every shipped method
 from tilefold.strategy.autotune import tune_budget
-from tilefold.strategy.cost import machine_for
+from tilefold.strategy.cost import gpu_machine, machine_for
 from tilefold.strategy.method import (
     FAMILIES,
     METHODS,
@@ -27,10 +27,12 @@ from tilefold.strategy.method import (
     register_method,
     unregister_method,
 )
+from tilefold.strategy.platform import GPUPlatform, Platform, Timer
 from tilefold.strategy.problem import Problem
 from tilefold.strategy.select import Decision, decide
 from tilefold.strategy.tuning_db import TuningDB
 from tilefold.target import Target, host_target
+from tilefold.target.gpu import GPUTarget
 
 
 def builtin_methods() -> list[Method]:
@@ -46,8 +48,13 @@ def register_builtin_methods() -> None:
             register_method(method)
 
 
-def context(target: Target | None = None, threads: int | None = None) -> Context:
-    """The host (or `target`) with its measured ceilings, for `threads` threads."""
+def context(target: Target | GPUTarget | None = None, threads: int | None = None,
+            timer: Timer | None = None) -> Context:
+    """The host (or `target`) with its measured ceilings, for `threads` threads; a GPU
+    target with its published ceilings and its platform, timed by `timer` (milliseconds a
+    call; default `platform.device_timer`)."""
+    if isinstance(target, GPUTarget):
+        return Context(target, gpu_machine(target), GPUPlatform(timer))
     target = target or host_target()
     return Context(target, machine_for(target, threads or num_threads()))
 
@@ -60,6 +67,7 @@ __all__ = [
     "Decision",
     "Kernel",
     "Method",
+    "Platform",
     "Problem",
     "Rejection",
     "TuningDB",

@@ -12,6 +12,7 @@ from tilefold.codegen.lower import op_flops
 from tilefold.ir import Operation
 from tilefold.strategy.problem import Problem
 from tilefold.target import Target, measured_bandwidth_gbps, measured_peak_gflops
+from tilefold.target.gpu import GPUTarget
 
 CACHE_SPEEDUP = ((1, 4.0), (2, 2.0))  # (cache level, bandwidth multiple) when the data fits there
 
@@ -47,6 +48,22 @@ def machine_for(target: Target, threads: int) -> Machine:
         l2_bytes=target.l2_bytes,
         l3_bytes=target.l3_bytes,
     )
+
+
+# a GPU entry without a chip's figures (an architecture: `sm_90`) is priced as a small chip
+GPU_DEFAULTS = {"matrix_tflops": 100.0, "memory_bandwidth_gbps": 1000.0, "l2_bytes": 1 << 24}
+
+
+def gpu_machine(target: GPUTarget) -> Machine:
+    """A GPU's ceilings from its `target/gpu.py` entry (published figures): dense matrix
+    flops, DRAM bandwidth, L2; one stream of launches (`threads` 1, a launch ~5 us)."""
+    def figure(name: str) -> float:
+        value = getattr(target, name)
+        return GPU_DEFAULTS[name] if value is None else value
+
+    return Machine(gflops=figure("matrix_tflops") * 1e3,
+                   gbps=figure("memory_bandwidth_gbps"), threads=1,
+                   l2_bytes=int(figure("l2_bytes")), l3_bytes=0, call_s=5e-6, numpy_op_s=1e-5)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from tilefold.errors import TilefoldError
 from tilefold.runtime.replay import NativeCall
 from tilefold.strategy.cost import Machine
+from tilefold.strategy.platform import CPUPlatform, Platform
 from tilefold.strategy.problem import Problem
 
 if TYPE_CHECKING:
@@ -23,7 +24,9 @@ FAMILIES = ("hand-written", "auto-codegen", "building-blocks", "lto", "extern")
 
 
 class Kernel:
-    """A built implementation of one problem: `run(*inputs, *outputs)` fills the outputs.
+    """A built implementation of one problem: on a CPU `run(*inputs, *outputs)` fills the
+    outputs; on a GPU `run(*inputs)` returns them, tensors on the inputs' device (the target's
+    `Platform.call` knows which).
 
     `source` is the kernel's IR (LLVM IR for native code) for `explain --kernel-ir`, or a
     function making it (a kernel loaded from the disk cache by fingerprint never built its IR);
@@ -80,7 +83,12 @@ class Candidate:
     @property
     def key(self) -> str:
         """Stable text naming method and configuration, as stored in the tuning database."""
-        return f"{self.method}{json.dumps(self.config, sort_keys=True, separators=(',', ':'))}"
+        return candidate_key(self.method, self.config)
+
+
+def candidate_key(method: str, config: dict[str, Any]) -> str:
+    """The tuning database's name of `method` at `config` (`Candidate.key`)."""
+    return f"{method}{json.dumps(config, sort_keys=True, separators=(',', ':'))}"
 
 
 @dataclass(frozen=True)
@@ -94,10 +102,14 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Context:
-    """What methods may consult: the target, its ceilings and the thread count."""
+    """What methods may consult: the target, its ceilings and the thread count; its platform
+    (how candidates run, are checked and timed there) and, where kernels are chosen per call
+    (a GPU's, by the tensors' layouts), the arrays of that call."""
 
     target: Any
     machine: Machine
+    platform: Platform = field(default_factory=CPUPlatform)
+    arrays: tuple[Any, ...] | None = None
 
     @property
     def threads(self) -> int:
@@ -107,11 +119,13 @@ class Context:
 class Method:
     """Base of methods. Subclasses set `name` and `family` and implement `propose`;
     `generators` names the modules (packages: every file) whose code shapes the method's
-    kernels besides its own module: their digest is part of the tuning key."""
+    kernels besides its own module: their digest is part of the tuning key; `platforms` the
+    kinds of target it proposes for (`Platform.name`: the selector asks no other)."""
 
     name: ClassVar[str]
     family: ClassVar[str]
     generators: ClassVar[tuple[str, ...]] = ()
+    platforms: ClassVar[tuple[str, ...]] = ("cpu",)
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         """Candidates for `problem`, or the reason this method does not apply."""

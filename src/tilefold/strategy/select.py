@@ -1,9 +1,12 @@
 """Choosing an implementation per problem: tuning database, else measurement, else cost model.
 
-Every registered method is asked; the answer (`Decision`) keeps all candidates, every
+The one chooser of every target: the registered methods that propose for the target's
+platform (`Method.platforms`) are asked; the answer (`Decision`) keeps all candidates, every
 rejection with its reason, measured times and why the winner won, for `tilefold explain`.
-A method that fails to propose, build or run is passed over for the next one; in strict mode
-(`tilefold.errors.strict()`) that failure raises `FallbackError` instead.
+Measuring runs on the target's platform (`strategy/platform.py`: its arrays, reference and
+timer). A method that fails to propose, build or run is passed over for the next one; in
+strict mode (`tilefold.errors.strict()`) that failure raises `FallbackError` instead, and a
+candidate with a wrong answer `WrongAnswerError`.
 """
 
 from __future__ import annotations
@@ -12,15 +15,15 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from typing import Any
 
-from tilefold.errors import FallbackError, TilefoldError, strict
+from tilefold.errors import FallbackError, TilefoldError, WrongAnswerError, strict
 from tilefold.runtime import source_digest
-from tilefold.runtime.thread_pool import thread_pool
 from tilefold.strategy import autotune
 from tilefold.strategy.method import FAMILIES, METHODS, Candidate, Context, Kernel, Rejection
-from tilefold.strategy.problem import Problem, shape_bucket
+from tilefold.strategy.problem import Problem
 from tilefold.strategy.tuning_db import TuningDB, key_fields, key_of
 
 log = logging.getLogger("tilefold.tuning")
@@ -42,11 +45,12 @@ class Decision:
 
 
 def propose_all(problem: Problem, ctx: Context) -> tuple[list[Candidate], list[Rejection]]:
-    """Ask every method, family by family (FAMILIES' order; within one, as registered); a
-    method that raises is a rejection with the error, not a crash."""
+    """Ask every method of the target's platform, family by family (FAMILIES' order; within
+    one, as registered); a method that raises is a rejection with the error, not a crash."""
     candidates: list[Candidate] = []
     rejections: list[Rejection] = []
-    for method in sorted(METHODS.values(), key=lambda m: FAMILIES.index(m.family)):
+    methods = [m for m in METHODS.values() if ctx.platform.name in m.platforms]
+    for method in sorted(methods, key=lambda m: FAMILIES.index(m.family)):
         try:
             answer = method.propose(problem, ctx)
         except Exception as exc:  # a broken method must not break compilation
@@ -81,16 +85,24 @@ def generators_digest(candidates: list[Candidate]) -> str:
 
 def db_key(problem: Problem, ctx: Context, candidates: list[Candidate]) -> tuple[str, dict]:
     """The tuning database key of `problem` raced among `candidates`, and its fields."""
-    fields = key_fields(problem.signature, [shape_bucket(s) for s in problem.shapes], ctx.threads,
+    platform = ctx.platform
+    fields = key_fields(problem.signature, platform.bucket(problem, ctx), platform.threads(ctx),
                         candidates=[c.key for c in candidates],
-                        generators=generators_digest(candidates))
+                        generators=generators_digest(candidates),
+                        fingerprint=platform.fingerprint(ctx))
     return key_of(fields), fields
 
 
 def decide(problem: Problem, ctx: Context, db: TuningDB, budget: float | None) -> Decision:
     """Pick and build the implementation of `problem` (extern always builds, unless strict mode
     has it decline a group it would run on the reference: then FallbackError)."""
-    candidates, rejections = propose_all(problem, ctx)
+    return choose(problem, ctx, *propose_all(problem, ctx), db, budget)
+
+
+def choose(problem: Problem, ctx: Context, candidates: list[Candidate],
+           rejections: list[Rejection], db: TuningDB, budget: float | None) -> Decision:
+    """`decide` among given `candidates` (in the cost model's order): the database's winner,
+    else (`budget` seconds of tuning) the fastest measured, else the first that builds."""
     decision = Decision(problem, candidates, rejections)
     key, fields = db_key(problem, ctx, candidates)
     entry = None if budget is not None and autotune.retune() else db.lookup(key)
@@ -144,46 +156,66 @@ def _build(decision: Decision, c: Candidate) -> bool:
     return True
 
 
+def _wrong(problem: Problem, c: Candidate, why: str) -> None:
+    """A candidate computed another answer: WrongAnswerError in strict mode, else a warning."""
+    if strict():
+        raise WrongAnswerError(f"group {problem.describe()}: candidate {c.key}: {why} (strict "
+                               "mode refuses a wrong candidate)")
+    log.warning("group %s: candidate %s: %s; it scores inf", problem.describe(), c.key, why)
+
+
 def _tune(decision: Decision, ctx: Context, budget: float) -> None:
+    """Build, check and time the extern first, then the cost model's first candidates (the
+    platform's `race`; while the budget lasts where builds count in it), and keep the
+    fastest whose answers match the reference."""
     global TUNED
     TUNED += 1
-    problem = decision.problem
+    problem, platform = decision.problem, ctx.platform
     extern = next((c for c in decision.candidates if c.family == "extern"), None)
-    top = decision.candidates[:autotune.TOP_K]
+    top = decision.candidates[:platform.race] if platform.race is not None \
+        else list(decision.candidates)
     if extern is not None and extern not in top:
         top.append(extern)
-    if "matmul" in problem.names:
-        autotune.tune_gemm_blocking_once(ctx.target, ctx.threads, budget)
-    inputs = autotune.random_inputs(problem)
-    want = None
-    if extern is not None:
-        want = autotune.empty_outputs(problem)
-        try:
-            extern.build().run(*inputs, *want)
-        except Exception as exc:  # inputs the group cannot take: keep the cost model's choice
-            log.warning("tuning %s skipped: the reference fails on timing inputs (%s)",
-                        problem.describe(), exc)
-            return
-    pool = thread_pool()
-    built: dict[str, tuple[Candidate, Kernel, list]] = {}
+    top.sort(key=lambda c: c is not extern)  # stable: the rest in the cost model's order
+    platform.prepare(problem, ctx, budget)
+    inputs = platform.inputs(problem, ctx)
+    try:
+        want, exact = platform.reference(extern, problem, inputs)
+    except Exception as exc:  # inputs the group cannot take: keep the cost model's choice
+        log.warning("tuning %s skipped: the reference fails on timing inputs (%s)",
+                    problem.describe(), exc)
+        return
+    start, slowest = time.perf_counter(), 0.0  # the longest build and first run so far
+    runs: dict[str, Callable[[], Any]] = {}
+    built: dict[str, tuple[Candidate, Kernel]] = {}
     for c in autotune.progress(top, len(top), f"tuning {' -> '.join(problem.names)}"):
+        spent = time.perf_counter() - start
+        if platform.builds_in_budget and c is not extern and spent + slowest > budget:
+            log.info("tuning budget (%.1f s) spent before %s (%.1f s spent, a build takes up "
+                     "to %.1f s)", budget, c.key, spent, slowest)
+            break
+        began = time.perf_counter()
         try:
             kernel = c.build()
-            outs = autotune.empty_outputs(problem)
-            kernel.run(*inputs, *outs)
-            if want is not None and not autotune.agrees(outs, want):
-                raise ValueError("wrong result against the extern reference")
+            run = platform.runner(kernel, problem, inputs)
+            outs = run()
         except Exception as exc:  # scored inf, fatal only in strict mode
             decision.failures[c.key] = f"{type(exc).__name__}: {exc}"
             _passed_over(problem, f"candidate {c.key} failed when tuned (it scores inf)", exc)
             continue
-        built[c.key] = (c, kernel, [*inputs, *outs])
-    if not built:
+        finally:
+            slowest = max(slowest, time.perf_counter() - began)
+        if want is None and c is extern:  # the extern's own answers are the reference
+            want = outs
+        wrong = platform.mismatch(outs, want, problem, exact) if want is not None else None
+        if wrong:
+            decision.failures[c.key] = wrong
+            _wrong(problem, c, wrong)
+            continue
+        runs[c.key], built[c.key] = run, (c, kernel)
+    if not runs:
         return
-    runs = {key: partial(kernel.run, *arrays) for key, (_, kernel, arrays) in built.items()}
-    seconds = max(0.05 * len(runs), budget / 4)
-    decision.measured = autotune.measure(
-        runs, seconds, pool.empty_region if pool.size > 1 else None)
+    decision.measured = platform.measure(runs, budget)
     best = min(decision.measured, key=decision.measured.get)
-    decision.winner, decision.kernel, _ = built[best]
+    decision.winner, decision.kernel = built[best]
     decision.why = f"fastest of {len(decision.measured)} measured (tuned now)"

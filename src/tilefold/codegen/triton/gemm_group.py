@@ -14,7 +14,7 @@ import numpy as np
 from tilefold.codegen.rowprog.program import NotARowProgram, build_program
 from tilefold.codegen.triton.gemm_config import GemmConfig, propose_configs
 from tilefold.errors import ShapeError, UnsupportedError
-from tilefold.ir import Block, Function, Operation, Value
+from tilefold.ir import OPS, Block, Function, Operation, Value
 from tilefold.ir.types import SymDim, TensorType
 from tilefold.target.gpu import GPUTarget
 
@@ -266,4 +266,25 @@ def _root(v: Value, views: tuple[Operation, ...]) -> Value:
     return views[0].operands[0] if views else v
 
 
-__all__ = ["GemmPlan", "TritonGemmGroup", "plan_gemm"]
+
+
+def epilogue_block(c: Value, ops: Sequence[Operation], yielded: Sequence[Value]
+                    ) -> tuple[Block, list[Value], list[Value]]:
+    """A region computing the epilogue `ops` from C and their other inputs: (block, the
+    outer values its arguments stand for, the outer values it yields)."""
+    made = {r for o in ops for r in o.results}
+    ins = [c, *dict.fromkeys(v for o in ops for v in o.operands if v not in made and v is not c)]
+    block = Block([Value(TensorType(v.type.shape, v.type.dtype), f"a{i}", None, i)
+                   for i, v in enumerate(ins)])
+    remap = dict(zip(ins, block.args, strict=True))
+    for o in ops:
+        clone = Operation(o.opdef, [remap[v] for v in o.operands], o.attrs,
+                          [r.type for r in o.results], [r.name for r in o.results])
+        block.append(clone)
+        remap.update(zip(o.results, clone.results, strict=True))
+    outs = [v for v in yielded if v in made]
+    block.append(Operation(OPS["yield"], [remap[v] for v in outs], {}, [], []))
+    return block, ins, outs
+
+
+__all__ = ["GemmPlan", "TritonGemmGroup", "epilogue_block", "plan_gemm"]

@@ -5,6 +5,7 @@ from tilefold.strategy.methods import attention as attention
 from tilefold.strategy.methods import autocodegen as autocodegen
 from tilefold.strategy.methods import blocks as blocks
 from tilefold.strategy.methods import extern as extern
+from tilefold.strategy.methods import gpu as gpu
 from tilefold.strategy.methods import handwritten as handwritten
 from tilefold.strategy.methods import lto as lto
 from tilefold.strategy.methods import movement as movement
