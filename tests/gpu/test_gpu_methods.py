@@ -16,6 +16,7 @@ pytest.importorskip("triton", reason="Triton is an optional extra: pip install '
 torch = pytest.importorskip("torch")
 
 import tilefold.target.gpu as gpu_target_module  # noqa: E402
+from tests.gpu.placement import f64, host, tensor  # noqa: E402
 from tests.tolerances import assert_close  # noqa: E402
 from tilefold.codegen.triton.gemm_config import propose_configs  # noqa: E402
 from tilefold.compiler import optimized  # noqa: E402
@@ -61,9 +62,9 @@ def _linear():
 
 def _check(graph, w, bias):
     x = RNG.standard_normal((M, K)).astype(np.float32)
-    (got,) = graph(torch.from_numpy(x))
+    (got,) = graph(tensor(x))
     want = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + bias, 0)
-    assert_close(got.numpy(), want, dtype="f32", reduced=K)
+    assert_close(host(got), want, dtype="f32", reduced=K)
 
 
 def _compiled(module, tmp_path, timer, budget=30.0):
@@ -169,8 +170,8 @@ def _choose(tmp_path, timer, tensors, candidates, budget=30.0):
 
 
 def _pair(m, k, n, dtype=torch.float32):
-    return (torch.from_numpy(RNG.standard_normal((m, k)).astype(np.float32)).to(dtype),
-            torch.from_numpy(RNG.standard_normal((k, n)).astype(np.float32)).to(dtype))
+    return (tensor(RNG.standard_normal((m, k)).astype(np.float32)).to(dtype),
+            tensor(RNG.standard_normal((k, n)).astype(np.float32)).to(dtype))
 
 
 def test_wrong_and_failing_candidates_score_inf(tmp_path, allow_fallback):
@@ -184,8 +185,7 @@ def test_wrong_and_failing_candidates_score_inf(tmp_path, allow_fallback):
     (entry,) = TuningDB(tmp_path / "db.json").entries().values()
     assert entry["timings"]["wrong{}"] == entry["timings"]["broken{}"] == "inf"
     (got,) = decision.kernel.run(a, b)
-    want = a.numpy().astype(np.float64) @ b.numpy().astype(np.float64)
-    assert_close(got.numpy(), want, dtype="f32", reduced=7)
+    assert_close(host(got), f64(a) @ f64(b), dtype="f32", reduced=7)
 
 
 def test_strict_mode_raises_on_a_wrong_candidate(tmp_path):
