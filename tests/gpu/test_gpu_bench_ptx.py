@@ -36,12 +36,14 @@ def _gemm_cases():
                 cases.append((f"fp8-{'fast' if fast else 'precise'}-{m}-{i}",
                               GemmSpec("fp8e4m3", "fp8e4m3", fp8_fast_accum=fast), c,
                               i == 0 and m == 8192))
+        for i, c in enumerate(propose_configs(H200, m, n, k, "f32")):  # IEEE FMA products
+            cases.append((f"f32-{m}-{i}", GemmSpec("f32", "f32"), c, i == 0 and m == 4096))
     return [pytest.param(spec, c, id=name) for name, spec, c, ci in cases if ALL or ci]
 
 
 @pytest.mark.parametrize("spec,config", _gemm_cases())
 def test_bench_gemm_configs_fit_shared_memory_without_spills(spec, config):
-    report = compile_gemm_ptx(spec, config, H200, ("bf16",))
+    report = compile_gemm_ptx(spec, config, H200, ("f32" if spec.a == "f32" else "bf16",))
     assert 0 < report["shared"] <= LIMIT, (config, report["shared"])
     assert report["spills"] == 0 and report["registers"] <= 255, (config, report["registers"])
     if spec.a == "fp8e4m3":  # wgmma reads fp8 as it is, from shared memory

@@ -154,7 +154,8 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
     descriptors) on a target where `persistent_ok`, one more: the first's persistent twin,
     second, its stages leaving room for C's tile in `out_dtype` (the widest output; f32 when
     unknown, which always fits). An fp8 dot accumulating precisely (not `fp8_fast_accum`)
-    holds two accumulators, so it takes only tiles whose two fit ACC_REGISTERS a thread."""
+    holds two accumulators, so it takes only tiles whose two fit ACC_REGISTERS a thread; an
+    f32 dot is budgeted the same (its operand fragments take the other half)."""
     if min(m, n, k) < 1:
         raise UnsupportedError(f"propose_configs: M, N, K = {m}, {n}, {k}; every size must be "
                                ">= 1 (an empty GEMM launches nothing)")
@@ -174,7 +175,10 @@ def propose_configs(target: GPUTarget, m: int, n: int, k: int, dtype: str,
         tiles = -(-m // bm) * -(-n // bn)
         split = _split(target, tiles, k, bk)
         warps = 8 if bm * bn >= 128 * 128 else 4
-        accumulators = 2 if dtype == "fp8e4m3" and not fp8_fast_accum else 1
+        # a precise fp8 dot holds a second accumulator; an f32 dot runs IEEE FMAs whose A and B
+        # fragments sit in registers beside the tile (128 x 256 on 8 warps spilled 884 bytes)
+        accumulators = 2 if (dtype == "fp8e4m3" and not fp8_fast_accum) or dtype == "f32" \
+            else 1
         if bm * bn * accumulators > ACC_REGISTERS * warps * target.warp_size:
             continue
         config = GemmConfig(bm, bn, bk, 8, warps, stages, split)
