@@ -53,3 +53,17 @@ def test_ptx_is_for_nvidia_targets_only():
     kernel, _ = lower_group(trace(F.exp, ("x", "f32", (4, 4)))["main"])
     with pytest.raises(UnsupportedError, match="NVIDIA"):
         compile_ptx(kernel, choose_gpu_schedule(kernel, H200), gpu_target("mi300x"))
+
+
+@pytest.mark.parametrize(("codes", "zero_point"), [("i8", False), ("u8", True), ("i4", False)])
+def test_dequantizing_gemm_specs_compile_for_sm_90(codes, zero_point):
+    """Every code dtype the dequantizing GEMM takes has a pointer type (u8 with zero points
+    raised a KeyError); the f32 x codes tile is compiled, not checked for spills (it spills
+    today: the IEEE f32 product holds both operand fragments in registers)."""
+    from tilefold.codegen.triton.gemm import GemmSpec
+    from tilefold.codegen.triton.gemm_config import GemmConfig
+    from tilefold.codegen.triton.ptx import compile_gemm_ptx
+
+    report = compile_gemm_ptx(GemmSpec("f32", codes, zero_point=zero_point),
+                              GemmConfig(64, 64, 64, 8, 4, 3, 1), H200, ("f32",))
+    assert 0 < report["registers"] <= 255 and ".target sm_90" in report["ptx"]

@@ -83,7 +83,7 @@ def compile_source(source: str, name: str, sig: dict[str, str], constants: dict[
 
 # pointer types of the GEMM's operands (int4: two codes a byte)
 GEMM_POINTERS = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8e4m3": "*fp8e4nv",
-                 "i8": "*i8", "i4": "*u8"}
+                 "i8": "*i8", "u8": "*u8", "i4": "*u8"}
 
 
 def compile_gemm_ptx(spec: GemmSpec, config: GemmConfig, target: GPUTarget,
