@@ -126,3 +126,38 @@ def test_write_mode_lowers_afresh_and_stores(private_cache, monkeypatch):
     assert entry.exists()
     monkeypatch.delenv("TILEFOLD_GRAPH_CACHE")
     assert _compile_and_check(model, x).cached
+
+
+class Cache(torch.nn.Module):
+    """A static cache written in place at a position, then read whole (a decode step's state)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("cache", torch.zeros(5, 8))
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(0, pos, self.proj(x))
+        return torch.tanh(self.cache).sum(0)
+
+
+def test_graphs_writing_their_state_in_place_are_stored_and_write_it_on_a_hit(private_cache,
+                                                                              monkeypatch):
+    """The mutation stays in the graph (`keep_inference_input_mutations`): a hit skips
+    AOTAutograd and the runner still lands every write in the caller's buffer."""
+    torch.manual_seed(0)
+    xs = [torch.randn(1, 8) for _ in range(4)]
+    for hit in (False, True):
+        model, twin = Cache().eval(), Cache().eval()
+        twin.load_state_dict(model.state_dict())
+        torch._dynamo.reset()
+        if hit:
+            _no_aot(monkeypatch)
+        with torch.no_grad():
+            compiled = torch.compile(model, backend="tilefold")
+            for i, x in enumerate(xs):
+                pos = torch.tensor([i])
+                torch.testing.assert_close(compiled(x, pos), twin(x, pos), atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(model.cache, twin.cache, atol=1e-6, rtol=1e-6)
+        assert report.reports()[-1].cached == hit
+        assert len(list((private_cache / "graphs").glob("*.json"))) == 1

@@ -7,7 +7,8 @@ frozen weights of *its* model to the constants by name (the text never holds wei
 model with the same architecture and other weights gets its own), and skips the trace.
 
 Only graphs whose call needs none of AOTAutograd's runtime wrapping are stored: every shape
-static, no input mutated, no output aliasing an input, and no attributes or submodules
+static, inputs mutated only inside the graph (a KV cache's writes, which the runner lands in
+the caller's tensors itself), no output aliasing an input, and no attributes or submodules
 (everything reaches the graph as an input). Files are JSON written atomically; a corrupt or
 foreign one is reported and ignored. `TILEFOLD_GRAPH_CACHE=0` turns the cache off (say, while
 changing a lowering rule in place); `=write` stores without loading (a cold compile, timed).
@@ -35,7 +36,7 @@ from tilefold.target import cache_dir
 from tilefold.version import __version__
 
 log = logging.getLogger("tilefold.frontend")
-SCHEMA = 1
+SCHEMA = 2  # 2: entries say which inputs the graph writes
 # The code that decides what IR a graph lowers to: part of every key.
 _LOWERING = ("tilefold.frontend", "tilefold.frontend.rules", "tilefold.ir", "tilefold.ir.ops")
 # IR text above this size (constants not from inputs, printed inline) is not worth a file.
@@ -52,6 +53,7 @@ class Entry:
     frozen: list[int]
     lowered: dict[str, int]
     aten_nodes: int
+    mutations: dict[int, int]  # IR result index -> the input it writes (`Converted.mutations`)
 
 
 def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
@@ -94,24 +96,28 @@ def storable() -> bool:
     meta = getattr(context, "fw_metadata", None)
     if meta is None:
         return False
-    from torch._functorch._aot_autograd.schemas import OutputType
+    from torch._functorch._aot_autograd.schemas import MutationType, OutputType
 
-    return (not any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
+    return (all(not i.mutates_metadata and (not i.mutates_data or
+                                            i.mutation_type == MutationType.MUTATED_IN_GRAPH)
+                for i in meta.input_info)
             and all(o.output_type == OutputType.non_alias for o in meta.output_info)
             and meta.num_intermediate_bases == 0 and not meta.tokens)
 
 
 def store(key: str, converted: Converted, aten_nodes: int) -> None:
     """Write the lowering atomically (a failure to write is logged, never raised)."""
-    if converted.flattened or not all(o is None or isinstance(o, int) for o in converted.outputs):
-        return  # (flattened outputs come only from symbolic graphs, which have no key)
+    if converted.flattened or converted.views is not None or \
+            not all(o is None or isinstance(o, int) for o in converted.outputs):
+        return  # (flattened or view outputs come only from symbolic graphs, which have no key)
     names = {id(array): f"input:{i}" for i, array in converted.frozen.items()}
     text = print_module(converted.module, external=names)
     if len(text) > MAX_TEXT_BYTES:
         return
     entry = {"schema": SCHEMA, "key": key, "text": text, "arg_indices": converted.arg_indices,
              "outputs": converted.outputs, "frozen": sorted(converted.frozen),
-             "lowered": converted.lowered, "aten_nodes": aten_nodes}
+             "lowered": converted.lowered, "aten_nodes": aten_nodes,
+             "mutations": [[r, p] for r, p in converted.mutations.items()]}
     path = _path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +140,8 @@ def load(key: str) -> Entry | None:
         if data.get("schema") != SCHEMA or data.get("key") != key:
             raise ValueError("written by another version")
         return Entry(data["text"], data["arg_indices"], data["outputs"], data["frozen"],
-                     data["lowered"], data["aten_nodes"])
+                     data["lowered"], data["aten_nodes"],
+                     {int(r): int(p) for r, p in data["mutations"]})
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -147,4 +154,4 @@ def converted(entry: Entry, real: list[Any]) -> Converted:
     bound = {f"input:{i}": frozen_array(real[i]) for i in entry.frozen}
     module = parse_module(entry.text, "<graph cache>", bound=bound)
     return Converted(module, list(entry.arg_indices), list(entry.outputs),
-                     lowered=dict(entry.lowered))
+                     lowered=dict(entry.lowered), mutations=dict(entry.mutations))
