@@ -11,8 +11,13 @@ each block's f16 scale (and Q4_1's f16 minimum) is widened to f32 once, exactly:
 (byte j of a 4-bit block holds q[j] in its low nibble and q[j + 16] in its high one). A
 weight of GGUF shape [ne0 = K, ne1 = N] is the [N, K] matrix of a torch Linear, quantized along
 axis 1. F32 and F16 tensors come back as NumPy arrays; other types are refused, or dequantized
-to f32 by the `gguf` package's own decoder with `others="f32"`. Needs the `gguf` package (the
-`gguf` extra).
+to f32 by the `gguf` package's own decoder with `others="f32"` (only those need the `gguf`
+package, the `gguf` extra).
+
+The file's header is parsed here (`GGUFFile`, the tensors memory-mapped): the `gguf`
+package's reader spends seconds on a tokenizer's hundred thousand metadata strings.
+`GGUFFile[name]` is a tensor in f32, computed as the `gguf` package computes it (f32 d * q,
+plus m), so a model built from it holds the numbers transformers loads from the same file.
 """
 
 from __future__ import annotations
@@ -109,37 +114,180 @@ def q4_1(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedTensor:
 _READERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1}
 
 
-def _value(field) -> Any:
-    try:
-        return field.contents()
-    except (ValueError, IndexError, TypeError):  # a field type the reader cannot decode
-        return None
+# GGUF metadata value types: NumPy scalar types by id (8 string, 9 array).
+_SCALARS = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+            6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_STRING, _ARRAY = 8, 9
+# Tensor types read here (ggml's ids): bytes per block of `elements`.
+_TYPES = {0: ("F32", 4, 1), 1: ("F16", 2, 1), 2: ("Q4_0", 18, BLOCK), 3: ("Q4_1", 20, BLOCK),
+          8: ("Q8_0", 34, BLOCK)}
+GGUF_MAGIC = b"GGUF"
+
+
+class _Cursor:
+    """Little-endian reads through a byte buffer."""
+
+    def __init__(self, data: np.ndarray):
+        self.data, self.at = data, 0
+
+    def take(self, dtype: Any, count: int = 1) -> np.ndarray:
+        dtype = np.dtype(dtype).newbyteorder("<")
+        size = dtype.itemsize * count
+        if self.at + size > len(self.data):
+            raise UnsupportedError("GGUF file is truncated (its header runs past the end)")
+        out = self.data[self.at:self.at + size].view(dtype)
+        self.at += size
+        return out
+
+    def scalar(self, dtype: Any) -> Any:
+        return self.take(dtype)[0].item()
+
+    def string(self) -> str:
+        n = self.scalar(np.uint64)
+        return bytes(self.take(np.uint8, n)).decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> Any:
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.scalar(np.uint32), self.scalar(np.uint64)
+            if item in _SCALARS:
+                return self.take(_SCALARS[item], count).tolist()
+            return [self.value(item) for _ in range(count)]
+        if kind not in _SCALARS:
+            raise UnsupportedError(f"GGUF metadata value of unknown type {kind}")
+        return self.scalar(_SCALARS[kind])
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of a GGUF file: its name, ggml type (name and id), NumPy shape ([..., ne1,
+    ne0]) and raw bytes (a view of the memory-mapped file)."""
+
+    name: str
+    kind: str
+    type_id: int
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+def _dequantize_other(t: GGUFTensor) -> np.ndarray:
+    """A tensor of a type tilefold does not read, decoded by the `gguf` package."""
+    gguf = _gguf()
+    kind = gguf.GGMLQuantizationType(t.type_id)
+    return gguf.quants.dequantize(t.data, kind).reshape(t.shape).astype(np.float32, copy=False)
+
+
+def _f32(t: GGUFTensor) -> np.ndarray:
+    """`t` as f32, computed as the `gguf` package computes it (float32 d * q (+ m)): the numbers
+    transformers loads."""
+    if t.kind in ("F32", "F16"):
+        return t.data.view(np.float32 if t.kind == "F32" else np.float16).reshape(t.shape) \
+            .astype(np.float32)
+    if t.kind not in ("Q8_0", "Q4_0", "Q4_1"):
+        return _dequantize_other(t)
+    n, k = t.shape
+    size = _TYPES[t.type_id][1]
+    blocks = _blocks(t.data, k, size)
+    d = _half(blocks, 0)[..., None]
+    if t.kind == "Q8_0":
+        q = blocks[..., 2:].view(np.int8).astype(np.float32)
+        return (d * q).reshape(n, k)
+    q = _nibbles(blocks, 2 if t.kind == "Q4_0" else 4).reshape((*blocks.shape[:2], BLOCK)) \
+        .astype(np.float32)
+    if t.kind == "Q4_0":
+        return (d * (q - np.float32(8))).reshape(n, k)
+    return (d * q + _half(blocks, 2)[..., None]).reshape(n, k)
+
+
+class GGUFFile:
+    """A GGUF file opened for reading (memory-mapped, its header parsed here): its metadata,
+    tensors (`tensors[name]`: raw blocks) and each tensor as f32 when asked for (`file[name]`,
+    computed as transformers computes it), so a model can be built a tensor at a time without
+    ever holding all of it in f32."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        try:
+            raw = np.memmap(self.path, np.uint8, mode="r").view(np.ndarray)
+        except (OSError, ValueError) as exc:
+            raise UnsupportedError(f"cannot read GGUF file {self.path!r}: {exc}") from None
+        cur = _Cursor(raw)
+        if len(raw) < 24 or bytes(raw[:4]) != GGUF_MAGIC:
+            raise UnsupportedError(f"{self.path!r} is not a GGUF file (no GGUF magic)")
+        cur.at = 4
+        version = cur.scalar(np.uint32)
+        if version not in (2, 3):
+            raise UnsupportedError(f"{self.path!r}: GGUF version {version}; tilefold reads 2, 3")
+        count, fields = cur.scalar(np.uint64), cur.scalar(np.uint64)
+        self.metadata: dict[str, Any] = {}
+        for _ in range(fields):
+            key = cur.string()
+            self.metadata[key] = cur.value(cur.scalar(np.uint32))
+        self.architecture = str(self.metadata.get("general.architecture") or "")
+        infos = []
+        for _ in range(count):
+            name = cur.string()
+            dims = cur.take(np.uint64, cur.scalar(np.uint32)).tolist()
+            infos.append((name, tuple(int(d) for d in reversed(dims)), cur.scalar(np.uint32),
+                          cur.scalar(np.uint64)))
+        align = int(self.metadata.get("general.alignment", 32))
+        base = -(-cur.at // align) * align
+        self.tensors: dict[str, GGUFTensor] = {}
+        for name, shape, type_id, offset in infos:
+            nbytes = _nbytes(name, type_id, shape)
+            if base + offset + nbytes > len(raw):
+                raise UnsupportedError(f"GGUF file {self.path!r} is truncated: tensor {name!r} "
+                                       "runs past its end")
+            kind = _TYPES[type_id][0] if type_id in _TYPES else \
+                _gguf().GGMLQuantizationType(type_id).name
+            self.tensors[name] = GGUFTensor(name, kind, type_id, shape,
+                                            raw[base + offset:base + offset + nbytes])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return _f32(self.tensors[name])
+
+
+def _nbytes(name: str, type_id: int, shape: tuple[int, ...]) -> int:
+    """A tensor's bytes in the file."""
+    elements = int(np.prod(shape, dtype=np.int64))
+    if type_id in _TYPES:
+        _, size, block = _TYPES[type_id]
+    else:
+        sizes = getattr(_gguf(), "GGML_QUANT_SIZES", {})
+        kind = next((k for k in sizes if int(k) == type_id), None)
+        if kind is None:
+            raise UnsupportedError(f"GGUF tensor {name!r} has unknown type {type_id}")
+        block, size = sizes[kind]
+    if elements % block:
+        raise UnsupportedError(f"GGUF tensor {name!r} {list(shape)}: {elements} elements are "
+                               f"not whole blocks of {block}")
+    return elements // block * size
 
 
 def load_gguf(path: str | os.PathLike, *, others: str = "refuse") -> GGUFModel:
     """The tensors and metadata of the GGUF file at `path`. Q8_0, Q4_0 and Q4_1 tensors become
     `QuantizedTensor`s, F32 and F16 ones arrays of their dtype; any other type raises
     UnsupportedError, or with others="f32" is dequantized to f32 by the `gguf` package."""
-    gguf = _gguf()
     if others not in ("refuse", "f32"):
         raise UnsupportedError(f"load_gguf: others={others!r}; use 'refuse' or 'f32'")
-    reader = gguf.GGUFReader(os.fspath(path))
-    metadata = {name: _value(field) for name, field in reader.fields.items()}
+    file = GGUFFile(path)
     tensors: dict[str, QuantizedTensor | np.ndarray] = {}
-    for t in reader.tensors:
-        kind = t.tensor_type.name
-        shape = tuple(int(d) for d in reversed(t.shape))  # NumPy order: [..., ne1, ne0]
+    for t in file.tensors.values():
+        kind, shape = t.kind, t.shape
         if kind in ("F32", "F16"):
-            tensors[t.name] = np.array(t.data).reshape(shape)
+            tensors[t.name] = t.data.view(np.float32 if kind == "F32" else np.float16) \
+                .reshape(shape).copy()
         elif kind in _READERS and len(shape) == 2 and shape[1] % BLOCK == 0:
             tensors[t.name] = _READERS[kind](t.data, shape)
         elif others == "f32":
-            tensors[t.name] = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type) \
-                .reshape(shape).astype(np.float32)
+            tensors[t.name] = _dequantize_other(t)
         else:
             raise UnsupportedError(
                 f"load_gguf: tensor {t.name!r} {list(shape)} is {kind}; tilefold keeps Q8_0, "
                 "Q4_0, Q4_1 (and F32/F16) as they are: pass others='f32' to dequantize the "
                 "rest")
-    arch = metadata.get("general.architecture") or ""
-    return GGUFModel(str(arch), metadata, tensors)
+    return GGUFModel(file.architecture, file.metadata, tensors)

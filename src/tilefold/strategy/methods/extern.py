@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -101,13 +102,19 @@ EXACT_REFERENCE = frozenset(
 )
 
 
-@functools.cache
 def _torch_table() -> dict[str, Fn] | None:
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
+    """PyTorch's kernels, where PyTorch is loaded already (a torch frontend's process): a
+    process that never imported it (IR compiled from NumPy, a GGUF model) does not pay a
+    second and 200 MB for a fallback."""
+    if "torch" not in sys.modules:
         return None
+    return _loaded_torch_table()
+
+
+@functools.cache
+def _loaded_torch_table() -> dict[str, Fn]:
+    import torch
+    import torch.nn.functional as F
 
     def wrap(fn):
         def run(*args):
@@ -258,7 +265,7 @@ class TorchExtern(Method):
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         table = _torch_table()
         if table is None:
-            return "PyTorch is not installed"
+            return "PyTorch is not loaded in this process"
         if any(str(t.dtype) == "bf16" for t in problem.types.values()):
             return "bf16 arrays do not pass to PyTorch here (torch.from_numpy has no bf16)"
         merged = {**NUMPY, **table}

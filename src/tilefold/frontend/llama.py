@@ -1,0 +1,205 @@
+"""A LLaMA-family causal LM as tilefold IR, built from a GGUF file's tensors: no PyTorch.
+
+`llama_step(config, weights)` is one function for the prompt and for every decoded token:
+
+    @main(%ids: i64[1, ?n], %start: i64[], %k0, %v0, ..., %k{L-1}, %v{L-1})
+        -> (%logits: f32[1, vocab], %k0', %v0', ...)
+
+`ids` are `n` tokens at positions start .. start + n - 1; each layer's K and V cache
+(f32[1, kv_heads, max_length, head_dim]) gets their rows written (`index_put`, donated: in
+place) and attends to every cached position up to its own; the logits are the last token's.
+One compile serves the prompt (n = its length) and each decoded token (n = 1): plans are
+made per n. The graph is the one Hugging Face's `LlamaForCausalLM` hands the torch frontend
+(rotate-half RoPE, grouped-query attention, SwiGLU), with the weights as constants:
+
+- "f32": every weight dequantized to f32 (the gguf package's decoder, as transformers loads
+  it: the same numbers as the Hugging Face model);
+- "int8" / "int4": matmul weights stored as codes and scales as `quantize-weights` stores
+  them (`passes/quantize_weights.quantize_weight`, the vocabulary head at int8), quantized a
+  tensor at a time so no f32 copy of the whole model is ever held.
+
+The GGUF converter permutes the rows of Q and K for llama.cpp's interleaved RoPE; they are
+permuted back here (exactly: a row order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tilefold import dtypes
+from tilefold.errors import UnsupportedError
+from tilefold.ir import Module
+from tilefold.ir.builder import Builder, Tensor
+from tilefold.ir.ops.shape import END
+from tilefold.ir.types import SymDim
+from tilefold.passes.quantize_weights import FORMATS, HEAD_RATIO, quantize_weight
+
+ARCHITECTURES = ("llama",)
+WEIGHT_FORMATS = ("f32", *FORMATS)
+HEAD_FORMAT = "int8"  # the vocabulary head's codes at int4, as `quantize-weights` stores it
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The shape of a LLaMA-family model (GGUF's `llama.*` keys)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    context: int  # the positions it was trained for
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @classmethod
+    def from_gguf(cls, architecture: str, metadata: dict[str, Any], vocab: int
+                  ) -> LlamaConfig:
+        if architecture not in ARCHITECTURES:
+            raise UnsupportedError(f"GGUF architecture {architecture!r}: tilefold builds "
+                                   f"{', '.join(ARCHITECTURES)} natively")
+
+        def key(name: str, default: Any = None) -> Any:
+            value = metadata.get(f"{architecture}.{name}", default)
+            if value is None:
+                raise UnsupportedError(f"GGUF file has no {architecture}.{name}")
+            return value
+
+        heads = int(key("attention.head_count"))
+        hidden = int(key("embedding_length"))
+        if int(key("rope.dimension_count", hidden // heads)) != hidden // heads:
+            raise UnsupportedError("partial rotary embeddings (rope.dimension_count below the "
+                                   "head size) are not built natively")
+        return cls(layers=int(key("block_count")), hidden=hidden, heads=heads,
+                   kv_heads=int(key("attention.head_count_kv", heads)),
+                   ffn=int(key("feed_forward_length")), vocab=vocab,
+                   eps=float(key("attention.layer_norm_rms_epsilon")),
+                   rope_theta=float(key("rope.freq_base", 10000.0)),
+                   context=int(key("context_length")))
+
+    def cache_shape(self, max_length: int) -> tuple[int, int, int, int]:
+        return (1, self.kv_heads, max_length, self.head_dim)
+
+
+# A model's weights by GGUF name (`name in weights`; `weights[name]`: f32, [rows, columns] as a
+# torch Linear's [N, K], or a vector), read when asked for.
+Weights = Mapping[str, np.ndarray]
+
+
+def unpermute_rows(heads: int, rows: int) -> np.ndarray:
+    """The row order that undoes the GGUF converter's Q/K permutation: row (h, i, j) of a
+    head's [2, head_dim / 2] halves is the file's row (h, j, i)."""
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+class _Step:
+    """Builds the step function; `fmt` is how matmul weights are stored."""
+
+    def __init__(self, config: LlamaConfig, weights: Weights, fmt: str, max_length: int):
+        if fmt not in WEIGHT_FORMATS:
+            raise UnsupportedError(f"weights={fmt!r}: use one of {', '.join(WEIGHT_FORMATS)}")
+        self.c, self.weights, self.fmt, self.max_length = config, weights, fmt, max_length
+        self.b = Builder("main")
+
+    def linear(self, x: Tensor, name: str, rows: np.ndarray | None = None,
+               fmt: str | None = None) -> Tensor:
+        """x @ W^T for the GGUF weight `name` (its rows reordered by `rows`)."""
+        w = self.weights[name]
+        if rows is not None:
+            w = w[rows]
+        fmt = fmt or self.fmt
+        b = self.b
+        if fmt == "f32" or w.shape[1] % (FORMATS[fmt][3] or 1):
+            weight = b.constant(np.ascontiguousarray(w, np.float32))
+        else:
+            codes, scale = quantize_weight(w, 1, fmt)
+            weight = b.op("dequantize", b.constant(codes), b.constant(scale), dtype=dtypes.f32)
+        return b.op("matmul", x, weight, transpose_b=True)
+
+    def norm(self, x: Tensor, name: str) -> Tensor:
+        weight = self.b.constant(np.ascontiguousarray(self.weights[name], np.float32))
+        return self.b.op("rms_norm", x, weight, eps=self.c.eps)
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x * cos + rotate_half(x) * sin on [1, heads, n, head_dim]."""
+        half, b = self.c.head_dim // 2, self.b
+        lo = b.op("slice", x, starts=(0,) * 4, stops=(END, END, END, half), steps=(1,) * 4)
+        hi = b.op("slice", x, starts=(0, 0, 0, half), stops=(END,) * 4, steps=(1,) * 4)
+        rotated = b.op("concat", b.op("neg", hi), lo, axis=3)
+        return x * cos + rotated * sin
+
+    def heads(self, x: Tensor, count: int, n: SymDim) -> Tensor:
+        """[1, n, count * head_dim] -> [1, count, n, head_dim]."""
+        split = x.reshape(1, n, count, self.c.head_dim)
+        return self.b.op("transpose", split, perm=(0, 2, 1, 3))
+
+    def build(self) -> Module:
+        c, b = self.c, self.b
+        n = SymDim("n")
+        cache = c.cache_shape(self.max_length)
+        ids = b.arg("ids", "i64", (1, n))
+        start = b.arg("start", "i64", ())
+        caches = [b.arg(f"{kind}{i}", "f32", cache) for i in range(c.layers) for kind in "kv"]
+
+        positions = b.op("arange", shape=(n,)) + start  # i64[n]
+        inv_freq = 1.0 / c.rope_theta ** (np.arange(0, c.head_dim, 2) / c.head_dim)
+        freqs = (b.op("expand_dims", positions.astype("f32"), axes=(1,))
+                 * b.constant(inv_freq.astype(np.float32)))  # [n, head_dim / 2]
+        angles = b.op("concat", freqs, freqs, axis=1).reshape(1, 1, n, c.head_dim)
+        cos, sin = b.op("cos", angles), b.op("sin", angles)
+        keys = b.op("arange", shape=(self.max_length,))
+        mask = b.op("le", keys.reshape(1, 1, 1, self.max_length),
+                    positions.reshape(1, 1, n, 1))  # bool[1, 1, n, max_length]
+
+        x = b.op("gather", b.constant(np.ascontiguousarray(self.weights["token_embd.weight"],
+                                                           np.float32)), ids)
+        q_rows = unpermute_rows(c.heads, c.heads * c.head_dim)
+        k_rows = unpermute_rows(c.kv_heads, c.kv_heads * c.head_dim)
+        written = []
+        for i in range(c.layers):
+            blk = f"blk.{i}."
+            h = self.norm(x, blk + "attn_norm.weight")
+            q = self.rope(self.heads(self.linear(h, blk + "attn_q.weight", q_rows), c.heads, n),
+                          cos, sin)
+            k = self.rope(self.heads(self.linear(h, blk + "attn_k.weight", k_rows), c.kv_heads,
+                                     n), cos, sin)
+            v = self.heads(self.linear(h, blk + "attn_v.weight"), c.kv_heads, n)
+            k_cache = b.op("index_put", caches[2 * i], k, positions, axes=(2,))
+            v_cache = b.op("index_put", caches[2 * i + 1], v, positions, axes=(2,))
+            written += [k_cache, v_cache]
+            o = b.op("scaled_dot_product_attention", q, k_cache, v_cache, mask,
+                     scale=1.0 / math.sqrt(c.head_dim), enable_gqa=c.kv_heads != c.heads)
+            o = b.op("transpose", o, perm=(0, 2, 1, 3)).reshape(1, n, c.hidden)
+            x = x + self.linear(o, blk + "attn_output.weight")
+            h = self.norm(x, blk + "ffn_norm.weight")
+            gate = self.linear(h, blk + "ffn_gate.weight")
+            up = self.linear(h, blk + "ffn_up.weight")
+            x = x + self.linear(gate * b.op("sigmoid", gate) * up, blk + "ffn_down.weight")
+        x = self.norm(x, "output_norm.weight")
+        last = (b.op("dim_size", ids, axis=1) - 1).reshape(1)
+        x = b.op("gather", x, last, axis=1)  # [1, 1, hidden]: the last token's
+        head = "output.weight" if "output.weight" in self.weights else "token_embd.weight"
+        fmt = HEAD_FORMAT if self.fmt != "f32" and c.vocab >= HEAD_RATIO * c.hidden else None
+        logits = self.linear(x, head, fmt=fmt).reshape(1, c.vocab)
+        return b.build(logits, *written)
+
+
+def llama_step(config: LlamaConfig, weights: Weights, *, weights_format: str = "f32",
+               max_length: int) -> Module:
+    """The step function of the module docstring."""
+    return _Step(config, weights, weights_format, max_length).build()
+
+
+def donated(config: LlamaConfig) -> dict[int, int]:
+    """`tilefold.compile`'s `donate`: result 1 + j (a written cache) to argument 2 + j."""
+    return {1 + j: 2 + j for j in range(2 * config.layers)}
