@@ -31,7 +31,8 @@ from tilefold.runtime.timing import SETTLE_SECONDS, Timing, interleaved_medians
 
 # `--compare` names -> worker contenders (`llm_worker.CONTENDERS`).
 COMPARE = {"eager": ("hf-eager", "eager"), "inductor": ("hf-inductor", "inductor"),
-           "torchao": ("hf-inductor", "tilefold"), "llamacpp": ("llamacpp",)}
+           "torchao": ("hf-inductor", "tilefold-torch"), "llamacpp": ("llamacpp",),
+           "torch": ("tilefold-torch",)}
 QUANTS = {"none": "f32", "int8": "int8", "int4": "int4"}  # --quant -> tilefold's format
 LLAMA_FOR = {"f32": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # tilefold's format -> llama.cpp's
 LABELS = {"hf-eager": "HF eager generate", "eager": "eager loop",
@@ -57,9 +58,12 @@ class Job:
         if self.name:
             return self.name
         if self.torchao:
-            return f"torchao {self.quant} + {'tilefold' if self.key == 'tilefold' else 'inductor'}"
+            peer = "inductor" if self.key == "hf-inductor" else "tilefold"
+            return f"torchao {self.quant} + {peer}"
         if self.key == "tilefold":
             return f"tilefold {self.quant}"
+        if self.key == "tilefold-torch":
+            return f"tilefold {self.quant} via torch.compile"
         if self.key == "llamacpp":
             return f"llama.cpp {self.quant}"
         return LABELS[self.key]
@@ -359,6 +363,8 @@ def jobs_for(formats: list[str], compare: list[str], model: Prepared,
                 continue
             jobs += [Job(key, fmt, torchao=True) for fmt in formats if fmt != "f32"
                      for key in COMPARE[name]]
+        elif name == "torch":
+            jobs += [Job(key, fmt) for fmt in formats for key in COMPARE[name]]
         else:
             jobs += [Job(key, "f32") for key in COMPARE[name]]
     return jobs

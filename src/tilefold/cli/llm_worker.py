@@ -222,6 +222,68 @@ class HFInductor(HFGenerate):
         model.forward = torch.compile(model.forward)
 
 
+# ---- tilefold on a GGUF file, natively ----------------------------------------------------------
+
+def gguf_weights(path: str) -> tuple[list[Weight], tuple[int, int, int]]:
+    """A GGUF LLaMA model's weights as a decode step uses them, and its cache's (layers, KV
+    heads, head size)."""
+    from tilefold.frontend.llama import LlamaConfig
+    from tilefold.quant.gguf import GGUFFile
+
+    file = GGUFFile(path)
+    tied = "output.weight" not in file
+    weights = []
+    for name, t in file.tensors.items():
+        use = "gather" if name == "token_embd.weight" else "head" if name == "output.weight" \
+            else "matmul" if len(t.shape) == 2 else "other"
+        weights.append(Weight(name, t.shape, use))
+        if tied and name == "token_embd.weight":
+            weights.append(Weight("output.weight", t.shape, "head", name))
+    config = LlamaConfig.from_gguf(file.architecture, file.metadata,
+                                   file.tensors["token_embd.weight"].shape[0])
+    return weights, (config.layers, config.kv_heads, config.head_dim)
+
+
+def native_gguf(spec: dict[str, Any]) -> bool:
+    """Whether the spec's model is a GGUF file tilefold builds natively (else tilefold runs the
+    transformers model through torch.compile)."""
+    from tilefold.frontend.llama import ARCHITECTURES
+    from tilefold.quant.gguf import GGUFFile
+
+    return (bool(spec.get("gguf")) and not spec.get("torchao")
+            and GGUFFile(spec["gguf"]).architecture in ARCHITECTURES)
+
+
+class Native:
+    """tilefold's `GGUFGenerator`: the model built natively from its GGUF file (no PyTorch in
+    the process), prefill, then one compiled step per token."""
+
+    def __init__(self, spec: dict[str, Any], model: Any = None):
+        from tilefold.frontend.gguf_generator import GGUFGenerator
+
+        self.spec, self.fmt = spec, spec["quant"]
+        self.generator = GGUFGenerator(spec["gguf"], weights=self.fmt,
+                                       max_length=spec["max_length"],
+                                       every_position=spec["mode"] == "logits",
+                                       strict=True if spec.get("strict") else None)
+
+    def generate(self, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+        got = self.generator(prompt, new_tokens)
+        return run_record(got.tokens, got.prefill_s, got.decode_s)
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        return self.generator.logits(tokens)
+
+    def sizes(self, context: float, length: int) -> dict[str, float]:
+        weights, shape = gguf_weights(self.spec["gguf"])
+        return sizes(llm_metrics.weight_bytes_per_token(weights, self.fmt),
+                     llm_metrics.weight_bytes_stored(weights, self.fmt), shape, context, length,
+                     llm_metrics.F32)
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "native GGUF"}
+
+
 # ---- llama.cpp -----------------------------------------------------------------------------------
 
 def llama_file(gguf: str, kind: str, folder: str) -> str:
@@ -311,8 +373,8 @@ class LlamaCpp:
 
 # Contender key -> class; `--compare` names groups of them (`llm_runs.COMPARE`).
 CONTENDERS: dict[str, Callable[[dict[str, Any], Any], Any]] = {
-    "tilefold": Loop, "hf-eager": HFGenerate, "eager": EagerLoop, "hf-inductor": HFInductor,
-    "inductor": InductorLoop, "llamacpp": LlamaCpp,
+    "tilefold": Native, "tilefold-torch": Loop, "hf-eager": HFGenerate, "eager": EagerLoop,
+    "hf-inductor": HFInductor, "inductor": InductorLoop, "llamacpp": LlamaCpp,
 }
 
 
@@ -326,14 +388,17 @@ def _send(channel: TextIO, message: dict[str, Any]) -> None:
 def serve(spec: dict[str, Any], channel: TextIO, commands: TextIO) -> None:
     """Build the spec's contender and answer the parent (see the module's docstring)."""
     name = spec["contender"]
-    uses_torch = name != "llamacpp"
+    if name == "tilefold" and not native_gguf(spec):
+        name = "tilefold-torch"
+    uses_torch = name not in ("llamacpp", "tilefold")
     if uses_torch:  # the parent set every other thread knob in the environment
         import torch
 
         torch.set_num_threads(spec["threads"])
     rss_base = rss_bytes()
     start = time.perf_counter()
-    model = llm_models.load_model(spec["kind"], spec["path"]) if uses_torch else load_llama(spec)
+    model = (llm_models.load_model(spec["kind"], spec["path"]) if uses_torch
+             else load_llama(spec) if name == "llamacpp" else None)
     load_s = time.perf_counter() - start
     start = time.perf_counter()
     contender = CONTENDERS[name](spec, model)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,31 +24,12 @@ import torch
 from tilefold.compiler import StepTimes
 from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.frontend.dynamo import Call, capture
+from tilefold.frontend.gguf_generator import Generation
 
 BACKENDS = ("tilefold", "eager", "inductor")
 # Decode steps through torch.compile before the step's graph is called directly: the graph is
 # compiled and recorded for replay by then (`compiler.Recording` records on the second call).
 DIRECT_AFTER = 2
-
-
-@dataclass
-class Generation:
-    """One generation: the new tokens and where the time went (seconds)."""
-
-    prompt: list[int]
-    tokens: list[int] = field(default_factory=list)
-    prefill_s: float = 0.0  # the prompt's forward, up to the first new token
-    decode_s: float = 0.0  # every later token
-    step_s: list[float] = field(default_factory=list)
-
-    @property
-    def prompt_tokens_per_s(self) -> float:
-        return len(self.prompt) / self.prefill_s if self.prefill_s else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        steps = len(self.tokens) - 1
-        return steps / self.decode_s if steps > 0 and self.decode_s else 0.0
 
 
 class Generator:

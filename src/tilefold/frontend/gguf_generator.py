@@ -20,7 +20,7 @@ import numpy as np
 
 from tilefold.compiler import StepTimes
 from tilefold.compiler import compile as tilefold_compile
-from tilefold.errors import ShapeError
+from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.frontend.llama import LlamaConfig, donated, llama_step
 from tilefold.quant.gguf import GGUFFile
 
@@ -51,12 +51,14 @@ class GGUFGenerator:
     tokens (the cache's positions)."""
 
     def __init__(self, path: str | os.PathLike, *, weights: str = "f32", max_length: int = 512,
-                 strict: bool | None = None):
+                 every_position: bool = False, strict: bool | None = None):
         file = GGUFFile(path)
         vocab = file.tensors["token_embd.weight"].shape[0]
         self.config = LlamaConfig.from_gguf(file.architecture, file.metadata, vocab)
         self.max_length = max_length
-        module = llama_step(self.config, file, weights_format=weights, max_length=max_length)
+        self.every_position = every_position
+        module = llama_step(self.config, file, weights_format=weights, max_length=max_length,
+                            every_position=every_position)
         self.graph = tilefold_compile(module, strict=strict, donate=donated(self.config))
         shape = self.config.cache_shape(max_length)
         self.caches = [np.zeros(shape, np.float32) for _ in range(2 * self.config.layers)]
@@ -65,7 +67,17 @@ class GGUFGenerator:
 
     def _logits(self, ids: np.ndarray, start: int) -> np.ndarray:
         self._start[()] = start
-        return self.graph(ids, self._start, *self.caches)[0][0]
+        return self.graph(ids, self._start, *self.caches)[0][-1]
+
+    def logits(self, prompt: Sequence[int]) -> np.ndarray:
+        """Every position's logits of `prompt` (one prefill; f32 [n, vocab]), for perplexity:
+        a generator made with `every_position=True`."""
+        if not self.every_position:
+            raise UnsupportedError("logits: make the generator with every_position=True")
+        if not prompt or len(prompt) > self.max_length:
+            raise ShapeError(f"logits: {len(prompt)} tokens need 1..{self.max_length} positions")
+        self._start[()] = 0
+        return self.graph(np.array([list(prompt)], np.int64), self._start, *self.caches)[0]
 
     def __call__(self, prompt: Sequence[int], new_tokens: int,
                  stop: Sequence[int] = ()) -> Generation:

@@ -16,7 +16,9 @@ made per n. The graph is the one Hugging Face's `LlamaForCausalLM` hands the tor
   it: the same numbers as the Hugging Face model);
 - "int8" / "int4": matmul weights stored as codes and scales as `quantize-weights` stores
   them (`passes/quantize_weights.quantize_weight`, the vocabulary head at int8), quantized a
-  tensor at a time so no f32 copy of the whole model is ever held.
+  tensor at a time so no f32 copy of the whole model is ever held. A vocabulary head tied to
+  the token embedding serves the embedding too: its rows of codes are gathered and
+  dequantized, and no f32 table is kept.
 
 The GGUF converter permutes the rows of Q and K for llama.cpp's interleaved RoPE; they are
 permuted back here (exactly: a row order).
@@ -105,26 +107,29 @@ def unpermute_rows(heads: int, rows: int) -> np.ndarray:
 class _Step:
     """Builds the step function; `fmt` is how matmul weights are stored."""
 
-    def __init__(self, config: LlamaConfig, weights: Weights, fmt: str, max_length: int):
+    def __init__(self, config: LlamaConfig, weights: Weights, fmt: str, max_length: int,
+                 every_position: bool):
         if fmt not in WEIGHT_FORMATS:
             raise UnsupportedError(f"weights={fmt!r}: use one of {', '.join(WEIGHT_FORMATS)}")
         self.c, self.weights, self.fmt, self.max_length = config, weights, fmt, max_length
+        self.every_position = every_position
         self.b = Builder("main")
 
-    def linear(self, x: Tensor, name: str, rows: np.ndarray | None = None,
-               fmt: str | None = None) -> Tensor:
+    def linear(self, x: Tensor, name: str, rows: np.ndarray | None = None) -> Tensor:
         """x @ W^T for the GGUF weight `name` (its rows reordered by `rows`)."""
         w = self.weights[name]
         if rows is not None:
             w = w[rows]
-        fmt = fmt or self.fmt
         b = self.b
-        if fmt == "f32" or w.shape[1] % (FORMATS[fmt][3] or 1):
+        if self.fmt == "f32" or w.shape[1] % (FORMATS[self.fmt][3] or 1):
             weight = b.constant(np.ascontiguousarray(w, np.float32))
         else:
-            codes, scale = quantize_weight(w, 1, fmt)
-            weight = b.op("dequantize", b.constant(codes), b.constant(scale), dtype=dtypes.f32)
+            weight = self.dequantize(*quantize_weight(w, 1, self.fmt))
         return b.op("matmul", x, weight, transpose_b=True)
+
+    def dequantize(self, codes: np.ndarray, scale: np.ndarray) -> Tensor:
+        b = self.b
+        return b.op("dequantize", b.constant(codes), b.constant(scale), dtype=dtypes.f32)
 
     def norm(self, x: Tensor, name: str) -> Tensor:
         weight = self.b.constant(np.ascontiguousarray(self.weights[name], np.float32))
@@ -161,8 +166,25 @@ class _Step:
         mask = b.op("le", keys.reshape(1, 1, 1, self.max_length),
                     positions.reshape(1, 1, n, 1))  # bool[1, 1, n, max_length]
 
-        x = b.op("gather", b.constant(np.ascontiguousarray(self.weights["token_embd.weight"],
-                                                           np.float32)), ids)
+        head = "output.weight" if "output.weight" in self.weights else "token_embd.weight"
+        head_fmt = HEAD_FORMAT if self.fmt != "f32" and c.vocab >= HEAD_RATIO * c.hidden \
+            else self.fmt
+        head_w = self.weights[head]
+        if head_fmt == "f32":
+            head_weight = table = b.constant(np.ascontiguousarray(head_w, np.float32))
+        else:
+            codes, scale = quantize_weight(head_w, 1, head_fmt)
+            head_weight = self.dequantize(codes, scale)
+            table = (codes, scale)
+        if head != "token_embd.weight":
+            table = b.constant(np.ascontiguousarray(self.weights["token_embd.weight"],
+                                                    np.float32))
+        if isinstance(table, tuple):  # rows of the tied head's codes: no f32 table kept
+            codes, scale = (b.constant(a) for a in table)
+            x = b.op("dequantize", b.op("gather", codes, ids), b.op("gather", scale, ids),
+                     dtype=dtypes.f32)
+        else:
+            x = b.op("gather", table, ids)
         q_rows = unpermute_rows(c.heads, c.heads * c.head_dim)
         k_rows = unpermute_rows(c.kv_heads, c.kv_heads * c.head_dim)
         written = []
@@ -186,18 +208,18 @@ class _Step:
             up = self.linear(h, blk + "ffn_up.weight")
             x = x + self.linear(gate * b.op("sigmoid", gate) * up, blk + "ffn_down.weight")
         x = self.norm(x, "output_norm.weight")
-        last = (b.op("dim_size", ids, axis=1) - 1).reshape(1)
-        x = b.op("gather", x, last, axis=1)  # [1, 1, hidden]: the last token's
-        head = "output.weight" if "output.weight" in self.weights else "token_embd.weight"
-        fmt = HEAD_FORMAT if self.fmt != "f32" and c.vocab >= HEAD_RATIO * c.hidden else None
-        logits = self.linear(x, head, fmt=fmt).reshape(1, c.vocab)
-        return b.build(logits, *written)
+        if not self.every_position:
+            last = (b.op("dim_size", ids, axis=1) - 1).reshape(1)
+            x = b.op("gather", x, last, axis=1)  # [1, 1, hidden]: the last token's
+        logits = b.op("matmul", x, head_weight, transpose_b=True)
+        return b.build(logits.reshape(-1, c.vocab), *written)
 
 
 def llama_step(config: LlamaConfig, weights: Weights, *, weights_format: str = "f32",
-               max_length: int) -> Module:
-    """The step function of the module docstring."""
-    return _Step(config, weights, weights_format, max_length).build()
+               max_length: int, every_position: bool = False) -> Module:
+    """The step function of the module docstring; `every_position` returns every token's
+    logits (f32[n, vocab], for perplexity) instead of the last one's."""
+    return _Step(config, weights, weights_format, max_length, every_position).build()
 
 
 def donated(config: LlamaConfig) -> dict[int, int]:
