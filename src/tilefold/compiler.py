@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 
 from tilefold.codegen.cpu.copy import OUT_OF_RANGE, copy_call
@@ -223,7 +224,7 @@ def poison(shape: tuple, dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype.kind in "fc" or dtype.name == "bfloat16":
         return np.full(shape, np.nan, dtype)
-    return np.full(shape, True if dtype.kind == "b" else np.iinfo(dtype).max, dtype)
+    return np.full(shape, True if dtype.kind == "b" else ml_dtypes.iinfo(dtype).max, dtype)
 
 
 class CompiledGraph:

@@ -180,9 +180,10 @@ class _Step:
             table = b.constant(np.ascontiguousarray(self.weights["token_embd.weight"],
                                                     np.float32))
         if isinstance(table, tuple):  # rows of the tied head's codes: no f32 table kept
-            codes, scale = (b.constant(a) for a in table)
-            x = b.op("dequantize", b.op("gather", codes, ids), b.op("gather", scale, ids),
-                     dtype=dtypes.f32)
+            codes, scale = (b.op("gather", b.constant(a), ids) for a in table)
+            groups = table[1].shape[1]  # scales per row: [1, n, groups, K / groups] blocks
+            x = (codes.astype("f32").reshape(1, n, groups, c.hidden // groups)
+                 * scale.reshape(1, n, groups, 1)).reshape(1, n, c.hidden)  # as `dequantize`
         else:
             x = b.op("gather", table, ids)
         q_rows = unpermute_rows(c.heads, c.heads * c.head_dim)
