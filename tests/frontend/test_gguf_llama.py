@@ -259,3 +259,42 @@ def test_smollm2_gives_transformers_tokens():
     prompt = [1, 504, 3458, 282, 260, 2260, 314, 30, 378, 436, 253, 1456, 2451, 28]
     got = GGUFGenerator(path, max_length=64, strict=True)(prompt, 10).tokens
     assert got == _hf_tokens(model.eval(), prompt, 10)
+
+
+def test_quantized_weights_are_cached_on_disk(tmp_path, monkeypatch):
+    """A second build memory-maps the first one's codes and scales (the same values); a
+    corrupt entry is quantized again; a changed file gets entries of its own."""
+    from tilefold.frontend.weight_cache import WeightCache
+    from tilefold.passes.quantize_weights import quantize_weight
+
+    monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path / "cache"))
+    model = _model("gqa-tied", seed=3)
+    path = tmp_path / "m.gguf"
+    write_llama(model, path)
+    file = GGUFFile(path)
+    calls = []
+
+    def weight():
+        calls.append(1)
+        return file["blk.1.ffn_down.weight"]
+
+    for fmt in ("int8", "int4"):
+        want = quantize_weight(file["blk.1.ffn_down.weight"], 1, fmt)
+        first = WeightCache(path).quantized("blk.1.ffn_down.weight", weight, fmt)
+        again = WeightCache(path).quantized("blk.1.ffn_down.weight", weight, fmt)
+        assert isinstance(again[0], np.memmap) and again[0].dtype == want[0].dtype
+        for got in (first, again):
+            np.testing.assert_array_equal(got[0].view(np.int8), want[0].view(np.int8))
+            np.testing.assert_array_equal(got[1], want[1])
+    assert len(calls) == 2  # once per format
+    cache = WeightCache(path)
+    (cache.dir / "blk.1.ffn_down.weight.int8.codes.npy").write_bytes(b"\x93NUMPY junk")
+    cache.quantized("blk.1.ffn_down.weight", weight, "int8")
+    assert len(calls) == 3
+    ids = [3, 1, 4, 1, 5]
+    tokens = GGUFGenerator(path, weights="int4", max_length=16, strict=True)(ids, 5).tokens
+    monkeypatch.setenv("TILEFOLD_WEIGHT_CACHE", "0")
+    assert GGUFGenerator(path, weights="int4", max_length=16, strict=True)(ids, 5).tokens == \
+        tokens
+    write_llama(_model("gqa-tied", seed=4), path)  # same name, other weights
+    assert WeightCache(path).dir != cache.dir

@@ -22,6 +22,8 @@ from tilefold.compiler import StepTimes
 from tilefold.compiler import compile as tilefold_compile
 from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.frontend.llama import LlamaConfig, donated, llama_step
+from tilefold.frontend.weight_cache import WeightCache
+from tilefold.frontend.weight_cache import enabled as weights_cached
 from tilefold.quant.gguf import GGUFFile
 
 
@@ -57,8 +59,10 @@ class GGUFGenerator:
         self.config = LlamaConfig.from_gguf(file.architecture, file.metadata, vocab)
         self.max_length = max_length
         self.every_position = every_position
+        cache = WeightCache(path) if weights_cached() else None
         module = llama_step(self.config, file, weights_format=weights, max_length=max_length,
-                            every_position=every_position)
+                            every_position=every_position,
+                            quantize=cache.quantized if cache is not None else None)
         self.graph = tilefold_compile(module, strict=strict, donate=donated(self.config))
         shape = self.config.cache_shape(max_length)
         self.caches = [np.zeros(shape, np.float32) for _ in range(2 * self.config.layers)]

@@ -27,7 +27,7 @@ permuted back here (exactly: a row order).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,9 @@ class LlamaConfig:
         return (1, self.kv_heads, max_length, self.head_dim)
 
 
+# Codes and scales of a weight (by name; `weight()` gives it in f32) at a format, as
+# `quantize_weight(weight(), 1, fmt)` computes them (or a cache of them: `weight_cache.py`).
+Quantize = Callable[[str, Callable[[], np.ndarray], str], tuple[np.ndarray, np.ndarray]]
 # A model's weights by GGUF name (`name in weights`; `weights[name]`: f32, [rows, columns] as a
 # torch Linear's [N, K], or a vector), read when asked for.
 Weights = Mapping[str, np.ndarray]
@@ -108,26 +111,30 @@ class _Step:
     """Builds the step function; `fmt` is how matmul weights are stored."""
 
     def __init__(self, config: LlamaConfig, weights: Weights, fmt: str, max_length: int,
-                 every_position: bool):
+                 every_position: bool, quantize: Quantize | None):
         if fmt not in WEIGHT_FORMATS:
             raise UnsupportedError(f"weights={fmt!r}: use one of {', '.join(WEIGHT_FORMATS)}")
         self.c, self.weights, self.fmt, self.max_length = config, weights, fmt, max_length
         self.every_position = every_position
+        self.quantize = quantize or (lambda name, weight, fmt: quantize_weight(weight(), 1, fmt))
+        self.coded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.b = Builder("main")
 
     def linear(self, x: Tensor, name: str, rows: np.ndarray | None = None) -> Tensor:
         """x @ W^T for the GGUF weight `name` (its rows reordered by `rows`)."""
-        w = self.weights[name]
-        if rows is not None:
-            w = w[rows]
-        b = self.b
-        if self.fmt == "f32" or w.shape[1] % (FORMATS[self.fmt][3] or 1):
-            weight = b.constant(np.ascontiguousarray(w, np.float32))
-        else:
-            weight = self.dequantize(*quantize_weight(w, 1, self.fmt))
-        return b.op("matmul", x, weight, transpose_b=True)
+        return self.b.op("matmul", x, self.matrix(name, x.shape[-1], self.fmt, rows),
+                         transpose_b=True)
 
-    def dequantize(self, codes: np.ndarray, scale: np.ndarray) -> Tensor:
+    def matrix(self, name: str, k: int, fmt: str, rows: np.ndarray | None = None) -> Tensor:
+        """The [N, k] weight `name` as an f32 constant, or dequantized from codes and scales
+        at `fmt` (kept in `self.coded`)."""
+        def weight() -> np.ndarray:
+            w = self.weights[name]
+            return w if rows is None else w[rows]
+
+        if fmt == "f32" or k % (FORMATS[fmt][3] or 1):
+            return self.b.constant(np.ascontiguousarray(weight(), np.float32))
+        codes, scale = self.coded[name] = self.quantize(name, weight, fmt)
         b = self.b
         return b.op("dequantize", b.constant(codes), b.constant(scale), dtype=dtypes.f32)
 
@@ -169,16 +176,9 @@ class _Step:
         head = "output.weight" if "output.weight" in self.weights else "token_embd.weight"
         head_fmt = HEAD_FORMAT if self.fmt != "f32" and c.vocab >= HEAD_RATIO * c.hidden \
             else self.fmt
-        head_w = self.weights[head]
-        if head_fmt == "f32":
-            head_weight = table = b.constant(np.ascontiguousarray(head_w, np.float32))
-        else:
-            codes, scale = quantize_weight(head_w, 1, head_fmt)
-            head_weight = self.dequantize(codes, scale)
-            table = (codes, scale)
-        if head != "token_embd.weight":
-            table = b.constant(np.ascontiguousarray(self.weights["token_embd.weight"],
-                                                    np.float32))
+        head_weight = self.matrix(head, c.hidden, head_fmt)
+        table = self.coded.get("token_embd.weight") or \
+            self.matrix("token_embd.weight", c.hidden, "f32")
         if isinstance(table, tuple):  # rows of the tied head's codes: no f32 table kept
             codes, scale = (b.op("gather", b.constant(a), ids) for a in table)
             groups = table[1].shape[1]  # scales per row: [1, n, groups, K / groups] blocks
@@ -217,10 +217,13 @@ class _Step:
 
 
 def llama_step(config: LlamaConfig, weights: Weights, *, weights_format: str = "f32",
-               max_length: int, every_position: bool = False) -> Module:
+               max_length: int, every_position: bool = False,
+               quantize: Quantize | None = None) -> Module:
     """The step function of the module docstring; `every_position` returns every token's
-    logits (f32[n, vocab], for perplexity) instead of the last one's."""
-    return _Step(config, weights, weights_format, max_length, every_position).build()
+    logits (f32[n, vocab], for perplexity) instead of the last one's; `quantize` makes codes
+    and scales (default: `quantize_weight`)."""
+    return _Step(config, weights, weights_format, max_length, every_position,
+                 quantize).build()
 
 
 def donated(config: LlamaConfig) -> dict[int, int]:
