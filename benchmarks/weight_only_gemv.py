@@ -31,7 +31,6 @@ MODELS = {
     "qwen0.5b": ((("qkv", 896, 1152), ("o", 896, 896), ("gate_up", 896, 9728),
                   ("down", 4864, 896)), ("lm_head", 896, 151936), 24),
 }
-LAYER, HEAD, LAYERS = MODELS["smollm2"]
 HUGE = False
 
 
