@@ -1,12 +1,15 @@
-"""Weight-only GEMV on SmolLM2-135M's shapes: GB/s per call, hot and cold, and a token's sequence.
+"""Weight-only GEMV on a model's shapes: GB/s per call, hot and cold, and a token's sequence.
 
 Times the kernels' native calls (`NativePlan.run`, what a replayed plan makes), not the Python
 wrapper. "hot": one weight called again and again (in L2/L3); "cold": a ring of copies larger
 than twice L3; "token": the 121 GEMVs of one decoded token with every layer's own weights
-(30 x qkv, o, gate_up, down, then lm_head), as a model reads them. Format `f32` times the f32
+(30 x qkv, o, gate_up, down, then lm_head), as a model reads them. `--model` picks the shapes:
+SmolLM2-135M (default; fits L3 in int4) or Qwen2.5-0.5B (`qwen0.5b`: 24 layers, a tied head of
+151936 x 896, larger than L3 in every format). Format `f32` times the f32
 GEMV on a weight in PyTorch's [N, K] layout, read in place (what a decode step's f32 GEMMs run).
 
-Run alone: `flock -x /tmp/tf-cpu.lock python benchmarks/weight_only_gemv.py [--formats int4,q4_0]`.
+Run alone: `flock -x /tmp/tf-cpu.lock python benchmarks/weight_only_gemv.py [--formats int4,q4_0]
+[--model qwen0.5b] [--no-token]`.
 """
 
 from __future__ import annotations
@@ -18,15 +21,16 @@ import time
 import numpy as np
 
 from tilefold.codegen.lowp import weight_only as wo
-from tilefold.codegen.lowp.wgemv import WParam
 from tilefold.quant import FORMATS, QuantizedTensor
 from tilefold.target import host_target
 
-# (name, K, N) per layer, then the head.
-LAYER = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
-HEAD = ("lm_head", 576, 49152)
-LAYERS = 30
-PREFETCH = None
+# Per model: (name, K, N) per layer, the head, the layer count.
+MODELS = {
+    "smollm2": ((("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072),
+                 ("down", 1536, 576)), ("lm_head", 576, 49152), 30),
+    "qwen0.5b": ((("qkv", 896, 1152), ("o", 896, 896), ("gate_up", 896, 9728),
+                  ("down", 4864, 896)), ("lm_head", 896, 151936), 24),
+}
 HUGE = False
 
 
@@ -89,8 +93,6 @@ class Call:
         k = qt.shape[0]
         x = rng.standard_normal((m, k), dtype=np.float32)
         call = wo.prepare(qt, m, k, threads=threads)
-        if PREFETCH is not None:
-            call.plan.params[WParam.PREFETCH] = PREFETCH
         if HUGE:
             call.data = huge_copy(call.data)
         y = np.empty((m, qt.shape[1]), np.float32)
@@ -140,12 +142,14 @@ def main() -> None:
     p.add_argument("--m", type=int, default=1)
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--zero-point", action="store_true")
-    p.add_argument("--prefetch", type=int, default=None)
     p.add_argument("--huge", action="store_true")
     p.add_argument("--shapes", default="qkv,o,gate_up,down,lm_head")
+    p.add_argument("--model", default="smollm2", choices=sorted(MODELS))
+    p.add_argument("--no-token", action="store_true", help="skip the token's sequence")
     args = p.parse_args()
-    global PREFETCH, HUGE
-    PREFETCH, HUGE = args.prefetch, args.huge
+    global HUGE
+    HUGE = args.huge
+    layer, head, layers = MODELS[args.model]
     rng = np.random.default_rng(0)
     l3 = host_target().l3_bytes
     for threads in (int(t) for t in args.threads.split(",")):
@@ -153,7 +157,7 @@ def main() -> None:
         print(f"== {threads} thread(s), probe {bw:.1f} GB/s, M = {args.m}")
         for fmt in args.formats.split(","):
             print(f"-- {fmt}: shape  KxN   bytes  hot us GB/s %  |  cold us GB/s %")
-            for name, k, n in (*LAYER, HEAD):
+            for name, k, n in (*layer, head):
                 if name not in args.shapes.split(","):
                     continue
                 one = make_call(fmt, k, n, args.m, threads, rng, args.zero_point)
@@ -168,9 +172,11 @@ def main() -> None:
                       f"  | {cold * 1e6:8.1f} {nb / cold / 1e9:5.1f} "
                       f"{100 * nb / cold / 1e9 / bw:3.0f}%")
                 del ring
+            if args.no_token:
+                continue
             token = [make_call(fmt, k, n, args.m, threads, rng, args.zero_point)
-                     for _ in range(LAYERS) for _, k, n in LAYER]
-            token.append(make_call(fmt, *HEAD[1:], args.m, threads, rng, args.zero_point))
+                     for _ in range(layers) for _, k, n in layer]
+            token.append(make_call(fmt, *head[1:], args.m, threads, rng, args.zero_point))
             t = per_call(token, args.seconds * 4) * len(token)
             nb = sum(c.nbytes for c in token)
             print(f"   token: {len(token)} calls, {nb / 1e6:.1f} MB, {t * 1e3:.2f} ms, "

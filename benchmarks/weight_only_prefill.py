@@ -1,7 +1,7 @@
-"""Weight-only matmuls for a prompt (M rows) on SmolLM2-135M's shapes: GFLOP/s of the int4/int8
-path (the weight decoded into f32 GEMM panels, then the f32 GEMM) beside the f32 GEMM on a
-pre-packed f32 weight, and (where the host has VNNI) the integer-dot kernel on int8
-activations ("-q8"); native calls.
+"""Weight-only matmuls for a prompt (M rows) on a model's shapes (`--model`, default SmolLM2-135M):
+GFLOP/s of the int4/int8 path (the weight decoded into f32 GEMM panels, then the f32 GEMM)
+beside the f32 GEMM on a pre-packed f32 weight, and (where the host has VNNI) the integer-dot
+kernel on int8 activations ("-q8"); native calls.
 
 Run alone: `flock -x /tmp/tf-cpu.lock python benchmarks/weight_only_prefill.py [--m 256]`.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from weight_only_gemv import HEAD, LAYER, per_call
+from weight_only_gemv import MODELS, per_call
 
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.plan import make_plan
@@ -32,13 +32,15 @@ def main() -> None:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--formats", default="int4,int8")
     p.add_argument("--seconds", type=float, default=0.3)
+    p.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     args = p.parse_args()
+    layer, head, _ = MODELS[args.model]
     rng = np.random.default_rng(0)
     module = gemm_module(host_target())
     for threads in (int(t) for t in args.threads.split(",")):
         print(f"== {threads} thread(s), M = {args.m}: GFLOP/s  (f32 GEMM on a pre-packed "
               "f32 weight | weight-only, decoded into panels each call)")
-        for name, k, n in (*LAYER, HEAD):
+        for name, k, n in (*layer, head):
             w = rng.standard_normal((k, n)).astype(np.float32)
             x = rng.standard_normal((args.m, k)).astype(np.float32)
             y = np.empty((args.m, n), np.float32)

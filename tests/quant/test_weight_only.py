@@ -105,6 +105,29 @@ def test_many_rows_decode_into_gemm_panels(rng, level, fmt, kw):
         assert (out[:, n:] == 3.0).all()
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_many_rows_in_slices_of_n(rng, monkeypatch, level):
+    """A weight whose f32 panels would not fit the cache share is decoded and multiplied a
+    slice of N at a time (here forced down to one tile a slice): K off the vector width, N
+    off the tile width, strided x, y wider than N; a small weight stays one slice."""
+    target = target_for(level)
+    k, n = 96, 3 * 64 + 5
+    qw = quantize(rng.standard_normal((k, n)).astype(np.float32), "int4", symmetric=False)
+    layout = wo.stream_layout(qw, target)
+    assert wo.slice_tiles(layout, target) == layout.tiles
+    monkeypatch.setattr(wo, "SLICE_FROM", 1 << 62)
+    monkeypatch.setattr(wo, "SLICE_L3_SHARE", 1 << 62)
+    assert wo.slice_tiles(layout, target) == 1
+    for m in (wo.GEMM_ROWS, 37):
+        x = rng.standard_normal((m, 2 * k)).astype(np.float32)
+        call = wo.prepare(qw, m, 2 * k, 2, 256, target, 2)
+        assert len(call.slices) == layout.tiles > 1
+        out = np.full((m, 256), 3.0, np.float32)
+        call.run(x[:, ::2], out)
+        check(out[:, :n], x[:, ::2], qw)
+        assert (out[:, n:] == 3.0).all()
+
+
 def test_writes_the_callers_rows_and_leaves_the_rest(rng):
     """A prepared call writes y[:M, :N] with the planned row stride, nothing past N."""
     qw = quantize(rng.standard_normal((128, 45)).astype(np.float32), "int4")

@@ -92,10 +92,27 @@ class WeightOnlyCall:
 GEMM_ROWS = 32
 
 
+# A weight whose f32 panels exceed L3 / SLICE_FROM (a model's head) is decoded and multiplied a
+# slice of N at a time, each slice's panels at most L3 / SLICE_L3_SHARE, so that they are still
+# in cache when the GEMM reads them instead of going to DRAM and back (SmolLM2's head, 576 x
+# 49152, M = 256: 193 -> 206 GFLOP/s at 2 threads, 96 -> 103 at 1; smaller shares or slicing
+# weights that fit measured no faster).
+SLICE_FROM = 4
+SLICE_L3_SHARE = 8
+
+
+def slice_tiles(layout: StreamLayout, target: Target) -> int:
+    """Tiles of the weight per slice of N (all of them where its f32 panels fit L3's share)."""
+    per_tile = 4 * layout.k * layout.tile_width
+    if per_tile * layout.tiles <= target.l3_bytes // SLICE_FROM:
+        return layout.tiles
+    return max(1, min(layout.tiles, target.l3_bytes // SLICE_L3_SHARE // per_tile))
+
+
 class UnpackedGemm:
     """y = x @ W for many rows: W decoded into the f32 GEMM's pre-packed panels (a buffer
-    shared by every weight of this shape), then the f32 GEMM on them: two native calls, made
-    under a lock since the panels are shared."""
+    shared by every weight of this slice shape), then the f32 GEMM on them, slice by slice of N
+    (`slice_tiles`): two native calls a slice, made under a lock since the panels are shared."""
 
     _panels: ClassVar[dict[tuple, PackedMatrix]] = {}
     _lock = threading.Lock()
@@ -104,22 +121,28 @@ class UnpackedGemm:
                  target: Target, threads: int):
         module = gemm_module(target)
         self.layout = layout
-        self.panels = self._shared(layout.k, layout.n, module)
         nr = module.kernel.nr
         spec = UnpackSpec(layout.decoder, layout.lanes, layout.panels_per_tile, layout.group,
                           layout.f16_scales, layout.corrected, nr)
-        n_full = layout.n // nr * nr
-        w_last = -(-(layout.n - n_full) // module.kernel.lanes) * module.kernel.lanes
-        values = {UParam.K: layout.k, UParam.N: layout.n, UParam.TILES: layout.tiles,
-                  UParam.GROUPS: layout.groups, UParam.CHUNK: layout.chunk_bytes,
-                  UParam.NFULL: n_full, UParam.WLAST: w_last,
-                  UParam.THREADS: max(1, min(threads, layout.tiles)),
-                  UParam.DATA_OFFSET: DATA_OFFSET}
-        self.unpack = NativePlan(compiled_entries(target, spec.name, UNPACK_ENTRY, wunpack_ir,
-                                                  spec, target), UParam, values)
+        entries = compiled_entries(target, spec.name, UNPACK_ENTRY, wunpack_ir, spec, target)
         a = _probe((m, layout.k), (ldx, sxk))
-        c = _probe((m, layout.n), (ldy, 1))
-        self.gemm = make_plan(module, a, self.panels, c, 0, threads)
+        per = slice_tiles(layout, target)
+        self.slices = []  # (first column, columns, unpack plan, panels, GEMM plan, data)
+        for t0 in range(0, layout.tiles, per):
+            tiles = min(per, layout.tiles - t0)
+            n0 = t0 * layout.tile_width
+            n = min(layout.n - n0, tiles * layout.tile_width)
+            panels = self._shared(layout.k, n, module)
+            n_full = n // nr * nr
+            w_last = -(-(n - n_full) // module.kernel.lanes) * module.kernel.lanes
+            values = {UParam.K: layout.k, UParam.N: n, UParam.TILES: tiles,
+                      UParam.GROUPS: layout.groups, UParam.CHUNK: layout.chunk_bytes,
+                      UParam.NFULL: n_full, UParam.WLAST: w_last,
+                      UParam.THREADS: max(1, min(threads, tiles)),
+                      UParam.DATA_OFFSET: DATA_OFFSET}
+            gemm = make_plan(module, a, panels, _probe((m, n), (ldy, 1)), 0, threads)
+            self.slices.append((n0, n, NativePlan(entries, UParam, values), panels, gemm,
+                                layout.data[t0 * layout.tile_bytes:]))
         self.data = layout.data
 
     @classmethod
@@ -132,8 +155,9 @@ class UnpackedGemm:
 
     def run(self, x: np.ndarray, y: np.ndarray) -> None:
         with self._lock:
-            self.unpack.run(self.data, self.panels.data, self.panels.data)
-            self.gemm(x, self.panels.data, y)
+            for n0, n, unpack, panels, gemm, data in self.slices:
+                unpack.run(data, panels.data, panels.data)
+                gemm(x, panels.data, y[:, n0:n0 + n])
 
     def calls(self, x: np.ndarray, y: np.ndarray) -> list[NativeCall] | None:
         """None: the panels are shared by every weight of this shape, so each run holds a
