@@ -298,3 +298,42 @@ def test_quantized_weights_are_cached_on_disk(tmp_path, monkeypatch):
         tokens
     write_llama(_model("gqa-tied", seed=4), path)  # same name, other weights
     assert WeightCache(path).dir != cache.dir
+
+
+@pytest.mark.parametrize("activations", ["f32", "int8"])
+def test_the_generate_worker_builds_gguf_models_natively(llama_file, activations, monkeypatch):
+    """`tilefold generate`'s tilefold contender on a GGUF file: built natively (torch never
+    loaded for it), transformers' tokens at f32; with int8 activations its weight-only GEMMs
+    may quantize x (the knob set before any kernel is chosen)."""
+    import io
+    import json as json_
+
+    from tilefold.cli import llm_worker
+    from tilefold.strategy.methods.blocks import WEIGHT_ACTIVATIONS
+
+    monkeypatch.delenv(WEIGHT_ACTIVATIONS, raising=False)
+    model, path = llama_file
+    prompt = [5, 7, 9, 11, 2]
+    fmt = "f32" if activations == "f32" else "int8"
+    spec = {"contender": "tilefold", "quant": fmt, "mode": "generate", "kind": "hf",
+            "path": "unused", "gguf": str(path), "threads": 1, "max_length": 24,
+            "prompt": prompt, "new_tokens": 6, "strict": True, "torchao": False,
+            "activations": activations}
+    channel = io.StringIO()
+    llm_worker.serve(spec, channel, io.StringIO("run\nquit\n"))
+    if activations == "int8":
+        monkeypatch.delenv(WEIGHT_ACTIVATIONS)  # serve set it for the rest of its process
+    ready, run, end = (json_.loads(line) for line in channel.getvalue().splitlines())
+    assert ready["info"] == {"engine": "native GGUF"} and end["peak_rss"] > 0
+    assert run["tokens"] == ready["first"]["tokens"]
+    if activations == "f32":
+        assert run["tokens"] == _hf_tokens(model, prompt, 6)
+    assert ready["sizes"]["weights_per_token"] > 0
+
+
+def test_jobs_name_int8_activations():
+    from tilefold.cli import llm_runs
+
+    jobs = llm_runs.jobs_for(["int4"], [], None, lambda s: None, "int8")
+    assert [(j.label, j.activations) for j in jobs] == [("tilefold int4 int8-act", "int8")]
+    assert llm_runs.jobs_for(["f32"], [], None, lambda s: None, "int8")[0].activations == "f32"

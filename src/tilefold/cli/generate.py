@@ -23,6 +23,7 @@ from typing import Any
 from tilefold.cli import llm_models, llm_report, llm_runs
 from tilefold.cli.inputs import count
 from tilefold.cli.llm_runs import COMPARE, LLAMA_FOR, QUANTS, Job, Workload
+from tilefold.cli.llm_worker import native_gguf
 from tilefold.errors import TilefoldError
 from tilefold.target import cache_dir
 
@@ -42,6 +43,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-tokens", type=count(1), default=128,
                    help="tokens to generate (default 128)")
     p.add_argument("--quant", default="none", help="tilefold's weights: none (f32), int8 or int4")
+    p.add_argument("--activations", choices=("f32", "int8"), default="f32",
+                   help="int8: tilefold's weight-only GEMMs may quantize their inputs to int8 "
+                        "per 32 (as llama.cpp's Q8 paths do) for VNNI dot products; "
+                        "f32 (default): exact to f32 rounding")
     p.add_argument("--max-length", type=count(1), default=None,
                    help="positions of the KV cache (default: prompt + new tokens)")
     p.add_argument("--compare", default="",
@@ -112,11 +117,14 @@ def host_lines(threads: int) -> tuple[list[str], float]:
 
 
 def accuracy(work: Workload, formats: list[str], llama: bool, path: str, count_: int,
-             tokenizer: Any) -> tuple[list[str], dict[str, Any]]:
+             tokenizer: Any, activations: str = "f32") -> tuple[list[str], dict[str, Any]]:
     """The perplexity table's lines and JSON: PyTorch eager f32 as the reference, tilefold at
     each format, llama.cpp at the matching types and on the file as shipped."""
     tokens = llm_models.text_tokens(tokenizer, path, count_)
     jobs = [Job("tilefold", fmt) for fmt in formats]
+    if activations != "f32":
+        jobs += [Job("tilefold", fmt, activations=activations) for fmt in formats
+                 if fmt != "f32"]
     if llama:
         jobs += [Job("llamacpp", LLAMA_FOR[fmt]) for fmt in formats]
         jobs.append(Job("llamacpp", "shipped", f"llama.cpp {_file_type(work.model.gguf)} file"))
@@ -162,7 +170,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     work = Workload(prepared, prompt, args.new_tokens, args.threads, length, args.strict,
                     str(cache_dir() / "llm"))
-    jobs = llm_runs.jobs_for(formats, compare, prepared, say)
+    jobs = llm_runs.jobs_for(formats, compare, prepared, say, args.activations)
     header.append(f"model: {prepared.source.name} ({prepared.source.kind} {prepared.source.path}"
                   f"), f32 weights{'' if formats == ['f32'] else ' quantized by tilefold'}; "
                   f"prompt {len(prompt)} tokens, {args.new_tokens} new, greedy; "
@@ -183,7 +191,8 @@ def handle(args: argparse.Namespace) -> int:
     if args.perplexity:
         more, data["perplexity"] = accuracy(work, ALL_FORMATS, "llamacpp" in compare
                                             and llm_runs.llama_absent(prepared) is None,
-                                            args.perplexity, args.perplexity_tokens, tokenizer)
+                                            args.perplexity, args.perplexity_tokens, tokenizer,
+                                            args.activations)
         print("\n".join(more))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1))
@@ -195,15 +204,22 @@ def handle(args: argparse.Namespace) -> int:
 
 def profile_lines(prepared: llm_models.Prepared, prompt: list[int], new_tokens: int,
                   length: int, fmt: str, threads: int) -> list[str]:
-    """A decode step's time by kernel (`Generator.profile`), in this process."""
-    import torch
-
-    from tilefold.frontend.generation import Generator
-
-    torch.set_num_threads(threads)
-    model = llm_models.load_model(prepared.kind, prepared.path)
+    """A decode step's time by kernel (`GGUFGenerator.profile` where the model is built
+    natively, else `Generator.profile`), in this process."""
     say(f"compiling and profiling tilefold {fmt}")
-    generator = Generator(model, max_length=length, options={"weights": fmt})
+    if native_gguf({"gguf": prepared.gguf}):
+        from tilefold.frontend.gguf_generator import GGUFGenerator
+
+        os.environ["TILEFOLD_NUM_THREADS"] = str(threads)
+        generator = GGUFGenerator(prepared.gguf, weights=fmt, max_length=length)
+    else:
+        import torch
+
+        from tilefold.frontend.generation import Generator
+
+        torch.set_num_threads(threads)
+        model = llm_models.load_model(prepared.kind, prepared.path)
+        generator = Generator(model, max_length=length, options={"weights": fmt})
     times = generator.profile(prompt, new_tokens)
     rows = times.per_call()
     total = sum(seconds for _, seconds, _ in rows) or 1.0

@@ -52,6 +52,7 @@ class Job:
     quant: str
     name: str = ""  # the label, when the default does not say enough
     torchao: bool = False  # the model quantized by torchao first (weight-only, at `quant`)
+    activations: str = "f32"  # tilefold's weight-only GEMMs: "int8" lets them quantize x
 
     @property
     def label(self) -> str:
@@ -61,7 +62,7 @@ class Job:
             peer = "inductor" if self.key == "hf-inductor" else "tilefold"
             return f"torchao {self.quant} + {peer}"
         if self.key == "tilefold":
-            return f"tilefold {self.quant}"
+            return f"tilefold {self.quant}" + (" int8-act" if self.activations == "int8" else "")
         if self.key == "tilefold-torch":
             return f"tilefold {self.quant} via torch.compile"
         if self.key == "llamacpp":
@@ -86,7 +87,8 @@ class Workload:
                 "path": self.model.path, "gguf": self.model.gguf, "threads": self.threads,
                 "max_length": self.max_length, "prompt": self.prompt,
                 "new_tokens": self.new_tokens, "strict": self.strict,
-                "llama_dir": self.llama_dir, "torchao": job.torchao, **extra}
+                "llama_dir": self.llama_dir, "torchao": job.torchao,
+                "activations": job.activations, **extra}
 
 
 class WorkerFailed(Exception):
@@ -345,10 +347,12 @@ def onnx_genai_note() -> str:
 
 
 def jobs_for(formats: list[str], compare: list[str], model: Prepared,
-             say: Callable[[str], None]) -> list[Job]:
-    """tilefold at each of `formats`, then the peers `compare` names (PyTorch's once, in f32;
-    llama.cpp at the file type matching each format) where they can run."""
-    jobs = [Job("tilefold", fmt) for fmt in formats]
+             say: Callable[[str], None], activations: str = "f32") -> list[Job]:
+    """tilefold at each of `formats` (its weight-only GEMMs' x at `activations`), then the
+    peers `compare` names (PyTorch's once, in f32; llama.cpp at the file type matching each
+    format) where they can run."""
+    jobs = [Job("tilefold", fmt, activations=activations if fmt != "f32" else "f32")
+            for fmt in formats]
     for name in compare:
         if name == "llamacpp":
             why = llama_absent(model)

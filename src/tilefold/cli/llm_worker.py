@@ -390,6 +390,10 @@ def serve(spec: dict[str, Any], channel: TextIO, commands: TextIO) -> None:
     name = spec["contender"]
     if name == "tilefold" and not native_gguf(spec):
         name = "tilefold-torch"
+    if spec.get("activations", "f32") != "f32":  # before any kernel is chosen
+        from tilefold.strategy.methods.blocks import WEIGHT_ACTIVATIONS
+
+        os.environ[WEIGHT_ACTIVATIONS] = spec["activations"]
     uses_torch = name not in ("llamacpp", "tilefold")
     if uses_torch:  # the parent set every other thread knob in the environment
         import torch

@@ -87,33 +87,43 @@ class GGUFGenerator:
                  stop: Sequence[int] = ()) -> Generation:
         """Greedy-decode up to `new_tokens` tokens after `prompt` (stopping after any token in
         `stop`)."""
+        result = self._prefill(prompt, new_tokens)
+        self._decode(result, new_tokens, stop)
+        return result
+
+    def _prefill(self, prompt: Sequence[int], new_tokens: int) -> Generation:
         prompt = [int(t) for t in prompt]
         if not prompt or len(prompt) + new_tokens > self.max_length:
             raise ShapeError(f"generate: a prompt of {len(prompt)} tokens and {new_tokens} new "
                              f"ones need 1..{self.max_length} positions (max_length)")
         result = Generation(prompt)
         started = time.perf_counter()
-        token = int(np.argmax(self._logits(np.array([prompt], np.int64), 0)))
+        result.tokens.append(int(np.argmax(self._logits(np.array([prompt], np.int64), 0))))
         result.prefill_s = time.perf_counter() - started
-        result.tokens.append(token)
+        return result
+
+    def _decode(self, result: Generation, new_tokens: int, stop: Sequence[int] = ()) -> None:
         started = time.perf_counter()
+        token, at = result.tokens[-1], len(result.prompt)
         for i in range(new_tokens - 1):
             if token in stop:
                 break
             step = time.perf_counter()
             self._token[0, 0] = token
-            token = int(np.argmax(self._logits(self._token, len(prompt) + i)))
+            token = int(np.argmax(self._logits(self._token, at + i)))
             result.tokens.append(token)
             result.step_s.append(time.perf_counter() - step)
         result.decode_s = time.perf_counter() - started
-        return result
 
     def profile(self, prompt: Sequence[int], new_tokens: int) -> StepTimes:
-        """Where the steps' time goes over one generation (`CompiledGraph.profiling`), per
-        call in `StepTimes.per_call()`: the prompt's step counts as one of the calls."""
+        """Where a decode step's time goes (`CompiledGraph.profiling`: each step timed, a
+        native one as the calls a replay makes), over the decode steps of one generation, per
+        call in `StepTimes.per_call()`; the prompt's step is not counted."""
+        self(prompt, 3)  # the decode step planned and recorded
+        result = self._prefill(prompt, new_tokens)
         self.graph.profiling = times = StepTimes()
         try:
-            self(prompt, new_tokens)
+            self._decode(result, new_tokens)
         finally:
             self.graph.profiling = None
         return times
