@@ -128,6 +128,32 @@ def test_many_rows_in_slices_of_n(rng, monkeypatch, level):
         assert (out[:, n:] == 3.0).all()
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_compiled_model_sliced_in_n_with_batch_dims(rng, monkeypatch, batch):
+    """Through the compiler, as a model's head runs: x and y of rank 3 ([batch, rows, K]), the
+    weight sliced in N (forced): each slice's columns land in y's last axis (a slice taken
+    along the rows instead wrote every slice over the first rows)."""
+    import tilefold
+    from tilefold import dtypes
+    from tilefold.ir.builder import Builder
+    from tilefold.passes.quantize_weights import quantize_weight
+
+    monkeypatch.setattr(wo, "SLICE_FROM", 1 << 62)
+    monkeypatch.setattr(wo, "SLICE_L3_SHARE", 1 << 62)
+    m, k, n = 41, 96, 3 * 64 + 5
+    codes, scale = quantize_weight(rng.standard_normal((n, k)).astype(np.float32), 1, "int8")
+    b = Builder("main")
+    x = b.arg("x", "f32", (batch, m, k))
+    w = b.op("dequantize", b.constant(codes), b.constant(scale), dtype=dtypes.f32)
+    graph = tilefold.compile(b.build(b.op("matmul", x, w, transpose_b=True)), strict=True)
+    xs = rng.standard_normal((batch, m, k)).astype(np.float32)
+    (y,) = graph(xs)
+    assert [d.winner.method for d in graph.decisions(xs.shape)] == ["blocks.gemm"]
+    ref = xs.astype(np.float64) @ (codes.astype(np.float64) * scale).T
+    bound = corrected_matmul_bound(xs.reshape(-1, k), (codes * scale).T.astype(np.float64), 0)
+    assert (np.abs(y - ref).reshape(-1, n) <= bound).all()
+
+
 def test_writes_the_callers_rows_and_leaves_the_rest(rng):
     """A prepared call writes y[:M, :N] with the planned row stride, nothing past N."""
     qw = quantize(rng.standard_normal((128, 45)).astype(np.float32), "int4")

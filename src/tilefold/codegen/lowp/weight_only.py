@@ -157,7 +157,7 @@ class UnpackedGemm:
         with self._lock:
             for n0, n, unpack, panels, gemm, data in self.slices:
                 unpack.run(data, panels.data, panels.data)
-                gemm(x, panels.data, y[:, n0:n0 + n])
+                gemm(x, panels.data, y[..., n0:n0 + n])
 
     def calls(self, x: np.ndarray, y: np.ndarray) -> list[NativeCall] | None:
         """None: the panels are shared by every weight of this shape, so each run holds a

@@ -79,10 +79,12 @@ class StreamLayout:
         full = np.zeros((self.groups, self.group_padded, width), np.uint8)
         full[:, :group, :n] = stored.reshape(self.groups, group, n)
         g, s, t = self.groups, self.steps, self.tiles
-        if decoder.nibbles:
-            octets = full.reshape(g, s, 8, t, p, lanes).astype(np.uint32)
-            words = sum(octets[:, :, nibble_k(j)] << np.uint32(4 * j) for j in range(8))
-            code_part = words.transpose(2, 0, 1, 3, 4).reshape(t, g, -1).view(np.uint8)
+        if decoder.nibbles:  # a lane's little-endian word: byte m holds nibbles 2m, 2m + 1
+            octets = full.reshape(g, s, 8, t, p, lanes)
+            pairs = np.stack([octets[:, :, nibble_k(2 * m)]
+                              | (octets[:, :, nibble_k(2 * m + 1)] << np.uint8(4))
+                              for m in range(4)], axis=-1)  # [g, s, t, p, lanes, 4]
+            code_part = pairs.transpose(2, 0, 1, 3, 4, 5).reshape(t, g, -1)
         else:
             code_part = full.reshape(g, s, 4, t, p, lanes).transpose(3, 0, 1, 4, 2, 5)
             code_part = code_part.reshape(t, g, -1)
