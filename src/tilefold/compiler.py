@@ -479,19 +479,27 @@ class _Planner:
                 continue
             perm = self._transposed_by_user(r) if kernel.strided_out else None
             stored = shape if perm is None else tuple(shape[p] for p in perm)
-            pool = self.free.get((stored, dtype.str))
-            if pool:
-                base = self.owned[r] = pool.pop()
-            else:
-                base = self.owned[r] = self.alloc(stored, dtype)
-                self.nbytes += base.nbytes
+            base = self.owned[r] = self._buffer(stored, dtype)
             env[slot[r]] = base if perm is None else base.transpose(np.argsort(perm))
+        scratch = [self._buffer(tuple(shape), np.dtype(dtype)) for shape, dtype in kernel.scratch]
+        for buffer in scratch:  # free again once this step is planned: later steps reuse it
+            args.append(self._const_slot(buffer))
+            self.free.setdefault((buffer.shape, buffer.dtype.str), []).append(buffer)
         calls = kernel.calls
         method = decision.winner.method if decision.winner is not None else "?"
         self._step(kernel.run, args, None if calls is None else
                    lambda env: calls(*[env[s] for s in args]),
                    f"{method}: {' -> '.join(problem.names)} {list(env[args[0]].shape)}")
         return decision
+
+    def _buffer(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """A buffer from the pool of those no later step reads, else a new one."""
+        pool = self.free.get((shape, dtype.str))
+        if pool:
+            return pool.pop()
+        buffer = self.alloc(shape, dtype)
+        self.nbytes += buffer.nbytes
+        return buffer
 
     def _contiguous(self, v: Value) -> int:
         """A slot holding a C-contiguous copy of `v`, refreshed by a step before each use."""

@@ -211,7 +211,8 @@ def _run(method: str, text: str, *arrays: np.ndarray) -> np.ndarray:
     candidates = METHODS[method].propose(problem, context())
     assert not isinstance(candidates, str), candidates
     (out,) = [np.full(t.shape, np.nan, np.float32) for t in problem.out_types()]
-    candidates[0].build().run(*inputs, out)
+    kernel = candidates[0].build()
+    kernel.run(*inputs, out, *kernel.scratch_arrays())
     return out
 
 

@@ -92,7 +92,8 @@ def test_gemm_epilogue_within_ulp_bound():
     problem = Problem.of(op, [x.shape, w.shape, bias.shape])
     (candidate,) = METHODS["blocks.gemm"].propose(problem, context())
     out = np.full((6, 40), np.nan, np.float32)
-    candidate.build().run(x, w, bias, out)
+    kernel = candidate.build()
+    kernel.run(x, w, bias, out, *kernel.scratch_arrays())
     c = x.astype(np.float64) @ w.astype(np.float64) + bias
     assert np.abs(c).max() > 60  # large |x| reach the epilogue too
     assert_ulp(out, softplus64(c.astype(np.float32), 1.0, 20.0), ULP[1.0])

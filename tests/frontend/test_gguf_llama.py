@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -311,7 +312,7 @@ def test_the_generate_worker_builds_gguf_models_natively(llama_file, activations
     from tilefold.cli import llm_worker
     from tilefold.strategy.methods.blocks import WEIGHT_ACTIVATIONS
 
-    monkeypatch.delenv(WEIGHT_ACTIVATIONS, raising=False)
+    monkeypatch.setenv(WEIGHT_ACTIVATIONS, "f32")  # undone after the test, whatever serve sets
     model, path = llama_file
     prompt = [5, 7, 9, 11, 2]
     fmt = "f32" if activations == "f32" else "int8"
@@ -321,8 +322,7 @@ def test_the_generate_worker_builds_gguf_models_natively(llama_file, activations
             "activations": activations}
     channel = io.StringIO()
     llm_worker.serve(spec, channel, io.StringIO("run\nquit\n"))
-    if activations == "int8":
-        monkeypatch.delenv(WEIGHT_ACTIVATIONS)  # serve set it for the rest of its process
+    assert os.environ[WEIGHT_ACTIVATIONS] == activations  # set before any kernel was chosen
     ready, run, end = (json_.loads(line) for line in channel.getvalue().splitlines())
     assert ready["info"] == {"engine": "native GGUF"} and end["peak_rss"] > 0
     assert run["tokens"] == ready["first"]["tokens"]

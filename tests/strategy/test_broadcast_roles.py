@@ -53,7 +53,8 @@ def every_candidate_agrees(graph, arrays, want, reduced: int, scale: float) -> N
               for inner, outer in zip(problem.inputs, problem.op.operands, strict=True)]
     for c in decision.candidates:
         (out,) = [np.full(t.shape, np.nan, np.float32) for t in problem.out_types()]
-        c.build().run(*inputs, out)
+        kernel = c.build()
+        kernel.run(*inputs, out, *kernel.scratch_arrays())
         assert_close(out, want, reduced, scale)
 
 

@@ -26,7 +26,7 @@ def _check(text: str, method: str, *inputs: np.ndarray, rtol: float = 2e-5) -> s
     assert not isinstance(candidates, str), candidates
     kernel = candidates[0].build()
     outs = [np.full(t.shape, np.nan, np.float32) for t in problem.out_types()]
-    kernel.run(*inputs, *outs)
+    kernel.run(*inputs, *outs, *kernel.scratch_arrays())
     for got, ref in zip(outs, want, strict=True):
         np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * max(1, np.abs(ref).max()))
     return kernel.source

@@ -151,7 +151,8 @@ def check(graph, args, wants, dtypes: list[str], k: int, scale: float) -> None:
     outs = [np.full(t.shape, np.iinfo(np.int32).min if str(t.dtype) == "i32" else np.nan,
                     t.dtype.np_dtype) for t in problem.out_types()]
     (blocks,) = [c for c in decision.candidates if c.method == "blocks.gemm"]
-    blocks.build().run(*inputs, *outs)
+    kernel = blocks.build()
+    kernel.run(*inputs, *outs, *kernel.scratch_arrays())
     for got, want, dtype in zip(outs, wants, dtypes, strict=True):
         check_result(got, want, dtype, k, scale)
     assert decision.winner.method == "blocks.gemm", decision.winner.method
@@ -263,7 +264,8 @@ def test_every_candidate_of_a_bf16_group_runs(allow_fallback):
     assert decision.candidates
     for candidate in decision.candidates:
         out = np.full(want.shape, np.nan, ml_dtypes.bfloat16)
-        candidate.build().run(a, w, out)
+        kernel = candidate.build()
+        kernel.run(a, w, out, *kernel.scratch_arrays())
         check_result(out, want, "bf16", 8, 4.0 + float(np.abs(want).max()))
 
 

@@ -220,7 +220,7 @@ def _numpy_contender(block: Block, module, xs) -> Callable:
         env.update(zip(fn.args, xs, strict=True))
         for kernel, op in env_kernels:
             outs = [np.empty(tuple(r.type.shape), r.type.dtype.np_dtype) for r in op.results]
-            kernel.run(*(env[v] for v in op.operands), *outs)
+            kernel.run(*(env[v] for v in op.operands), *outs, *kernel.scratch_arrays())
             env.update(zip(op.results, outs, strict=True))
         return env[fn.outputs[0]]
     return run

@@ -2,7 +2,7 @@
 
     ctx = context()                      # the host, its measured ceilings, the thread count
     decision = decide(Problem.of(op, shapes), ctx, TuningDB(), tune_budget())
-    decision.kernel.run(*inputs, *outputs)
+    decision.kernel.run(*inputs, *outputs, *decision.kernel.scratch_arrays())
 
 A method is a `Method` subclass decorated with `register_method` in its file under
 `strategy/methods/` (imported below, so every shipped method is registered); the five families

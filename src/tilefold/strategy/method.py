@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+import numpy as np
+
 from tilefold.errors import TilefoldError
 from tilefold.runtime.replay import NativeCall
 from tilefold.strategy.cost import Machine
@@ -39,18 +41,29 @@ class Kernel:
     whose inputs stay the same objects records them once and replays its kernels in one
     native call (`runtime/replay.py`), so `calls` must hold for as long as these very arrays
     keep their memory (it may allocate what it needs, e.g. scratch, once, for them).
+
+    `scratch` lists (shape, dtype) of C-contiguous work arrays a CPU kernel takes after its
+    outputs (`run(*inputs, *outputs, *scratch)`), whose contents do not outlive the call: the
+    compiler hands every kernel of a plan buffers from one pool, so a model's GEMMs share
+    their intermediate sums instead of each holding its own (`scratch_arrays()` makes a set
+    for a kernel run on its own).
     """
 
     def __init__(self, run: Callable[..., None], source: str | Callable[[], str] = "",
                  asm: Callable[[], str] | None = None, *, strided: bool = False,
                  strided_out: bool = False,
-                 calls: Callable[..., list[NativeCall] | None] | None = None):
+                 calls: Callable[..., list[NativeCall] | None] | None = None,
+                 scratch: tuple[tuple[tuple[int, ...], Any], ...] = ()):
         self.run = run
         self._source = source
         self._asm = asm
         self.strided = strided
         self.strided_out = strided_out
         self.calls = calls
+        self.scratch = scratch
+
+    def scratch_arrays(self) -> list[np.ndarray]:
+        return [np.empty(shape, dtype) for shape, dtype in self.scratch]
 
     @classmethod
     def native(cls, loaded: RowKernel) -> Kernel:

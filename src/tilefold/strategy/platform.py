@@ -103,9 +103,10 @@ class CPUPlatform(Platform):
     def runner(self, kernel: Kernel, problem: Problem, inputs: Sequence[Any]
                ) -> Callable[[], list[Any]]:
         outs = autotune.empty_outputs(problem)  # once: no allocation in the timed call
+        scratch = kernel.scratch_arrays()
 
         def run() -> list[Any]:
-            kernel.run(*inputs, *outs)
+            kernel.run(*inputs, *outs, *scratch)
             return outs
 
         return run

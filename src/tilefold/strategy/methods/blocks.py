@@ -252,16 +252,14 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
     a_shape = problem.shape(mm.operands[0])
     rows, k = int(np.prod(a_shape[:-1])), a_shape[-1]
     c_val = mm.results[0]
-    n_in = len(problem.inputs)
-    c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
-    scratch = _c_buffer(problem.shape(c_val), c_out)
+    c_at, scratch = _c_place(problem, c_val)
     epilogue = _Epilogue(problem, ctx, epi, c_val)
     call = None
     if rows and k and layout.n:
         call = prepare(weight, rows, k, 1, layout.n, ctx.target, ctx.threads, dot)
 
     def run(*arrays: np.ndarray) -> None:
-        c = arrays[n_in + c_out] if c_out is not None else scratch
+        c = arrays[c_at]
         if call is None:
             c[...] = 0
         else:
@@ -269,13 +267,13 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
         epilogue.run(c, arrays)
 
     def calls(*arrays: np.ndarray) -> list[NativeCall] | None:
-        c = arrays[n_in + c_out] if c_out is not None else scratch
+        c = arrays[c_at]
         gemm = [] if call is None else call.calls(arrays[a_in], c)
         rest = epilogue.calls(c, arrays)
         return None if gemm is None or rest is None or call is None else [*gemm, *rest]
 
     kind = "int8 x " if dot else ""
-    return _kernel(run, f"weight-only {kind}{weight.format.name}", epilogue, calls)
+    return _kernel(run, f"weight-only {kind}{weight.format.name}", epilogue, calls, scratch)
 
 
 def _lanes(ctx: Context) -> int:
@@ -398,23 +396,31 @@ class _Epilogue:
         return [] if self.kernel is None else self.kernel.calls(*self._args(c, arrays))
 
 
-def _c_buffer(shape: tuple, c_out: int | None) -> np.ndarray:
-    """C's own f32 buffer when C is no output of the group (`c_out` None); else C is the output's
-    array and this only stands for its shape and C-contiguous strides in planning (never
-    written: a prompt's GEMMs would otherwise hold a second copy of every output)."""
-    if c_out is None:
-        return np.empty(shape, np.float32)
+def _c_place(problem: Problem, c_val: Value) -> tuple[int, tuple]:
+    """Where a GEMM's f32 C lives in its kernel's arrays (inputs, outputs, scratch): the
+    group's output when C is one, else the kernel's one scratch array (`Kernel.scratch`: a
+    buffer of the plan's pool, shared with the other GEMMs, not one held per kernel); and the
+    scratch the kernel asks for."""
+    n_in, n_out = len(problem.inputs), len(problem.outputs)
+    if c_val in problem.outputs:
+        return n_in + problem.outputs.index(c_val), ()
+    return n_in + n_out, ((tuple(problem.shape(c_val)), np.float32),)
+
+
+def _c_probe(shape: tuple) -> np.ndarray:
+    """An f32 array of `shape` with C-contiguous strides and no memory of its own: what a GEMM
+    plan is made on, before any C exists."""
     strides = tuple(4 * int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
     return np.lib.stride_tricks.as_strided(np.empty(1, np.float32), shape, strides,
                                            writeable=False)
 
 
-def _kernel(run, gemm: str, epilogue: _Epilogue, calls=None) -> Kernel:
+def _kernel(run, gemm: str, epilogue: _Epilogue, calls=None, scratch: tuple = ()) -> Kernel:
     epi_kernel = epilogue.kernel
     if epi_kernel is None:
-        return Kernel(run, f"// GEMM {gemm} only", calls=calls)
+        return Kernel(run, f"// GEMM {gemm} only", calls=calls, scratch=scratch)
     return Kernel(run, lambda: f"// GEMM {gemm} + epilogue\n{epi_kernel.source}",
-                  epi_kernel.asm, calls=calls)
+                  epi_kernel.asm, calls=calls, scratch=scratch)
 
 
 # Packed copies of constant weights, by the weight array and how it was packed: every problem
@@ -437,9 +443,8 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
     module = gemm_module(ctx.target)
     ops = _Operands(problem, mm, prologue)
     c_val = mm.results[0]
-    n_in = len(problem.inputs)
-    c_out = problem.outputs.index(c_val) if c_val in problem.outputs else None
-    scratch = _c_buffer(problem.shape(c_val), c_out)
+    c_at, scratch = _c_place(problem, c_val)
+    c_probe = _c_probe(tuple(problem.shape(c_val)))
     probe = [np.empty(t.shape, np.float32) for t in problem.in_types()]
     a0, b0 = ops.a(probe), ops.b(probe)
     packed = plan = None
@@ -447,14 +452,14 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
         weight = problem.constants[ops.b_val]
         packed = _packed_once(weight, ("f32", ops.tb, module.kernel.name),
                               lambda: PackedMatrix(ops.oriented(weight, ops.tb), module))
-    if scratch.size and a0.shape[-1]:  # else C is empty or an empty sum (zeros): no GEMM
-        plan = make_plan(module, a0, packed if packed is not None else b0, ops.c(scratch), 0,
+    if c_probe.size and a0.shape[-1]:  # else C is empty or an empty sum (zeros): no GEMM
+        plan = make_plan(module, a0, packed if packed is not None else b0, ops.c(c_probe), 0,
                          ctx.threads)
     b_arg = packed.data if packed is not None else None
     epilogue = _Epilogue(problem, ctx, epi, c_val)
 
     def run(*arrays: np.ndarray) -> None:
-        c = arrays[n_in + c_out] if c_out is not None else scratch
+        c = arrays[c_at]
         if plan is None:
             c[...] = 0
         else:
@@ -462,13 +467,13 @@ def build_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Ope
         epilogue.run(c, arrays)
 
     def calls(*arrays: np.ndarray) -> list[NativeCall] | None:
-        c = arrays[n_in + c_out] if c_out is not None else scratch
+        c = arrays[c_at]
         gemm = None if plan is None else plan.call(
             ops.a(arrays), b_arg if b_arg is not None else ops.b(arrays), ops.c(c))
         rest = epilogue.calls(c, arrays)
         return None if gemm is None or rest is None else [gemm, *rest]
 
-    return _kernel(run, module.kernel.name, epilogue, calls)
+    return _kernel(run, module.kernel.name, epilogue, calls, scratch)
 
 
 def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: list[Operation],
