@@ -11,9 +11,8 @@ file's tensors: no PyTorch.
 place) and attends to every cached position up to its own; the logits are the last token's.
 One compile serves the prompt (n = its length) and each decoded token (n = 1): plans are
 made per n. The graph is the one Hugging Face's `LlamaForCausalLM` hands the torch frontend
-(rotate-half RoPE, grouped-query attention, SwiGLU), with the weights as constants; qwen2
-(`Qwen2ForCausalLM`) is the same graph with a bias added to each projection the file has one
-for (Q, K and V):
+(rotate-half RoPE, grouped-query attention, SwiGLU; `Qwen2ForCausalLM`'s adds biases to Q, K
+and V: a projection whose `.bias` the file holds adds it), with the weights as constants:
 
 - "f32": every weight dequantized to f32 (the gguf package's decoder, as transformers loads
   it: the same numbers as the Hugging Face model);
@@ -65,7 +64,7 @@ class LlamaConfig:
     eps: float
     rope_theta: float
     context: int  # the positions it was trained for
-    qk_permuted: bool = True  # Q/K rows in llama.cpp's interleaved order (QK_PERMUTED)
+    qk_permuted: bool  # Q/K rows in llama.cpp's interleaved order (QK_PERMUTED)
 
     @property
     def head_dim(self) -> int:
