@@ -177,10 +177,9 @@ def _config_gguf(name: str, say: Callable[[str], None]) -> Path:
     """CONFIGS[name]'s random model (`_load_config`: the torch contenders' weights) as an F32
     GGUF file in the cache, keyed by the config and the transformers and torch versions; written
     to a temporary file and renamed, so a reader never sees half."""
-    import torch
-    import transformers
+    from importlib.metadata import version
 
-    text = f"{CONFIGS[name]().to_json_string()} {transformers.__version__} {torch.__version__}"
+    text = f"{CONFIGS[name]().to_json_string()} {version('transformers')} {version('torch')}"
     path = cache_dir() / "llm" / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.gguf"
     if path.is_file():
         return path
