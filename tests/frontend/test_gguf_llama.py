@@ -358,3 +358,20 @@ def test_jobs_name_int8_activations():
     jobs = llm_runs.jobs_for(["int4"], [], None, lambda s: None, "int8")
     assert [(j.label, j.activations) for j in jobs] == [("tilefold int4 int8-act", "int8")]
     assert llm_runs.jobs_for(["f32"], [], None, lambda s: None, "int8")[0].activations == "f32"
+
+
+def test_an_f32_file_is_llama_cpps_f32_file_as_it_is(llama_file, tmp_path):
+    """llama.cpp's F32 contender runs an all-F32 file itself (no requantized copy of it)."""
+    from tilefold.cli import llm_worker
+
+    _, path = llama_file
+    assert llm_worker.llama_file(str(path), "F32", str(tmp_path)) == str(path)
+    assert not any(tmp_path.iterdir())
+    assert not llm_worker._all_f32(str(_quantized_copy(tmp_path)))
+
+
+def _quantized_copy(folder):
+    model = _model(sorted(MODELS)[0], seed=5)
+    path = folder / "q8.gguf"
+    write_gguf(model, path, gguf.GGMLQuantizationType.Q8_0)
+    return path

@@ -325,7 +325,8 @@ def accuracy_all(work: Workload, reference: Job, jobs: list[Job], tokens: list[i
 def llama_absent(model: Prepared) -> str | None:
     """Why llama.cpp cannot run `model` here, or None when it can."""
     if model.gguf is None:
-        return "llama.cpp runs GGUF files only (--model smollm2 or FILE.gguf)"
+        return ("llama.cpp runs GGUF files only (--model smollm2, a model with random weights "
+                "such as qwen2.5-0.5b-random, or FILE.gguf)")
     if importlib.util.find_spec("llama_cpp") is None:
         return f"llama-cpp-python is not installed: {LLAMA_BUILD}"
     return None

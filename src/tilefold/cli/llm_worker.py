@@ -286,10 +286,17 @@ class Native:
 
 # ---- llama.cpp -----------------------------------------------------------------------------------
 
+def _all_f32(gguf: str) -> bool:
+    """Whether every tensor of the file is F32 already (a config model's weights): no copy."""
+    from tilefold.quant.gguf import GGUFFile
+
+    return all(t.kind == "F32" for t in GGUFFile(gguf).tensors.values())
+
+
 def llama_file(gguf: str, kind: str, folder: str) -> str:
     """`gguf` requantized by llama.cpp to `kind` (a LLAMA_TYPES key) in `folder`, made once;
-    `gguf` itself for SHIPPED."""
-    if kind == SHIPPED:
+    `gguf` itself for SHIPPED, and for F32 when it holds F32 tensors only."""
+    if kind == SHIPPED or (kind == "F32" and _all_f32(gguf)):
         return gguf
     import llama_cpp
 
