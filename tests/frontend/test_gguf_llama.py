@@ -284,8 +284,9 @@ def test_smollm2_gives_transformers_tokens():
 
 
 def test_quantized_weights_are_cached_on_disk(tmp_path, monkeypatch):
-    """A second build memory-maps the first one's codes and scales (the same values); a
-    corrupt entry is quantized again; a changed file gets entries of its own."""
+    """Codes and scales are memory-mapped from the cache's files, the first build's too (the
+    same values as quantizing); a corrupt entry is quantized again; a changed file gets
+    entries of its own."""
     from tilefold.frontend.weight_cache import WeightCache
     from tilefold.passes.quantize_weights import quantize_weight
 
@@ -304,8 +305,8 @@ def test_quantized_weights_are_cached_on_disk(tmp_path, monkeypatch):
         want = quantize_weight(file["blk.1.ffn_down.weight"], 1, fmt)
         first = WeightCache(path).quantized("blk.1.ffn_down.weight", weight, fmt)
         again = WeightCache(path).quantized("blk.1.ffn_down.weight", weight, fmt)
-        assert isinstance(again[0], np.memmap) and again[0].dtype == want[0].dtype
         for got in (first, again):
+            assert isinstance(got[0], np.memmap) and got[0].dtype == want[0].dtype
             np.testing.assert_array_equal(got[0].view(np.int8), want[0].view(np.int8))
             np.testing.assert_array_equal(got[1], want[1])
     assert len(calls) == 2  # once per format

@@ -2,13 +2,15 @@
 
 import dataclasses
 import gc
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.tolerances import assert_close
 from tilefold.runtime import buffers
-from tilefold.runtime.buffers import ALIGN, POOL_MIN, aligned_empty, idle_bytes
+from tilefold.runtime.buffers import ALIGN, POOL_MIN, aligned_empty, idle_bytes, release_pages
 
 
 @pytest.mark.parametrize("shape, dtype", [((0,), np.float32), ((7, 3), np.int8),
@@ -79,3 +81,32 @@ def test_a_streamed_output_kept_alive_is_not_overwritten_by_the_next_call():
     for x, y in ((x1, y1), (x2, y3)):
         e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
         assert_close(y, e / e.sum(-1, keepdims=True), dtype="f32", reduced=shape[-1])
+
+
+def _resident_kib(path) -> int:
+    """Resident KiB of this process's mappings of the file at `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's smaps")
+def test_released_pages_leave_the_process_and_read_back_the_same(tmp_path):
+    """A memory-mapped array's pages, once read, count in the process; released, they do not,
+    and reading the array again gives its values (faulted back in from the file). An array in
+    anonymous memory is left as it is."""
+    want = np.random.default_rng(5).standard_normal((1 << 20,)).astype(np.float32)  # 4 MiB
+    path = tmp_path / "w.npy"
+    np.save(path, want)
+    mapped = np.load(path, mmap_mode="r")[1:].reshape(-1, 1)  # a view of the mapping
+    assert float(mapped.sum()) == pytest.approx(float(want[1:].sum()), rel=1e-4)
+    assert _resident_kib(path) >= 4000
+    plain = want.copy()
+    release_pages(mapped, plain, None)
+    assert _resident_kib(path) < 64
+    np.testing.assert_array_equal(mapped[:, 0], want[1:])
+    np.testing.assert_array_equal(plain, want)

@@ -41,23 +41,32 @@ class WeightCache:
 
     def quantized(self, name: str, weight: Callable[[], np.ndarray], fmt: str
                   ) -> tuple[np.ndarray, np.ndarray]:
-        """`quantize_weight(weight(), 1, fmt)`, from the cache when it holds it."""
-        code_dtype = FORMATS[fmt][0].np_dtype
-        codes_path, scale_path = (self.dir / f"{name}.{fmt}.{part}.npy"
-                                  for part in ("codes", "scale"))
-        try:
-            codes = np.load(codes_path, mmap_mode="r", allow_pickle=False)
-            scale = np.load(scale_path, mmap_mode="r", allow_pickle=False)
-            if codes.dtype == np.uint8 and scale.dtype == np.float32 and \
-                    scale.shape[0] == codes.shape[0]:
-                return codes.view(code_dtype), scale
-        except (OSError, ValueError):
-            pass
+        """`quantize_weight(weight(), 1, fmt)`, from the cache when it holds it; memory-mapped
+        from the cache's files either way, so that pages a kernel no longer reads can leave
+        the process (`runtime.buffers.release_pages`)."""
+        paths = [self.dir / f"{name}.{fmt}.{part}.npy" for part in ("codes", "scale")]
+        cached = _load(*paths, FORMATS[fmt][0].np_dtype)
+        if cached is not None:
+            return cached
         codes, scale = quantize_weight(weight(), 1, fmt)
         self.dir.mkdir(parents=True, exist_ok=True)
-        _save(codes_path, codes.view(np.uint8))
-        _save(scale_path, np.ascontiguousarray(scale, np.float32))
-        return codes, scale
+        _save(paths[0], codes.view(np.uint8))
+        _save(paths[1], np.ascontiguousarray(scale, np.float32))
+        return _load(*paths, codes.dtype) or (codes, scale)
+
+
+def _load(codes_path: Path, scale_path: Path, code_dtype: np.dtype
+          ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The entry's codes and scales, memory-mapped, or None where it is missing or damaged."""
+    try:
+        codes = np.load(codes_path, mmap_mode="r", allow_pickle=False)
+        scale = np.load(scale_path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    if codes.dtype != np.uint8 or scale.dtype != np.float32 or \
+            scale.shape[0] != codes.shape[0]:
+        return None
+    return codes.view(code_dtype), scale
 
 
 def _save(path: Path, array: np.ndarray) -> None:

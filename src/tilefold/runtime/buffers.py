@@ -13,6 +13,7 @@ when a block is next asked for).
 from __future__ import annotations
 
 import math
+import mmap
 import threading
 from collections import deque
 
@@ -77,3 +78,16 @@ def idle_bytes() -> int:
     """Bytes of pooled blocks no array uses now (filed or just returned)."""
     with _lock:
         return sum(block.nbytes for block in [*_idle, *_returned])
+
+
+def release_pages(*arrays: np.ndarray | None) -> None:
+    """Drop the resident pages of arrays mapped from files (`np.load(mmap_mode="r")`, GGUF
+    tensors): once a kernel holds its own layout of a weight, the source's pages need not stay
+    in this process's memory. Reading such an array again faults its pages back in from the
+    file (from the page cache, usually); arrays not backed by a file are left alone."""
+    for array in arrays:
+        base = array
+        while base is not None and not isinstance(base, mmap.mmap):
+            base = getattr(base, "base", None)
+        if base is not None and not base.closed and hasattr(mmap, "MADV_DONTNEED"):
+            base.madvise(mmap.MADV_DONTNEED)

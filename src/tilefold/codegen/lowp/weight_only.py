@@ -196,7 +196,14 @@ def prepare(qt: QuantizedWeight, m: int, ldx: int, sxk: int = 1, ldy: int | None
     with row stride `ldy` (default N), on at most `threads` threads (a GEMV of a small weight
     takes one); `dot`: int8 activations and the integer dot product (see `dot_refusal`)."""
     target = target or host_target()
-    layout = stream_layout(qt, target)
+    return prepare_layout(stream_layout(qt, target), m, ldx, sxk, ldy, target, threads, dot)
+
+
+def prepare_layout(layout: StreamLayout, m: int, ldx: int, sxk: int = 1, ldy: int | None = None,
+                   target: Target | None = None, threads: int | None = None,
+                   dot: bool = False) -> WeightOnlyCall | UnpackedGemm:
+    """`prepare` on a stream layout already made (`stream_layout`) for `target`."""
+    target = target or host_target()
     ldy = layout.n if ldy is None else ldy
     threads = num_threads() if threads is None else threads
     if m >= GEMM_ROWS and not dot:

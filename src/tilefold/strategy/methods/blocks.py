@@ -32,6 +32,7 @@ from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
 from tilefold.passes.fusion_policy import CPU_FUSION  # its free prologues are views
 from tilefold.runtime import source_digest
+from tilefold.runtime.buffers import release_pages
 from tilefold.runtime.replay import NativeCall
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
@@ -138,8 +139,7 @@ class GemmEpilogue(Method):
         (`WEIGHT_ACTIVATIONS`) and the host has VNNI, the integer-dot one."""
         from tilefold.codegen.lowp.weight_only import dot_refusal
 
-        weight = _weight_of(problem, ctx, mm, deq)
-        layout = weight_layout(weight, ctx.target)
+        layout = _weight_layout(problem, ctx, mm, deq)
         config = {**config, "weights": str(problem.types[deq.operands[0]].dtype)}
         rows = int(np.prod(problem.shape(mm.operands[0])[:-1]))
         out = []
@@ -186,22 +186,26 @@ def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
     return max(compute, stream) + ctx.machine.call_s
 
 
-def weight_layout(weight, target: Target):
+def _weight_layout(problem: Problem, ctx: Context, mm: Operation, deq: Operation):
+    """The stream layout (`codegen/lowp/weight_only.stream_layout`) of `deq`'s constant codes,
+    scales (and zero points) for the target, built once per codes array. It is the weight's
+    only copy the kernels read: the packed QuantizedTensor it is made from is dropped, and
+    where the codes are mapped from a file (a weight cache) their pages are released."""
     from tilefold.codegen.lowp.weight_only import stream_layout
-
-    return stream_layout(weight, target)
-
-
-def _weight_of(problem: Problem, ctx: Context, mm: Operation, deq: Operation):
-    """The QuantizedTensor of `deq`'s constant codes, scales (and zero points), built once per
-    codes array."""
     from tilefold.quant import QuantizedTensor
 
-    codes, scale, *zero_point = (problem.constants[v] for v in deq.operands)
+    sources = [problem.constants[v] for v in deq.operands]
     axis = 1 if problem.attrs(mm)["transpose_b"] else 0  # the contraction axis of B as stored
     fmt = _format_of(problem, deq)
-    return _packed_once(codes, ("weight-only", axis), lambda: QuantizedTensor.from_codes(
-        fmt, codes, axis, scale, zero_point[0] if zero_point else None))
+
+    def build():
+        codes, scale, *zero_point = sources
+        layout = stream_layout(QuantizedTensor.from_codes(
+            fmt, codes, axis, scale, zero_point[0] if zero_point else None), ctx.target)
+        release_pages(*sources)
+        return layout
+
+    return _packed_once(sources[0], ("weight-only", axis, ctx.target.name), build)
 
 
 def _weight_only(problem: Problem, mm: Operation, prologue: list[Operation]
@@ -244,10 +248,9 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
     """x @ dequantize(codes, scales) by the weight-only GEMV/skinny GEMM (`codegen/lowp`),
     one native call on A's and C's arrays as they are (C-contiguous: rows of K and of N),
     then the epilogue's row program over C."""
-    from tilefold.codegen.lowp.weight_only import prepare
+    from tilefold.codegen.lowp.weight_only import prepare_layout
 
-    weight = _weight_of(problem, ctx, mm, deq)
-    layout = weight_layout(weight, ctx.target)
+    layout = _weight_layout(problem, ctx, mm, deq)
     a_in = problem.inputs.index(mm.operands[0])
     a_shape = problem.shape(mm.operands[0])
     rows, k = int(np.prod(a_shape[:-1])), a_shape[-1]
@@ -256,7 +259,7 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
     epilogue = _Epilogue(problem, ctx, epi, c_val)
     call = None
     if rows and k and layout.n:
-        call = prepare(weight, rows, k, 1, layout.n, ctx.target, ctx.threads, dot)
+        call = prepare_layout(layout, rows, k, 1, layout.n, ctx.target, ctx.threads, dot)
 
     def run(*arrays: np.ndarray) -> None:
         c = arrays[c_at]
@@ -273,7 +276,8 @@ def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operat
         return None if gemm is None or rest is None or call is None else [*gemm, *rest]
 
     kind = "int8 x " if dot else ""
-    return _kernel(run, f"weight-only {kind}{weight.format.name}", epilogue, calls, scratch)
+    name = f"weight-only {kind}{_format_of(problem, deq).name}"
+    return _kernel(run, name, epilogue, calls, scratch)
 
 
 def _lanes(ctx: Context) -> int:
