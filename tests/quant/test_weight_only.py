@@ -154,6 +154,32 @@ def test_a_compiled_model_sliced_in_n_with_batch_dims(rng, monkeypatch, batch):
     assert (np.abs(y - ref).reshape(-1, n) <= bound).all()
 
 
+@pytest.mark.parametrize("fmt, kw", [("int4", {"symmetric": False}), ("int8", {})])
+def test_a_layout_built_a_tile_at_a_time_is_the_same(rng, monkeypatch, fmt, kw):
+    """A layout is built a few tiles of codes at a time (a vocabulary head never has
+    whole-weight temporaries): one tile a pass gives the bytes of one pass, stored [K, N] or
+    [N, K] (axis 1), N off the tile width; its GEMV matches the dequantized reference."""
+    from tilefold.codegen.lowp import wlayout
+
+    target = target_for(LEVELS[-1])
+    w = rng.standard_normal((96, 3 * 64 + 5)).astype(np.float32)
+    for axis, weight in ((0, w), (1, np.ascontiguousarray(w.T))):
+        qt = quantize(weight, fmt, axis=axis, **kw)
+        layouts = []
+        for chunk in (1 << 30, 1):
+            monkeypatch.setattr(wlayout, "_CHUNK_CODES", chunk)
+            qt.kernel_layouts.clear()
+            layouts.append(wo.stream_layout(qt, target))
+        whole, tiled = layouts
+        assert whole.tiles > 1 and whole.chunk_bytes == tiled.chunk_bytes
+        np.testing.assert_array_equal(whole.data, tiled.data)
+    qt = quantize(w, fmt, **kw)
+    x = rng.standard_normal((1, 96)).astype(np.float32)
+    out = np.empty((1, w.shape[1]), np.float32)
+    wo.prepare_layout(wo.stream_layout(qt, target), 1, 96, 1, None, target, 2).run(x, out)
+    check(out, x, qt)
+
+
 def test_writes_the_callers_rows_and_leaves_the_rest(rng):
     """A prepared call writes y[:M, :N] with the planned row stride, nothing past N."""
     qw = quantize(rng.standard_normal((128, 45)).astype(np.float32), "int4")

@@ -146,10 +146,11 @@ class _Step:
             return w if rows is None else w[rows]
 
         if fmt == "f32" or k % (FORMATS[fmt][3] or 1):
-            return self.b.constant(np.ascontiguousarray(weight(), np.float32))
+            return self.b.constant(np.ascontiguousarray(weight(), np.float32), copy=False)
         codes, scale = self.coded[name] = self.quantize(name, weight, fmt)
         b = self.b
-        return b.op("dequantize", b.constant(codes), b.constant(scale), dtype=dtypes.f32)
+        return b.op("dequantize", b.constant(codes, copy=False), b.constant(scale, copy=False),
+                    dtype=dtypes.f32)
 
     def norm(self, x: Tensor, name: str) -> Tensor:
         weight = self.b.constant(np.ascontiguousarray(self.weights[name], np.float32))
@@ -193,7 +194,7 @@ class _Step:
         table = self.coded.get("token_embd.weight") or \
             self.matrix("token_embd.weight", c.hidden, "f32")
         if isinstance(table, tuple):  # rows of the tied head's codes: no f32 table kept
-            codes, scale = (b.op("gather", b.constant(a), ids) for a in table)
+            codes, scale = (b.op("gather", b.constant(a, copy=False), ids) for a in table)
             groups = table[1].shape[1]  # scales per row: [1, n, groups, K / groups] blocks
             x = (codes.astype("f32").reshape(1, n, groups, c.hidden // groups)
                  * scale.reshape(1, n, groups, 1)).reshape(1, n, c.hidden)  # as `dequantize`

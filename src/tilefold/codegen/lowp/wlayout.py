@@ -22,6 +22,7 @@ from tilefold.codegen.lowp.decode import NIBBLE_STORE_OFFSET, Decoder, nibble_k
 from tilefold.errors import UnsupportedError
 
 TILE_PANELS = (4, 3, 2)  # panels per tile, the first that balances the threads best
+_CHUNK_CODES = 4 << 20  # codes laid out per pass when a layout is built
 CHUNK_ALIGN = 64
 
 
@@ -74,38 +75,46 @@ class StreamLayout:
         panels = max(1, -(-n // lanes))
         self.panels_per_tile = p = tile_panels(panels, threads)
         self.tiles = -(-panels // p)
-        width = self.tiles * p * lanes
-        stored = _stored_codes(codes, qt, decoder)  # uint8 [K, N]
-        full = np.zeros((self.groups, self.group_padded, width), np.uint8)
-        full[:, :group, :n] = stored.reshape(self.groups, group, n)
-        g, s, t = self.groups, self.steps, self.tiles
-        if decoder.nibbles:  # a lane's little-endian word: byte m holds nibbles 2m, 2m + 1
-            octets = full.reshape(g, s, 8, t, p, lanes)
-            pairs = np.stack([octets[:, :, nibble_k(2 * m)]
-                              | (octets[:, :, nibble_k(2 * m + 1)] << np.uint8(4))
-                              for m in range(4)], axis=-1)  # [g, s, t, p, lanes, 4]
-            code_part = pairs.transpose(2, 0, 1, 3, 4, 5).reshape(t, g, -1)
-        else:
-            code_part = full.reshape(g, s, 4, t, p, lanes).transpose(3, 0, 1, 4, 2, 5)
-            code_part = code_part.reshape(t, g, -1)
+        self.code_bytes = self.steps * 4 * p * lanes  # a word of 8 nibbles or 4 bytes a lane
         scale = self._per_column(qt, qt.scale)
         self.f16_scales = bool(np.array_equal(scale.astype(np.float16).astype(np.float32),
                                               scale))
-        scale_part = self._chunked(scale.astype(np.float16 if self.f16_scales else np.float32))
-        parts = [code_part, scale_part]
+        parts = [self._chunked(scale.astype(np.float16 if self.f16_scales else np.float32))]
         self.corrected = qt.zero_point is not None or qt.offset is not None
         if self.corrected:
             parts.append(self._chunked(_corrections(qt, self._per_column).astype(np.float32)))
-        self.code_bytes = code_part.shape[2]
-        self.scale_bytes = scale_part.shape[2]
-        used = sum(part.shape[2] for part in parts)
+        self.scale_bytes = parts[0].shape[2]
+        used = self.code_bytes + sum(part.shape[2] for part in parts)
         self.chunk_bytes = -(-used // CHUNK_ALIGN) * CHUNK_ALIGN
-        self.data = np.zeros((t, g, self.chunk_bytes), np.uint8)
-        at = 0
+        self.data = np.zeros((self.tiles, self.groups, self.chunk_bytes), np.uint8)
+        # The codes a few tiles at a time, so that a large weight (a vocabulary head) never
+        # has temporaries of its whole size beside it.
+        per_chunk = max(1, _CHUNK_CODES // max(1, k * p * lanes))
+        for t0 in range(0, self.tiles, per_chunk):
+            t1 = min(self.tiles, t0 + per_chunk)
+            columns = codes[:, t0 * p * lanes:t1 * p * lanes]
+            self.data[t0:t1, :, :self.code_bytes] = self._code_chunk(
+                _stored_codes(columns, qt, decoder), t1 - t0)
+        at = self.code_bytes
         for part in parts:
             self.data[:, :, at:at + part.shape[2]] = part
             at += part.shape[2]
         self.data = self.data.reshape(-1)
+
+    def _code_chunk(self, stored: np.ndarray, tiles: int) -> np.ndarray:
+        """Stored codes [K, n] of `tiles` tiles' columns as their bytes [tiles, groups,
+        code_bytes] (columns past n and steps past a group's end padded with zero codes)."""
+        g, s, p, lanes = self.groups, self.steps, self.panels_per_tile, self.lanes
+        full = np.zeros((g, self.group_padded, tiles * p * lanes), np.uint8)
+        full[:, :self.group, :stored.shape[1]] = stored.reshape(g, self.group, -1)
+        if self.decoder.nibbles:  # a lane's little-endian word: byte m holds nibbles 2m, 2m + 1
+            octets = full.reshape(g, s, 8, tiles, p, lanes)
+            pairs = np.stack([octets[:, :, nibble_k(2 * m)]
+                              | (octets[:, :, nibble_k(2 * m + 1)] << np.uint8(4))
+                              for m in range(4)], axis=-1)  # [g, s, tiles, p, lanes, 4]
+            return pairs.transpose(2, 0, 1, 3, 4, 5).reshape(tiles, g, -1)
+        part = full.reshape(g, s, 4, tiles, p, lanes).transpose(3, 0, 1, 4, 2, 5)
+        return part.reshape(tiles, g, -1)
 
     @property
     def tile_bytes(self) -> int:
