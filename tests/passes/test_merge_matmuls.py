@@ -73,3 +73,34 @@ def test_graphs_over_the_same_weights_share_one_merged_weight():
     weights[1][2, 3] += 1.0
     third = merged()
     assert third is not first and np.array_equal(third, np.concatenate(weights))
+
+
+def test_weights_adjacent_in_one_buffer_are_viewed_not_copied():
+    """Rows of one buffer, one after another (as the GGUF builder reads a layer's projections),
+    merge into a view of that buffer; the same rows in another order, or parts of two buffers,
+    are copied. Either way the merged weight holds the parts' values, and the compiled merged
+    GEMM stays within the fp32 bound."""
+    from tilefold.passes.merge_matmuls import concatenated
+
+    rng = np.random.default_rng(4)
+    buffer = rng.standard_normal((sum(WIDTHS), K)).astype(np.float32)
+    cuts = np.cumsum(WIDTHS)[:-1]
+    parts = np.split(buffer, cuts)
+    view = concatenated(parts, 0)
+    assert np.shares_memory(view, buffer) and np.array_equal(view, buffer)
+    for others in (parts[::-1], [parts[0], parts[1].copy(), parts[2]]):
+        copied = concatenated(others, 0)
+        assert not np.shares_memory(copied, buffer)
+        assert np.array_equal(copied, np.concatenate(others))
+    transposed = [p.T for p in parts]  # [K, n] parts joined along axis 1: never a view
+    joined = concatenated(transposed, 1)
+    assert not np.shares_memory(joined, buffer) and np.array_equal(joined, buffer.T)
+
+    b = Builder("main")
+    x = b.arg("x", "f32", ("n", K))
+    module = b.build(*[b.op("matmul", x, b.constant(p, copy=False), transpose_b=True)
+                       for p in parts])
+    compiled = tf.compile(module)
+    xs = rng.standard_normal((5, K)).astype(np.float32)
+    for got, p in zip(compiled(xs), parts, strict=True):
+        _check(got, xs, p.T, None)

@@ -18,7 +18,7 @@ from tilefold.quant.accuracy import corrected_matmul_bound
 
 gguf = pytest.importorskip("gguf")
 
-from tilefold.quant.gguf import load_gguf  # noqa: E402  (after the skip: it needs gguf)
+from tilefold.quant.gguf import GGUFFile, load_gguf  # noqa: E402  (after the skip: it needs gguf)
 
 Q = gguf.GGMLQuantizationType
 # name -> (type, [N, K]): K off the vector width, N prime, an all-zero Q4_0 row
@@ -33,6 +33,7 @@ def _write(path: Path, rng) -> dict[str, np.ndarray]:
     writer.add_block_count(1)
     writer.add_embedding_length(96)
     writer.add_head_count(3)
+    writer.add_token_list(["<s>", "héllo", "", "wörld ✓"] * 3)
     stored = {}
     for name, (qtype, shape) in TENSORS.items():
         w = (rng.standard_normal(shape) * rng.uniform(0.01, 2, (shape[0], 1))).astype(np.float32)
@@ -58,6 +59,11 @@ def test_small_file_loads_as_it_is(tmp_path, rng):
     hp = model.hyperparameters
     assert hp["block_count"] == 1 and hp["embedding_length"] == 96
     assert hp["attention.head_count"] == 3
+    tokens = GGUFFile(tmp_path / "small.gguf").metadata["tokenizer.ggml.tokens"]
+    assert len(tokens) == 12 and tokens[1] == tokens[-3] == "héllo" and tokens[-1] == "wörld ✓"
+    assert tokens == ["<s>", "héllo", "", "wörld ✓"] * 3 and tokens[4:6] == ["<s>", "héllo"]
+    with pytest.raises(IndexError):
+        tokens[12]
     for name, (qtype, shape) in TENSORS.items():
         qt = model.tensors[name]
         assert isinstance(qt, QuantizedTensor) and qt.shape == shape and qt.axis == 1
@@ -154,6 +160,9 @@ def test_smollm2_loads_and_dequantizes_identically():
         dense = got.dequantize("f32") if isinstance(got, QuantizedTensor) else got
         assert np.array_equal(dense, want), t.name
     assert kinds == {"Q8_0", "Q4_1", "F32"} and len(model.tensors) == 272
+    field = reader.fields["tokenizer.ggml.tokens"]
+    assert GGUFFile(path).metadata["tokenizer.ggml.tokens"] == \
+        [bytes(field.parts[i]).decode("utf-8") for i in field.data]
     qt = model.tensors["blk.0.ffn_down.weight"]
     x = np.random.default_rng(0).standard_normal((1, 1536)).astype(np.float32)
     w = qt.dequantize("f64").T

@@ -253,3 +253,23 @@ def test_a_recording_counts_towards_its_plans_bytes():
     assert plan.replay is not None
     outputs = sum(np.empty(shape, dtype).nbytes for _, shape, dtype in plan.output_slots)
     assert plan.held == plan.nbytes + outputs > plan.nbytes
+
+
+def test_a_weight_is_packed_once_only_where_the_rows_are_fixed():
+    """x @ W^T with a constant W: with static rows the GEMM packs W once; with symbolic rows
+    the graph also serves one row (a GEMV reading W in place), so the GEMM packs W per call
+    rather than hold it twice. Every row count matches float64."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((72, 40)).astype(np.float32)
+    for rows, sizes, packed in (("?n", (1, 7, 45), False), (45, (45,), True)):
+        b = Builder("main")
+        x = b.arg("x", "f32", (rows, 40))
+        graph = compile(b.build(b.op("matmul", x, b.constant(w), transpose_b=True)))
+        for n in sizes:
+            xs = rng.standard_normal((n, 40)).astype(np.float32)
+            (got,) = graph(xs)
+            want = xs.astype(np.float64) @ w.T.astype(np.float64)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        gemms = [d.winner.config for d in graph.decisions((sizes[-1], 40))
+                 if d.winner.method == "blocks.gemm"]
+        assert gemms and all(c["prepack"] is packed for c in gemms), gemms

@@ -125,7 +125,21 @@ class _Step:
         self.every_position = every_position
         self.quantize = quantize or (lambda name, weight, fmt: quantize_weight(weight(), 1, fmt))
         self.coded: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.stacked: dict[str, np.ndarray] = {}  # f32 weights read into one buffer (together)
         self.b = Builder("main")
+
+    def together(self, *weights: tuple[str, np.ndarray | None]) -> None:
+        """Read f32 matmul weights of one input (name, row order) into one buffer, one after
+        another, so that merge-matmuls views them as its merged weight instead of copying."""
+        if self.fmt != "f32":
+            return
+        parts = [self.weights[name] if rows is None else self.weights[name][rows]
+                 for name, rows in weights]
+        buffer = np.concatenate(parts, dtype=np.float32)
+        at = 0
+        for (name, _), part in zip(weights, parts, strict=True):
+            self.stacked[name] = buffer[at:at + len(part)]
+            at += len(part)
 
     def linear(self, x: Tensor, name: str, rows: np.ndarray | None = None) -> Tensor:
         """x @ W^T (+ bias) for the GGUF weight `name` (its rows, and its bias's, reordered by
@@ -146,7 +160,10 @@ class _Step:
             return w if rows is None else w[rows]
 
         if fmt == "f32" or k % (FORMATS[fmt][3] or 1):
-            return self.b.constant(np.ascontiguousarray(weight(), np.float32), copy=False)
+            array = self.stacked.pop(name, None)
+            if array is None:
+                array = np.ascontiguousarray(weight(), np.float32)
+            return self.b.constant(array, copy=False)
         codes, scale = self.coded[name] = self.quantize(name, weight, fmt)
         b = self.b
         return b.op("dequantize", b.constant(codes, copy=False), b.constant(scale, copy=False),
@@ -191,8 +208,10 @@ class _Step:
         head_fmt = HEAD_FORMAT if self.fmt != "f32" and c.vocab >= HEAD_RATIO * c.hidden \
             else self.fmt
         head_weight = self.matrix(head, c.hidden, head_fmt)
-        table = self.coded.get("token_embd.weight") or \
-            self.matrix("token_embd.weight", c.hidden, "f32")
+        table = self.coded.get("token_embd.weight")
+        if table is None:  # the f32 table: the tied head's own array where it is f32 too
+            tied = head == "token_embd.weight" and head_fmt == "f32"
+            table = head_weight if tied else self.matrix("token_embd.weight", c.hidden, "f32")
         if isinstance(table, tuple):  # rows of the tied head's codes: no f32 table kept
             codes, scale = (b.op("gather", b.constant(a, copy=False), ids) for a in table)
             groups = table[1].shape[1]  # scales per row: [1, n, groups, K / groups] blocks
@@ -206,6 +225,8 @@ class _Step:
         for i in range(c.layers):
             blk = f"blk.{i}."
             h = self.norm(x, blk + "attn_norm.weight")
+            self.together((blk + "attn_q.weight", q_rows), (blk + "attn_k.weight", k_rows),
+                          (blk + "attn_v.weight", None))
             q = self.rope(self.heads(self.linear(h, blk + "attn_q.weight", q_rows), c.heads, n),
                           cos, sin)
             k = self.rope(self.heads(self.linear(h, blk + "attn_k.weight", k_rows), c.kv_heads,
@@ -219,6 +240,7 @@ class _Step:
             o = b.op("transpose", o, perm=(0, 2, 1, 3)).reshape(1, n, c.hidden)
             x = x + self.linear(o, blk + "attn_output.weight")
             h = self.norm(x, blk + "ffn_norm.weight")
+            self.together((blk + "ffn_gate.weight", None), (blk + "ffn_up.weight", None))
             gate = self.linear(h, blk + "ffn_gate.weight")
             up = self.linear(h, blk + "ffn_up.weight")
             x = x + self.linear(gate * b.op("sigmoid", gate) * up, blk + "ffn_down.weight")

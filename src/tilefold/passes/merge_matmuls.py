@@ -15,7 +15,9 @@ member's result feeds exactly one `add` of a 1-D constant bias (all members) or 
 special (no member has one).
 
 A concatenation is made once for the same parts (the same arrays, checked equal to it): a
-model's prompt and decode graphs share the merged weight, and with it its packed copy.
+model's prompt and decode graphs share the merged weight, and with it its packed copy. Parts
+that already lie one after another in one array (rows of one buffer, as the GGUF builder reads
+a layer's projections) are viewed as the merged weight, not copied.
 """
 
 from __future__ import annotations
@@ -36,9 +38,33 @@ END = 9223372036854775807  # slice stop: to the end of the axis
 _MERGED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
+def adjacent(parts: list[np.ndarray], axis: int) -> np.ndarray | None:
+    """The view of memory that is `np.concatenate(parts, axis)` where the parts are C-contiguous
+    and follow one another in one buffer along axis 0, else None."""
+    base = parts[0]
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if axis != 0 or not all(p.flags.c_contiguous and p.dtype == base.dtype
+                            and p.shape[1:] == parts[0].shape[1:] for p in parts):
+        return None
+    at = [p.__array_interface__["data"][0] for p in parts]
+    if any(a + p.nbytes != b for a, p, b in zip(at, parts, at[1:], strict=False)) or \
+            not base.flags.c_contiguous:
+        return None
+    start = (at[0] - base.__array_interface__["data"][0]) // base.itemsize
+    flat = base.reshape(-1)
+    rows = sum(p.shape[0] for p in parts)
+    return flat[start:start + rows * int(np.prod(parts[0].shape[1:]))].reshape(
+        rows, *parts[0].shape[1:])
+
+
 def concatenated(parts: list[np.ndarray], axis: int) -> np.ndarray:
     """`np.concatenate(parts, axis)`, the same array again for parts at the same memory whose
-    values it still holds (compared, not assumed: a weight changed in place is merged anew)."""
+    values it still holds (compared, not assumed: a weight changed in place is merged anew), a
+    view where the parts are `adjacent`."""
+    view = adjacent(parts, axis)
+    if view is not None:
+        return view
     key = (axis, tuple((p.__array_interface__["data"][0], p.shape, p.strides, p.dtype.str)
                        for p in parts))
     found = _MERGED.get(key)

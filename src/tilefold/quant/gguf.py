@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +163,18 @@ class _Cursor:
         self.at += n
         return text
 
+    def strings(self, count: int) -> Strings:
+        """`count` strings, decoded when read (a tokenizer's vocabulary is not needed to build
+        a model): here only their lengths are walked."""
+        spans = []
+        for _ in range(count):
+            n = self.scalar(np.uint64)
+            self._need(n)
+            spans.append(self.at)
+            self.at += n
+            spans.append(self.at)
+        return Strings(self.data, spans)
+
     def value(self, kind: int) -> Any:
         if kind == _STRING:
             return self.string()
@@ -169,10 +182,37 @@ class _Cursor:
             item, count = self.scalar(np.uint32), self.scalar(np.uint64)
             if item in _SCALARS:
                 return self.take(_SCALARS[item], count).tolist()
+            if item == _STRING:
+                return self.strings(count)
             return [self.value(item) for _ in range(count)]
         if kind not in _SCALARS:
             raise UnsupportedError(f"GGUF metadata value of unknown type {kind}")
         return self.scalar(_SCALARS[kind])
+
+
+class Strings(Sequence[str]):
+    """A metadata array of strings, each decoded (UTF-8) when read."""
+
+    def __init__(self, data: memoryview, spans: list[int]):
+        self._data, self._spans = data, spans  # start, end of each string, in turn
+
+    def __len__(self) -> int:
+        return len(self._spans) // 2
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"string {i} of {len(self)}")
+        j = 2 * (i % len(self))
+        text = bytes(self._data[self._spans[j]:self._spans[j + 1]])
+        return text.decode("utf-8", errors="replace")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Strings({len(self)})"
 
 
 @dataclass(frozen=True)

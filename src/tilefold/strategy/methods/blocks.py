@@ -30,6 +30,7 @@ from tilefold.codegen.kernel.schedule import vector_lanes
 from tilefold.codegen.vecmath import MATH_VECTORS
 from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
+from tilefold.ir.types import SymDim
 from tilefold.passes.fusion_policy import CPU_FUSION  # its free prologues are views
 from tilefold.runtime import source_digest
 from tilefold.runtime.buffers import release_pages
@@ -109,9 +110,15 @@ class GemmEpilogue(Method):
         c_bytes = 4 * float(np.prod(problem.shape(c)))
         # A constant B is packed once, except for an f32 product with a single row of C: the
         # GEMV reads the weight in place as one sequential stream (through packed panels,
-        # SmolLM2's f32 decode GEMVs ran ~2x slower on znver4, and kept a second copy).
+        # SmolLM2's f32 decode GEMVs ran ~2x slower on znver4, and kept a second copy). Where
+        # the rows are symbolic, the graph serves one row too, whose GEMV reads B in place, so
+        # a packed copy would hold the weight twice: B is packed per call instead (SmolLM2 f32
+        # peak RSS 1147 -> 795 MB; its 256-token prompt 552 -> 455 tok/s on znver3, still
+        # 1.16x llama.cpp's F32; MiniLM's encode flow no slower measurably).
         gemv = not lowp and int(np.prod(problem.shape(c)[:-1])) == 1
-        prepack = mm.operands[1] in problem.constants and len(b_shape) == 2 and not gemv
+        rows_vary = any(isinstance(d, SymDim) for d in mm.operands[0].type.shape[:-1])
+        prepack = mm.operands[1] in problem.constants and len(b_shape) == 2 and not gemv \
+            and not rows_vary
         machine, nbytes, calls = ctx.machine, w.bytes_fused, 2 if epi else 1
         if lowp:
             machine = dataclasses.replace(machine, gflops=_lowp_gflops(ctx, LOWP_PEAKS[pair]))
