@@ -25,6 +25,7 @@ from tilefold.frontend.llama import LlamaConfig, donated, llama_step
 from tilefold.frontend.weight_cache import WeightCache
 from tilefold.frontend.weight_cache import enabled as weights_cached
 from tilefold.quant.gguf import GGUFFile
+from tilefold.runtime.buffers import release_pages
 
 
 @dataclass
@@ -64,6 +65,7 @@ class GGUFGenerator:
                             every_position=every_position,
                             quantize=cache.quantized if cache is not None else None)
         self.graph = tilefold_compile(module, strict=strict, donate=donated(self.config))
+        release_pages(file.data)  # what the build read of the file: faulted in again if used
         shape = self.config.cache_shape(max_length)
         self.caches = [np.zeros(shape, np.float32) for _ in range(2 * self.config.layers)]
         self._token = np.zeros((1, 1), np.int64)  # a decode step's inputs, written in place

@@ -43,6 +43,7 @@ from tilefold.ir.builder import Builder, Tensor
 from tilefold.ir.ops.shape import END
 from tilefold.ir.types import SymDim
 from tilefold.passes.quantize_weights import FORMATS, HEAD_RATIO, quantize_weight
+from tilefold.runtime.buffers import release_pages
 
 # GGUF architecture built natively -> whether its converter permuted the rows of Q and K
 QK_PERMUTED = {"llama": True, "qwen2": False}
@@ -136,6 +137,7 @@ class _Step:
         parts = [self.weights[name] if rows is None else self.weights[name][rows]
                  for name, rows in weights]
         buffer = np.concatenate(parts, dtype=np.float32)
+        release_pages(*parts)  # parts read from a mapped F32 file leave the process
         at = 0
         for (name, _), part in zip(weights, parts, strict=True):
             self.stacked[name] = buffer[at:at + len(part)]
@@ -155,9 +157,11 @@ class _Step:
     def matrix(self, name: str, k: int, fmt: str, rows: np.ndarray | None = None) -> Tensor:
         """The [N, k] weight `name` as an f32 constant, or dequantized from codes and scales
         at `fmt` (kept in `self.coded`)."""
+        read = []
+
         def weight() -> np.ndarray:
-            w = self.weights[name]
-            return w if rows is None else w[rows]
+            read.append(self.weights[name])
+            return read[-1] if rows is None else read[-1][rows]
 
         if fmt == "f32" or k % (FORMATS[fmt][3] or 1):
             array = self.stacked.pop(name, None)
@@ -165,6 +169,7 @@ class _Step:
                 array = np.ascontiguousarray(weight(), np.float32)
             return self.b.constant(array, copy=False)
         codes, scale = self.coded[name] = self.quantize(name, weight, fmt)
+        release_pages(*read)  # an F32 file's weight, once quantized, leaves the process
         b = self.b
         return b.op("dequantize", b.constant(codes, copy=False), b.constant(scale, copy=False),
                     dtype=dtypes.f32)

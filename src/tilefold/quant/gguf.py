@@ -237,9 +237,10 @@ def _dequantize_other(t: GGUFTensor) -> np.ndarray:
 def _f32(t: GGUFTensor) -> np.ndarray:
     """`t` as f32, computed as the `gguf` package computes it (float32 d * q (+ m)): the numbers
     transformers loads."""
-    if t.kind in ("F32", "F16"):
-        return t.data.view(np.float32 if t.kind == "F32" else np.float16).reshape(t.shape) \
-            .astype(np.float32)
+    if t.kind == "F32":  # the file's own bytes (read-only), no copy
+        return t.data.view(np.float32).reshape(t.shape)
+    if t.kind == "F16":
+        return t.data.view(np.float16).reshape(t.shape).astype(np.float32)
     if t.kind not in ("Q8_0", "Q4_0", "Q4_1"):
         return _dequantize_other(t)
     n, k = t.shape
@@ -259,8 +260,9 @@ def _f32(t: GGUFTensor) -> np.ndarray:
 class GGUFFile:
     """A GGUF file opened for reading (memory-mapped, its header parsed here): its metadata,
     tensors (`tensors[name]`: raw blocks) and each tensor as f32 when asked for (`file[name]`,
-    computed as transformers computes it), so a model can be built a tensor at a time without
-    ever holding all of it in f32."""
+    computed as transformers computes it; an F32 tensor is a read-only view of the file), so a
+    model can be built a tensor at a time without ever holding all of it in f32. `data` is the
+    whole file, memory-mapped."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
@@ -268,6 +270,7 @@ class GGUFFile:
             raw = np.memmap(self.path, np.uint8, mode="r").view(np.ndarray)
         except (OSError, ValueError) as exc:
             raise UnsupportedError(f"cannot read GGUF file {self.path!r}: {exc}") from None
+        self.data = raw
         cur = _Cursor(raw)
         if len(raw) < 24 or bytes(raw[:4]) != GGUF_MAGIC:
             raise UnsupportedError(f"{self.path!r} is not a GGUF file (no GGUF magic)")
