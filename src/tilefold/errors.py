@@ -78,6 +78,11 @@ class CacheError(TilefoldError):
     """An on-disk cache or tuning database cannot be used."""
 
 
+class ArtifactError(TilefoldError):
+    """An exported artifact cannot be written, or cannot be trusted or run here (wrong file,
+    truncated or altered part, a CPU feature this host lacks)."""
+
+
 class FallbackError(TilefoldError):
     """Strict mode: something failed and would have been replaced by a slower path (the next
     kernel method, the reference interpreter, PyTorch); the message names what and why."""

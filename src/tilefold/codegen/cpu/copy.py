@@ -178,7 +178,7 @@ def copy_call(dst: np.ndarray, src: np.ndarray, *, index: np.ndarray | None = No
     if math.prod(shape) == 0:
         return None
     return NativeCall(copy_function(item), (params.ctypes.data,),
-                      (params, dst, src, status, index))
+                      (params, dst, src, status, index if side is not None else _NO_INDEX))
 
 
 def _coalesce(shape: list[int], dstr: list[int], sstr: list[int], axis: int | None

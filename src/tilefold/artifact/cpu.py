@@ -1,0 +1,67 @@
+"""Which of an artifact's CPU features (LLVM's names) this host lacks, read from the kernel's
+/proc/cpuinfo flags: no LLVM in the loader.
+
+Most LLVM x86 feature names are the kernel's flag names; `_FLAG` lists those spelled
+otherwise. `_NOT_IN_CODE` are system features LLVM reports for a CPU whose instructions
+generated code never contains (a kernel may not even list them, e.g. shstk), so they are not
+checked. A feature neither known nor listed cannot be checked and is reported as missing:
+an artifact is never run on the hope that a host has what its code needs.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+_FLAG = {
+    "64bit": "lm", "sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "sahf": "lahf_lm",
+    "lzcnt": "abm", "bmi": "bmi1", "pclmul": "pclmulqdq", "prfchw": "3dnowprefetch",
+    "crc32": "sse4_2", "rdrnd": "rdrand", "sha": "sha_ni", "avx512vnni": "avx512_vnni",
+    "avx512vbmi2": "avx512_vbmi2", "avx512bitalg": "avx512_bitalg",
+    "avx512vpopcntdq": "avx512_vpopcntdq", "avx512bf16": "avx512_bf16",
+    "avx512fp16": "avx512_fp16", "avxvnni": "avx_vnni", "amx-tile": "amx_tile",
+    "amx-bf16": "amx_bf16", "amx-int8": "amx_int8",
+}
+_SAME = frozenset((
+    "sse", "sse2", "ssse3", "sse4a", "avx", "avx2", "fma", "f16c", "bmi2", "popcnt", "movbe",
+    "cx8", "cx16", "cmov", "mmx", "fxsr", "aes", "adx", "vaes", "vpclmulqdq", "gfni", "avx512f",
+    "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi", "rdseed",
+    "clflushopt", "clwb",
+))
+_NOT_IN_CODE = frozenset((
+    "xsave", "xsavec", "xsaveopt", "xsaves", "fsgsbase", "invpcid", "rdpid", "shstk", "clzero",
+    "mwaitx", "wbnoinvd", "pku", "ptwrite", "waitpkg", "movdiri", "movdir64b", "serialize",
+    "tsxldtrk", "uintr", "cldemote", "enqcmd", "sgx", "rtm", "kl", "widekl", "hreset", "prefetchi",
+    "rdpru", "lwp",
+))
+_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+
+def host_arch() -> str:
+    machine = platform.machine().lower()
+    return _ARCH.get(machine, machine)
+
+
+def _host_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def missing_features(features: list[str]) -> list[str]:
+    """The features of `features` this host does not have, or cannot be shown to have."""
+    flags = _host_flags()
+    missing = []
+    for feature in features:
+        if feature in _NOT_IN_CODE:
+            continue
+        flag = _FLAG.get(feature, feature if feature in _SAME else None)
+        if flag is None or flag not in flags:
+            missing.append(feature)
+    return missing

@@ -1,0 +1,244 @@
+"""`tilefold.load(path)`: run an exported artifact with NumPy and ctypes alone (no LLVM, no
+PyTorch, no compiling).
+
+Everything is checked before any of the artifact's code is loaded: the manifest (format,
+version, architecture, the CPU features its code assumes), each part's size and sha256, and
+the step program's every buffer reference. Then the constants are mapped copy-on-write, the
+other buffers allocated, the pointers of the step program written into one int64 table, and
+a call is: inputs checked and copied in, `tf_replay(table)` (one native call running every
+kernel), outputs copied out.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import mmap
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilefold.artifact.cpu import host_arch, missing_features
+from tilefold.artifact.format import (
+    ALIGN,
+    DATA,
+    DTYPES,
+    ENTRY,
+    FORMAT,
+    FORMAT_VERSION,
+    HEADER,
+    HEADER_WORDS,
+    LIBRARY,
+    MANIFEST,
+    PROGRAM,
+    check_parts,
+    read_json,
+)
+from tilefold.artifact.pool import env_int, pool_threads, worker_cpus
+from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
+from tilefold.version import __version__
+
+
+def load(path: str | Path) -> LoadedModel:
+    """The artifact `tilefold export` wrote at `path`, ready to call on NumPy arrays."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ArtifactError(f"{root}: not an artifact directory (`tilefold export` writes one "
+                            f"holding {MANIFEST}, {PROGRAM}, {LIBRARY} and {DATA})")
+    manifest = read_json(root / MANIFEST, "manifest")
+    _check_manifest(root, manifest)
+    check_parts(root, manifest)
+    program = read_json(root / PROGRAM, "step program")
+    return LoadedModel(root, manifest, program)
+
+
+def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    where = root / MANIFEST
+    if manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{where}: not a tilefold artifact manifest (format "
+                            f"{manifest.get('format')!r}, expected {FORMAT!r})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{where}: artifact format version {manifest.get('format_version')!r}; tilefold "
+            f"{__version__} reads version {FORMAT_VERSION}: export it again with this tilefold")
+    target = manifest.get("target")
+    if not isinstance(target, dict) or not isinstance(target.get("cpu_features"), list):
+        raise ArtifactError(f"{where}: the manifest names no target and its CPU features")
+    if target.get("arch") != host_arch():
+        raise UnsupportedError(f"{root}: exported for {target.get('arch')} "
+                               f"({target.get('name')}); this host is {host_arch()}")
+    missing = missing_features([str(f) for f in target["cpu_features"]])
+    if missing:
+        raise UnsupportedError(
+            f"{root}: exported for {target.get('name')}, whose code uses CPU features this "
+            f"host lacks: {', '.join(missing)}; export it for a target this host has "
+            "(e.g. --target x86-64-v3) or run it on such a host")
+    for side in ("inputs", "outputs"):
+        specs = manifest.get(side)
+        if not isinstance(specs, list) or not all(
+                isinstance(s, dict) and s.get("dtype") in DTYPES and isinstance(s.get("shape"),
+                                                                                 list)
+                for s in specs):
+            raise ArtifactError(f"{where}: {side} must each have a dtype of "
+                                f"{', '.join(DTYPES)} and a shape")
+
+
+def _aligned_zeros(nbytes: int) -> np.ndarray:
+    raw = np.zeros(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes]
+
+
+class LoadedModel:
+    """An artifact loaded into this process: `model(*arrays)` returns the list of outputs (fresh
+    arrays); `inputs` and `outputs` describe them (name, dtype, shape)."""
+
+    def __init__(self, root: Path, manifest: dict[str, Any], program: dict[str, Any]):
+        self.root = root
+        self.manifest = manifest
+        self.inputs = manifest["inputs"]
+        self.outputs = manifest["outputs"]
+        self._lock = threading.Lock()
+        try:
+            self._prepare(program)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{root / PROGRAM}: malformed step program ({exc!r}); export "
+                                "the artifact again") from None
+
+    def _prepare(self, program: dict[str, Any]) -> None:
+        self._map_data()
+        self.buffers = [self._buffer(b) for b in program["buffers"]]
+        bases = [b.ctypes.data for b in self.buffers]
+
+        def address(ref: list) -> int:
+            buffer, offset = int(ref[0]), int(ref[1])
+            if not 0 <= offset <= self.buffers[buffer].nbytes:
+                raise ValueError(f"offset {offset} outside buffer {buffer}")
+            return bases[buffer] + offset
+
+        for where, to in program["pointers"]:  # words of parameter blocks holding addresses
+            if address(where) + 8 > bases[int(where[0])] + self.buffers[int(where[0])].nbytes:
+                raise ValueError(f"pointer word at {where} outside its buffer")
+            ctypes.c_int64.from_address(address(where)).value = address(to)
+        self._headers = [self._header(h, address) for h in program["objects"]]
+        headers = [h.ctypes.data for h in self._headers]
+        table: list[int] = []
+        self._library = self._open()
+        self._calls = program["calls"]
+        for call in self._calls:
+            table.append(self._symbol(str(call["symbol"])))
+            for kind, value in call["args"]:
+                table.append({"addr": lambda v: address(v), "object": lambda v: headers[v],
+                              "value": int}[kind](value))
+        self._table = np.array(table or [0], np.int64)
+        self._inputs = [self._view(spec, ref) for spec, ref in
+                        zip(self.inputs, program["inputs"], strict=True)]
+        self._results = [self._view(spec, ref) for spec, ref in
+                         zip(self.outputs, program["outputs"], strict=True)]
+        self._status = [self.buffers[i].view(np.int64) for i in program["status"]]
+        self._run = self._library[ENTRY]
+        self._run.argtypes, self._run.restype = [ctypes.c_void_p], None
+
+    def _map_data(self) -> None:
+        path = self.root / DATA
+        if path.stat().st_size == 0:
+            self._data = np.zeros(0, np.uint8)
+            return
+        with path.open("rb") as f:  # private pages: a kernel's writes never reach the file
+            self._data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY),
+                                       np.uint8)
+
+    def _buffer(self, spec: dict[str, Any]) -> np.ndarray:
+        nbytes = int(spec["bytes"])
+        if spec["kind"] != "data":
+            return _aligned_zeros(nbytes)
+        offset = int(spec["offset"])
+        if offset % ALIGN or offset < 0 or offset + nbytes > self._data.nbytes:
+            raise ValueError(f"constant buffer at {offset} (+{nbytes}) outside {DATA}")
+        return self._data[offset:offset + nbytes]
+
+    def _header(self, spec: dict[str, Any], address: Any) -> np.ndarray:
+        """What a kernel reads of a NumPy array object: data pointer, rank, dims, strides."""
+        shape, strides = list(map(int, spec["shape"])), list(map(int, spec["strides"]))
+        header = np.zeros(HEADER_WORDS + 2 * len(shape), np.int64)
+        header[HEADER_WORDS:HEADER_WORDS + len(shape)] = shape
+        header[HEADER_WORDS + len(shape):] = strides
+        base = header.ctypes.data
+        header[HEADER["data"] // 8] = address(spec["at"])
+        header[HEADER["nd"] // 8] = len(shape)
+        header[HEADER["dims"] // 8] = base + 8 * HEADER_WORDS
+        header[HEADER["strides"] // 8] = base + 8 * (HEADER_WORDS + len(shape))
+        return header
+
+    def _view(self, spec: dict[str, Any], ref: dict[str, Any]) -> np.ndarray:
+        buffer = self.buffers[int(ref["at"][0])]
+        dtype = np.dtype(DTYPES[spec["dtype"]])
+        shape, strides = tuple(spec["shape"]), tuple(ref["strides"])
+        offset = int(ref["at"][1])
+        reach = [(n - 1) * s for n, s in zip(shape, strides, strict=True)]
+        low = offset + sum(min(0, r) for r in reach)
+        high = offset + sum(max(0, r) for r in reach) + dtype.itemsize
+        if 0 not in shape and not (low >= 0 and high <= buffer.nbytes):
+            raise ValueError(f"array view at {ref} outside its buffer")
+        return np.ndarray(shape, dtype, buffer=buffer, offset=offset, strides=strides)
+
+    def _open(self) -> ctypes.CDLL:
+        try:
+            library = ctypes.CDLL(str((self.root / LIBRARY).resolve()))
+        except OSError as exc:
+            raise ArtifactError(f"{self.root / LIBRARY}: cannot be loaded ({exc})") from None
+        if self.manifest.get("pool"):
+            self._start_pool(library)
+        return library
+
+    def _symbol(self, name: str) -> int:
+        try:
+            return ctypes.cast(self._library[name], ctypes.c_void_p).value
+        except AttributeError:
+            raise ArtifactError(f"{self.root / LIBRARY} has no function {name!r} that the "
+                                "step program calls; export the artifact again") from None
+
+    def _start_pool(self, library: ctypes.CDLL) -> None:
+        """The library's own native worker pool, started like the process's."""
+        init = library["tilefold_pool_init"]
+        init.restype = ctypes.c_int32
+        if init() != 0:
+            raise UnsupportedError("pthread_key_create failed; too many thread keys")
+        start = library["tilefold_pool_start"]
+        start.restype = ctypes.c_int32
+        start.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        size = pool_threads(int(self.manifest["pool"]["max_threads"]))
+        cpus, worker_set = worker_cpus(size)
+        spin_ns = env_int("TILEFOLD_SPIN_US", 2000, 0) * 1000
+        start(size, ctypes.addressof(cpus), ctypes.addressof(worker_set), spin_ns)
+        stop = library["tilefold_pool_stop"]
+        stop.restype = None
+        atexit.register(stop)
+
+    def __call__(self, *arrays: Any) -> list[np.ndarray]:
+        if len(arrays) != len(self.inputs):
+            names = ", ".join(s["name"] for s in self.inputs)
+            raise ShapeError(f"{self.root}: takes {len(self.inputs)} inputs ({names}), "
+                             f"got {len(arrays)}")
+        given = [np.asarray(a) for a in arrays]
+        for spec, a in zip(self.inputs, given, strict=True):
+            want = np.dtype(DTYPES[spec["dtype"]])
+            if a.dtype != want:
+                raise DTypeError(f"{self.root}: input %{spec['name']} must be {spec['dtype']} "
+                                 f"({want}), got {a.dtype}; convert it with .astype")
+            if list(a.shape) != list(spec["shape"]):
+                raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
+                                 f"{list(spec['shape'])} (exported for static shapes), got "
+                                 f"{list(a.shape)}")
+        with self._lock:
+            for buffer, a in zip(self._inputs, given, strict=True):
+                np.copyto(buffer, a)
+            self._run(self._table.ctypes.data)
+            for status in self._status:
+                if status[0]:
+                    status[0] = 0
+                    raise ShapeError("an index of a gather or index_put is out of range for "
+                                     "its axis; check the indices")
+            return [np.array(r) for r in self._results]
