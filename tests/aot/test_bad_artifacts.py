@@ -16,7 +16,7 @@ import pytest
 import tilefold
 from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
 from tilefold.artifact import cpu
-from tilefold.artifact.format import DATA, LIBRARY, MANIFEST, PROGRAM
+from tilefold.artifact.format import DATA, MANIFEST, PROGRAM
 from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
 
 
@@ -37,6 +37,11 @@ def _edit_json(path: Path, change: Callable[[dict], None]) -> None:
     value = json.loads(path.read_text())
     change(value)
     path.write_text(json.dumps(value))
+
+
+def _library(root: Path) -> Path:
+    (library,) = root.glob("kernels-*.so")
+    return library
 
 
 def _truncate(path: Path) -> None:
@@ -69,15 +74,18 @@ def test_the_pristine_copy_loads(copy: Path) -> None:
      "inputs must each have a dtype"),
     (lambda p: (p / DATA).unlink(), "data.bin: missing"),
     (lambda p: _truncate(p / DATA), "data.bin: truncated"),
-    (lambda p: _truncate(p / LIBRARY), "kernels.so: truncated"),
+    (lambda p: _truncate(_library(p)), r"kernels-\w+\.so: truncated"),
     (lambda p: (p / PROGRAM).write_text((p / PROGRAM).read_text() + " "),
      "program.json: longer than exported"),
-    (lambda p: _flip_a_byte(p / LIBRARY), "kernels.so: sha256 differs"),
+    (lambda p: _flip_a_byte(_library(p)), r"kernels-\w+\.so: sha256 differs"),
+    (lambda p: _edit_json(p / MANIFEST, lambda m: m["parts"]["library"].update(
+        file="../../lib.so")), "must be a file kernels-<16 hex digits>.so"),
     (lambda p: _flip_a_byte(p / DATA), "data.bin: sha256 differs"),
     (lambda p: _flip_a_byte(p / PROGRAM), "program.json: sha256 differs"),
 ], ids=["no-manifest", "binary-manifest", "manifest-not-object", "other-format",
         "other-version", "part-unlisted", "bad-dtype", "no-data", "truncated-data",
-        "truncated-library", "longer-program", "altered-library", "altered-data",
+        "truncated-library", "longer-program", "altered-library", "library-elsewhere",
+        "altered-data",
         "altered-program"])
 def test_a_damaged_artifact_is_refused(copy: Path, damage, message: str) -> None:
     damage(copy)

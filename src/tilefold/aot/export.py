@@ -22,11 +22,10 @@ from tilefold.artifact.format import (
     DATA,
     FORMAT,
     FORMAT_VERSION,
-    LIBRARY,
     MANIFEST,
-    PARTS,
     PROGRAM,
     dtype_name,
+    new_library_name,
     sha256_file,
 )
 from tilefold.compiler import compile
@@ -94,8 +93,9 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
+        files = {"library": new_library_name(), "program": PROGRAM, "data": DATA}
         features = link_library(list(program.modules.values()), program.signatures, target,
-                                tmp / LIBRARY)
+                                tmp / files["library"])
         manifest["target"]["cpu_features"] = features
         (tmp / PROGRAM).write_text(json.dumps(program.to_json(), separators=(",", ":")))
         with (tmp / DATA).open("wb") as f:
@@ -105,7 +105,7 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
                     f.write(data + bytes(-len(data) % ALIGN))
         manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
                                     "sha256": sha256_file(tmp / file)}
-                             for part, file in PARTS.items()}
+                             for part, file in files.items()}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if path.exists():
             shutil.rmtree(path)

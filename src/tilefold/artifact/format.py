@@ -6,8 +6,11 @@ the weights a file of their own to be mapped at offset 0):
     manifest.json   what the artifact is: format, tilefold version, function, inputs and
                     outputs (name, dtype, shape), target and the CPU features its code
                     assumes, the layout of array headers, and each part's size and sha256
-    kernels.so      the kernels' object code and the native thread pool, position-independent,
-                    with `tf_replay(int64 *table)` running the whole step program
+    kernels-<id>.so the kernels' object code and the native thread pool, position-independent,
+                    with `tf_replay(int64 *table)` running the whole step program; <id> is
+                    drawn per export, so a process that loaded an earlier export from this
+                    path never gets that library back from `dlopen` (which reuses a loaded
+                    library by name)
     program.json    the step program: buffers, array headers, pointer words to patch, and the
                     native calls with every pointer written as (buffer, offset)
     data.bin        the constants (weights, parameter blocks) as raw bytes, each at a 64-byte
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +35,10 @@ from tilefold.errors import ArtifactError
 FORMAT = "tilefold-artifact"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-LIBRARY = "kernels.so"
 PROGRAM = "program.json"
 DATA = "data.bin"
-PARTS = {"library": LIBRARY, "program": PROGRAM, "data": DATA}
+PARTS = ("library", "program", "data")
+_LIBRARY = re.compile(r"kernels-[0-9a-f]{16}\.so")
 ALIGN = 64  # every buffer in data.bin and every buffer the loader allocates
 # The replay entry the library exports (the generated `runtime.replay.replay_ir`).
 ENTRY = "tf_replay"
@@ -53,6 +58,23 @@ def dtype_name(dtype: np.dtype) -> str | None:
         if np.dtype(dtype) == np.dtype(np_name):
             return name
     return None
+
+
+def new_library_name() -> str:
+    return f"kernels-{secrets.token_hex(8)}.so"
+
+
+def part_files(root: Path, manifest: dict[str, Any]) -> dict[str, str]:
+    """The file of each part (the library's name as the manifest gives it, checked)."""
+    parts = manifest.get("parts")
+    if not isinstance(parts, dict) or set(parts) != set(PARTS):
+        raise ArtifactError(f"{root / MANIFEST}: the manifest must list the parts "
+                            f"{', '.join(sorted(PARTS))}; export the artifact again")
+    library = parts["library"].get("file") if isinstance(parts["library"], dict) else None
+    if not isinstance(library, str) or not _LIBRARY.fullmatch(library):
+        raise ArtifactError(f"{root / MANIFEST}: the library part must be a file "
+                            "kernels-<16 hex digits>.so in the artifact; export it again")
+    return {"library": library, "program": PROGRAM, "data": DATA}
 
 
 def sha256_file(path: Path) -> str:
@@ -85,11 +107,9 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 def check_parts(root: Path, manifest: dict[str, Any]) -> None:
     """Every part the manifest lists exists with its size and sha256 (sizes first: a truncated
     part is named as such), else `ArtifactError`."""
-    parts = manifest.get("parts")
-    if not isinstance(parts, dict) or set(parts) != set(PARTS):
-        raise ArtifactError(f"{root / MANIFEST}: the manifest must list the parts "
-                            f"{', '.join(sorted(PARTS))}; export the artifact again")
-    for part, file in PARTS.items():
+    files = part_files(root, manifest)
+    parts = manifest["parts"]
+    for part, file in files.items():
         entry, path = parts[part], root / file
         if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) \
                 or not isinstance(entry.get("sha256"), str):

@@ -30,15 +30,19 @@ from tilefold.artifact.format import (
     FORMAT_VERSION,
     HEADER,
     HEADER_WORDS,
-    LIBRARY,
     MANIFEST,
     PROGRAM,
     check_parts,
+    part_files,
     read_json,
 )
 from tilefold.artifact.pool import env_int, pool_threads, worker_cpus
 from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
 from tilefold.version import __version__
+
+# The libraries (dlopen handles) whose native pool this process has started.
+_POOLS: set[int] = set()
+_POOLS_LOCK = threading.Lock()
 
 
 def load(path: str | Path) -> LoadedModel:
@@ -46,7 +50,7 @@ def load(path: str | Path) -> LoadedModel:
     root = Path(path)
     if not root.is_dir():
         raise ArtifactError(f"{root}: not an artifact directory (`tilefold export` writes one "
-                            f"holding {MANIFEST}, {PROGRAM}, {LIBRARY} and {DATA})")
+                            f"holding {MANIFEST}, {PROGRAM}, {DATA} and a kernels-*.so)")
     manifest = read_json(root / MANIFEST, "manifest")
     _check_manifest(root, manifest)
     check_parts(root, manifest)
@@ -97,6 +101,7 @@ class LoadedModel:
 
     def __init__(self, root: Path, manifest: dict[str, Any], program: dict[str, Any]):
         self.root = root
+        self.library = root / part_files(root, manifest)["library"]
         self.manifest = manifest
         self.inputs = manifest["inputs"]
         self.outputs = manifest["outputs"]
@@ -186,18 +191,20 @@ class LoadedModel:
 
     def _open(self) -> ctypes.CDLL:
         try:
-            library = ctypes.CDLL(str((self.root / LIBRARY).resolve()))
+            library = ctypes.CDLL(str(self.library.resolve()))
         except OSError as exc:
-            raise ArtifactError(f"{self.root / LIBRARY}: cannot be loaded ({exc})") from None
-        if self.manifest.get("pool"):
-            self._start_pool(library)
+            raise ArtifactError(f"{self.library}: cannot be loaded ({exc})") from None
+        with _POOLS_LOCK:  # one pool per library (dlopen gives a loaded one back)
+            if self.manifest.get("pool") and library._handle not in _POOLS:
+                self._start_pool(library)
+                _POOLS.add(library._handle)
         return library
 
     def _symbol(self, name: str) -> int:
         try:
             return ctypes.cast(self._library[name], ctypes.c_void_p).value
         except AttributeError:
-            raise ArtifactError(f"{self.root / LIBRARY} has no function {name!r} that the "
+            raise ArtifactError(f"{self.library} has no function {name!r} that the "
                                 "step program calls; export the artifact again") from None
 
     def _start_pool(self, library: ctypes.CDLL) -> None:
