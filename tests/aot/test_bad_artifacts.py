@@ -108,13 +108,46 @@ def _reseal(root: Path, part: str, file: str) -> None:
         bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
 
 
-def test_a_step_program_pointing_outside_its_buffers_is_refused(copy: Path) -> None:
-    def outside(program: dict) -> None:
-        program["objects"][0]["at"][1] = 1 << 40
+def _point_outside(program: dict) -> None:
+    program["objects"][0]["at"][1] = 1 << 40
 
-    _edit_json(copy / PROGRAM, outside)
+
+def _negative_buffer(program: dict) -> None:
+    program["objects"][0]["at"][0] = -1
+
+
+def _absolute_address(program: dict) -> None:
+    call = next(c for c in program["calls"] if c["signature"][0] == "p")
+    call["args"][0] = ["value", 0x7F0000001000]
+
+
+def _one_argument_less(program: dict) -> None:
+    program["calls"][0]["args"].pop()
+
+
+def _pointer_word_at_the_end(program: dict) -> None:
+    program["pointers"][0][0][1] = program["buffers"][program["pointers"][0][0][0]]["bytes"]
+
+
+@pytest.mark.parametrize("forge", [_point_outside, _negative_buffer, _absolute_address,
+                                   _one_argument_less, _pointer_word_at_the_end])
+def test_a_step_program_that_points_anywhere_else_is_refused(copy: Path, forge) -> None:
+    """Even resealed (the digests made to match), a program whose references leave their
+    buffers or do not fit the calls' signatures is refused, never run."""
+    _edit_json(copy / PROGRAM, forge)
     _reseal(copy, "program", PROGRAM)
     with pytest.raises(ArtifactError, match="malformed step program"):
+        tilefold.load(copy)
+
+
+def test_a_library_of_another_export_is_refused(copy: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    module = GRAPHS["mlp"](rng)
+    other = _library(tilefold.export(module, random_inputs(module, rng), tmp_path / "mlp.tfa"))
+    shutil.copy(other, copy / other.name)
+    _edit_json(copy / MANIFEST, lambda m: m["parts"]["library"].update(file=other.name))
+    _reseal(copy, "library", other.name)
+    with pytest.raises(ArtifactError, match="was not exported with"):
         tilefold.load(copy)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tilefold.aot.program import library_symbol
+from tilefold.artifact.format import SIGNATURES
 from tilefold.errors import ArtifactError
 from tilefold.runtime.codegen import compile_object
 from tilefold.runtime.compiled_module import CompiledModule
@@ -36,6 +37,13 @@ def _run(command: list[str]) -> None:
                             f"{done.stderr.strip()[-2000:]}")
 
 
+def _replay(signatures: Sequence[str]) -> str:
+    """`tf_replay` for these call signatures, and the signatures as a string beside it."""
+    text = "|".join(signatures)  # letters and bars only: no IR string escapes needed
+    return (replay_ir(signatures) + f"@{SIGNATURES} = constant [{len(text) + 1} x i8] "
+            f'c"{text}\\00"\n')
+
+
 def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], target: Target,
                  out: Path) -> list[str]:
     """Write the library to `out`; returns the CPU features its code assumes (LLVM names)."""
@@ -56,7 +64,7 @@ def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], t
                                        for s in code.exports))
             _run([objcopy, f"--redefine-syms={renames}", str(path)])
             objects.append(path)
-        for name, ir in (("pool", pool_ir(target.arch)), ("replay", replay_ir(signatures))):
+        for name, ir in (("pool", pool_ir(target.arch)), ("replay", _replay(signatures))):
             path = Path(tmp) / f"{name}.o"
             path.write_bytes(compile_object(ir, target, name=name, jit=False, pic=True).data)
             objects.append(path)

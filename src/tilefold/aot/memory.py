@@ -59,10 +59,11 @@ class Memory:
         self.buffers: list[Buffer] = []
         self._starts: list[int] = []
 
-    def add(self, array: np.ndarray, kind: str, index: int = -1) -> None:
+    def add(self, array: np.ndarray, kind: str, index: int = -1, scan: bool = False) -> None:
+        """Register `array`; `scan`: it may hold addresses (a kernel's int64 parameter block,
+        never a constant of the graph, whose values are the model's)."""
         low, high = extent(array)
-        scan = kind == "data" and array.dtype == np.int64
-        self._pending.append((low, high, kind, index, scan, array))
+        self._pending.append((low, high, kind, index, scan and array.dtype == np.int64, array))
 
     def seal(self) -> None:
         """Merge overlapping arrays into buffers, in address order."""

@@ -108,10 +108,10 @@ def _memory(graph: CompiledGraph, env: list, arrays: list, outputs: list,
     for a in env:
         if isinstance(a, np.ndarray) and extent(a) not in per_call:
             memory.add(a, "data" if extent(a) in constant else "workspace")
-    for call in calls:
+    for call in calls:  # parameter blocks and a kernel's own arrays
         for a in (*call.keep, *call.args):
             if isinstance(a, np.ndarray):
-                memory.add(a, "data")
+                memory.add(a, "data", scan=extent(a) not in constant)
     for v in _constants(graph):
         memory.add(v, "data")
     memory.seal()
@@ -153,7 +153,8 @@ def _add_call(program: Program, call: NativeCall, objects: dict[int, int]) -> No
             args.append(_pointer(program, module, raw, objects, call))
         else:
             args.append(["value", _slot(kind, argtype, value)])
-    program.calls.append({"symbol": program.symbol(module, name), "args": args})
+    program.calls.append({"symbol": program.symbol(module, name), "signature": signature,
+                          "args": args})
     program.signatures.append(signature)
 
 

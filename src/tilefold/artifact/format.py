@@ -40,8 +40,11 @@ DATA = "data.bin"
 PARTS = ("library", "program", "data")
 _LIBRARY = re.compile(r"kernels-[0-9a-f]{16}\.so")
 ALIGN = 64  # every buffer in data.bin and every buffer the loader allocates
-# The replay entry the library exports (the generated `runtime.replay.replay_ir`).
+# The replay entry the library exports (the generated `runtime.replay.replay_ir`), and the
+# NUL-terminated string of the call signatures it was generated for ("pppp|ppi|..."), which
+# the loader checks against the step program's before building the table it reads.
 ENTRY = "tf_replay"
+SIGNATURES = "tf_replay_signatures"
 # Where a NumPy array object keeps data pointer, rank, dims and strides (PyArrayObject_fields
 # on 64-bit CPython): kernels read these fields out of the objects they are given, so the
 # loader hands them headers laid out alike (`HEADER_WORDS` int64 words, then dims, strides).

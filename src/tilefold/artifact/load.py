@@ -32,6 +32,7 @@ from tilefold.artifact.format import (
     HEADER_WORDS,
     MANIFEST,
     PROGRAM,
+    SIGNATURES,
     check_parts,
     part_files,
     read_json,
@@ -115,36 +116,64 @@ class LoadedModel:
     def _prepare(self, program: dict[str, Any]) -> None:
         self._map_data()
         self.buffers = [self._buffer(b) for b in program["buffers"]]
-        bases = [b.ctypes.data for b in self.buffers]
-
-        def address(ref: list) -> int:
-            buffer, offset = int(ref[0]), int(ref[1])
-            if not 0 <= offset <= self.buffers[buffer].nbytes:
-                raise ValueError(f"offset {offset} outside buffer {buffer}")
-            return bases[buffer] + offset
-
         for where, to in program["pointers"]:  # words of parameter blocks holding addresses
-            if address(where) + 8 > bases[int(where[0])] + self.buffers[int(where[0])].nbytes:
-                raise ValueError(f"pointer word at {where} outside its buffer")
-            ctypes.c_int64.from_address(address(where)).value = address(to)
-        self._headers = [self._header(h, address) for h in program["objects"]]
-        headers = [h.ctypes.data for h in self._headers]
-        table: list[int] = []
+            ctypes.c_int64.from_address(self._address(where, 8)).value = self._address(to)
+        self._headers = [self._header(h) for h in program["objects"]]
+        calls = program["calls"]
+        signatures = [str(call["signature"]) for call in calls]
         self._library = self._open()
-        self._calls = program["calls"]
-        for call in self._calls:
+        self._check_signatures(signatures)
+        table: list[int] = []
+        for call, signature in zip(calls, signatures, strict=True):
+            if len(call["args"]) != len(signature):
+                raise ValueError(f"{call['symbol']} takes {len(signature)} arguments")
             table.append(self._symbol(str(call["symbol"])))
-            for kind, value in call["args"]:
-                table.append({"addr": lambda v: address(v), "object": lambda v: headers[v],
-                              "value": int}[kind](value))
+            table += [self._argument(letter, kind, value)
+                      for letter, (kind, value) in zip(signature, call["args"], strict=True)]
         self._table = np.array(table or [0], np.int64)
         self._inputs = [self._view(spec, ref) for spec, ref in
                         zip(self.inputs, program["inputs"], strict=True)]
         self._results = [self._view(spec, ref) for spec, ref in
                          zip(self.outputs, program["outputs"], strict=True)]
-        self._status = [self.buffers[i].view(np.int64) for i in program["status"]]
+        self._status = [self._buffer_at(i)[:8].view(np.int64) for i in program["status"]]
         self._run = self._library[ENTRY]
         self._run.argtypes, self._run.restype = [ctypes.c_void_p], None
+
+    def _buffer_at(self, number: Any) -> np.ndarray:
+        if type(number) is not int or not 0 <= number < len(self.buffers):
+            raise ValueError(f"no buffer {number!r}")
+        return self.buffers[number]
+
+    def _address(self, ref: Any, size: int = 0) -> int:
+        """The address of (buffer, offset), `size` bytes from there inside the buffer."""
+        number, offset = ref
+        buffer = self._buffer_at(number)
+        if type(offset) is not int or not 0 <= offset <= buffer.nbytes - size:
+            raise ValueError(f"offset {offset!r} (+{size}) outside buffer {number}")
+        return buffer.ctypes.data + offset
+
+    def _argument(self, letter: str, kind: str, value: Any) -> int:
+        """A table entry: an integer (a float's bits), an address, an array header."""
+        if kind == "value" and type(value) is int and (letter != "p" or value == 0):
+            if not -(1 << 63) <= value < 1 << 63:
+                raise ValueError(f"argument {value} does not fit 64 bits")
+            return value
+        if letter == "p" and kind == "addr":
+            return self._address(value)
+        if letter == "p" and kind == "object" and type(value) is int and \
+                0 <= value < len(self._headers):
+            return self._headers[value].ctypes.data
+        raise ValueError(f"argument {[kind, value]!r} for a parameter of kind {letter!r}")
+
+    def _check_signatures(self, signatures: list[str]) -> None:
+        try:
+            text = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(self._library,
+                                                                           SIGNATURES)))
+        except ValueError:
+            text = None
+        if text != "|".join(signatures).encode():
+            raise ArtifactError(f"{self.library} was not exported with {self.root / PROGRAM} "
+                                "(their call signatures differ); export the artifact again")
 
     def _map_data(self) -> None:
         path = self.root / DATA
@@ -164,24 +193,28 @@ class LoadedModel:
             raise ValueError(f"constant buffer at {offset} (+{nbytes}) outside {DATA}")
         return self._data[offset:offset + nbytes]
 
-    def _header(self, spec: dict[str, Any], address: Any) -> np.ndarray:
+    def _header(self, spec: dict[str, Any]) -> np.ndarray:
         """What a kernel reads of a NumPy array object: data pointer, rank, dims, strides."""
         shape, strides = list(map(int, spec["shape"])), list(map(int, spec["strides"]))
+        if len(shape) != len(strides):
+            raise ValueError(f"array header {spec!r}: as many strides as dims")
         header = np.zeros(HEADER_WORDS + 2 * len(shape), np.int64)
         header[HEADER_WORDS:HEADER_WORDS + len(shape)] = shape
         header[HEADER_WORDS + len(shape):] = strides
         base = header.ctypes.data
-        header[HEADER["data"] // 8] = address(spec["at"])
+        header[HEADER["data"] // 8] = self._address(spec["at"])
         header[HEADER["nd"] // 8] = len(shape)
         header[HEADER["dims"] // 8] = base + 8 * HEADER_WORDS
         header[HEADER["strides"] // 8] = base + 8 * (HEADER_WORDS + len(shape))
         return header
 
     def _view(self, spec: dict[str, Any], ref: dict[str, Any]) -> np.ndarray:
-        buffer = self.buffers[int(ref["at"][0])]
+        number, offset = ref["at"]
+        buffer = self._buffer_at(number)
         dtype = np.dtype(DTYPES[spec["dtype"]])
-        shape, strides = tuple(spec["shape"]), tuple(ref["strides"])
-        offset = int(ref["at"][1])
+        shape, strides = tuple(map(int, spec["shape"])), tuple(map(int, ref["strides"]))
+        if type(offset) is not int or len(shape) != len(strides):
+            raise ValueError(f"array view {ref!r}")
         reach = [(n - 1) * s for n, s in zip(shape, strides, strict=True)]
         low = offset + sum(min(0, r) for r in reach)
         high = offset + sum(max(0, r) for r in reach) + dtype.itemsize
