@@ -63,6 +63,15 @@ def test_the_manifest_describes_inputs_outputs_and_target(tmp_path) -> None:
     assert len(constants) == 2 and all(c.tobytes() in data for c in constants)
 
 
+def test_the_data_file_holds_the_weights_once_and_no_workspace(tmp_path) -> None:
+    """The GEMMs read their weights packed: the packed copies are saved, not the originals
+    as well, nor the GEMMs' packing workspaces (scratch, allocated at load)."""
+    module, path, _ = _exported("mlp", tmp_path)
+    weights = sum(op.attrs["value"].nbytes for op in module["main"].ops
+                  if op.name == "constant")
+    assert weights <= (path / DATA).stat().st_size <= weights + 4096
+
+
 def test_outputs_are_fresh_arrays_the_caller_owns(tmp_path) -> None:
     module, path, rng = _exported("mlp", tmp_path)
     loaded = tilefold.load(path)

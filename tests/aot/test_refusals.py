@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -58,7 +59,7 @@ def test_a_call_into_code_no_module_holds_is_refused() -> None:
 def test_a_python_object_other_than_an_array_is_refused() -> None:
     def text_for_an_array(call: NativeCall) -> NativeCall:
         assert call.function.argtypes[1] is ctypes.py_object
-        return NativeCall(call.function, (call.args[0], "text", *call.args[2:]), call.keep)
+        return replace(call, args=(call.args[0], "text", *call.args[2:]))
 
     with pytest.raises(UnsupportedError, match="takes a Python str, not an array"):
         _record_with(text_for_an_array)
@@ -70,7 +71,7 @@ def test_a_parameter_block_pointing_out_of_sight_is_refused() -> None:
     def hide_the_offsets(call: NativeCall) -> NativeCall:
         *kept, offsets = call.keep  # (workspace, parameter block, *NativePlan.pointed)
         assert offsets.dtype == np.int64
-        return NativeCall(call.function, call.args, tuple(kept))
+        return replace(call, keep=tuple(kept))
 
     program = _record_with(lambda call: call)
     assert program.memory.pointer_words()  # the offsets' address, relocated
@@ -82,7 +83,7 @@ def test_an_argument_pointing_out_of_sight_is_refused() -> None:
     hidden = np.zeros(64, np.float32)
 
     def pointing_to_hidden(call: NativeCall) -> NativeCall:
-        return NativeCall(call.function, (*call.args[:-1], hidden.ctypes.data), call.keep)
+        return replace(call, args=(*call.args[:-1], hidden.ctypes.data))
 
     with pytest.raises(UnsupportedError, match=r"points to memory .* in no buffer"):
         _record_with(pointing_to_hidden)

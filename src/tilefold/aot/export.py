@@ -97,12 +97,12 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
         features = link_library(list(program.modules.values()), program.signatures, target,
                                 tmp / files["library"])
         manifest["target"]["cpu_features"] = features
-        (tmp / PROGRAM).write_text(json.dumps(program.to_json(), separators=(",", ":")))
+        steps, saved = program.layout()
+        (tmp / PROGRAM).write_text(json.dumps(steps, separators=(",", ":")))
         with (tmp / DATA).open("wb") as f:
-            for b in program.memory.buffers:
-                if b.kind == "data":
-                    data = b.content()
-                    f.write(data + bytes(-len(data) % ALIGN))
+            for b in saved:
+                data = b.content()
+                f.write(data + bytes(-len(data) % ALIGN))
         manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
                                     "sha256": sha256_file(tmp / file)}
                              for part, file in files.items()}

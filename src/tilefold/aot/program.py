@@ -9,6 +9,7 @@ is refused, naming it.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from tilefold.aot.memory import Memory, extent
+from tilefold.aot.memory import Buffer, Memory, extent
+from tilefold.artifact.format import ALIGN
 from tilefold.codegen.cpu.copy import OUT_OF_RANGE
 from tilefold.compiler import CompiledGraph
 from tilefold.errors import UnsupportedError
@@ -45,21 +47,32 @@ class Program:
         self.modules.setdefault(module.key, module)
         return library_symbol(list(self.modules).index(module.key), name)
 
-    def to_json(self) -> dict[str, Any]:
-        memory = self.memory
-        buffers = []
-        offset = 0
-        for b in memory.buffers:
+    def layout(self) -> tuple[dict[str, Any], list[Buffer]]:
+        """What program.json holds, and the buffers whose bytes data.bin holds, in its order.
+        Only buffers the program refers to are kept (a weight the GEMM reads only as its
+        packed copy is not saved twice), numbered afresh."""
+        pointers = [[list(w), list(t)] for w, t in self.memory.pointer_words()]
+        calls, objects, inputs, outputs = copy.deepcopy(
+            (self.calls, self.objects, self.inputs, self.outputs))
+        refs = [a[1] for c in calls for a in c["args"] if a[0] == "addr"]
+        refs += [o["at"] for o in (*objects, *inputs, *outputs)]
+        refs += [r for pair in pointers for r in pair]
+        kept = sorted({r[0] for r in refs})
+        number = {old: new for new, old in enumerate(kept)}
+        for ref in refs:  # each a [buffer, offset] list of the copies, renumbered in place
+            ref[0] = number[ref[0]]
+        buffers, saved, offset = [], [], 0
+        for old in kept:
+            b = self.memory.buffers[old]
             spec: dict[str, Any] = {"kind": b.kind, "bytes": b.nbytes}
             if b.kind == "data":
                 spec["offset"] = offset
-                offset += -(-b.nbytes // 64) * 64
+                offset += -(-b.nbytes // ALIGN) * ALIGN
+                saved.append(b)
             buffers.append(spec)
-        return {"buffers": buffers,
-                "pointers": [[list(w), list(t)] for w, t in memory.pointer_words()],
-                "objects": self.objects, "calls": self.calls, "inputs": self.inputs,
-                "outputs": self.outputs,
-                "status": [i for i, b in enumerate(memory.buffers) if b.kind == "status"]}
+        return {"buffers": buffers, "pointers": pointers, "objects": objects, "calls": calls,
+                "inputs": inputs, "outputs": outputs,
+                "status": [i for i, b in enumerate(buffers) if b["kind"] == "status"]}, saved
 
 
 def library_symbol(number: int, name: str) -> str:
@@ -108,10 +121,12 @@ def _memory(graph: CompiledGraph, env: list, arrays: list, outputs: list,
     for a in env:
         if isinstance(a, np.ndarray) and extent(a) not in per_call:
             memory.add(a, "data" if extent(a) in constant else "workspace")
-    for call in calls:  # parameter blocks and a kernel's own arrays
+    for call in calls:  # parameter blocks and a kernel's own arrays; its workspaces
         for a in (*call.keep, *call.args):
             if isinstance(a, np.ndarray):
                 memory.add(a, "data", scan=extent(a) not in constant)
+        for a in call.scratch:
+            memory.add(a, "workspace")
     for v in _constants(graph):
         memory.add(v, "data")
     memory.seal()
@@ -161,7 +176,8 @@ def _add_call(program: Program, call: NativeCall, objects: dict[int, int]) -> No
 def _pointer(program: Program, module: CompiledModule, raw: int, objects: dict[int, int],
              call: NativeCall) -> list:
     """A raw pointer argument: the id of an array object the kernel reads, or an address."""
-    known = {id(a): a for a in (*call.keep, *call.args) if isinstance(a, np.ndarray)}
+    known = {id(a): a for a in (*call.keep, *call.args, *call.scratch)
+             if isinstance(a, np.ndarray)}
     known.update(program.constants)
     if raw in known:
         return ["object", _object(program, known[raw], objects)]

@@ -35,11 +35,14 @@ _INTS = {ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_uint8, ctypes.c
 class NativeCall:
     """One call of a native function: `function` is a ctypes function (its `argtypes` say how
     `args` are passed); calling `function(*args)` must have the same effect as replaying it.
-    `keep` holds objects the arguments point into (a workspace passed by address)."""
+    `keep` holds objects the arguments point into (a parameter block passed by address);
+    `scratch` arrays likewise, whose contents the call writes before it reads them (a
+    workspace: an exported artifact allocates them empty instead of saving their bytes)."""
 
     function: Any
     args: tuple
     keep: tuple = ()
+    scratch: tuple = ()
 
     def __call__(self) -> None:
         self.function(*self.args)

@@ -193,4 +193,4 @@ class NativePlan:
             return None
         ws = aligned_empty((max(self.ws_bytes, 1),), np.uint8)
         return NativeCall(self._entry, (self._params_ptr, x, y, z, ws.ctypes.data),
-                          (ws, self.params, *self.pointed))
+                          (self.params, *self.pointed), (ws,))
