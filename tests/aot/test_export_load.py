@@ -13,6 +13,7 @@ import tilefold
 from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
 from tilefold.artifact.format import DATA, MANIFEST, PROGRAM
 from tilefold.cli.main import main
+from tilefold.errors import ArtifactError, UnsupportedError
 from tilefold.target import named_target
 
 
@@ -82,15 +83,32 @@ def test_outputs_are_fresh_arrays_the_caller_owns(tmp_path) -> None:
     assert first.tobytes() == kept.tobytes()
 
 
-def test_a_named_target_is_exported_for_that_target(tmp_path) -> None:
-    module, path, rng = _exported("mlp", tmp_path, target="x86-64-v3")
+@pytest.mark.parametrize("name", ["mlp", "views"])
+def test_a_named_target_is_exported_for_that_target(name: str, tmp_path) -> None:
+    """Every module is compiled for the named target, the native copy (built for the host in
+    process: its IR assumes no CPU feature) included: the artifact needs no more of a host."""
+    module, path, rng = _exported(name, tmp_path, target="x86-64-v3")
     manifest = json.loads((path / MANIFEST).read_text())
     assert manifest["target"]["name"] == "x86-64-v3"
-    assert set(named_target("x86-64-v3").features) <= set(manifest["target"]["cpu_features"])
+    assert set(manifest["target"]["cpu_features"]) == set(named_target("x86-64-v3").features)
     inputs = random_inputs(module, rng)
     got = tilefold.load(path)(*inputs)
     want = tilefold.compile(module, "x86-64-v3")(*inputs)
-    assert got[0].tobytes() == want[0].tobytes()
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
+
+
+def test_a_target_this_host_cannot_run_is_refused(tmp_path) -> None:
+    module = GRAPHS["mlp"](np.random.default_rng(RNG_SEED))
+    absent = next(t for t in ("x86-64-v4", "sapphirerapids", "neoverse-v1")
+                   if not named_target(t).is_host())
+    inputs = random_inputs(module, np.random.default_rng(0))
+    with pytest.raises(ArtifactError, match=f"cannot export for {absent} on this host"):
+        tilefold.export(module, inputs, tmp_path / "out.tfa", target=absent)
+
+
+def test_only_a_tilefold_module_is_exported(tmp_path) -> None:
+    with pytest.raises(UnsupportedError, match="from_exported_program"):
+        tilefold.export(object(), [], tmp_path / "out.tfa")
 
 
 def test_exporting_again_to_a_loaded_path_loads_the_new_artifact(tmp_path) -> None:

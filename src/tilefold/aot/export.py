@@ -29,7 +29,7 @@ from tilefold.artifact.format import (
     sha256_file,
 )
 from tilefold.compiler import compile
-from tilefold.errors import ArtifactError, DTypeError, ShapeError
+from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
 from tilefold.ir import Module
 from tilefold.runtime.pool_ir import MAX_THREADS
 from tilefold.target import Target, host_target, named_target
@@ -42,6 +42,10 @@ def export(module: Module, inputs: Sequence[np.ndarray], path: str | Path, *,
     values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
     which this host must be able to run) and write the artifact directory `path` (replaced if
     it exists). Returns `path`."""
+    if not isinstance(module, Module):
+        raise UnsupportedError(
+            f"tilefold.export takes a tilefold Module, not a {type(module).__name__}; convert "
+            "a PyTorch model with tilefold.from_exported_program(torch.export.export(...))")
     if isinstance(target, str):
         target = named_target(target)
     if target is not None and not target.is_host():

@@ -1,5 +1,6 @@
 """The artifact's shared library: each module the step program calls compiled again from its IR
-as position-independent code (same IR, target and codegen options as in the process), its
+as position-independent code (same IR, target and codegen options as in the process; a
+portable module, such as the native copy, for the artifact's target), its
 symbols renamed `m<n>.<name>` (modules are separate namespaces in the JIT, one namespace
 here), the native thread pool and the replay entry `tf_replay` beside them, linked by the
 system C compiler with libc, libm and libpthread alone."""
@@ -53,10 +54,12 @@ def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], t
         objects = []
         for number, module in enumerate(modules):
             recipe = module.recipe
-            code = compile_object(recipe.make_ir(), module.target, name=module.name,
+            here = target if recipe.portable and module.target.arch == target.arch \
+                else module.target
+            code = compile_object(recipe.make_ir(), here, name=module.name,
                                   opt_level=recipe.opt_level, jit=False,
                                   strength_reduce=recipe.strength_reduce, pic=True)
-            features |= module.target.features
+            features |= here.features
             path = Path(tmp) / f"m{number}.o"
             path.write_bytes(code.data)
             renames = Path(tmp) / f"m{number}.syms"

@@ -25,6 +25,7 @@ class Recipe:
     make_ir: Callable[[], str]
     opt_level: int
     strength_reduce: bool
+    portable: bool = False  # the IR assumes no CPU feature: any target of its arch may run it
 
 
 def module_at(address: int) -> tuple[CompiledModule, str] | None:
@@ -49,7 +50,7 @@ def build_module(llvm_ir: str, target: Target, *, name: str, opt_level: int = 0)
 
 def build_module_keyed(
     key: str, make_ir: Callable[[], str], target: Target, *, name: str, opt_level: int = 0,
-    strength_reduce: bool = True,
+    strength_reduce: bool = True, portable: bool = False,
 ) -> CompiledModule:
     """The module cached under `key` (which must cover every argument that shapes the object
     code); `make_ir()` runs only when neither the process memo nor the disk has it (its time
@@ -76,7 +77,7 @@ def build_module_keyed(
             exports=entry.exports,
             compile_seconds=time.perf_counter() - start,
             from_cache=from_cache,
-            recipe=Recipe(make_ir, opt_level, strength_reduce),
+            recipe=Recipe(make_ir, opt_level, strength_reduce, portable),
         )
         _memo[key] = module
     if from_cache:

@@ -126,7 +126,7 @@ def copy_function(itemsize: int):
     name = f"tf_copy_{itemsize}"
     module = compile_generated(f"{source_digest(__name__, 'tilefold.codegen.llvm_util')}|{name}",
                                lambda: copy_ir(itemsize, name, target.triple), target,
-                               name=name)
+                               name=name, portable=True)
     return module.function(name, None, ctypes.c_void_p)
 
 
