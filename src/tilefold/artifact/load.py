@@ -131,6 +131,7 @@ class LoadedModel:
             table += [self._argument(letter, kind, value)
                       for letter, (kind, value) in zip(signature, call["args"], strict=True)]
         self._table = np.array(table or [0], np.int64)
+        self._table_address = self._table.ctypes.data
         self._inputs = [self._view(spec, ref) for spec, ref in
                         zip(self.inputs, program["inputs"], strict=True)]
         self._results = [self._view(spec, ref) for spec, ref in
@@ -258,27 +259,26 @@ class LoadedModel:
         atexit.register(stop)
 
     def __call__(self, *arrays: Any) -> list[np.ndarray]:
-        if len(arrays) != len(self.inputs):
+        if len(arrays) != len(self._inputs):
             names = ", ".join(s["name"] for s in self.inputs)
             raise ShapeError(f"{self.root}: takes {len(self.inputs)} inputs ({names}), "
                              f"got {len(arrays)}")
         given = [np.asarray(a) for a in arrays]
-        for spec, a in zip(self.inputs, given, strict=True):
-            want = np.dtype(DTYPES[spec["dtype"]])
-            if a.dtype != want:
+        for spec, buffer, a in zip(self.inputs, self._inputs, given, strict=True):
+            if a.dtype != buffer.dtype:
                 raise DTypeError(f"{self.root}: input %{spec['name']} must be {spec['dtype']} "
-                                 f"({want}), got {a.dtype}; convert it with .astype")
-            if list(a.shape) != list(spec["shape"]):
+                                 f"({buffer.dtype}), got {a.dtype}; convert it with .astype")
+            if a.shape != buffer.shape:
                 raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
-                                 f"{list(spec['shape'])} (exported for static shapes), got "
+                                 f"{list(buffer.shape)} (exported for static shapes), got "
                                  f"{list(a.shape)}")
         with self._lock:
             for buffer, a in zip(self._inputs, given, strict=True):
                 np.copyto(buffer, a)
-            self._run(self._table.ctypes.data)
+            self._run(self._table_address)
             for status in self._status:
                 if status[0]:
                     status[0] = 0
                     raise ShapeError("an index of a gather or index_put is out of range for "
                                      "its axis; check the indices")
-            return [np.array(r) for r in self._results]
+            return [r.copy() for r in self._results]
