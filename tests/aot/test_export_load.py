@@ -11,6 +11,7 @@ import pytest
 
 import tilefold
 from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
+from tilefold.aot.c_abi import HEADER_FILE
 from tilefold.artifact.format import DATA, MANIFEST, PROGRAM
 from tilefold.cli.main import main
 from tilefold.errors import ArtifactError, UnsupportedError
@@ -30,7 +31,7 @@ def test_loaded_artifact_matches_the_compiled_graph_bit_for_bit(name: str, tmp_p
     module, path, rng = _exported(name, tmp_path)
     names = {p.name for p in path.iterdir()}
     (library,) = [n for n in names if re.fullmatch(r"kernels-[0-9a-f]{16}\.so", n)]
-    assert names - {library} == {DATA, MANIFEST, PROGRAM}
+    assert names - {library} == {DATA, MANIFEST, PROGRAM, HEADER_FILE}
     loaded = tilefold.load(path)
     compiled = tilefold.compile(module)
     previous = None

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
 from tilefold.artifact.format import (
@@ -98,15 +99,21 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         files = {"library": new_library_name(), "program": PROGRAM, "data": DATA}
-        features = link_library(list(program.modules.values()), program.signatures, target,
-                                tmp / files["library"])
-        manifest["target"]["cpu_features"] = features
         steps, saved = program.layout()
         (tmp / PROGRAM).write_text(json.dumps(steps, separators=(",", ":")))
         with (tmp / DATA).open("wb") as f:
             for b in saved:
                 data = b.content()
                 f.write(data + bytes(-len(data) % ALIGN))
+        data = {"sha256": sha256_file(tmp / DATA), "bytes": (tmp / DATA).stat().st_size}
+
+        def c_runtime(features: list[str]) -> str:
+            manifest["target"]["cpu_features"] = features
+            return c_source(steps, manifest, data["sha256"], data["bytes"])
+
+        link_library(list(program.modules.values()), program.signatures, target,
+                     tmp / files["library"], c_runtime)
+        shutil.copy(source_dir() / HEADER_FILE, tmp / HEADER_FILE)
         manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
                                     "sha256": sha256_file(tmp / file)}
                              for part, file in files.items()}

@@ -2,17 +2,19 @@
 as position-independent code (same IR, target and codegen options as in the process; a
 portable module, such as the native copy, for the artifact's target), its
 symbols renamed `m<n>.<name>` (modules are separate namespaces in the JIT, one namespace
-here), the native thread pool and the replay entry `tf_replay` beside them, linked by the
-system C compiler with libc, libm and libpthread alone."""
+here), the native thread pool, the replay entry `tf_replay` and the C runtime
+(`aot/c_abi.py`) beside them, linked by the system C compiler with libc, libm and libpthread
+alone."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tilefold.aot.c_abi import source_dir
 from tilefold.aot.program import library_symbol
 from tilefold.artifact.format import SIGNATURES
 from tilefold.errors import ArtifactError
@@ -46,8 +48,9 @@ def _replay(signatures: Sequence[str]) -> str:
 
 
 def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], target: Target,
-                 out: Path) -> list[str]:
-    """Write the library to `out`; returns the CPU features its code assumes (LLVM names)."""
+                 out: Path, c_runtime: Callable[[list[str]], str]) -> list[str]:
+    """Write the library to `out`, the C runtime `c_runtime(features)` compiled in; returns
+    the CPU features its code assumes (LLVM names)."""
     cc, objcopy = _tool("cc"), _tool("objcopy")
     features = set(target.features)
     with tempfile.TemporaryDirectory(prefix="tilefold-export-") as tmp:
@@ -71,6 +74,8 @@ def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], t
             path = Path(tmp) / f"{name}.o"
             path.write_bytes(compile_object(ir, target, name=name, jit=False, pic=True).data)
             objects.append(path)
-        _run([cc, "-shared", "-o", str(out), *map(str, objects), "-lm", "-lpthread",
-              "-Wl,-z,noexecstack"])
+        runtime = Path(tmp) / "model.c"
+        runtime.write_text(c_runtime(sorted(features)))
+        _run([cc, "-shared", "-fPIC", "-O2", f"-I{source_dir()}", "-o", str(out), str(runtime),
+              *map(str, objects), "-lm", "-lpthread", "-Wl,-z,noexecstack"])
     return sorted(features)

@@ -54,14 +54,27 @@ def _host_flags() -> frozenset[str]:
     return frozenset()
 
 
-def missing_features(features: list[str]) -> list[str]:
-    """The features of `features` this host does not have, or cannot be shown to have."""
-    flags = _host_flags()
-    missing = []
+def _flag(feature: str) -> str | None:
+    """The /proc/cpuinfo flag showing `feature`, None when no known flag does."""
+    return _FLAG.get(feature, feature if feature in _SAME else None)
+
+
+def cpuinfo_flags(features: list[str]) -> tuple[list[str], list[str]]:
+    """The /proc/cpuinfo flags that show a host has `features` (those generated code can
+    contain), and the features no known flag shows."""
+    flags, unknown = [], []
     for feature in features:
         if feature in _NOT_IN_CODE:
             continue
-        flag = _FLAG.get(feature, feature if feature in _SAME else None)
-        if flag is None or flag not in flags:
-            missing.append(feature)
-    return missing
+        flag = _flag(feature)
+        if flag is None:
+            unknown.append(feature)
+        elif flag not in flags:
+            flags.append(flag)
+    return flags, unknown
+
+
+def missing_features(features: list[str]) -> list[str]:
+    """The features of `features` this host does not have, or cannot be shown to have."""
+    host = _host_flags()
+    return [f for f in features if f not in _NOT_IN_CODE and _flag(f) not in host]

@@ -41,10 +41,6 @@ from tilefold.artifact.pool import env_int, pool_threads, worker_cpus
 from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
 from tilefold.version import __version__
 
-# The libraries (dlopen handles) whose native pool this process has started.
-_POOLS: set[int] = set()
-_POOLS_LOCK = threading.Lock()
-
 
 def load(path: str | Path) -> LoadedModel:
     """The artifact `tilefold export` wrote at `path`, ready to call on NumPy arrays."""
@@ -228,10 +224,14 @@ class LoadedModel:
             library = ctypes.CDLL(str(self.library.resolve()))
         except OSError as exc:
             raise ArtifactError(f"{self.library}: cannot be loaded ({exc})") from None
-        with _POOLS_LOCK:  # one pool per library (dlopen gives a loaded one back)
-            if self.manifest.get("pool") and library._handle not in _POOLS:
-                self._start_pool(library)
-                _POOLS.add(library._handle)
+        try:  # true once per library, whichever runtime (this one or C) asks
+            claim = library["tf_claim_pool"]
+        except AttributeError:
+            raise ArtifactError(f"{self.library} lacks tf_claim_pool: not a library "
+                                "`tilefold export` wrote; export the artifact again") from None
+        claim.restype = ctypes.c_int
+        if self.manifest.get("pool") and claim():
+            self._start_pool(library)
         return library
 
     def _symbol(self, name: str) -> int:
