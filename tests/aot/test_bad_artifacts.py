@@ -18,6 +18,7 @@ from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
 from tilefold.artifact import cpu
 from tilefold.artifact.format import DATA, MANIFEST, PROGRAM
 from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
+from tilefold.target import named_target
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +170,20 @@ def test_a_host_lacking_a_cpu_feature_is_refused(copy: Path) -> None:
 def test_a_feature_the_loader_cannot_check_counts_as_missing() -> None:
     missing = cpu.missing_features(["xsave", "a-feature-from-the-future"])
     assert missing == ["a-feature-from-the-future"]  # xsave: never in generated code
+
+
+@pytest.mark.parametrize("name", ["x86-64-v3", "x86-64-v4", "znver4", "sapphirerapids"])
+def test_every_feature_of_a_named_target_is_checked(name: str) -> None:
+    """A named target's artifact is checked completely: no feature left unchecked."""
+    flags, unchecked = cpu.cpuinfo_flags(sorted(named_target(name).features))
+    assert unchecked == [] and "avx2" in flags
+
+
+def test_the_manifest_lists_unchecked_features_apart(exported: Path) -> None:
+    target = json.loads((exported / MANIFEST).read_text())["target"]
+    assert cpu.cpuinfo_flags(target["cpu_features"])[1] == []
+    assert target["unchecked_features"] == cpu.cpuinfo_flags(
+        sorted(tilefold.host_target().features))[1]
 
 
 def test_another_architecture_is_refused(copy: Path) -> None:

@@ -40,7 +40,7 @@ def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_sha256: str,
     flags, unknown = cpuinfo_flags(manifest["target"]["cpu_features"])
     if unknown:
         raise ArtifactError(f"the C runtime cannot check the CPU features {', '.join(unknown)}"
-                            " on a host; export for a named target (e.g. x86-64-v3)")
+                            "; list them as unchecked_features")
     dims: list[int] = []
 
     def dims_at(shape: list[int], strides: list[int]) -> int:

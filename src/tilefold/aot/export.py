@@ -18,6 +18,7 @@ import numpy as np
 from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
+from tilefold.artifact.cpu import cpuinfo_flags
 from tilefold.artifact.format import (
     ALIGN,
     DATA,
@@ -108,7 +109,11 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
         data = {"sha256": sha256_file(tmp / DATA), "bytes": (tmp / DATA).stat().st_size}
 
         def c_runtime(features: list[str]) -> str:
-            manifest["target"]["cpu_features"] = features
+            # A host's own target may name features no /proc/cpuinfo flag shows (newer than
+            # the loaders' table): listed apart, honestly, rather than failing every load.
+            unchecked = cpuinfo_flags(features)[1]
+            manifest["target"]["cpu_features"] = [f for f in features if f not in unchecked]
+            manifest["target"]["unchecked_features"] = unchecked
             return c_source(steps, manifest, data["sha256"], data["bytes"])
 
         link_library(list(program.modules.values()), program.signatures, target,

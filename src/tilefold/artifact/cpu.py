@@ -5,7 +5,9 @@ Most LLVM x86 feature names are the kernel's flag names; `_FLAG` lists those spe
 otherwise. `_NOT_IN_CODE` are system features LLVM reports for a CPU whose instructions
 generated code never contains (a kernel may not even list them, e.g. shstk), so they are not
 checked. A feature neither known nor listed cannot be checked and is reported as missing:
-an artifact is never run on the hope that a host has what its code needs.
+an artifact is never run on the hope that a host has what its code needs. (The exporter
+lists such features of a host's own target apart, as `unchecked_features`; every named
+target's features are checked.)
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import platform
 from pathlib import Path
 
 _FLAG = {
-    "64bit": "lm", "sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "sahf": "lahf_lm",
-    "lzcnt": "abm", "bmi": "bmi1", "pclmul": "pclmulqdq", "prfchw": "3dnowprefetch",
+    "64bit": "lm", "evex512": "avx512f", "sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2",
+    "sahf": "lahf_lm", "lzcnt": "abm", "bmi": "bmi1", "pclmul": "pclmulqdq",
+    "prfchw": "3dnowprefetch",
     "crc32": "sse4_2", "rdrnd": "rdrand", "sha": "sha_ni", "avx512vnni": "avx512_vnni",
     "avx512vbmi2": "avx512_vbmi2", "avx512bitalg": "avx512_bitalg",
     "avx512vpopcntdq": "avx512_vpopcntdq", "avx512bf16": "avx512_bf16",

@@ -112,7 +112,7 @@ static int tf_has_flag(const char *flags, const char *flag) {
 }
 
 static int tf_check_cpu(void) {
-  static char line[8192];
+  char line[8192];
   const char *flags = NULL;
   FILE *f = fopen("/proc/cpuinfo", "r");
   while (f && fgets(line, sizeof line, f))
@@ -183,6 +183,7 @@ static uint8_t *tf_at(tf_model *m, int64_t buffer, int64_t offset) {
 }
 
 int tf_model_load(const char *dir, tf_model **model) {
+  if (!model || !dir) return tf_fail(TF_ERROR_ARGUMENT, "tf_model_load(dir, &model): NULL given");
   *model = NULL;
   int status = tf_check_cpu();
   if (status != TF_OK) return status;

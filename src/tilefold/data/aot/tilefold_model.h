@@ -38,7 +38,10 @@ typedef struct {
 typedef struct tf_model tf_model;
 
 int tf_model_load(const char *artifact_dir, tf_model **model);
-/* Computes the outputs into the caller's buffers (shapes and dtypes as the manifest lists). */
+/* Computes the outputs into the caller's buffers (shapes and dtypes as the manifest lists).
+ * One call at a time per model (its buffers are the model's); load it once per thread to
+ * run it from several. The library's worker pool (TILEFOLD_NUM_THREADS, default: the online
+ * CPUs; not pinned) is started by the first load. */
 int tf_model_run(tf_model *model, const tf_tensor *inputs, int num_inputs,
                  const tf_tensor *outputs, int num_outputs);
 void tf_model_free(tf_model *model);
