@@ -15,6 +15,7 @@ the weights a file of their own to be mapped at offset 0):
                     native calls with every pointer written as (buffer, offset)
     data.bin        the constants (weights, parameter blocks) as raw bytes, each at a 64-byte
                     aligned offset; mapped copy-on-write, never unpickled
+    tilefold_model.h  the header of the C ABI the library also exports (not a part)
 
 Only NumPy-native dtypes cross the artifact's boundary (`DTYPES`).
 """

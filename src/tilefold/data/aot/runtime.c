@@ -183,7 +183,8 @@ static uint8_t *tf_at(tf_model *m, int64_t buffer, int64_t offset) {
 }
 
 int tf_model_load(const char *dir, tf_model **model) {
-  if (!model || !dir) return tf_fail(TF_ERROR_ARGUMENT, "tf_model_load(dir, &model): NULL given");
+  if (!model || !dir)
+    return tf_fail(TF_ERROR_ARGUMENT, "tf_model_load(dir, &model): NULL given");
   *model = NULL;
   int status = tf_check_cpu();
   if (status != TF_OK) return status;
