@@ -24,7 +24,7 @@ from tilefold.compiler import CompiledGraph
 from tilefold.errors import UnsupportedError
 from tilefold.runtime.build import module_at
 from tilefold.runtime.compiled_module import CompiledModule
-from tilefold.runtime.replay import NativeCall, _signature, _slot
+from tilefold.runtime.replay import NativeCall, call_signature, table_value
 
 
 @dataclass
@@ -87,7 +87,7 @@ def record(graph: CompiledGraph, inputs: Sequence[np.ndarray]) -> Program:
     outputs = [np.empty(shape, dtype) for _, shape, dtype in plan.output_slots]
     plan.execute(env, arrays, outputs)
     calls: list[NativeCall] = []
-    for (_, _), native, label in zip(plan.steps, plan.natives, plan.labels, strict=True):
+    for native, label in zip(plan.natives, plan.labels, strict=True):
         got = native(env) if native is not None else None
         if got is None:
             raise UnsupportedError(
@@ -153,7 +153,7 @@ def _add_call(program: Program, call: NativeCall, objects: dict[int, int]) -> No
         raise UnsupportedError(f"cannot export: a step calls native code at {address:#x} that "
                                "no compiled tilefold module holds (a Python callback?)")
     module, name = owner
-    signature = _signature(call.function)
+    signature = call_signature(call.function)
     if module.recipe is None:
         raise UnsupportedError(f"cannot export kernel {module.name!r}: its IR cannot be made "
                                "again")
@@ -164,10 +164,10 @@ def _add_call(program: Program, call: NativeCall, objects: dict[int, int]) -> No
                 raise UnsupportedError(f"cannot export kernel {module.name!r}: it takes a "
                                        f"Python {type(value).__name__}, not an array")
             args.append(["object", _object(program, value, objects)])
-        elif kind == "p" and (raw := _slot(kind, argtype, value)) != 0:
+        elif kind == "p" and (raw := table_value(kind, argtype, value)) != 0:
             args.append(_pointer(program, module, raw, objects, call))
         else:
-            args.append(["value", _slot(kind, argtype, value)])
+            args.append(["value", table_value(kind, argtype, value)])
     program.calls.append({"symbol": program.symbol(module, name), "signature": signature,
                           "args": args})
     program.signatures.append(signature)

@@ -65,7 +65,7 @@ def _kind(argtype: Any) -> str:
                            "which replay does not pass (pointers, integers, float, double)")
 
 
-def _slot(kind: str, argtype: Any, value: Any) -> int:
+def table_value(kind: str, argtype: Any, value: Any) -> int:
     """The int64 table entry holding `value` passed as `argtype`."""
     if kind == "f":
         return struct.unpack("<i", struct.pack("<f", value))[0]
@@ -82,7 +82,9 @@ def _slot(kind: str, argtype: Any, value: Any) -> int:
     return int(value)
 
 
-def _signature(function: Any) -> str:
+def call_signature(function: Any) -> str:
+    """The kinds of `function`'s arguments, one letter each (the replay's and an exported
+    step program's signature of a call)."""
     argtypes = getattr(function, "argtypes", None)
     if argtypes is None or getattr(function, "restype", None) is not None:
         raise UnsupportedError("replay: native calls must be ctypes functions with argtypes "
@@ -132,14 +134,14 @@ class Replay:
 
     def __init__(self, calls: Sequence[NativeCall]):
         self.calls = list(calls)
-        signatures = [_signature(c.function) for c in self.calls]
+        signatures = [call_signature(c.function) for c in self.calls]
         table: list[int] = []
         for call, sig in zip(self.calls, signatures, strict=True):
             table.append(ctypes.cast(call.function, ctypes.c_void_p).value)
             if len(call.args) != len(sig):
                 raise UnsupportedError(f"replay: a call passes {len(call.args)} arguments to a "
                                        f"function taking {len(sig)}")
-            table += [_slot(k, t, a) for k, t, a in
+            table += [table_value(k, t, a) for k, t, a in
                       zip(sig, call.function.argtypes, call.args, strict=True)]
         self.table = np.array(table or [0], np.int64)
         self._table_ptr = self.table.ctypes.data
