@@ -45,8 +45,22 @@ def views(rng: np.random.Generator) -> Module:
                    b.op("exp", flat))
 
 
+def attention(rng: np.random.Generator) -> Module:
+    """Causal self-attention over two heads: a kernel that reads its operands' dims and
+    strides out of the array objects it is handed (headers, in an artifact)."""
+    b = Builder()
+    x = b.arg("x", "f32", (16, 32))
+
+    def heads(t):
+        return b.op("transpose", b.op("reshape", t, shape=(1, 16, 2, 16)), perm=(0, 2, 1, 3))
+
+    q, k, v = (heads(x @ b.constant(_weights((32, 32), rng))) for _ in range(3))
+    a = b.op("scaled_dot_product_attention", q, k, v, is_causal=True)
+    return b.build(b.op("reshape", b.op("transpose", a, perm=(0, 2, 1, 3)), shape=(16, 32)))
+
+
 GRAPHS: dict[str, Callable[[np.random.Generator], Module]] = {
-    "mlp": mlp, "norms": norms, "views": views}
+    "mlp": mlp, "norms": norms, "views": views, "attention": attention}
 
 
 def random_inputs(module: Module, rng: np.random.Generator) -> list[np.ndarray]:
