@@ -14,7 +14,7 @@ import pytest
 import tilefold
 from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
 from tilefold.aot.program import record
-from tilefold.errors import UnsupportedError
+from tilefold.errors import ArtifactError, UnsupportedError
 from tilefold.ir import parse_module
 from tilefold.runtime.replay import NativeCall
 
@@ -87,3 +87,11 @@ def test_an_argument_pointing_out_of_sight_is_refused() -> None:
 
     with pytest.raises(UnsupportedError, match=r"points to memory .* in no buffer"):
         _record_with(pointing_to_hidden)
+
+
+def test_an_artifact_that_cannot_be_written_is_an_artifact_error(tmp_path) -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    module = GRAPHS["norms"](rng)
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ArtifactError, match="cannot write the artifact"):
+        tilefold.export(module, random_inputs(module, rng), tmp_path / "file" / "out.tfa")

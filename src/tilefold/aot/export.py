@@ -96,8 +96,11 @@ def _manifest(graph: Any, arrays: list[np.ndarray], program: Program, target: Ta
 def _write(path: Path, program: Program, manifest: dict[str, Any], target: Target) -> Path:
     """Write the parts into a fresh directory beside `path`, then move it into place: a
     failed export never leaves half an artifact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as exc:
+        raise ArtifactError(f"cannot write the artifact {path}: {exc}") from None
     try:
         files = {"library": new_library_name(), "program": PROGRAM, "data": DATA}
         steps, saved = program.layout()

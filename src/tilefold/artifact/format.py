@@ -121,11 +121,14 @@ def check_parts(root: Path, manifest: dict[str, Any]) -> None:
         if not path.is_file():
             raise ArtifactError(f"{path}: missing ({part} of the artifact); copy the whole "
                                 "directory, or export it again")
-        size = path.stat().st_size
+        try:
+            size, digest = path.stat().st_size, sha256_file(path)
+        except OSError as exc:
+            raise ArtifactError(f"{path}: cannot be read ({exc})") from None
         if size != entry["bytes"]:
             state = "truncated" if size < entry["bytes"] else "longer than exported"
             raise ArtifactError(f"{path}: {state} ({size} bytes, the manifest says "
                                 f"{entry['bytes']}); copy it again or export it again")
-        if sha256_file(path) != entry["sha256"]:
+        if digest != entry["sha256"]:
             raise ArtifactError(f"{path}: sha256 differs from the manifest's (the {part} was "
                                 "altered after export); export the artifact again")

@@ -174,12 +174,15 @@ class LoadedModel:
 
     def _map_data(self) -> None:
         path = self.root / DATA
-        if path.stat().st_size == 0:
-            self._data = np.zeros(0, np.uint8)
-            return
-        with path.open("rb") as f:  # private pages: a kernel's writes never reach the file
-            self._data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY),
-                                       np.uint8)
+        try:
+            if path.stat().st_size == 0:
+                self._data = np.zeros(0, np.uint8)
+                return
+            with path.open("rb") as f:  # private pages: a kernel's writes never reach the file
+                self._data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY),
+                                           np.uint8)
+        except OSError as exc:
+            raise ArtifactError(f"{path}: cannot be mapped ({exc})") from None
 
     def _buffer(self, spec: dict[str, Any]) -> np.ndarray:
         nbytes = int(spec["bytes"])
