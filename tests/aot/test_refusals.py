@@ -14,7 +14,7 @@ import pytest
 import tilefold
 from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
 from tilefold.aot.program import record
-from tilefold.errors import ArtifactError, UnsupportedError
+from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
 from tilefold.ir import parse_module
 from tilefold.runtime.replay import NativeCall
 
@@ -95,3 +95,28 @@ def test_an_artifact_that_cannot_be_written_is_an_artifact_error(tmp_path) -> No
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(ArtifactError, match="cannot write the artifact"):
         tilefold.export(module, random_inputs(module, rng), tmp_path / "file" / "out.tfa")
+
+
+def test_a_path_holding_anything_but_an_artifact_is_never_replaced(tmp_path) -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    module = GRAPHS["norms"](rng)
+    inputs = random_inputs(module, rng)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    for path in (tmp_path / "mine", tmp_path / "mine" / "notes.txt"):
+        with pytest.raises(ArtifactError, match="exists and is not a tilefold artifact"):
+            tilefold.export(module, inputs, path)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    tilefold.export(module, inputs, tmp_path / "model.tfa")
+    tilefold.export(module, inputs, tmp_path / "model.tfa")  # an artifact is replaced
+
+
+def test_example_inputs_are_checked_against_the_function(tmp_path) -> None:
+    module = GRAPHS["mlp"](np.random.default_rng(RNG_SEED))
+    with pytest.raises(ShapeError, match="%x"):
+        tilefold.export(module, [np.zeros((8, 63), np.float32)], tmp_path / "a.tfa")
+    with pytest.raises(DTypeError, match="%x"):
+        tilefold.export(module, [np.zeros((8, 64), np.float64)], tmp_path / "a.tfa")
+    with pytest.raises(ShapeError, match="takes 1 inputs, got 2"):
+        tilefold.export(module, [np.zeros((8, 64), np.float32)] * 2, tmp_path / "a.tfa")
+    assert not (tmp_path / "a.tfa").exists()

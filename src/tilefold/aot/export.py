@@ -31,8 +31,9 @@ from tilefold.artifact.format import (
     sha256_file,
 )
 from tilefold.compiler import compile
-from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
+from tilefold.errors import ArtifactError, DTypeError, UnsupportedError
 from tilefold.ir import Module
+from tilefold.ir.interpreter import bind_symbols
 from tilefold.runtime.pool_ir import MAX_THREADS
 from tilefold.target import Target, host_target, named_target
 from tilefold.version import __version__
@@ -42,29 +43,27 @@ def export(module: Module, inputs: Sequence[np.ndarray], path: str | Path, *,
            target: Target | str | None = None, function: str = "main") -> Path:
     """Compile `function` of `module` for the static shapes and dtypes of `inputs` (their
     values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
-    which this host must be able to run) and write the artifact directory `path` (replaced if
-    it exists). Returns `path`."""
+    which this host must be able to run) and write the artifact directory `path` (an artifact
+    already there is replaced, anything else refused). Returns `path`."""
     if not isinstance(module, Module):
         raise UnsupportedError(
             f"tilefold.export takes a tilefold Module, not a {type(module).__name__}; convert "
             "a PyTorch model with tilefold.from_exported_program(torch.export.export(...))")
+    path = Path(path)
+    if not _replaceable(path):  # before any work: a user's directory is never replaced
+        raise ArtifactError(f"{path} exists and is not a tilefold artifact; export to a new "
+                            "path (an artifact there is replaced)")
     if isinstance(target, str):
         target = named_target(target)
     if target is not None and not target.is_host():
         raise ArtifactError(f"cannot export for {target.name} on this host: the plan is "
                             "recorded by running it here; export on a host that runs it")
     graph = compile(module, target, function=function)
-    fn = graph.function
-    if len(inputs) != len(fn.args):
-        raise ShapeError(f"@{function} takes {len(fn.args)} inputs, got {len(inputs)}")
     arrays = [np.asarray(a) for a in inputs]
-    for a, arg in zip(arrays, fn.args, strict=True):
-        if a.dtype != np.dtype(arg.type.dtype.np_dtype):
-            raise DTypeError(f"input %{arg.name} is {a.dtype}, @{function} takes "
-                             f"{arg.type.dtype}")
+    bind_symbols(graph.function, arrays)  # count, dtypes and shapes, as a call checks them
     program = record(graph, arrays)
     manifest = _manifest(graph, arrays, program, target or host_target())
-    return _write(Path(path), program, manifest, target or host_target())
+    return _write(path, program, manifest, target or host_target())
 
 
 def _specs(names: list[str], arrays: Sequence[np.ndarray]) -> list[dict[str, Any]]:
@@ -91,6 +90,20 @@ def _manifest(graph: Any, arrays: list[np.ndarray], program: Program, target: Ta
                    "cpu": target.cpu, "cpu_features": []},
         "pool": {"max_threads": MAX_THREADS},
     }
+
+
+def _replaceable(path: Path) -> bool:
+    """Whether `path` is free for an artifact: absent, an empty directory, or an artifact
+    (never anything else a user keeps there)."""
+    if not path.exists():
+        return True
+    if not path.is_dir():
+        return False
+    try:
+        return not any(path.iterdir()) or json.loads(
+            (path / MANIFEST).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _write(path: Path, program: Program, manifest: dict[str, Any], target: Target) -> Path:

@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="compile a module into an artifact tilefold.load runs")
     p.add_argument("file", help="IR file (.tfir)")
     p.add_argument("-o", "--output", required=True, type=Path,
-                   help="the artifact directory to write (replaced if it exists)")
+                   help="the artifact directory to write (an artifact there is replaced)")
     p.add_argument("--function", default="main", help="function to export (default: main)")
     p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
                    help="size of a symbolic dim (an artifact has static shapes: bind them all)")
