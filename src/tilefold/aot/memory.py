@@ -2,10 +2,12 @@
 can be written as (buffer, offset) and placed again in another process.
 
 Arrays are registered with a kind: "input" and "output" (the call's arrays), "workspace"
-(the plan's intermediates and scratch: allocated empty at load), "data" (constants, parameter
-blocks, a kernel's own arrays: their bytes are saved) and "status" (the word a native copy sets
-on an index out of range). Arrays whose memory overlaps become one buffer; a data array inside
-another kind's buffer is a view of it. Two kinds other than data sharing memory are refused.
+(the plan's intermediates and scratch: allocated empty at load), "data" (parameter blocks, a
+kernel's own arrays: their bytes are saved), "constant" (a graph's constant: data whose bytes
+are the model's) and "status" (the word a native copy sets on an index out of range). Arrays
+whose memory overlaps become one buffer; a data array inside another kind's buffer is a view
+of it. Two kinds other than data sharing memory are refused, and so is a constant sharing
+memory with anything but data (its bytes would not be saved).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Buffer:
     index: int = -1  # the input or output number
     scan: bool = False  # may hold addresses (an int64 parameter block)
     arrays: list = field(default_factory=list)  # keep the memory alive while exporting
+    fixed: bool = False  # holds a constant of the graph: its bytes are the model's
 
     @property
     def nbytes(self) -> int:
@@ -68,13 +71,19 @@ class Memory:
     def seal(self) -> None:
         """Merge overlapping arrays into buffers, in address order."""
         for low, high, kind, index, scan, array in sorted(self._pending, key=lambda p: p[0]):
+            fixed, kind = kind == "constant", "data" if kind == "constant" else kind
             last = self.buffers[-1] if self.buffers else None
             if last is None or low >= last.end:
-                self.buffers.append(Buffer(kind, low, high, index, scan, [array]))
+                self.buffers.append(Buffer(kind, low, high, index, scan, [array], fixed))
                 continue
-            if _RANK[kind] and _RANK[last.kind] and (kind, index) != (last.kind, last.index):
+            two_kinds = bool(_RANK[kind] and _RANK[last.kind]) and \
+                (kind, index) != (last.kind, last.index)
+            constant_shared = (fixed or last.fixed) and bool(_RANK[kind] or _RANK[last.kind])
+            if two_kinds or constant_shared:
                 raise UnsupportedError(
-                    f"cannot export: memory shared by a {last.kind} and a {kind} buffer")
+                    f"cannot export: memory shared by a {'constant' if last.fixed else last.kind}"
+                    f" and a {'constant' if fixed else kind} buffer")
+            last.fixed = last.fixed or fixed
             if _RANK[kind] > _RANK[last.kind]:
                 last.kind, last.index = kind, index
             last.end = max(last.end, high)

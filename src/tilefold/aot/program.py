@@ -120,7 +120,7 @@ def _memory(graph: CompiledGraph, env: list, arrays: list, outputs: list,
     per_call = {extent(a) for a in (*arrays, *outputs)}  # and their views
     for a in env:
         if isinstance(a, np.ndarray) and extent(a) not in per_call:
-            memory.add(a, "data" if extent(a) in constant else "workspace")
+            memory.add(a, "constant" if extent(a) in constant else "workspace")
     for call in calls:  # parameter blocks and a kernel's own arrays; its workspaces
         for a in (*call.keep, *call.args):
             if isinstance(a, np.ndarray):
@@ -128,7 +128,7 @@ def _memory(graph: CompiledGraph, env: list, arrays: list, outputs: list,
         for a in call.scratch:
             memory.add(a, "workspace")
     for v in _constants(graph):
-        memory.add(v, "data")
+        memory.add(v, "constant")
     memory.seal()
     return memory
 
