@@ -59,6 +59,7 @@ def test_the_pristine_copy_loads(copy: Path) -> None:
     rng = np.random.default_rng(0)
     (x,) = random_inputs(GRAPHS["views"](rng), rng)
     assert len(tilefold.load(copy)(x)) == 2
+    assert str(copy) in Path("/proc/self/maps").read_text()  # (what the check above sees)
 
 
 @pytest.mark.parametrize(("damage", "message"), [
@@ -92,6 +93,7 @@ def test_a_damaged_artifact_is_refused(copy: Path, damage, message: str) -> None
     damage(copy)
     with pytest.raises(ArtifactError, match=message):
         tilefold.load(copy)
+    assert str(copy) not in Path("/proc/self/maps").read_text()  # its code never loaded
 
 
 def test_a_path_that_is_no_artifact_is_refused(tmp_path: Path) -> None:
