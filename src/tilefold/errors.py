@@ -79,8 +79,9 @@ class CacheError(TilefoldError):
 
 
 class ArtifactError(TilefoldError):
-    """An exported artifact cannot be written, or cannot be trusted or run here (wrong file,
-    truncated or altered part, a CPU feature this host lacks)."""
+    """An exported artifact cannot be written or cannot be trusted (not an artifact, another
+    format version, a part missing, truncated or altered, a malformed step program); a host
+    that cannot run it (another architecture, a CPU feature missing) is an `UnsupportedError`."""
 
 
 class FallbackError(TilefoldError):
