@@ -133,8 +133,7 @@ class LoadedModel:
         self._results = [self._view(spec, ref) for spec, ref in
                          zip(self.outputs, program["outputs"], strict=True)]
         self._status = [self._buffer_at(i)[:8].view(np.int64) for i in program["status"]]
-        self._run = self._library[ENTRY]
-        self._run.argtypes, self._run.restype = [ctypes.c_void_p], None
+        self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._symbol(ENTRY))
 
     def _buffer_at(self, number: Any) -> np.ndarray:
         if type(number) is not int or not 0 <= number < len(self.buffers):
