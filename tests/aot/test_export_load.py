@@ -3,6 +3,7 @@ computes on the same host, for every input it is given (random, not zeros or one
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -72,6 +73,25 @@ def test_the_data_file_holds_the_weights_once_and_no_workspace(tmp_path) -> None
     weights = sum(op.attrs["value"].nbytes for op in module["main"].ops
                   if op.name == "constant")
     assert weights <= (path / DATA).stat().st_size <= weights + 4096
+
+
+def test_the_weights_come_from_the_data_file(tmp_path) -> None:
+    """Double the layer_norm's gain in data.bin (digest resealed): the loaded model follows,
+    y = n * g + b becoming n * 2g + b = 2y - b."""
+    module, path, rng = _exported("norms", tmp_path)
+    inputs = random_inputs(module, rng)
+    before = tilefold.load(path)(*inputs)[1]
+    gain, shift = (op.attrs["value"] for op in module["main"].ops if op.name == "constant")
+    data = (path / DATA).read_bytes()
+    assert data.count(gain.tobytes()) == 1
+    data = data.replace(gain.tobytes(), (2 * gain).tobytes())
+    (path / DATA).write_bytes(data)
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["parts"]["data"]["sha256"] = hashlib.sha256(data).hexdigest()
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    after = tilefold.load(path)(*inputs)[1]
+    np.testing.assert_allclose(after, 2 * before - shift, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(after, before)
 
 
 def test_outputs_are_fresh_arrays_the_caller_owns(tmp_path) -> None:
