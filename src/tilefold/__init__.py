@@ -5,11 +5,13 @@ The public surface is re-exported here; everything else is implementation.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tilefold.compiler import CompiledGraph, compile
 from tilefold.errors import (
+    ArtifactError,
     CacheError,
     CompileError,
     DTypeError,
@@ -21,27 +23,59 @@ from tilefold.errors import (
     UnsupportedError,
     VerificationError,
 )
-from tilefold.ir import (
-    Builder,
-    Module,
-    Tensor,
-    interpret,
-    parse_file,
-    parse_module,
-    print_module,
-    trace,
-    verify,
-)
-from tilefold.ir import functional as functional
-from tilefold.linalg import matmul, prepack
-from tilefold.passes import run_pipeline
-from tilefold.quant import QuantizedTensor, dequantize
-from tilefold.quant import quantize as _quantize_array
-from tilefold.target import host_target, named_target
 from tilefold.version import __version__
+
+# The rest of the surface (name -> the module defining it, or the module itself) is imported
+# on first use: `tilefold.load` runs an exported
+# artifact with NumPy alone, so `import tilefold` must not bring in LLVM (or the compiler).
+_LAZY = {
+    "CompiledGraph": "tilefold.compiler", "compile": "tilefold.compiler",
+    "Builder": "tilefold.ir", "Module": "tilefold.ir", "Tensor": "tilefold.ir",
+    "interpret": "tilefold.ir", "parse_file": "tilefold.ir", "parse_module": "tilefold.ir",
+    "print_module": "tilefold.ir", "trace": "tilefold.ir", "verify": "tilefold.ir",
+    "functional": "tilefold.ir.functional", "matmul": "tilefold.linalg",
+    "prepack": "tilefold.linalg",
+    "run_pipeline": "tilefold.passes", "QuantizedTensor": "tilefold.quant",
+    "dequantize": "tilefold.quant", "host_target": "tilefold.target",
+    "named_target": "tilefold.target", "export": "tilefold.aot", "load": "tilefold.artifact",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the public surface (or a subpackage), imported when first asked for."""
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        value = module if module.__name__.endswith(f".{name}") else getattr(module, name)
+    elif importlib.util.find_spec(f"tilefold.{name}") is not None:
+        value = importlib.import_module(f"tilefold.{name}")
+    else:
+        raise AttributeError(f"module 'tilefold' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
+
+    from tilefold.aot import export
+    from tilefold.artifact import load
+    from tilefold.compiler import CompiledGraph, compile
+    from tilefold.ir import (
+        Builder,
+        Module,
+        Tensor,
+        functional,
+        interpret,
+        parse_file,
+        parse_module,
+        print_module,
+        trace,
+        verify,
+    )
+    from tilefold.linalg import matmul, prepack
+    from tilefold.passes import run_pipeline
+    from tilefold.quant import QuantizedTensor, dequantize
+    from tilefold.target import host_target, named_target
 
 
 def from_exported_program(ep: ExportedProgram, **options: Any) -> Module:
@@ -62,10 +96,13 @@ def quantize(x: Any, format: str = "int4", **options: Any) -> Any:
         from tilefold.frontend.quantize import quantize_model
 
         return quantize_model(x, format, **options)
-    return _quantize_array(x, format, **options)
+    from tilefold.quant import quantize as quantize_array
+
+    return quantize_array(x, format, **options)
 
 
 __all__ = [
+    "ArtifactError",
     "Builder",
     "CacheError",
     "CompileError",
@@ -84,10 +121,12 @@ __all__ = [
     "__version__",
     "compile",
     "dequantize",
+    "export",
     "from_exported_program",
     "functional",
     "host_target",
     "interpret",
+    "load",
     "matmul",
     "named_target",
     "parse_file",

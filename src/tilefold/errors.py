@@ -78,6 +78,12 @@ class CacheError(TilefoldError):
     """An on-disk cache or tuning database cannot be used."""
 
 
+class ArtifactError(TilefoldError):
+    """An exported artifact cannot be written or cannot be trusted (not an artifact, another
+    format version, a part missing, truncated or altered, a malformed step program); a host
+    that cannot run it (another architecture, a CPU feature missing) is an `UnsupportedError`."""
+
+
 class FallbackError(TilefoldError):
     """Strict mode: something failed and would have been replaced by a slower path (the next
     kernel method, the reference interpreter, PyTorch); the message names what and why."""

@@ -8,11 +8,24 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tilefold.cli import bench, cache, demo, emit, explain, generate, info, opt, run, shard, tune
+from tilefold.cli import (
+    bench,
+    cache,
+    demo,
+    emit,
+    explain,
+    export,
+    generate,
+    info,
+    opt,
+    run,
+    shard,
+    tune,
+)
 from tilefold.errors import TilefoldError
 from tilefold.version import __version__
 
-COMMANDS = (demo, opt, run, explain, emit, tune, info, bench, cache, shard, generate)
+COMMANDS = (demo, opt, run, explain, emit, export, tune, info, bench, cache, shard, generate)
 
 
 def build_parser() -> argparse.ArgumentParser:

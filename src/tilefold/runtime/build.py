@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tilefold.runtime import kernel_cache
 from tilefold.runtime.codegen import compile_object
@@ -14,6 +15,28 @@ from tilefold.target.machine import LLVM_LOCK
 
 log = logging.getLogger("tilefold.kernels")
 _memo: dict[str, CompiledModule] = {}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a module's object code is made: its IR generator and codegen options (an exported
+    artifact compiles the same IR again, position-independent, into a shared library)."""
+
+    make_ir: Callable[[], str]
+    opt_level: int
+    strength_reduce: bool
+    portable: bool = False  # the IR assumes no CPU feature: any target of its arch may run it
+
+
+def module_at(address: int) -> tuple[CompiledModule, str] | None:
+    """The module built in this process that exports the function at `address`, and the
+    symbol's name; None when no module does (a ctypes callback, a library function)."""
+    with LLVM_LOCK:
+        for module in _memo.values():
+            symbol = module.symbol_at(address)
+            if symbol is not None:
+                return module, symbol
+    return None
 
 
 def build_module(llvm_ir: str, target: Target, *, name: str, opt_level: int = 0) -> CompiledModule:
@@ -27,7 +50,7 @@ def build_module(llvm_ir: str, target: Target, *, name: str, opt_level: int = 0)
 
 def build_module_keyed(
     key: str, make_ir: Callable[[], str], target: Target, *, name: str, opt_level: int = 0,
-    strength_reduce: bool = True,
+    strength_reduce: bool = True, portable: bool = False,
 ) -> CompiledModule:
     """The module cached under `key` (which must cover every argument that shapes the object
     code); `make_ir()` runs only when neither the process memo nor the disk has it (its time
@@ -54,6 +77,7 @@ def build_module_keyed(
             exports=entry.exports,
             compile_seconds=time.perf_counter() - start,
             from_cache=from_cache,
+            recipe=Recipe(make_ir, opt_level, strength_reduce, portable),
         )
         _memo[key] = module
     if from_cache:

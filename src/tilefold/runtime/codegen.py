@@ -63,11 +63,11 @@ def _exports(module: llvm.ModuleRef) -> tuple[str, ...]:
 
 def _codegen(llvm_ir: str, target: Target, name: str, opt_level: int, jit: bool,
              emit: Callable[[llvm.TargetMachine, llvm.ModuleRef], T],
-             strength_reduce: bool = True) -> T:
+             strength_reduce: bool = True, pic: bool = False) -> T:
     """Parse, optionally optimize, and `emit(machine, module)` under the LLVM lock."""
     global _codegen_runs
     with LLVM_LOCK:
-        machine = target_machine(target, jit=jit)
+        machine = target_machine(target, jit=jit, pic=pic)
         module = _parse(llvm_ir, target, machine, name)
         _optimize(module, machine, opt_level)
         _codegen_runs += 1
@@ -82,18 +82,19 @@ def _codegen(llvm_ir: str, target: Target, name: str, opt_level: int, jit: bool,
 
 def compile_object(
     llvm_ir: str, target: Target, *, name: str = "module", opt_level: int = 0, jit: bool = True,
-    strength_reduce: bool = True,
+    strength_reduce: bool = True, pic: bool = False,
 ) -> ObjectCode:
     """Backend codegen at -O3; `opt_level` > 0 also runs the middle-end pipeline first.
 
     `jit` selects the large code model, which a JIT needs to place code anywhere.
     `strength_reduce=False` skips the backend's loop strength reduction, a fifth to a third of
     codegen time for loop-heavy modules, for IR whose loops already step their own pointers.
+    `pic` (with `jit=False`) makes position-independent code for a shared library.
     """
     return _codegen(llvm_ir, target, name, opt_level, jit,
                     lambda machine, module: ObjectCode(machine.emit_object(module),
                                                        _exports(module)),
-                    strength_reduce)
+                    strength_reduce, pic)
 
 
 def emit_object(llvm_ir: str, target: Target, *, opt_level: int = 0) -> bytes:

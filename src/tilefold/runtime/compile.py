@@ -60,6 +60,7 @@ def compile_generated(
     uses_amx: bool = False,
     opt_level: int = 0,
     strength_reduce: bool = True,
+    portable: bool = False,
 ) -> CompiledModule:
     """`compile_llvm_ir` for generated code, cached under `fingerprint` (the generator's source
     and parameters) instead of the IR text: a warm process never even builds the IR, which for
@@ -68,7 +69,9 @@ def compile_generated(
     The caller vouches that the fingerprint changes whenever the IR would, and says whether the
     module calls the native pool (`uses_pool`) or executes AMX instructions (`uses_amx`).
     `strength_reduce=False` compiles without LLVM's loop strength reduction (see
-    `compile_object`), for generators whose loops step their own pointers.
+    `compile_object`), for generators whose loops step their own pointers. `portable`: the IR
+    assumes no CPU feature (integer moves, `memcpy`), so an exported artifact compiles it for
+    its own target, whatever target it runs on here.
     """
     if target.is_host():
         if uses_pool:
@@ -79,4 +82,4 @@ def compile_generated(
         fingerprint += "\0no-lsr"
     key = kernel_cache.source_key(fingerprint, target, opt_level)
     return build_module_keyed(key, make_ir, target, name=name, opt_level=opt_level,
-                              strength_reduce=strength_reduce)
+                              strength_reduce=strength_reduce, portable=portable)

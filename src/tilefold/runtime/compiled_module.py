@@ -23,6 +23,7 @@ class CompiledModule:
         exports: tuple[str, ...],
         compile_seconds: float,
         from_cache: bool,
+        recipe: Any = None,
     ):
         self.name = name
         self.target = target
@@ -31,6 +32,7 @@ class CompiledModule:
         self.exports = exports
         self.compile_seconds = compile_seconds
         self.from_cache = from_cache
+        self.recipe = recipe  # how to make its IR again (`build.Recipe`)
         self.runnable = target.is_host()
         self._addresses: dict[str, int] = {}
         self._functions: dict[tuple, Any] = {}
@@ -54,6 +56,10 @@ class CompiledModule:
                 "that the definition is not internal/private"
             )
         return self._addresses[symbol]
+
+    def symbol_at(self, address: int) -> str | None:
+        """The exported symbol linked at `address` in this process, if any."""
+        return next((s for s, a in self._addresses.items() if a == address), None)
 
     def function(self, symbol: str, restype: Any, *argtypes: Any) -> Any:
         """A ctypes function for `symbol` with this C signature, built once and reused."""

@@ -35,11 +35,14 @@ _INTS = {ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_uint8, ctypes.c
 class NativeCall:
     """One call of a native function: `function` is a ctypes function (its `argtypes` say how
     `args` are passed); calling `function(*args)` must have the same effect as replaying it.
-    `keep` holds objects the arguments point into (a workspace passed by address)."""
+    `keep` holds objects the arguments point into (a parameter block passed by address);
+    `scratch` arrays likewise, whose contents the call writes before it reads them (a
+    workspace: an exported artifact allocates them empty instead of saving their bytes)."""
 
     function: Any
     args: tuple
     keep: tuple = ()
+    scratch: tuple = ()
 
     def __call__(self) -> None:
         self.function(*self.args)
@@ -62,7 +65,7 @@ def _kind(argtype: Any) -> str:
                            "which replay does not pass (pointers, integers, float, double)")
 
 
-def _slot(kind: str, argtype: Any, value: Any) -> int:
+def table_value(kind: str, argtype: Any, value: Any) -> int:
     """The int64 table entry holding `value` passed as `argtype`."""
     if kind == "f":
         return struct.unpack("<i", struct.pack("<f", value))[0]
@@ -79,7 +82,9 @@ def _slot(kind: str, argtype: Any, value: Any) -> int:
     return int(value)
 
 
-def _signature(function: Any) -> str:
+def call_signature(function: Any) -> str:
+    """The kinds of `function`'s arguments, one letter each (the replay's and an exported
+    step program's signature of a call)."""
     argtypes = getattr(function, "argtypes", None)
     if argtypes is None or getattr(function, "restype", None) is not None:
         raise UnsupportedError("replay: native calls must be ctypes functions with argtypes "
@@ -129,14 +134,14 @@ class Replay:
 
     def __init__(self, calls: Sequence[NativeCall]):
         self.calls = list(calls)
-        signatures = [_signature(c.function) for c in self.calls]
+        signatures = [call_signature(c.function) for c in self.calls]
         table: list[int] = []
         for call, sig in zip(self.calls, signatures, strict=True):
             table.append(ctypes.cast(call.function, ctypes.c_void_p).value)
             if len(call.args) != len(sig):
                 raise UnsupportedError(f"replay: a call passes {len(call.args)} arguments to a "
                                        f"function taking {len(sig)}")
-            table += [_slot(k, t, a) for k, t, a in
+            table += [table_value(k, t, a) for k, t, a in
                       zip(sig, call.function.argtypes, call.args, strict=True)]
         self.table = np.array(table or [0], np.int64)
         self._table_ptr = self.table.ctypes.data

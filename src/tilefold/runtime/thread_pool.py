@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from tilefold.artifact.pool import env_int, pool_threads, worker_cpus
 from tilefold.errors import UnsupportedError
 from tilefold.runtime.build import build_module
 from tilefold.runtime.compiled_module import CompiledModule
@@ -22,25 +23,9 @@ RUNTIME_SYMBOLS = ("tilefold_parallel", "tilefold_barrier", "tilefold_pool_size"
 _DEFAULT_SPIN_US = 2000
 
 
-def _env_int(name: str, default: int, minimum: int) -> int:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise UnsupportedError(
-            f"{name}={text!r} is not an integer >= {minimum}; set e.g. 2, or unset it"
-        )
-    return value
-
-
 def num_threads() -> int:
     """$TILEFOLD_NUM_THREADS, else the CPUs this process may run on."""
-    default = len(os.sched_getaffinity(0))
-    return min(_env_int("TILEFOLD_NUM_THREADS", default, 1), MAX_THREADS)
+    return pool_threads(MAX_THREADS)
 
 
 @dataclass(frozen=True)
@@ -78,12 +63,8 @@ class ThreadPool:
             if rc != 0:
                 raise UnsupportedError(f"pthread_key_create failed ({rc}); too many thread keys")
             _key_created[self.module.key] = True
-        cpus = self._worker_cpus(size)
-        worker_set = (ctypes.c_uint64 * 16)()
-        for cpu in cpus[1:]:
-            if cpu >= 0:
-                worker_set[cpu // 64] |= 1 << (cpu % 64)
-        spin_ns = _env_int("TILEFOLD_SPIN_US", _DEFAULT_SPIN_US, 0) * 1000
+        cpus, worker_set = worker_cpus(size)
+        spin_ns = env_int("TILEFOLD_SPIN_US", _DEFAULT_SPIN_US, 0) * 1000
         start = self.module.function(
             "tilefold_pool_start",
             ctypes.c_int32,
@@ -96,16 +77,6 @@ class ThreadPool:
         self.closed = False
         for symbol in RUNTIME_SYMBOLS:
             register_runtime_symbol(symbol, self.module.address(symbol))
-
-    @staticmethod
-    def _worker_cpus(size: int) -> ctypes.Array:
-        allowed = sorted(os.sched_getaffinity(0))
-        pin = os.environ.get("TILEFOLD_PIN", "1") != "0"
-        cpus = (ctypes.c_int32 * size)(*([-1] * size))
-        for tid in range(size):  # tid 0: the caller, pinned only while it runs a region
-            cpu = allowed[tid % len(allowed)]
-            cpus[tid] = cpu if pin and cpu < 1024 else -1
-        return cpus
 
     def run(self, fn_address: int, ctx_address: int, nthreads: int) -> None:
         """Run fn(ctx, tid, n) for tid in 0..n-1 and return when all are done (n is clamped)."""

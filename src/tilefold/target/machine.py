@@ -27,10 +27,12 @@ def _init_backends() -> None:
     llvm.initialize_native_asmparser()
 
 
-def target_machine(target: Target, *, jit: bool = False) -> llvm.TargetMachine:
+def target_machine(target: Target, *, jit: bool = False, pic: bool = False
+                   ) -> llvm.TargetMachine:
     """A fresh machine for `target` at codegen -O3 (a JIT engine takes ownership of its own).
 
-    JIT code uses the large code model so relocations reach anywhere in the address space.
+    JIT code uses the large code model so relocations reach anywhere in the address space;
+    `pic` makes position-independent code, for a shared library (an exported artifact).
     """
     _init_backends()
     try:
@@ -43,7 +45,7 @@ def target_machine(target: Target, *, jit: bool = False) -> llvm.TargetMachine:
         cpu=target.cpu,
         features=target.llvm_features(),
         opt=3,
-        reloc="default",
+        reloc="pic" if pic else "default",
         codemodel="jitdefault" if jit else "default",
         jit=jit,
     )

@@ -126,7 +126,7 @@ def copy_function(itemsize: int):
     name = f"tf_copy_{itemsize}"
     module = compile_generated(f"{source_digest(__name__, 'tilefold.codegen.llvm_util')}|{name}",
                                lambda: copy_ir(itemsize, name, target.triple), target,
-                               name=name)
+                               name=name, portable=True)
     return module.function(name, None, ctypes.c_void_p)
 
 
@@ -178,7 +178,7 @@ def copy_call(dst: np.ndarray, src: np.ndarray, *, index: np.ndarray | None = No
     if math.prod(shape) == 0:
         return None
     return NativeCall(copy_function(item), (params.ctypes.data,),
-                      (params, dst, src, status, index))
+                      (params, dst, src, status, index if side is not None else _NO_INDEX))
 
 
 def _coalesce(shape: list[int], dstr: list[int], sstr: list[int], axis: int | None

@@ -173,6 +173,7 @@ class NativePlan:
     def __init__(self, entries: Entries, block: type[ParamBlock], values: dict[int, int]):
         entry_objects, entry_raw = entries
         self.params = block.fill(values)
+        self.pointed: tuple[np.ndarray, ...] = ()  # arrays whose addresses `params` holds
         self._params_ptr = self.params.ctypes.data
         if DATA_OFFSET >= 0:  # native code reads the data pointers out of the array objects
             self._entry = entry_objects
@@ -192,4 +193,4 @@ class NativePlan:
             return None
         ws = aligned_empty((max(self.ws_bytes, 1),), np.uint8)
         return NativeCall(self._entry, (self._params_ptr, x, y, z, ws.ctypes.data),
-                          (ws, self.params))
+                          (self.params, *self.pointed), (ws,))

@@ -104,6 +104,7 @@ class GemmPlan(NativePlan):
                   Param.DATA_OFFSET: DATA_OFFSET, Param.N_UNIT: n_unit,
                   Param.STREAM: int(stream)}
         super().__init__(module.entries, Param, values)
+        self.pointed = (self.offsets,)
         self.threads = threads
         self.kernel = kern
         self.bmode = bmode

@@ -118,7 +118,7 @@ class CompiledGroup:
         scratch = [aligned_empty((n,), np.float32) for n in plan.scratch]
         args = (*map(id, arrays), *plan.consts, *map(id, out), *map(id, scratch),
                 plan.params_ptr, plan.nthreads)
-        return [NativeCall(plan.cfunc, args, (*arrays, *out, *scratch, plan.params))]
+        return [NativeCall(plan.cfunc, args, (*arrays, *out, plan.params), tuple(scratch))]
 
     def kernel_text(self, *arrays: np.ndarray) -> str:
         """The kernel IR and schedule that runs for these inputs (row-major when none)."""

@@ -1,0 +1,148 @@
+"""`tilefold.export(module, inputs, path)`: the compiler stopped early. The module is compiled
+as `tilefold.compile` does, its plan for the inputs' static shapes recorded as a step program
+(`aot/program.py`), its kernels linked into a shared library (`aot/link.py`), and the
+artifact written as `artifact/format.py` lays it out; `tilefold.load` runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir
+from tilefold.aot.link import link_library
+from tilefold.aot.program import Program, record
+from tilefold.artifact.cpu import cpuinfo_flags
+from tilefold.artifact.format import (
+    ALIGN,
+    DATA,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    PROGRAM,
+    dtype_name,
+    new_library_name,
+    sha256_file,
+)
+from tilefold.compiler import compile
+from tilefold.errors import ArtifactError, DTypeError, UnsupportedError
+from tilefold.ir import Module
+from tilefold.ir.interpreter import bind_symbols
+from tilefold.runtime.pool_ir import MAX_THREADS
+from tilefold.target import Target, host_target, named_target
+from tilefold.version import __version__
+
+
+def export(module: Module, inputs: Sequence[np.ndarray], path: str | Path, *,
+           target: Target | str | None = None, function: str = "main") -> Path:
+    """Compile `function` of `module` for the static shapes and dtypes of `inputs` (their
+    values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
+    which this host must be able to run) and write the artifact directory `path` (an artifact
+    already there is replaced, anything else refused). Returns `path`."""
+    if not isinstance(module, Module):
+        raise UnsupportedError(
+            f"tilefold.export takes a tilefold Module, not a {type(module).__name__}; convert "
+            "a PyTorch model with tilefold.from_exported_program(torch.export.export(...))")
+    path = Path(path)
+    if not _replaceable(path):  # before any work: a user's directory is never replaced
+        raise ArtifactError(f"{path} exists and is not a tilefold artifact; export to a new "
+                            "path (an artifact there is replaced)")
+    if isinstance(target, str):
+        target = named_target(target)
+    if target is not None and not target.is_host():
+        raise ArtifactError(f"cannot export for {target.name} on this host: the plan is "
+                            "recorded by running it here; export on a host that runs it")
+    graph = compile(module, target, function=function)
+    arrays = [np.asarray(a) for a in inputs]
+    bind_symbols(graph.function, arrays)  # count, dtypes and shapes, as a call checks them
+    program = record(graph, arrays)
+    manifest = _manifest(graph, arrays, program, target or host_target())
+    return _write(path, program, manifest, target or host_target())
+
+
+def _specs(names: list[str], arrays: Sequence[np.ndarray]) -> list[dict[str, Any]]:
+    specs = []
+    for name, a in zip(names, arrays, strict=True):
+        dtype = dtype_name(a.dtype)
+        if dtype is None:
+            raise DTypeError(f"cannot export: %{name} is {a.dtype}; an artifact takes and "
+                             "returns NumPy's own dtypes (f64, f32, f16, i64, i32, i8, u8, "
+                             "bool)")
+        specs.append({"name": name, "dtype": dtype, "shape": list(a.shape)})
+    return specs
+
+
+def _manifest(graph: Any, arrays: list[np.ndarray], program: Program, target: Target
+              ) -> dict[str, Any]:
+    fn = graph.function
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "tilefold_version": __version__,
+        "function": fn.name,
+        "inputs": _specs([a.name for a in fn.args], arrays),
+        "outputs": _specs([v.name for v in fn.outputs], program.results),
+        "target": {"name": target.name, "arch": target.arch, "triple": target.triple,
+                   "cpu": target.cpu, "cpu_features": []},
+        "pool": {"max_threads": MAX_THREADS},
+    }
+
+
+def _replaceable(path: Path) -> bool:
+    """Whether `path` is free for an artifact: absent, an empty directory, or an artifact
+    (never anything else a user keeps there)."""
+    if not path.exists():
+        return True
+    if not path.is_dir():
+        return False
+    try:
+        return not any(path.iterdir()) or json.loads(
+            (path / MANIFEST).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _write(path: Path, program: Program, manifest: dict[str, Any], target: Target) -> Path:
+    """Write the parts into a fresh directory beside `path`, then move it into place: a
+    failed export never leaves half an artifact."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as exc:
+        raise ArtifactError(f"cannot write the artifact {path}: {exc}") from None
+    try:
+        files = {"library": new_library_name(), "program": PROGRAM, "data": DATA}
+        steps, saved = program.layout()
+        (tmp / PROGRAM).write_text(json.dumps(steps, separators=(",", ":")))
+        with (tmp / DATA).open("wb") as f:
+            for b in saved:
+                data = b.content()
+                f.write(data + bytes(-len(data) % ALIGN))
+        data = {"sha256": sha256_file(tmp / DATA), "bytes": (tmp / DATA).stat().st_size}
+
+        def c_runtime(features: list[str]) -> str:
+            # A host's own target may name features no /proc/cpuinfo flag shows (newer than
+            # the loaders' table): listed apart, honestly, rather than failing every load.
+            unchecked = cpuinfo_flags(features)[1]
+            manifest["target"]["cpu_features"] = [f for f in features if f not in unchecked]
+            manifest["target"]["unchecked_features"] = unchecked
+            return c_source(steps, manifest, data["sha256"], data["bytes"])
+
+        link_library(list(program.modules.values()), program.signatures, target,
+                     tmp / files["library"], c_runtime)
+        shutil.copy(source_dir() / HEADER_FILE, tmp / HEADER_FILE)
+        manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
+                                    "sha256": sha256_file(tmp / file)}
+                             for part, file in files.items()}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path

@@ -1,0 +1,286 @@
+"""`tilefold.load(path)`: run an exported artifact with NumPy and ctypes alone (no LLVM, no
+PyTorch, no compiling).
+
+Everything is checked before any of the artifact's code is loaded: the manifest (format,
+version, architecture, the CPU features its code assumes), each part's size and sha256, and
+the step program's every buffer reference. Then the constants are mapped copy-on-write, the
+other buffers allocated, the pointers of the step program written into one int64 table, and
+a call is: inputs checked and copied in, `tf_replay(table)` (one native call running every
+kernel), outputs copied out.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import mmap
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilefold.artifact.cpu import host_arch, missing_features
+from tilefold.artifact.format import (
+    ALIGN,
+    DATA,
+    DTYPES,
+    ENTRY,
+    FORMAT,
+    FORMAT_VERSION,
+    HEADER,
+    HEADER_WORDS,
+    MANIFEST,
+    PROGRAM,
+    SIGNATURES,
+    check_parts,
+    part_files,
+    read_json,
+)
+from tilefold.artifact.pool import env_int, pool_threads, worker_cpus
+from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
+from tilefold.version import __version__
+
+
+def load(path: str | Path) -> LoadedModel:
+    """The artifact `tilefold export` wrote at `path`, ready to call on NumPy arrays."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ArtifactError(f"{root}: not an artifact directory (`tilefold export` writes one "
+                            f"holding {MANIFEST}, {PROGRAM}, {DATA} and a kernels-*.so)")
+    manifest = read_json(root / MANIFEST, "manifest")
+    _check_manifest(root, manifest)
+    check_parts(root, manifest)
+    program = read_json(root / PROGRAM, "step program")
+    return LoadedModel(root, manifest, program)
+
+
+def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    where = root / MANIFEST
+    if manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{where}: not a tilefold artifact manifest (format "
+                            f"{manifest.get('format')!r}, expected {FORMAT!r})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{where}: artifact format version {manifest.get('format_version')!r}; tilefold "
+            f"{__version__} reads version {FORMAT_VERSION}: export it again with this tilefold")
+    target = manifest.get("target")
+    if not isinstance(target, dict) or not isinstance(target.get("cpu_features"), list):
+        raise ArtifactError(f"{where}: the manifest names no target and its CPU features")
+    if target.get("arch") != host_arch():
+        raise UnsupportedError(f"{root}: exported for {target.get('arch')} "
+                               f"({target.get('name')}); this host is {host_arch()}")
+    missing = missing_features([str(f) for f in target["cpu_features"]])
+    if missing:
+        raise UnsupportedError(
+            f"{root}: exported for {target.get('name')}, whose code uses CPU features this "
+            f"host lacks: {', '.join(missing)}; export it for a target this host has "
+            "(e.g. --target x86-64-v3) or run it on such a host")
+    for side in ("inputs", "outputs"):
+        specs = manifest.get(side)
+        if not isinstance(specs, list) or not all(
+                isinstance(s, dict) and s.get("dtype") in DTYPES and isinstance(s.get("shape"),
+                                                                                 list)
+                for s in specs):
+            raise ArtifactError(f"{where}: {side} must each have a dtype of "
+                                f"{', '.join(DTYPES)} and a shape")
+
+
+def _aligned_zeros(nbytes: int) -> np.ndarray:
+    raw = np.zeros(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes]
+
+
+class LoadedModel:
+    """An artifact loaded into this process: `model(*arrays)` returns the list of outputs (fresh
+    arrays); `inputs` and `outputs` describe them (name, dtype, shape)."""
+
+    def __init__(self, root: Path, manifest: dict[str, Any], program: dict[str, Any]):
+        self.root = root
+        self.library = root / part_files(root, manifest)["library"]
+        self.manifest = manifest
+        self.inputs = manifest["inputs"]
+        self.outputs = manifest["outputs"]
+        self._lock = threading.Lock()
+        try:
+            self._prepare(program)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{root / PROGRAM}: malformed step program ({exc!r}); export "
+                                "the artifact again") from None
+
+    def _prepare(self, program: dict[str, Any]) -> None:
+        self._map_data()
+        self.buffers = [self._buffer(b) for b in program["buffers"]]
+        for where, to in program["pointers"]:  # words of parameter blocks holding addresses
+            ctypes.c_int64.from_address(self._address(where, 8)).value = self._address(to)
+        self._headers = [self._header(h) for h in program["objects"]]
+        calls = program["calls"]
+        signatures = [str(call["signature"]) for call in calls]
+        self._library = self._open()
+        self._check_signatures(signatures)
+        table: list[int] = []
+        for call, signature in zip(calls, signatures, strict=True):
+            if len(call["args"]) != len(signature):
+                raise ValueError(f"{call['symbol']} takes {len(signature)} arguments")
+            table.append(self._symbol(str(call["symbol"])))
+            table += [self._argument(letter, kind, value)
+                      for letter, (kind, value) in zip(signature, call["args"], strict=True)]
+        self._table = np.array(table or [0], np.int64)
+        self._table_address = self._table.ctypes.data
+        self._inputs = [self._view(spec, ref) for spec, ref in
+                        zip(self.inputs, program["inputs"], strict=True)]
+        self._results = [self._view(spec, ref) for spec, ref in
+                         zip(self.outputs, program["outputs"], strict=True)]
+        self._status = [self._buffer_at(i)[:8].view(np.int64) for i in program["status"]]
+        self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._symbol(ENTRY))
+
+    def _buffer_at(self, number: Any) -> np.ndarray:
+        if type(number) is not int or not 0 <= number < len(self.buffers):
+            raise ValueError(f"no buffer {number!r}")
+        return self.buffers[number]
+
+    def _address(self, ref: Any, size: int = 0) -> int:
+        """The address of (buffer, offset), `size` bytes from there inside the buffer."""
+        number, offset = ref
+        buffer = self._buffer_at(number)
+        if type(offset) is not int or not 0 <= offset <= buffer.nbytes - size:
+            raise ValueError(f"offset {offset!r} (+{size}) outside buffer {number}")
+        return buffer.ctypes.data + offset
+
+    def _argument(self, letter: str, kind: str, value: Any) -> int:
+        """A table entry: an integer (a float's bits), an address, an array header."""
+        if kind == "value" and type(value) is int and (letter != "p" or value == 0):
+            if not -(1 << 63) <= value < 1 << 63:
+                raise ValueError(f"argument {value} does not fit 64 bits")
+            return value
+        if letter == "p" and kind == "addr":
+            return self._address(value)
+        if letter == "p" and kind == "object" and type(value) is int and \
+                0 <= value < len(self._headers):
+            return self._headers[value].ctypes.data
+        raise ValueError(f"argument {[kind, value]!r} for a parameter of kind {letter!r}")
+
+    def _check_signatures(self, signatures: list[str]) -> None:
+        try:
+            text = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(self._library,
+                                                                           SIGNATURES)))
+        except ValueError:
+            text = None
+        if text != "|".join(signatures).encode():
+            raise ArtifactError(f"{self.library} was not exported with {self.root / PROGRAM} "
+                                "(their call signatures differ); export the artifact again")
+
+    def _map_data(self) -> None:
+        path = self.root / DATA
+        try:
+            if path.stat().st_size == 0:
+                self._data = np.zeros(0, np.uint8)
+                return
+            with path.open("rb") as f:  # private pages: a kernel's writes never reach the file
+                self._data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY),
+                                           np.uint8)
+        except OSError as exc:
+            raise ArtifactError(f"{path}: cannot be mapped ({exc})") from None
+
+    def _buffer(self, spec: dict[str, Any]) -> np.ndarray:
+        nbytes = int(spec["bytes"])
+        if spec["kind"] != "data":
+            return _aligned_zeros(nbytes)
+        offset = int(spec["offset"])
+        if offset % ALIGN or offset < 0 or offset + nbytes > self._data.nbytes:
+            raise ValueError(f"constant buffer at {offset} (+{nbytes}) outside {DATA}")
+        return self._data[offset:offset + nbytes]
+
+    def _header(self, spec: dict[str, Any]) -> np.ndarray:
+        """What a kernel reads of a NumPy array object: data pointer, rank, dims, strides."""
+        shape, strides = list(map(int, spec["shape"])), list(map(int, spec["strides"]))
+        if len(shape) != len(strides):
+            raise ValueError(f"array header {spec!r}: as many strides as dims")
+        header = np.zeros(HEADER_WORDS + 2 * len(shape), np.int64)
+        header[HEADER_WORDS:HEADER_WORDS + len(shape)] = shape
+        header[HEADER_WORDS + len(shape):] = strides
+        base = header.ctypes.data
+        header[HEADER["data"] // 8] = self._address(spec["at"])
+        header[HEADER["nd"] // 8] = len(shape)
+        header[HEADER["dims"] // 8] = base + 8 * HEADER_WORDS
+        header[HEADER["strides"] // 8] = base + 8 * (HEADER_WORDS + len(shape))
+        return header
+
+    def _view(self, spec: dict[str, Any], ref: dict[str, Any]) -> np.ndarray:
+        number, offset = ref["at"]
+        buffer = self._buffer_at(number)
+        dtype = np.dtype(DTYPES[spec["dtype"]])
+        shape, strides = tuple(map(int, spec["shape"])), tuple(map(int, ref["strides"]))
+        if type(offset) is not int or len(shape) != len(strides):
+            raise ValueError(f"array view {ref!r}")
+        reach = [(n - 1) * s for n, s in zip(shape, strides, strict=True)]
+        low = offset + sum(min(0, r) for r in reach)
+        high = offset + sum(max(0, r) for r in reach) + dtype.itemsize
+        if 0 not in shape and not (low >= 0 and high <= buffer.nbytes):
+            raise ValueError(f"array view at {ref} outside its buffer")
+        return np.ndarray(shape, dtype, buffer=buffer, offset=offset, strides=strides)
+
+    def _open(self) -> ctypes.CDLL:
+        try:
+            library = ctypes.CDLL(str(self.library.resolve()))
+        except OSError as exc:
+            raise ArtifactError(f"{self.library}: cannot be loaded ({exc})") from None
+        try:  # true once per library, whichever runtime (this one or C) asks
+            claim = library["tf_claim_pool"]
+        except AttributeError:
+            raise ArtifactError(f"{self.library} lacks tf_claim_pool: not a library "
+                                "`tilefold export` wrote; export the artifact again") from None
+        claim.restype = ctypes.c_int
+        if self.manifest.get("pool") and claim():
+            self._start_pool(library)
+        return library
+
+    def _symbol(self, name: str) -> int:
+        try:
+            return ctypes.cast(self._library[name], ctypes.c_void_p).value
+        except AttributeError:
+            raise ArtifactError(f"{self.library} has no function {name!r} that the "
+                                "step program calls; export the artifact again") from None
+
+    def _start_pool(self, library: ctypes.CDLL) -> None:
+        """The library's own native worker pool, started like the process's."""
+        init = library["tilefold_pool_init"]
+        init.restype = ctypes.c_int32
+        if init() != 0:
+            raise UnsupportedError("pthread_key_create failed; too many thread keys")
+        start = library["tilefold_pool_start"]
+        start.restype = ctypes.c_int32
+        start.argtypes = [ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        size = pool_threads(int(self.manifest["pool"]["max_threads"]))
+        cpus, worker_set = worker_cpus(size)
+        spin_ns = env_int("TILEFOLD_SPIN_US", 2000, 0) * 1000
+        start(size, ctypes.addressof(cpus), ctypes.addressof(worker_set), spin_ns)
+        stop = library["tilefold_pool_stop"]
+        stop.restype = None
+        atexit.register(stop)
+
+    def __call__(self, *arrays: Any) -> list[np.ndarray]:
+        if len(arrays) != len(self._inputs):
+            names = ", ".join(s["name"] for s in self.inputs)
+            raise ShapeError(f"{self.root}: takes {len(self.inputs)} inputs ({names}), "
+                             f"got {len(arrays)}")
+        given = [np.asarray(a) for a in arrays]
+        for spec, buffer, a in zip(self.inputs, self._inputs, given, strict=True):
+            if a.dtype != buffer.dtype:
+                raise DTypeError(f"{self.root}: input %{spec['name']} must be {spec['dtype']} "
+                                 f"({buffer.dtype}), got {a.dtype}; convert it with .astype")
+            if a.shape != buffer.shape:
+                raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
+                                 f"{list(buffer.shape)} (exported for static shapes), got "
+                                 f"{list(a.shape)}")
+        with self._lock:
+            for buffer, a in zip(self._inputs, given, strict=True):
+                np.copyto(buffer, a)
+            self._run(self._table_address)
+            for status in self._status:
+                if status[0]:
+                    status[0] = 0
+                    raise ShapeError("an index of a gather or index_put is out of range for "
+                                     "its axis; check the indices")
+            return [r.copy() for r in self._results]

@@ -1,0 +1,46 @@
+"""`tilefold export FILE -o OUT`: compile a module for static shapes and write the artifact
+that `tilefold.load` runs with NumPy alone (`tilefold.aot.export`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from tilefold.aot import export
+from tilefold.cli.inputs import load_function, parse_bindings, symbolic_dims
+from tilefold.errors import TilefoldError
+from tilefold.ir.dims import Bindings
+from tilefold.target import named_target
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="compile a module into an artifact tilefold.load runs")
+    p.add_argument("file", help="IR file (.tfir)")
+    p.add_argument("-o", "--output", required=True, type=Path,
+                   help="the artifact directory to write (an artifact there is replaced)")
+    p.add_argument("--function", default="main", help="function to export (default: main)")
+    p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
+                   help="size of a symbolic dim (an artifact has static shapes: bind them all)")
+    p.add_argument("--target", default="host",
+                   help="target to compile for, e.g. x86-64-v3 (default: this host)")
+    p.add_argument("--resource-dir", type=Path,
+                   help="directory of side-file constants (default: the file's directory)")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    module, fn = load_function(args.file, args.function, args.resource_dir)
+    bindings = Bindings(parse_bindings(args.bind, fn))
+    unbound = [d for d in symbolic_dims(fn) if d not in bindings]
+    if unbound:
+        raise TilefoldError("an artifact has static shapes: bind "
+                            + ", ".join(f"--bind {d}=SIZE" for d in unbound))
+    # The plan is run once while recording it: the values do not shape the program.
+    inputs = [np.zeros([d if isinstance(d, int) else bindings[d.name] for d in a.type.shape],
+                       a.type.dtype.np_dtype) for a in fn.args]
+    target = None if args.target == "host" else named_target(args.target)
+    path = export(module, inputs, args.output, target=target, function=args.function)
+    print(f"wrote {path} (load it with tilefold.load({str(path)!r}))")
+    return 0

@@ -1,0 +1,89 @@
+"""The C ABI: a C program compiled by the system's cc against an artifact's library and header
+runs the model with no Python in it, and gets bit for bit what `tilefold.compile` gets; a
+damaged data file or inputs of the wrong shape are error codes with messages, not crashes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilefold
+from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
+from tilefold.artifact.format import DATA, DTYPES, dtype_name
+
+PROGRAM = Path(__file__).with_name("run_model.c")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The views graph exported (a GEMM, kernel-IR groups, a native copy, a strided output),
+    and the C program linked against its library."""
+    tmp = tmp_path_factory.mktemp("c_abi")
+    rng = np.random.default_rng(RNG_SEED)
+    module = GRAPHS["views"](rng)
+    path = tilefold.export(module, random_inputs(module, rng), tmp / "views.tfa")
+    (library,) = path.glob("kernels-*.so")
+    binary = tmp / "run_model"
+    subprocess.run([shutil.which("cc"), "-O1", f"-I{path}", str(PROGRAM), "-o", str(binary),
+                    str(library), f"-Wl,-rpath,{path}"], check=True)
+    return module, path, binary
+
+
+def _spec(side: str, array: np.ndarray, file: Path) -> str:
+    dims = ",".join(map(str, array.shape)) or "-"
+    return f"{side}:{list(DTYPES).index(dtype_name(array.dtype))}:{dims}:{file}"
+
+
+def _run(binary: Path, artifact: Path, inputs, outputs, tmp: Path) -> str:
+    specs = []
+    for i, x in enumerate(inputs):
+        x.tofile(tmp / f"in{i}.bin")
+        specs.append(_spec("i", x, tmp / f"in{i}.bin"))
+    specs += [_spec("o", y, tmp / f"out{i}.bin") for i, y in enumerate(outputs)]
+    done = subprocess.run([str(binary), str(artifact), *specs], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_c_program_runs_the_model_bit_for_bit(built, tmp_path: Path) -> None:
+    module, path, binary = built
+    inputs = random_inputs(module, np.random.default_rng(5))
+    want = tilefold.compile(module)(*inputs)
+    assert _run(binary, path, inputs, want, tmp_path) == "ok"
+    for i, w in enumerate(want):
+        got = np.fromfile(tmp_path / f"out{i}.bin", w.dtype).reshape(w.shape)
+        assert got.tobytes() == np.ascontiguousarray(w).tobytes()
+
+
+def test_a_damaged_data_file_is_an_error_code(built, tmp_path: Path) -> None:
+    module, path, binary = built
+    copy = Path(shutil.copytree(path, tmp_path / "copy.tfa"))
+    inputs = random_inputs(module, np.random.default_rng(5))
+    outputs = tilefold.compile(module)(*inputs)
+    data = bytearray((copy / DATA).read_bytes())
+    data[len(data) // 2] ^= 1
+    (copy / DATA).write_bytes(bytes(data))
+    said = _run(binary, copy, inputs, outputs, tmp_path)
+    assert said.startswith("load 2 ") and "sha256 differs" in said, said
+    (copy / DATA).write_bytes(bytes(data[:-8]))
+    said = _run(binary, copy, inputs, outputs, tmp_path)
+    assert said.startswith("load 2 ") and "the library was exported with" in said, said
+    (copy / DATA).unlink()
+    assert _run(binary, copy, inputs, outputs, tmp_path).startswith("load 1 ")
+
+
+def test_inputs_of_the_wrong_shape_or_dtype_are_an_error_code(built, tmp_path: Path) -> None:
+    module, path, binary = built
+    (x,) = random_inputs(module, np.random.default_rng(5))
+    outputs = tilefold.compile(module)(x)
+    wrong_shape = np.zeros((4, 6, 9), np.float32)
+    said = _run(binary, path, [wrong_shape], outputs, tmp_path)
+    assert said.startswith("run 4 input 0: dim 2 is 9"), said
+    assert _run(binary, path, [x.astype(np.float64)], outputs, tmp_path).startswith(
+        "run 4 input 0: dtype")
+    assert _run(binary, path, [x, x], outputs, tmp_path).startswith("run 4 the model takes")
