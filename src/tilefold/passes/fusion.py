@@ -148,6 +148,9 @@ class Planner:
         self.max_inputs = max_inputs
         self.max_row = max_row
         self.group_of: dict[Operation, Group] = {}
+        # Program order (a topological order) of the ops planned; prologue copies made while
+        # planning have none and are walked through
+        self.order = {op: i for i, op in enumerate(fn.ops)}
         self.groups: list[Group] = []
         self.refusals: list[Refusal] = []
         self.users = fn.uses()
@@ -257,11 +260,14 @@ class Planner:
         return {r for op in group.ops for r in op.results}
 
     def depends_on(self, value: Value, group: Group) -> bool:
-        """Whether `value` is computed (transitively) from a result of `group`."""
+        """Whether `value` is computed (transitively) from a result of `group`. The walk stops
+        at ops before the group's first member in program order: nothing they are computed
+        from comes after it (a prologue copy in the group feeds only its GEMM)."""
+        first = min((self.order[op] for op in group.members if op in self.order), default=-1)
         stack, seen = [value], set()
         while stack:
             producer = stack.pop().defining_op
-            if producer is None or producer in seen:
+            if producer is None or producer in seen or self.order.get(producer, first) < first:
                 continue
             if producer in group.members:
                 return True

@@ -76,7 +76,7 @@ class Problem:
     def kind(self) -> str:
         return self.op.attr("kind") if self.op.name == "fused" else "single"
 
-    @property
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.body)
 

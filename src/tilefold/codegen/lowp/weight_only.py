@@ -41,16 +41,18 @@ from tilefold.target import Target, host_target
 PARALLEL_MIN_BYTES = 1 << 16
 
 
-def stream_layout(qt: QuantizedWeight, target: Target) -> StreamLayout:
+def stream_layout(qt: QuantizedWeight, target: Target, codes: np.ndarray | None = None
+                  ) -> StreamLayout:
     """The weight's stream layout for `target`'s vectors and decoder, built once and kept on the
-    QuantizedTensor."""
+    QuantizedTensor; `codes` are its codes one per element where the caller holds them (else
+    unpacked from `qt`)."""
     lanes = 16 if target.has("avx512f") else 8
     corrected = qt.zero_point is not None or qt.offset is not None
     decoder = choose_decoder(qt.code.name, target, corrected)
     key = ("stream", lanes, decoder)
     layout = qt.kernel_layouts.get(key)
     if layout is None:
-        layout = qt.kernel_layouts[key] = StreamLayout(qt, lanes, decoder, num_threads())
+        layout = qt.kernel_layouts[key] = StreamLayout(qt, lanes, decoder, num_threads(), codes)
     return layout
 
 

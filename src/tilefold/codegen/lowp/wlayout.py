@@ -59,8 +59,9 @@ class StreamLayout:
 
     `data` (uint8) holds the chunks: tile t, group g at byte (t * groups + g) * chunk_bytes."""
 
-    def __init__(self, qt: QuantizedWeight, lanes: int, decoder: Decoder, threads: int):
-        codes = np.moveaxis(qt.codes(), qt.axis, 0)
+    def __init__(self, qt: QuantizedWeight, lanes: int, decoder: Decoder, threads: int,
+                 codes: np.ndarray | None = None):
+        codes = np.moveaxis(qt.codes() if codes is None else codes, qt.axis, 0)
         if codes.ndim != 2:
             raise UnsupportedError(
                 f"weight-only matmul takes a 2-D weight, got shape {list(qt.shape)}; "

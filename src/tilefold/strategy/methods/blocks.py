@@ -208,7 +208,7 @@ def _weight_layout(problem: Problem, ctx: Context, mm: Operation, deq: Operation
     def build():
         codes, scale, *zero_point = sources
         layout = stream_layout(QuantizedTensor.from_codes(
-            fmt, codes, axis, scale, zero_point[0] if zero_point else None), ctx.target)
+            fmt, codes, axis, scale, zero_point[0] if zero_point else None), ctx.target, codes)
         release_pages(*sources)
         return layout
 
