@@ -13,7 +13,7 @@ from tilefold.cli.aot_peers import AOTI, JIT, ORT, TILEFOLD, TILEFOLD_C
 from tilefold.cli.main import main
 
 pytest.importorskip("transformers")
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 TINY = ["bench", "aot", "--model", "tiny", "--batch", "2", "--seq", "8", "--starts", "2",
         "--rounds", "1", "--threads", "1"]
@@ -25,9 +25,14 @@ pytestmark = pytest.mark.usefixtures("restore_threads")
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("bench_aot") / "aot.json"
-    with pytest.MonkeyPatch.context() as mp:
+    before = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:  # the bench sets both thread counts
         mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(out.parent / "inductor"))
-        assert main([*TINY, "--json", str(out)]) == 0
+        mp.setenv("TILEFOLD_NUM_THREADS", "1")
+        try:
+            assert main([*TINY, "--json", str(out)]) == 0
+        finally:
+            torch.set_num_threads(before)
     return json.loads(out.read_text())["aot"]
 
 
