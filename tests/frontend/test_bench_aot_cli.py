@@ -45,7 +45,11 @@ def test_every_contender_is_built_started_and_timed(everything) -> None:
         size = aot["sizes"][name]
         assert size["total_bytes"] == sum(size["files"].values()) > 0
         assert size["beyond_weights_bytes"] == size["total_bytes"] - aot["weights_bytes"]
-    assert "data.bin" in aot["sizes"][TILEFOLD]["files"]
+    tf = aot["sizes"][TILEFOLD]
+    assert tf["code_bytes"] == tf["total_bytes"] - tf["files"]["data.bin"] > 0
+    assert aot["sizes"][AOTI]["code_bytes"] is None  # its weights are inside its library
+    if HAS_ORT:
+        assert 0 < aot["sizes"][ORT]["code_bytes"] < aot["sizes"][ORT]["total_bytes"]
     started = built + ([TILEFOLD_C] if shutil.which("cc") else [])
     assert sorted(aot["starts"]) == sorted(started)
     for start in aot["starts"].values():

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefold.artifact.format import DATA
 from tilefold.cli.aot_start import LOADERS
 
 TILEFOLD, TILEFOLD_C, JIT, AOTI, ORT = (
@@ -37,6 +38,21 @@ class Artifact:
 
     def total_bytes(self) -> int:
         return sum(self.files.values())
+
+    def code_bytes(self) -> int | None:
+        """Bytes beyond the weights and constants the artifact holds, where they can be told
+        apart: tilefold's files but data.bin, an ONNX file but its initializers; None for a
+        `.pt2`, whose weights are inside its shared library."""
+        if self.kind == "tilefold":
+            return self.total_bytes() - self.files[DATA]
+        if self.kind == "ort":
+            import onnx
+            from onnx import numpy_helper
+
+            graph = onnx.load(str(self.path)).graph
+            return self.total_bytes() - sum(numpy_helper.to_array(t).nbytes
+                                            for t in graph.initializer)
+        return None
 
     def load(self, threads: int, arrays: list[np.ndarray]) -> Callable[[], Any]:
         return LOADERS[self.kind](str(self.path), threads, arrays)

@@ -6,7 +6,9 @@ built into each artifact (`cli/aot_peers.py`): tilefold's by `tilefold.export`, 
 `torch._inductor.aoti_compile_and_package` (loaded by `aoti_load_package`), and ONNX Runtime's
 by torch.onnx's TorchScript exporter when onnxruntime is installed (CPU provider, every graph
 optimization); a peer that is not installed or fails to build is reported absent, with why.
-For each: the artifact's size (in total, and beyond the model's weights at their precision);
+For each: the artifact's size (in total; beyond the model's weights at their precision, below
+zero where an artifact drops weights the model's output does not use; and its code: beyond the
+weights and constants it holds, where they can be told apart, not for a `.pt2`);
 load to first result in a new process (`cli/aot_start.py`; from the parent starting the
 process to the first output, interpreter start included; the median of `--starts` processes,
 interleaved across contenders), and its peak RSS there; the tilefold artifact also from C,
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
         artifacts, absent = _build(model, inputs, out, args, bench)
         sizes = {a.name: {"total_bytes": a.total_bytes(),
                           "beyond_weights_bytes": a.total_bytes() - weights,
+                          "code_bytes": a.code_bytes(),
                           "build_s": a.build_s, "files": a.files} for a in artifacts}
         starts = _starts(artifacts, arrays, want, out, args, threads, bench, absent)
         steady, errors = _steady(artifacts, model, inputs, arrays, want, threads, bench)
@@ -249,7 +252,8 @@ def _ratios(results: dict[str, Any]) -> dict[str, float]:
 
 
 def _report(results: dict[str, Any]) -> list[str]:
-    lines = ["", f"{'contender':<24}{'total MB':>10}{'beyond w. MB':>14}{'build s':>9}"
+    lines = ["", f"{'contender':<24}{'total MB':>10}{'beyond w. MB':>14}{'code MB':>9}"
+                 f"{'build s':>9}"
                  f"{'first result s':>16}{'peak RSS MB':>13}{'steady ms':>11}"]
     names = [TILEFOLD, TILEFOLD_C, AOTI, ORT, JIT]
     for name in names:
@@ -257,8 +261,10 @@ def _report(results: dict[str, Any]) -> list[str]:
         steady = results["steady"].get(name)
         if size is None and start is None and steady is None:
             continue
+        code = size and size["code_bytes"]
+        code_mb = f"{code / 1e6:>9.3f}" if code is not None else f"{'-':>9}"
         cells = [f"{size['total_bytes'] / 1e6:>10.2f}{size['beyond_weights_bytes'] / 1e6:>14.2f}"
-                 f"{size['build_s']:>9.1f}" if size else f"{'-':>10}{'-':>14}{'-':>9}"]
+                 f"{code_mb}{size['build_s']:>9.1f}" if size else f"{'-':>10}{'-':>14}{'-':>18}"]
         cells.append(f"{start['first_result_s']:>16.3f}{start['peak_rss_bytes'] / 1e6:>13.0f}"
                      if start else f"{'-':>16}{'-':>13}")
         if steady:
@@ -267,6 +273,9 @@ def _report(results: dict[str, Any]) -> list[str]:
             cells.append(f"{1e3 * start['steady_s']:>10.2f}*")
         lines.append(f"{name:<24}" + "".join(cells))
     lines.append("(* the C driver's own median of its calls, alone; the rest interleaved)")
+    lines.append("(beyond w.: total minus all the model's parameters and buffers, below 0 where "
+                 "an artifact drops unused ones; code: total minus the weights and constants "
+                 "it holds, where they can be told apart)")
     lines += [f"{k}: {v:.3f}x" for k, v in results["ratios"].items()]
     lines += [f"absent: {k}: {v}" for k, v in results["absent"].items()]
     lines.append("max abs error vs eager: " + ", ".join(
