@@ -251,6 +251,15 @@ def _ratios(results: dict[str, Any]) -> dict[str, float]:
     return ratios
 
 
+def _size_cells(size: dict[str, Any] | None) -> str:
+    if size is None:
+        return f"{'-':>10}{'-':>14}{'-':>9}{'-':>9}"
+    code = size["code_bytes"]
+    return (f"{size['total_bytes'] / 1e6:>10.2f}{size['beyond_weights_bytes'] / 1e6:>14.2f}"
+            + (f"{code / 1e6:>9.3f}" if code is not None else f"{'-':>9}")
+            + f"{size['build_s']:>9.1f}")
+
+
 def _report(results: dict[str, Any]) -> list[str]:
     lines = ["", f"{'contender':<24}{'total MB':>10}{'beyond w. MB':>14}{'code MB':>9}"
                  f"{'build s':>9}"
@@ -261,10 +270,7 @@ def _report(results: dict[str, Any]) -> list[str]:
         steady = results["steady"].get(name)
         if size is None and start is None and steady is None:
             continue
-        code = size and size["code_bytes"]
-        code_mb = f"{code / 1e6:>9.3f}" if code is not None else f"{'-':>9}"
-        cells = [f"{size['total_bytes'] / 1e6:>10.2f}{size['beyond_weights_bytes'] / 1e6:>14.2f}"
-                 f"{code_mb}{size['build_s']:>9.1f}" if size else f"{'-':>10}{'-':>14}{'-':>18}"]
+        cells = [_size_cells(size)]
         cells.append(f"{start['first_result_s']:>16.3f}{start['peak_rss_bytes'] / 1e6:>13.0f}"
                      if start else f"{'-':>16}{'-':>13}")
         if steady:
