@@ -128,7 +128,8 @@ def test_a_target_this_host_cannot_run_is_refused(tmp_path) -> None:
 
 
 def test_only_a_tilefold_module_is_exported(tmp_path) -> None:
-    with pytest.raises(UnsupportedError, match="from_exported_program"):
+    with pytest.raises(UnsupportedError, match=r"a torch\.nn\.Module or a torch\.export "
+                       "ExportedProgram, not a object"):
         tilefold.export(object(), [], tmp_path / "out.tfa")
 
 

@@ -178,3 +178,37 @@ def test_native_concat_and_gather_match_numpy(axis):
     assert "handwritten.movement" in methods
     (plan,) = run._plans.values()
     assert plan.replay.native_steps == len(plan.steps)
+
+
+def test_native_index_by_constants_matches_numpy():
+    """transformers' padding mask, `mask[arange(b)[:, None, None, None], arange(s)]`, with a
+    negative index and a float table beside it: a native copy by precomputed positions."""
+    b = Builder("main")
+    mask = b.arg("mask", "bool", (3, 5))
+    table = b.arg("table", "f32", (2, 4, 6, 3))
+    rows = b.constant(np.array([0, 2, -1], np.int64).reshape(3, 1, 1, 1))
+    cols = b.constant(np.arange(5, dtype=np.int64).reshape(1, 1, 1, 5)[..., ::-1].copy())
+    picked = b.op("index", mask, rows, cols, axes=[0, 1])
+    inner = b.op("index", table, b.constant(np.array([[3, -4], [1, 0]], np.int64)),
+                 b.constant(np.array([5, -1], np.int64)), axes=[1, 2])
+    module = b.build(picked, F.exp(inner))
+    run = tf_compile(module, strict=True)
+    ma = RNG.random((3, 5)) < 0.5
+    ta = RNG.standard_normal((2, 4, 6, 3)).astype(np.float32)
+    for _ in range(3):
+        ma[...] = RNG.random((3, 5)) < 0.5  # in place: the replayed copy follows
+        got, want = run(ma, ta), interpret(module, ma, ta)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    methods = [d.winner.method for d in run.decisions((3, 5), (2, 4, 6, 3))]
+    assert methods.count("handwritten.movement") == 2
+    (plan,) = run._plans.values()
+    assert plan.replay.native_steps == len(plan.steps)
+
+
+def test_an_index_by_constants_out_of_range_is_still_an_error():
+    b = Builder("main")
+    x = b.arg("x", "f32", (3, 4))
+    module = b.build(b.op("index", x, b.constant(np.array([0, 3], np.int64)), axes=[0]))
+    with pytest.raises(ShapeError, match="index out of range"):
+        tf_compile(module, strict=True)(np.zeros((3, 4), np.float32))

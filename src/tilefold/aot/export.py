@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir
+from tilefold.aot.from_torch import is_torch_model, torch_module
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
 from tilefold.artifact.cpu import cpuinfo_flags
@@ -39,16 +40,22 @@ from tilefold.target import Target, host_target, named_target
 from tilefold.version import __version__
 
 
-def export(module: Module, inputs: Sequence[np.ndarray], path: str | Path, *,
+def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
            target: Target | str | None = None, function: str = "main") -> Path:
     """Compile `function` of `module` for the static shapes and dtypes of `inputs` (their
     values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
     which this host must be able to run) and write the artifact directory `path` (an artifact
-    already there is replaced, anything else refused). Returns `path`."""
+    already there is replaced, anything else refused). Returns `path`.
+
+    `module` may be a `torch.nn.Module` (exported by `torch.export` at `inputs`, tensors or
+    arrays, in the mode it is in: call `.eval()` first for inference) or an
+    `ExportedProgram`; its weights become constants (`aot/from_torch.py`)."""
+    if is_torch_model(module):
+        module, inputs = torch_module(module, inputs)
     if not isinstance(module, Module):
         raise UnsupportedError(
-            f"tilefold.export takes a tilefold Module, not a {type(module).__name__}; convert "
-            "a PyTorch model with tilefold.from_exported_program(torch.export.export(...))")
+            f"tilefold.export takes a tilefold Module, a torch.nn.Module or a torch.export "
+            f"ExportedProgram, not a {type(module).__name__}")
     path = Path(path)
     if not _replaceable(path):  # before any work: a user's directory is never replaced
         raise ArtifactError(f"{path} exists and is not a tilefold artifact; export to a new "

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import argparse
 
-from tilefold.cli import bench_blocks, bench_gemm, bench_llm, bench_lowp, bench_memory, bench_models
+from tilefold.cli import (
+    bench_aot,
+    bench_blocks,
+    bench_gemm,
+    bench_llm,
+    bench_lowp,
+    bench_memory,
+    bench_models,
+)
 from tilefold.cli.benchutil import Suite
 
 SUITES: dict[str, Suite] = {s.name: s for s in (bench_gemm.SUITE, bench_lowp.SUITE,
                                                 bench_memory.SUITE, bench_blocks.SUITE,
-                                                bench_models.SUITE, bench_llm.SUITE)}
+                                                bench_models.SUITE, bench_llm.SUITE,
+                                                bench_aot.SUITE)}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,15 +1,22 @@
-"""Hand-written data movement: a lone `concat` or `gather` as native strided copies.
+"""Hand-written data movement: a lone `concat`, `gather` or `index` by constant indices as
+native strided copies.
 
 Called from Python they run NumPy's own copy into the planned output (`np.concatenate`,
 `np.take`); replayed (`Kernel.calls`), they are the native copy kernel
 (`codegen/cpu/copy.py`): one copy per concatenated operand into its slice of the output, one
 indexed copy for a gather (an embedding lookup), so a decode step needs no Python for them.
+An `index` whose index tensors are all constants of the graph over adjacent axes (the
+attention masks transformers builds, `mask[arange(b)[:, None, None, None], arange(s)]`) is a
+gather along those axes merged into one, by positions computed once when it is built.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from tilefold import dtypes
 from tilefold.codegen.cpu.copy import copy_call
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
@@ -23,15 +30,19 @@ class Movement(Method):
     generators = ("tilefold.codegen.cpu.copy",)
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
-        if len(problem.body) != 1 or problem.body[0].name not in ("concat", "gather"):
-            return "moves data for a lone concat or gather; this group is " + " -> ".join(
-                problem.names)
+        if len(problem.body) != 1 or problem.body[0].name not in BUILDERS:
+            return "moves data for a lone concat, gather or index; this group is " + \
+                " -> ".join(problem.names)
         op = problem.body[0]
-        if problem.types[op.results[0]].dtype.bits not in (8, 16, 32, 64):
-            return f"elements of {problem.types[op.results[0]].dtype} (whole bytes only)"
+        why = index_refusal(problem) if op.name == "index" else None
+        if why is not None:
+            return why
+        dtype = problem.types[op.results[0]].dtype
+        if dtype.bits not in (8, 16, 32, 64) and dtype != dtypes.boolean:  # bool: a byte each
+            return f"elements of {dtype} (whole bytes only)"
         w = work(problem)
         estimate = roofline(0.0, w.bytes_fused, ctx.machine) + ctx.machine.call_s
-        build = build_concat if op.name == "concat" else build_gather
+        build = BUILDERS[op.name]
         return [self.candidate({}, estimate, lambda: build(problem),
                                "native strided copies")]
 
@@ -78,3 +89,62 @@ def build_gather(problem: Problem) -> Kernel:
         return None if call is None else [call]
 
     return Kernel(run, "// gather: a native indexed copy", strided=True, calls=calls)
+
+
+def index_refusal(problem: Problem) -> str | None:
+    """Why a lone `index` has no native copy here (None: it has)."""
+    op = problem.body[0]
+    rank = len(problem.shape(op.operands[0]))
+    axes = [a % rank for a in problem.attrs(op)["axes"]]
+    if axes != list(range(axes[0], axes[0] + len(axes))):
+        return "index over axes that are not adjacent"
+    if any(v not in problem.constants for v in op.operands[1:]):
+        return "index by tensors computed at run time (only constant indices are precomputed)"
+    try:
+        merged_positions(problem)
+    except IndexError as exc:
+        return f"index out of range ({exc}): left to NumPy, which raises it"
+    return None
+
+
+def merged_positions(problem: Problem) -> np.ndarray:
+    """The constant indices of a lone `index` as one C-contiguous int64 position per element
+    of their broadcast shape along the indexed axes merged (row-major); IndexError when one is
+    out of its axis' range."""
+    op = problem.body[0]
+    shape = problem.shape(op.operands[0])
+    axes = [a % len(shape) for a in problem.attrs(op)["axes"]]
+    indices = np.broadcast_arrays(*(problem.constants[v] for v in op.operands[1:]))
+    flat = np.zeros(indices[0].shape, np.int64)
+    for axis, index in zip(axes, indices, strict=True):
+        n = shape[axis]
+        if index.size and (index.min() < -n or index.max() >= n):
+            raise IndexError(f"an index of axis {axis} outside [-{n}, {n})")
+        flat = flat * n + np.where(index < 0, index + n, index)
+    return np.ascontiguousarray(flat.reshape(-1), np.int64)
+
+
+def build_index(problem: Problem) -> Kernel:
+    op = problem.body[0]
+    shape = problem.shape(op.operands[0])
+    axes = [a % len(shape) for a in problem.attrs(op)["axes"]]
+    flat = merged_positions(problem)
+    merged = (*shape[:axes[0]], math.prod(shape[a] for a in axes), *shape[axes[-1] + 1:])
+    rows = (*shape[:axes[0]], flat.size, *shape[axes[-1] + 1:])
+
+    def run(x: np.ndarray, *rest: np.ndarray) -> None:
+        out = rest[-1]  # the index operands come first: constants, already in `flat`
+        np.take(x.reshape(merged), flat, axis=axes[0], out=out.reshape(rows), mode="raise")
+
+    def calls(x: np.ndarray, *rest: np.ndarray):
+        out = rest[-1]
+        if not (x.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        call = copy_call(out.reshape(rows), x.reshape(merged), index=flat, axis=axes[0],
+                         side="src")
+        return None if call is None else [call]
+
+    return Kernel(run, "// index by constants: a native indexed copy", calls=calls)
+
+
+BUILDERS = {"concat": build_concat, "gather": build_gather, "index": build_index}
