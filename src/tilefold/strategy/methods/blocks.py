@@ -212,14 +212,15 @@ def _weight_layout(problem: Problem, ctx: Context, mm: Operation, deq: Operation
 
     def build():
         codes, scale, *zero_point = sources
-        layout = stream_layout(QuantizedTensor.from_codes(
+        return stream_layout(QuantizedTensor.from_codes(
             fmt, codes, axis, scale, zero_point[0] if zero_point else None), ctx.target, codes)
+
+    def made():
+        layout = cached(sources, (fmt.name, axis, lanes, decoder, num_threads()), decoder, build)
         release_pages(*sources)
         return layout
 
-    params = (fmt.name, axis, lanes, decoder, num_threads())
-    return _packed_once(sources[0], ("weight-only", axis, ctx.target.name),
-                        lambda: cached(sources, params, decoder, build))
+    return _packed_once(sources[0], ("weight-only", axis, ctx.target.name), made)
 
 
 def _weight_only(problem: Problem, mm: Operation, prologue: list[Operation]
