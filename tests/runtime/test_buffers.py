@@ -110,3 +110,19 @@ def test_released_pages_leave_the_process_and_read_back_the_same(tmp_path):
     assert _resident_kib(path) < 64
     np.testing.assert_array_equal(mapped[:, 0], want[1:])
     np.testing.assert_array_equal(plain, want)
+
+
+def test_mapped_file_names_the_region_an_array_views(tmp_path):
+    from tilefold.runtime.buffers import mapped_file
+
+    a = np.arange(60, dtype=np.float32).reshape(10, 6)
+    np.save(tmp_path / "a.npy", a)
+    mapped = np.load(tmp_path / "a.npy", mmap_mode="r")
+    path, offset, size = mapped_file(mapped)
+    assert os.path.samefile(path, tmp_path / "a.npy") and size == a.nbytes
+    rows = mapped_file(mapped[2:5].view(np.int32))
+    assert rows[1:] == (offset + 2 * 24, 3 * 24)
+    raw = np.fromfile(tmp_path / "a.npy", np.uint8)[rows[1]:rows[1] + rows[2]]
+    np.testing.assert_array_equal(raw.view(np.float32).reshape(3, 6), a[2:5])
+    assert mapped_file(mapped[:, 1:]) is None  # not one contiguous region
+    assert mapped_file(a) is None and mapped_file(np.array(mapped)) is None

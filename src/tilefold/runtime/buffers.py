@@ -91,3 +91,17 @@ def release_pages(*arrays: np.ndarray | None) -> None:
             base = getattr(base, "base", None)
         if base is not None and not base.closed and hasattr(mmap, "MADV_DONTNEED"):
             base.madvise(mmap.MADV_DONTNEED)
+
+
+def mapped_file(array: np.ndarray) -> tuple[str, int, int] | None:
+    """(path, byte offset, bytes) of the file region `array` is a C-contiguous view of, where it
+    is memory-mapped from a file (`np.load(mmap_mode="r")`), else None."""
+    base = array  # the memmap over the mapping itself (a memmap's slices are memmaps too)
+    while isinstance(base, np.ndarray) and not (
+            isinstance(base, np.memmap) and isinstance(base.base, mmap.mmap)):
+        base = base.base
+    if not isinstance(base, np.memmap) or base.filename is None or \
+            not array.flags.c_contiguous:
+        return None
+    start = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return base.filename, base.offset + start, array.nbytes

@@ -18,7 +18,7 @@ from tilefold.codegen.gemm.abi import DATA_OFFSET, NativePlan, compiled_entries
 from tilefold.codegen.gemm.module import GemmModule, gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
-from tilefold.codegen.lowp.decode import choose_decoder
+from tilefold.codegen.lowp.decode import Decoder, choose_decoder
 from tilefold.codegen.lowp.wgemv import (
     ENTRY,
     WgemvSpec,
@@ -41,14 +41,19 @@ from tilefold.target import Target, host_target
 PARALLEL_MIN_BYTES = 1 << 16
 
 
+def layout_kind(code: str, corrected: bool, target: Target) -> tuple[int, Decoder]:
+    """The vector width and decoder of `target`'s stream layout of `code` codes (`corrected`:
+    with zero points or offsets)."""
+    return 16 if target.has("avx512f") else 8, choose_decoder(code, target, corrected)
+
+
 def stream_layout(qt: QuantizedWeight, target: Target, codes: np.ndarray | None = None
                   ) -> StreamLayout:
     """The weight's stream layout for `target`'s vectors and decoder, built once and kept on the
     QuantizedTensor; `codes` are its codes one per element where the caller holds them (else
     unpacked from `qt`)."""
-    lanes = 16 if target.has("avx512f") else 8
     corrected = qt.zero_point is not None or qt.offset is not None
-    decoder = choose_decoder(qt.code.name, target, corrected)
+    lanes, decoder = layout_kind(qt.code.name, corrected, target)
     key = ("stream", lanes, decoder)
     layout = qt.kernel_layouts.get(key)
     if layout is None:

@@ -32,7 +32,7 @@ from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
 from tilefold.ir.types import SymDim
 from tilefold.passes.fusion_policy import CPU_FUSION  # its free prologues are views
-from tilefold.runtime import source_digest
+from tilefold.runtime import num_threads, source_digest
 from tilefold.runtime.buffers import release_pages
 from tilefold.runtime.replay import NativeCall
 from tilefold.strategy.cost import roofline, work
@@ -195,24 +195,32 @@ def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
 
 def _weight_layout(problem: Problem, ctx: Context, mm: Operation, deq: Operation):
     """The stream layout (`codegen/lowp/weight_only.stream_layout`) of `deq`'s constant codes,
-    scales (and zero points) for the target, built once per codes array. It is the weight's
-    only copy the kernels read: the packed QuantizedTensor it is made from is dropped, and
-    where the codes are mapped from a file (a weight cache) their pages are released."""
-    from tilefold.codegen.lowp.weight_only import stream_layout
+    scales (and zero points) for the target, built once per codes array, and kept on disk
+    where they are mapped from files (`codegen/lowp/layout_cache.py`). It is the weight's only
+    copy the kernels read: the packed QuantizedTensor it is made from is dropped, and where the
+    codes are mapped from a file (a weight cache) their pages are released."""
+    from tilefold.codegen.lowp.layout_cache import cached
+    from tilefold.codegen.lowp.weight_only import layout_kind, stream_layout
     from tilefold.quant import QuantizedTensor
 
     sources = [problem.constants[v] for v in deq.operands]
     axis = 1 if problem.attrs(mm)["transpose_b"] else 0  # the contraction axis of B as stored
     fmt = _format_of(problem, deq)
+    corrected = len(sources) > 2
+    code = fmt.asymmetric_code if corrected else fmt.code
+    lanes, decoder = layout_kind(code.name, corrected, ctx.target)
 
     def build():
         codes, scale, *zero_point = sources
-        layout = stream_layout(QuantizedTensor.from_codes(
+        return stream_layout(QuantizedTensor.from_codes(
             fmt, codes, axis, scale, zero_point[0] if zero_point else None), ctx.target, codes)
+
+    def made():
+        layout = cached(sources, (fmt.name, axis, lanes, decoder, num_threads()), decoder, build)
         release_pages(*sources)
         return layout
 
-    return _packed_once(sources[0], ("weight-only", axis, ctx.target.name), build)
+    return _packed_once(sources[0], ("weight-only", axis, ctx.target.name), made)
 
 
 def _weight_only(problem: Problem, mm: Operation, prologue: list[Operation]
