@@ -104,3 +104,20 @@ def test_weights_adjacent_in_one_buffer_are_viewed_not_copied():
     xs = rng.standard_normal((5, K)).astype(np.float32)
     for got, p in zip(compiled(xs), parts, strict=True):
         _check(got, xs, p.T, None)
+
+
+def test_adjacent_arrays_of_no_common_buffer_are_copied():
+    """Parts that merely sit one after another in memory, each an array of its own (as a
+    framework's separately made parameters may: NumPy sees no common base), are copied."""
+    import ctypes
+
+    from tilefold.passes.merge_matmuls import concatenated
+
+    rng = np.random.default_rng(6)
+    buffer = rng.standard_normal((sum(WIDTHS), K)).astype(np.float32)
+    offsets = np.concatenate([[0], np.cumsum(WIDTHS)[:-1]]) * K * 4
+    parts = [np.ctypeslib.as_array((ctypes.c_float * (w * K)).from_address(
+        buffer.ctypes.data + int(at))).reshape(w, K) for w, at in zip(WIDTHS, offsets,
+                                                                       strict=True)]
+    merged = concatenated(parts, 0)
+    assert np.array_equal(merged, buffer) and not np.shares_memory(merged, buffer)

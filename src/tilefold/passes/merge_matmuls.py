@@ -38,24 +38,30 @@ END = 9223372036854775807  # slice stop: to the end of the axis
 _MERGED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
+def _root(array: np.ndarray) -> np.ndarray:
+    """The array at the end of `array`'s chain of NumPy bases (itself if it owns its data)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
 def adjacent(parts: list[np.ndarray], axis: int) -> np.ndarray | None:
     """The view of memory that is `np.concatenate(parts, axis)` where the parts are C-contiguous
-    and follow one another in one buffer along axis 0, else None."""
-    base = parts[0]
-    while isinstance(base.base, np.ndarray):
-        base = base.base
-    if axis != 0 or not all(p.flags.c_contiguous and p.dtype == base.dtype
-                            and p.shape[1:] == parts[0].shape[1:] for p in parts):
+    views of one C-contiguous array, following one another along axis 0, else None."""
+    base = _root(parts[0])
+    if axis != 0 or not base.flags.c_contiguous or any(
+            _root(p) is not base or not p.flags.c_contiguous or p.dtype != base.dtype
+            or p.shape[1:] != parts[0].shape[1:] for p in parts):
         return None
     at = [p.__array_interface__["data"][0] for p in parts]
-    if any(a + p.nbytes != b for a, p, b in zip(at, parts, at[1:], strict=False)) or \
-            not base.flags.c_contiguous:
+    if any(a + p.nbytes != b for a, p, b in zip(at, parts, at[1:], strict=False)):
         return None
     start = (at[0] - base.__array_interface__["data"][0]) // base.itemsize
-    flat = base.reshape(-1)
     rows = sum(p.shape[0] for p in parts)
-    return flat[start:start + rows * int(np.prod(parts[0].shape[1:]))].reshape(
-        rows, *parts[0].shape[1:])
+    size = rows * int(np.prod(parts[0].shape[1:]))
+    if start < 0 or start + size > base.size:
+        return None
+    return base.reshape(-1)[start:start + size].reshape(rows, *parts[0].shape[1:])
 
 
 def concatenated(parts: list[np.ndarray], axis: int) -> np.ndarray:
