@@ -37,7 +37,8 @@ _LAZY = {
     "prepack": "tilefold.linalg",
     "run_pipeline": "tilefold.passes", "QuantizedTensor": "tilefold.quant",
     "dequantize": "tilefold.quant", "host_target": "tilefold.target",
-    "named_target": "tilefold.target", "export": "tilefold.aot", "load": "tilefold.artifact",
+    "named_target": "tilefold.target", "export": "tilefold.frontend.aot_export",
+    "load": "tilefold.artifact",
 }
 
 
@@ -57,9 +58,9 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from tilefold.aot import export
     from tilefold.artifact import load
     from tilefold.compiler import CompiledGraph, compile
+    from tilefold.frontend.aot_export import export
     from tilefold.ir import (
         Builder,
         Module,

@@ -14,10 +14,10 @@ import torch
 
 import tilefold
 from tests.aot.test_loader_imports import run_fresh
-from tilefold.aot.from_torch import torch_module
 from tilefold.artifact.format import MANIFEST
 from tilefold.cli import models
 from tilefold.errors import UnsupportedError
+from tilefold.frontend.aot_export import torch_module
 
 transformers = pytest.importorskip("transformers")
 

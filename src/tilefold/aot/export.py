@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir
-from tilefold.aot.from_torch import is_torch_model, torch_module
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
 from tilefold.artifact.cpu import cpuinfo_flags
@@ -47,11 +46,8 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
     which this host must be able to run) and write the artifact directory `path` (an artifact
     already there is replaced, anything else refused). Returns `path`.
 
-    `module` may be a `torch.nn.Module` (exported by `torch.export` at `inputs`, tensors or
-    arrays, in the mode it is in: call `.eval()` first for inference) or an
-    `ExportedProgram`; its weights become constants (`aot/from_torch.py`)."""
-    if is_torch_model(module):
-        module, inputs = torch_module(module, inputs)
+    `tilefold.export` (`frontend/aot_export.py`) takes a `torch.nn.Module` or an
+    `ExportedProgram` too, made a Module first."""
     if not isinstance(module, Module):
         raise UnsupportedError(
             f"tilefold.export takes a tilefold Module, a torch.nn.Module or a torch.export "

@@ -196,7 +196,7 @@ def _steady(artifacts: list[Artifact], model: Any, inputs: tuple, arrays: list[n
     """Every artifact loaded here, and tilefold's JIT of the same Module, timed interleaved;
     each checked against eager, the artifact against the JIT bit for bit."""
     import tilefold
-    from tilefold.aot.from_torch import torch_module
+    from tilefold.frontend.aot_export import torch_module
 
     module, _ = torch_module(model, inputs)
     jit = tilefold.compile(module)

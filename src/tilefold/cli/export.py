@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tilefold.aot import export
 from tilefold.cli.inputs import load_function, parse_bindings, symbolic_dims
 from tilefold.errors import TilefoldError
+from tilefold.frontend.aot_export import export
 from tilefold.ir.dims import Bindings
 from tilefold.target import named_target
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tilefold.aot import export as export_module
 from tilefold.errors import UnsupportedError
 from tilefold.ir import Module
 
@@ -29,7 +31,7 @@ def torch_module(model: Any, inputs: Sequence[Any]) -> tuple[Module, list[np.nda
     the order of the model's positional arguments) as NumPy arrays for it."""
     import torch
 
-    from tilefold.frontend import from_exported_program
+    from tilefold.frontend.export import from_exported_program
 
     tensors = []
     for i, x in enumerate(inputs):
@@ -55,3 +57,13 @@ def torch_module(model: Any, inputs: Sequence[Any]) -> tuple[Module, list[np.nda
                 f"({type(exc).__name__}: {first}); export it yourself with "
                 "torch.export.export and pass the ExportedProgram") from exc
     return from_exported_program(program), [t.numpy() for t in tensors]
+
+
+def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, **options: Any
+           ) -> Path:
+    """`tilefold.export`: `aot.export` of `module`, a tilefold Module, a `torch.nn.Module`
+    (exported by `torch.export` at `inputs`, tensors or arrays, in the mode it is in: call
+    `.eval()` first for inference) or an `ExportedProgram`, whose weights become constants."""
+    if is_torch_model(module):
+        module, inputs = torch_module(module, inputs)
+    return export_module(module, inputs, path, **options)
