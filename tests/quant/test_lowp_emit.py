@@ -155,8 +155,24 @@ def test_weight_only_gemv_emits_for_each_vector_width(target_name, code):
 def test_integer_dot_gemv_emits_vpdpbusd(target_name, extra, lanes, code):
     base = named_target(target_name)
     target = dataclasses.replace(base, features=base.features | extra)
-    spec = WgemvSpec(choose_decoder(code, target), lanes, 4, 32, 1, True, False, dot=True)
+    spec = WgemvSpec(choose_decoder(code, target), lanes, 4, 32, 1, True, False, dot="vnni")
     asm = emit_assembly(wvnni_ir(spec, target), target)
     tile = "\n".join(function_lines(asm, "tf_wtile_1"))
     assert "vpdpbusd" in tile and ("zmm" if lanes == 16 else "ymm") in tile
     assert "{vex}" in tile or lanes == 16  # AVX-VNNI's encoding, not EVEX
+
+
+@pytest.mark.parametrize(("target_name", "lanes"), [("x86-64-v3", 8), ("x86-64-v4", 16)])
+@pytest.mark.parametrize("code", ["i4", "i8", "u8"])
+def test_integer_dot_gemv_without_vnni_emits_pmaddubsw(target_name, lanes, code):
+    """Without VNNI the dot is `vpmaddubsw` + `vpmaddwd` (8-bit codes by the sign trick:
+    `vpsignb` on AVX2), and no vpdpbusd sneaks in."""
+    target = named_target(target_name)
+    spec = WgemvSpec(choose_decoder(code, target), lanes, 4, 32, 1, True, code == "u8",
+                     dot="maddubs")
+    asm = emit_assembly(wvnni_ir(spec, target), target)
+    tile = "\n".join(function_lines(asm, "tf_wtile_1"))
+    assert "vpmaddubsw" in tile and "vpmaddwd" in tile and "vpdpbusd" not in tile
+    assert ("zmm" if lanes == 16 else "ymm") in tile
+    if code != "i4" and lanes == 8:
+        assert "vpsignb" in tile and "vpabsb" in tile

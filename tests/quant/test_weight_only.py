@@ -22,6 +22,7 @@ from tilefold.quant.accuracy import (
     dequantized_activations,
     matmul_bound,
 )
+from tilefold.target import named_target
 
 CASES = [("int4", {}), ("int4", {"symmetric": False}), ("fp4", {}), ("fp8", {}),
          ("fp8", {"group_size": 32}), ("int8", {}), ("int8", {"symmetric": False}),
@@ -257,13 +258,21 @@ def test_bad_activations_are_refused(rng):
 
 
 def _dot_targets() -> list:
-    """Targets whose integer-dot kernel runs here: the host (16 lanes with AVX512-VNNI) and,
-    where the host has VNNI with 256-bit EVEX forms, its AVX2 level plus those (8 lanes)."""
+    """Targets whose integer-dot kernel runs here, each instruction the host can run: the host
+    itself; with AVX-512, the host without VNNI (16-lane `pmaddubsw`); its AVX2 level (8-lane
+    `pmaddubsw`); and, where the host has VNNI with 256-bit EVEX forms, that level plus those."""
     host = target_for("host")
-    out = [host] if host.has("avx512vnni") else []
-    if host.has("avx512vnni", "avx512vl"):
+    out = [host] if wo.dot_instruction(16 if host.has("avx512f") else 8, host) else []
+    if host.has("avx512vnni", "avx512bw"):
+        out.append(dataclasses.replace(host, name=f"{host.name}-novnni",
+                                       features=host.features - {"avx512vnni", "avxvnni"}))
+    if host.has("avx2"):
         v3 = target_for("x86-64-v3")
-        out.append(dataclasses.replace(v3, features=v3.features | {"avx512vnni", "avx512vl"}))
+        if host.name != v3.name:
+            out.append(v3)
+        if host.has("avx512vnni", "avx512vl"):
+            out.append(dataclasses.replace(v3, name="x86-64-v3-vnni",
+                                           features=v3.features | {"avx512vnni", "avx512vl"}))
     return out
 
 
@@ -304,8 +313,19 @@ def test_integer_dot_refusals():
     rng = np.random.default_rng(0)
     fp4 = quantize(rng.standard_normal((64, 16)).astype(np.float32), "fp4")
     g16 = quantize(rng.standard_normal((64, 16)).astype(np.float32), "int4", group_size=16)
-    v3 = target_for("x86-64-v3")
-    assert "VNNI" in wo.dot_refusal(wo.stream_layout(fp4, v3), v3)
-    if host.has("avx512vnni"):
+    v2 = target_for("generic")  # no AVX2 pmaddubsw, no VNNI
+    assert "no integer dot" in wo.dot_refusal(wo.stream_layout(fp4, v2), v2)
+    if host.has("avx2"):
         assert "integer codes" in wo.dot_refusal(wo.stream_layout(fp4, host), host)
         assert "multiple" in wo.dot_refusal(wo.stream_layout(g16, host), host)
+
+
+def test_integer_dot_instruction_by_features():
+    v3, v4 = named_target("x86-64-v3"), named_target("x86-64-v4")
+    assert wo.dot_instruction(8, v3) == "maddubs"
+    assert wo.dot_instruction(16, v4) == "maddubs"  # AVX512BW without VNNI
+    vnni = dataclasses.replace(v4, features=v4.features | {"avx512vnni"})
+    assert wo.dot_instruction(16, vnni) == "vnni"
+    avxvnni = dataclasses.replace(v3, features=v3.features | {"avxvnni"})
+    assert wo.dot_instruction(8, avxvnni) == "vnni"
+    assert wo.dot_instruction(8, named_target("generic")) is None

@@ -101,6 +101,48 @@ def dpbusd_pmaddwd(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) ->
     return b.add(acc, b.add(b.call(fn, [a_lo, b_lo]), b.call(fn, [a_hi, b_hi])))
 
 
+def _maddubs(b: ir.IRBuilder, a: ir.Value, bv: ir.Value, lanes: int) -> ir.Value:
+    """`pmaddubsw`: u8 bytes of `a` times s8 bytes of `bv`, adjacent pairs summed to s16
+    (saturating: callers keep each pair's sum inside s16)."""
+    bytes_ty, w16 = _vi(8, 4 * lanes), _vi(16, 2 * lanes)
+    name = "llvm.x86.avx512.pmaddubs.w.512" if lanes == 16 else "llvm.x86.avx2.pmadd.ub.sw"
+    fn = u.intrinsic(b.module, name, w16, [bytes_ty, bytes_ty])
+    return b.call(fn, [b.bitcast(a, bytes_ty), b.bitcast(bv, bytes_ty)])
+
+
+def _pairs_to_i32(b: ir.IRBuilder, acc: ir.Value, pairs: ir.Value) -> ir.Value:
+    """acc + the s16 pairs of `pairs` summed per 32-bit lane (`pmaddwd` by ones, exact)."""
+    lanes = acc.type.count
+    w16 = _vi(16, 2 * lanes)
+    name = "llvm.x86.avx512.pmaddw.d.512" if lanes == 16 else "llvm.x86.avx2.pmadd.wd"
+    fn = u.intrinsic(b.module, name, acc.type, [w16, w16])
+    return b.add(acc, b.call(fn, [pairs, _c(w16, 1)]))
+
+
+def dpbusd_maddubs(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
+    """u8 x s8 quad dot without VNNI (AVX2 / AVX512BW): `pmaddubsw`, then `pmaddwd` by ones.
+    Exact only where each pair's sum fits s16, as for 4-bit codes: 2 * 15 * 127 < 2**15."""
+    return _pairs_to_i32(b, acc, _maddubs(b, a, bv, acc.type.count))
+
+
+def dpbssd_maddubs(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value) -> ir.Value:
+    """s8 x s8 quad dot without VNNI: |a| (u8) times bv carrying a's sign (`vpsignb` on AVX2),
+    by `pmaddubsw` and `pmaddwd`. Exact for |bv| <= 127 (int8 activations): a pair's sum is
+    at most 2 * 128 * 127 < 2**15."""
+    lanes = acc.type.count
+    bytes_ty = _vi(8, 4 * lanes)
+    a8, b8 = b.bitcast(a, bytes_ty), b.bitcast(bv, bytes_ty)
+    absolute = b.call(u.intrinsic(b.module, f"llvm.abs.v{4 * lanes}i8", bytes_ty,
+                                  [bytes_ty, ir.IntType(1)]), [a8, ir.Constant(ir.IntType(1), 0)])
+    if lanes == 8:
+        sign = u.intrinsic(b.module, "llvm.x86.avx2.psign.b", bytes_ty, [bytes_ty, bytes_ty])
+        signed = b.call(sign, [b8, a8])
+    else:
+        negative = b.icmp_signed("<", a8, _c(bytes_ty, 0))
+        signed = b.select(negative, b.sub(_c(bytes_ty, 0), b8), b8)
+    return _pairs_to_i32(b, acc, _maddubs(b, absolute, signed, lanes))
+
+
 def quad_dot(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, bv: ir.Value,
              signed_a: bool) -> ir.Value:
     """8-bit quads in plain vector code (any ISA): each byte of `a` (u8, or s8 with `signed_a`)

@@ -70,7 +70,8 @@ class WeightOnlyCall:
         passes = dot_rows_per_pass if dot else rows_per_pass
         mt = min(m, passes(layout.lanes, layout.panels_per_tile), 8)
         spec = WgemvSpec(layout.decoder, layout.lanes, layout.panels_per_tile, layout.group, mt,
-                         layout.f16_scales, layout.corrected, dot)
+                         layout.f16_scales, layout.corrected,
+                         dot_instruction(layout.lanes, target) if dot else "")
         threads = max(1, min(threads, layout.tiles))
         values = {WParam.M: m, WParam.K: layout.k, WParam.LDX: ldx, WParam.SXK: sxk,
                   WParam.LDY: ldy, WParam.N: layout.n, WParam.TILES: layout.tiles,
@@ -178,12 +179,21 @@ def _probe(shape: tuple[int, int], strides: tuple[int, int]) -> np.ndarray:
                                            tuple(4 * s for s in strides))
 
 
+def dot_instruction(lanes: int, target: Target) -> str | None:
+    """The integer dot a `lanes`-wide kernel uses on `target`: "vnni" (`vpdpbusd`), else
+    "maddubs" (`pmaddubsw` + `pmaddwd`, AVX2 or AVX512BW), else None."""
+    if lanes == 16:
+        vnni, maddubs = target.has("avx512vnni"), target.has("avx512bw")
+    else:
+        vnni = target.has("avxvnni") or target.has("avx512vnni", "avx512vl")
+        maddubs = target.has("avx2")
+    return "vnni" if vnni else "maddubs" if maddubs else None
+
+
 def dot_refusal(layout: StreamLayout, target: Target) -> str | None:
-    """Why the integer-dot (VNNI) kernel cannot run this weight on `target`, or None."""
-    vnni = target.has("avx512vnni") if layout.lanes == 16 else (
-        target.has("avxvnni") or target.has("avx512vnni", "avx512vl"))
-    if not vnni:
-        return f"{target.name} has no VNNI dot product (avx512vnni / avxvnni)"
+    """Why the integer-dot kernel cannot run this weight on `target`, or None."""
+    if dot_instruction(layout.lanes, target) is None:
+        return f"{target.name} has no integer dot product (VNNI, or AVX2 / AVX512BW pmaddubsw)"
     if layout.decoder.code not in ("i4", "i8", "u8"):
         return f"the integer dot takes integer codes, not {layout.decoder.code}"
     if layout.group % BLOCK:

@@ -99,7 +99,7 @@ class WgemvSpec(ChunkGeometry):
     mt: int
     f16_scales: bool
     corrected: bool
-    dot: bool = False  # int8 x (per block of 32) and an integer dot product (`wvnni.py`)
+    dot: str = ""  # int8 x (per block of 32) and an integer dot: "vnni" | "maddubs" (`wvnni.py`)
 
     @property
     def group_padded(self) -> int:
@@ -114,7 +114,7 @@ class WgemvSpec(ChunkGeometry):
     @property
     def name(self) -> str:
         flags = ("h" if self.f16_scales else "f") + ("c" if self.corrected else "")
-        kind = "wvnni" if self.dot else "wgemv"
+        kind = {"": "wgemv", "vnni": "wvnni", "maddubs": "wmaddubs"}[self.dot]
         return (f"{kind}_{self.decoder.tag}_l{self.lanes}p{self.panels}_g{self.group}_"
                 f"m{self.mt}{flags}")
 

@@ -1,13 +1,18 @@
-"""Weight-only GEMV with int8 activations and an integer dot product (`vpdpbusd`, VNNI).
+"""Weight-only GEMV with int8 activations and an integer dot product.
 
 The same stream layout and worker as `wgemv.py` (integer codes only: 4-bit stored as code + 8,
 or int8/uint8 bytes), another prologue and tile. The prologue quantizes each row of x per block
 of 32 k as llama.cpp's Q8_0 activations do: dx = max|x| / 127 (f32), q = rint(x / dx) (0 where
-dx is 0), and keeps dx, sum(q) per block and sum(dx * sum(q)) per group. A tile multiplies u8
-codes by s8 q in i32 (exact), per block, then in f32: acc += scale * sum_blocks dx * dot
+dx is 0), and keeps dx, sum(q) per block and sum(dx * sum(q)) per group. A tile multiplies the
+codes by the s8 q in i32 (exact), per block, then in f32: acc += scale * sum_blocks dx * dot
 (+ correction * group sum). 4-bit words give their low and high nibbles by a mask; 8-bit steps
-(4 rows of L bytes) are transposed to quads per lane and their sign bit flipped (u8 = c + 128),
-so a block's dot starts from -bias * sum(q) and stays exact.
+(4 rows of L bytes) are transposed to quads per lane.
+
+Two dot instructions (`WgemvSpec.dot`): "vnni" (`vpdpbusd`, u8 x s8: int8 codes get their sign
+bit flipped, u8 = c + 128, so a block's dot starts from -128 * sum(q)), and "maddubs" for CPUs
+without VNNI (`pmaddubsw` + `pmaddwd`, AVX2 or AVX512BW: 4-bit codes as u8, 8-bit codes as s8
+by the sign trick, uint8 ones flipped to s8 and the dot started from +128 * sum(q)); both are
+exact, so both give the same result.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tilefold.codegen import llvm_util as u
-from tilefold.codegen.lowp.dot import dpbusd
+from tilefold.codegen.lowp.dot import dpbssd_maddubs, dpbusd, dpbusd_maddubs
 from tilefold.codegen.lowp.wgemv import (
     PROLOGUE_TYPE,
     TILE_TYPE,
@@ -38,9 +43,19 @@ def dot_bias(spec: WgemvSpec) -> int:
     """What each block's dot subtracts per unit of sum(q): the + 8 of stored symmetric 4-bit
     codes, the + 128 of flipped int8 codes, 0 where the layout's corrections hold it."""
     code = spec.decoder.code
-    if code == "i8":
-        return 128
-    return 8 if code == "i4" and not spec.corrected else 0
+    if code == "i4":
+        return 0 if spec.corrected else 8
+    if spec.dot == "vnni":
+        return 128 if code == "i8" else 0
+    return -128 if code == "u8" else 0  # maddubs: u8 codes flipped to s8 (c - 128)
+
+
+def dot_step(spec: WgemvSpec):
+    """The quad dot step of `spec`'s codes as the tile hands them over (u8 for vpdpbusd and
+    4-bit codes, s8 for 8-bit codes under maddubs)."""
+    if spec.dot == "vnni":
+        return dpbusd
+    return dpbusd_maddubs if spec.decoder.nibbles else dpbssd_maddubs
 
 
 def rows_per_pass(lanes: int, panels: int) -> int:
@@ -80,6 +95,8 @@ def emit_dot_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
     n_acc = mt * panels
     in_regs = n_acc * (chains + 2) + 4 <= registers(lanes)
     bias = dot_bias(spec)
+    step = dot_step(spec)
+    flipped = "i8" if spec.dot == "vnni" else "u8"
     rows = [u.gep(b, xs, b.mul(u.const(m), xrow)) for m in range(mt)]
     aux_rows = [u.gep(b, aux, b.mul(u.const(m), auxrow)) for m in range(mt)]
     dx_rows = aux_rows
@@ -120,13 +137,13 @@ def emit_dot_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
                                   align=4)
                     if dec.nibbles:
                         codes = [b.and_(word, nib), b.and_(b.lshr(word, _i32v(4, lanes)), nib)]
-                    else:
+                    else:  # flipped: i8 to u8 for vpdpbusd, u8 to s8 for the sign trick
                         q = _quads(b, word, lanes)
-                        codes = [b.xor(q, flip) if dec.code == "i8" else q]
+                        codes = [b.xor(q, flip) if dec.code == flipped else q]
                     for m in range(mt):
                         for h, c in enumerate(codes):
                             i = (m * panels + v) * chains + (h if dec.nibbles else s) % chains
-                            dots[i] = dpbusd(b, dots[i], c, quads[m][h])
+                            dots[i] = step(b, dots[i], c, quads[m][h])
             fb = list(bl.values)
             for m in range(mt):
                 dx = u.splat(b, b.load(u.gep(b, dx_rows[m], blk), align=4), lanes)
