@@ -212,31 +212,35 @@ def _fake_result(job, work, decode_s: float, prefill_s: float = 0.5):
 
 # decode seconds of the fakes: tilefold f32 twice as fast as HF eager, int8 slower than
 # llama.cpp Q8_0, int4 faster than Q4_0
-DECODE_S = {"tilefold f32": 1.0, "HF eager generate": 2.0, "tilefold int8": 1.0,
-            "llama.cpp Q8_0": 0.5, "tilefold int4": 0.5, "llama.cpp Q4_0": 1.0,
+DECODE_S = {"tilefold f32": 1.0, "HF eager generate": 2.0, "tilefold int8 int8-act": 1.0,
+            "llama.cpp Q8_0": 0.5, "tilefold int4 int8-act": 0.5, "llama.cpp Q4_0": 1.0,
             "llama.cpp F32": 4.0}
 
 
-PERPLEXITY = {("hf-eager", "f32"): 19.3, ("tilefold", "f32"): 19.3, ("tilefold", "int8"): 19.4,
-              ("tilefold", "int4"): 24.0, ("llamacpp", "F32"): 19.3, ("llamacpp", "Q8_0"): 19.2,
-              ("llamacpp", "Q4_0"): 23.0, ("llamacpp", "shipped"): 19.25}
+PERPLEXITY = {"PyTorch eager f32": 19.3, "tilefold f32": 19.3, "tilefold int8": 19.3,
+              "tilefold int4": 23.0, "tilefold int8 int8-act": 19.4,
+              "tilefold int4 int8-act": 24.0, "llama.cpp F32": 19.3, "llama.cpp Q8_0": 19.2,
+              "llama.cpp Q4_0": 23.0, "llama.cpp Q4_1 file": 19.25}
 
 
 @pytest.fixture
 def fake_bench(monkeypatch, tmp_path):
     """`bench llm` with its processes replaced by made-up results, llama.cpp 'present', a host
-    of 10 GB/s and no GPL text: its glue (groups, bars, JSON) under test."""
+    of 10 GB/s with an integer dot (int8 activations by default) and no GPL text: its glue
+    (groups, bars, JSON) under test."""
     from tilefold.cli import bench_llm, generate
 
     def fake_runs(work, jobs, rounds, say):
         return [_fake_result(j, work, DECODE_S[j.label]) for j in jobs]
 
     def fake_accuracy(work, reference, jobs, tokens, say):
-        return [llm_runs.Accuracy(j, PERPLEXITY[(j.key, j.quant)]) for j in [reference, *jobs]]
+        return [llm_runs.Accuracy(j, PERPLEXITY[j.label]) for j in [reference, *jobs]]
 
     monkeypatch.setattr(llm_runs, "generate_all", fake_runs)
     monkeypatch.setattr(llm_runs, "accuracy_all", fake_accuracy)
     monkeypatch.setattr(llm_runs, "llama_absent", lambda model: None)
+    monkeypatch.setattr(llm_runs, "resolve_activations",
+                        lambda choice: "f32" if choice == "f32" else "int8")
     monkeypatch.setattr(generate, "_file_type", lambda gguf: "Q4_1")
     monkeypatch.setattr(generate, "host_lines", lambda threads: ([f"host x{threads}"], 10.0))
     monkeypatch.setattr(bench_llm, "GPL3", str(tmp_path / "none"))
@@ -260,14 +264,15 @@ def test_bench_llm_states_the_bars_on_its_runs(model_dir, tmp_path, capsys):
     # 4 tokens in 1 s x 101 MB / 10 GB/s
     assert bars["tilefold f32 decode, share of read bandwidth"]["value"] == \
         pytest.approx(4 * 101e6 / 10e9)
-    assert bars["tilefold int8 decode vs llama.cpp Q8_0"]["value"] == pytest.approx(0.5)
-    assert bars["tilefold int8 decode vs llama.cpp Q8_0"]["met"] is False
-    assert bars["tilefold int4 decode vs llama.cpp Q4_0"]["met"] is True
+    assert bars["tilefold int8 int8-act decode vs llama.cpp Q8_0"]["value"] == \
+        pytest.approx(0.5)
+    assert bars["tilefold int8 int8-act decode vs llama.cpp Q8_0"]["met"] is False
+    assert bars["tilefold int4 int8-act decode vs llama.cpp Q4_0"]["met"] is True
     assert bars["tilefold f32 first token, cold process (s)"]["value"] == 9.0
     assert bars["tilefold f32 first token, warm process (s)"]["met"] is False  # 3 s > 2 s
-    assert bars["tilefold int4 peak RSS / (1.1 x (weights + KV) + 100 MB)"]["value"] == \
+    assert bars["tilefold int4 int8-act peak RSS / (1.1 x (weights + KV) + 100 MB)"]["value"] == \
         pytest.approx(300e6 / (1.1 * 102e6 + 100e6))
-    assert "tilefold int8 decode vs llama.cpp Q8_0" in text and "NOT met" in text
+    assert "tilefold int8 int8-act decode vs llama.cpp Q8_0" in text and "NOT met" in text
     assert [r["precision"] for r in data["runs"]] == ["f32", "int8", "int4"]
     assert [c["label"] for c in data["runs"][0]["contenders"]] == \
         ["tilefold f32", "HF eager generate", "llama.cpp F32"]
@@ -283,13 +288,15 @@ def test_bench_llm_perplexity_bars(model_dir, tmp_path, capsys):
                  "--perplexity-tokens", "20", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert [r["label"] for r in data["perplexity"]["rows"]] == [
-        "PyTorch eager f32", "tilefold f32", "tilefold int8", "tilefold int4", "llama.cpp F32",
-        "llama.cpp Q8_0", "llama.cpp Q4_0", "llama.cpp Q4_1 file"]
+        "PyTorch eager f32", "tilefold f32", "tilefold int8", "tilefold int4",
+        "tilefold int8 int8-act", "tilefold int4 int8-act", "llama.cpp F32", "llama.cpp Q8_0",
+        "llama.cpp Q4_0", "llama.cpp Q4_1 file"]
     bars = {b["bar"]: b for b in data["bars"]}
-    assert bars["tilefold int8 perplexity / llama.cpp Q8_0's"]["value"] == \
+    # the bars are on the configuration benchmarked: int8 activations
+    assert bars["tilefold int8 int8-act perplexity / llama.cpp Q8_0's"]["value"] == \
         pytest.approx(19.4 / 19.2)
-    assert bars["tilefold int8 perplexity / llama.cpp Q8_0's"]["met"] is True
-    assert bars["tilefold int4 perplexity / llama.cpp Q4_0's"]["met"] is False  # 24 > 23.46
+    assert bars["tilefold int8 int8-act perplexity / llama.cpp Q8_0's"]["met"] is True
+    assert bars["tilefold int4 int8-act perplexity / llama.cpp Q4_0's"]["met"] is False
     assert "one window of 20 tokens" in capsys.readouterr().out
 
 
@@ -338,3 +345,15 @@ def test_the_torchao_contender_runs_torchaos_codes_through_tilefold(model_dir, f
                               do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
     assert loop.generate(prompt, 8)["tokens"] == want
     assert loop.info()["pytorch_ops"] == 0 and loop.fmt == fmt
+
+
+@pytest.mark.parametrize(("host", "expected"), [("x86-64-v3", "int8"), ("generic", "f32")])
+def test_auto_activations_follow_the_hosts_integer_dot(monkeypatch, host, expected):
+    """`--activations auto`: int8 where an integer dot exists (AVX2's pmaddubsw), f32 without."""
+    import tilefold.target
+    from tilefold.target import named_target
+
+    monkeypatch.setattr(tilefold.target, "host_target", lambda: named_target(host))
+    assert llm_runs.resolve_activations("auto") == expected
+    assert llm_runs.resolve_activations("f32") == "f32"
+    assert llm_runs.resolve_activations("int8") == "int8"

@@ -69,7 +69,7 @@ def bar_line(what: str, value: float | None, bar: float, at_most: bool = False,
 def group_bars(rows: list[dict[str, Any]], fmt: str) -> list[tuple[str, dict[str, Any]]]:
     """The bars one precision's group is measured against."""
     by = {r["label"]: r for r in rows}
-    us = f"tilefold {fmt}"
+    us = rows[0]["label"]  # tilefold at `fmt`, first in every group
     mine = by.get(us, {})
     llama = f"llama.cpp {LLAMA_FOR[fmt]}"
     found = []
@@ -107,11 +107,17 @@ def _run_group(work: Workload, jobs: list[Job], rounds: int, bench: Bench, title
     return rows
 
 
+def _tilefold(fmt: str) -> Job:
+    """tilefold at `fmt`, its weight-only GEMMs' activations as `generate`'s default."""
+    return Job("tilefold", fmt, activations="f32" if fmt == "f32"
+               else llm_runs.resolve_activations("auto"))
+
+
 def _smollm2(args: argparse.Namespace, bench: Bench, work: Workload) -> list[dict[str, Any]]:
     """The three precision groups at one thread count; returns their bars."""
     bars = []
     for fmt in llm_runs.QUANTS.values():
-        jobs = [Job("tilefold", fmt)]
+        jobs = [_tilefold(fmt)]
         if fmt == "f32":
             keys = ["hf-eager", "eager"] + ([] if args.no_inductor else ["hf-inductor",
                                                                           "inductor"])
@@ -137,7 +143,7 @@ def _shape_model(args: argparse.Namespace, bench: Bench, threads: int) -> list:
                     len(prompt) + args.shape_new_tokens, args.strict)
     bars = []
     for fmt in llm_runs.QUANTS.values():  # one at a time: each holds gigabytes
-        rows = _run_group(work, [Job("tilefold", fmt)], args.rounds, bench,
+        rows = _run_group(work, [_tilefold(fmt)], args.rounds, bench,
                           f"{SHAPE_MODEL}, {threads} thread(s)")
         bench.extra["runs"].append({"model": SHAPE_MODEL, "threads": threads, "precision": fmt,
                                     "contenders": rows})
@@ -147,13 +153,14 @@ def _shape_model(args: argparse.Namespace, bench: Bench, threads: int) -> list:
 
 
 def _perplexity_bars(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    by = {(r["contender"], r["precision"]): r["perplexity"] for r in data["rows"]}
+    by = {r["label"]: r["perplexity"] for r in data["rows"]}
     found = []
     for fmt in ("int8", "int4"):
-        ours, theirs = by.get(("tilefold", fmt)), by.get(("llamacpp", LLAMA_FOR[fmt]))
+        us, peer = _tilefold(fmt).label, Job("llamacpp", LLAMA_FOR[fmt]).label
+        ours, theirs = by.get(us), by.get(peer)
         value = ours / theirs if ours and theirs else None
-        found.append(bar_line(f"tilefold {fmt} perplexity / llama.cpp {LLAMA_FOR[fmt]}'s", value,
-                              PERPLEXITY_SLACK, at_most=True))
+        found.append(bar_line(f"{us} perplexity / {peer}'s", value, PERPLEXITY_SLACK,
+                              at_most=True))
     return found
 
 
@@ -188,7 +195,8 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
                         len(prompt) + args.new_tokens, args.strict, str(cache_dir() / "llm"))
         llama = not args.no_llamacpp and llm_runs.llama_absent(prepared) is None
         lines, data = generate.accuracy(work, generate.ALL_FORMATS, llama, text,
-                                        args.perplexity_tokens, tokenizer)
+                                        args.perplexity_tokens, tokenizer,
+                                        llm_runs.resolve_activations("auto"))
         bench.extra["perplexity"] = data
         found = _perplexity_bars(data)
         bench.say("\n".join([*lines, "", "bars, perplexity:", *(t for t, _ in found)]))

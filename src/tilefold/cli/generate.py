@@ -43,10 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-tokens", type=count(1), default=128,
                    help="tokens to generate (default 128)")
     p.add_argument("--quant", default="none", help="tilefold's weights: none (f32), int8 or int4")
-    p.add_argument("--activations", choices=("f32", "int8"), default="f32",
+    p.add_argument("--activations", choices=("auto", "f32", "int8"), default="auto",
                    help="int8: tilefold's weight-only GEMMs may quantize their inputs to int8 "
-                        "per 32 (as llama.cpp's Q8 paths do) for VNNI dot products; "
-                        "f32 (default): exact to f32 rounding")
+                        "per 32 (as llama.cpp's Q4_0/Q8_0 paths do) for integer dot products; "
+                        "f32: exact to f32 rounding; auto (default): int8 where the host has "
+                        "an integer dot (VNNI, or AVX2 pmaddubsw)")
     p.add_argument("--max-length", type=count(1), default=None,
                    help="positions of the KV cache (default: prompt + new tokens)")
     p.add_argument("--compare", default="",
@@ -170,7 +171,8 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     work = Workload(prepared, prompt, args.new_tokens, args.threads, length, args.strict,
                     str(cache_dir() / "llm"))
-    jobs = llm_runs.jobs_for(formats, compare, prepared, say, args.activations)
+    activations = llm_runs.resolve_activations(args.activations)
+    jobs = llm_runs.jobs_for(formats, compare, prepared, say, activations)
     header.append(f"model: {prepared.source.name} ({prepared.source.kind} {prepared.source.path}"
                   f"), f32 weights{'' if formats == ['f32'] else ' quantized by tilefold'}; "
                   f"prompt {len(prompt)} tokens, {args.new_tokens} new, greedy; "
@@ -192,7 +194,7 @@ def handle(args: argparse.Namespace) -> int:
         more, data["perplexity"] = accuracy(work, ALL_FORMATS, "llamacpp" in compare
                                             and llm_runs.llama_absent(prepared) is None,
                                             args.perplexity, args.perplexity_tokens, tokenizer,
-                                            args.activations)
+                                            activations)
         print("\n".join(more))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1))

@@ -347,6 +347,20 @@ def onnx_genai_note() -> str:
     return "ONNX Runtime GenAI: installed, but not driven by this command yet, not compared"
 
 
+def resolve_activations(choice: str) -> str:
+    """`--activations auto`: "int8" where the host's weight-only GEMMs have an integer dot
+    (VNNI, or AVX2 / AVX512BW `pmaddubsw`), as llama.cpp's Q4_0/Q8_0 paths quantize theirs;
+    else "f32". Their kernels then compete with the float ones per GEMM (the cost model)."""
+    if choice != "auto":
+        return choice
+    from tilefold.codegen.lowp.weight_only import dot_instruction, layout_kind
+    from tilefold.target import host_target
+
+    host = host_target()
+    lanes, _ = layout_kind("i4", False, host)
+    return "int8" if dot_instruction(lanes, host) else "f32"
+
+
 def jobs_for(formats: list[str], compare: list[str], model: Prepared,
              say: Callable[[str], None], activations: str = "f32") -> list[Job]:
     """tilefold at each of `formats` (its weight-only GEMMs' x at `activations`), then the

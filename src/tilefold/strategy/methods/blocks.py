@@ -169,17 +169,23 @@ class GemmEpilogue(Method):
 # llama.cpp's Q8_0 activations) for an integer dot product, where the host has VNNI: a
 # candidate beside the float path (which stays exact to f32 rounding); default "f32".
 WEIGHT_ACTIVATIONS = "TILEFOLD_WEIGHT_ACTIVATIONS"
-# Vector instructions per vector of weights besides one multiply-add per row: decoding 16 codes
-# to f32 is a shift and a table permute; an integer dot's 64 codes take a load and masks.
-_DECODE_OPS = 2.0
+# Vector instructions per vector of weights (L codes decoded to f32, or the 4L codes of an
+# integer dot instruction), by kernel and code width: (decoding, once per pass of rows;
+# multiplying, once per row). Fitted to the GEMV's times on znver3 (AVX2, 2 threads, 896 x
+# 4864 int4/int8, 1 to 256 rows): without VNNI a row's dot is `pmaddubsw`, `pmaddwd` and an add
+# (8-bit codes: a sign too), and 8-bit codes are transposed to quads first.
+_OPS = {("float", 4): (2.0, 1.0), ("float", 8): (1.0, 1.0),
+        ("vnni", 4): (2.0, 1.0), ("vnni", 8): (2.0, 1.0),
+        ("maddubs", 4): (1.0, 3.0), ("maddubs", 8): (2.5, 4.0)}
 
 
 def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
-    """Estimated seconds of a weight-only GEMM: its vector instructions (at the f32 FMA rate)
-    or its stream of codes and scales, whichever is slower, and the call; from `GEMM_ROWS`
-    rows (float) the f32 GEMM's time and the decoding into its panels (4 bytes written a
-    weight)."""
-    from tilefold.codegen.lowp.weight_only import GEMM_ROWS
+    """Estimated seconds of a weight-only GEMM: its vector instructions (at the f32 FMA rate;
+    the codes decoded once per pass of rows, `_OPS`) or its stream of codes and scales,
+    whichever is slower, and the call; from `GEMM_ROWS` rows (float) the f32 GEMM's time and
+    the decoding into its panels (4 bytes written a weight)."""
+    from tilefold.codegen.lowp import wgemv, wvnni
+    from tilefold.codegen.lowp.weight_only import GEMM_ROWS, dot_instruction
 
     weights, nbytes = layout.k * layout.n, layout.data.nbytes
     stream = nbytes / ctx.machine.bandwidth(nbytes)
@@ -187,8 +193,11 @@ def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
         unpack = max(stream, 4 * weights / ctx.machine.bandwidth(4 * weights))
         return (2 * rows * weights / (ctx.machine.gflops * 1e9 * GEMM_EFFICIENCY) + unpack
                 + 2 * ctx.machine.call_s)
-    lanes = layout.lanes * (4 if dot else 1)  # weights per vector instruction
-    ops = weights / lanes * (_DECODE_OPS + rows)
+    kind = dot_instruction(layout.lanes, ctx.target) if dot else "float"
+    per_pass = (wvnni if dot else wgemv).rows_per_pass(layout.lanes, layout.panels_per_tile)
+    decode, multiply = _OPS[kind, 4 if layout.decoder.nibbles else 8]
+    passes = -(-rows // min(per_pass, 8))
+    ops = weights / (layout.lanes * (4 if dot else 1)) * (decode * passes + multiply * rows)
     compute = ops * 2 * layout.lanes / (ctx.machine.gflops * 1e9)
     return max(compute, stream) + ctx.machine.call_s
 
