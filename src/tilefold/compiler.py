@@ -537,14 +537,14 @@ def pipeline(weights: str | None = None) -> str:
     return PIPELINE.replace("dce,", f"quantize-weights{{format={weights}}},dce,", 1)
 
 
-def optimized(module: Module, function: str = "main", weights: str | None = None
-              ) -> tuple[Module, list]:
-    """A copy of `module` through the pipeline (its constant arrays shared), and the fusion
-    refusals."""
-    # Constant arrays (weights) are never written by passes: the copy shares them.
-    shared = {id(v): v for op in module.walk() for v in op.attrs.values()
-              if isinstance(v, np.ndarray)}
-    module = copy.deepcopy(module, memo=shared)
+def optimized(module: Module, function: str = "main", weights: str | None = None,
+              in_place: bool = False) -> tuple[Module, list]:
+    """A copy of `module` (its constant arrays shared), or `module` itself with `in_place`,
+    through the pipeline, and the fusion refusals."""
+    if not in_place:  # constant arrays (weights) are never written by passes: shared
+        shared = {id(v): v for op in module.walk() for v in op.attrs.values()
+                  if isinstance(v, np.ndarray)}
+        module = copy.deepcopy(module, memo=shared)
     manager = PassManager(pipeline(weights), verify_each=False)
     manager.run(module)
     refusals = [r for p in manager.passes for r in getattr(p, "refusals", [])]
@@ -556,7 +556,7 @@ def optimized(module: Module, function: str = "main", weights: str | None = None
 def compile(
     module: Module, target: Target | GPUTarget | str | None = None, *, function: str = "main",
     strict: bool | None = None, donate: dict[int, int] | None = None,
-    weights: str | None = None,
+    weights: str | None = None, in_place: bool = False,
 ) -> CompiledGraph:
     """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays (for a GPU
     target, named as "h200" or a `GPUTarget`: on torch tensors of that device, `tilefold.gpu`).
@@ -570,12 +570,13 @@ def compile(
     caller's state, such as a KV cache, updated in place); the call then returns that array.
     `weights="int8"` or `"int4"` stores constant matmul weights quantized (weight-only, decoded
     in the GEMM's registers: a quarter or an eighth of the bytes a decode step reads); None
-    follows `TILEFOLD_WEIGHTS` (unset: f32, exact).
+    follows `TILEFOLD_WEIGHTS` (unset: f32, exact). `in_place=True` optimizes `module` itself
+    instead of a copy (for a caller that built it only to compile it; it is changed).
     """
     if isinstance(target, str):
         target = gpu_target(target) if target in gpu_target_names() else named_target(target)
     _register()
-    module, refusals = optimized(module, function, weights)
+    module, refusals = optimized(module, function, weights, in_place)
     if isinstance(target, GPUTarget):
         from tilefold.gpu import GPUGraph  # on first use: it needs torch and Triton
 

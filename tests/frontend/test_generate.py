@@ -3,7 +3,8 @@
 `model.generate` with the forward compiled, for seven causal-LM families (small configs,
 random weights), with both of Hugging Face's KV caches: the dynamic cache grows by a `cat`
 along a symbolic length (`?(s0+1)` dims), the static cache is written in place by
-`index_put` into a graph input (a donated buffer). Greedy decoding must pick exactly eager's
+`index_put` into a graph input (a donated buffer). Prompts are batches of 4 (and 2, 3),
+left-padded by different amounts, one row down to one token. Greedy decoding must pick exactly eager's
 tokens; strict mode makes any graph or kernel left to PyTorch a failure; decoding further must
 not compile new graphs; the static cache's decode step must write the cache without a copy.
 """
@@ -48,7 +49,9 @@ def _model(name: str):
 def _prompt(batch: int, length: int) -> dict:
     ids = torch.randint(1, VOCAB, (batch, length))
     mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # the first sequence is left-padded
+    mask[0, :2] = 0  # sequences left-padded by different amounts, one of them to one token
+    if batch > 2:
+        mask[2, :length - 1] = 0
     return {"input_ids": ids * mask, "attention_mask": mask}
 
 
@@ -75,7 +78,7 @@ def _graphs() -> list:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_greedy_generation_picks_eagers_tokens(name, cache):
     model = _model(name)
-    prompt = _prompt(2, 6)
+    prompt = _prompt(4, 6)
     want = _generate(model, prompt, cache, 8)
     _compile(model)
     got = _generate(model, prompt, cache, 8)

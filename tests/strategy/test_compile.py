@@ -49,6 +49,21 @@ def _close(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(want).max()))
 
 
+def test_in_place_compiles_the_module_itself_and_a_copy_leaves_it_alone():
+    """`in_place=True` runs the passes on the caller's module (fused afterwards), the default on
+    a copy (the module prints as it was); both give the interpreter's answer."""
+    from tilefold.ir import print_module
+
+    reference = parse_module(MLP)
+    xs = _inputs(reference, 3, b=7)
+    want = interpret(reference, *xs)[0]
+    module = parse_module(MLP)
+    _close(compile(module)(*xs)[0], want)
+    assert print_module(module) == print_module(reference)
+    _close(compile(module, in_place=True)(*xs)[0], want)
+    assert "fused" in print_module(module) and "fused" not in print_module(reference)
+
+
 def test_mlp_matches_interpreter_and_reuses_plans():
     module = parse_module(MLP)
     graph = tilefold.compile(module) if hasattr(tilefold, "compile") else compile(module)

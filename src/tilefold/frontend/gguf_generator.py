@@ -64,7 +64,8 @@ class GGUFGenerator:
         module = llama_step(self.config, file, weights_format=weights, max_length=max_length,
                             every_position=every_position,
                             quantize=cache.quantized if cache is not None else None)
-        self.graph = tilefold_compile(module, strict=strict, donate=donated(self.config))
+        self.graph = tilefold_compile(module, strict=strict, donate=donated(self.config),
+                                      in_place=True)
         release_pages(file.data)  # what the build read of the file: faulted in again if used
         shape = self.config.cache_shape(max_length)
         self.caches = [np.zeros(shape, np.float32) for _ in range(2 * self.config.layers)]
