@@ -4,9 +4,10 @@
 random weights), with both of Hugging Face's KV caches: the dynamic cache grows by a `cat`
 along a symbolic length (`?(s0+1)` dims), the static cache is written in place by
 `index_put` into a graph input (a donated buffer). Prompts are batches of 4 (and 2, 3),
-left-padded by different amounts, one row down to one token. Greedy decoding must pick exactly eager's
-tokens; strict mode makes any graph or kernel left to PyTorch a failure; decoding further must
-not compile new graphs; the static cache's decode step must write the cache without a copy.
+left-padded by different amounts, one row down to one token. Greedy decoding must pick exactly
+eager's tokens; strict mode makes any graph or kernel left to PyTorch a failure; decoding
+further must not compile new graphs; the static cache's decode step must write the cache
+without a copy.
 """
 
 from __future__ import annotations
