@@ -357,3 +357,20 @@ def test_auto_activations_follow_the_hosts_integer_dot(monkeypatch, host, expect
     assert llm_runs.resolve_activations("auto") == expected
     assert llm_runs.resolve_activations("f32") == "f32"
     assert llm_runs.resolve_activations("int8") == "int8"
+
+
+def test_ort_genai_jobs_where_its_builder_has_the_precision(monkeypatch):
+    """`--compare ortgenai`: ONNX Runtime GenAI at f32 and int4 (what its builder writes here),
+    said so for int8, and said absent (no job) where it is not installed."""
+    said: list[str] = []
+    monkeypatch.setattr(llm_runs, "ort_genai_absent", lambda: None)
+    jobs = llm_runs.jobs_for(["f32", "int8", "int4"], ["ortgenai"], None, said.append)
+    assert [j.label for j in jobs if j.key == "ortgenai"] == [
+        "ONNX Runtime GenAI f32", "ONNX Runtime GenAI int4"]
+    assert any("not compared at int8" in s for s in said)
+    monkeypatch.setattr(llm_runs, "ort_genai_absent", lambda: "not installed (x)")
+    said.clear()
+    jobs = llm_runs.jobs_for(["int4"], ["ortgenai"], None, said.append)
+    assert [j.key for j in jobs] == ["tilefold"]
+    assert said == ["ONNX Runtime GenAI not compared: not installed (x)"]
+    assert "not installed (x)" in llm_runs.onnx_genai_note()

@@ -32,7 +32,7 @@ from tilefold.runtime.timing import SETTLE_SECONDS, Timing, interleaved_medians
 # `--compare` names -> worker contenders (`llm_worker.CONTENDERS`).
 COMPARE = {"eager": ("hf-eager", "eager"), "inductor": ("hf-inductor", "inductor"),
            "torchao": ("hf-inductor", "tilefold-torch"), "llamacpp": ("llamacpp",),
-           "torch": ("tilefold-torch",)}
+           "torch": ("tilefold-torch",), "ortgenai": ("ortgenai",)}
 QUANTS = {"none": "f32", "int8": "int8", "int4": "int4"}  # --quant -> tilefold's format
 LLAMA_FOR = {"f32": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # tilefold's format -> llama.cpp's
 LABELS = {"hf-eager": "HF eager generate", "eager": "eager loop",
@@ -67,6 +67,8 @@ class Job:
             return f"tilefold {self.quant} via torch.compile"
         if self.key == "llamacpp":
             return f"llama.cpp {self.quant}"
+        if self.key == "ortgenai":
+            return f"ONNX Runtime GenAI {self.quant}"
         return LABELS[self.key]
 
 
@@ -341,10 +343,22 @@ def torchao_absent(formats: list[str]) -> str | None:
     return None
 
 
+def ort_genai_absent() -> str | None:
+    """Why ONNX Runtime GenAI cannot be compared here, or None."""
+    missing = [m for m in ("onnxruntime_genai", "onnx_ir", "onnx")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"not installed ({', '.join(missing)}: pip install onnxruntime-genai onnx-ir "
+                "onnx)")
+    return None
+
+
 def onnx_genai_note() -> str:
-    if importlib.util.find_spec("onnxruntime_genai") is None:
-        return "ONNX Runtime GenAI: not installed (pip install onnxruntime-genai), not compared"
-    return "ONNX Runtime GenAI: installed, but not driven by this command yet, not compared"
+    why = ort_genai_absent()
+    if why is not None:
+        return f"ONNX Runtime GenAI: {why}, not compared"
+    return ("ONNX Runtime GenAI (--compare ortgenai): its model builder's model of the f32 "
+            "weights (int4: its own 4-bit blocks of 32), its CPU provider")
 
 
 def resolve_activations(choice: str) -> str:
@@ -382,6 +396,18 @@ def jobs_for(formats: list[str], compare: list[str], model: Prepared,
                 continue
             jobs += [Job(key, fmt, torchao=True) for fmt in formats if fmt != "f32"
                      for key in COMPARE[name]]
+        elif name == "ortgenai":
+            from tilefold.cli.llm_worker import ORT_GENAI_FOR
+
+            why = ort_genai_absent()
+            if why is not None:
+                say(f"ONNX Runtime GenAI not compared: {why}")
+                continue
+            skipped = [fmt for fmt in formats if fmt not in ORT_GENAI_FOR]
+            if skipped:
+                say(f"ONNX Runtime GenAI not compared at {', '.join(skipped)}: its builder "
+                    f"writes {', '.join(ORT_GENAI_FOR)} here")
+            jobs += [Job("ortgenai", fmt) for fmt in formats if fmt in ORT_GENAI_FOR]
         elif name == "torch":
             jobs += [Job(key, fmt) for fmt in formats for key in COMPARE[name]]
         else:

@@ -1,6 +1,6 @@
 """One contender of `tilefold generate` in a process of its own: it loads the model, builds the
 contender (tilefold, PyTorch eager or inductor, through `model.generate` or the `Generator`
-loop, or llama.cpp), and answers the parent in JSON lines.
+loop, llama.cpp, or ONNX Runtime GenAI), and answers the parent in JSON lines.
 
 `python -m tilefold.cli.llm_worker SPEC.json`. In "generate" mode it loads, builds, runs one
 generation (its time to first token is what a user waits for in this process) and says
@@ -378,10 +378,113 @@ class LlamaCpp:
         return {"file": self.path}
 
 
+# ---- ONNX Runtime GenAI --------------------------------------------------------------------------
+
+# tilefold's format -> the precision ONNX Runtime GenAI's model builder writes (`-p`).
+ORT_GENAI_FOR = {"f32": "fp32", "int4": "int4"}
+
+
+def ort_genai_model(hf_dir: str, precision: str, folder: str) -> str:
+    """The ONNX Runtime GenAI model of the Hugging Face directory `hf_dir` at `precision`, built
+    once in `folder` by its model builder (in a child process: it imports torch). A directory
+    converted from a GGUF file gets the fields the builder reads: its architecture, and no
+    GGUF `quantization_config` (the weights are already f32)."""
+    stat = os.stat(os.path.join(hf_dir, "config.json"))
+    out = os.path.join(folder, f"ortgenai-{os.path.basename(os.path.normpath(hf_dir))}-"
+                               f"{stat.st_mtime_ns}-{precision}")
+    if os.path.exists(os.path.join(out, "genai_config.json")):
+        return out
+    import shutil
+    import subprocess
+    import tempfile
+
+    os.makedirs(folder, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=folder, prefix=".ortgenai.")
+    try:
+        source = os.path.join(tmp, "hf")
+        os.mkdir(source)
+        for name in os.listdir(hf_dir):
+            if name != "config.json":
+                os.symlink(os.path.join(os.path.abspath(hf_dir), name),
+                           os.path.join(source, name))
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            config = json.load(f)
+        config.pop("quantization_config", None)
+        config.setdefault("architectures", [f"{config['model_type'].capitalize()}ForCausalLM"])
+        with open(os.path.join(source, "config.json"), "w") as f:
+            json.dump(config, f)
+        built = os.path.join(tmp, "model")
+        done = subprocess.run(
+            [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", config["model_type"],
+             "-i", source, "-o", built, "-p", precision, "-e", "cpu", "-c",
+             os.path.join(tmp, "cache")], capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not os.path.exists(os.path.join(built, "genai_config.json")):
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(f"onnxruntime_genai's model builder failed: {tail}")
+        os.replace(built, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+class OrtGenAI:
+    """ONNX Runtime GenAI on its own model of the f32 weights (built by its model builder at
+    the spec's precision): the prompt appended in one call, then greedy tokens one at a time."""
+
+    def __init__(self, spec: dict[str, Any], model: Any):
+        import onnxruntime_genai as og
+
+        self.og, self.spec = og, spec
+        self.folder = ort_genai_model(spec["path"], ORT_GENAI_FOR[spec["quant"]],
+                                      spec["llama_dir"])
+        config = og.Config(self.folder)
+        config.clear_providers()  # the CPU
+        with open(os.path.join(self.folder, "genai_config.json")) as f:
+            session = json.load(f)["model"]["decoder"]["session_options"]
+        session["intra_op_num_threads"] = spec["threads"]
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": session}}}))
+        self.model = og.Model(config)
+
+    def generate(self, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=self.spec["max_length"], do_sample=False)
+        start = time.perf_counter()
+        generator = self.og.Generator(self.model, params)
+        generator.append_tokens(prompt)
+        generator.generate_next_token()
+        tokens = [int(generator.get_next_tokens()[0])]
+        first = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            if generator.is_done():  # its end-of-text token: the tokens so far are timed
+                break
+            generator.generate_next_token()
+            tokens.append(int(generator.get_next_tokens()[0]))
+        return run_record(tokens, first - start, time.perf_counter() - first)
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        raise NotImplementedError("ONNX Runtime GenAI is compared on speed, not perplexity")
+
+    def sizes(self, context: float, length: int) -> dict[str, float]:
+        """Its weights as the builder stored them (all of them read per token: the tied
+        head's codes serve the embedding's gather too), K and V in f32."""
+        stored = sum(os.path.getsize(os.path.join(self.folder, n))
+                     for n in os.listdir(self.folder) if n.startswith("model.onnx"))
+        with open(os.path.join(self.spec["path"], "config.json")) as f:
+            config = json.load(f)
+        heads = config["num_attention_heads"]
+        shape = (config["num_hidden_layers"], config.get("num_key_value_heads", heads),
+                 config.get("head_dim") or config["hidden_size"] // heads)
+        return sizes(stored, stored, shape, context, length, llm_metrics.F32)
+
+    def info(self) -> dict[str, Any]:
+        return {"model": self.folder}
+
+
 # Contender key -> class; `--compare` names groups of them (`llm_runs.COMPARE`).
 CONTENDERS: dict[str, Callable[[dict[str, Any], Any], Any]] = {
     "tilefold": Native, "tilefold-torch": Loop, "hf-eager": HFGenerate, "eager": EagerLoop,
     "hf-inductor": HFInductor, "inductor": InductorLoop, "llamacpp": LlamaCpp,
+    "ortgenai": OrtGenAI,
 }
 
 
@@ -401,7 +504,7 @@ def serve(spec: dict[str, Any], channel: TextIO, commands: TextIO) -> None:
         from tilefold.strategy.methods.blocks import WEIGHT_ACTIVATIONS
 
         os.environ[WEIGHT_ACTIVATIONS] = spec["activations"]
-    uses_torch = name not in ("llamacpp", "tilefold")
+    uses_torch = name not in ("llamacpp", "tilefold", "ortgenai")
     if uses_torch:  # the parent set every other thread knob in the environment
         import torch
 
