@@ -30,6 +30,7 @@ from tilefold.codegen.lowp.wgemv import (
     load_corrections,
     load_scales,
     module_ir,
+    prefetch_step,
     registers,
     store_tile,
     x_row,
@@ -125,6 +126,7 @@ def emit_dot_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
             xk0 = b.mul(blk, u.const(BLOCK))
             for s in range(steps):
                 sptr = u.gep(b, bptr, s * step_bytes)
+                prefetch_step(b, sptr, step_bytes)
                 k0 = b.add(xk0, u.const(s * dec.per_step))
                 quads = []
                 for m in range(mt):
