@@ -69,6 +69,13 @@ def test_numpy_and_c_agree_on_every_length(c_digest) -> None:
     assert c_digest(blobs) == [digest64(b) for b in blobs]
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_threads_split_the_blocks_not_the_digest(threads: int) -> None:
+    for n in [0, 9, BLOCK, 4 * BLOCK + 3, 13 * BLOCK - 8, 20 * BLOCK + 1]:
+        blob = _blob(n, n)
+        assert digest64(blob, threads) == digest64(blob), n
+
+
 def test_the_digest_is_fixed(tmp_path: Path) -> None:
     """Values written down once: a change here is a change of the artifact format."""
     assert digest64(b"") == "6e968c0d22dc70b8"

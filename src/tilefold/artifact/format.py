@@ -43,11 +43,11 @@ each other and to fixed values.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import mmap
 import re
-import secrets
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,8 @@ def dtype_name(dtype: np.dtype) -> str | None:
 
 
 def new_library_name() -> str:
+    import secrets  # the exporter's only (the loader imports what it needs, lazily or not)
+
     return f"kernels-{secrets.token_hex(8)}.so"
 
 
@@ -104,6 +106,8 @@ def part_files(root: Path, manifest: dict[str, Any]) -> dict[str, str]:
 
 
 def sha256_file(path: Path) -> str:
+    import hashlib  # the exporter's only: the loaders check digest64
+
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -129,7 +133,7 @@ def _fmix64(z: int) -> int:
 def _block_keys() -> np.ndarray:
     """K: splitmix64's outputs 1 .. BLOCK_WORDS from seed 0 (made once per process)."""
     global _keys
-    if _keys is None:
+    if _keys is None:  # two threads may both make it: the same array, either one kept
         with np.errstate(over="ignore"):
             z = np.arange(1, BLOCK_WORDS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
             z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -138,33 +142,57 @@ def _block_keys() -> np.ndarray:
     return _keys
 
 
-def digest64(buffer: Any) -> str:
+def digest64(buffer: Any, threads: int = 1) -> str:
     """The digest64 of a bytes-like object (bytes, mmap, a contiguous uint8 array), as 16 hex
-    digits; read in blocks through two block-sized scratch arrays, never copied whole."""
+    digits; read in blocks through block-sized scratch arrays, never copied whole. With
+    `threads` > 1 the blocks' sums are split among that many threads (NumPy's loops let go of
+    the GIL), then chained in order."""
     view = memoryview(buffer).cast("B")
-    n = view.nbytes
-    words, rest = divmod(n, 8)
+    try:
+        n = view.nbytes
+        total = -(-n // 8)  # words, the last zero-padded
+        sums = [0] * -(-total // BLOCK_WORDS)
+        parts = max(1, min(threads, len(sums) // 4))  # a few blocks each, or not worth it
+        bounds = [len(sums) * i // parts for i in range(parts + 1)]
+        workers = [threading.Thread(target=_block_sums, args=(view, sums, first, last))
+                   for first, last in itertools.pairwise(bounds[1:])]
+        for worker in workers:
+            worker.start()
+        try:
+            _block_sums(view, sums, bounds[0], bounds[1])
+        finally:
+            for worker in workers:
+                worker.join()
+    finally:
+        view.release()
+    state = _fmix64(n ^ DIGEST_SEED)
+    for s in sums:
+        state = _fmix64((state + s) & _M64)
+    return f"{state:016x}"
+
+
+def _block_sums(view: memoryview, sums: list[int], first: int, last: int) -> None:
+    """sums[b] for the blocks first .. last-1 of `view`: the sum over the block's words w of
+    lo32(w ^ K) * hi32(w ^ K) + w, mod 2**64."""
     keys = _block_keys()
+    words, rest = divmod(view.nbytes, 8)
     mixed, product = np.empty(BLOCK_WORDS, np.uint64), np.empty(BLOCK_WORDS, np.uint64)
     low, shift = np.uint64(0xFFFFFFFF), np.uint64(32)
-    state = _fmix64(n ^ DIGEST_SEED)
-    total = words + (rest > 0)
-    for start in range(0, total, BLOCK_WORDS):
-        count = min(BLOCK_WORDS, total - start)
-        w = np.frombuffer(view, "<u8", min(count, words - start), 8 * start)
-        if len(w) < count:  # the last bytes, zero-padded to a word
+    for block in range(first, last):
+        start = block * BLOCK_WORDS
+        w = np.frombuffer(view, "<u8", min(BLOCK_WORDS, words - start), 8 * start)
+        if len(w) < BLOCK_WORDS and rest:  # the last bytes, zero-padded to a word
             tail = np.frombuffer(bytes(view[8 * words:]) + bytes(8 - rest), "<u8")
             w = np.concatenate([w, tail])
+        count = len(w)
         x, p = mixed[:count], product[:count]
         np.bitwise_xor(w, keys[:count], out=x)
         np.bitwise_and(x, low, out=p)
         np.right_shift(x, shift, out=x)
         np.multiply(p, x, out=p)
         np.add(p, w, out=p)
-        state = _fmix64((state + int(p.sum(dtype=np.uint64))) & _M64)
+        sums[block] = int(p.sum(dtype=np.uint64))
         del w
-    view.release()
-    return f"{state:016x}"
 
 
 def digest64_file(path: Path) -> str:
@@ -195,12 +223,12 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return value
 
 
-def check_parts(root: Path, manifest: dict[str, Any], mapped: dict[str, Any] | None = None
-                ) -> None:
+def check_parts(root: Path, manifest: dict[str, Any], mapped: dict[str, Any] | None = None,
+                threads: int = 1) -> None:
     """Every part the manifest lists exists with its size and digest64 (sizes first: a
     truncated part is named as such), else `ArtifactError`. `mapped` holds the bytes of parts
-    the caller has mapped already (the loader's data.bin), digested there rather than read
-    again."""
+    the caller has mapped already (the loader's data.bin), digested there, by `threads`
+    threads, rather than read again."""
     files = part_files(root, manifest)
     parts = manifest["parts"]
     for part, file in files.items():
@@ -218,7 +246,7 @@ def check_parts(root: Path, manifest: dict[str, Any], mapped: dict[str, Any] | N
                 raise ArtifactError(f"{path}: {state} ({size} bytes, the manifest says "
                                     f"{entry['bytes']}); copy it again or export it again")
             given = (mapped or {}).get(part)
-            digest = digest64_file(path) if given is None else digest64(given)
+            digest = digest64_file(path) if given is None else digest64(given, threads)
         except OSError as exc:
             raise ArtifactError(f"{path}: cannot be read ({exc})") from None
         if digest != entry[DIGEST]:

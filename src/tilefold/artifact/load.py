@@ -53,13 +53,16 @@ def load(path: str | Path) -> LoadedModel:
     _check_manifest(root, manifest)
     data = _map(root / DATA)
     try:
-        check_parts(root, manifest, {"data": data})
+        check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS))
         program = read_json(root / PROGRAM, "step program")
         return LoadedModel(root, manifest, program, data)
     except BaseException:
         if data is not None:
             _unmap(data)
         raise
+
+
+DIGEST_THREADS = 4  # at most, digesting data.bin (as many as the pool would have, up to this)
 
 
 def _map(path: Path) -> mmap.mmap | None:
@@ -114,10 +117,22 @@ def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
                                 f"{', '.join(DTYPES)} and a shape")
 
 
-def _aligned_zeros(nbytes: int) -> np.ndarray:
-    raw = np.zeros(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes]
+def _workspace(sizes: list[int]) -> list[np.ndarray]:
+    """Zeroed buffers of these sizes in one anonymous mapping, each `ALIGN`-aligned with
+    `ALIGN` bytes to spare after it: its pages are made zero on first touch (nothing is
+    cleared at load; as in the C runtime, no MADV_HUGEPAGE, whose compaction on fault slowed
+    the first call)."""
+    offsets, at = [], 0
+    for nbytes in sizes:
+        if nbytes < 0:
+            raise ValueError(f"a buffer of {nbytes} bytes")
+        offsets.append(at)
+        at += -(-(nbytes + ALIGN) // ALIGN) * ALIGN
+    if at == 0:
+        return []
+    mapped = mmap.mmap(-1, at, flags=mmap.MAP_PRIVATE)  # not shared: plain anonymous pages
+    whole = np.frombuffer(mapped, np.uint8)
+    return [whole[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
 
 
 class LoadedModel:
@@ -140,7 +155,10 @@ class LoadedModel:
                                 "the artifact again") from None
 
     def _prepare(self, program: dict[str, Any]) -> None:
-        self.buffers = [self._buffer(b) for b in program["buffers"]]
+        specs = program["buffers"]
+        others = iter(_workspace([int(b["bytes"]) for b in specs if b["kind"] != "data"]))
+        self.buffers = [self._constants(b) if b["kind"] == "data" else next(others)
+                        for b in specs]
         for where, to in program["pointers"]:  # words of parameter blocks holding addresses
             ctypes.c_int64.from_address(self._address(where, 8)).value = self._address(to)
         self._headers = [self._header(h) for h in program["objects"]]
@@ -200,10 +218,8 @@ class LoadedModel:
             raise ArtifactError(f"{self.library} was not exported with {self.root / PROGRAM} "
                                 "(their call signatures differ); export the artifact again")
 
-    def _buffer(self, spec: dict[str, Any]) -> np.ndarray:
+    def _constants(self, spec: dict[str, Any]) -> np.ndarray:
         nbytes = int(spec["bytes"])
-        if spec["kind"] != "data":
-            return _aligned_zeros(nbytes)
         offset = int(spec["offset"])
         if offset % ALIGN or offset < 0 or offset + nbytes > self._data.nbytes:
             raise ValueError(f"constant buffer at {offset} (+{nbytes}) outside {DATA}")
