@@ -37,8 +37,8 @@ catches damage (a flipped, lost or moved byte), not malice (nothing is signed):
 The per-word key makes a word's place within its block count, the chain of fmix64 (a
 bijection: MurmurHash3's finalizer) the order of blocks, the added word a change that the
 product alone could miss, and n the length. `digest64` here and `tf_digest64` in
-`data/aot/runtime.c` are the two implementations; `tests/aot/test_digest.py` holds them to
-each other and to fixed values.
+`data/aot/digest64.h` (compiled into every library's C runtime) are the two
+implementations; `tests/aot/test_digest.py` holds them to each other and to fixed values.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def sha256_file(path: Path) -> str:
 
 
 DIGEST = "digest64"  # the manifest's key of each part's fast digest
-BLOCK_WORDS = 32768  # 256 KiB: the key table and the two scratch blocks stay in L2
+BLOCK_WORDS = 32768  # 256 KiB blocks: the keys and a block's scratch stay in L2/L3
 DIGEST_SEED = 0x746966F1D5E3A1B7
 _M64 = (1 << 64) - 1
 _keys: np.ndarray | None = None
