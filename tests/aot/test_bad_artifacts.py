@@ -4,7 +4,6 @@ artifact's code is loaded, never a crash."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -16,7 +15,7 @@ import pytest
 import tilefold
 from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
 from tilefold.artifact import cpu
-from tilefold.artifact.format import DATA, MANIFEST, PROGRAM
+from tilefold.artifact.format import DATA, DIGEST, MANIFEST, PROGRAM, digest64
 from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
 from tilefold.target import named_target
 
@@ -49,9 +48,10 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
-def _flip_a_byte(path: Path) -> None:
+def _flip_a_byte(path: Path, where: float = 0.5, bit: int = 0x40) -> None:
+    """Flip `bit` of the byte `where` of the way into the file (1.0: its last byte)."""
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x40
+    data[min(int(len(data) * where), len(data) - 1)] ^= bit
     path.write_bytes(bytes(data))
 
 
@@ -79,16 +79,25 @@ def test_the_pristine_copy_loads(copy: Path) -> None:
     (lambda p: _truncate(_library(p)), r"kernels-\w+\.so: truncated"),
     (lambda p: (p / PROGRAM).write_text((p / PROGRAM).read_text() + " "),
      "program.json: longer than exported"),
-    (lambda p: _flip_a_byte(_library(p)), r"kernels-\w+\.so: sha256 differs"),
+    (lambda p: _flip_a_byte(_library(p)), r"kernels-\w+\.so: digest64 differs"),
     (lambda p: _edit_json(p / MANIFEST, lambda m: m["parts"]["library"].update(
         file="../../lib.so")), "must be a file kernels-<16 hex digits>.so"),
-    (lambda p: _flip_a_byte(p / DATA), "data.bin: sha256 differs"),
-    (lambda p: _flip_a_byte(p / PROGRAM), "program.json: sha256 differs"),
+    (lambda p: _flip_a_byte(p / DATA), "data.bin: digest64 differs"),
+    (lambda p: _flip_a_byte(p / DATA, 0.0, 0x01), "data.bin: digest64 differs"),
+    (lambda p: _flip_a_byte(p / DATA, 0.999, 0x80), "data.bin: digest64 differs"),
+    (lambda p: _flip_a_byte(p / DATA, 1.0, 0x01), "data.bin: digest64 differs"),
+    (lambda p: _flip_a_byte(p / PROGRAM), "program.json: digest64 differs"),
+    (lambda p: _flip_a_byte(p / PROGRAM, 1.0, 0x01), "program.json: digest64 differs"),
+    (lambda p: _edit_json(p / MANIFEST, lambda m: m.update(format_version=1)),
+     "format version 1; tilefold .* reads version 2"),
+    (lambda p: _edit_json(p / MANIFEST, lambda m: m["parts"]["data"].pop(DIGEST)),
+     "part 'data' lacks its size or digest64"),
 ], ids=["no-manifest", "binary-manifest", "manifest-not-object", "other-format",
         "other-version", "part-unlisted", "bad-dtype", "no-data", "truncated-data",
         "truncated-library", "longer-program", "altered-library", "library-elsewhere",
-        "altered-data",
-        "altered-program"])
+        "altered-data-middle", "altered-data-start", "altered-data-near-end",
+        "altered-data-last-byte", "altered-program", "altered-program-end",
+        "version-1", "no-digest"])
 def test_a_damaged_artifact_is_refused(copy: Path, damage, message: str) -> None:
     damage(copy)
     with pytest.raises(ArtifactError, match=message):
@@ -108,7 +117,7 @@ def _reseal(root: Path, part: str, file: str) -> None:
     """Make the manifest's digest of `part` match its file again (a consistent forgery)."""
     data = (root / file).read_bytes()
     _edit_json(root / MANIFEST, lambda m: m["parts"][part].update(
-        bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+        {"bytes": len(data), DIGEST: digest64(data)}))
 
 
 def _point_outside(program: dict) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 import tilefold
 from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
+from tilefold.aot.c_abi import source_dir
 from tilefold.artifact.format import DATA, DTYPES, dtype_name
 
 PROGRAM = Path(__file__).with_name("run_model.c")
@@ -28,8 +29,9 @@ def built(tmp_path_factory):
     path = tilefold.export(module, random_inputs(module, rng), tmp / "views.tfa")
     (library,) = path.glob("kernels-*.so")
     binary = tmp / "run_model"
-    subprocess.run([shutil.which("cc"), "-O1", f"-I{path}", str(PROGRAM), "-o", str(binary),
-                    str(library), f"-Wl,-rpath,{path}"], check=True)
+    subprocess.run([shutil.which("cc"), "-O1", "-Wall", "-Werror", f"-I{path}",
+                    f"-I{source_dir()}", str(PROGRAM), "-o", str(binary), str(library),
+                    f"-Wl,-rpath,{path}"], check=True)  # source_dir: tensor_args.h
     return module, path, binary
 
 
@@ -60,16 +62,26 @@ def test_a_c_program_runs_the_model_bit_for_bit(built, tmp_path: Path) -> None:
         assert got.tobytes() == np.ascontiguousarray(w).tobytes()
 
 
+@pytest.mark.parametrize("where", [0.0, 0.5, 0.999, 1.0],
+                         ids=["first-byte", "middle", "near-end", "last-byte"])
+def test_an_altered_byte_of_data_is_an_error_code(built, tmp_path: Path, where: float) -> None:
+    module, path, binary = built
+    copy = Path(shutil.copytree(path, tmp_path / "copy.tfa"))
+    inputs = random_inputs(module, np.random.default_rng(5))
+    outputs = tilefold.compile(module)(*inputs)
+    data = bytearray((copy / DATA).read_bytes())
+    data[min(int(len(data) * where), len(data) - 1)] ^= 0x10
+    (copy / DATA).write_bytes(bytes(data))
+    said = _run(binary, copy, inputs, outputs, tmp_path)
+    assert said.startswith("load 2 ") and "digest64 differs" in said, said
+
+
 def test_a_damaged_data_file_is_an_error_code(built, tmp_path: Path) -> None:
     module, path, binary = built
     copy = Path(shutil.copytree(path, tmp_path / "copy.tfa"))
     inputs = random_inputs(module, np.random.default_rng(5))
     outputs = tilefold.compile(module)(*inputs)
     data = bytearray((copy / DATA).read_bytes())
-    data[len(data) // 2] ^= 1
-    (copy / DATA).write_bytes(bytes(data))
-    said = _run(binary, copy, inputs, outputs, tmp_path)
-    assert said.startswith("load 2 ") and "sha256 differs" in said, said
     (copy / DATA).write_bytes(bytes(data[:-8]))
     said = _run(binary, copy, inputs, outputs, tmp_path)
     assert said.startswith("load 2 ") and "the library was exported with" in said, said
@@ -87,3 +99,14 @@ def test_inputs_of_the_wrong_shape_or_dtype_are_an_error_code(built, tmp_path: P
     assert _run(binary, path, [x.astype(np.float64)], outputs, tmp_path).startswith(
         "run 4 input 0: dtype")
     assert _run(binary, path, [x, x], outputs, tmp_path).startswith("run 4 the model takes")
+
+
+@pytest.mark.parametrize(("argument", "code"), [
+    ("i:3:4,6,8", 2), ("x:1:4,6,8:f", 2), ("i:9:4,6,8:f", 2), ("i:1:1,2,3,4,5,6,7,8,9:f", 2),
+    ("i:1:4,6,8:/no/such/file", 3)], ids=["no-file", "side", "dtype", "rank", "unreadable"])
+def test_a_malformed_tensor_argument_is_refused(built, argument: str, code: int) -> None:
+    """The drivers' shared parser (data/aot/tensor_args.h) refuses, never crashes."""
+    _, path, binary = built
+    done = subprocess.run([str(binary), str(path), argument], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == code and done.stdout == "", (done.returncode, done.stdout)

@@ -3,7 +3,6 @@ computes on the same host, for every input it is given (random, not zeros or one
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 
@@ -13,7 +12,7 @@ import pytest
 import tilefold
 from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
 from tilefold.aot.c_abi import HEADER_FILE
-from tilefold.artifact.format import DATA, MANIFEST, PROGRAM
+from tilefold.artifact.format import DATA, DIGEST, MANIFEST, PROGRAM, digest64
 from tilefold.cli.main import main
 from tilefold.errors import ArtifactError, UnsupportedError
 from tilefold.target import named_target
@@ -87,7 +86,7 @@ def test_the_weights_come_from_the_data_file(tmp_path) -> None:
     data = data.replace(gain.tobytes(), (2 * gain).tobytes())
     (path / DATA).write_bytes(data)
     manifest = json.loads((path / MANIFEST).read_text())
-    manifest["parts"]["data"]["sha256"] = hashlib.sha256(data).hexdigest()
+    manifest["parts"]["data"][DIGEST] = digest64(data)
     (path / MANIFEST).write_text(json.dumps(manifest))
     after = tilefold.load(path)(*inputs)[1]
     np.testing.assert_allclose(after, 2 * before - shift, rtol=1e-5, atol=1e-5)

@@ -34,7 +34,7 @@ def _list(ctype: str, name: str, values: list[str]) -> str:
     return f"static const {ctype} {name}[] = {{{', '.join(values or ['0'])}}};\n"
 
 
-def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_sha256: str,
+def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_digest64: str,
              data_bytes: int) -> str:
     """The C file compiled into the library: the program's tables, then the runtime."""
     flags, unknown = cpuinfo_flags(manifest["target"]["cpu_features"])
@@ -87,7 +87,7 @@ def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_sha256: str,
         _list("int", "tf_status", [str(s) for s in steps["status"]]),
         _list("char *const", "tf_flags", [f'"{f}"' for f in flags]),
         f'static const char tf_target[] = "{manifest["target"]["name"]}";\n',
-        f'static const char tf_data_sha256[] = "{data_sha256}";\n',
+        f"static const uint64_t tf_data_digest64 = 0x{int(data_digest64, 16):016x}ULL;\n",
         externs,
         _list("void *const", "tf_functions", [f"(void *)tf_fn{i}" for i in range(len(symbols))]),
     ])

@@ -22,10 +22,12 @@ from tilefold.artifact.cpu import cpuinfo_flags
 from tilefold.artifact.format import (
     ALIGN,
     DATA,
+    DIGEST,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
     PROGRAM,
+    digest64_file,
     dtype_name,
     new_library_name,
     sha256_file,
@@ -125,7 +127,7 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
             for b in saved:
                 data = b.content()
                 f.write(data + bytes(-len(data) % ALIGN))
-        data = {"sha256": sha256_file(tmp / DATA), "bytes": (tmp / DATA).stat().st_size}
+        data = {DIGEST: digest64_file(tmp / DATA), "bytes": (tmp / DATA).stat().st_size}
 
         def c_runtime(features: list[str]) -> str:
             # A host's own target may name features no /proc/cpuinfo flag shows (newer than
@@ -133,13 +135,14 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
             unchecked = cpuinfo_flags(features)[1]
             manifest["target"]["cpu_features"] = [f for f in features if f not in unchecked]
             manifest["target"]["unchecked_features"] = unchecked
-            return c_source(steps, manifest, data["sha256"], data["bytes"])
+            return c_source(steps, manifest, data[DIGEST], data["bytes"])
 
         link_library(list(program.modules.values()), program.signatures, target,
                      tmp / files["library"], c_runtime)
         shutil.copy(source_dir() / HEADER_FILE, tmp / HEADER_FILE)
         manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
-                                    "sha256": sha256_file(tmp / file)}
+                                    "sha256": sha256_file(tmp / file),
+                                    DIGEST: digest64_file(tmp / file)}
                              for part, file in files.items()}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if path.exists():

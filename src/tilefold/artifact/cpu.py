@@ -12,7 +12,7 @@ target's features are checked.)
 
 from __future__ import annotations
 
-import platform
+import os
 from pathlib import Path
 
 _FLAG = {
@@ -41,7 +41,7 @@ _ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "
 
 
 def host_arch() -> str:
-    machine = platform.machine().lower()
+    machine = os.uname().machine.lower()  # what platform.machine() reads, without its import
     return _ARCH.get(machine, machine)
 
 

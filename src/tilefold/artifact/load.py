@@ -2,16 +2,17 @@
 PyTorch, no compiling).
 
 Everything is checked before any of the artifact's code is loaded: the manifest (format,
-version, architecture, the CPU features its code assumes), each part's size and sha256, and
-the step program's every buffer reference. Then the constants are mapped copy-on-write, the
-other buffers allocated, the pointers of the step program written into one int64 table, and
-a call is: inputs checked and copied in, `tf_replay(table)` (one native call running every
-kernel), outputs copied out.
+version, architecture, the CPU features its code assumes), each part's size and digest64
+(data.bin's on its copy-on-write mapping, which the model then uses), and the step program's
+every buffer reference. Then the other buffers are allocated, the pointers of the step
+program written into one int64 table, and a call is: inputs checked and copied in,
+`tf_replay(table)` (one native call running every kernel), outputs copied out.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import mmap
 import threading
@@ -50,9 +51,39 @@ def load(path: str | Path) -> LoadedModel:
                             f"holding {MANIFEST}, {PROGRAM}, {DATA} and a kernels-*.so)")
     manifest = read_json(root / MANIFEST, "manifest")
     _check_manifest(root, manifest)
-    check_parts(root, manifest)
-    program = read_json(root / PROGRAM, "step program")
-    return LoadedModel(root, manifest, program)
+    data = _map(root / DATA)
+    try:
+        check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS))
+        program = read_json(root / PROGRAM, "step program")
+        return LoadedModel(root, manifest, program, data)
+    except BaseException:
+        if data is not None:
+            _unmap(data)
+        raise
+
+
+DIGEST_THREADS = 4  # at most, digesting data.bin (as many as the pool would have, up to this)
+
+
+def _map(path: Path) -> mmap.mmap | None:
+    """`path` mapped copy-on-write (private pages: a kernel's writes never reach the file), or
+    None when it is missing or empty (`check_parts` says which is wrong)."""
+    try:
+        with path.open("rb") as f:
+            if f.seek(0, 2) == 0:
+                return None
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ArtifactError(f"{path}: cannot be mapped ({exc})") from None
+
+
+def _unmap(data: mmap.mmap) -> None:
+    """Unmap a refused artifact's data (its pages leave the process), unless an array that
+    escaped still views it (then the mapping goes with that array)."""
+    with contextlib.suppress(BufferError):
+        data.close()
 
 
 def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
@@ -86,23 +117,37 @@ def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
                                 f"{', '.join(DTYPES)} and a shape")
 
 
-def _aligned_zeros(nbytes: int) -> np.ndarray:
-    raw = np.zeros(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes]
+def _workspace(sizes: list[int]) -> list[np.ndarray]:
+    """Zeroed buffers of these sizes in one anonymous mapping, each `ALIGN`-aligned with
+    `ALIGN` bytes to spare after it: its pages are made zero on first touch (nothing is
+    cleared at load; as in the C runtime, no MADV_HUGEPAGE, whose compaction on fault slowed
+    the first call)."""
+    offsets, at = [], 0
+    for nbytes in sizes:
+        if nbytes < 0:
+            raise ValueError(f"a buffer of {nbytes} bytes")
+        offsets.append(at)
+        at += -(-(nbytes + ALIGN) // ALIGN) * ALIGN
+    if at == 0:
+        return []
+    mapped = mmap.mmap(-1, at, flags=mmap.MAP_PRIVATE)  # not shared: plain anonymous pages
+    whole = np.frombuffer(mapped, np.uint8)
+    return [whole[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
 
 
 class LoadedModel:
     """An artifact loaded into this process: `model(*arrays)` returns the list of outputs (fresh
     arrays); `inputs` and `outputs` describe them (name, dtype, shape)."""
 
-    def __init__(self, root: Path, manifest: dict[str, Any], program: dict[str, Any]):
+    def __init__(self, root: Path, manifest: dict[str, Any], program: dict[str, Any],
+                 data: mmap.mmap | None):
         self.root = root
         self.library = root / part_files(root, manifest)["library"]
         self.manifest = manifest
         self.inputs = manifest["inputs"]
         self.outputs = manifest["outputs"]
         self._lock = threading.Lock()
+        self._data = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
         try:
             self._prepare(program)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -110,8 +155,10 @@ class LoadedModel:
                                 "the artifact again") from None
 
     def _prepare(self, program: dict[str, Any]) -> None:
-        self._map_data()
-        self.buffers = [self._buffer(b) for b in program["buffers"]]
+        specs = program["buffers"]
+        others = iter(_workspace([int(b["bytes"]) for b in specs if b["kind"] != "data"]))
+        self.buffers = [self._constants(b) if b["kind"] == "data" else next(others)
+                        for b in specs]
         for where, to in program["pointers"]:  # words of parameter blocks holding addresses
             ctypes.c_int64.from_address(self._address(where, 8)).value = self._address(to)
         self._headers = [self._header(h) for h in program["objects"]]
@@ -171,22 +218,8 @@ class LoadedModel:
             raise ArtifactError(f"{self.library} was not exported with {self.root / PROGRAM} "
                                 "(their call signatures differ); export the artifact again")
 
-    def _map_data(self) -> None:
-        path = self.root / DATA
-        try:
-            if path.stat().st_size == 0:
-                self._data = np.zeros(0, np.uint8)
-                return
-            with path.open("rb") as f:  # private pages: a kernel's writes never reach the file
-                self._data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY),
-                                           np.uint8)
-        except OSError as exc:
-            raise ArtifactError(f"{path}: cannot be mapped ({exc})") from None
-
-    def _buffer(self, spec: dict[str, Any]) -> np.ndarray:
+    def _constants(self, spec: dict[str, Any]) -> np.ndarray:
         nbytes = int(spec["bytes"])
-        if spec["kind"] != "data":
-            return _aligned_zeros(nbytes)
         offset = int(spec["offset"])
         if offset % ALIGN or offset < 0 or offset + nbytes > self._data.nbytes:
             raise ValueError(f"constant buffer at {offset} (+{nbytes}) outside {DATA}")

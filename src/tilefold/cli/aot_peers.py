@@ -128,7 +128,8 @@ def build_c_driver(artifact: Path, out: Path) -> Path:
         raise FileNotFoundError("no C compiler (cc) on PATH")
     (library,) = artifact.glob("kernels-*.so")
     binary = out / "bench_model"
-    subprocess.run([compiler, "-O2", f"-I{artifact}", str(source_dir() / "bench_model.c"),
+    subprocess.run([compiler, "-O2", f"-I{artifact}", f"-I{source_dir()}",
+                    str(source_dir() / "bench_model.c"),
                     "-o", str(binary), str(library), f"-Wl,-rpath,{artifact}"],
                    check=True, capture_output=True, text=True)
     return binary

@@ -1,9 +1,9 @@
 /* The C runtime of an exported artifact (tilefold_model.h), compiled into its library after
  * the step program's tables, which `tilefold/aot/c_abi.py` writes as C arrays ahead of this
  * text. It does what tilefold/artifact/load.py does from Python: checks the CPU's features
- * and data.bin's size and sha256, maps the constants copy-on-write, allocates the other
- * buffers, writes the pointer words and array headers, fills the int64 table and runs the
- * whole model as one call of tf_replay. libc and libpthread only.
+ * and data.bin's size and digest64 (digest64.h), maps the constants copy-on-write, allocates
+ * the other buffers, writes the pointer words and array headers, fills the int64 table and
+ * runs the whole model as one call of tf_replay. libc and libpthread only.
  */
 #include <fcntl.h>
 #include <stdarg.h>
@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "digest64.h"
 #include "tilefold_model.h"
 
 void tf_replay(int64_t *table);
@@ -28,7 +29,8 @@ struct tf_model {
   uint8_t *data; /* data.bin, mapped privately */
   size_t data_bytes;
   uint8_t *buffers[TF_NBUFFERS + 1]; /* + 1: no array is empty */
-  void *allocated[TF_NBUFFERS + 1];
+  uint8_t *workspace; /* every other buffer, in one zeroed anonymous mapping */
+  size_t workspace_bytes;
   int64_t *headers[TF_NOBJECTS + 1];
   int64_t table[TF_NENTRIES + 1];
 };
@@ -44,60 +46,6 @@ static int tf_fail(int status, const char *format, ...) {
 }
 
 const char *tf_last_error(void) { return tf_message; }
-
-/* ---- sha256 (FIPS 180-4) ---- */
-
-static const uint32_t tf_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
-
-#define TF_ROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
-
-static void tf_sha256_block(uint32_t h[8], const uint8_t *p) {
-  uint32_t w[64], s[8];
-  for (int i = 0; i < 16; i++)
-    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-           (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-  for (int i = 16; i < 64; i++) {
-    uint32_t s0 = TF_ROTR(w[i - 15], 7) ^ TF_ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = TF_ROTR(w[i - 2], 17) ^ TF_ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  memcpy(s, h, sizeof s);
-  for (int i = 0; i < 64; i++) {
-    uint32_t e = s[4], a = s[0];
-    uint32_t t1 = s[7] + (TF_ROTR(e, 6) ^ TF_ROTR(e, 11) ^ TF_ROTR(e, 25)) +
-                  ((e & s[5]) ^ (~e & s[6])) + tf_k[i] + w[i];
-    uint32_t t2 = (TF_ROTR(a, 2) ^ TF_ROTR(a, 13) ^ TF_ROTR(a, 22)) +
-                  ((a & s[1]) ^ (a & s[2]) ^ (s[1] & s[2]));
-    memmove(s + 1, s, 7 * sizeof *s);
-    s[4] += t1;
-    s[0] = t1 + t2;
-  }
-  for (int i = 0; i < 8; i++) h[i] += s[i];
-}
-
-static void tf_sha256_hex(const uint8_t *data, size_t n, char hex[65]) {
-  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  size_t whole = n / 64 * 64;
-  for (size_t i = 0; i < whole; i += 64) tf_sha256_block(h, data + i);
-  uint8_t tail[128] = {0};
-  size_t rest = n - whole, padded = rest < 56 ? 64 : 128;
-  memcpy(tail, data + whole, rest);
-  tail[rest] = 0x80;
-  for (int i = 0; i < 8; i++) tail[padded - 1 - i] = (uint8_t)((uint64_t)n * 8 >> (8 * i));
-  for (size_t i = 0; i < padded; i += 64) tf_sha256_block(h, tail + i);
-  for (int i = 0; i < 8; i++) snprintf(hex + 8 * i, 9, "%08x", h[i]);
-}
 
 /* ---- checks ---- */
 
@@ -149,11 +97,9 @@ static int tf_map_data(tf_model *m, const char *dir) {
     m->data_bytes = TF_DATA_BYTES;
   }
   close(fd);
-  char hex[65];
-  tf_sha256_hex(m->data, m->data_bytes, hex);
-  if (strcmp(hex, tf_data_sha256) != 0)
-    return tf_fail(TF_ERROR_CORRUPT, "%s: sha256 differs from the one it was exported with",
-                   path);
+  if (tf_digest64(m->data, m->data_bytes) != tf_data_digest64)
+    return tf_fail(TF_ERROR_CORRUPT, "%s: digest64 differs from the one it was exported with "
+                   "(altered or damaged after export)", path);
   return TF_OK;
 }
 
@@ -195,20 +141,27 @@ int tf_model_load(const char *dir, tf_model **model) {
     tf_model_free(m);
     return status;
   }
+  /* The other buffers: one anonymous mapping, each 64-byte aligned with 64 bytes to spare.
+   * Its pages are zero and made on first touch: no memset of what may be 100 MB at load.
+   * (Not MADV_HUGEPAGE: where the kernel compacts memory for it on a fault, the default,
+   * it made the first call ~100 ms slower.) */
+  size_t at = 0, offsets[TF_NBUFFERS + 1];
   for (int i = 0; i < TF_NBUFFERS; i++) {
-    int64_t kind = tf_buffers[i][0], bytes = tf_buffers[i][1];
-    if (kind == KIND_DATA) {
-      m->buffers[i] = m->data + tf_buffers[i][2];
-      continue;
-    }
-    if (posix_memalign(&m->allocated[i], 64, (size_t)(bytes + 64)) != 0) {
-      tf_model_free(m);
-      return tf_fail(TF_ERROR_MEMORY, "out of memory for a buffer of %lld bytes",
-                     (long long)bytes);
-    }
-    memset(m->allocated[i], 0, (size_t)(bytes + 64));
-    m->buffers[i] = m->allocated[i];
+    offsets[i] = at;
+    if (tf_buffers[i][0] != KIND_DATA) at += ((size_t)tf_buffers[i][1] + 127) / 64 * 64;
   }
+  if (at > 0) {
+    void *p = mmap(NULL, at, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      tf_model_free(m);
+      return tf_fail(TF_ERROR_MEMORY, "out of memory for %lld bytes of buffers", (long long)at);
+    }
+    m->workspace = p;
+    m->workspace_bytes = at;
+  }
+  for (int i = 0; i < TF_NBUFFERS; i++)
+    m->buffers[i] = tf_buffers[i][0] == KIND_DATA ? m->data + tf_buffers[i][2]
+                                                  : m->workspace + offsets[i];
   for (int i = 0; i < TF_NPOINTERS; i++) {
     int64_t address = (int64_t)tf_at(m, tf_pointers[i][2], tf_pointers[i][3]);
     memcpy(tf_at(m, tf_pointers[i][0], tf_pointers[i][1]), &address, sizeof address);
@@ -300,7 +253,7 @@ int tf_model_run(tf_model *m, const tf_tensor *inputs, int num_inputs, const tf_
 void tf_model_free(tf_model *m) {
   if (!m) return;
   for (int i = 0; i < TF_NOBJECTS; i++) free(m->headers[i]);
-  for (int i = 0; i < TF_NBUFFERS; i++) free(m->allocated[i]);
+  if (m->workspace) munmap(m->workspace, m->workspace_bytes);
   if (m->data) munmap(m->data, m->data_bytes);
   free(m);
 }

@@ -2,7 +2,7 @@
  *
  * Link against the artifact's kernels-<id>.so (or dlopen it) and pass tf_model_load the
  * artifact's directory: it checks that this CPU has every feature the code uses and that
- * data.bin has the size and sha256 the library was exported with, before any kernel runs.
+ * data.bin has the size and digest the library was exported with, before any kernel runs.
  * Every function returns TF_OK or an error code; tf_last_error() says what went wrong.
  */
 #ifndef TILEFOLD_MODEL_H
