@@ -320,3 +320,26 @@ def test_non_strict_training_partitions_out_what_tilefold_cannot_run(allow_fallb
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     forward = next(g for g in report.reports() if g.graph.endswith("forward"))
     assert forward.mode == "partitioned" and "aten.cumprod.default" in forward.fallback
+
+
+def test_several_forwards_before_one_backward() -> None:
+    """Gradient accumulation: three forwards keep their saved tensors apart (no call's outputs
+    overwrite another's) and one backward through all of them matches float64."""
+    module = WithLoss(Block(), F.mse_loss)
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    xs = [torch.randn(5, 3, 13) for _ in range(3)]
+    targets = [torch.randn(5, 3, 7) for _ in range(3)]
+    loss = sum((i + 1) * compiled(x, t) for i, (x, t) in enumerate(zip(xs, targets,
+                                                                         strict=True)))
+    loss.backward()
+    want = sum((i + 1) * oracle(x.double(), t.double())
+               for i, (x, t) in enumerate(zip(xs, targets, strict=True)))
+    want.backward()
+    reduced = 13 + 33 + 7 + 2 * 15 + 3
+    assert_close(loss.detach().numpy(), want.detach().numpy(), dtype="f32", reduced=reduced)
+    scale = max(float(p.grad.abs().max()) for p in oracle.parameters())
+    for p, q in zip(module.parameters(), oracle.parameters(), strict=True):
+        assert_close(p.grad.numpy() / scale, q.grad.numpy() / scale, dtype="f32",
+                     reduced=reduced)
+    _assert_training_native()
