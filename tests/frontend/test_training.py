@@ -343,3 +343,27 @@ def test_several_forwards_before_one_backward() -> None:
         assert_close(p.grad.numpy() / scale, q.grad.numpy() / scale, dtype="f32",
                      reduced=reduced)
     _assert_training_native()
+
+
+def test_batch_norm_in_training_mode_updates_its_running_statistics() -> None:
+    """Batch statistics in the forward, their backward, and the running mean and variance
+    written back into the module's buffers, three steps against float64."""
+    module = torch.nn.Sequential(torch.nn.Linear(13, 7), torch.nn.BatchNorm1d(7),
+                                 torch.nn.Linear(7, 3)).train()
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    reduced = 13 + 2 * 33 + 7 + 3
+    for _ in range(3):
+        x = torch.randn(33, 13)
+        loss = compiled(x).square().mean()
+        loss.backward()
+        want = oracle(x.double()).square().mean()
+        want.backward()
+        assert_close(loss.detach().numpy(), want.detach().numpy(), dtype="f32", reduced=reduced)
+    bn, bn64 = module[1], oracle[1]
+    for got, want in [(bn.running_mean, bn64.running_mean), (bn.running_var, bn64.running_var),
+                      *((p.grad, q.grad) for p, q in zip(module.parameters(),
+                                                         oracle.parameters(), strict=True))]:
+        assert_close(got.numpy(), want.detach().numpy(), dtype="f32", reduced=reduced)
+    assert int(bn.num_batches_tracked) == 3
+    _assert_training_native()

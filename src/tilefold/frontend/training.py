@@ -49,8 +49,29 @@ def training_decompositions() -> dict:
     """PyTorch's core ATen decompositions, whole: unlike inference, no op is kept whole for a
     rule, since autograd must see the forward in the pieces it differentiates (`linear` is
     `t` + `addmm` either way, and `layer_norm`, `softmax`, `gelu` arrive as their native ops,
-    which rules lower)."""
-    return torch.export.default_decompositions()
+    which rules lower), plus batch norm's training form (mean and variance over the batch, the
+    running statistics updated as the graph's extra results), which that table keeps whole."""
+    from torch._decomp import get_decompositions
+
+    aten = torch.ops.aten
+    table = torch.export.default_decompositions()
+    table.update(get_decompositions([aten._native_batch_norm_legit_functional]))
+    table[aten.var_mean.correction] = _var_mean
+    return table
+
+
+def _var_mean(x: torch.Tensor, dim: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`var_mean` in two passes, the mean first, then the squares of the deviations from it
+    (batch norm's statistics; PyTorch's own decomposition ends in prims no rule lowers)."""
+    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    count = 1
+    for d in dims:
+        count *= x.shape[d]
+    mean = torch.mean(x, dims, keepdim=True)
+    squares = torch.sum((x - mean) * (x - mean), dims, keepdim=keepdim)
+    var = squares / max(count - (1 if correction is None else correction), 0)
+    return var, mean if keepdim else torch.squeeze(mean, dims)
 
 
 def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
