@@ -367,3 +367,25 @@ def test_batch_norm_in_training_mode_updates_its_running_statistics() -> None:
         assert_close(got.numpy(), want.detach().numpy(), dtype="f32", reduced=reduced)
     assert int(bn.num_batches_tracked) == 3
     _assert_training_native()
+
+
+def test_new_batch_sizes_train_through_symbolic_graphs() -> None:
+    """After a second batch size Dynamo traces with a symbolic batch: AOTAutograd's forward
+    then returns sizes for the backward (`7*s0`, a product of symbols), which the runner gives
+    back as ints. Every step's gradients match float64."""
+    module = WithLoss(Block(), F.mse_loss)
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    for batch in (5, 7, 9):
+        x, target = torch.randn(batch, 3, 13), torch.randn(batch, 3, 7)
+        for m in (module, oracle):
+            m.zero_grad()
+        compiled(x, target).backward()
+        oracle(x.double(), target.double()).backward()
+        reduced = 13 + 33 + 7 + 2 * 3 * batch
+        scale = max(float(p.grad.abs().max()) for p in oracle.parameters())
+        for p, q in zip(module.parameters(), oracle.parameters(), strict=True):
+            assert_close(p.grad.numpy() / scale, q.grad.numpy() / scale, dtype="f32",
+                         reduced=reduced)
+    assert any(g.symbolic_dims for g in report.reports())
+    _assert_training_native()

@@ -156,6 +156,7 @@ def _bench_workload(name: str, args: argparse.Namespace, bench: Bench, threads: 
     first: dict[str, float] = {}
     losses: dict[str, float] = {}
     skipped: dict[str, str] = {}
+    before = len(report.reports())  # this workload's graphs only
     for contender, backend in CONTENDERS.items():
         if contender == "inductor" and args.no_inductor:
             continue
@@ -168,7 +169,7 @@ def _bench_workload(name: str, args: argparse.Namespace, bench: Bench, threads: 
             bench.note(f"{contender} skipped for {name}: {skipped[contender]}")
             continue
         steps[contender], losses[contender] = step, step.first_loss  # type: ignore[attr-defined]
-    graphs = report.reports()
+    graphs = report.reports()[before:]
     native = sum(g.mode == "tilefold" for g in graphs)
     timings = bench.measure(steps, warm_calls=1)
     rss = {c: _child_rss(name, c, args, threads) for c in steps} if args.rss_steps else {}
