@@ -87,3 +87,18 @@ def test_constant_pad_matches_torch() -> None:
         fn = lambda t, pad=pad: torch.nn.functional.pad(t, pad, value=-100)  # noqa: E731
         (got,) = interpret(lower(fn, torch.from_numpy(x)), x)
         np.testing.assert_array_equal(got, fn(torch.from_numpy(x)).numpy())
+
+
+def test_training_var_mean_decomposition_matches_torch() -> None:
+    """`training._var_mean` (batch norm's statistics) against torch.var_mean in float64, for
+    every way of naming the dims (None and [] reduce them all) and both corrections."""
+    from tilefold.frontend.training import _var_mean
+
+    x = torch.randn(4, 5, 6, dtype=torch.float64)
+    for dim in (None, [], [0], [0, 2], [-1]):
+        for correction in (0, 1):
+            for keepdim in (False, True):
+                got = _var_mean(x, dim, correction=correction, keepdim=keepdim)
+                want = torch.var_mean(x, dim, correction=correction, keepdim=keepdim)
+                for g, w in zip(got, want, strict=True):
+                    torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)

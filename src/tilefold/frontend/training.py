@@ -64,7 +64,7 @@ def _var_mean(x: torch.Tensor, dim: Any = None, *, correction: Any = None,
               keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`var_mean` in two passes, the mean first, then the squares of the deviations from it
     (batch norm's statistics; PyTorch's own decomposition ends in prims no rule lowers)."""
-    dims = list(range(x.dim())) if dim is None else [d % max(x.dim(), 1) for d in dim]
+    dims = [d % max(x.dim(), 1) for d in dim] if dim else list(range(x.dim()))  # []: all
     count = 1
     for d in dims:
         count *= x.shape[d]
