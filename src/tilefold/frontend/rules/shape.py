@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from tilefold import dtypes
 from tilefold.frontend.context import LoweringContext, Merged
 from tilefold.frontend.lowering import NotApplicable, lowering
 from tilefold.frontend.symbolic import Composite
@@ -275,6 +276,9 @@ def gather(ctx: LoweringContext, x: Any, dim: int, index: Any, *, sparse_grad: b
     return ctx.op("index", t, *grids, axes=list(range(rank)))
 
 
+F32_EXACT = 1 << 24  # every integer up to this is an f32 (an index above it is out of range)
+
+
 @lowering(aten.scatter.value, aten.scatter.src)
 def scatter(ctx: LoweringContext, x: Any, dim: int, index: Any, value: Any) -> Any:
     """x with x[..., index[..., 0, ...], ...] = value along dim, for an index one long on dim
@@ -286,7 +290,13 @@ def scatter(ctx: LoweringContext, x: Any, dim: int, index: Any, value: Any) -> A
             or not all(ctx.sizes.same(a, b) for i, (a, b) in
                        enumerate(zip(idx.shape, t.shape, strict=True)) if i != dim)):
         raise NotApplicable("scatter: only an index one long on dim, x's size elsewhere")
-    line = ctx.op("arange", shape=[t.shape[dim]], dtype=idx.dtype)
+    size = t.shape[dim]
+    if isinstance(size, int) and size <= F32_EXACT:  # positions compare exactly as f32, so
+        # the compare fuses with the f32 work around it (kernels compute in f32)
+        line = ctx.op("arange", shape=[size], dtype=dtypes.f32)
+        idx = ctx.op("cast", idx, dtype=dtypes.f32)
+    else:
+        line = ctx.op("arange", shape=[size], dtype=idx.dtype)
     axes = [a for a in range(t.ndim) if a != dim]
     hit = ctx.op("eq", ctx.op("expand_dims", line, axes=axes) if axes else line, idx)
     if isinstance(value, bool | int | float):
