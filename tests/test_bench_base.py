@@ -29,7 +29,8 @@ pool_module = importlib.import_module("tilefold.runtime.thread_pool")  # not the
 
 
 def test_every_registered_suite_is_a_bench_subcommand(capsys):
-    assert set(bench.SUITES) == {"gemm", "lowp", "memory", "blocks", "models", "llm", "aot"}
+    assert set(bench.SUITES) == {"gemm", "lowp", "memory", "blocks", "models", "llm", "aot",
+                                 "train"}
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     out = capsys.readouterr().out

@@ -29,7 +29,7 @@ from tilefold.errors import DTypeError, ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.ops import VIEWS  # layout ops as NumPy views
-from tilefold.ir.ops.index import index_key
+from tilefold.ir.ops.index import index_key, put
 from tilefold.ir.types import SymDim
 from tilefold.passes import PassManager
 from tilefold.runtime.replay import NativeCall, Replay
@@ -45,14 +45,15 @@ WEIGHT_FORMATS = ("f32", "int8", "int4")
 
 
 def _index_put(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs: dict) -> None:
-    out[index_key("index_put", out.shape, attrs["axes"], list(indices))] = values
+    put(out, values, index_key("index_put", out.shape, attrs["axes"], list(indices)),
+        attrs.get("accumulate", False))
 
 
 def _index_put_native(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs: dict
                       ) -> list[NativeCall] | None:
     """`_index_put` as a native scatter, for one 1-D int64 index along one axis (a KV cache's
-    row write); None otherwise."""
-    if len(indices) != 1 or len(attrs["axes"]) != 1:
+    row write); None otherwise (and for an accumulating one)."""
+    if len(indices) != 1 or len(attrs["axes"]) != 1 or attrs.get("accumulate"):
         return None
     axis = attrs["axes"][0] % out.ndim
     (index,) = indices

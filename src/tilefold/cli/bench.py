@@ -12,13 +12,14 @@ from tilefold.cli import (
     bench_lowp,
     bench_memory,
     bench_models,
+    bench_train,
 )
 from tilefold.cli.benchutil import Suite
 
 SUITES: dict[str, Suite] = {s.name: s for s in (bench_gemm.SUITE, bench_lowp.SUITE,
                                                 bench_memory.SUITE, bench_blocks.SUITE,
                                                 bench_models.SUITE, bench_llm.SUITE,
-                                                bench_aot.SUITE)}
+                                                bench_aot.SUITE, bench_train.SUITE)}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
 import torch.fx as fx
 
@@ -17,7 +18,7 @@ from tilefold.frontend import rules  # noqa: F401  (registers every lowering rul
 from tilefold.frontend.context import LoweringContext, Merged, Unavailable
 from tilefold.frontend.graph_io import SIZE_FORMS, ViewReplay, carry_dims, unheld
 from tilefold.frontend.lowering import NotApplicable, Specialized, rule_for
-from tilefold.frontend.symbolic import Sizes
+from tilefold.frontend.symbolic import Composite, Sizes
 from tilefold.frontend.tensors import frozen_array, to_numpy
 from tilefold.ir import Builder, Module, Tensor
 from tilefold.ir.dims import Bindings, is_derived
@@ -32,9 +33,13 @@ class SizeOutput:
     """A size the graph returns (a SymInt, such as a cache length): PyTorch gets it back as a
     number, evaluated from the call's argument sizes."""
 
-    dim: int | SymDim
+    dim: int | SymDim | Composite  # a Composite: a product of symbols (AOTAutograd saves
+    # `7*s0` for the backward)
 
     def value(self, sizes: Bindings) -> int:
+        if isinstance(self.dim, Composite):
+            expr = self.dim.expr
+            return int(expr.subs({s: sizes[s.name] for s in expr.free_symbols}))
         return self.dim if isinstance(self.dim, int) else sizes[self.dim.name]
 
 
@@ -314,6 +319,12 @@ def _outputs(ctx: LoweringContext, node: fx.Node, result: Converted) -> list[Ten
             found = ctx.value(item)
             if isinstance(found, int | SymDim):
                 result.outputs.append(SizeOutput(found))
+                continue
+            if isinstance(found, Composite):  # its symbols by their IR names
+                names = ctx.sizes.names
+                expr = found.expr.subs({s: sympy.Symbol(names.get(s.name, s.name))
+                                        for s in found.expr.free_symbols})
+                result.outputs.append(SizeOutput(Composite(expr)))
                 continue
             if isinstance(found, Merged):
                 result.flattened[len(values)] = found.lead

@@ -4,9 +4,11 @@ Dynamo's graph is traced to ATen by AOTAutograd for inference. Nodes without a l
 partitioned out and left to PyTorch; everything else is lowered into tilefold functions (one per
 partition). Parameters become IR constants, frozen at compile time and re-lowered if PyTorch
 reports that they were modified in place (inference tensors, which keep no version, stay
-arguments). A graph that needs autograd, or that tilefold cannot handle for any reason, runs
-eagerly with a log line instead of failing the user's program; in strict mode (the option
-`strict`, else `TILEFOLD_STRICT`) that, and a node left to PyTorch, is a `FallbackError`.
+arguments). A graph that needs autograd goes to `frontend/training.py`: AOTAutograd's forward
+and backward graphs, both lowered here with every input an argument. A graph that tilefold
+cannot handle for any reason runs eagerly with a log line instead of failing the user's
+program; in strict mode (the option `strict`, else `TILEFOLD_STRICT`) that, and a node left to
+PyTorch, is a `FallbackError`.
 CUDA tensors take the GPU path (`frontend/gpu_runner.py`: `tilefold.gpu` on the device).
 """
 
@@ -41,6 +43,7 @@ from tilefold.frontend.gpu_runner import runner_factory
 from tilefold.frontend.preserved import preserve
 from tilefold.frontend.report import GraphReport, record
 from tilefold.frontend.runner import GraphRunner
+from tilefold.frontend.training import TrainingUnsupported, training_backend
 
 log = logging.getLogger("tilefold.frontend")
 NAME = "tilefold"
@@ -75,11 +78,10 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
     if torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
     ):
-        reason = (
-            "autograd is on (training, or inputs/weights that require grad): tilefold compiles "
-            "inference; run the model under torch.no_grad() or torch.inference_mode()"
-        )
-        return _eager(gm, graph, reason, flag)
+        try:  # training: AOTAutograd's forward and backward graphs, both lowered
+            return training_backend(gm, example_inputs, graph, flag, weights, _lower)
+        except TrainingUnsupported as exc:
+            return _eager(gm, graph, str(exc), flag)
     preserve(gm)
     frozen = {i for i, t in enumerate(example_inputs)
               if isinstance(t, torch.nn.Parameter) and not t.is_inference()}

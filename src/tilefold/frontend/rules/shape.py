@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from tilefold import dtypes
 from tilefold.frontend.context import LoweringContext, Merged
 from tilefold.frontend.lowering import NotApplicable, lowering
 from tilefold.frontend.symbolic import Composite
@@ -226,15 +227,15 @@ def index(ctx: LoweringContext, x: Any, indices: list[Any]) -> Any:
 @lowering(aten.index_put.default)
 def index_put(ctx: LoweringContext, x: Any, indices: list[Any], values: Any,
               accumulate: bool = False) -> Any:
-    """x with x[i0, i1, ...] = values (a static KV cache's write); None entries keep an axis"""
-    if accumulate:
-        raise NotApplicable("index_put with accumulate=True")
+    """x with x[i0, i1, ...] = values (a static KV cache's write), or += values with
+    accumulate (an embedding's gradient); None entries keep an axis"""
     axes = [i for i, idx in enumerate(indices) if idx is not None]
     tensors = [ctx.tensor(indices[i]) for i in axes]
     if not tensors or any(not t.dtype.is_integer for t in tensors):
         raise NotApplicable("index_put with a boolean mask")
     t = ctx.tensor(x)
-    return ctx.op("index_put", t, ctx.operand(values, t.dtype), *tensors, axes=axes)
+    return ctx.op("index_put", t, ctx.operand(values, t.dtype), *tensors, axes=axes,
+                  **({"accumulate": True} if accumulate else {}))
 
 
 @lowering(aten.index_select.default)
@@ -273,3 +274,60 @@ def gather(ctx: LoweringContext, x: Any, dim: int, index: Any, *, sparse_grad: b
         others = [a for a in range(rank) if a != axis]
         grids.append(ctx.op("expand_dims", line, axes=others) if others else line)
     return ctx.op("index", t, *grids, axes=list(range(rank)))
+
+
+F32_EXACT = 1 << 24  # every integer up to this is an f32 (an index above it is out of range)
+
+
+@lowering(aten.scatter.value, aten.scatter.src)
+def scatter(ctx: LoweringContext, x: Any, dim: int, index: Any, value: Any) -> Any:
+    """x with x[..., index[..., 0, ...], ...] = value along dim, for an index one long on dim
+    and x's size elsewhere (nll_loss's backward marks each row's target class): a compare of
+    the index with an arange along dim, then where"""
+    t, idx = ctx.tensor(x), ctx.tensor(index)
+    dim %= max(t.ndim, 1)
+    if (t.ndim == 0 or idx.ndim != t.ndim or idx.shape[dim] != 1
+            or not all(ctx.sizes.same(a, b) for i, (a, b) in
+                       enumerate(zip(idx.shape, t.shape, strict=True)) if i != dim)):
+        raise NotApplicable("scatter: only an index one long on dim, x's size elsewhere")
+    size = t.shape[dim]
+    if isinstance(size, int) and size <= F32_EXACT:  # positions compare exactly as f32, so
+        # the compare fuses with the f32 work around it (kernels compute in f32)
+        line = ctx.op("arange", shape=[size], dtype=dtypes.f32)
+        idx = ctx.op("cast", idx, dtype=dtypes.f32)
+    else:
+        line = ctx.op("arange", shape=[size], dtype=idx.dtype)
+    axes = [a for a in range(t.ndim) if a != dim]
+    hit = ctx.op("eq", ctx.op("expand_dims", line, axes=axes) if axes else line, idx)
+    if isinstance(value, bool | int | float):
+        return ctx.op("where", hit, ctx.operand(value, t.dtype), t)
+    src = ctx.tensor(value)  # scatter.src: src[i] lands where index[i] points
+    if src.shape != idx.shape:
+        raise NotApplicable("scatter: src must have the index's shape")
+    return ctx.op("where", hit, ctx.operand(value, t.dtype), t)
+
+
+@lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(ctx: LoweringContext, x: Any, pad: list[int], value: Any = 0) -> Any:
+    """x padded with `value` (pairs of before/after counts from the last dim backward; a
+    negative count cuts): slices, and concats with filled blocks (GPT-2's shifted labels)"""
+    t = ctx.tensor(x)
+    if len(pad) % 2 or len(pad) // 2 > t.ndim or not all(isinstance(p, int) for p in pad):
+        raise NotApplicable(f"constant_pad_nd with pads {pad}")
+    for k in range(len(pad) // 2):
+        dim, before, after = t.ndim - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if before < 0 or after < 0:
+            size = t.shape[dim]
+            if not isinstance(size, int):
+                raise NotApplicable("a negative pad of a symbolic dim")
+            first = max(0, -before)
+            t = take(ctx, t, dim, first, size - first - max(0, -after))
+        parts = []
+        for count in (max(0, before), None, max(0, after)):
+            if count is None:
+                parts.append(t)
+            elif count:
+                shape = [*t.shape[:dim], count, *t.shape[dim + 1:]]
+                parts.append(ctx.op("broadcast_to", ctx.operand(value, t.dtype), shape=shape))
+        t = parts[0] if len(parts) == 1 else ctx.op("concat", *parts, axis=dim)
+    return t

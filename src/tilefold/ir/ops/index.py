@@ -108,15 +108,17 @@ class Index(OpDef):
 @register
 class IndexPut(OpDef):
     """`x` with the elements `index` would select replaced by `values` (broadcast to them):
-    PyTorch's `index_put` without accumulation, a KV cache's row write. Where indices repeat,
-    the last write wins (as NumPy's assignment; PyTorch leaves that order unspecified).
+    PyTorch's `index_put`, a KV cache's row write. Where indices repeat, the last write wins
+    (as NumPy's assignment; PyTorch leaves that order unspecified). With `accumulate`, the
+    values are added to those elements instead, every repeat counted (`np.add.at`, in x's
+    dtype): an embedding's gradient, the rows of each token summed into its id's row.
 
     `%c2 = index_put(%cache, %kv, %pos) {axes = [2]} : f32[1,2,128,64]`
     """
 
     name = "index_put"
     operands = ("x", "values", "*indices")
-    attributes = attr_table(axes=Attr("ints"))
+    attributes = attr_table(axes=Attr("ints"), accumulate=Attr("bool", False))
 
     @classmethod
     def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
@@ -133,8 +135,18 @@ class IndexPut(OpDef):
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         x, values, *idx = args
         out = x.copy()
-        out[index_key("index_put", x.shape, attrs["axes"], idx)] = values
+        put(out, values, index_key("index_put", x.shape, attrs["axes"], idx),
+            attrs.get("accumulate", False))
         return out
+
+
+def put(out: np.ndarray, values: np.ndarray, key: tuple, accumulate: bool) -> None:
+    """`out[key] = values`, or with `accumulate` `out[key] += values` counting every repeated
+    index (one sum per element, in `out`'s dtype)."""
+    if accumulate:
+        np.add.at(out, key, np.asarray(values, dtype=out.dtype))
+    else:
+        out[key] = values
 
 
 def index_key(op: str, shape: tuple[int, ...], axes: Any, indices: list[np.ndarray]) -> tuple:

@@ -1,0 +1,27 @@
+"""`tilefold bench train`'s plumbing on a short MiniLM-shaped step (no timing asserted): the
+contenders' step times, first-step losses that agree, and the graphs tilefold ran natively."""
+
+from __future__ import annotations
+
+import json
+
+from tilefold.cli.main import main
+
+
+def test_bench_train_times_each_contender_and_checks_the_loss(tmp_path, capsys,
+                                                              restore_threads):
+    out = tmp_path / "train.json"
+    assert main(["bench", "train", "--models", "minilm", "--batch", "1", "--seq", "8",
+                 "--rounds", "1", "--threads", "1", "--no-inductor", "--rss-steps", "0",
+                 "--json", str(out)]) == 0
+    assert "step time" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    (section,) = data["sections"]
+    (row,) = section["rows"]
+    assert set(row["contenders"]) == {"tilefold", "eager"}
+    assert all(c["interleaved_s"] > 0 and c["alone_s"] > 0 for c in row["contenders"].values())
+    minilm = data["models"]["minilm"]
+    losses = minilm["first_loss"]
+    assert abs(losses["tilefold"] - losses["eager"]) < 1e-4
+    assert [g.split(":")[1].split(",")[0].strip() for g in minilm["graphs"]] == [
+        "tilefold", "tilefold"]  # forward and backward, both whole in tilefold

@@ -1,0 +1,391 @@
+"""Training through torch.compile(backend="tilefold"), strict: AOTAutograd's forward and
+backward graphs both lowered natively (`frontend/training.py`).
+
+Each test runs a model with its loss inside the compiled function, calls backward, and
+compares the loss and the gradient of every parameter (and of a float input) with the same
+model run eagerly in float64 from the same weights. The tolerance is `tests/tolerances.py`'s
+rule for float32 with `reduced` the sum of the reduction lengths a gradient's error passes
+through: each layer's sums add their own rounding (relative to their terms) on top of what
+reaches them, so along a chain of L reductions of lengths n_1..n_L the bounds add up
+(first order). Gradients are compared in units of the model's largest gradient element, the
+size of the terms the backward pass sums: a gradient that is zero in exact arithmetic (BERT's
+key bias: softmax ignores a shift shared by every key) is its terms' rounding, not zero.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from frontend_helpers import assert_native
+from tolerances import assert_close, tolerance
+
+from tilefold.frontend import report
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    report.REPORTS.clear()
+    torch.manual_seed(0)
+
+
+class WithLoss(torch.nn.Module):
+    """The model and its loss as one module, so the loss is in the compiled graph too."""
+
+    def __init__(self, model: torch.nn.Module, loss):
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, *inputs):
+        *xs, target = inputs
+        return self.loss(self.model(*xs), target)
+
+
+def _grads(module: torch.nn.Module, inputs: list) -> list:
+    return [p.grad for p in module.parameters()] + [
+        x.grad for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def _double(inputs: list) -> list:
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            x = x.detach().double().requires_grad_(x.requires_grad)
+        out.append(x)
+    return out
+
+
+def train_and_compare(module: torch.nn.Module, inputs: list, reduced: int) -> torch.nn.Module:
+    """One forward+backward of `module(*inputs)` (a scalar loss) compiled strict, against the
+    float64 eager oracle; returns the compiled module."""
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    loss = compiled(*inputs)
+    loss.backward()
+    inputs64 = _double(inputs)
+    want = oracle(*inputs64)
+    want.backward()
+    assert_close(loss.detach().numpy(), want.detach().numpy(), dtype="f32", reduced=reduced)
+    got_grads, want_grads = _grads(module, inputs), _grads(oracle, inputs64)
+    assert len(got_grads) == len(want_grads) and got_grads
+    names = [n for n, _ in module.named_parameters()] + ["input"] * (len(got_grads) -
+                                                                   len(list(module.parameters())))
+    scale = max(float(w.abs().max()) for w in want_grads if w is not None)
+    for name, g, w in zip(names, got_grads, want_grads, strict=True):
+        if w is None:  # a parameter the loss does not reach (e.g. BERT's pooler)
+            assert g is None or not g.any(), name
+            continue
+        assert g is not None, f"{name}: no gradient"
+        w = w.detach().numpy()
+        try:
+            assert_close(g.numpy() / scale, w / scale, dtype="f32", reduced=reduced)
+        except AssertionError as exc:
+            raise AssertionError(f"gradient of {name}: {exc}") from None
+    _assert_training_native()
+    return module
+
+
+def _assert_training_native() -> None:
+    graphs = report.reports()
+    parts = {g.graph.rsplit(" ", 1)[-1] for g in graphs}
+    assert {"forward", "backward"} <= parts, [g.graph for g in graphs]
+    assert_native(graphs, {"matmul"})
+    for g in graphs:
+        assert not g.fallback and g.fallback_nodes == 0, g.format()
+
+
+class Block(torch.nn.Module):
+    """Linear - GELU - Linear - LayerNorm."""
+
+    def __init__(self, d_in: int = 13, hidden: int = 33, d_out: int = 7):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(d_in, hidden), torch.nn.Linear(hidden, d_out)
+        self.norm = torch.nn.LayerNorm(d_out)
+
+    def forward(self, x):
+        return self.norm(self.fc2(F.gelu(self.fc1(x))))
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_linear_gelu_linear_layernorm_with_mse(batch: int) -> None:
+    x = torch.randn(batch, 3, 13, requires_grad=True)
+    target = torch.randn(batch, 3, 7)
+    # reductions on a gradient's path: fc1 (13), fc2 (33), the norm (7), the batch (3 b) twice
+    train_and_compare(WithLoss(Block(), F.mse_loss), [x, target],
+                      reduced=13 + 33 + 7 + 2 * 3 * batch)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in
+                                          [(13, 33), (33, 33), (33, 33), (33, 33), (33, 7)])
+
+    def forward(self, x):
+        acts = [F.relu, F.silu, torch.tanh, torch.sigmoid]
+        for layer, act in zip(self.layers, acts, strict=False):
+            x = act(layer(x))
+        return self.layers[-1](x)
+
+
+def test_mlp_with_relu_silu_tanh_sigmoid() -> None:
+    x = torch.randn(7, 13, requires_grad=True)
+    target = torch.randn(7, 7)
+    train_and_compare(WithLoss(MLP(), F.mse_loss), [x, target], reduced=13 + 4 * 33 + 2 * 7)
+
+
+class Classifier(torch.nn.Module):
+    def __init__(self, log: bool):
+        super().__init__()
+        self.fc, self.head = torch.nn.Linear(13, 33), torch.nn.Linear(33, 7)
+        self.log = log
+
+    def forward(self, x):
+        h = self.fc(x).softmax(-1)  # softmax's backward, in the middle of the network
+        logits = self.head(h)
+        return logits.log_softmax(-1) if self.log else logits
+
+
+@pytest.mark.parametrize("loss", ["nll", "cross_entropy"])
+def test_softmax_log_softmax_and_nll_cross_entropy(loss: str) -> None:
+    x = torch.randn(13, 13, requires_grad=True)
+    labels = torch.randint(0, 7, (13,))
+    fn = F.nll_loss if loss == "nll" else F.cross_entropy
+    train_and_compare(WithLoss(Classifier(log=loss == "nll"), fn), [x, labels],
+                      reduced=13 + 33 + 2 * 33 + 7 + 13)
+
+
+class EmbedNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(33, 13)
+        self.norm = torch.nn.LayerNorm(13)
+        self.out = torch.nn.Linear(13, 7)
+
+    def forward(self, ids):
+        return self.out(self.norm(self.embed(ids)))
+
+
+def test_embedding_and_layer_norm() -> None:
+    ids = torch.tensor([[3, 7, 3, 0, 32, 7, 1], [5, 5, 5, 2, 9, 31, 3]])  # repeated rows
+    target = torch.randn(2, 7, 7)
+    # the embedding's gradient sums the rows of every repeated id (up to 14)
+    train_and_compare(WithLoss(EmbedNorm(), F.mse_loss), [ids, target],
+                      reduced=13 + 7 + 2 * 14 + 13)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, dim: int = 26, heads: int = 2, causal: bool = True):
+        super().__init__()
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.heads, self.causal = heads, causal
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, d // self.heads).unbind(2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=self.causal)
+        return x + self.proj(o.transpose(1, 2).reshape(b, s, d))
+
+
+@pytest.mark.parametrize(("batch", "causal"), [(1, True), (2, False)])
+def test_attention_block(batch: int, causal: bool) -> None:
+    x = torch.randn(batch, 7, 26, requires_grad=True)
+    target = torch.randn(batch, 7, 26)
+    train_and_compare(WithLoss(Attention(causal=causal), F.mse_loss), [x, target],
+                      reduced=26 + 3 * 13 + 2 * 7 + 26 + 2 * 7 * batch)
+
+
+BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 37, "vocab_size": 99, "max_position_embeddings": 32}
+
+
+class BertLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bert = transformers.BertModel(transformers.BertConfig(**BERT)).eval()
+
+    def forward(self, ids, mask, target):
+        hidden = self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+        return F.mse_loss(hidden, target)
+
+
+def test_tiny_bert() -> None:
+    ids = torch.randint(0, 99, (2, 13))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, 9:] = 0  # padding
+    target = torch.randn(2, 13, 32)
+    # per layer: attention (32, 13, 13), the FFN (32, 37), two norms (32); the batch
+    layer = 32 + 13 + 13 + 32 + 37 + 2 * 32
+    train_and_compare(BertLoss(), [ids, mask, target], reduced=2 * layer + 32 + 2 * 26)
+
+
+class GPT2Loss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=99,
+                                         n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0)
+        self.gpt2 = transformers.GPT2LMHeadModel(config).eval()
+
+    def forward(self, ids):
+        return self.gpt2(input_ids=ids, labels=ids).loss
+
+
+def test_gpt2_lm_loss() -> None:
+    ids = torch.randint(0, 99, (1, 33))
+    layer = 32 + 33 + 33 + 32 + 128 + 2 * 32
+    module = GPT2Loss()
+    train_and_compare(WithLoss(module, lambda loss, _: loss), [ids, None],
+                      reduced=2 * layer + 2 * 32 + 99 + 2 * 33)
+
+
+def test_steps_with_updated_parameters_reuse_the_graphs() -> None:
+    """Five SGD steps (then five AdamW steps): the parameters are arguments, so no step after
+    the first traces or lowers again, and each step's loss matches the float64 model trained
+    alike. A step's parameters differ from the oracle's by the rounding of the earlier steps'
+    gradients (times the learning rate), so the bound grows by one gradient's tolerance a step."""
+    x = torch.randn(5, 3, 13)
+    target = torch.randn(5, 3, 7)
+    module = WithLoss(Block(), F.mse_loss)
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    reduced = 13 + 33 + 7 + 2 * 15
+    eps = tolerance("f32", reduced)["rtol"]
+    for make in (lambda ps: torch.optim.SGD(ps, lr=0.1),
+                 lambda ps: torch.optim.AdamW(ps, lr=1e-2)):
+        opt, opt64 = make(module.parameters()), make(oracle.parameters())
+        losses, wanted = [], []
+        for _ in range(5):
+            for o in (opt, opt64):
+                o.zero_grad()
+            loss = compiled(x, target)
+            loss.backward()
+            opt.step()
+            want = oracle(x.double(), target.double())
+            want.backward()
+            opt64.step()
+            losses.append(loss.item())
+            wanted.append(want.item())
+        assert wanted[-1] < wanted[0]  # it trains
+        for step, (got, want) in enumerate(zip(losses, wanted, strict=True)):
+            # Adam divides by sqrt(v): a gradient's relative error passes into the update
+            bound = eps * (1 + step) * (abs(want) + 1)
+            assert abs(got - want) <= bound, (step, got, want, bound)
+    graphs = report.reports()
+    assert sorted(g.graph.split()[-1] for g in graphs) == ["backward", "forward"], graphs
+    for g in graphs:  # the runner lowered once and never again
+        assert g.executors and all(e.watch == [] for e in g.executors)
+    _assert_training_native()
+
+
+def test_strict_training_names_the_op_pytorch_would_run() -> None:
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(13, 7)
+
+        def forward(self, x):
+            return torch.cumprod(self.fc(x), -1).sum()  # no tilefold rule
+
+    compiled = torch.compile(Odd(), backend="tilefold", options={"strict": True})
+    with pytest.raises(Exception, match="cumprod"):
+        compiled(torch.randn(3, 13, requires_grad=True))
+
+
+def test_non_strict_training_partitions_out_what_tilefold_cannot_run(allow_fallback) -> None:
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(13, 7)
+
+        def forward(self, x):
+            return torch.cumprod(self.fc(x), -1).sum()
+
+    model = Odd()
+    x = torch.randn(3, 13, requires_grad=True)
+    compiled = torch.compile(model, backend="tilefold", options={"strict": False})
+    compiled(x).backward()
+    got = [model.fc.weight.grad.clone(), x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    model(x).backward()
+    for g, w in zip(got, [model.fc.weight.grad, x.grad], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    forward = next(g for g in report.reports() if g.graph.endswith("forward"))
+    assert forward.mode == "partitioned" and "aten.cumprod.default" in forward.fallback
+
+
+def test_several_forwards_before_one_backward() -> None:
+    """Gradient accumulation: three forwards keep their saved tensors apart (no call's outputs
+    overwrite another's) and one backward through all of them matches float64."""
+    module = WithLoss(Block(), F.mse_loss)
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    xs = [torch.randn(5, 3, 13) for _ in range(3)]
+    targets = [torch.randn(5, 3, 7) for _ in range(3)]
+    loss = sum((i + 1) * compiled(x, t) for i, (x, t) in enumerate(zip(xs, targets,
+                                                                         strict=True)))
+    loss.backward()
+    want = sum((i + 1) * oracle(x.double(), t.double())
+               for i, (x, t) in enumerate(zip(xs, targets, strict=True)))
+    want.backward()
+    reduced = 13 + 33 + 7 + 2 * 15 + 3
+    assert_close(loss.detach().numpy(), want.detach().numpy(), dtype="f32", reduced=reduced)
+    scale = max(float(p.grad.abs().max()) for p in oracle.parameters())
+    for p, q in zip(module.parameters(), oracle.parameters(), strict=True):
+        assert_close(p.grad.numpy() / scale, q.grad.numpy() / scale, dtype="f32",
+                     reduced=reduced)
+    _assert_training_native()
+
+
+def test_batch_norm_in_training_mode_updates_its_running_statistics() -> None:
+    """Batch statistics in the forward, their backward, and the running mean and variance
+    written back into the module's buffers, three steps against float64."""
+    module = torch.nn.Sequential(torch.nn.Linear(13, 7), torch.nn.BatchNorm1d(7),
+                                 torch.nn.Linear(7, 3)).train()
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    reduced = 13 + 2 * 33 + 7 + 3
+    for _ in range(3):
+        x = torch.randn(33, 13)
+        loss = compiled(x).square().mean()
+        loss.backward()
+        want = oracle(x.double()).square().mean()
+        want.backward()
+        assert_close(loss.detach().numpy(), want.detach().numpy(), dtype="f32", reduced=reduced)
+    bn, bn64 = module[1], oracle[1]
+    for got, want in [(bn.running_mean, bn64.running_mean), (bn.running_var, bn64.running_var),
+                      *((p.grad, q.grad) for p, q in zip(module.parameters(),
+                                                         oracle.parameters(), strict=True))]:
+        assert_close(got.numpy(), want.detach().numpy(), dtype="f32", reduced=reduced)
+    assert int(bn.num_batches_tracked) == 3
+    _assert_training_native()
+
+
+def test_new_batch_sizes_train_through_symbolic_graphs() -> None:
+    """After a second batch size Dynamo traces with a symbolic batch: AOTAutograd's forward
+    then returns sizes for the backward (`7*s0`, a product of symbols), which the runner gives
+    back as ints. Every step's gradients match float64."""
+    module = WithLoss(Block(), F.mse_loss)
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    for batch in (5, 7, 9):
+        x, target = torch.randn(batch, 3, 13), torch.randn(batch, 3, 7)
+        for m in (module, oracle):
+            m.zero_grad()
+        compiled(x, target).backward()
+        oracle(x.double(), target.double()).backward()
+        reduced = 13 + 33 + 7 + 2 * 3 * batch
+        scale = max(float(p.grad.abs().max()) for p in oracle.parameters())
+        for p, q in zip(module.parameters(), oracle.parameters(), strict=True):
+            assert_close(p.grad.numpy() / scale, q.grad.numpy() / scale, dtype="f32",
+                         reduced=reduced)
+    assert any(g.symbolic_dims for g in report.reports())
+    _assert_training_native()
