@@ -41,7 +41,7 @@ from tilefold.frontend.converter import (
 from tilefold.frontend.export import inference_decompositions
 from tilefold.frontend.gpu_runner import runner_factory
 from tilefold.frontend.preserved import preserve
-from tilefold.frontend.report import GraphReport, record
+from tilefold.frontend.report import GraphReport, left_to_pytorch, record
 from tilefold.frontend.runner import GraphRunner
 from tilefold.frontend.training import TrainingUnsupported, training_backend
 
@@ -112,11 +112,7 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
         except FallbackError:
             raise
         except Exception as exc:  # whatever tilefold cannot do, PyTorch runs
-            if strict(flag):
-                raise FallbackError(f"graph {graph} would run in PyTorch: "
-                                    f"{type(exc).__name__}: {exc}") from exc
-            report.mode, report.reason = "eager", f"{type(exc).__name__}: {exc}"
-            log.warning("tilefold: graph %s runs in PyTorch: %s", graph, report.reason)
+            left_to_pytorch(report, f"graph {graph}", exc, flag)
             return aten_gm.forward
 
     from functorch.compile import make_boxed_func

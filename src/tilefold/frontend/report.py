@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+from tilefold.errors import FallbackError, strict
+
+log = logging.getLogger("tilefold.frontend")
 
 
 @dataclass
@@ -90,3 +95,12 @@ def explain() -> str:
 
 def reports() -> list[GraphReport]:
     return list(REPORTS)
+
+
+def left_to_pytorch(report: GraphReport, what: str, exc: Exception, flag: bool | None) -> None:
+    """`what` (a graph) could not be lowered because of `exc`: a `FallbackError` in strict mode,
+    else `report` says that PyTorch runs it and why, in the log too."""
+    if strict(flag):
+        raise FallbackError(f"{what} would run in PyTorch: {type(exc).__name__}: {exc}") from exc
+    report.mode, report.reason = "eager", f"{type(exc).__name__}: {exc}"
+    log.warning("tilefold: %s runs in PyTorch: %s", what, report.reason)

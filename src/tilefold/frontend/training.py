@@ -21,7 +21,6 @@ the backend that calls it.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,10 +30,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tilefold.errors import FallbackError, TilefoldError, strict
-from tilefold.frontend.report import GraphReport, record
-
-log = logging.getLogger("tilefold.frontend")
+from tilefold.errors import FallbackError, TilefoldError
+from tilefold.frontend.report import GraphReport, left_to_pytorch, record
 
 # lower(aten_graph, inputs, frozen, report, strict, weights) -> a callable running the graph
 Lower = Callable[[fx.GraphModule, list[Any], set[int], GraphReport, bool | None, str | None],
@@ -98,12 +95,7 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
             except FallbackError:
                 raise
             except Exception as exc:  # whatever tilefold cannot do, PyTorch runs
-                if strict(flag):
-                    raise FallbackError(f"graph {graph} ({part}) would run in PyTorch: "
-                                        f"{type(exc).__name__}: {exc}") from exc
-                report.mode, report.reason = "eager", f"{type(exc).__name__}: {exc}"
-                log.warning("tilefold: graph %s (%s) runs in PyTorch: %s", graph, part,
-                            report.reason)
+                left_to_pytorch(report, f"graph {graph} ({part})", exc, flag)
                 runner = aten_gm.forward
             record(report)
             return make_boxed_func(runner)
