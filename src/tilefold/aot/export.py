@@ -18,15 +18,18 @@ import numpy as np
 from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
+from tilefold.aot.symbolic import Recorder, bounds_of, sized_inputs
 from tilefold.artifact.cpu import cpuinfo_flags
 from tilefold.artifact.format import (
     ALIGN,
     DATA,
     DIGEST,
+    ENTRY,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
     PROGRAM,
+    SIGNATURES,
     digest64_file,
     dtype_name,
     new_library_name,
@@ -42,14 +45,19 @@ from tilefold.version import __version__
 
 
 def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
-           target: Target | str | None = None, function: str = "main") -> Path:
+           target: Target | str | None = None, function: str = "main",
+           dynamic_shapes: dict[str, tuple[int, int]] | None = None) -> Path:
     """Compile `function` of `module` for the static shapes and dtypes of `inputs` (their
     values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
     which this host must be able to run) and write the artifact directory `path` (an artifact
     already there is replaced, anything else refused). Returns `path`.
 
     `tilefold.export` (`frontend/aot_export.py`) takes a `torch.nn.Module` or an
-    `ExportedProgram` too, made a Module first."""
+    `ExportedProgram` too, made a Module first.
+
+    `dynamic_shapes={"s": (lo, hi)}`: one artifact for every size lo..hi of the symbolic
+    dim `?s` of the function's arguments, as size classes (`aot/symbolic.py`); the inputs
+    then give the dtypes and the other dims' sizes."""
     if not isinstance(module, Module):
         raise UnsupportedError(
             f"tilefold.export takes a tilefold Module, a torch.nn.Module or a torch.export "
@@ -66,9 +74,57 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
     graph = compile(module, target, function=function)
     arrays = [np.asarray(a) for a in inputs]
     bind_symbols(graph.function, arrays)  # count, dtypes and shapes, as a call checks them
+    if dynamic_shapes is not None:
+        return _export_symbolic(graph, arrays, path, target or host_target(), dynamic_shapes)
     program = record(graph, arrays)
     manifest = _manifest(graph, arrays, program, target or host_target())
-    return _write(path, program, manifest, target or host_target())
+    steps, saved = program.layout()
+    return _write(path, steps, saved, manifest, target or host_target(),
+                  list(program.modules.values()), program.signatures,
+                  c_source)
+
+
+def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: Target,
+                     dynamic_shapes: Any) -> Path:
+    symbol, lo, hi = bounds_of(graph, dynamic_shapes)
+    recorder = Recorder(graph, arrays, symbol)
+    classes = recorder.classes(lo, hi)
+    first = recorder.first
+    manifest = _manifest(graph, sized_inputs(graph, arrays, symbol, lo), first, target)
+    fn = graph.function
+    for side, values in (("inputs", fn.args), ("outputs", fn.outputs)):
+        for spec, v in zip(manifest[side], values, strict=True):
+            spec["shape"] = [d if isinstance(d, int) else str(d) for d in v.type.shape]
+    manifest["symbols"] = {symbol: {"min": lo, "max": hi}}
+    manifest["size_classes"] = [[c["lo"], c["hi"]] for c in classes]
+    # data.bin: each class's saved buffers, the same bytes saved once unless a buffer holds
+    # pointer words (those are written per class at load, so each class keeps its own).
+    saved: list[Any] = []
+    at: dict[bytes, int] = {}
+    offset = 0
+    replays = []
+    for k, c in enumerate(classes):
+        steps = c["program"]
+        holders = {where[0] for where, _ in steps["pointers"]}  # written per class at load
+        holders |= {buffer for buffer, _, _ in steps["patches"]}
+        data_specs = [(b, spec) for b, spec in enumerate(steps["buffers"])
+                      if spec["kind"] == "data"]
+        for (b, spec), buffer in zip(data_specs, c["saved"], strict=True):
+            content = buffer.content()
+            if b in holders or content not in at:
+                at[content] = offset
+                saved.append(buffer)
+                offset += -(-len(content) // ALIGN) * ALIGN
+            spec["offset"] = at[content]
+        replays.append((f"{ENTRY}_{k}", f"{SIGNATURES}_{k}",
+                        [call["signature"] for call in steps["calls"]]))
+        c["entry"], c["signatures"] = replays[-1][:2]
+    program = {"symbol": symbol, "min": lo, "max": hi,
+               "classes": [{key: c[key] for key in ("lo", "hi", "entry", "signatures",
+                                                    "program")} for c in classes]}
+    return _write(path, program, saved, manifest, target, list(recorder.modules.values()),
+                  [], lambda *_: (source_dir() / "runtime_symbolic.c").read_text(), replays)
+
 
 
 def _specs(names: list[str], arrays: Sequence[np.ndarray]) -> list[dict[str, Any]]:
@@ -111,7 +167,9 @@ def _replaceable(path: Path) -> bool:
         return False
 
 
-def _write(path: Path, program: Program, manifest: dict[str, Any], target: Target) -> Path:
+def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[str, Any],
+           target: Target, modules: list[Any], signatures: list[str],
+           runtime: Any, replays: Sequence[tuple[str, str, list[str]]] = ()) -> Path:
     """Write the parts into a fresh directory beside `path`, then move it into place: a
     failed export never leaves half an artifact."""
     try:
@@ -121,7 +179,6 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
         raise ArtifactError(f"cannot write the artifact {path}: {exc}") from None
     try:
         files = {"library": new_library_name(), "program": PROGRAM, "data": DATA}
-        steps, saved = program.layout()
         (tmp / PROGRAM).write_text(json.dumps(steps, separators=(",", ":")))
         with (tmp / DATA).open("wb") as f:
             for b in saved:
@@ -135,10 +192,10 @@ def _write(path: Path, program: Program, manifest: dict[str, Any], target: Targe
             unchecked = cpuinfo_flags(features)[1]
             manifest["target"]["cpu_features"] = [f for f in features if f not in unchecked]
             manifest["target"]["unchecked_features"] = unchecked
-            return c_source(steps, manifest, data[DIGEST], data["bytes"])
+            return runtime(steps, manifest, data[DIGEST], data["bytes"])
 
-        link_library(list(program.modules.values()), program.signatures, target,
-                     tmp / files["library"], c_runtime)
+        link_library(modules, signatures, target, tmp / files["library"], c_runtime,
+                     replays)
         shutil.copy(source_dir() / HEADER_FILE, tmp / HEADER_FILE)
         manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
                                     "sha256": sha256_file(tmp / file),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tilefold.aot.c_abi import source_dir
 from tilefold.aot.program import library_symbol
-from tilefold.artifact.format import SIGNATURES
+from tilefold.artifact.format import ENTRY, SIGNATURES
 from tilefold.errors import ArtifactError
 from tilefold.runtime.codegen import compile_object
 from tilefold.runtime.compiled_module import CompiledModule
@@ -40,17 +40,22 @@ def _run(command: list[str]) -> None:
                             f"{done.stderr.strip()[-2000:]}")
 
 
-def _replay(signatures: Sequence[str]) -> str:
-    """`tf_replay` for these call signatures, and the signatures as a string beside it."""
+def _replay(signatures: Sequence[str], entry: str = ENTRY, named: str = SIGNATURES) -> str:
+    """`tf_replay` for these call signatures, and the signatures as a string beside it (a
+    symbolic artifact has one of each per size class, named apart: `entry`, `named`)."""
     text = "|".join(signatures)  # letters and bars only: no IR string escapes needed
-    return (replay_ir(signatures) + f"@{SIGNATURES} = constant [{len(text) + 1} x i8] "
-            f'c"{text}\\00"\n')
+    ir = replay_ir(signatures)
+    if entry != ENTRY:
+        ir = ir.replace(f"@{ENTRY}(", f"@{entry}(", 1)
+    return ir + f"@{named} = constant [{len(text) + 1} x i8] " + f'c"{text}\\00"\n'
 
 
 def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], target: Target,
-                 out: Path, c_runtime: Callable[[list[str]], str]) -> list[str]:
+                 out: Path, c_runtime: Callable[[list[str]], str],
+                 replays: Sequence[tuple[str, str, Sequence[str]]] = ()) -> list[str]:
     """Write the library to `out`, the C runtime `c_runtime(features)` compiled in; returns
-    the CPU features its code assumes (LLVM names)."""
+    the CPU features its code assumes (LLVM names). `replays`: (entry, signatures' name,
+    signatures) of each replay function, when not the one `tf_replay` of `signatures`."""
     cc, objcopy = _tool("cc"), _tool("objcopy")
     features = set(target.features)
     with tempfile.TemporaryDirectory(prefix="tilefold-export-") as tmp:
@@ -70,7 +75,9 @@ def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], t
                                        for s in code.exports))
             _run([objcopy, f"--redefine-syms={renames}", str(path)])
             objects.append(path)
-        for name, ir in (("pool", pool_ir(target.arch)), ("replay", _replay(signatures))):
+        replay = "".join(_replay(sigs, entry, named) for entry, named, sigs in replays) \
+            if replays else _replay(signatures)
+        for name, ir in (("pool", pool_ir(target.arch)), ("replay", replay)):
             path = Path(tmp) / f"{name}.o"
             path.write_bytes(compile_object(ir, target, name=name, jit=False, pic=True).data)
             objects.append(path)

@@ -91,6 +91,15 @@ class Memory:
             last.arrays.append(array)
         for b in self.buffers:
             b.scan = b.scan and b.kind == "data"
+            aligned = [a.ctypes.data for a in b.arrays
+                       if a.ctypes.data % 64 == 0 and 0 < a.ctypes.data - b.start < 64]
+            if b.kind == "workspace" and aligned:
+                # Scratch aligned inside a larger allocation: the buffer starts at the aligned
+                # array (the bytes before it are padding nothing refers to), so offsets keep
+                # its alignment (the loaders align each buffer) and do not depend on where
+                # malloc put the memory (programs recorded at two sizes then fit one
+                # another, `aot/symbolic.py`).
+                b.start = min(aligned)
         self._starts = [b.start for b in self.buffers]
 
     def find(self, address: int) -> tuple[int, int] | None:

@@ -56,8 +56,14 @@ class Program:
             (self.calls, self.objects, self.inputs, self.outputs))
         refs = [a[1] for c in calls for a in c["args"] if a[0] == "addr"]
         refs += [o["at"] for o in (*objects, *inputs, *outputs)]
+        # Numbered in order of first reference (not by address), pointer words in the order
+        # of where they lie, so that programs recorded at two sizes number alike
+        # (`aot/symbolic.py` fits one to the other).
+        first = dict.fromkeys(r[0] for r in refs)
+        pointers.sort(key=lambda p: (list(first).index(p[0][0]) if p[0][0] in first
+                                     else len(first), p[0]))
         refs += [r for pair in pointers for r in pair]
-        kept = sorted({r[0] for r in refs})
+        kept = list(dict.fromkeys(r[0] for r in refs))
         number = {old: new for new, old in enumerate(kept)}
         for ref in refs:  # each a [buffer, offset] list of the copies, renumbered in place
             ref[0] = number[ref[0]]
@@ -79,8 +85,10 @@ def library_symbol(number: int, name: str) -> str:
     return f"m{number}.{name}"
 
 
-def record(graph: CompiledGraph, inputs: Sequence[np.ndarray]) -> Program:
-    """The step program of `graph` at the shapes of `inputs` (run once on copies of them)."""
+def record(graph: CompiledGraph, inputs: Sequence[np.ndarray],
+           modules: dict[str, CompiledModule] | None = None) -> Program:
+    """The step program of `graph` at the shapes of `inputs` (run once on copies of them);
+    `modules`: a numbering of modules shared with other recordings (`aot/symbolic.py`)."""
     arrays = [np.array(a, order="C") for a in inputs]
     plan = graph.plan_for(*[a.shape for a in arrays])
     env = list(plan.env)
@@ -99,6 +107,8 @@ def record(graph: CompiledGraph, inputs: Sequence[np.ndarray]) -> Program:
     memory = _memory(graph, env, arrays, outputs, calls)
     program = Program(memory, results=[np.array(r) for r in results],
                       constants={id(a): a for a in _constants(graph)})
+    if modules is not None:
+        program.modules = modules
     objects: dict[int, int] = {}
     for call in calls:
         _add_call(program, call, objects)

@@ -155,17 +155,38 @@ class LoadedModel:
                                 "the artifact again") from None
 
     def _prepare(self, program: dict[str, Any]) -> None:
+        if "classes" in program:
+            self._prepare_symbolic(program)
+            return
+        self._symbolic = None
         specs = program["buffers"]
         others = iter(_workspace([int(b["bytes"]) for b in specs if b["kind"] != "data"]))
         self.buffers = [self._constants(b) if b["kind"] == "data" else next(others)
                         for b in specs]
+        self._library = self._open()
+        self._bound = self._bind(program, ENTRY, SIGNATURES,
+                                 [s["shape"] for s in self.inputs],
+                                 [s["shape"] for s in self.outputs])
+
+    def _bind(self, program: dict[str, Any], entry: str, signatures_name: str,
+              input_shapes: list, output_shapes: list) -> _Bound:
+        """The table, headers and views of `program` (every integer known) on `self.buffers`,
+        its pointer words written."""
+        bound = _Bound()
         for where, to in program["pointers"]:  # words of parameter blocks holding addresses
-            ctypes.c_int64.from_address(self._address(where, 8)).value = self._address(to)
-        self._headers = [self._header(h) for h in program["objects"]]
+            word = self._address(where, 8)
+            bound.pointers.append((word, self._address(to)))
+            ctypes.c_int64.from_address(word).value = bound.pointers[-1][1]
+        for buffer, offset, value in program.get("patches", ()):  # sizes in parameter blocks
+            if type(value) is not int or not -(1 << 63) <= value < 1 << 63:
+                raise ValueError(f"patch value {value!r}")
+            word = self._address([buffer, offset], 8)
+            bound.pointers.append((word, value))
+            ctypes.c_int64.from_address(word).value = value
+        self._headers = bound.headers = [self._header(h) for h in program["objects"]]
         calls = program["calls"]
         signatures = [str(call["signature"]) for call in calls]
-        self._library = self._open()
-        self._check_signatures(signatures)
+        self._check_signatures(signatures, signatures_name)
         table: list[int] = []
         for call, signature in zip(calls, signatures, strict=True):
             if len(call["args"]) != len(signature):
@@ -173,14 +194,64 @@ class LoadedModel:
             table.append(self._symbol(str(call["symbol"])))
             table += [self._argument(letter, kind, value)
                       for letter, (kind, value) in zip(signature, call["args"], strict=True)]
-        self._table = np.array(table or [0], np.int64)
-        self._table_address = self._table.ctypes.data
-        self._inputs = [self._view(spec, ref) for spec, ref in
-                        zip(self.inputs, program["inputs"], strict=True)]
-        self._results = [self._view(spec, ref) for spec, ref in
-                         zip(self.outputs, program["outputs"], strict=True)]
-        self._status = [self._buffer_at(i)[:8].view(np.int64) for i in program["status"]]
-        self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._symbol(ENTRY))
+        bound.table = np.array(table or [0], np.int64)
+        bound.table_address = bound.table.ctypes.data
+        bound.inputs = [self._view(spec, shape, ref) for spec, shape, ref in
+                        zip(self.inputs, input_shapes, program["inputs"], strict=True)]
+        bound.results = [self._view(spec, shape, ref) for spec, shape, ref in
+                         zip(self.outputs, output_shapes, program["outputs"], strict=True)]
+        bound.status = [self._buffer_at(i)[:8].view(np.int64) for i in program["status"]]
+        bound.run = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._symbol(entry))
+        return bound
+
+    def _prepare_symbolic(self, program: dict[str, Any]) -> None:
+        """Size classes (`aot/symbolic.py`): each class's buffers allocated for its largest
+        size, its program checked at its smallest and largest (every reference is linear in
+        the size) and bound again, checked, at each size a call brings."""
+        symbol, lo, hi = program["symbol"], program["min"], program["max"]
+        declared = self.manifest.get("symbols")
+        if not isinstance(declared, dict) or declared.get(symbol) != {"min": lo, "max": hi} \
+                or type(lo) is not int or type(hi) is not int:
+            raise ValueError("the manifest's symbols and the program's bounds differ")
+        self._symbolic = (str(symbol), lo, hi)
+        self._library = self._open()
+        self._classes: list[_Class] = []
+        expected = lo
+        for spec in program["classes"]:
+            c = _Class(spec)
+            if c.lo != expected or c.hi < c.lo:
+                raise ValueError(f"size classes do not cover {lo}..{hi} once each")
+            expected = c.hi + 1
+            specs = c.program["buffers"]
+            sizes = [max(_evaluate(b["bytes"], c.lo), _evaluate(b["bytes"], c.hi))
+                     for b in specs]
+            others = iter(_workspace([n for n, b in zip(sizes, specs, strict=True)
+                                      if b["kind"] != "data"]))
+            c.buffers = [self._constants(b) if b["kind"] == "data" else next(others)
+                         for b in specs]
+            self._classes.append(c)
+            for n in sorted({c.lo, c.hi}):
+                self._bound_at(c, n)
+        if expected != hi + 1:
+            raise ValueError(f"size classes do not cover {lo}..{hi} once each")
+
+    def _bound_at(self, c: _Class, n: int) -> _Bound:
+        bound = c.bound.get(n)
+        if bound is None:
+            steps = _evaluate(c.program, n)
+            self.buffers = c.buffers
+            bound = self._bind(steps, c.entry, c.signatures,
+                               [r["shape"] for r in steps["inputs"]],
+                               [r["shape"] for r in steps["outputs"]])
+            c.current = bound
+            c.bound[n] = bound
+            while len(c.bound) > BOUND_PER_CLASS:
+                c.bound.pop(next(iter(c.bound)))
+        if c.current is not bound:  # parameter blocks point where this size's program reads
+            for word, value in bound.pointers:
+                ctypes.c_int64.from_address(word).value = value
+            c.current = bound
+        return bound
 
     def _buffer_at(self, number: Any) -> np.ndarray:
         if type(number) is not int or not 0 <= number < len(self.buffers):
@@ -208,10 +279,10 @@ class LoadedModel:
             return self._headers[value].ctypes.data
         raise ValueError(f"argument {[kind, value]!r} for a parameter of kind {letter!r}")
 
-    def _check_signatures(self, signatures: list[str]) -> None:
+    def _check_signatures(self, signatures: list[str], name: str = SIGNATURES) -> None:
         try:
             text = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(self._library,
-                                                                           SIGNATURES)))
+                                                                           name)))
         except ValueError:
             text = None
         if text != "|".join(signatures).encode():
@@ -240,11 +311,11 @@ class LoadedModel:
         header[HEADER["strides"] // 8] = base + 8 * (HEADER_WORDS + len(shape))
         return header
 
-    def _view(self, spec: dict[str, Any], ref: dict[str, Any]) -> np.ndarray:
+    def _view(self, spec: dict[str, Any], shape: list, ref: dict[str, Any]) -> np.ndarray:
         number, offset = ref["at"]
         buffer = self._buffer_at(number)
         dtype = np.dtype(DTYPES[spec["dtype"]])
-        shape, strides = tuple(map(int, spec["shape"])), tuple(map(int, ref["strides"]))
+        shape, strides = tuple(map(int, shape)), tuple(map(int, ref["strides"]))
         if type(offset) is not int or len(shape) != len(strides):
             raise ValueError(f"array view {ref!r}")
         reach = [(n - 1) * s for n, s in zip(shape, strides, strict=True)]
@@ -294,26 +365,114 @@ class LoadedModel:
         atexit.register(stop)
 
     def __call__(self, *arrays: Any) -> list[np.ndarray]:
-        if len(arrays) != len(self._inputs):
+        if len(arrays) != len(self.inputs):
             names = ", ".join(s["name"] for s in self.inputs)
             raise ShapeError(f"{self.root}: takes {len(self.inputs)} inputs ({names}), "
                              f"got {len(arrays)}")
         given = [np.asarray(a) for a in arrays]
-        for spec, buffer, a in zip(self.inputs, self._inputs, given, strict=True):
-            if a.dtype != buffer.dtype:
+        for spec, a in zip(self.inputs, given, strict=True):
+            if a.dtype != np.dtype(DTYPES[spec["dtype"]]):
                 raise DTypeError(f"{self.root}: input %{spec['name']} must be {spec['dtype']} "
-                                 f"({buffer.dtype}), got {a.dtype}; convert it with .astype")
-            if a.shape != buffer.shape:
-                raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
-                                 f"{list(buffer.shape)} (exported for static shapes), got "
-                                 f"{list(a.shape)}")
+                                 f"({np.dtype(DTYPES[spec['dtype']])}), got {a.dtype}; convert "
+                                 "it with .astype")
         with self._lock:
-            for buffer, a in zip(self._inputs, given, strict=True):
+            if self._symbolic is None:
+                bound = self._bound
+                for spec, buffer, a in zip(self.inputs, bound.inputs, given, strict=True):
+                    if a.shape != buffer.shape:
+                        raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
+                                         f"{list(buffer.shape)} (exported for static shapes), "
+                                         f"got {list(a.shape)}")
+            else:
+                c, n = self._class_of(given)
+                bound = self._bound_at(c, n)
+            for buffer, a in zip(bound.inputs, given, strict=True):
                 np.copyto(buffer, a)
-            self._run(self._table_address)
-            for status in self._status:
+            bound.run(bound.table_address)
+            for status in bound.status:
                 if status[0]:
                     status[0] = 0
                     raise ShapeError("an index of a gather or index_put is out of range for "
                                      "its axis; check the indices")
-            return [r.copy() for r in self._results]
+            return [r.copy() for r in bound.results]
+
+    def _class_of(self, given: list[np.ndarray]) -> tuple[_Class, int]:
+        """The size of the symbolic dim these inputs give, checked, and its class."""
+        symbol, lo, hi = self._symbolic  # type: ignore[misc]
+        n = None
+        for spec, a in zip(self.inputs, given, strict=True):
+            shape = spec["shape"]
+            text = "[" + ", ".join(map(str, shape)) + "]"
+            if a.ndim != len(shape):
+                raise ShapeError(f"{self.root}: input %{spec['name']} must have shape {text} "
+                                 f"(rank {len(shape)}), got {list(a.shape)}")
+            for d, size in zip(shape, a.shape, strict=True):
+                if d == f"?{symbol}":
+                    if n is not None and size != n:
+                        raise ShapeError(f"{self.root}: ?{symbol} is {n} in one input and "
+                                         f"{size} in %{spec['name']}")
+                    n = size
+                elif d != size:
+                    raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
+                                     f"{text}, got {list(a.shape)}")
+        if n is None or not lo <= n <= hi:
+            raise ShapeError(f"{self.root}: ?{symbol} = {n} is outside the sizes this "
+                             f"artifact was exported for ({lo} to {hi}); export it again "
+                             f"with bounds that hold it (dynamic_shapes={{'{symbol}': "
+                             "(min, max)})")
+        c = next(c for c in self._classes if c.lo <= n <= c.hi)
+        return c, n
+
+
+BOUND_PER_CLASS = 8  # programs bound per size class, most recent kept (each a table, headers)
+
+
+class _Bound:
+    """One program bound to buffers: its table, headers, input and output views, status
+    words, replay entry, and the pointer words it wrote (written again when it comes back)."""
+
+    def __init__(self) -> None:
+        self.pointers: list[tuple[int, int]] = []
+        self.headers: list[np.ndarray] = []
+        self.table = np.zeros(1, np.int64)
+        self.table_address = 0
+        self.inputs: list[np.ndarray] = []
+        self.results: list[np.ndarray] = []
+        self.status: list[np.ndarray] = []
+        self.run: Any = None
+
+
+class _Class:
+    """A size class of a symbolic artifact: sizes lo..hi, one fitted program."""
+
+    def __init__(self, spec: dict[str, Any]):
+        self.lo, self.hi = spec["lo"], spec["hi"]
+        if type(self.lo) is not int or type(self.hi) is not int:
+            raise ValueError(f"size class {self.lo!r}..{self.hi!r}")
+        self.program: dict[str, Any] = spec["program"]
+        self.entry, self.signatures = str(spec["entry"]), str(spec["signatures"])
+        if not (self.entry.startswith(ENTRY) and self.signatures.startswith(SIGNATURES)):
+            raise ValueError(f"size class entry {self.entry!r}")
+        self.buffers: list[np.ndarray] = []
+        self.bound: dict[int, _Bound] = {}
+        self.current: _Bound | None = None
+
+
+def _evaluate(t: Any, n: int) -> Any:
+    """A class's program at size n: each {"n": [c, k]} is c + k*n, each {"t": [lo, ...]}
+    the table's value for n (`aot/symbolic.py`)."""
+    if isinstance(t, dict):
+        if t.keys() == {"n"}:
+            c, k = t["n"]
+            if type(c) is not int or type(k) is not int:
+                raise ValueError(f"size formula {t!r}")
+            return c + k * n
+        if t.keys() == {"t"}:  # one value per size, from the class's first
+            table = t["t"]
+            if not isinstance(table, list) or not 1 <= 1 + n - table[0] < len(table):
+                raise ValueError(f"size table {t!r} has no value for size {n}")
+            return table[1 + n - table[0]]
+        return {key: _evaluate(v, n) for key, v in t.items()}
+    if isinstance(t, list):
+        return [_evaluate(v, n) for v in t]
+    return t

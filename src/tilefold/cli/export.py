@@ -1,5 +1,6 @@
-"""`tilefold export FILE -o OUT`: compile a module for static shapes and write the artifact
-that `tilefold.load` runs with NumPy alone (`tilefold.aot.export`)."""
+"""`tilefold export FILE -o OUT`: compile a module for static shapes (or one symbolic dim
+within bounds: `--dynamic s=1:128`) and write the artifact that `tilefold.load` runs with
+NumPy alone (`tilefold.aot.export`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--function", default="main", help="function to export (default: main)")
     p.add_argument("--bind", action="append", default=[], metavar="DIM=SIZE",
                    help="size of a symbolic dim (an artifact has static shapes: bind them all)")
+    p.add_argument("--dynamic", action="append", default=[], metavar="DIM=MIN:MAX",
+                   help="leave a symbolic dim symbolic: the artifact serves every size MIN..MAX "
+                        "(one such dim; size classes, see docs/ARCHITECTURE.md)")
     p.add_argument("--target", default="host",
                    help="target to compile for, e.g. x86-64-v3 (default: this host)")
     p.add_argument("--resource-dir", type=Path,
@@ -33,14 +37,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     module, fn = load_function(args.file, args.function, args.resource_dir)
     bindings = Bindings(parse_bindings(args.bind, fn))
+    dynamic = {}
+    for spec in args.dynamic:
+        name, _, bounds = spec.partition("=")
+        low, _, high = bounds.partition(":")
+        try:
+            dynamic[name.lstrip("?")] = (int(low), int(high))
+        except ValueError:
+            raise TilefoldError(f"--dynamic {spec!r}: write DIM=MIN:MAX, e.g. s=1:128") \
+                from None
+        bindings[name.lstrip("?")] = int(low)
     unbound = [d for d in symbolic_dims(fn) if d not in bindings]
     if unbound:
-        raise TilefoldError("an artifact has static shapes: bind "
-                            + ", ".join(f"--bind {d}=SIZE" for d in unbound))
+        raise TilefoldError("bind every symbolic dim: "
+                            + ", ".join(f"--bind {d}=SIZE (or --dynamic {d}=MIN:MAX)"
+                                        for d in unbound))
     # The plan is run once while recording it: the values do not shape the program.
     inputs = [np.zeros([d if isinstance(d, int) else bindings[d.name] for d in a.type.shape],
                        a.type.dtype.np_dtype) for a in fn.args]
     target = None if args.target == "host" else named_target(args.target)
-    path = export(module, inputs, args.output, target=target, function=args.function)
+    path = export(module, inputs, args.output, target=target, function=args.function,
+                  dynamic_shapes=dynamic or None)
     print(f"wrote {path} (load it with tilefold.load({str(path)!r}))")
     return 0

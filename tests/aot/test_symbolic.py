@@ -1,0 +1,158 @@
+"""Symbolic-shape artifacts (`dynamic_shapes=`): one artifact serves every size of a symbolic
+dim within its bounds, bit for bit what `tilefold.compile` gives at that size; sizes outside
+the bounds, wrong ranks and dtypes are refused with TilefoldErrors; the manifest lists the
+dim, its bounds and the size classes; the C runtime refuses such an artifact with its own
+status code and a message."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilefold
+from tilefold import Builder, Module
+from tilefold.aot.c_abi import source_dir
+from tilefold.artifact.format import DTYPES, MANIFEST, PROGRAM
+from tilefold.errors import DTypeError, ShapeError, TilefoldError
+
+BOUND = 80
+RUN_MODEL = Path(__file__).with_name("run_model.c")
+
+
+def block(rng: np.random.Generator) -> Module:
+    """An MLP (GEMM + bias + gelu, GEMM + bias), a residual layer_norm and a softmax over
+    rows of a symbolic count ?s: a GEMV at one row, a GEMM beyond."""
+    def w(shape):
+        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+    b = Builder()
+    x, r = b.arg("x", "f32", ("?s", 64)), b.arg("r", "f32", ("?s", 64))
+    h = b.op("gelu", x @ b.constant(w((64, 96))) + b.constant(w((96,))))
+    y = h @ b.constant(w((96, 64))) + b.constant(w((64,)))
+    y = b.op("layer_norm", y + r, b.constant(w((64,)) + 1), b.constant(w((64,))), eps=1e-5)
+    return b.build(b.op("softmax", y), y)
+
+
+def inputs(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((n, 64)).astype(np.float32) for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    module = block(np.random.default_rng(36))
+    path = tilefold.export(module, inputs(5), tmp_path_factory.mktemp("sym") / "block.tfa",
+                           dynamic_shapes={"s": (1, BOUND)})
+    return module, path
+
+
+def test_every_class_and_the_named_sizes_are_bit_identical(exported) -> None:
+    module, path = exported
+    model, graph = tilefold.load(path), tilefold.compile(module)
+    classes = json.loads((path / MANIFEST).read_text())["size_classes"]
+    assert len(classes) >= 2  # one row (GEMV) and more (GEMM) at least
+    sizes = [1, 7, 64, BOUND, 7, 1] + [n for lo, hi in classes for n in (lo, (lo + hi) // 2, hi)]
+    for i, n in enumerate(sizes):  # back and forth: a class's program bound again per size
+        xs = inputs(n, seed=i)
+        got, want = model(*xs), graph(*xs)
+        assert [g.shape for g in got] == [(n, 64), (n, 64)]
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w), n
+
+
+def test_the_manifest_lists_the_symbolic_dim_and_its_bounds(exported) -> None:
+    _, path = exported
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["symbols"] == {"s": {"min": 1, "max": BOUND}}
+    assert [s["shape"] for s in manifest["inputs"]] == [["?s", 64], ["?s", 64]]
+    assert [s["shape"] for s in manifest["outputs"]] == [["?s", 64], ["?s", 64]]
+    classes = manifest["size_classes"]
+    assert classes[0][0] == 1 and classes[-1][1] == BOUND
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(classes))
+    program = json.loads((path / PROGRAM).read_text())
+    assert [[c["lo"], c["hi"]] for c in program["classes"]] == classes
+
+
+def test_sizes_outside_the_bounds_and_bad_inputs_are_refused(exported, tmp_path) -> None:
+    module, path = exported
+    model = tilefold.load(path)
+    with pytest.raises(ShapeError, match=r"\?s = 81 is outside .*\(1 to 80\)"):
+        model(*inputs(BOUND + 1))
+    with pytest.raises(ShapeError, match="rank 2"):
+        model(np.zeros((4, 64, 1), np.float32), np.zeros((4, 64), np.float32))
+    with pytest.raises(DTypeError, match="must be f32"):
+        model(np.zeros((4, 64), np.float64), np.zeros((4, 64), np.float32))
+    with pytest.raises(ShapeError, match="must have shape"):
+        model(np.zeros((4, 63), np.float32), np.zeros((4, 63), np.float32))
+    with pytest.raises(ShapeError, match=r"\?s is 4 in one input and 5"):
+        model(np.zeros((4, 64), np.float32), np.zeros((5, 64), np.float32))
+    with pytest.raises(ShapeError, match="takes 2 inputs"):
+        model(np.zeros((4, 64), np.float32))
+    small = tilefold.export(module, inputs(4), tmp_path / "small.tfa",
+                            dynamic_shapes={"s": (3, 6)})
+    loaded = tilefold.load(small)
+    with pytest.raises(ShapeError, match=r"\?s = 2 is outside .*\(3 to 6\)"):
+        loaded(*inputs(2))
+    for n in (3, 6):
+        want = tilefold.compile(module)(*inputs(n))
+        assert all(np.array_equal(g, w) for g, w in zip(loaded(*inputs(n)), want,
+                                                        strict=True))
+
+
+@pytest.mark.parametrize("dynamic, message", [
+    ({"t": (1, 8)}, r"names \?t, which no argument"),
+    ({"s": (0, 8)}, "1 <= min <= max"),
+    ({"s": (9, 8)}, "1 <= min <= max"),
+    ({"s": "big"}, r"must be \(min, max\)"),
+    ({"s": (1, 8), "u": (1, 2)}, "one symbolic dim"),
+])
+def test_bad_dynamic_shapes_are_refused(dynamic, message, tmp_path) -> None:
+    module = block(np.random.default_rng(1))
+    with pytest.raises(TilefoldError, match=message):
+        tilefold.export(module, inputs(4), tmp_path / "bad.tfa", dynamic_shapes=dynamic)
+    assert not (tmp_path / "bad.tfa").exists()
+
+
+def test_the_cli_exports_a_symbolic_dim(tmp_path, capsys) -> None:
+    from tilefold.cli.main import main
+
+    module = block(np.random.default_rng(2))
+    (tmp_path / "block.tfir").write_text(tilefold.print_module(module))
+    out = tmp_path / "cli.tfa"
+    assert main(["export", str(tmp_path / "block.tfir"), "-o", str(out),
+                 "--dynamic", "s=1:9"]) == 0
+    model, graph = tilefold.load(out), tilefold.compile(tilefold.parse_file(
+        str(tmp_path / "block.tfir")))
+    for n in (1, 2, 9):
+        assert all(np.array_equal(g, w) for g, w in
+                   zip(model(*inputs(n)), graph(*inputs(n)), strict=True))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "block.tfir"), "-o", str(out),
+                 "--dynamic", "s=1-9"]) == 1
+    assert "DIM=MIN:MAX" in capsys.readouterr().err
+
+
+def test_the_c_runtime_refuses_a_symbolic_artifact(exported, tmp_path) -> None:
+    _, path = exported
+    (library,) = path.glob("kernels-*.so")
+    binary = tmp_path / "run_model"
+    subprocess.run([shutil.which("cc"), "-O1", "-Wall", "-Werror", f"-I{path}",
+                    f"-I{source_dir()}", str(RUN_MODEL), "-o", str(binary), str(library),
+                    f"-Wl,-rpath,{path}"], check=True)
+    xs = inputs(4)
+    specs = []
+    for i, x in enumerate(xs):
+        x.tofile(tmp_path / f"in{i}.bin")
+        specs.append(f"i:{list(DTYPES).index('f32')}:4,64:{tmp_path / f'in{i}.bin'}")
+    specs += [f"o:{list(DTYPES).index('f32')}:4,64:{tmp_path / f'out{i}.bin'}"
+              for i in range(2)]
+    done = subprocess.run([str(binary), str(path), *specs], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("load 7 "), done.stdout  # TF_ERROR_SYMBOLIC
+    assert "symbolic shapes" in done.stdout and "tilefold.load" in done.stdout
