@@ -20,6 +20,7 @@ from tilefold import Builder, Module
 from tilefold.aot.c_abi import source_dir
 from tilefold.artifact.format import DTYPES, MANIFEST, PROGRAM
 from tilefold.errors import DTypeError, ShapeError, TilefoldError
+from tilefold.ir.types import SymDim
 
 BOUND = 80
 RUN_MODEL = Path(__file__).with_name("run_model.c")
@@ -36,6 +37,30 @@ def block(rng: np.random.Generator) -> Module:
     y = h @ b.constant(w((96, 64))) + b.constant(w((64,)))
     y = b.op("layer_norm", y + r, b.constant(w((64,)) + 1), b.constant(w((64,))), eps=1e-5)
     return b.build(b.op("softmax", y), y)
+
+
+def llama_block(rng: np.random.Generator) -> Module:
+    """A LLaMA-style layer over ?s tokens: rms_norm, Q/K/V, four heads of causal attention
+    (a kernel reading dims and strides from array headers), the output projection and a
+    residual, rms_norm, a SwiGLU MLP and a residual."""
+    def w(shape):
+        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+    d, heads, f = 64, 4, 128
+    s = SymDim("s")
+    b = Builder()
+    x = b.arg("x", "f32", ("?s", d))
+
+    def split(t):
+        return b.op("transpose", b.op("reshape", t, shape=(1, s, heads, d // heads)),
+                    perm=(0, 2, 1, 3))
+    n1 = b.op("rms_norm", x, b.constant(w((d,)) + 1), eps=1e-5)
+    q, k, v = (split(n1 @ b.constant(w((d, d)))) for _ in range(3))
+    a = b.op("scaled_dot_product_attention", q, k, v, is_causal=True)
+    h = x + b.op("reshape", b.op("transpose", a, perm=(0, 2, 1, 3)), shape=(s, d)) \
+        @ b.constant(w((d, d)))
+    n2 = b.op("rms_norm", h, b.constant(w((d,)) + 1), eps=1e-5)
+    g = b.op("silu", n2 @ b.constant(w((d, f)))) * (n2 @ b.constant(w((d, f))))
+    return b.build(h + g @ b.constant(w((f, d))))
 
 
 def inputs(n: int, seed: int = 0) -> list[np.ndarray]:
@@ -63,6 +88,18 @@ def test_every_class_and_the_named_sizes_are_bit_identical(exported) -> None:
         assert [g.shape for g in got] == [(n, 64), (n, 64)]
         for g, w in zip(got, want, strict=True):
             assert np.array_equal(g, w), n
+
+
+def test_a_llama_style_block_at_every_size(tmp_path) -> None:
+    module = llama_block(np.random.default_rng(3))
+    x = np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32)
+    path = tilefold.export(module, [x], tmp_path / "llama.tfa", dynamic_shapes={"s": (1, 24)})
+    model, graph = tilefold.load(path), tilefold.compile(module)
+    assert len(json.loads((path / MANIFEST).read_text())["size_classes"]) >= 2
+    for n in [*range(1, 25), 9, 1]:
+        x = np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)
+        (got,), (want,) = model(x), graph(x)
+        assert got.shape == (n, 64) and np.array_equal(got, want), n
 
 
 def test_the_manifest_lists_the_symbolic_dim_and_its_bounds(exported) -> None:

@@ -121,7 +121,7 @@ class Recorder:
             if run and _skeleton(steps, words) != _skeleton(run[0][1], run[0][3]):
                 done.append(_class(run))
                 run = []
-            run.append((n, steps, saved, words))
+            run.append((n, steps, saved if not run else [], words))  # the first's kept
         done.append(_class(run))
         return done
 
@@ -162,6 +162,11 @@ def _class(run: list[tuple[int, dict, list[Buffer], list]]) -> dict[str, Any]:
         for w in np.flatnonzero((stack != stack[0]).any(axis=0)).tolist():
             patches.append([i, 8 * w, fit_all([int(v) for v in stack[:, w]], ns)])
     template["patches"] = patches
+    for n, program, (*_, words) in zip(ns, programs, run, strict=True):  # checked, each size
+        got = evaluate(template, n)
+        for buffer, offset, value in got.pop("patches"):
+            assert words[numbers.index(buffer)][offset // 8] == value
+        assert got == program, f"size class program differs at size {n}"
     return {"lo": ns[0], "hi": ns[-1], "program": template, "saved": run[0][2]}
 
 
@@ -192,7 +197,7 @@ def fit_all(values: list, ns: list[int]) -> Any:
 
 
 def evaluate(t: Any, n: int) -> Any:
-    """A fitted structure at size n (the loader has its own copy: `artifact/load.py`)."""
+    """A class's program at size n (the loader has its own copy: `artifact/load.py`)."""
     if isinstance(t, dict):
         if t.keys() == {"n"}:
             c, k = t["n"]
