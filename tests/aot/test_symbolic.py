@@ -18,8 +18,8 @@ import pytest
 import tilefold
 from tilefold import Builder, Module
 from tilefold.aot.c_abi import source_dir
-from tilefold.artifact.format import DTYPES, MANIFEST, PROGRAM
-from tilefold.errors import DTypeError, ShapeError, TilefoldError
+from tilefold.artifact.format import DIGEST, DTYPES, MANIFEST, PROGRAM, digest64
+from tilefold.errors import ArtifactError, DTypeError, ShapeError, TilefoldError
 from tilefold.ir.types import SymDim
 
 BOUND = 80
@@ -193,3 +193,38 @@ def test_the_c_runtime_refuses_a_symbolic_artifact(exported, tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("load 7 "), done.stdout  # TF_ERROR_SYMBOLIC
     assert "symbolic shapes" in done.stdout and "tilefold.load" in done.stdout
+
+
+def _gap(program: dict) -> None:
+    program["classes"][1]["lo"] += 1
+
+
+def _bounds(program: dict) -> None:
+    program["max"] += 1
+
+
+def _short_table(program: dict) -> None:
+    patches = program["classes"][-1]["program"]["patches"]
+    table = next(p[2]["t"] for p in patches if isinstance(p[2], dict) and "t" in p[2])
+    table.pop()
+
+
+def _patch_outside(program: dict) -> None:
+    program["classes"][-1]["program"]["patches"].append([0, 1 << 40, 1])
+
+
+@pytest.mark.parametrize("forge", [_gap, _bounds, _short_table, _patch_outside])
+def test_a_forged_symbolic_program_is_refused(exported, tmp_path, forge) -> None:
+    """Resealed (digests made to match), a program whose classes do not cover the bounds
+    once each, or whose values or patches reach outside, is refused at load."""
+    _, path = exported
+    copy = Path(shutil.copytree(path, tmp_path / "copy.tfa"))
+    program = json.loads((copy / PROGRAM).read_text())
+    forge(program)
+    (copy / PROGRAM).write_text(json.dumps(program))
+    data = (copy / PROGRAM).read_bytes()
+    manifest = json.loads((copy / MANIFEST).read_text())
+    manifest["parts"]["program"].update({"bytes": len(data), DIGEST: digest64(data)})
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="malformed step program"):
+        tilefold.load(copy)

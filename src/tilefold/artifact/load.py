@@ -385,7 +385,12 @@ class LoadedModel:
                                          f"got {list(a.shape)}")
             else:
                 c, n = self._class_of(given)
-                bound = self._bound_at(c, n)
+                try:
+                    bound = self._bound_at(c, n)
+                except (KeyError, IndexError, TypeError, ValueError) as exc:
+                    raise ArtifactError(f"{self.root / PROGRAM}: malformed step program at "
+                                        f"size {n} ({exc!r}); export the artifact again") \
+                        from None
             for buffer, a in zip(bound.inputs, given, strict=True):
                 np.copyto(buffer, a)
             bound.run(bound.table_address)
