@@ -228,3 +228,11 @@ def test_a_forged_symbolic_program_is_refused(exported, tmp_path, forge) -> None
     (copy / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="malformed step program"):
         tilefold.load(copy)
+
+
+def test_a_torch_model_with_dynamic_shapes_is_refused_clearly(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TilefoldError, match="not supported for PyTorch models"):
+        tilefold.export(torch.nn.Linear(4, 4).eval(), (torch.zeros(2, 4),), tmp_path / "t.tfa",
+                        dynamic_shapes={"s": (1, 8)})
+    assert not (tmp_path / "t.tfa").exists()

@@ -65,5 +65,10 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, **opti
     (exported by `torch.export` at `inputs`, tensors or arrays, in the mode it is in: call
     `.eval()` first for inference) or an `ExportedProgram`, whose weights become constants."""
     if is_torch_model(module):
+        if options.get("dynamic_shapes") is not None:
+            raise UnsupportedError(
+                "dynamic_shapes= is not supported for PyTorch models yet (they are exported "
+                "at the example inputs' static shapes): convert the model to a tilefold "
+                "Module with symbolic dims, or export one artifact per shape")
         module, inputs = torch_module(module, inputs)
     return export_module(module, inputs, path, **options)
