@@ -389,3 +389,32 @@ def test_new_batch_sizes_train_through_symbolic_graphs() -> None:
                          reduced=reduced)
     assert any(g.symbolic_dims for g in report.reports())
     _assert_training_native()
+
+
+def test_a_step_keeps_nothing_of_its_tensors_alive() -> None:
+    """Once a step's loss is gone, its input and the activations saved from it are freed: the
+    compiled graphs hold no array of a call's inputs for the next one (a held array keeps its
+    tensor's memory: the backward's inputs are the forward's saved activations) and record no
+    replay (whose result buffers, the size of every saved activation, would stay too)."""
+    import gc
+    import weakref
+
+    module = WithLoss(Block(), F.mse_loss)
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    target = torch.randn(5, 3, 7)
+    for _ in range(3):  # the third call would replay a recording of the second
+        x = torch.randn(5, 3, 13)
+        opt.zero_grad()
+        loss = compiled(x, target)
+        loss.backward()
+        opt.step()
+        gone = weakref.ref(x)
+        del x, loss
+        gc.collect()
+        assert gone() is None, "a compiled graph keeps the step's input alive"
+    for g in report.reports():
+        for e in g.executors:
+            plans = e.runner.run.compiled._plans.values()
+            assert plans and all(p.replay is None and not p.last_inputs for p in plans), g.graph
+    _assert_training_native()

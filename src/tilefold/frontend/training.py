@@ -92,6 +92,8 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
                 # the graph holds (get_attr) are read as real tensors
                 with unset_fake_temporarily():
                     runner = lower(aten_gm, list(aten_inputs), set(), report, flag, weights)
+                for executor in report.executors:  # nothing of a step kept for the next
+                    executor.runner.transient()
             except FallbackError:
                 raise
             except Exception as exc:  # whatever tilefold cannot do, PyTorch runs
