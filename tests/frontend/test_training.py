@@ -418,3 +418,18 @@ def test_a_step_keeps_nothing_of_its_tensors_alive() -> None:
             plans = e.runner.run.compiled._plans.values()
             assert plans and all(p.replay is None and not p.last_inputs for p in plans), g.graph
     _assert_training_native()
+
+
+def test_forward_and_backward_take_turns_with_one_set_of_buffers() -> None:
+    """The forward's and the backward's plans take their intermediates from one
+    `SharedBuffers` (they never run at once): the pool holds less than the two plans use."""
+    module = WithLoss(MLP(), F.mse_loss)
+    x = torch.randn(64, 13, requires_grad=True)
+    train_and_compare(module, [x, torch.randn(64, 7)], reduced=13 + 4 * 33 + 2 * 7)
+    compiled = [e.runner.run.compiled for g in report.reports() for e in g.executors]
+    assert len(compiled) == 2
+    shared = compiled[0].shared
+    assert shared is not None and all(c.shared is shared for c in compiled)
+    used = [p.shared_bytes for c in compiled for p in c._plans.values()]
+    assert len(used) == 2 and min(used) > 0
+    assert shared.nbytes < sum(used), (shared.nbytes, used)

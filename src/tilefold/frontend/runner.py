@@ -103,19 +103,23 @@ class GraphRunner:
         self.park = True
         self.holds_inputs = True  # `transient()` turns it off
 
-    def transient(self) -> None:
+    def transient(self, shared: Any = None) -> None:
         """Keep nothing of a call's inputs past it: no input array is held for the next call
         and the compiled graph neither records nor replays (a replay writes its results into
         buffers of its own, held between calls, and copies them out). For a graph whose inputs
         are new tensors every call, or whose results are large and kept by the caller: the
         training graphs, whose forward returns the activations the backward reads, and whose
-        backward would otherwise keep the last step's activations alive until the next."""
+        backward would otherwise keep the last step's activations alive until the next.
+        `shared` (a `compiler.SharedBuffers`): the intermediate buffers come from that pool,
+        which the caller's other graphs share (none of them runs while another does)."""
         self.holds_inputs = False
         for stable in self._inputs:
             stable.key = stable.array = None
         compiled = self.run.compiled
         if compiled is not None:
             compiled.replay = False
+            if shared is not None:
+                compiled.share(shared)
 
     @property
     def executor(self) -> str:
