@@ -96,6 +96,35 @@ MAX_DECISIONS = 4096
 Native = Callable[[list], list[NativeCall] | None]
 
 
+class SharedBuffers:
+    """Intermediate buffers that the plans of several compiled graphs take turns using: graphs
+    that never run at the same time (a training step's forward and backward) share one pool
+    and one lock, so a step holds the larger plan's buffers, not the sum of both. Buffers are
+    raw bytes keyed by size, viewed as each plan's shape and dtype; a plan takes the first,
+    second, ... buffer of each size, its own pool (released after a last use) first. Beyond
+    `limit` bytes the pool stops growing and plans allocate their own."""
+
+    def __init__(self, limit: int = PLAN_BYTES):
+        self.lock = threading.Lock()
+        self.pool: dict[int, list[np.ndarray]] = {}
+        self.nbytes, self.limit = 0, limit
+
+    def take(self, nth: int, shape: tuple, dtype: np.dtype, alloc: Callable) -> np.ndarray | None:
+        """The `nth` buffer of this size, viewed as `shape`/`dtype` (filled by `alloc`'s rule:
+        poisoned in strict mode); None past the limit."""
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buffers = self.pool.setdefault(size, [])
+        if nth >= len(buffers):
+            if self.nbytes + size > self.limit:
+                return None
+            buffers.append(np.empty(size, np.uint8))
+            self.nbytes += size
+        array = buffers[nth].view(dtype).reshape(shape)
+        if alloc is not np.empty:  # strict mode's poison, once, at plan time
+            array[...] = alloc(shape, dtype)
+        return array
+
+
 @dataclass
 class StepTimes:
     """Seconds spent per step label over the profiled calls of a compiled graph
@@ -132,6 +161,7 @@ class Plan:
     layout: dict[str, str]  # layout op result -> "view" or "copy" (for explain)
     poisoned: bool = False  # strict: fresh buffers start as NaN (int max), never stale values
     nbytes: int = 0  # the buffers it holds (intermediates, copies)
+    shared_bytes: int = 0  # those it uses of its graph's `SharedBuffers` (not in `nbytes`)
     replay: Recording | None = None  # the steps recorded for one set of input arrays
     last_inputs: tuple = ()  # the previous call's input arrays (two alike: record them)
     labels: list[str] = field(default_factory=list)  # per step: what it runs (for profiles)
@@ -254,6 +284,7 @@ class CompiledGraph:
         self._decided: OrderedDict[tuple, Decision] = OrderedDict()  # likewise
         self._symbols: dict[Operation, tuple[str, ...]] = {}
         self._lock = threading.Lock()
+        self.shared: SharedBuffers | None = None  # `share`
         self._slots: dict[Value, int] = {}
         for v in self.function.values():
             self._slots.setdefault(v, len(self._slots))
@@ -284,6 +315,11 @@ class CompiledGraph:
             for slot, _, _ in plan.output_slots:
                 plan.env[slot] = None
         return results
+
+    def share(self, shared: SharedBuffers) -> None:
+        """Take new plans' intermediate buffers from `shared` (and run under its lock): the
+        caller promises that no other graph using it runs while this one does."""
+        self.shared, self._lock = shared, shared.lock
 
     def decisions(self, *shapes: Sequence[int]) -> list[Decision]:
         """What was chosen for each group at these input shapes (compiling them if needed)."""
@@ -359,6 +395,8 @@ class _Planner:
         self.per_call: set[Value] = set(fn.args)  # values whose arrays change every call
         self.alloc = poison if strict(graph.strict) else np.empty
         self.nbytes = 0  # of the buffers allocated for this plan
+        self.taken: dict[int, int] = {}  # size -> shared buffers of that size this plan holds
+        self.shared_bytes = 0
         for a, shape in zip(fn.args, shapes, strict=True):  # probes: views learn layouts
             self.env[self.slot[a]] = np.empty(shape, a.type.dtype.np_dtype)
         self.ops = [op for op in fn.ops if op.name != "return"]
@@ -394,7 +432,8 @@ class _Planner:
             self.env[self.slot[v]] = None
         return Plan(self.steps, self.natives, self.views, self.env,
                     [self.slot[a] for a in self.fn.args], self.fresh, results, decisions,
-                    self.layout, self.alloc is poison, self.nbytes, labels=self.labels)
+                    self.layout, self.alloc is poison, self.nbytes, labels=self.labels,
+                    shared_bytes=self.shared_bytes)
 
     def _step(self, run: Callable[..., None], slots: list[int], native: Native | None,
               label: str) -> None:
@@ -498,6 +537,15 @@ class _Planner:
         pool = self.free.get((shape, dtype.str))
         if pool:
             return pool.pop()
+        shared = self.graph.shared
+        if shared is not None:
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            nth = self.taken.get(size, 0)
+            buffer = shared.take(nth, shape, dtype, self.alloc)
+            if buffer is not None:
+                self.taken[size] = nth + 1
+                self.shared_bytes += size
+                return buffer
         buffer = self.alloc(shape, dtype)
         self.nbytes += buffer.nbytes
         return buffer

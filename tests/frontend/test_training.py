@@ -389,3 +389,47 @@ def test_new_batch_sizes_train_through_symbolic_graphs() -> None:
                          reduced=reduced)
     assert any(g.symbolic_dims for g in report.reports())
     _assert_training_native()
+
+
+def test_a_step_keeps_nothing_of_its_tensors_alive() -> None:
+    """Once a step's loss is gone, its input and the activations saved from it are freed: the
+    compiled graphs hold no array of a call's inputs for the next one (a held array keeps its
+    tensor's memory: the backward's inputs are the forward's saved activations) and record no
+    replay (whose result buffers, the size of every saved activation, would stay too)."""
+    import gc
+    import weakref
+
+    module = WithLoss(Block(), F.mse_loss)
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    target = torch.randn(5, 3, 7)
+    for _ in range(3):  # the third call would replay a recording of the second
+        x = torch.randn(5, 3, 13)
+        opt.zero_grad()
+        loss = compiled(x, target)
+        loss.backward()
+        opt.step()
+        gone = weakref.ref(x)
+        del x, loss
+        gc.collect()
+        assert gone() is None, "a compiled graph keeps the step's input alive"
+    for g in report.reports():
+        for e in g.executors:
+            plans = e.runner.run.compiled._plans.values()
+            assert plans and all(p.replay is None and not p.last_inputs for p in plans), g.graph
+    _assert_training_native()
+
+
+def test_forward_and_backward_take_turns_with_one_set_of_buffers() -> None:
+    """The forward's and the backward's plans take their intermediates from one
+    `SharedBuffers` (they never run at once): the pool holds less than the two plans use."""
+    module = WithLoss(MLP(), F.mse_loss)
+    x = torch.randn(64, 13, requires_grad=True)
+    train_and_compare(module, [x, torch.randn(64, 7)], reduced=13 + 4 * 33 + 2 * 7)
+    compiled = [e.runner.run.compiled for g in report.reports() for e in g.executors]
+    assert len(compiled) == 2
+    shared = compiled[0].shared
+    assert shared is not None and all(c.shared is shared for c in compiled)
+    used = [p.shared_bytes for c in compiled for p in c._plans.values()]
+    assert len(used) == 2 and min(used) > 0
+    assert shared.nbytes < sum(used), (shared.nbytes, used)

@@ -101,14 +101,34 @@ class GraphRunner:
         # Park tilefold's spinning workers after a call (PyTorch runs next and gets the
         # cores); a caller running tilefold graphs back to back turns it off.
         self.park = True
+        self.holds_inputs = True  # `transient()` turns it off
+
+    def transient(self, shared: Any = None) -> None:
+        """Keep nothing of a call's inputs past it: no input array is held for the next call
+        and the compiled graph neither records nor replays (a replay writes its results into
+        buffers of its own, held between calls, and copies them out). For a graph whose inputs
+        are new tensors every call, or whose results are large and kept by the caller: the
+        training graphs, whose forward returns the activations the backward reads, and whose
+        backward would otherwise keep the last step's activations alive until the next.
+        `shared` (a `compiler.SharedBuffers`): the intermediate buffers come from that pool,
+        which the caller's other graphs share (none of them runs while another does)."""
+        self.holds_inputs = False
+        for stable in self._inputs:
+            stable.key = stable.array = None
+        compiled = self.run.compiled
+        if compiled is not None:
+            compiled.replay = False
+            if shared is not None:
+                compiled.share(shared)
 
     @property
     def executor(self) -> str:
         return self.run.name
 
     def __call__(self, *args: Any) -> list[Any]:
-        arrays = [stable.array_of(a) for stable, a in  # size inputs come as arrays
-                  zip(self._inputs, self.converted.arguments(args), strict=True)]
+        given = self.converted.arguments(args)  # size inputs come as arrays
+        arrays = ([stable.array_of(a) for stable, a in zip(self._inputs, given, strict=True)]
+                  if self.holds_inputs else [_array(a) for a in given])
         sizes = bind_symbols(self.function, arrays)
         outputs = self.run(*arrays)
         if self.park:
@@ -125,6 +145,10 @@ class GraphRunner:
                  for i in self.converted.outputs]
         views = self.converted.views
         return final if views is None else views(args, final)
+
+
+def _array(t: Any) -> np.ndarray:
+    return t if isinstance(t, np.ndarray) else to_numpy(t)
 
 
 class _StableInput:

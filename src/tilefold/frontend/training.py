@@ -80,6 +80,9 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
             f"graph {graph}: training runs on CPU tensors only for now; the GPU path compiles "
             "inference (run it under torch.no_grad())")
     started = time.perf_counter()
+    from tilefold.compiler import SharedBuffers
+
+    shared = SharedBuffers()  # the forward and backward never run at once: one set of buffers
 
     def compiler(part: str) -> Callable[[fx.GraphModule, list[Any]], Callable]:
         def compile_part(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
@@ -92,6 +95,8 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
                 # the graph holds (get_attr) are read as real tensors
                 with unset_fake_temporarily():
                     runner = lower(aten_gm, list(aten_inputs), set(), report, flag, weights)
+                for executor in report.executors:  # nothing of a step kept for the next
+                    executor.runner.transient(shared)
             except FallbackError:
                 raise
             except Exception as exc:  # whatever tilefold cannot do, PyTorch runs

@@ -144,9 +144,51 @@ def put(out: np.ndarray, values: np.ndarray, key: tuple, accumulate: bool) -> No
     """`out[key] = values`, or with `accumulate` `out[key] += values` counting every repeated
     index (one sum per element, in `out`'s dtype)."""
     if accumulate:
-        np.add.at(out, key, np.asarray(values, dtype=out.dtype))
+        values = np.asarray(values, dtype=out.dtype)
+        if not _add_by_occurrence(out, values, key):
+            np.add.at(out, key, values)
     else:
         out[key] = values
+
+
+# `_add_by_occurrence` loops once per occurrence rank; beyond this many repeats of one index,
+# `np.add.at` does it in one (slow, unbuffered) pass instead.
+MAX_OCCURRENCES = 16
+SMALL_ADD = 1 << 12  # elements added: below, its setup costs more than `np.add.at`
+
+
+def _add_by_occurrence(out: np.ndarray, values: np.ndarray, key: tuple) -> bool:
+    """`np.add.at(out, key, values)` for one 1-D index array along one axis (an embedding's
+    gradient: rows of a table), as buffered `+=` over index arrays without repeats: the first
+    occurrence of every index, then the second, ..., so each element gets the same sums in
+    the same order as `np.add.at` (bit for bit), at NumPy's vectorized speed instead of one
+    element at a time. False (nothing done) for any other key or a heavily repeated index."""
+    arrays = [(axis, k) for axis, k in enumerate(key) if not isinstance(k, slice)]
+    if len(arrays) != 1 or arrays[0][1].ndim != 1 or any(
+            k != slice(None) for k in key if isinstance(k, slice)):
+        return False
+    axis, index = arrays[0]
+    if index.size * (out.size // max(out.shape[axis], 1)) < SMALL_ADD:
+        return False
+    index = index % out.shape[axis]  # -1 and size-1 are the same row (range checked)
+    shape = (*out.shape[:axis], index.size, *out.shape[axis + 1:])
+    try:
+        values = np.broadcast_to(values, shape)
+    except ValueError:
+        return False
+    order = np.argsort(index, kind="stable")
+    ranked = index[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if index.size else []
+    rank = np.empty(index.size, np.int64)
+    group = np.repeat(np.asarray(starts, np.int64), np.diff(np.r_[starts, index.size]))
+    rank[order] = np.arange(index.size) - group
+    if index.size and rank.max() >= MAX_OCCURRENCES:
+        return False
+    rows, vals = np.moveaxis(out, axis, 0), np.moveaxis(values, axis, 0)
+    for r in range(int(rank.max()) + 1 if index.size else 0):
+        chosen = rank == r
+        rows[index[chosen]] += vals[chosen]
+    return True
 
 
 def index_key(op: str, shape: tuple[int, ...], axes: Any, indices: list[np.ndarray]) -> tuple:
