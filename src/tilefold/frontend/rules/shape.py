@@ -312,6 +312,7 @@ def constant_pad_nd(ctx: LoweringContext, x: Any, pad: list[int], value: Any = 0
     """x padded with `value` (pairs of before/after counts from the last dim backward; a
     negative count cuts): slices, and concats with filled blocks (GPT-2's shifted labels)"""
     t = ctx.tensor(x)
+    pad = [ctx.number(p) for p in pad]  # dynamic=True hands them in as SymInts: specialized
     if len(pad) % 2 or len(pad) // 2 > t.ndim or not all(isinstance(p, int) for p in pad):
         raise NotApplicable(f"constant_pad_nd with pads {pad}")
     for k in range(len(pad) // 2):
