@@ -120,11 +120,12 @@ def test_bad_formats_are_clear_errors():
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_int8_activations_join_where_allowed_and_the_host_has_vnni(fmt, monkeypatch):
+def test_int8_activations_join_where_allowed_and_the_host_has_an_integer_dot(fmt, monkeypatch):
     """With TILEFOLD_WEIGHT_ACTIVATIONS=int8 the integer-dot candidate joins the float one on
-    a VNNI host (and wins the cost model: fewer instructions a weight); its result matches
-    float64 NumPy on the same int8 activations (`q8_activations`) to f32 rounding. Without
-    VNNI it is not offered."""
+    a host with an integer dot (VNNI, where it wins the cost model, or AVX2's pmaddubsw); the
+    winner's result matches float64 NumPy on the activations it used (`q8_activations` for
+    int8) to f32 rounding. Without an integer dot it is not offered."""
+    from tilefold.codegen.lowp.weight_only import dot_instruction, layout_kind
     from tilefold.quant.accuracy import corrected_matmul_bound, dequantized_activations
     from tilefold.target import host_target
 
@@ -136,11 +137,14 @@ def test_int8_activations_join_where_allowed_and_the_host_has_vnni(fmt, monkeypa
     (got,) = graph(x)
     (d,) = graph.decisions((m, k))
     offered = {c.config.get("activations") for c in d.candidates if c.method == "blocks.gemm"}
-    vnni = host_target().has("avx512vnni")
-    assert offered == ({"f32", "int8"} if vnni else {"f32"})
+    host = host_target()
+    dot = dot_instruction(layout_kind("i4", False, host)[0], host)
+    assert offered == ({"f32", "int8"} if dot else {"f32"})
     wq = _dequantized(w, 1, fmt).T
-    xq = dequantized_activations(x) if vnni else x.astype(np.float64)
-    assert d.winner.config["activations"] == ("int8" if vnni else "f32")
+    won = d.winner.config["activations"]
+    xq = dequantized_activations(x) if won == "int8" else x.astype(np.float64)
+    if dot == "vnni":
+        assert won == "int8"
     assert (np.abs(got - xq @ wq) <= corrected_matmul_bound(xq, wq, np.zeros_like(wq))).all()
 
 
