@@ -128,7 +128,7 @@ class MLP(torch.nn.Module):
 
     def forward(self, x):
         acts = [F.relu, F.silu, torch.tanh, torch.sigmoid]
-        for layer, act in zip(self.layers, acts, strict=False):
+        for layer, act in zip(self.layers[:-1], acts, strict=True):
             x = act(layer(x))
         return self.layers[-1](x)
 
