@@ -24,7 +24,7 @@ def test_fit_recovers_a_known_ring():
         np.testing.assert_allclose(got, (alpha, beta), rtol=1e-9)
 
 
-def test_calibrated_model_predicts_a_16_mib_all_reduce(tmp_path, monkeypatch, capsys):
+def _calibrate(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path))
     assert calibrate.measured("gloo", 2) is None
     assert main(["tune", "--comm", "--ranks", "2"]) == 0
@@ -32,18 +32,32 @@ def test_calibrated_model_predicts_a_16_mib_all_reduce(tmp_path, monkeypatch, ca
     assert "alpha" in out and "GB/s" in out
     cal = calibrate.measured("gloo", 2)
     assert cal is not None and cal.alpha > 0 and cal.beta > 0
+    return cal
+
+
+def test_calibration_is_kept_and_prices_the_measured_link(tmp_path, monkeypatch, capsys):
+    """tune --comm fits positive constants, keeps them per machine, and the cost model's
+    'measured' link prices a collective with exactly that fit."""
+    cal = _calibrate(tmp_path, monkeypatch, capsys)
     predicted = cal.all_reduce_seconds(16 << 20)
-    # The fit holds the calibration's own 16 MiB time...
-    assert 0.5 <= predicted / cal.seconds[cal.sizes.index(16 << 20)] <= 2.0
-    # ...and a fresh one: the best of three runs, since a shared host's noise only adds time
-    # (a run slowed 2x by a neighbour is no evidence against the model)
-    measured = min(calibrate.measure_all_reduce(2, "gloo", sizes=(16 << 20,), rounds=5)[0]
-                   for _ in range(3))
-    assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
-    # the cost model prices a 16 MiB all_reduce on a 2-way axis with the measured link alike
+    assert predicted == pytest.approx(2 * cal.alpha + (16 << 20) * cal.beta, rel=1e-12)
     model = AlphaBeta(Mesh("m", (("tp", 2),)), links={"tp": "measured"})
     est = model.collective("all_reduce", 16 << 20, "tp")
     assert est.seconds == pytest.approx(predicted, rel=1e-12)
+
+
+@pytest.mark.timing
+def test_calibrated_model_predicts_a_16_mib_all_reduce(tmp_path, monkeypatch, capsys):
+    """Speed-dependent (TILEFOLD_TIMING_TESTS=1): a neighbour on a shared host slows the
+    calibration or the fresh run by more than 2x now and then (CI saw 2.5x)."""
+    cal = _calibrate(tmp_path, monkeypatch, capsys)
+    predicted = cal.all_reduce_seconds(16 << 20)
+    # The fit holds the calibration's own 16 MiB time...
+    assert 0.5 <= predicted / cal.seconds[cal.sizes.index(16 << 20)] <= 2.0
+    # ...and a fresh one: the best of three runs, since noise only adds time
+    measured = min(calibrate.measure_all_reduce(2, "gloo", sizes=(16 << 20,), rounds=5)[0]
+                   for _ in range(3))
+    assert 0.5 <= predicted / measured <= 2.0, (predicted, measured)
 
 
 def test_the_measured_link_needs_tune_comm(tmp_path, monkeypatch):
