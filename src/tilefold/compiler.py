@@ -21,7 +21,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
 from tilefold.codegen.cpu.copy import OUT_OF_RANGE, copy_call
@@ -255,7 +254,17 @@ def poison(shape: tuple, dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype.kind in "fc" or dtype.name == "bfloat16":
         return np.full(shape, np.nan, dtype)
-    return np.full(shape, True if dtype.kind == "b" else ml_dtypes.iinfo(dtype).max, dtype)
+    return np.full(shape, True if dtype.kind == "b" else _largest(dtype), dtype)
+
+
+def _largest(dtype: np.dtype) -> int:
+    """The integer dtype's largest value (ml_dtypes' int4 through its own iinfo: an array of
+    that type means ml_dtypes is imported already)."""
+    if dtype.name in np.sctypeDict:
+        return int(np.iinfo(dtype).max)
+    import ml_dtypes
+
+    return int(ml_dtypes.iinfo(dtype).max)
 
 
 class CompiledGraph:
