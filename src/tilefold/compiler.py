@@ -35,6 +35,7 @@ from tilefold.runtime.replay import NativeCall, Replay
 from tilefold.strategy import Decision, Problem, TuningDB, context, decide, tune_budget
 from tilefold.strategy import register_builtin_methods as _register
 from tilefold.strategy.problem import bind_shapes
+from tilefold.strategy.select import NATIVE_STEPS
 from tilefold.target import Target, named_target
 from tilefold.target.gpu import GPUTarget, gpu_target, gpu_target_names
 
@@ -260,11 +261,12 @@ def poison(shape: tuple, dtype: np.dtype) -> np.ndarray:
 def _largest(dtype: np.dtype) -> int:
     """The integer dtype's largest value (ml_dtypes' int4 through its own iinfo: an array of
     that type means ml_dtypes is imported already)."""
-    if dtype.name in np.sctypeDict:
+    try:
         return int(np.iinfo(dtype).max)
-    import ml_dtypes
+    except ValueError:  # not one of NumPy's own
+        import ml_dtypes
 
-    return int(ml_dtypes.iinfo(dtype).max)
+        return int(ml_dtypes.iinfo(dtype).max)
 
 
 class CompiledGraph:
@@ -335,9 +337,12 @@ class CompiledGraph:
         return self.plan_for(*shapes).decisions
 
     def plan_for(self, *shapes: Sequence[int]) -> Plan:
-        """The plan for these input shapes (made now if needed)."""
+        """The plan for these input shapes (made now if needed; under
+        `strategy.select.native_steps()`, a plan of its own whose steps are native calls
+        wherever a native method applies: an exported artifact's)."""
         key = tuple((tuple(s), np.dtype(a.type.dtype.np_dtype).str)
                     for s, a in zip(shapes, self.function.args, strict=True))
+        key += ("native",) if NATIVE_STEPS.get() else ()
         with self._lock:
             if key not in self._plans:
                 return self._keep(key, self._plan([tuple(s) for s in shapes]))
@@ -363,7 +368,7 @@ class CompiledGraph:
         symbols = self._symbols.get(op)
         if symbols is None:
             symbols = self._symbols[op] = _named_symbols(op)
-        key = (op, tuple(shapes), tuple(bindings[s] for s in symbols))
+        key = (op, tuple(shapes), tuple(bindings[s] for s in symbols), NATIVE_STEPS.get())
         decision = self._decided.get(key)
         if decision is None:
             problem = Problem.of(op, shapes, bindings)

@@ -12,7 +12,6 @@ from tilefold.strategy.method import Candidate, Context, Kernel, Method, registe
 from tilefold.strategy.problem import Problem
 
 ELEMENT_S = 1.5e-9  # per element and op: a scalar loop with an index split per element
-MAX_ELEMENTS = 1 << 16  # beyond this NumPy's vector loops win
 
 
 @register_method
@@ -40,9 +39,7 @@ class ScalarLoop(Method):
         whole = broadcast_shapes("scalar loop", *(problem.shape(v) for v in values))
         if tuple(whole) != shape:
             return "an operand is larger than the outputs (not elementwise)"
-        elements = math.prod(shape)
-        if elements > MAX_ELEMENTS:
-            return f"{elements} elements (scalar loops are for index arithmetic, <= {MAX_ELEMENTS})"
+        elements = math.prod(shape)  # large ones: NumPy's vector loops win, by the estimates
         estimate = ELEMENT_S * max(elements, 1) * len(problem.body) + ctx.machine.call_s
         return [self.candidate({}, estimate, lambda: build(problem, ctx), "one scalar loop")]
 
