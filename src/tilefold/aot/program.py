@@ -93,7 +93,8 @@ def record(graph: CompiledGraph, inputs: Sequence[np.ndarray],
     """The step program of `graph` at the shapes of `inputs` (run once on copies of them);
     `modules`: a numbering of modules shared with other recordings (`aot/symbolic.py`)."""
     arrays = [np.array(a, order="C") for a in inputs]
-    plan = graph.plan_for(*[a.shape for a in arrays])
+    # Every intermediate in a buffer of its own: `layout` shares them by exact lifetimes.
+    plan = graph.plan_for(*[a.shape for a in arrays], reuse=False)
     env = list(plan.env)
     outputs = [np.empty(shape, dtype) for _, shape, dtype in plan.output_slots]
     plan.execute(env, arrays, outputs)
