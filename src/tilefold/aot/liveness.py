@@ -21,9 +21,12 @@ of a symbolic class, `aot/symbolic.py`): a place is added to them.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from tilefold.artifact.format import ALIGN
+
+log = logging.getLogger("tilefold.aot")
 
 
 def _slot(nbytes: int) -> int:
@@ -104,6 +107,11 @@ def share_workspace(steps: dict[str, Any]) -> dict[str, Any]:
     if len(shared) < 2:
         return steps
     at, size = place(shared, {b: spans[b] for b in shared})
+    peak = max(sum(_slot(shared[b]) for b in shared if spans[b][0] <= i <= spans[b][1])
+               for i in range(len(steps["calls"])))
+    log.info("workspace: %d buffers of %.1f MB share an arena of %.1f MB (live at once at "
+             "most: %.1f MB)", len(shared), sum(map(_slot, shared.values())) / 1e6,
+             size / 1e6, peak / 1e6)
     kept = [b for b in range(len(buffers)) if b not in shared]
     number = {old: new for new, old in enumerate(kept)}
     arena = len(kept)
