@@ -1,10 +1,11 @@
 """`tilefold.load(path)`: run an exported artifact with NumPy and ctypes alone (no LLVM, no
 PyTorch, no compiling).
 
-Everything is checked before any of the artifact's code is loaded: the manifest (format,
+Everything is checked before any of the artifact's code runs: the manifest (format,
 version, architecture, the CPU features its code assumes), each part's size and digest64
-(data.bin's on its copy-on-write mapping, which the model then uses), and the step program's
-every buffer reference. Then the other buffers are allocated, the pointers of the step
+(data.bin's on its copy-on-write mapping, which the model then uses, by the library's own
+digest64 once the library's digest is checked), and the step program's every buffer
+reference. Then the other buffers are allocated, the pointers of the step
 program written into one int64 table, and a call is: inputs checked and copied in,
 `tf_replay(table)` (one native call running every kernel), outputs copied out.
 """
@@ -25,6 +26,7 @@ from tilefold.artifact.cpu import host_arch, missing_features
 from tilefold.artifact.format import (
     ALIGN,
     DATA,
+    DIGEST,
     DTYPES,
     ENTRY,
     FORMAT,
@@ -35,6 +37,7 @@ from tilefold.artifact.format import (
     PROGRAM,
     SIGNATURES,
     check_parts,
+    digest64_file,
     part_files,
     read_json,
 )
@@ -52,8 +55,16 @@ def load(path: str | Path) -> LoadedModel:
     manifest = read_json(root / MANIFEST, "manifest")
     _check_manifest(root, manifest)
     data = _map(root / DATA)
+    library = _checked_library(root, manifest)
     try:
-        check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS))
+        check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS),
+                    block_sums=_native_block_sums(library))
+    except BaseException:
+        _unload(library)  # a refused artifact leaves none of its code in the process
+        if data is not None:
+            _unmap(data)
+        raise
+    try:
         program = read_json(root / PROGRAM, "step program")
         return LoadedModel(root, manifest, program, data)
     except BaseException:
@@ -63,6 +74,50 @@ def load(path: str | Path) -> LoadedModel:
 
 
 DIGEST_THREADS = 4  # at most, digesting data.bin (as many as the pool would have, up to this)
+
+
+def _checked_library(root: Path, manifest: dict[str, Any]) -> ctypes.CDLL | None:
+    """The artifact's library, loaded once its size and digest64 are the manifest's (so it
+    is the code the exporter wrote; none of it runs but `tf_digest64_sums`), for digesting
+    data.bin; None when it is not (`check_parts` then says why)."""
+    try:
+        entry = manifest["parts"]["library"]
+        path = root / part_files(root, manifest)["library"]
+        if path.stat().st_size != entry["bytes"] or digest64_file(path) != entry[DIGEST]:
+            return None
+        return ctypes.CDLL(str(path.resolve()))
+    except (OSError, KeyError, TypeError, ArtifactError):
+        return None
+
+
+def _unload(library: ctypes.CDLL | None) -> None:
+    if library is not None:
+        import _ctypes  # dlclose: CPython's, on every POSIX host
+
+        _ctypes.dlclose(library._handle)
+
+
+def _native_block_sums(library: ctypes.CDLL | None) -> Any:
+    """digest64's block sums by the library's C code (`tf_digest64_sums`, `digest64.h`:
+    ~4x NumPy's), for `format.digest64`; None (NumPy's) without it (exported before)."""
+    try:
+        function = library["tf_digest64_sums"] if library is not None else None
+    except AttributeError:
+        return None
+    if function is None:
+        return None
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t,
+                         ctypes.c_void_p]
+
+    def block_sums(view: memoryview, sums: list[int], first: int, last: int) -> None:
+        out = np.zeros(max(0, last - first), np.uint64)
+        if len(out):  # ctypes lets go of the GIL: threads sum their blocks at once
+            data = np.frombuffer(view, np.uint8)
+            function(data.ctypes.data, view.nbytes, first, last, out.ctypes.data)
+            del data
+        sums[first:last] = out.tolist()
+    return block_sums
 
 
 def _map(path: Path) -> mmap.mmap | None:

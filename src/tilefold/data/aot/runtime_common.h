@@ -67,6 +67,22 @@ static int tf_check_cpu(void) {
   return TF_OK;
 }
 
+/* The pool's size: TILEFOLD_NUM_THREADS, else the online CPUs, at most TF_MAX_THREADS. */
+static int tf_threads(void) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const char *given = getenv("TILEFOLD_NUM_THREADS");
+  int size = given && atoi(given) > 0 ? atoi(given) : (int)(cpus > 0 ? cpus : 1);
+  return size > TF_MAX_THREADS ? TF_MAX_THREADS : size;
+}
+
+/* The digest64 block sums of blocks first .. last-1 of the n bytes at p, for the Python
+ * loader (tilefold/artifact/load.py), which checks this library's own digest before it
+ * loads it, then data.bin's with these (several threads, each one call) before any kernel
+ * runs. */
+void tf_digest64_sums(const uint8_t *p, size_t n, size_t first, size_t last, uint64_t *sums) {
+  tf_digest64_block_sums(p, n, first, last, sums);
+}
+
 /* data.bin mapped privately into *data (its size checked first, then its digest64). */
 static int tf_map_data(uint8_t **data, size_t *data_bytes, const char *dir) {
   char path[4096];
@@ -89,7 +105,7 @@ static int tf_map_data(uint8_t **data, size_t *data_bytes, const char *dir) {
     *data_bytes = TF_DATA_BYTES;
   }
   close(fd);
-  if (tf_digest64(*data, *data_bytes) != tf_data_digest64)
+  if (tf_digest64_threaded(*data, *data_bytes, tf_threads()) != tf_data_digest64)
     return tf_fail(TF_ERROR_CORRUPT, "%s: digest64 differs from the one it was exported with "
                    "(altered or damaged after export)", path);
   return TF_OK;
@@ -104,10 +120,7 @@ int tf_claim_pool(void) {
 
 static void tf_start_pool(void) {
   if (!tf_claim_pool()) return;
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const char *given = getenv("TILEFOLD_NUM_THREADS");
-  int size = given && atoi(given) > 0 ? atoi(given) : (int)(cpus > 0 ? cpus : 1);
-  if (size > TF_MAX_THREADS) size = TF_MAX_THREADS;
+  int size = tf_threads();
   int32_t unpinned[TF_MAX_THREADS];
   uint64_t none[16] = {0};
   for (int i = 0; i < size; i++) unpinned[i] = -1;
