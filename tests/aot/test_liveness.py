@@ -131,8 +131,9 @@ def test_a_workspace_full_of_garbage_changes_nothing(name: str, tmp_path) -> Non
 
 
 def test_a_symbolic_artifacts_shared_workspace_full_of_garbage_changes_nothing(tmp_path) -> None:
-    """Each size class shares its workspace by lifetime (at the class's largest sizes): NaN
-    bytes in every class's workspace before each call change no result, at any size."""
+    """Each size class shares its workspace by lifetime (at the class's largest sizes), and
+    the classes share one memory (a call runs one class): NaN bytes in every class's
+    workspace before each call change no result, at any size."""
     from tests.aot.test_symbolic import inputs, llama_block
 
     module = llama_block(np.random.default_rng(3))
@@ -143,6 +144,11 @@ def test_a_symbolic_artifacts_shared_workspace_full_of_garbage_changes_nothing(t
         kinds = [b["kind"] for b in spec["program"]["buffers"]]
         assert kinds.count("workspace") == 1  # one arena per class
     model, graph = tilefold.load(path), tilefold.compile(module)
+    arenas = {next(buffer.ctypes.data for b, buffer in zip(spec["program"]["buffers"],
+                                                            c.buffers, strict=True)
+                   if b["kind"] == "workspace")
+              for c, spec in zip(model._classes, program["classes"], strict=True)}
+    assert len(program["classes"]) >= 2 and len(arenas) == 1  # one memory for every class
     for n in [*range(1, 13), 5, 1]:
         for c, spec in zip(model._classes, program["classes"], strict=True):
             for b, buffer in zip(spec["program"]["buffers"], c.buffers, strict=True):

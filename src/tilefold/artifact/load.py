@@ -172,11 +172,12 @@ def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
                                 f"{', '.join(DTYPES)} and a shape")
 
 
-def _workspace(sizes: list[int]) -> list[np.ndarray]:
+def _workspace(sizes: list[int], into: np.ndarray | None = None) -> list[np.ndarray]:
     """Zeroed buffers of these sizes in one anonymous mapping, each `ALIGN`-aligned with
     `ALIGN` bytes to spare after it: its pages are made zero on first touch (nothing is
     cleared at load; as in the C runtime, no MADV_HUGEPAGE, whose compaction on fault slowed
-    the first call)."""
+    the first call). `into`: laid out from the start of that memory instead (at least
+    `_extent(sizes)` bytes)."""
     offsets, at = [], 0
     for nbytes in sizes:
         if nbytes < 0:
@@ -184,10 +185,16 @@ def _workspace(sizes: list[int]) -> list[np.ndarray]:
         offsets.append(at)
         at += -(-(nbytes + ALIGN) // ALIGN) * ALIGN
     if at == 0:
-        return []
-    mapped = mmap.mmap(-1, at, flags=mmap.MAP_PRIVATE)  # not shared: plain anonymous pages
-    whole = np.frombuffer(mapped, np.uint8)
-    return [whole[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+        return [np.zeros(0, np.uint8) for _ in sizes]
+    if into is None:
+        mapped = mmap.mmap(-1, at, flags=mmap.MAP_PRIVATE)  # not shared: anonymous pages
+        into = np.frombuffer(mapped, np.uint8)
+    return [into[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+
+
+def _extent(sizes: list[int]) -> int:
+    """The bytes `_workspace(sizes)` lays its buffers out in."""
+    return sum(-(-(max(0, n) + ALIGN) // ALIGN) * ALIGN for n in sizes)
 
 
 class LoadedModel:
@@ -272,23 +279,36 @@ class LoadedModel:
         self._library = self._open()
         self._classes: list[_Class] = []
         expected = lo
+        needs = []
         for spec in program["classes"]:
             c = _Class(spec)
             if c.lo != expected or c.hi < c.lo:
                 raise ValueError(f"size classes do not cover {lo}..{hi} once each")
             expected = c.hi + 1
-            specs = c.program["buffers"]
-            sizes = [max(_evaluate(b["bytes"], c.lo), _evaluate(b["bytes"], c.hi))
-                     for b in specs]
-            others = iter(_workspace([n for n, b in zip(sizes, specs, strict=True)
-                                      if b["kind"] != "data"]))
-            c.buffers = [self._constants(b) if b["kind"] == "data" else next(others)
-                         for b in specs]
+            needs.append([max(_evaluate(b["bytes"], c.lo), _evaluate(b["bytes"], c.hi))
+                          for b in c.program["buffers"]])
             self._classes.append(c)
-            for n in sorted({c.lo, c.hi}):
-                self._bound_at(c, n)
         if expected != hi + 1:
             raise ValueError(f"size classes do not cover {lo}..{hi} once each")
+        # One call runs one class, and workspace never outlives a call: every class's
+        # workspace buffers lie in one memory, as large as the largest class needs.
+        shared = _workspace([max(_extent([n for n, b in zip(sizes, c.program["buffers"],
+                                                              strict=True)
+                                            if b["kind"] == "workspace"])
+                                 for sizes, c in zip(needs, self._classes, strict=True))])
+        for c, sizes in zip(self._classes, needs, strict=True):
+            specs = c.program["buffers"]
+            kinds = [b["kind"] for b in specs]
+            work = iter(_workspace([n for n, k in zip(sizes, kinds, strict=True)
+                                    if k == "workspace"], shared[0]))
+            others = iter(_workspace([n for n, k in zip(sizes, kinds, strict=True)
+                                      if k not in ("data", "workspace")]))
+            c.buffers = [self._constants(b) if b["kind"] == "data" else
+                         next(work) if b["kind"] == "workspace" else next(others)
+                         for b in specs]
+        for c in self._classes:
+            for n in sorted({c.lo, c.hi}):
+                self._bound_at(c, n)
 
     def _bound_at(self, c: _Class, n: int) -> _Bound:
         bound = c.bound.get(n)

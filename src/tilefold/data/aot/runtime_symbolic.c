@@ -61,12 +61,26 @@ int tf_model_load(const char *dir, tf_model **model) {
     tf_model_free(m);
     return status;
   }
-  /* Each class's buffers at its largest size, zero on first touch (as runtime.c). */
-  size_t at = 0, offsets[TF_NBUFFERS + 1];
-  for (int i = 0; i < TF_NBUFFERS; i++) {
-    offsets[i] = at;
-    if (tf_buffers[i][0] != KIND_DATA) at += ((size_t)tf_buffers[i][1] + 127) / 64 * 64;
+  /* Each class's buffers at its largest size, zero on first touch (as runtime.c). A call
+   * runs one class and workspace never outlives a call, so every class's workspace buffers
+   * lie in one region from 0, as large as the largest class needs; the others follow. */
+  size_t shared = 0, at = 0, offsets[TF_NBUFFERS + 1];
+  for (int k = 0; k < TF_NCLASSES; k++) {
+    size_t work = 0;
+    int64_t end = k + 1 < TF_NCLASSES ? tf_classes[k + 1][C_BUFFER] : TF_NBUFFERS;
+    for (int64_t i = tf_classes[k][C_BUFFER]; i < end; i++)
+      if (tf_buffers[i][0] == KIND_WORKSPACE) {
+        offsets[i] = work;
+        work += ((size_t)tf_buffers[i][1] + 127) / 64 * 64;
+      }
+    if (work > shared) shared = work;
   }
+  at = shared;
+  for (int i = 0; i < TF_NBUFFERS; i++)
+    if (tf_buffers[i][0] != KIND_DATA && tf_buffers[i][0] != KIND_WORKSPACE) {
+      offsets[i] = at;
+      at += ((size_t)tf_buffers[i][1] + 127) / 64 * 64;
+    }
   if (at > 0) {
     void *p = mmap(NULL, at, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
