@@ -21,7 +21,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import ml_dtypes
 import numpy as np
 
 from tilefold.codegen.cpu.copy import OUT_OF_RANGE, copy_call
@@ -36,6 +35,7 @@ from tilefold.runtime.replay import NativeCall, Replay
 from tilefold.strategy import Decision, Problem, TuningDB, context, decide, tune_budget
 from tilefold.strategy import register_builtin_methods as _register
 from tilefold.strategy.problem import bind_shapes
+from tilefold.strategy.select import NATIVE_STEPS
 from tilefold.target import Target, named_target
 from tilefold.target.gpu import GPUTarget, gpu_target, gpu_target_names
 
@@ -255,7 +255,18 @@ def poison(shape: tuple, dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype.kind in "fc" or dtype.name == "bfloat16":
         return np.full(shape, np.nan, dtype)
-    return np.full(shape, True if dtype.kind == "b" else ml_dtypes.iinfo(dtype).max, dtype)
+    return np.full(shape, True if dtype.kind == "b" else _largest(dtype), dtype)
+
+
+def _largest(dtype: np.dtype) -> int:
+    """The integer dtype's largest value (ml_dtypes' int4 through its own iinfo: an array of
+    that type means ml_dtypes is imported already)."""
+    try:
+        return int(np.iinfo(dtype).max)
+    except ValueError:  # not one of NumPy's own
+        import ml_dtypes
+
+        return int(ml_dtypes.iinfo(dtype).max)
 
 
 class CompiledGraph:
@@ -326,12 +337,15 @@ class CompiledGraph:
         return self.plan_for(*shapes).decisions
 
     def plan_for(self, *shapes: Sequence[int], reuse: bool = True) -> Plan:
-        """The plan for these input shapes (made now if needed); `reuse=False`: one whose
+        """The plan for these input shapes (made now if needed; under
+        `strategy.select.native_steps()`, a plan of its own whose steps are native calls
+        wherever a native method applies: an exported artifact's). `reuse=False`: one whose
         every intermediate and scratch has a buffer of its own (an export's, whose artifact
         shares memory by exact lifetimes instead: `aot/liveness.py`)."""
         key = tuple((tuple(s), np.dtype(a.type.dtype.np_dtype).str)
                     for s, a in zip(shapes, self.function.args, strict=True))
-        key = key if reuse else (*key, "no reuse")
+        key += ("native",) if NATIVE_STEPS.get() else ()
+        key += () if reuse else ("no reuse",)
         with self._lock:
             if key not in self._plans:
                 return self._keep(key, self._plan([tuple(s) for s in shapes], reuse))
@@ -357,7 +371,7 @@ class CompiledGraph:
         symbols = self._symbols.get(op)
         if symbols is None:
             symbols = self._symbols[op] = _named_symbols(op)
-        key = (op, tuple(shapes), tuple(bindings[s] for s in symbols))
+        key = (op, tuple(shapes), tuple(bindings[s] for s in symbols), NATIVE_STEPS.get())
         decision = self._decided.get(key)
         if decision is None:
             problem = Problem.of(op, shapes, bindings)

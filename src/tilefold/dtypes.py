@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass
+from functools import cached_property
 
-import ml_dtypes
 import numpy as np
 
 from tilefold.errors import DTypeError
@@ -12,12 +14,21 @@ from tilefold.errors import DTypeError
 
 @dataclass(frozen=True)
 class DType:
-    """An element type. `np_dtype` is how a host array of this type is stored."""
+    """An element type. `np_dtype` is how a host array of this type is stored: NumPy's own
+    type `storage`, or ml_dtypes' (bf16, fp8, fp4, int4), imported on first use. ml_dtypes
+    0.7 takes 0.9 s to import on a Zen 3 host, so a process that never meets those dtypes
+    (a warm `tilefold generate`, `tilefold.load`) never pays it."""
 
     name: str
     bits: int
     kind: str  # "float", "int", "uint", "bool"
-    np_dtype: np.dtype
+    storage: str  # the storage type's name in NumPy ("float32") or ml_dtypes ("bfloat16")
+
+    @cached_property
+    def np_dtype(self) -> np.dtype:
+        if self.storage in NUMPY_OWN:
+            return np.dtype(getattr(np, self.storage))
+        return np.dtype(getattr(importlib.import_module("ml_dtypes"), self.storage))
 
     @property
     def is_float(self) -> bool:
@@ -38,28 +49,36 @@ class DType:
         return f"DType({self.name})"
 
 
-def _d(name: str, bits: int, kind: str, np_type) -> DType:
-    return DType(name, bits, kind, np.dtype(np_type))
+NUMPY_OWN = ("float64", "float32", "float16", "int64", "int32", "int8", "uint8", "bool_")
 
-
-f64 = _d("f64", 64, "float", np.float64)
-f32 = _d("f32", 32, "float", np.float32)
-f16 = _d("f16", 16, "float", np.float16)
-bf16 = _d("bf16", 16, "float", ml_dtypes.bfloat16)
-fp8e4m3 = _d("fp8e4m3", 8, "float", ml_dtypes.float8_e4m3fn)
-fp4e2m1 = _d("fp4e2m1", 4, "float", ml_dtypes.float4_e2m1fn)
-i64 = _d("i64", 64, "int", np.int64)
-i32 = _d("i32", 32, "int", np.int32)
-i8 = _d("i8", 8, "int", np.int8)
-i4 = _d("i4", 4, "int", ml_dtypes.int4)
-u8 = _d("u8", 8, "uint", np.uint8)
-boolean = _d("bool", 1, "bool", np.bool_)
+f64 = DType("f64", 64, "float", "float64")
+f32 = DType("f32", 32, "float", "float32")
+f16 = DType("f16", 16, "float", "float16")
+bf16 = DType("bf16", 16, "float", "bfloat16")
+fp8e4m3 = DType("fp8e4m3", 8, "float", "float8_e4m3fn")
+fp4e2m1 = DType("fp4e2m1", 4, "float", "float4_e2m1fn")
+i64 = DType("i64", 64, "int", "int64")
+i32 = DType("i32", 32, "int", "int32")
+i8 = DType("i8", 8, "int", "int8")
+i4 = DType("i4", 4, "int", "int4")
+u8 = DType("u8", 8, "uint", "uint8")
+boolean = DType("bool", 1, "bool", "bool_")
 
 ALL_DTYPES: tuple[DType, ...] = (
     f64, f32, f16, bf16, fp8e4m3, fp4e2m1, i64, i32, i8, i4, u8, boolean,
 )
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
-_BY_NUMPY = {d.np_dtype: d for d in ALL_DTYPES}
+_BY_NUMPY = {d.np_dtype: d for d in ALL_DTYPES if d.storage in NUMPY_OWN}
+
+
+def _by_numpy(np_dtype: np.dtype) -> DType | None:
+    """The DType stored as `np_dtype`. An array of one of ml_dtypes' types exists only once
+    ml_dtypes is imported: until then, NumPy's own types are all there is to look at."""
+    found = _BY_NUMPY.get(np_dtype)
+    if found is None and "ml_dtypes" in sys.modules:
+        _BY_NUMPY.update({d.np_dtype: d for d in ALL_DTYPES})
+        found = _BY_NUMPY.get(np_dtype)
+    return found
 
 
 def dtype(spec: str | DType | np.dtype | type) -> DType:
@@ -69,7 +88,7 @@ def dtype(spec: str | DType | np.dtype | type) -> DType:
     if isinstance(spec, str) and spec in _BY_NAME:
         return _BY_NAME[spec]
     try:
-        found = _BY_NUMPY.get(np.dtype(spec))
+        found = _by_numpy(np.dtype(spec))
     except TypeError:
         found = None
     if found is None:

@@ -17,6 +17,7 @@ from tilefold.aot.program import record
 from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
 from tilefold.ir import parse_module
 from tilefold.runtime.replay import NativeCall
+from tilefold.strategy.select import native_steps
 
 
 def test_a_step_running_python_is_refused_by_name(tmp_path) -> None:
@@ -34,7 +35,8 @@ def _record_with(change: Callable[[NativeCall], NativeCall]):
     module = GRAPHS["mlp"](rng)
     inputs = random_inputs(module, rng)
     graph = tilefold.compile(module)
-    plan = graph.plan_for(*[a.shape for a in inputs], reuse=False)  # the plan `record` runs
+    with native_steps():  # the plan `record` takes
+        plan = graph.plan_for(*[a.shape for a in inputs], reuse=False)
     native = plan.natives[0]
 
     def changed(env):

@@ -126,7 +126,7 @@ def test_the_manifest_lists_the_symbolic_dim_and_its_bounds(exported) -> None:
 def test_sizes_outside_the_bounds_and_bad_inputs_are_refused(exported, tmp_path) -> None:
     module, path = exported
     model = tilefold.load(path)
-    with pytest.raises(ShapeError, match=r"\?s = 81 is outside .*\(1 to 80\)"):
+    with pytest.raises(ShapeError, match=r"\?s = 81 is not a size .*\(1 to 80\)"):
         model(*inputs(BOUND + 1))
     with pytest.raises(ShapeError, match="rank 2"):
         model(np.zeros((4, 64, 1), np.float32), np.zeros((4, 64), np.float32))
@@ -141,7 +141,7 @@ def test_sizes_outside_the_bounds_and_bad_inputs_are_refused(exported, tmp_path)
     small = tilefold.export(module, inputs(4), tmp_path / "small.tfa",
                             dynamic_shapes={"s": (3, 6)})
     loaded = tilefold.load(small)
-    with pytest.raises(ShapeError, match=r"\?s = 2 is outside .*\(3 to 6\)"):
+    with pytest.raises(ShapeError, match=r"\?s = 2 is not a size .*\(3 to 6\)"):
         loaded(*inputs(2))
     for n in (3, 6):
         want = tilefold.compile(module)(*inputs(n))
@@ -287,3 +287,53 @@ def test_a_torch_model_with_dynamic_shapes_is_refused_clearly(tmp_path) -> None:
         tilefold.export(torch.nn.Linear(4, 4).eval(), (torch.zeros(2, 4),), tmp_path / "t.tfa",
                         dynamic_shapes={"s": (1, 8)})
     assert not (tmp_path / "t.tfa").exists()
+
+
+def test_a_c_program_runs_listed_sizes_with_state_as_inputs(tmp_path) -> None:
+    """An artifact of listed sizes ([1, 3, 4, 8]: classes with gaps between them) whose KV
+    cache is state (tests/aot/test_state.py's step): from C the state is an input and an
+    output like any other; each size gives what tilefold.load gives from the same cache, and
+    a size between two listed ones is refused."""
+    from tests.aot.test_state import ROWS, SIZES, WIDTH, cached_step
+
+    module = cached_step(np.random.default_rng(7))
+    path = tilefold.export(module, [np.ones((1, WIDTH), np.float32), np.array(0),
+                                    np.zeros((ROWS, WIDTH), np.float32)],
+                           tmp_path / "step.tfa", dynamic_shapes={"s": SIZES}, donate={1: 2})
+    binary = _c_program(path, tmp_path)
+    rng = np.random.default_rng(1)
+    cache = rng.standard_normal((ROWS, WIDTH)).astype(np.float32)
+    f32, i64 = list(DTYPES).index("f32"), list(DTYPES).index("i64")
+    argv, cases = [], []
+    for g, n in enumerate([*SIZES, 3, 1]):
+        x, start = rng.standard_normal((n, WIDTH)).astype(np.float32), np.array(2 * g)
+        for name, a in (("x", x), ("start", start), ("cache", cache)):
+            a.tofile(tmp_path / f"{name}{g}.bin")
+        dtype = {"x": f32, "start": i64, "cache": f32}
+        dims = {"x": f"{n},{WIDTH}", "start": "-", "cache": f"{ROWS},{WIDTH}"}
+        argv += ["--"] if g else []
+        argv += [f"i:{dtype[k]}:{dims[k]}:{tmp_path / f'{k}{g}.bin'}"
+                 for k in ("x", "start", "cache")]
+        argv += [f"o:{f32}:{n},{WIDTH}:{tmp_path / f'out{g}.bin'}",
+                 f"o:{f32}:{ROWS},{WIDTH}:{tmp_path / f'state{g}.bin'}"]
+        cases.append((n, x, start))
+    done = subprocess.run([str(binary), str(path), *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.stdout, done.stderr)
+    model = tilefold.load(path)
+    for g, (n, x, start) in enumerate(cases):
+        model.state[0][...] = cache  # one step from the cache the C program was given
+        (want,) = model(x, start)
+        got = np.fromfile(tmp_path / f"out{g}.bin", np.float32).reshape(n, WIDTH)
+        state = np.fromfile(tmp_path / f"state{g}.bin", np.float32).reshape(ROWS, WIDTH)
+        assert got.tobytes() == want.tobytes() and state.tobytes() == model.state[0].tobytes()
+    x2 = np.zeros((2, WIDTH), np.float32)
+    x2.tofile(tmp_path / "x2.bin")
+    done = subprocess.run([str(binary), str(path), f"i:{f32}:2,{WIDTH}:{tmp_path / 'x2.bin'}",
+                           f"i:{i64}:-:{tmp_path / 'start0.bin'}",
+                           f"i:{f32}:{ROWS},{WIDTH}:{tmp_path / 'cache0.bin'}",
+                           f"o:{f32}:2,{WIDTH}:{tmp_path / 'o.bin'}",
+                           f"o:{f32}:{ROWS},{WIDTH}:{tmp_path / 's.bin'}"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.strip() == "run 4 ?s = 2 is not a size this artifact was exported " \
+        "for (between 1 and 3, which it was)", done.stdout

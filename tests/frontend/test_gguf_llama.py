@@ -86,7 +86,9 @@ def test_greedy_tokens_are_hugging_faces(llama_file):
         assert got.tokens == want
         assert len(set(want)) > 2  # the test's tokens vary: a wrong step shows
         assert got.prefill_s > 0 and got.decode_tokens_per_s > 0
-    assert len(generator.graph._plans) == 3  # n = 5, 10 and 1 (every decode step, a 1-token prompt)
+    # prompts run in chunks of the step's sizes: 5 = 4 + 1, 10 = 4 + 4 + 1 + 1; every decode
+    # step is n = 1
+    assert {key[0][0] for key in generator.graph._plans} == {(1, 4), (1, 1)}
 
 
 def test_steps_match_the_interpreter_and_transformers(llama_file):
@@ -249,18 +251,62 @@ def test_bad_files_are_refused_clearly(tmp_path, llama_file):
 
 
 def test_no_torch_in_a_generating_process(llama_file):
-    """The native path imports neither torch nor transformers."""
+    """The native path imports neither torch nor transformers, nor ml_dtypes (0.9 s of a
+    process's start on a Zen 3 host): int8 weights need none of its types."""
     _, path = llama_file
     code = textwrap.dedent(f"""
         import sys
         from tilefold.frontend.gguf_generator import GGUFGenerator
         g = GGUFGenerator({str(path)!r}, weights="int8", max_length=16, strict=True)
         print(g([1, 2, 3], 4).tokens)
-        print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+        print(sorted(m for m in ("torch", "transformers", "ml_dtypes") if m in sys.modules))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=300).stdout.splitlines()
     assert out[-1] == "[]" and len(json.loads(out[-2])) == 4
+
+
+def test_a_saved_step_runs_in_a_fresh_process_without_the_compiler(llama_file):
+    """`keep()` saves the compiled step (the cache as its state, the step at each chunk size);
+    a new process with the same file and options loads it: the same tokens, for prompts that
+    cross chunk sizes, with neither LLVM nor the compiler nor ml_dtypes imported."""
+    _, path = llama_file
+    prompts = [[5, 7, 9, 11, 2], [3] * 17 + [42], [17]]
+    jit = GGUFGenerator(path, weights="int8", max_length=32, strict=True)
+    assert jit.step is None and jit.graph is not None
+    want = [jit(p, 6).tokens for p in prompts]
+    saved = jit.keep()
+    assert saved is not None and saved == jit.saved_path and jit.keep() is None  # once
+    code = textwrap.dedent(f"""
+        import json, sys
+        from tilefold.frontend.gguf_generator import GGUFGenerator
+        g = GGUFGenerator({str(path)!r}, weights="int8", max_length=32)
+        print(json.dumps([g(p, 6).tokens for p in {prompts!r}]))
+        print(g.step is not None, g.graph is None)
+        print(sorted(m for m in ("llvmlite", "ml_dtypes", "tilefold.compiler", "tilefold.runtime")
+                     if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300).stdout.splitlines()
+    assert json.loads(out[-3]) == want
+    assert out[-2] == "True True" and out[-1] == "[]"
+
+
+def test_a_damaged_saved_step_is_compiled_again(llama_file, caplog):
+    _, path = llama_file
+    first = GGUFGenerator(path, weights="f32", max_length=24, strict=True)
+    want = first([1, 2, 3, 4, 5, 6], 4).tokens
+    saved = first.keep()
+    assert saved is not None and GGUFGenerator(path, max_length=24).step is not None
+    data = saved / "data.bin"
+    data.write_bytes(data.read_bytes()[:-64])  # truncated
+    again = GGUFGenerator(path, weights="f32", max_length=24, strict=True)
+    assert again.step is None and again.graph is not None and not saved.exists()
+    assert "cannot be used" in caplog.text
+    assert again([1, 2, 3, 4, 5, 6], 4).tokens == want
+    assert again.keep() == saved  # saved anew
+    with pytest.raises(UnsupportedError, match="saved=False"):  # profiling needs the compiler
+        GGUFGenerator(path, max_length=24).profile([1, 2], 3)
 
 
 def _smollm2() -> str | None:

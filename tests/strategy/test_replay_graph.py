@@ -158,6 +158,38 @@ def test_scalar_casts_and_selects():
             assert got.dtype == want.dtype
 
 
+@pytest.mark.parametrize(("dtype", "start", "step"),
+                         [("i64", 0.0, 1.0), ("i32", -3.0, 2.0), ("f32", 0.5, 0.25),
+                          ("f64", 1.0, -1.5)])
+def test_a_lone_arange_of_a_symbolic_length_is_a_native_scalar_loop(dtype, start, step):
+    """`arange(?n)`, as a decode step's positions start, at lengths 0, 1, a prime and 64."""
+    b = Builder("main")
+    x = b.arg("x", "f32", ("?n",))
+    module = b.build(b.op("arange", shape=(x.type.shape[0],), start=start, step=step,
+                          dtype=dtype))
+    run = tf_compile(module, strict=True)
+    for n in (0, 1, 7, 64):
+        (got,) = run(np.zeros(n, np.float32))
+        want = interpret(module, np.zeros(n, np.float32))[0]
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+        assert [d.winner.method for d in run.decisions((n,))] == ["handwritten.scalar"]
+
+
+def test_dim_size_is_a_native_constant_of_the_plan():
+    """`dim_size(x) - 1` (a last token's index): native at every length, 0 included (x is
+    never read)."""
+    b = Builder("main")
+    x = b.arg("x", "i64", (1, "?n"))
+    module = b.build(b.op("dim_size", x, axis=1) - b.constant(np.int64(1)))
+    run = tf_compile(module, strict=True)
+    for n in (0, 1, 13):
+        (got,) = run(np.zeros((1, n), np.int64))
+        np.testing.assert_array_equal(got, interpret(module, np.zeros((1, n), np.int64))[0])
+        assert got == n - 1
+        assert {d.winner.method for d in run.decisions((1, n))} == {"handwritten.scalar"}
+
+
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_native_concat_and_gather_match_numpy(axis):
     b = Builder("main")

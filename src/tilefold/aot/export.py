@@ -18,7 +18,7 @@ import numpy as np
 from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir, symbolic_c_source
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
-from tilefold.aot.symbolic import Recorder, bounds_of, sized_inputs
+from tilefold.aot.symbolic import Recorder, bounds_of, evaluate, sized_inputs
 from tilefold.artifact.cpu import cpuinfo_flags
 from tilefold.artifact.format import (
     ALIGN,
@@ -35,7 +35,7 @@ from tilefold.artifact.format import (
     new_library_name,
     sha256_file,
 )
-from tilefold.compiler import compile
+from tilefold.compiler import CompiledGraph, compile
 from tilefold.errors import ArtifactError, DTypeError, UnsupportedError
 from tilefold.ir import Module
 from tilefold.ir.interpreter import bind_symbols
@@ -46,7 +46,8 @@ from tilefold.version import __version__
 
 def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
            target: Target | str | None = None, function: str = "main",
-           dynamic_shapes: dict[str, tuple[int, int]] | None = None) -> Path:
+           dynamic_shapes: dict[str, Any] | None = None,
+           donate: dict[int, int] | None = None) -> Path:
     """Compile `function` of `module` for the static shapes and dtypes of `inputs` (their
     values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
     which this host must be able to run) and write the artifact directory `path` (an artifact
@@ -57,7 +58,11 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
 
     `dynamic_shapes={"s": (lo, hi)}`: one artifact for every size lo..hi of the symbolic
     dim `?s` of the function's arguments, as size classes (`aot/symbolic.py`); the inputs
-    then give the dtypes and the other dims' sizes."""
+    then give the dtypes and the other dims' sizes. `{"s": [1, 16, 256]}`: those sizes only.
+
+    `donate={result: argument}` (as `tilefold.compile` takes it): each such argument becomes
+    the artifact's *state*, held by the loaded model between calls and written in place (a
+    KV cache): `tilefold.load(path).state`."""
     if not isinstance(module, Module):
         raise UnsupportedError(
             f"tilefold.export takes a tilefold Module, a torch.nn.Module or a torch.export "
@@ -71,24 +76,55 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
     if target is not None and not target.is_host():
         raise ArtifactError(f"cannot export for {target.name} on this host: the plan is "
                             "recorded by running it here; export on a host that runs it")
-    graph = compile(module, target, function=function)
+    graph = compile(module, target, function=function, donate=donate)
+    return export_graph(graph, inputs, path, dynamic_shapes=dynamic_shapes)
+
+
+def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, *,
+                 dynamic_shapes: dict[str, Any] | None = None) -> Path:
+    """`export` of a graph compiled already (by `tilefold.compile`, for a target this host
+    runs): its plans and kernels are the ones it has, its `donate`d arguments the state."""
+    path = Path(path)
+    if not _replaceable(path):
+        raise ArtifactError(f"{path} exists and is not a tilefold artifact; export to a new "
+                            "path (an artifact there is replaced)")
+    target = graph.target or host_target()
+    if not target.is_host():
+        raise ArtifactError(f"cannot export a graph compiled for {target.name} on this "
+                            "host: the plan is recorded by running it here")
     arrays = [np.asarray(a) for a in inputs]
     bind_symbols(graph.function, arrays)  # count, dtypes and shapes, as a call checks them
     if dynamic_shapes is not None:
-        return _export_symbolic(graph, arrays, path, target or host_target(), dynamic_shapes)
+        return _export_symbolic(graph, arrays, path, target, dynamic_shapes)
     program = record(graph, arrays)
-    manifest = _manifest(graph, arrays, program, target or host_target())
+    manifest = _manifest(graph, arrays, program, target)
     steps, saved = program.layout()
-    return _write(path, steps, saved, manifest, target or host_target(),
+    _check_state(graph, steps)
+    return _write(path, steps, saved, manifest, target,
                   list(program.modules.values()), program.signatures,
                   c_source)
 
 
+def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
+    """Each donated result must be its argument's very memory: the state advances in place."""
+    for r, a in graph.donate.items():
+        out, arg = steps["outputs"][r], steps["inputs"][a]
+        if out["at"] != arg["at"] or out["strides"] != arg["strides"]:
+            raise UnsupportedError(
+                f"cannot export: result {r} of {graph.function.name} is donated to argument "
+                f"%{graph.function.args[a].name} but not written into it in place (a state "
+                "must be updated where it lies); `tilefold explain` shows the step that "
+                "writes it")
+
+
 def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: Target,
                      dynamic_shapes: Any) -> Path:
-    symbol, lo, hi = bounds_of(graph, dynamic_shapes)
+    symbol, sizes = bounds_of(graph, dynamic_shapes)
+    lo, hi = sizes[0], sizes[-1]
     recorder = Recorder(graph, arrays, symbol)
-    classes = recorder.classes(lo, hi)
+    classes = recorder.classes(sizes)
+    for c in classes:
+        _check_state(graph, evaluate(c["program"], c["lo"]))
     first = recorder.first
     manifest = _manifest(graph, sized_inputs(graph, arrays, symbol, lo), first, target)
     fn = graph.function
@@ -96,6 +132,8 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: T
         for spec, v in zip(manifest[side], values, strict=True):
             spec["shape"] = [d if isinstance(d, int) else str(d) for d in v.type.shape]
     manifest["symbols"] = {symbol: {"min": lo, "max": hi}}
+    if len(sizes) != hi - lo + 1:
+        manifest["symbols"][symbol]["sizes"] = sizes
     manifest["size_classes"] = [[c["lo"], c["hi"]] for c in classes]
     # data.bin: each class's saved buffers, the same bytes saved once unless a buffer holds
     # pointer words (those are written per class at load, so each class keeps its own).
@@ -150,6 +188,7 @@ def _manifest(graph: Any, arrays: list[np.ndarray], program: Program, target: Ta
         "target": {"name": target.name, "arch": target.arch, "triple": target.triple,
                    "cpu": target.cpu, "cpu_features": []},
         "pool": {"max_threads": MAX_THREADS},
+        "state": [{"input": a, "output": r} for r, a in sorted(graph.donate.items())],
     }
 
 

@@ -25,7 +25,8 @@ from tilefold.compiler import CompiledGraph
 from tilefold.errors import UnsupportedError
 from tilefold.runtime.build import module_at
 from tilefold.runtime.compiled_module import CompiledModule
-from tilefold.runtime.replay import NativeCall, call_signature, table_value
+from tilefold.runtime.replay import NativeCall, call_signature, exclusive_replay, table_value
+from tilefold.strategy.select import native_steps
 
 
 @dataclass
@@ -93,14 +94,17 @@ def record(graph: CompiledGraph, inputs: Sequence[np.ndarray],
     """The step program of `graph` at the shapes of `inputs` (run once on copies of them);
     `modules`: a numbering of modules shared with other recordings (`aot/symbolic.py`)."""
     arrays = [np.array(a, order="C") for a in inputs]
-    # Every intermediate in a buffer of its own: `layout` shares them by exact lifetimes.
-    plan = graph.plan_for(*[a.shape for a in arrays], reuse=False)
+    # A plan of its own: extern methods only where nothing else applies, and every
+    # intermediate in a buffer of its own (`layout` shares them by exact lifetimes).
+    with native_steps():
+        plan = graph.plan_for(*[a.shape for a in arrays], reuse=False)
     env = list(plan.env)
     outputs = [np.empty(shape, dtype) for _, shape, dtype in plan.output_slots]
     plan.execute(env, arrays, outputs)
     calls: list[NativeCall] = []
     for native, label in zip(plan.natives, plan.labels, strict=True):
-        got = native(env) if native is not None else None
+        with exclusive_replay():  # the loader runs one step at a time
+            got = native(env) if native is not None else None
         if got is None:
             raise UnsupportedError(
                 f"cannot export: step {label!r} runs in Python (no native form at these "

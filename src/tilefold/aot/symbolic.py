@@ -33,9 +33,9 @@ class _Mismatch(Exception):
     pass
 
 
-def bounds_of(graph: CompiledGraph, dynamic_shapes: Any) -> tuple[str, int, int]:
-    """(symbol, min, max) from `dynamic_shapes`: {"s": (min, max)} naming one symbol of the
-    function's arguments (`?s`)."""
+def bounds_of(graph: CompiledGraph, dynamic_shapes: Any) -> tuple[str, list[int]]:
+    """(symbol, sizes) from `dynamic_shapes`: {"s": (min, max)} naming one symbol of the
+    function's arguments (`?s`), every size min..max; or {"s": [n1, n2, ...]}, those sizes."""
     if not isinstance(dynamic_shapes, dict) or len(dynamic_shapes) != 1:
         raise ShapeError("dynamic_shapes must name one symbolic dim and its bounds, e.g. "
                          "{'s': (1, 128)} (an artifact with several symbolic dims is not "
@@ -47,14 +47,18 @@ def bounds_of(graph: CompiledGraph, dynamic_shapes: Any) -> tuple[str, int, int]
         raise ShapeError(f"dynamic_shapes names ?{name}, which no argument of "
                          f"{graph.function.name} has (its symbolic dims: "
                          f"{', '.join(sorted(symbols)) or 'none'})")
+    if isinstance(bounds, list):
+        if not bounds or not all(type(n) is int and n >= 1 for n in bounds):
+            raise ShapeError(f"dynamic_shapes[{name!r}] = {bounds!r}: a list of sizes >= 1")
+        return name, sorted(set(bounds))
     try:
         lo, hi = (int(b) for b in bounds)
     except (TypeError, ValueError):
-        raise ShapeError(f"dynamic_shapes[{name!r}] must be (min, max), not {bounds!r}") \
-            from None
+        raise ShapeError(f"dynamic_shapes[{name!r}] must be (min, max) or a list of sizes, "
+                         f"not {bounds!r}") from None
     if not 1 <= lo <= hi:
         raise ShapeError(f"dynamic_shapes[{name!r}] = ({lo}, {hi}): need 1 <= min <= max")
-    return name, lo, hi
+    return name, list(range(lo, hi + 1))
 
 
 def sized_inputs(graph: CompiledGraph, examples: Sequence[np.ndarray], symbol: str, n: int
@@ -109,17 +113,19 @@ class Recorder:
                          or len(content) % 8 else np.frombuffer(bytes(content), np.int64))
         return steps, saved, words
 
-    def classes(self, lo: int, hi: int) -> list[dict[str, Any]]:
-        """Each class: its sizes, its program (with `patches`) and its saved buffers."""
-        if hi - lo + 1 > MAX_RECORDINGS:
+    def classes(self, sizes: Sequence[int]) -> list[dict[str, Any]]:
+        """Each class (consecutive sizes of `sizes`, ascending): its sizes, its program (with
+        `patches`) and its saved buffers."""
+        if len(sizes) > MAX_RECORDINGS:
             raise UnsupportedError(
-                f"cannot export ?{self.symbol} in {lo}..{hi}: an export records every size, "
-                f"at most {MAX_RECORDINGS}; give a smaller range")
+                f"cannot export ?{self.symbol} at {len(sizes)} sizes: an export records every "
+                f"size, at most {MAX_RECORDINGS}; give a smaller range")
         done: list[dict[str, Any]] = []
         run: list[tuple[int, dict, list[Buffer], list]] = []
-        for n in range(lo, hi + 1):
+        for n in sizes:
             steps, saved, words = self.at(n)
-            if run and _skeleton(steps, words) != _skeleton(run[0][1], run[0][3]):
+            if run and (n != run[-1][0] + 1 or _skeleton(steps, words)
+                        != _skeleton(run[0][1], run[0][3])):
                 done.append(_class(run))
                 run = []
             run.append((n, steps, saved if not run else [], words))  # the first's kept

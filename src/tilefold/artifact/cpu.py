@@ -45,7 +45,7 @@ def host_arch() -> str:
     return _ARCH.get(machine, machine)
 
 
-def _host_flags() -> frozenset[str]:
+def host_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -79,5 +79,5 @@ def cpuinfo_flags(features: list[str]) -> tuple[list[str], list[str]]:
 
 def missing_features(features: list[str]) -> list[str]:
     """The features of `features` this host does not have, or cannot be shown to have."""
-    host = _host_flags()
+    host = host_flags()
     return [f for f in features if f not in _NOT_IN_CODE and _flag(f) not in host]

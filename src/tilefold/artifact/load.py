@@ -8,6 +8,10 @@ digest64 once the library's digest is checked), and the step program's every buf
 reference. Then the other buffers are allocated, the pointers of the step
 program written into one int64 table, and a call is: inputs checked and copied in,
 `tf_replay(table)` (one native call running every kernel), outputs copied out.
+
+An artifact exported with `donate` has *state*: those inputs (a KV cache) live in the loaded
+model (`model.state`, zero at load), are written in place by each call and never copied; a
+call takes and returns the other inputs and outputs only.
 """
 
 from __future__ import annotations
@@ -170,6 +174,15 @@ def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
                 for s in specs):
             raise ArtifactError(f"{where}: {side} must each have a dtype of "
                                 f"{', '.join(DTYPES)} and a shape")
+    state = manifest.get("state", [])
+    if not isinstance(state, list) or not all(
+            isinstance(p, dict) and p.keys() == {"input", "output"}
+            and type(p["input"]) is int and 0 <= p["input"] < len(manifest["inputs"])
+            and type(p["output"]) is int and 0 <= p["output"] < len(manifest["outputs"])
+            and all(type(d) is int for d in manifest["inputs"][p["input"]]["shape"])
+            for p in state) or len({p["input"] for p in state}) != len(state):
+        raise ArtifactError(f"{where}: its state must pair distinct inputs of static shape "
+                            "with outputs")
 
 
 def _workspace(sizes: list[int], into: np.ndarray | None = None) -> list[np.ndarray]:
@@ -206,8 +219,14 @@ class LoadedModel:
         self.root = root
         self.library = root / part_files(root, manifest)["library"]
         self.manifest = manifest
-        self.inputs = manifest["inputs"]
-        self.outputs = manifest["outputs"]
+        pairs = manifest.get("state", [])
+        self._held = [p["input"] for p in pairs]  # state inputs, and the outputs they are
+        held_out = {p["output"] for p in pairs}
+        self._given = [i for i in range(len(manifest["inputs"])) if i not in self._held]
+        self._returned = [i for i in range(len(manifest["outputs"])) if i not in held_out]
+        self.inputs = [manifest["inputs"][i] for i in self._given]  # what a call takes
+        self.outputs = [manifest["outputs"][i] for i in self._returned]  # and returns
+        self.state: list[np.ndarray] = []  # the state inputs' arrays, in the manifest's order
         self._lock = threading.Lock()
         self._data = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
         try:
@@ -227,8 +246,9 @@ class LoadedModel:
                         for b in specs]
         self._library = self._open()
         self._bound = self._bind(program, ENTRY, SIGNATURES,
-                                 [s["shape"] for s in self.inputs],
-                                 [s["shape"] for s in self.outputs])
+                                 [s["shape"] for s in self.manifest["inputs"]],
+                                 [s["shape"] for s in self.manifest["outputs"]])
+        self.state = [self._bound.inputs[i] for i in self._held]
 
     def _bind(self, program: dict[str, Any], entry: str, signatures_name: str,
               input_shapes: list, output_shapes: list) -> _Bound:
@@ -259,9 +279,11 @@ class LoadedModel:
         bound.table = np.array(table or [0], np.int64)
         bound.table_address = bound.table.ctypes.data
         bound.inputs = [self._view(spec, shape, ref) for spec, shape, ref in
-                        zip(self.inputs, input_shapes, program["inputs"], strict=True)]
+                        zip(self.manifest["inputs"], input_shapes, program["inputs"],
+                            strict=True)]
         bound.results = [self._view(spec, shape, ref) for spec, shape, ref in
-                         zip(self.outputs, output_shapes, program["outputs"], strict=True)]
+                         zip(self.manifest["outputs"], output_shapes, program["outputs"],
+                             strict=True)]
         bound.status = [self._buffer_at(i)[:8].view(np.int64) for i in program["status"]]
         bound.run = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._symbol(entry))
         return bound
@@ -272,40 +294,52 @@ class LoadedModel:
         the size) and bound again, checked, at each size a call brings."""
         symbol, lo, hi = program["symbol"], program["min"], program["max"]
         declared = self.manifest.get("symbols")
-        if not isinstance(declared, dict) or declared.get(symbol) != {"min": lo, "max": hi} \
+        if not isinstance(declared, dict) or not isinstance(declared.get(symbol), dict) \
+                or [declared[symbol].get(k) for k in ("min", "max")] != [lo, hi] \
                 or type(lo) is not int or type(hi) is not int:
             raise ValueError("the manifest's symbols and the program's bounds differ")
-        self._symbolic = (str(symbol), lo, hi)
+        sizes = declared[symbol].get("sizes", list(range(lo, hi + 1)))
+        self._symbolic = (str(symbol), lo, hi, sizes)
         self._library = self._open()
         self._classes: list[_Class] = []
-        expected = lo
-        needs = []
+        specs = self.manifest["inputs"]
+        state = iter(_workspace([int(np.prod(specs[i]["shape"]))
+                                 * np.dtype(DTYPES[specs[i]["dtype"]]).itemsize
+                                 for i in self._held]))
+        self.state = [np.ndarray(specs[i]["shape"], DTYPES[specs[i]["dtype"]], next(state))
+                      for i in self._held]
+        covered: list[int] = []
+        needs: list[list[int]] = []  # each class's buffers' bytes, at its largest size
         for spec in program["classes"]:
             c = _Class(spec)
-            if c.lo != expected or c.hi < c.lo:
-                raise ValueError(f"size classes do not cover {lo}..{hi} once each")
-            expected = c.hi + 1
+            if c.hi < c.lo or (covered and c.lo <= covered[-1]):
+                raise ValueError("size classes out of order")
+            covered += range(c.lo, c.hi + 1)
             needs.append([max(_evaluate(b["bytes"], c.lo), _evaluate(b["bytes"], c.hi))
                           for b in c.program["buffers"]])
             self._classes.append(c)
-        if expected != hi + 1:
-            raise ValueError(f"size classes do not cover {lo}..{hi} once each")
+        if covered != sizes:
+            raise ValueError(f"size classes do not cover the sizes {sizes} once each")
         # One call runs one class, and workspace never outlives a call: every class's
         # workspace buffers lie in one memory, as large as the largest class needs.
-        shared = _workspace([max(_extent([n for n, b in zip(sizes, c.program["buffers"],
+        shared = _workspace([max(_extent([n for n, b in zip(need, c.program["buffers"],
                                                               strict=True)
                                             if b["kind"] == "workspace"])
-                                 for sizes, c in zip(needs, self._classes, strict=True))])
-        for c, sizes in zip(self._classes, needs, strict=True):
-            specs = c.program["buffers"]
-            kinds = [b["kind"] for b in specs]
-            work = iter(_workspace([n for n, k in zip(sizes, kinds, strict=True)
+                                 for need, c in zip(needs, self._classes, strict=True))])
+        for c, need in zip(self._classes, needs, strict=True):
+            kinds = [b["kind"] for b in c.program["buffers"]]
+            work = iter(_workspace([n for n, k in zip(need, kinds, strict=True)
                                     if k == "workspace"], shared[0]))
-            others = iter(_workspace([n for n, k in zip(sizes, kinds, strict=True)
+            others = iter(_workspace([n for n, k in zip(need, kinds, strict=True)
                                       if k not in ("data", "workspace")]))
             c.buffers = [self._constants(b) if b["kind"] == "data" else
                          next(work) if b["kind"] == "workspace" else next(others)
-                         for b in specs]
+                         for b in c.program["buffers"]]
+            for i, array in zip(self._held, self.state, strict=True):  # one state, every class
+                number, offset = _evaluate(c.program["inputs"][i]["at"], c.lo)
+                if offset != 0 or need[number] != array.nbytes:
+                    raise ValueError(f"state input {i} is not a buffer of its own")
+                c.buffers[number] = array.reshape(-1).view(np.uint8)
         for c in self._classes:
             for n in sorted({c.lo, c.hi}):
                 self._bound_at(c, n)
@@ -442,7 +476,8 @@ class LoadedModel:
     def __call__(self, *arrays: Any) -> list[np.ndarray]:
         if len(arrays) != len(self.inputs):
             names = ", ".join(s["name"] for s in self.inputs)
-            raise ShapeError(f"{self.root}: takes {len(self.inputs)} inputs ({names}), "
+            held = f" besides the {len(self._held)} of its state" if self._held else ""
+            raise ShapeError(f"{self.root}: takes {len(self.inputs)} inputs ({names}){held}, "
                              f"got {len(arrays)}")
         given = [np.asarray(a) for a in arrays]
         for spec, a in zip(self.inputs, given, strict=True):
@@ -453,7 +488,8 @@ class LoadedModel:
         with self._lock:
             if self._symbolic is None:
                 bound = self._bound
-                for spec, buffer, a in zip(self.inputs, bound.inputs, given, strict=True):
+                for spec, buffer, a in zip(self.inputs, _of(bound.inputs, self._given), given,
+                                           strict=True):
                     if a.shape != buffer.shape:
                         raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
                                          f"{list(buffer.shape)} (exported for static shapes), "
@@ -466,7 +502,7 @@ class LoadedModel:
                     raise ArtifactError(f"{self.root / PROGRAM}: malformed step program at "
                                         f"size {n} ({exc!r}); export the artifact again") \
                         from None
-            for buffer, a in zip(bound.inputs, given, strict=True):
+            for buffer, a in zip(_of(bound.inputs, self._given), given, strict=True):
                 np.copyto(buffer, a)
             bound.run(bound.table_address)
             for status in bound.status:
@@ -474,11 +510,11 @@ class LoadedModel:
                     status[0] = 0
                     raise ShapeError("an index of a gather or index_put is out of range for "
                                      "its axis; check the indices")
-            return [r.copy() for r in bound.results]
+            return [r.copy() for r in _of(bound.results, self._returned)]
 
     def _class_of(self, given: list[np.ndarray]) -> tuple[_Class, int]:
         """The size of the symbolic dim these inputs give, checked, and its class."""
-        symbol, lo, hi = self._symbolic  # type: ignore[misc]
+        symbol, lo, hi, sizes = self._symbolic  # type: ignore[misc]
         n = None
         for spec, a in zip(self.inputs, given, strict=True):
             shape = spec["shape"]
@@ -495,13 +531,18 @@ class LoadedModel:
                 elif d != size:
                     raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
                                      f"{text}, got {list(a.shape)}")
-        if n is None or not lo <= n <= hi:
-            raise ShapeError(f"{self.root}: ?{symbol} = {n} is outside the sizes this "
-                             f"artifact was exported for ({lo} to {hi}); export it again "
-                             f"with bounds that hold it (dynamic_shapes={{'{symbol}': "
-                             "(min, max)})")
-        c = next(c for c in self._classes if c.lo <= n <= c.hi)
+        c = next((c for c in self._classes if n is not None and c.lo <= n <= c.hi), None)
+        if c is None:
+            exported = f"{lo} to {hi}" if len(sizes) == hi - lo + 1 else \
+                ", ".join(map(str, sizes))
+            raise ShapeError(f"{self.root}: ?{symbol} = {n} is not a size this artifact was "
+                             f"exported for ({exported}); export it again with sizes that "
+                             f"hold it (dynamic_shapes={{'{symbol}': (min, max)}} or a list)")
         return c, n
+
+
+def _of(arrays: list[np.ndarray], numbers: list[int]) -> list[np.ndarray]:
+    return [arrays[i] for i in numbers]
 
 
 BOUND_PER_CLASS = 8  # programs bound per size class, most recent kept (each a table, headers)

@@ -213,7 +213,7 @@ def profile_lines(prepared: llm_models.Prepared, prompt: list[int], new_tokens: 
         from tilefold.frontend.gguf_generator import GGUFGenerator
 
         os.environ["TILEFOLD_NUM_THREADS"] = str(threads)
-        generator = GGUFGenerator(prepared.gguf, weights=fmt, max_length=length)
+        generator = GGUFGenerator(prepared.gguf, weights=fmt, max_length=length, saved=False)
     else:
         import torch
 

@@ -176,8 +176,9 @@ class Worker:
         return self.receive(timeout)
 
     def close(self) -> dict[str, Any]:
-        """Ask it to end; its last message (peak RSS)."""
-        final = self.ask("quit")
+        """Ask it to end; its last message (peak RSS), sent after it saved what it compiled
+        for the next process (`GGUFGenerator.keep`: compiling the step's other sizes)."""
+        final = self.ask("quit", READY_TIMEOUT_S)
         self.proc.wait(timeout=60)
         return final
 

@@ -227,7 +227,7 @@ class HFInductor(HFGenerate):
 def gguf_weights(path: str) -> tuple[list[Weight], tuple[int, int, int]]:
     """A GGUF LLaMA model's weights as a decode step uses them, and its cache's (layers, KV
     heads, head size)."""
-    from tilefold.frontend.llama import LlamaConfig
+    from tilefold.frontend.llama_config import LlamaConfig
     from tilefold.quant.gguf import GGUFFile
 
     file = GGUFFile(path)
@@ -247,7 +247,7 @@ def gguf_weights(path: str) -> tuple[list[Weight], tuple[int, int, int]]:
 def native_gguf(spec: dict[str, Any]) -> bool:
     """Whether the spec's model is a GGUF file tilefold builds natively (else tilefold runs the
     transformers model through torch.compile)."""
-    from tilefold.frontend.llama import ARCHITECTURES
+    from tilefold.frontend.llama_config import ARCHITECTURES
     from tilefold.quant.gguf import GGUFFile
 
     return (bool(spec.get("gguf")) and not spec.get("torchao")
@@ -273,6 +273,9 @@ class Native:
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         return self.generator.logits(tokens)
+
+    def keep(self) -> None:
+        self.generator.keep()
 
     def sizes(self, context: float, length: int) -> dict[str, float]:
         weights, shape = gguf_weights(self.spec["gguf"])
@@ -534,7 +537,11 @@ def serve(spec: dict[str, Any], channel: TextIO, commands: TextIO) -> None:
             _send(channel, contender.generate(prompt, new))
         else:
             break
-    _send(channel, {"peak_rss": peak_rss_bytes(), "rss": rss_bytes()})
+    peak = {"peak_rss": peak_rss_bytes(), "rss": rss_bytes()}
+    keep = getattr(contender, "keep", None)
+    if keep is not None:  # what a later process starts from (after this one's figures)
+        keep()
+    _send(channel, peak)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

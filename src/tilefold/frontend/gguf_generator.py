@@ -2,30 +2,44 @@
 
 `GGUFGenerator(path)` reads the file (memory-mapped), builds its step function
 (`frontend/llama.py`) a tensor at a time, compiles it once with the KV cache donated, and owns
-the cache (NumPy arrays written in place). A generation is one call on the prompt's ids, then
-one call per token on the same small id and position arrays, so the decode plan replays its
-kernels in one native call from its second token on (`compiler.Recording`). Nothing of
-PyTorch, transformers or Dynamo is imported: a process holds the weights at their stored
-precision, the cache and the compiled kernels.
+the cache (NumPy arrays written in place). A prompt runs in chunks of the step's sizes
+(`STEP_SIZES`: 256, 64, 16, 4 and 1 tokens, the largest that fits first), then one call per
+token on the same small id and position arrays, so the decode plan replays its kernels in one
+native call from its second token on (`compiler.Recording`). Nothing of PyTorch, transformers
+or Dynamo is imported: a process holds the weights at their stored precision, the cache and
+the compiled kernels.
+
+The compiled step is saved (`keep()`, after a generation) as an artifact with the cache as its
+state (`aot/`, `tilefold.load`): the step at each of `STEP_SIZES`, its kernels linked into one
+library and its weights in their packed layouts in one mapped file. A later process with the
+same file, weights, length, code and host loads it instead of building and compiling: no IR,
+no LLVM, no ml_dtypes in that process, and the very kernels, so the tokens are the same.
+`TILEFOLD_SAVED_STEPS=0` turns this off; the saved steps lie under tilefold's cache directory
+(`steps/`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tilefold.compiler import StepTimes
-from tilefold.compiler import compile as tilefold_compile
-from tilefold.errors import ShapeError, UnsupportedError
-from tilefold.frontend.llama import LlamaConfig, donated, llama_step
-from tilefold.frontend.weight_cache import WeightCache
-from tilefold.frontend.weight_cache import enabled as weights_cached
+from tilefold.errors import ShapeError, TilefoldError, UnsupportedError
+from tilefold.frontend.llama_config import LlamaConfig
 from tilefold.quant.gguf import GGUFFile
-from tilefold.runtime.buffers import release_pages
+from tilefold.target.paths import cache_dir
+from tilefold.version import code_digest
+
+log = logging.getLogger("tilefold.generate")
+
+STEP_SIZES = (256, 64, 16, 4, 1)  # tokens a step takes at once: a prompt runs in these chunks
 
 
 @dataclass
@@ -54,27 +68,83 @@ class GGUFGenerator:
     tokens (the cache's positions)."""
 
     def __init__(self, path: str | os.PathLike, *, weights: str = "f32", max_length: int = 512,
-                 every_position: bool = False, strict: bool | None = None):
+                 every_position: bool = False, strict: bool | None = None,
+                 saved: bool | None = None):
         file = GGUFFile(path)
         vocab = file.tensors["token_embd.weight"].shape[0]
         self.config = LlamaConfig.from_gguf(file.architecture, file.metadata, vocab)
         self.max_length = max_length
         self.every_position = every_position
+        self.sizes = [n for n in STEP_SIZES if n <= max_length]
+        if saved is None:
+            saved = os.environ.get("TILEFOLD_SAVED_STEPS", "1") != "0"
+        self.saved_path = _saved_path(path, weights, max_length, every_position) if saved \
+            else None
+        self.graph: Any = None  # the compiled step, when this process compiled it
+        self.step = _load(self.saved_path) if self.saved_path is not None else None
+        if self.step is not None:
+            self.caches = self.step.state
+        else:
+            self._compile(file, path, weights, strict)
+        self._token = np.zeros((1, 1), np.int64)  # a decode step's inputs, written in place
+        self._start = np.zeros((), np.int64)
+
+    def _compile(self, file: GGUFFile, path: str | os.PathLike, weights: str,
+                 strict: bool | None) -> None:
+        from tilefold.compiler import compile as tilefold_compile
+        from tilefold.frontend.llama import donated, llama_step
+        from tilefold.frontend.weight_cache import WeightCache
+        from tilefold.frontend.weight_cache import enabled as weights_cached
+        from tilefold.runtime.buffers import release_pages
+
         cache = WeightCache(path) if weights_cached() else None
-        module = llama_step(self.config, file, weights_format=weights, max_length=max_length,
-                            every_position=every_position,
+        module = llama_step(self.config, file, weights_format=weights,
+                            max_length=self.max_length, every_position=self.every_position,
                             quantize=cache.quantized if cache is not None else None)
         self.graph = tilefold_compile(module, strict=strict, donate=donated(self.config),
                                       in_place=True)
         release_pages(file.data)  # what the build read of the file: faulted in again if used
-        shape = self.config.cache_shape(max_length)
+        shape = self.config.cache_shape(self.max_length)
         self.caches = [np.zeros(shape, np.float32) for _ in range(2 * self.config.layers)]
-        self._token = np.zeros((1, 1), np.int64)  # a decode step's inputs, written in place
-        self._start = np.zeros((), np.int64)
+
+    def keep(self) -> Path | None:
+        """Save the step this process compiled (if it did, and saving is on) for the next
+        process; the path, or None. Failing to save is logged, never raised: generation
+        goes on without it."""
+        if self.graph is None or self.saved_path is None or self.saved_path.exists():
+            return None
+        from tilefold.aot.export import export_graph
+
+        arrays = [np.zeros((1, 1), np.int64), np.zeros((), np.int64),  # at position 0
+                  *(np.zeros_like(c) for c in self.caches)]
+        try:
+            return export_graph(self.graph, arrays, self.saved_path,
+                                dynamic_shapes={"n": self.sizes})
+        except (TilefoldError, OSError) as exc:
+            log.warning("the compiled step was not saved (%s); the next process compiles "
+                        "it again", exc)
+            return None
+
+    def _run(self, ids: np.ndarray, start: int) -> np.ndarray:
+        """The step on `ids` (one of `self.sizes` long) at `start`: its logits."""
+        self._start[()] = start
+        if self.step is not None:
+            return self.step(ids, self._start)[0]
+        return self.graph(ids, self._start, *self.caches)[0]
 
     def _logits(self, ids: np.ndarray, start: int) -> np.ndarray:
-        self._start[()] = start
-        return self.graph(ids, self._start, *self.caches)[0][-1]
+        """The last token's logits of `ids` at positions `start`.. (chunks of the sizes)."""
+        return self._prefill_chunks(ids, start)[-1][-1]
+
+    def _prefill_chunks(self, ids: np.ndarray, start: int) -> list[np.ndarray]:
+        out, at, n = [], 0, ids.shape[1]
+        if n in self.sizes:  # as it is: the decode step's same array object replays natively
+            return [self._run(ids, start)]
+        while at < n:
+            size = next(k for k in self.sizes if k <= n - at)
+            out.append(self._run(ids[:, at:at + size], start + at))
+            at += size
+        return out
 
     def logits(self, prompt: Sequence[int]) -> np.ndarray:
         """Every position's logits of `prompt` (one prefill; f32 [n, vocab]), for perplexity:
@@ -83,8 +153,7 @@ class GGUFGenerator:
             raise UnsupportedError("logits: make the generator with every_position=True")
         if not prompt or len(prompt) > self.max_length:
             raise ShapeError(f"logits: {len(prompt)} tokens need 1..{self.max_length} positions")
-        self._start[()] = 0
-        return self.graph(np.array([list(prompt)], np.int64), self._start, *self.caches)[0]
+        return np.concatenate(self._prefill_chunks(np.array([list(prompt)], np.int64), 0))
 
     def __call__(self, prompt: Sequence[int], new_tokens: int,
                  stop: Sequence[int] = ()) -> Generation:
@@ -118,10 +187,16 @@ class GGUFGenerator:
             result.step_s.append(time.perf_counter() - step)
         result.decode_s = time.perf_counter() - started
 
-    def profile(self, prompt: Sequence[int], new_tokens: int) -> StepTimes:
+    def profile(self, prompt: Sequence[int], new_tokens: int) -> Any:
         """Where a decode step's time goes (`CompiledGraph.profiling`: each step timed, a
         native one as the calls a replay makes), over the decode steps of one generation, per
-        call in `StepTimes.per_call()`; the prompt's step is not counted."""
+        call in `StepTimes.per_call()` (a generator made with saved=False: the step compiled in
+        this process); the prompt's step is not counted."""
+        from tilefold.compiler import StepTimes
+
+        if self.graph is None:
+            raise UnsupportedError("profile times the compiled step's kernels one by one: make "
+                                   "the generator with saved=False")
         self(prompt, 3)  # the decode step planned and recorded
         result = self._prefill(prompt, new_tokens)
         self.graph.profiling = times = StepTimes()
@@ -130,3 +205,36 @@ class GGUFGenerator:
         finally:
             self.graph.profiling = None
         return times
+
+
+def _saved_path(path: str | os.PathLike, weights: str, max_length: int,
+                every_position: bool) -> Path:
+    """Where the step of this file, at these weights and length, made by this code for this
+    host, is saved (the key: the file's real path, size and modification time; the options; the
+    int8-activation choice; the code's digest; the host's named target and CPU flags)."""
+    from tilefold.artifact.cpu import host_arch, host_flags
+
+    stat = os.stat(path)
+    key = " | ".join(map(str, [
+        os.path.realpath(path), stat.st_size, stat.st_mtime_ns, weights, max_length,
+        every_position, STEP_SIZES, os.environ.get("TILEFOLD_WEIGHT_ACTIVATIONS", ""),
+        os.environ.get("TILEFOLD_HOST", ""), host_arch(), sorted(host_flags()),
+        code_digest()]))
+    return cache_dir() / "steps" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.tfa"
+
+
+def _load(path: Path) -> Any:
+    """The saved step at `path`, or None (absent; or refused, which is logged: compiled again
+    and saved anew)."""
+    if not (path / "manifest.json").exists():
+        return None
+    from tilefold.artifact import load
+
+    try:
+        return load(path)
+    except TilefoldError as exc:
+        log.warning("the saved step %s cannot be used (%s); compiling it again", path, exc)
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        return None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import weakref
 
-import ml_dtypes
 import numpy as np
 import torch
 
@@ -39,7 +38,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     if t.device.type != "cpu":
         t = t.cpu()
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.view(torch.int16).numpy().view(dtypes.bf16.np_dtype)
     return t.numpy()
 
 
@@ -62,6 +61,6 @@ def frozen_array(t: torch.Tensor) -> np.ndarray:
 def to_torch(a: np.ndarray) -> torch.Tensor:
     """The array as a CPU tensor of the same shape (0-d stays 0-d; shares contiguous memory)."""
     a = np.asarray(a, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
-    if a.dtype == ml_dtypes.bfloat16:
+    if a.dtype == dtypes.bf16.np_dtype:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from functools import cache
 
-import ml_dtypes
 import numpy as np
 
-from tilefold.dtypes import DType
+from tilefold.dtypes import NUMPY_OWN, DType
 
 
 @cache
@@ -20,7 +19,7 @@ def holds(a: DType, b: DType) -> bool:
     if a.is_float:
         if not b.is_float:
             return False
-        fa, fb = ml_dtypes.finfo(a.np_dtype), ml_dtypes.finfo(b.np_dtype)
+        fa, fb = _finfo(a), _finfo(b)
         return (
             fb.nmant >= fa.nmant
             and fb.maxexp >= fa.maxexp
@@ -28,12 +27,29 @@ def holds(a: DType, b: DType) -> bool:
             and (_has(b, np.inf) or not _has(a, np.inf))
             and (_has(b, np.nan) or not _has(a, np.nan))
         )
-    ia = ml_dtypes.iinfo(a.np_dtype)
+    ia = _iinfo(a)
     if b.is_integer:
-        ib = ml_dtypes.iinfo(b.np_dtype)
+        ib = _iinfo(b)
         return ib.min <= ia.min and ia.max <= ib.max
-    fb = ml_dtypes.finfo(b.np_dtype)
+    fb = _finfo(b)
     return max(-int(ia.min), int(ia.max)) <= min(2 ** (fb.nmant + 1), float(fb.max))
+
+
+def _finfo(dt: DType):
+    """NumPy's finfo, or ml_dtypes' for the types it adds (imported only for those)."""
+    if dt.storage in NUMPY_OWN:
+        return np.finfo(dt.np_dtype)
+    import ml_dtypes
+
+    return ml_dtypes.finfo(dt.np_dtype)
+
+
+def _iinfo(dt: DType):
+    if dt.storage in NUMPY_OWN:
+        return np.iinfo(dt.np_dtype)
+    import ml_dtypes
+
+    return ml_dtypes.iinfo(dt.np_dtype)
 
 
 def _has(dt: DType, special: float) -> bool:

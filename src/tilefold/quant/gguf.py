@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from tilefold import dtypes
 from tilefold.errors import UnsupportedError
 from tilefold.quant.formats import get_format
 from tilefold.quant.packing import pack_nibbles
@@ -108,7 +108,7 @@ def q4_1(raw: np.ndarray, shape: tuple[int, int]) -> QuantizedTensor:
     n, k = shape
     blocks = _blocks(raw, k, 20)
     scale = _half(blocks, 0)
-    zero = np.full(scale.shape, -8, ml_dtypes.int4)
+    zero = np.full(scale.shape, -8, dtypes.i4.np_dtype)
     return QuantizedTensor(get_format("int4"), (n, k), 1, _int4(_nibbles(blocks, 4)), scale,
                            zero, _half(blocks, 2))
 

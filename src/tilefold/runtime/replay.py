@@ -11,10 +11,12 @@ signature sequence and cached on disk like any kernel; the table is the recordin
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,21 @@ ENTRY = "tf_replay"
 _LLVM = {"p": "i8*", "q": "i64", "i": "i32", "f": "float", "d": "double"}
 _INTS = {ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_uint8, ctypes.c_uint16,
          ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.c_bool}
+
+
+# Set while a step's calls are recorded for a program that runs one call sequence at a time (an
+# exported artifact, whose loader holds a lock around each step): kernels that share a buffer
+# between instances (and lock it when run from Python) may then give native calls.
+EXCLUSIVE = contextvars.ContextVar("tilefold_exclusive_replay", default=False)
+
+
+@contextlib.contextmanager
+def exclusive_replay() -> Iterator[None]:
+    token = EXCLUSIVE.set(True)
+    try:
+        yield
+    finally:
+        EXCLUSIVE.reset(token)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,13 @@ candidate with a wrong answer `WrongAnswerError`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,10 +95,27 @@ def db_key(problem: Problem, ctx: Context, candidates: list[Candidate]) -> tuple
     return key_of(fields), fields
 
 
+# Set while plans are made for an exported artifact, whose every step must be a native call:
+# extern methods (they run Python) are then chosen only where no other method applies.
+NATIVE_STEPS = contextvars.ContextVar("tilefold_native_steps", default=False)
+
+
+@contextlib.contextmanager
+def native_steps() -> Iterator[None]:
+    token = NATIVE_STEPS.set(True)
+    try:
+        yield
+    finally:
+        NATIVE_STEPS.reset(token)
+
+
 def decide(problem: Problem, ctx: Context, db: TuningDB, budget: float | None) -> Decision:
     """Pick and build the implementation of `problem` (extern always builds, unless strict mode
     has it decline a group it would run on the reference: then FallbackError)."""
-    return choose(problem, ctx, *propose_all(problem, ctx), db, budget)
+    candidates, rejections = propose_all(problem, ctx)
+    if NATIVE_STEPS.get():
+        candidates = [c for c in candidates if c.family != "extern"] or candidates
+    return choose(problem, ctx, candidates, rejections, db, budget)
 
 
 def choose(problem: Problem, ctx: Context, candidates: list[Candidate],

@@ -1,28 +1,29 @@
 """What the hardware is: ISA features, registers, caches and measured peaks, detected or named;
-GPUs as data (`gpu.py`)."""
+GPUs as data (`gpu.py`).
 
-from tilefold.target.amx import enable_amx
-from tilefold.target.gpu import GPUTarget, detect_gpu, gpu_target, gpu_target_names
-from tilefold.target.host import hardware_fingerprint, host_target, named_target
-from tilefold.target.machine import target_machine
-from tilefold.target.paths import cache_dir
-from tilefold.target.peaks import measured_bandwidth_gbps, measured_peak_gflops
-from tilefold.target.table import target_names
-from tilefold.target.target import Target
+Names are imported on first use: `target.paths` (where the caches lie) is asked for by processes
+that run saved artifacts and never detect a CPU through LLVM.
+"""
 
-__all__ = [
-    "GPUTarget",
-    "Target",
-    "cache_dir",
-    "detect_gpu",
-    "enable_amx",
-    "gpu_target",
-    "gpu_target_names",
-    "hardware_fingerprint",
-    "host_target",
-    "measured_bandwidth_gbps",
-    "measured_peak_gflops",
-    "named_target",
-    "target_machine",
-    "target_names",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FROM = {
+    "enable_amx": "amx", "GPUTarget": "gpu", "detect_gpu": "gpu", "gpu_target": "gpu",
+    "gpu_target_names": "gpu", "hardware_fingerprint": "host", "host_target": "host",
+    "named_target": "host", "target_machine": "machine", "cache_dir": "paths",
+    "measured_bandwidth_gbps": "peaks", "measured_peak_gflops": "peaks",
+    "target_names": "table", "Target": "target",
+}
+
+__all__ = sorted(_FROM)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM:
+        raise AttributeError(f"module 'tilefold.target' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"tilefold.target.{_FROM[name]}"), name)
+    globals()[name] = value
+    return value

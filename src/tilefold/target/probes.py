@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
+from tilefold import dtypes
 from tilefold.errors import UnsupportedError
 from tilefold.target.target import Target
 
@@ -147,7 +147,7 @@ def _operands(dtype: str, nbytes: int) -> bytes:
     if dtype == "f32":
         return np.full(nbytes // 4, 1e-3, np.float32).tobytes()
     if dtype == "bf16":
-        return np.full(nbytes // 2, 1e-3, ml_dtypes.bfloat16).tobytes()
+        return np.full(nbytes // 2, 1e-3, dtypes.bf16.np_dtype).tobytes()
     return np.ones(nbytes, np.int8).tobytes()
 
 

@@ -5,7 +5,10 @@ A model's index computations (a KV cache's write position `arange(n) + length`, 
 values, which the vectorized kernel IR (f32 math) does not take. This generator emits one loop
 over the output's elements that evaluates the group's ops in each value's own dtype: integers
 wrap as NumPy's do, float32/float64 ops are IEEE's (the reference's f64-then-round for add, sub
-and mul), comparisons give bools. Operands broadcast by strides fixed at build time.
+and mul), comparisons give bools. Operands broadcast by strides fixed at build time. `arange` is a
+node without operands: start + step * i along the output's last axis (a lone `arange(n)` of a
+symbolic length is a group of its own, native so that a decode step has no Python in it); with
+step 0 it is a constant (`dim_size`, a size the plan knows). An input of dtype "" is not read.
 
 `name(a0, ..., an)` takes the inputs then the outputs as NumPy array objects (their data
 pointers read natively, as row kernels do), all C-contiguous as the compiled graph hands them.
@@ -37,7 +40,7 @@ FLOAT_BINARY = {"add": "fadd", "sub": "fsub", "mul": "fmul"}
 COMPARE = {"eq": ("==", "oeq"), "ne": ("!=", "une"), "lt": ("<", "olt"), "le": ("<=", "ole"),
            "gt": (">", "ogt"), "ge": (">=", "oge")}
 OPS = frozenset({*INT_BINARY, *COMPARE, "max", "min", "neg", "abs", "relu", "where", "cast",
-                 "and", "or"})
+                 "and", "or", "arange", "dim_size"})
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class Node:
     operands: tuple[int, ...]
     dtype: str
     cast_from: str = ""
+    start_step: tuple[float, float] = (0.0, 1.0)  # arange's
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ def refusal(op: str, dtypes: Sequence[str], result: str) -> str | None:
         return f"{op} has no scalar form"
     if any(d not in TYPES for d in (*dtypes, result)):
         return f"{op} on {', '.join(dtypes)} (scalar loops take i64/i32/i16/i8/u8/bool/f32/f64)"
+    if op == "arange" and result not in ("i64", "i32", "f32", "f64"):
+        return f"arange of {result}"
     if op == "cast" and dtypes[0] in ("f32", "f64") and result not in ("f32", "f64"):
         return "float to integer casts (saturating) have no scalar form"
     if op in ("neg", "abs", "relu", "max", "min") and result == "bool":
@@ -74,10 +80,18 @@ def refusal(op: str, dtypes: Sequence[str], result: str) -> str | None:
     return None
 
 
-def _value(b: ir.IRBuilder, node: Node, args: list[ir.Value], dtypes: list[str]) -> ir.Value:
+def _value(b: ir.IRBuilder, node: Node, args: list[ir.Value], dtypes: list[str],
+           last: ir.Value) -> ir.Value:
+    """`node`'s value at the element whose index along the output's last axis is `last`."""
     op, out = node.op, node.dtype
     is_float = out in ("f32", "f64")
     src = dtypes[0] if dtypes else out
+    if op == "arange":  # as the reference: start + step * i in f64, then the dtype
+        start, step = (ir.Constant(ir.DoubleType(), float(v)) for v in node.start_step)
+        value = b.fadd(start, b.fmul(step, b.sitofp(last, ir.DoubleType())))
+        if is_float:
+            return value if out == "f64" else b.fptrunc(value, u.f32)
+        return b.fptosi(value, TYPES[out])
     if op == "cast":
         (x,) = args
         if src == out:
@@ -156,8 +170,11 @@ def scalar_ir(group: ScalarGroup, name: str, triple: str) -> str:
             index.append(b.srem(rest, u.const(d)))
             rest = b.sdiv(rest, u.const(d))
         index.reverse()
-        values: list[ir.Value] = []
+        values: list[ir.Value | None] = []
         for (dtype, strides), ptr in zip(group.inputs, data, strict=False):
+            if not dtype:  # only its shape was asked for (`dim_size`)
+                values.append(None)
+                continue
             offset = u.const(0)
             for i, s in zip(index, strides, strict=True):
                 if s:
@@ -166,7 +183,8 @@ def scalar_ir(group: ScalarGroup, name: str, triple: str) -> str:
             values.append(b.load(at))
         for node in group.nodes:
             values.append(_value(b, node, [values[i] for i in node.operands],
-                                 [dtypes[i] for i in node.operands]))
+                                 [dtypes[i] for i in node.operands],
+                                 index[-1] if index else u.const(0)))
         for k, v in enumerate(group.outputs):
             at = b.gep(b.inttoptr(data[n_in + k], TYPES[dtypes[v]].as_pointer()), [e])
             b.store(values[v], at)

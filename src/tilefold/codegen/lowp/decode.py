@@ -13,16 +13,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 from llvmlite import ir
 
+from tilefold import dtypes
 from tilefold.codegen import llvm_util as u
 from tilefold.target import Target
 
-# 4-bit code -> value, indexed by the stored nibble; the integer table is shifted by a bias.
-FP4_TABLE = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+# The integer 4-bit table is the stored nibble shifted by a bias; fp4's is `fp4_table()`.
 NIBBLE_STORE_OFFSET = 8  # integer 4-bit codes are stored as code + 8 (unsigned)
+
+
+def fp4_table() -> np.ndarray:
+    """fp4 e2m1 code -> value (f32), indexed by the stored nibble."""
+    return np.arange(16, dtype=np.uint8).view(dtypes.fp4e2m1.np_dtype).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def lut_constant(dec: Decoder) -> ir.Constant | None:
     """The vpermps table operand, or None when the decoder needs none."""
     if dec.method != "lut":
         return None
-    table = FP4_TABLE if dec.code == "fp4e2m1" else np.arange(16) - dec.bias
+    table = fp4_table() if dec.code == "fp4e2m1" else np.arange(16) - dec.bias
     return ir.Constant(u.vec(u.f32, 16), [float(v) for v in table])
 
 

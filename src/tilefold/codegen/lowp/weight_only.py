@@ -10,6 +10,7 @@ decoding, all native), so a compiled plan can replay it; for more rows an `Unpac
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import ClassVar
 
 import numpy as np
@@ -34,7 +35,7 @@ from tilefold.codegen.lowp.wvnni import BLOCK, wvnni_ir
 from tilefold.codegen.lowp.wvnni import rows_per_pass as dot_rows_per_pass
 from tilefold.errors import ShapeError
 from tilefold.runtime import num_threads
-from tilefold.runtime.replay import NativeCall
+from tilefold.runtime.replay import EXCLUSIVE, NativeCall
 from tilefold.target import Target, host_target
 
 # Below this many weight bytes a second thread costs more than it saves.
@@ -168,9 +169,20 @@ class UnpackedGemm:
                 gemm(x, panels.data, y[..., n0:n0 + n])
 
     def calls(self, x: np.ndarray, y: np.ndarray) -> list[NativeCall] | None:
-        """None: the panels are shared by every weight of this shape, so each run holds a
-        lock that a replayed sequence of calls would not."""
-        return None
+        """None in this process: the panels are shared by every weight of this shape, so each
+        run holds a lock that a replayed sequence of calls would not. Under `exclusive_replay`
+        (a step recorded for an artifact, whose calls run one sequence at a time) each slice's
+        unpack and GEMM, the panels a workspace the unpack fills."""
+        if not EXCLUSIVE.get():
+            return None
+        calls: list[NativeCall] = []
+        for n0, n, unpack, panels, gemm, data in self.slices:
+            fill = unpack.call(data, panels.data, panels.data)
+            multiply = gemm.call(x, panels.data, y[..., n0:n0 + n])
+            if fill is None or multiply is None:
+                return None
+            calls += [replace(fill, scratch=(*fill.scratch, panels.data)), multiply]
+        return calls
 
 
 def _probe(shape: tuple[int, int], strides: tuple[int, int]) -> np.ndarray:

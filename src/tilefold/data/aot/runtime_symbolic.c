@@ -197,6 +197,10 @@ int tf_model_run(tf_model *m, const tf_tensor *inputs, int num_inputs, const tf_
                    "exported for (%d to %d)", tf_symbol, (long long)n, TF_MIN, TF_MAX);
   int k = 0;
   while (n > tf_classes[k][C_HI]) k++;
+  if (n < tf_classes[k][C_LO]) /* exported for a list of sizes: between two of them */
+    return tf_fail(TF_ERROR_ARGUMENT, "%s = %lld is not a size this artifact was exported "
+                   "for (between %lld and %lld, which it was)", tf_symbol, (long long)n,
+                   (long long)tf_classes[k - 1][C_HI], (long long)tf_classes[k][C_LO]);
   int64_t shape[TF_MAX_RANK + 1], strides[TF_MAX_RANK + 1];
   const int64_t(*in)[5] = tf_inputs + k * TF_NINPUTS, (*out)[5] = tf_outputs + k * TF_NOUTPUTS;
   for (int i = 0; i < TF_NINPUTS; i++)

@@ -12,7 +12,6 @@ from tilefold.strategy.method import Candidate, Context, Kernel, Method, registe
 from tilefold.strategy.problem import Problem
 
 ELEMENT_S = 1.5e-9  # per element and op: a scalar loop with an index split per element
-MAX_ELEMENTS = 1 << 16  # beyond this NumPy's vector loops win
 
 
 @register_method
@@ -22,11 +21,14 @@ class ScalarLoop(Method):
     generators = ("tilefold.codegen.cpu.scalar",)
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
-        values = [*problem.inputs, *(r for op in problem.body for r in op.results)]
-        if not any(problem.types[v].dtype.is_integer for v in values):
-            return "no integer values (float groups are the kernel IR's)"
+        read = _read_inputs(problem)
+        values = [*read, *(r for op in problem.body for r in op.results)]
+        if not any(problem.types[v].dtype.is_integer for v in values) and \
+                problem.first("arange") is None:
+            return "no integer values or arange (float groups are the kernel IR's)"
         for op in problem.body:
-            why = refusal(op.name, [str(problem.types[v].dtype) for v in op.operands],
+            why = refusal(op.name, [str(problem.types[v].dtype) for v in op.operands
+                                    if op.name != "dim_size"],
                           str(problem.types[op.results[0]].dtype))
             if why is not None:
                 return why
@@ -37,9 +39,7 @@ class ScalarLoop(Method):
         whole = broadcast_shapes("scalar loop", *(problem.shape(v) for v in values))
         if tuple(whole) != shape:
             return "an operand is larger than the outputs (not elementwise)"
-        elements = math.prod(shape)
-        if elements > MAX_ELEMENTS:
-            return f"{elements} elements (scalar loops are for index arithmetic, <= {MAX_ELEMENTS})"
+        elements = math.prod(shape)  # large ones: NumPy's vector loops win, by the estimates
         estimate = ELEMENT_S * max(elements, 1) * len(problem.body) + ctx.machine.call_s
         return [self.candidate({}, estimate, lambda: build(problem, ctx), "one scalar loop")]
 
@@ -54,16 +54,30 @@ def _strides(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _read_inputs(problem: Problem) -> list:
+    """The inputs whose elements the loop reads (not those only `dim_size` looks at)."""
+    used = {v for op in problem.body if op.name != "dim_size" for v in op.operands}
+    return [v for v in problem.inputs if v in used]
+
+
 def build(problem: Problem, ctx: Context) -> Kernel:
     shape = problem.shape(problem.outputs[0])
+    read = set(_read_inputs(problem))
     index = {v: i for i, v in enumerate(problem.inputs)}
     nodes = []
     for op in problem.body:
         index[op.results[0]] = len(index)
-        nodes.append(Node(op.name, tuple(index[v] for v in op.operands),
-                          str(problem.types[op.results[0]].dtype)))
+        attrs = problem.attrs(op)
+        dtype = str(problem.types[op.results[0]].dtype)
+        if op.name == "dim_size":  # a size this plan knows: a constant of the loop
+            size = problem.shape(op.operands[0])[attrs["axis"]]
+            nodes.append(Node("arange", (), dtype, start_step=(float(size), 0.0)))
+            continue
+        nodes.append(Node(op.name, tuple(index[v] for v in op.operands), dtype,
+                          start_step=(float(attrs.get("start", 0.0)),
+                                      float(attrs.get("step", 1.0)))))
     group = ScalarGroup(tuple(shape),
-                        tuple((str(problem.types[v].dtype), _strides(problem.shape(v), shape))
-                              for v in problem.inputs),
+                        tuple((str(problem.types[v].dtype) if v in read else "",
+                               _strides(problem.shape(v), shape)) for v in problem.inputs),
                         tuple(nodes), tuple(index[v] for v in problem.outputs))
     return Kernel.native(scalar_kernel(group, problem.kernel_symbol("tf_scalar"), ctx.target))
