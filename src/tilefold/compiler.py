@@ -341,14 +341,16 @@ class CompiledGraph:
         `strategy.select.native_steps()`, a plan of its own whose steps are native calls
         wherever a native method applies: an exported artifact's). `reuse=False`: one whose
         every intermediate and scratch has a buffer of its own (an export's, whose artifact
-        shares memory by exact lifetimes instead: `aot/liveness.py`)."""
+        shares memory by exact lifetimes instead: `aot/liveness.py`), made afresh and not
+        kept (it runs once, and its buffers would crowd out the plans calls use)."""
         key = tuple((tuple(s), np.dtype(a.type.dtype.np_dtype).str)
                     for s, a in zip(shapes, self.function.args, strict=True))
         key += ("native",) if NATIVE_STEPS.get() else ()
-        key += () if reuse else ("no reuse",)
         with self._lock:
+            if not reuse:
+                return self._plan([tuple(s) for s in shapes], reuse)
             if key not in self._plans:
-                return self._keep(key, self._plan([tuple(s) for s in shapes], reuse))
+                return self._keep(key, self._plan([tuple(s) for s in shapes]))
             return self._plans[key]
 
     def _keep(self, key: tuple, plan: Plan) -> Plan:
