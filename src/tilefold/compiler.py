@@ -336,14 +336,19 @@ class CompiledGraph:
         """What was chosen for each group at these input shapes (compiling them if needed)."""
         return self.plan_for(*shapes).decisions
 
-    def plan_for(self, *shapes: Sequence[int]) -> Plan:
+    def plan_for(self, *shapes: Sequence[int], reuse: bool = True) -> Plan:
         """The plan for these input shapes (made now if needed; under
         `strategy.select.native_steps()`, a plan of its own whose steps are native calls
-        wherever a native method applies: an exported artifact's)."""
+        wherever a native method applies: an exported artifact's). `reuse=False`: one whose
+        every intermediate and scratch has a buffer of its own (an export's, whose artifact
+        shares memory by exact lifetimes instead: `aot/liveness.py`), made afresh and not
+        kept (it runs once, and its buffers would crowd out the plans calls use)."""
         key = tuple((tuple(s), np.dtype(a.type.dtype.np_dtype).str)
                     for s, a in zip(shapes, self.function.args, strict=True))
         key += ("native",) if NATIVE_STEPS.get() else ()
         with self._lock:
+            if not reuse:
+                return self._plan([tuple(s) for s in shapes], reuse)
             if key not in self._plans:
                 return self._keep(key, self._plan([tuple(s) for s in shapes]))
             return self._plans[key]
@@ -358,9 +363,9 @@ class CompiledGraph:
             held -= self._plans.popitem(last=False)[1].held
         return plan
 
-    def _plan(self, shapes: list[tuple]) -> Plan:
+    def _plan(self, shapes: list[tuple], reuse: bool = True) -> Plan:
         with strict_mode(self.strict):
-            return _Planner(self, shapes).plan()
+            return _Planner(self, shapes, reuse).plan()
 
     def _decide(self, op: Operation, shapes: list[tuple], bindings: dict[str, int]) -> Decision:
         """The kernel for `op` at these operand shapes: the one an earlier plan chose, else
@@ -392,8 +397,9 @@ def _named_symbols(op: Operation) -> tuple[str, ...]:
 class _Planner:
     """Builds one `Plan`: kernel decisions, buffers (reused after their last use), views."""
 
-    def __init__(self, graph: CompiledGraph, shapes: list[tuple]):
+    def __init__(self, graph: CompiledGraph, shapes: list[tuple], reuse: bool = True):
         self.graph = graph
+        self.reuse = reuse  # False: no buffer of an earlier step, none of `SharedBuffers`
         fn = self.fn = graph.function
         self.slot = dict(graph._slots)
         self.env: list = [None] * len(self.slot)
@@ -549,10 +555,10 @@ class _Planner:
     def _buffer(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """A buffer from the pool of those no later step reads, else a new one."""
         pool = self.free.get((shape, dtype.str))
-        if pool:
+        if pool and self.reuse:
             return pool.pop()
         shared = self.graph.shared
-        if shared is not None:
+        if shared is not None and self.reuse:
             size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             nth = self.taken.get(size, 0)
             buffer = shared.take(nth, shape, dtype, self.alloc)

@@ -29,7 +29,9 @@ int main(int argc, char **argv) {
     uint8_t *p = malloc((size_t)n + 1);
     if (!p || fread(p, 1, (size_t)n, f) != (size_t)n) return 3;
     fclose(f);
-    printf("%016llx\n", (unsigned long long)tf_digest64(p, (size_t)n));
+    uint64_t serial = tf_digest64(p, (size_t)n), threaded = tf_digest64_threaded(p, (size_t)n, 3);
+    if (threaded != serial) return 4;
+    printf("%016llx\n", (unsigned long long)serial);
     free(p);
   }
   return 0;
@@ -65,8 +67,31 @@ def _blob(n: int, seed: int = 0) -> bytes:
 
 
 def test_numpy_and_c_agree_on_every_length(c_digest) -> None:
-    blobs = [_blob(n, n) for n in LENGTHS]
+    """(And the C side's threaded digest gives its serial one: the driver checks.)"""
+    blobs = [_blob(n, n) for n in [*LENGTHS, 12 * BLOCK + 5]]
     assert c_digest(blobs) == [digest64(b) for b in blobs]
+
+
+def test_the_library_block_sums_the_loader_uses_agree(tmp_path: Path) -> None:
+    """tilefold.load digests data.bin with a checked library's `tf_digest64_sums`, split
+    over threads; a library that fails its check is not loaded for it (NumPy's then)."""
+    import tilefold
+    from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
+    from tilefold.artifact.format import DIGEST, MANIFEST, read_json
+    from tilefold.artifact.load import _checked_library, _native_block_sums
+
+    rng = np.random.default_rng(RNG_SEED)
+    module = GRAPHS["mlp"](rng)
+    path = tilefold.export(module, random_inputs(module, rng), tmp_path / "mlp.tfa")
+    manifest = read_json(path / MANIFEST, "manifest")
+    sums = _native_block_sums(_checked_library(path, manifest))
+    assert sums is not None
+    for n in [0, 9, BLOCK, 4 * BLOCK + 3, 13 * BLOCK - 8, 20 * BLOCK + 1]:
+        blob = _blob(n, n)
+        for threads in (1, 2, 3):
+            assert digest64(blob, threads, sums) == digest64(blob), (n, threads)
+    manifest["parts"]["library"][DIGEST] = "0" * 16
+    assert _checked_library(path, manifest) is None and _native_block_sums(None) is None
 
 
 @pytest.mark.parametrize("threads", [2, 3, 8])

@@ -35,8 +35,9 @@ def _record_with(change: Callable[[NativeCall], NativeCall]):
     module = GRAPHS["mlp"](rng)
     inputs = random_inputs(module, rng)
     graph = tilefold.compile(module)
-    with native_steps():  # the plan `record` takes
-        plan = graph.plan_for(*[a.shape for a in inputs])
+    with native_steps():  # a plan as `record` makes it (not kept by the graph), handed to it
+        plan = graph.plan_for(*[a.shape for a in inputs], reuse=False)
+    graph.plan_for = lambda *shapes, reuse=True: plan
     native = plan.natives[0]
 
     def changed(env):

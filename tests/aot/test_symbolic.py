@@ -1,8 +1,8 @@
 """Symbolic-shape artifacts (`dynamic_shapes=`): one artifact serves every size of a symbolic
 dim within its bounds, bit for bit what `tilefold.compile` gives at that size; sizes outside
 the bounds, wrong ranks and dtypes are refused with TilefoldErrors; the manifest lists the
-dim, its bounds and the size classes; the C runtime refuses such an artifact with its own
-status code and a message."""
+dim, its bounds and the size classes; a C program runs such an artifact as the Python loader
+does, and refuses sizes outside its bounds with an error code and a message."""
 
 from __future__ import annotations
 
@@ -100,6 +100,14 @@ def test_a_llama_style_block_at_every_size(tmp_path) -> None:
         x = np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)
         (got,), (want,) = model(x), graph(x)
         assert got.shape == (n, 64) and np.array_equal(got, want), n
+    # and from C (headers that attention reads, per size), every size in one process
+    sizes = [*range(1, 25), 9, 1]
+    groups = [[np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)]
+              for n in sizes]
+    said, got = _run_c(_c_program(path, tmp_path), path, groups, 1, tmp_path)
+    assert said == "ok"
+    for n, (x,), (g,) in zip(sizes, groups, got, strict=True):
+        assert g.tobytes() == model(x)[0].tobytes(), n
 
 
 def test_the_manifest_lists_the_symbolic_dim_and_its_bounds(exported) -> None:
@@ -174,25 +182,68 @@ def test_the_cli_exports_a_symbolic_dim(tmp_path, capsys) -> None:
     assert "DIM=MIN:MAX" in capsys.readouterr().err
 
 
-def test_the_c_runtime_refuses_a_symbolic_artifact(exported, tmp_path) -> None:
-    _, path = exported
+def _c_program(path: Path, tmp_path: Path) -> Path:
+    """tests/aot/run_model.c compiled against the artifact's library."""
     (library,) = path.glob("kernels-*.so")
     binary = tmp_path / "run_model"
     subprocess.run([shutil.which("cc"), "-O1", "-Wall", "-Werror", f"-I{path}",
                     f"-I{source_dir()}", str(RUN_MODEL), "-o", str(binary), str(library),
                     f"-Wl,-rpath,{path}"], check=True)
-    xs = inputs(4)
-    specs = []
-    for i, x in enumerate(xs):
-        x.tofile(tmp_path / f"in{i}.bin")
-        specs.append(f"i:{list(DTYPES).index('f32')}:4,64:{tmp_path / f'in{i}.bin'}")
-    specs += [f"o:{list(DTYPES).index('f32')}:4,64:{tmp_path / f'out{i}.bin'}"
-              for i in range(2)]
-    done = subprocess.run([str(binary), str(path), *specs], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return binary
+
+
+def _run_c(binary: Path, path: Path, groups: list[list[np.ndarray]], outputs: int,
+           tmp_path: Path) -> tuple[str, list[list[np.ndarray]]]:
+    """Run the C program once over every group of inputs in turn (one loaded model); its
+    output line and each group's outputs (rows x 64, f32)."""
+    argv, files = [], []
+    for g, xs in enumerate(groups):
+        argv += ["--"] if g else []
+        for i, x in enumerate(xs):
+            x.tofile(tmp_path / f"in{g}-{i}.bin")
+            dims = ",".join(map(str, x.shape))
+            argv.append(f"i:{list(DTYPES).index('f32')}:{dims}:{tmp_path / f'in{g}-{i}.bin'}")
+        files.append([tmp_path / f"out{g}-{i}.bin" for i in range(outputs)])
+        argv += [f"o:{list(DTYPES).index('f32')}:{len(xs[0])},64:{f}" for f in files[-1]]
+    done = subprocess.run([str(binary), str(path), *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("load 7 "), done.stdout  # TF_ERROR_SYMBOLIC
-    assert "symbolic shapes" in done.stdout and "tilefold.load" in done.stdout
+    got = [[np.fromfile(f, np.float32).reshape(-1, 64) if f.exists() else None for f in fs]
+           for fs in files]
+    return done.stdout.strip(), got
+
+
+def test_a_c_program_runs_every_class_as_the_python_loader_does(exported, tmp_path) -> None:
+    """The C runtime of a symbolic artifact (data/aot/runtime_symbolic.c): sizes of every
+    class, back and forth in one process (each class's program bound again per size), bit
+    for bit what tilefold.load gives."""
+    _, path = exported
+    binary = _c_program(path, tmp_path)
+    model = tilefold.load(path)
+    classes = json.loads((path / MANIFEST).read_text())["size_classes"]
+    sizes = [1, 7, BOUND, 2, 1] + [n for lo, hi in classes for n in (lo, (lo + hi) // 2, hi)]
+    groups = [inputs(n, seed=i) for i, n in enumerate(sizes)]
+    said, got = _run_c(binary, path, groups, 2, tmp_path)
+    assert said == "ok"
+    for n, xs, outs in zip(sizes, groups, got, strict=True):
+        for g, w in zip(outs, model(*xs), strict=True):
+            assert g.shape == (n, 64) and g.tobytes() == w.tobytes(), n
+
+
+@pytest.mark.parametrize(("shapes", "message"), [
+    ([(BOUND + 1, 64), (BOUND + 1, 64)], f"run 4 ?s = {BOUND + 1} is outside the sizes this "
+                                         f"artifact was exported for (1 to {BOUND})"),
+    ([(4, 64), (5, 64)], "run 4 ?s is 4 in one input and 5 in input 1"),
+    ([(4, 64), (4, 63)], "run 4 input 1: dim 1 is 63, the model takes 64 at ?s = 4"),
+    ([(4, 64, 1), (4, 64)], "run 4 input 0: rank 2 expected (got 3)")],
+    ids=["over-the-bound", "disagreeing", "static-dim", "rank"])
+def test_the_c_runtime_refuses_sizes_it_was_not_exported_for(exported, tmp_path, shapes,
+                                                             message) -> None:
+    _, path = exported
+    binary = _c_program(path, tmp_path)
+    xs = [np.zeros(s, np.float32) for s in shapes]
+    said, _ = _run_c(binary, path, [xs], 2, tmp_path)
+    assert said == message
 
 
 def _gap(program: dict) -> None:
@@ -236,3 +287,53 @@ def test_a_torch_model_with_dynamic_shapes_is_refused_clearly(tmp_path) -> None:
         tilefold.export(torch.nn.Linear(4, 4).eval(), (torch.zeros(2, 4),), tmp_path / "t.tfa",
                         dynamic_shapes={"s": (1, 8)})
     assert not (tmp_path / "t.tfa").exists()
+
+
+def test_a_c_program_runs_listed_sizes_with_state_as_inputs(tmp_path) -> None:
+    """An artifact of listed sizes ([1, 3, 4, 8]: classes with gaps between them) whose KV
+    cache is state (tests/aot/test_state.py's step): from C the state is an input and an
+    output like any other; each size gives what tilefold.load gives from the same cache, and
+    a size between two listed ones is refused."""
+    from tests.aot.test_state import ROWS, SIZES, WIDTH, cached_step
+
+    module = cached_step(np.random.default_rng(7))
+    path = tilefold.export(module, [np.ones((1, WIDTH), np.float32), np.array(0),
+                                    np.zeros((ROWS, WIDTH), np.float32)],
+                           tmp_path / "step.tfa", dynamic_shapes={"s": SIZES}, donate={1: 2})
+    binary = _c_program(path, tmp_path)
+    rng = np.random.default_rng(1)
+    cache = rng.standard_normal((ROWS, WIDTH)).astype(np.float32)
+    f32, i64 = list(DTYPES).index("f32"), list(DTYPES).index("i64")
+    argv, cases = [], []
+    for g, n in enumerate([*SIZES, 3, 1]):
+        x, start = rng.standard_normal((n, WIDTH)).astype(np.float32), np.array(2 * g)
+        for name, a in (("x", x), ("start", start), ("cache", cache)):
+            a.tofile(tmp_path / f"{name}{g}.bin")
+        dtype = {"x": f32, "start": i64, "cache": f32}
+        dims = {"x": f"{n},{WIDTH}", "start": "-", "cache": f"{ROWS},{WIDTH}"}
+        argv += ["--"] if g else []
+        argv += [f"i:{dtype[k]}:{dims[k]}:{tmp_path / f'{k}{g}.bin'}"
+                 for k in ("x", "start", "cache")]
+        argv += [f"o:{f32}:{n},{WIDTH}:{tmp_path / f'out{g}.bin'}",
+                 f"o:{f32}:{ROWS},{WIDTH}:{tmp_path / f'state{g}.bin'}"]
+        cases.append((n, x, start))
+    done = subprocess.run([str(binary), str(path), *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.stdout, done.stderr)
+    model = tilefold.load(path)
+    for g, (n, x, start) in enumerate(cases):
+        model.state[0][...] = cache  # one step from the cache the C program was given
+        (want,) = model(x, start)
+        got = np.fromfile(tmp_path / f"out{g}.bin", np.float32).reshape(n, WIDTH)
+        state = np.fromfile(tmp_path / f"state{g}.bin", np.float32).reshape(ROWS, WIDTH)
+        assert got.tobytes() == want.tobytes() and state.tobytes() == model.state[0].tobytes()
+    x2 = np.zeros((2, WIDTH), np.float32)
+    x2.tofile(tmp_path / "x2.bin")
+    done = subprocess.run([str(binary), str(path), f"i:{f32}:2,{WIDTH}:{tmp_path / 'x2.bin'}",
+                           f"i:{i64}:-:{tmp_path / 'start0.bin'}",
+                           f"i:{f32}:{ROWS},{WIDTH}:{tmp_path / 'cache0.bin'}",
+                           f"o:{f32}:2,{WIDTH}:{tmp_path / 'o.bin'}",
+                           f"o:{f32}:{ROWS},{WIDTH}:{tmp_path / 's.bin'}"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.strip() == "run 4 ?s = 2 is not a size this artifact was exported " \
+        "for (between 1 and 3, which it was)", done.stdout

@@ -1,6 +1,8 @@
 """The C ABI of an artifact (`data/aot/tilefold_model.h`): the step program written as C
-arrays ahead of the C runtime (`data/aot/runtime.c`), compiled into the artifact's library,
-so `tf_model_load`, `tf_model_run` and `tf_model_free` run the model with no Python."""
+arrays ahead of the C runtime (`data/aot/runtime.c`; a symbolic artifact's size classes ahead
+of `data/aot/runtime_symbolic.c`, their integers as expressions of the size), compiled into
+the artifact's library, so `tf_model_load`, `tf_model_run` and `tf_model_free` run the model
+with no Python."""
 
 from __future__ import annotations
 
@@ -92,3 +94,146 @@ def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_digest64: str
         _list("void *const", "tf_functions", [f"(void *)tf_fn{i}" for i in range(len(symbols))]),
     ])
     return tables + "\n" + (source_dir() / "runtime.c").read_text()
+
+
+class _Expressions:
+    """The integers of a symbolic program as rows of `tf_exprs` (tag, a, b): a constant a,
+    a + b*n for {"n": [a, b]}, or a table's value for n ({"t": [lo, ...]}: its values in
+    `tf_tabvals` from a, for the sizes from b), each distinct one once."""
+
+    def __init__(self, lo: int, hi: int):
+        self.rows: list[list[int]] = []
+        self.values: list[int] = []
+        self._index: dict[tuple, int] = {}
+        self.lo, self.hi = lo, hi
+
+    def __call__(self, value: Any) -> int:
+        if type(value) is int:
+            key: tuple = (0, value, 0)
+        elif isinstance(value, dict) and value.keys() == {"n"}:
+            key = (1, *map(int, value["n"]))
+        elif isinstance(value, dict) and value.keys() == {"t"}:
+            first, *values = map(int, value["t"])
+            if first > self.lo or first + len(values) - 1 < self.hi:
+                raise ArtifactError(f"a size table from {first} of {len(values)} values does "
+                                    f"not cover its class {self.lo}..{self.hi}")
+            key = ("t", first, *values)
+        else:
+            raise ArtifactError(f"not an integer or a size formula: {value!r}")
+        if key not in self._index:
+            if key[0] == "t":
+                row = [2, len(self.values), key[1]]
+                self.values += key[2:]
+            else:
+                row = list(key)
+            self._index[key] = len(self.rows)
+            self.rows.append(row)
+        return self._index[key]
+
+
+def symbolic_c_source(program: dict[str, Any], manifest: dict[str, Any], data_digest64: str,
+                      data_bytes: int) -> str:
+    """The C file compiled into a symbolic artifact's library: every size class's program
+    as tables whose integers are expressions of the size (`_Expressions`), then
+    `data/aot/runtime_symbolic.c`."""
+    from tilefold.aot.symbolic import evaluate
+
+    flags, unknown = cpuinfo_flags(manifest["target"]["cpu_features"])
+    if unknown:
+        raise ArtifactError(f"the C runtime cannot check the CPU features {', '.join(unknown)}"
+                            "; list them as unchecked_features")
+    symbol, lo, hi = program["symbol"], program["min"], program["max"]
+    dtypes = list(DTYPES)
+    exprs = _Expressions(lo, hi)
+    dims: list[int] = []  # expressions: an array's shape, then its strides
+    symbols: list[str] = []
+    tables: dict[str, list[list[int]]] = {name: [] for name in (
+        "buffers", "pointers", "patches", "objects", "entries", "inputs", "outputs",
+        "classes")}
+    status: list[str] = []
+
+    def dims_at(shape: list, strides: list) -> int:
+        dims.extend(exprs(v) for v in (*shape, *strides))
+        return len(dims) - len(shape) - len(strides)
+
+    def buffer(number: Any, count: int) -> int:
+        if type(number) is not int or not 0 <= number < count:
+            raise ArtifactError(f"buffer {number!r} of a size class: not a buffer number")
+        return number
+
+    for c in program["classes"]:
+        exprs.lo, exprs.hi = c["lo"], c["hi"]
+        steps = c["program"]
+        count = len(steps["buffers"])
+        row = [c["lo"], c["hi"], len(tables["buffers"]), len(tables["pointers"]),
+               len(steps["pointers"]), len(tables["patches"]), len(steps["patches"]),
+               len(tables["objects"]), len(steps["objects"]), len(tables["entries"])]
+        for b in steps["buffers"]:
+            top = max(evaluate(b["bytes"], c["lo"]), evaluate(b["bytes"], c["hi"]))
+            tables["buffers"].append([_KINDS[b["kind"]], top, b.get("offset", 0)])
+        for where, to in steps["pointers"]:
+            tables["pointers"].append([buffer(where[0], count), exprs(where[1]),
+                                       buffer(to[0], count), exprs(to[1])])
+        for b, offset, value in steps["patches"]:
+            tables["patches"].append([buffer(b, count), exprs(offset), exprs(value)])
+        for o in steps["objects"]:
+            tables["objects"].append([buffer(o["at"][0], count), exprs(o["at"][1]),
+                                      len(o["shape"]), dims_at(o["shape"], o["strides"])])
+        entries = tables["entries"]
+        for call in steps["calls"]:
+            entries.append([3, len(symbols), 0])
+            symbols.append(call["symbol"])
+            for kind, value in call["args"]:
+                if kind == "addr":
+                    entries.append([1, buffer(value[0], count), exprs(value[1])])
+                elif kind == "object":
+                    entries.append([2, int(value), 0])
+                else:
+                    entries.append([0, exprs(value), 0])
+        row.append(len(entries) - row[-1])
+        row += [len(status), len(steps["status"])]
+        status += [str(buffer(b, count)) for b in steps["status"]]
+        tables["classes"].append(row)
+        for side in ("inputs", "outputs"):
+            for spec, ref in zip(manifest[side], steps[side], strict=True):
+                tables[side].append([buffer(ref["at"][0], count), exprs(ref["at"][1]),
+                                     dtypes.index(spec["dtype"]), len(spec["shape"]),
+                                     dims_at(ref["shape"], ref["strides"])])
+    symdims = [[i, d] for i, spec in enumerate(manifest["inputs"])
+               for d, size in enumerate(spec["shape"]) if size == f"?{symbol}"]
+    ranks = [len(spec["shape"]) for side in ("inputs", "outputs") for spec in manifest[side]]
+    replays = [c["entry"] for c in program["classes"]]
+    counts = {"NBUFFERS": len(tables["buffers"]), "NOBJECTS": len(tables["objects"]),
+              "NENTRIES": len(tables["entries"]), "NCLASSES": len(replays),
+              "NINPUTS": len(manifest["inputs"]), "NOUTPUTS": len(manifest["outputs"]),
+              "NSYMDIMS": len(symdims), "NFLAGS": len(flags), "MIN": lo, "MAX": hi,
+              "MAX_RANK": max(ranks, default=0), "MAX_THREADS": manifest["pool"]["max_threads"],
+              "DATA_BYTES": data_bytes, "HEADER_WORDS": HEADER_WORDS,
+              **{f"HEADER_{k.upper()}": v // 8 for k, v in HEADER.items()}}
+    externs = "".join(f'extern char tf_fn{i}[] __asm__("{s}");\n' for i, s in enumerate(symbols))
+    text = "".join([
+        "#include <stdint.h>\n",
+        "".join(f"#define TF_{k} {v}\n" for k, v in counts.items()),
+        _rows("tf_exprs", exprs.rows, 3),
+        _list("int64_t", "tf_tabvals", [str(v) for v in exprs.values]),
+        *(_rows(f"tf_{name}", rows, width) for name, rows, width in (
+            ("classes", tables["classes"], 13), ("buffers", tables["buffers"], 3),
+            ("pointers", tables["pointers"], 4), ("patches", tables["patches"], 3),
+            ("objects", tables["objects"], 4), ("entries", tables["entries"], 3),
+            ("inputs", tables["inputs"], 5), ("outputs", tables["outputs"], 5),
+            ("symdims", symdims, 2))),
+        _list("int64_t", "tf_dims", [str(d) for d in dims]),
+        _list("int64_t", "tf_itemsize", [str(_ITEMSIZE[d]) for d in dtypes]),
+        _list("int64_t", "tf_status", status),
+        _list("char *const", "tf_flags", [f'"{f}"' for f in flags]),
+        f'static const char tf_target[] = "{manifest["target"]["name"]}";\n',
+        f'static const char tf_symbol[] = "?{symbol}";\n',
+        f"static const uint64_t tf_data_digest64 = 0x{int(data_digest64, 16):016x}ULL;\n",
+        externs,
+        _list("void *const", "tf_functions", [f"(void *)tf_fn{i}" for i in range(len(symbols))]),
+        "".join(f"void {r}(int64_t *table);\n" for r in replays),
+        _list("tf_replay_fn", "tf_replays", replays).replace(
+            "static const tf_replay_fn", "typedef void (*tf_replay_fn)(int64_t *);\n"
+            "static const tf_replay_fn"),
+    ])
+    return text + "\n" + (source_dir() / "runtime_symbolic.c").read_text()

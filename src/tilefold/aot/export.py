@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir
+from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir, symbolic_c_source
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
 from tilefold.aot.symbolic import Recorder, bounds_of, evaluate, sized_inputs
@@ -161,7 +161,7 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: T
                "classes": [{key: c[key] for key in ("lo", "hi", "entry", "signatures",
                                                     "program")} for c in classes]}
     return _write(path, program, saved, manifest, target, list(recorder.modules.values()),
-                  [], lambda *_: (source_dir() / "runtime_symbolic.c").read_text(), replays)
+                  [], symbolic_c_source, replays)
 
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefold.aot.liveness import share_workspace
 from tilefold.aot.memory import Buffer, Memory, extent
 from tilefold.artifact.format import ALIGN
 from tilefold.codegen.cpu.copy import OUT_OF_RANGE
@@ -48,10 +49,11 @@ class Program:
         self.modules.setdefault(module.key, module)
         return library_symbol(list(self.modules).index(module.key), name)
 
-    def layout(self) -> tuple[dict[str, Any], list[Buffer]]:
+    def layout(self, share: bool = True) -> tuple[dict[str, Any], list[Buffer]]:
         """What program.json holds, and the buffers whose bytes data.bin holds, in its order.
         Only buffers the program refers to are kept (a weight the GEMM reads only as its
-        packed copy is not saved twice), numbered afresh."""
+        packed copy is not saved twice), numbered afresh; `share`: workspace buffers whose
+        lifetimes do not overlap share one arena (`aot/liveness.py`)."""
         pointers = [[list(w), list(t)] for w, t in self.memory.pointer_words()]
         calls, objects, inputs, outputs = copy.deepcopy(
             (self.calls, self.objects, self.inputs, self.outputs))
@@ -77,9 +79,10 @@ class Program:
                 offset += -(-b.nbytes // ALIGN) * ALIGN
                 saved.append(b)
             buffers.append(spec)
-        return {"buffers": buffers, "pointers": pointers, "objects": objects, "calls": calls,
-                "inputs": inputs, "outputs": outputs,
-                "status": [i for i, b in enumerate(buffers) if b["kind"] == "status"]}, saved
+        steps = {"buffers": buffers, "pointers": pointers, "objects": objects, "calls": calls,
+                 "inputs": inputs, "outputs": outputs,
+                 "status": [i for i, b in enumerate(buffers) if b["kind"] == "status"]}
+        return (share_workspace(steps) if share else steps), saved
 
 
 def library_symbol(number: int, name: str) -> str:
@@ -91,8 +94,10 @@ def record(graph: CompiledGraph, inputs: Sequence[np.ndarray],
     """The step program of `graph` at the shapes of `inputs` (run once on copies of them);
     `modules`: a numbering of modules shared with other recordings (`aot/symbolic.py`)."""
     arrays = [np.array(a, order="C") for a in inputs]
-    with native_steps():  # a plan of its own: extern methods only where nothing else applies
-        plan = graph.plan_for(*[a.shape for a in arrays])
+    # A plan of its own: extern methods only where nothing else applies, and every
+    # intermediate in a buffer of its own (`layout` shares them by exact lifetimes).
+    with native_steps():
+        plan = graph.plan_for(*[a.shape for a in arrays], reuse=False)
     env = list(plan.env)
     outputs = [np.empty(shape, dtype) for _, shape, dtype in plan.output_slots]
     plan.execute(env, arrays, outputs)

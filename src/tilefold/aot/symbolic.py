@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tilefold.aot.liveness import share_workspace
 from tilefold.aot.memory import Buffer
 from tilefold.aot.program import Program, record
 from tilefold.compiler import CompiledGraph
@@ -96,7 +97,7 @@ class Recorder:
         program = record(self.graph, arrays, modules=self.modules)
         if self.first is None:
             self.first = program
-        steps, saved = program.layout()
+        steps, saved = program.layout(share=False)  # shared per class, `_class`
         for ref, a in zip(steps["inputs"], arrays, strict=True):
             ref["shape"] = list(a.shape)
         for ref, a in zip(steps["outputs"], program.results, strict=True):
@@ -173,7 +174,10 @@ def _class(run: list[tuple[int, dict, list[Buffer], list]]) -> dict[str, Any]:
         for buffer, offset, value in got.pop("patches"):
             assert words[numbers.index(buffer)][offset // 8] == value
         assert got == program, f"size class program differs at size {n}"
-    return {"lo": ns[0], "hi": ns[-1], "program": template, "saved": run[0][2]}
+    # The class's workspace buffers, each at its largest size, share by lifetime (the calls
+    # and their buffers are the same at every size of a class).
+    return {"lo": ns[0], "hi": ns[-1], "program": share_workspace(template),
+            "saved": run[0][2]}
 
 
 def fit_all(values: list, ns: list[int]) -> Any:

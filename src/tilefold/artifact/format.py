@@ -142,11 +142,14 @@ def _block_keys() -> np.ndarray:
     return _keys
 
 
-def digest64(buffer: Any, threads: int = 1) -> str:
+def digest64(buffer: Any, threads: int = 1, block_sums: Any = None) -> str:
     """The digest64 of a bytes-like object (bytes, mmap, a contiguous uint8 array), as 16 hex
     digits; read in blocks through block-sized scratch arrays, never copied whole. With
     `threads` > 1 the blocks' sums are split among that many threads (NumPy's loops let go of
-    the GIL), then chained in order."""
+    the GIL), then chained in order. `block_sums(view, sums, first, last)`: what computes a
+    range of the blocks' sums (default the NumPy one; the loader passes a checked library's
+    C one, `data/aot/digest64.h`)."""
+    block_sums = block_sums or _block_sums
     view = memoryview(buffer).cast("B")
     try:
         n = view.nbytes
@@ -154,12 +157,12 @@ def digest64(buffer: Any, threads: int = 1) -> str:
         sums = [0] * -(-total // BLOCK_WORDS)
         parts = max(1, min(threads, len(sums) // 4))  # a few blocks each, or not worth it
         bounds = [len(sums) * i // parts for i in range(parts + 1)]
-        workers = [threading.Thread(target=_block_sums, args=(view, sums, first, last))
+        workers = [threading.Thread(target=block_sums, args=(view, sums, first, last))
                    for first, last in itertools.pairwise(bounds[1:])]
         for worker in workers:
             worker.start()
         try:
-            _block_sums(view, sums, bounds[0], bounds[1])
+            block_sums(view, sums, bounds[0], bounds[1])
         finally:
             for worker in workers:
                 worker.join()
@@ -224,11 +227,11 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def check_parts(root: Path, manifest: dict[str, Any], mapped: dict[str, Any] | None = None,
-                threads: int = 1) -> None:
+                threads: int = 1, block_sums: Any = None) -> None:
     """Every part the manifest lists exists with its size and digest64 (sizes first: a
     truncated part is named as such), else `ArtifactError`. `mapped` holds the bytes of parts
     the caller has mapped already (the loader's data.bin), digested there, by `threads`
-    threads, rather than read again."""
+    threads (with `block_sums`, see `digest64`), rather than read again."""
     files = part_files(root, manifest)
     parts = manifest["parts"]
     for part, file in files.items():
@@ -246,7 +249,8 @@ def check_parts(root: Path, manifest: dict[str, Any], mapped: dict[str, Any] | N
                 raise ArtifactError(f"{path}: {state} ({size} bytes, the manifest says "
                                     f"{entry['bytes']}); copy it again or export it again")
             given = (mapped or {}).get(part)
-            digest = digest64_file(path) if given is None else digest64(given, threads)
+            digest = digest64_file(path) if given is None else \
+                digest64(given, threads, block_sums)
         except OSError as exc:
             raise ArtifactError(f"{path}: cannot be read ({exc})") from None
         if digest != entry[DIGEST]:

@@ -1,10 +1,11 @@
 """`tilefold.load(path)`: run an exported artifact with NumPy and ctypes alone (no LLVM, no
 PyTorch, no compiling).
 
-Everything is checked before any of the artifact's code is loaded: the manifest (format,
+Everything is checked before any of the artifact's code runs: the manifest (format,
 version, architecture, the CPU features its code assumes), each part's size and digest64
-(data.bin's on its copy-on-write mapping, which the model then uses), and the step program's
-every buffer reference. Then the other buffers are allocated, the pointers of the step
+(data.bin's on its copy-on-write mapping, which the model then uses, by the library's own
+digest64 once the library's digest is checked), and the step program's every buffer
+reference. Then the other buffers are allocated, the pointers of the step
 program written into one int64 table, and a call is: inputs checked and copied in,
 `tf_replay(table)` (one native call running every kernel), outputs copied out.
 
@@ -29,6 +30,7 @@ from tilefold.artifact.cpu import host_arch, missing_features
 from tilefold.artifact.format import (
     ALIGN,
     DATA,
+    DIGEST,
     DTYPES,
     ENTRY,
     FORMAT,
@@ -39,6 +41,7 @@ from tilefold.artifact.format import (
     PROGRAM,
     SIGNATURES,
     check_parts,
+    digest64_file,
     part_files,
     read_json,
 )
@@ -56,8 +59,16 @@ def load(path: str | Path) -> LoadedModel:
     manifest = read_json(root / MANIFEST, "manifest")
     _check_manifest(root, manifest)
     data = _map(root / DATA)
+    library = _checked_library(root, manifest)
     try:
-        check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS))
+        check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS),
+                    block_sums=_native_block_sums(library))
+    except BaseException:
+        _unload(library)  # a refused artifact leaves none of its code in the process
+        if data is not None:
+            _unmap(data)
+        raise
+    try:
         program = read_json(root / PROGRAM, "step program")
         return LoadedModel(root, manifest, program, data)
     except BaseException:
@@ -67,6 +78,50 @@ def load(path: str | Path) -> LoadedModel:
 
 
 DIGEST_THREADS = 4  # at most, digesting data.bin (as many as the pool would have, up to this)
+
+
+def _checked_library(root: Path, manifest: dict[str, Any]) -> ctypes.CDLL | None:
+    """The artifact's library, loaded once its size and digest64 are the manifest's (so it
+    is the code the exporter wrote; none of it runs but `tf_digest64_sums`), for digesting
+    data.bin; None when it is not (`check_parts` then says why)."""
+    try:
+        entry = manifest["parts"]["library"]
+        path = root / part_files(root, manifest)["library"]
+        if path.stat().st_size != entry["bytes"] or digest64_file(path) != entry[DIGEST]:
+            return None
+        return ctypes.CDLL(str(path.resolve()))
+    except (OSError, KeyError, TypeError, ArtifactError):
+        return None
+
+
+def _unload(library: ctypes.CDLL | None) -> None:
+    if library is not None:
+        import _ctypes  # dlclose: CPython's, on every POSIX host
+
+        _ctypes.dlclose(library._handle)
+
+
+def _native_block_sums(library: ctypes.CDLL | None) -> Any:
+    """digest64's block sums by the library's C code (`tf_digest64_sums`, `digest64.h`:
+    ~4x NumPy's), for `format.digest64`; None (NumPy's) without it (exported before)."""
+    try:
+        function = library["tf_digest64_sums"] if library is not None else None
+    except AttributeError:
+        return None
+    if function is None:
+        return None
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t,
+                         ctypes.c_void_p]
+
+    def block_sums(view: memoryview, sums: list[int], first: int, last: int) -> None:
+        out = np.zeros(max(0, last - first), np.uint64)
+        if len(out):  # ctypes lets go of the GIL: threads sum their blocks at once
+            data = np.frombuffer(view, np.uint8)
+            function(data.ctypes.data, view.nbytes, first, last, out.ctypes.data)
+            del data
+        sums[first:last] = out.tolist()
+    return block_sums
 
 
 def _map(path: Path) -> mmap.mmap | None:
@@ -130,11 +185,12 @@ def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
                             "with outputs")
 
 
-def _workspace(sizes: list[int]) -> list[np.ndarray]:
+def _workspace(sizes: list[int], into: np.ndarray | None = None) -> list[np.ndarray]:
     """Zeroed buffers of these sizes in one anonymous mapping, each `ALIGN`-aligned with
     `ALIGN` bytes to spare after it: its pages are made zero on first touch (nothing is
     cleared at load; as in the C runtime, no MADV_HUGEPAGE, whose compaction on fault slowed
-    the first call)."""
+    the first call). `into`: laid out from the start of that memory instead (at least
+    `_extent(sizes)` bytes)."""
     offsets, at = [], 0
     for nbytes in sizes:
         if nbytes < 0:
@@ -142,10 +198,16 @@ def _workspace(sizes: list[int]) -> list[np.ndarray]:
         offsets.append(at)
         at += -(-(nbytes + ALIGN) // ALIGN) * ALIGN
     if at == 0:
-        return []
-    mapped = mmap.mmap(-1, at, flags=mmap.MAP_PRIVATE)  # not shared: plain anonymous pages
-    whole = np.frombuffer(mapped, np.uint8)
-    return [whole[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+        return [np.zeros(0, np.uint8) for _ in sizes]
+    if into is None:
+        mapped = mmap.mmap(-1, at, flags=mmap.MAP_PRIVATE)  # not shared: anonymous pages
+        into = np.frombuffer(mapped, np.uint8)
+    return [into[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+
+
+def _extent(sizes: list[int]) -> int:
+    """The bytes `_workspace(sizes)` lays its buffers out in."""
+    return sum(-(-(max(0, n) + ALIGN) // ALIGN) * ALIGN for n in sizes)
 
 
 class LoadedModel:
@@ -247,28 +309,40 @@ class LoadedModel:
         self.state = [np.ndarray(specs[i]["shape"], DTYPES[specs[i]["dtype"]], next(state))
                       for i in self._held]
         covered: list[int] = []
+        needs: list[list[int]] = []  # each class's buffers' bytes, at its largest size
         for spec in program["classes"]:
             c = _Class(spec)
             if c.hi < c.lo or (covered and c.lo <= covered[-1]):
                 raise ValueError("size classes out of order")
             covered += range(c.lo, c.hi + 1)
-            buffers = c.program["buffers"]
-            needs = [max(_evaluate(b["bytes"], c.lo), _evaluate(b["bytes"], c.hi))
-                     for b in buffers]
-            others = iter(_workspace([n for n, b in zip(needs, buffers, strict=True)
-                                      if b["kind"] != "data"]))
-            c.buffers = [self._constants(b) if b["kind"] == "data" else next(others)
-                         for b in buffers]
-            for i, array in zip(self._held, self.state, strict=True):  # one state, every class
-                number, offset = _evaluate(c.program["inputs"][i]["at"], c.lo)
-                if offset != 0 or needs[number] != array.nbytes:
-                    raise ValueError(f"state input {i} is not a buffer of its own")
-                c.buffers[number] = array.reshape(-1).view(np.uint8)
+            needs.append([max(_evaluate(b["bytes"], c.lo), _evaluate(b["bytes"], c.hi))
+                          for b in c.program["buffers"]])
             self._classes.append(c)
-            for n in sorted({c.lo, c.hi}):
-                self._bound_at(c, n)
         if covered != sizes:
             raise ValueError(f"size classes do not cover the sizes {sizes} once each")
+        # One call runs one class, and workspace never outlives a call: every class's
+        # workspace buffers lie in one memory, as large as the largest class needs.
+        shared = _workspace([max(_extent([n for n, b in zip(need, c.program["buffers"],
+                                                              strict=True)
+                                            if b["kind"] == "workspace"])
+                                 for need, c in zip(needs, self._classes, strict=True))])
+        for c, need in zip(self._classes, needs, strict=True):
+            kinds = [b["kind"] for b in c.program["buffers"]]
+            work = iter(_workspace([n for n, k in zip(need, kinds, strict=True)
+                                    if k == "workspace"], shared[0]))
+            others = iter(_workspace([n for n, k in zip(need, kinds, strict=True)
+                                      if k not in ("data", "workspace")]))
+            c.buffers = [self._constants(b) if b["kind"] == "data" else
+                         next(work) if b["kind"] == "workspace" else next(others)
+                         for b in c.program["buffers"]]
+            for i, array in zip(self._held, self.state, strict=True):  # one state, every class
+                number, offset = _evaluate(c.program["inputs"][i]["at"], c.lo)
+                if offset != 0 or need[number] != array.nbytes:
+                    raise ValueError(f"state input {i} is not a buffer of its own")
+                c.buffers[number] = array.reshape(-1).view(np.uint8)
+        for c in self._classes:
+            for n in sorted({c.lo, c.hi}):
+                self._bound_at(c, n)
 
     def _bound_at(self, c: _Class, n: int) -> _Bound:
         bound = c.bound.get(n)

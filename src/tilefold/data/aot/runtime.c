@@ -5,25 +5,9 @@
  * the other buffers, writes the pointer words and array headers, fills the int64 table and
  * runs the whole model as one call of tf_replay. libc and libpthread only.
  */
-#include <fcntl.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include "digest64.h"
-#include "tilefold_model.h"
+#include "runtime_common.h"
 
 void tf_replay(int64_t *table);
-int32_t tilefold_pool_init(void);
-int32_t tilefold_pool_start(int32_t size, const int32_t *cpus, const uint64_t *worker_cpus,
-                            int64_t spin_ns);
-
-enum { KIND_DATA, KIND_WORKSPACE, KIND_INPUT, KIND_OUTPUT, KIND_STATUS };
-enum { ARG_VALUE, ARG_ADDRESS, ARG_OBJECT, ARG_FUNCTION };
 
 struct tf_model {
   uint8_t *data; /* data.bin, mapped privately */
@@ -34,93 +18,6 @@ struct tf_model {
   int64_t *headers[TF_NOBJECTS + 1];
   int64_t table[TF_NENTRIES + 1];
 };
-
-static __thread char tf_message[512];
-
-static int tf_fail(int status, const char *format, ...) {
-  va_list args;
-  va_start(args, format);
-  vsnprintf(tf_message, sizeof tf_message, format, args);
-  va_end(args);
-  return status;
-}
-
-const char *tf_last_error(void) { return tf_message; }
-
-/* ---- checks ---- */
-
-/* Whether /proc/cpuinfo's flags list `flag` as a whole word. */
-static int tf_has_flag(const char *flags, const char *flag) {
-  size_t n = strlen(flag);
-  for (const char *p = strstr(flags, flag); p; p = strstr(p + 1, flag))
-    if ((p == flags || p[-1] == ' ' || p[-1] == '\t') && (p[n] == ' ' || p[n] == '\n' ||
-                                                          p[n] == '\0'))
-      return 1;
-  return 0;
-}
-
-static int tf_check_cpu(void) {
-  char line[8192];
-  const char *flags = NULL;
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "flags", 5) == 0 || strncmp(line, "Features", 8) == 0) {
-      flags = strchr(line, ':');
-      break;
-    }
-  if (f) fclose(f);
-  for (int i = 0; i < TF_NFLAGS; i++)
-    if (!flags || !tf_has_flag(flags + 1, tf_flags[i]))
-      return tf_fail(TF_ERROR_CPU, "this CPU lacks %s, which the code exported for %s uses",
-                     tf_flags[i], tf_target);
-  return TF_OK;
-}
-
-static int tf_map_data(tf_model *m, const char *dir) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/data.bin", dir);
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return tf_fail(TF_ERROR_FILE, "%s: cannot open it", path);
-  struct stat st;
-  if (fstat(fd, &st) != 0 || st.st_size != TF_DATA_BYTES) {
-    close(fd);
-    return tf_fail(TF_ERROR_CORRUPT, "%s: %lld bytes, the library was exported with %lld",
-                   path, (long long)st.st_size, (long long)TF_DATA_BYTES);
-  }
-  if (TF_DATA_BYTES > 0) {
-    void *p = mmap(NULL, TF_DATA_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      close(fd);
-      return tf_fail(TF_ERROR_FILE, "%s: cannot map it", path);
-    }
-    m->data = p;
-    m->data_bytes = TF_DATA_BYTES;
-  }
-  close(fd);
-  if (tf_digest64(m->data, m->data_bytes) != tf_data_digest64)
-    return tf_fail(TF_ERROR_CORRUPT, "%s: digest64 differs from the one it was exported with "
-                   "(altered or damaged after export)", path);
-  return TF_OK;
-}
-
-/* ---- the native pool: started once per library ---- */
-
-int tf_claim_pool(void) {
-  static int claimed;
-  return !__atomic_exchange_n(&claimed, 1, __ATOMIC_SEQ_CST);
-}
-
-static void tf_start_pool(void) {
-  if (!tf_claim_pool()) return;
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const char *given = getenv("TILEFOLD_NUM_THREADS");
-  int size = given && atoi(given) > 0 ? atoi(given) : (int)(cpus > 0 ? cpus : 1);
-  if (size > TF_MAX_THREADS) size = TF_MAX_THREADS;
-  int32_t unpinned[TF_MAX_THREADS];
-  uint64_t none[16] = {0};
-  for (int i = 0; i < size; i++) unpinned[i] = -1;
-  if (tilefold_pool_init() == 0) tilefold_pool_start(size, unpinned, none, 2000000);
-}
 
 /* ---- load, run, free ---- */
 
@@ -136,7 +33,7 @@ int tf_model_load(const char *dir, tf_model **model) {
   if (status != TF_OK) return status;
   tf_model *m = calloc(1, sizeof *m);
   if (!m) return tf_fail(TF_ERROR_MEMORY, "out of memory");
-  status = tf_map_data(m, dir);
+  status = tf_map_data(&m->data, &m->data_bytes, dir);
   if (status != TF_OK) {
     tf_model_free(m);
     return status;
@@ -202,21 +99,6 @@ static int tf_check(const tf_tensor *given, const int64_t io[5], int number, con
       return tf_fail(TF_ERROR_ARGUMENT, "%s %d: dim %d is %lld, the model takes %lld", side,
                      number, d, (long long)given->shape[d], (long long)tf_dims[io[4] + d]);
   return TF_OK;
-}
-
-/* Copy between a C-contiguous array and a strided one (bytes strides), `to_strided` or back. */
-static void tf_copy(uint8_t *contiguous, uint8_t *strided, const int64_t *shape,
-                    const int64_t *strides, int nd, int64_t item, int to_strided) {
-  if (nd == 0) {
-    if (to_strided) memcpy(strided, contiguous, (size_t)item);
-    else memcpy(contiguous, strided, (size_t)item);
-    return;
-  }
-  int64_t inner = item;
-  for (int d = 1; d < nd; d++) inner *= shape[d];
-  for (int64_t i = 0; i < shape[0]; i++)
-    tf_copy(contiguous + i * inner, strided + i * strides[0], shape + 1, strides + 1, nd - 1,
-            item, to_strided);
 }
 
 int tf_model_run(tf_model *m, const tf_tensor *inputs, int num_inputs, const tf_tensor *outputs,

@@ -1,32 +1,249 @@
-/* The C runtime of a symbolic-shape artifact: not written yet. Every entry point refuses
- * with TF_ERROR_SYMBOLIC and says so; tilefold.load (Python) runs such an artifact. The
- * library's pool is still claimed once, as in runtime.c, for the Python loader. */
-#include <stddef.h>
-#include <stdint.h>
+/* The C runtime of a symbolic-shape artifact (tilefold_model.h): one size class per range of
+ * the symbolic dim, each with its own buffers, replay function and program, whose integers
+ * are expressions of the size n (`tilefold/aot/c_abi.py` writes the tables ahead of this text,
+ * as it does for runtime.c; the Python loader's `_prepare_symbolic` and `_evaluate`,
+ * tilefold/artifact/load.py, read the same program from program.json). tf_model_load checks
+ * the CPU and data.bin and allocates every class's buffers; tf_model_run takes n from the
+ * inputs' symbolic dims (checked: agreeing, within the bounds, every other dim as exported),
+ * binds the class's program at n when the class last ran another size (pointer words,
+ * patched parameter-block words, array headers, the table), and runs the class's replay.
+ *
+ * An expression (tf_exprs: tag, a, b) is a constant a (tag 0), a + b*n (tag 1), or the value
+ * for n of a table starting at tf_tabvals[a] for the sizes from b (tag 2). libc and
+ * libpthread only.
+ */
+#include "runtime_common.h"
 
-#include "tilefold_model.h"
+enum { EXPR_CONSTANT, EXPR_LINEAR, EXPR_TABLE };
+/* The columns of tf_classes. */
+enum { C_LO, C_HI, C_BUFFER, C_POINTER, C_NPOINTERS, C_PATCH, C_NPATCHES, C_OBJECT, C_NOBJECTS,
+       C_ENTRY, C_NENTRIES, C_STATUS, C_NSTATUS, C_COLUMNS };
 
-static const char tf_symbolic_message[] =
-    "this artifact has symbolic shapes (size classes); the C runtime runs static-shape "
-    "artifacts only: run it with tilefold.load from Python, or export it for static shapes";
+struct tf_model {
+  uint8_t *data; /* data.bin, mapped privately */
+  size_t data_bytes;
+  uint8_t *buffers[TF_NBUFFERS + 1]; /* every class's, in turn (+ 1: no array is empty) */
+  uint8_t *workspace; /* every buffer but data.bin's, in one zeroed anonymous mapping */
+  size_t workspace_bytes;
+  int64_t *headers[TF_NOBJECTS + 1];
+  int64_t table[TF_NENTRIES + 1];
+  int64_t bound[TF_NCLASSES]; /* the size each class's program is bound at (0: none yet) */
+};
 
-int tf_claim_pool(void) {
-  static int claimed;
-  return !__atomic_exchange_n(&claimed, 1, __ATOMIC_SEQ_CST);
+static int64_t tf_eval(int64_t e, int64_t n) {
+  const int64_t *x = tf_exprs[e];
+  switch (x[0]) {
+    case EXPR_CONSTANT: return x[1];
+    case EXPR_LINEAR: return x[1] + x[2] * n;
+    default: return tf_tabvals[x[1] + n - x[2]];
+  }
 }
 
-const char *tf_last_error(void) { return tf_symbolic_message; }
+/* The address `offset` (an expression) bytes into buffer `buffer` of class `k`, or NULL
+ * when `size` bytes from there leave the buffer. */
+static uint8_t *tf_at(tf_model *m, int k, int64_t buffer, int64_t offset, int64_t n,
+                      int64_t size) {
+  int64_t b = tf_classes[k][C_BUFFER] + buffer, at = tf_eval(offset, n);
+  if (at < 0 || at > tf_buffers[b][1] - size) return NULL;
+  return m->buffers[b] + at;
+}
 
 int tf_model_load(const char *dir, tf_model **model) {
-  (void)dir;
-  if (model) *model = NULL;
-  return TF_ERROR_SYMBOLIC;
+  if (!model || !dir)
+    return tf_fail(TF_ERROR_ARGUMENT, "tf_model_load(dir, &model): NULL given");
+  *model = NULL;
+  int status = tf_check_cpu();
+  if (status != TF_OK) return status;
+  tf_model *m = calloc(1, sizeof *m);
+  if (!m) return tf_fail(TF_ERROR_MEMORY, "out of memory");
+  status = tf_map_data(&m->data, &m->data_bytes, dir);
+  if (status != TF_OK) {
+    tf_model_free(m);
+    return status;
+  }
+  /* Each class's buffers at its largest size, zero on first touch (as runtime.c). A call
+   * runs one class and workspace never outlives a call, so every class's workspace buffers
+   * lie in one region from 0, as large as the largest class needs; the others follow. */
+  size_t shared = 0, at = 0, offsets[TF_NBUFFERS + 1];
+  for (int k = 0; k < TF_NCLASSES; k++) {
+    size_t work = 0;
+    int64_t end = k + 1 < TF_NCLASSES ? tf_classes[k + 1][C_BUFFER] : TF_NBUFFERS;
+    for (int64_t i = tf_classes[k][C_BUFFER]; i < end; i++)
+      if (tf_buffers[i][0] == KIND_WORKSPACE) {
+        offsets[i] = work;
+        work += ((size_t)tf_buffers[i][1] + 127) / 64 * 64;
+      }
+    if (work > shared) shared = work;
+  }
+  at = shared;
+  for (int i = 0; i < TF_NBUFFERS; i++)
+    if (tf_buffers[i][0] != KIND_DATA && tf_buffers[i][0] != KIND_WORKSPACE) {
+      offsets[i] = at;
+      at += ((size_t)tf_buffers[i][1] + 127) / 64 * 64;
+    }
+  if (at > 0) {
+    void *p = mmap(NULL, at, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      tf_model_free(m);
+      return tf_fail(TF_ERROR_MEMORY, "out of memory for %lld bytes of buffers", (long long)at);
+    }
+    m->workspace = p;
+    m->workspace_bytes = at;
+  }
+  for (int i = 0; i < TF_NBUFFERS; i++)
+    m->buffers[i] = tf_buffers[i][0] == KIND_DATA ? m->data + tf_buffers[i][2]
+                                                  : m->workspace + offsets[i];
+  for (int i = 0; i < TF_NOBJECTS; i++) {
+    int64_t nd = tf_objects[i][2];
+    int64_t *h = m->headers[i] = calloc((size_t)(TF_HEADER_WORDS + 2 * nd), sizeof *h);
+    if (!h) {
+      tf_model_free(m);
+      return tf_fail(TF_ERROR_MEMORY, "out of memory");
+    }
+    h[TF_HEADER_ND] = nd;
+    h[TF_HEADER_DIMS] = (int64_t)(h + TF_HEADER_WORDS);
+    h[TF_HEADER_STRIDES] = (int64_t)(h + TF_HEADER_WORDS + nd);
+  }
+  tf_start_pool();
+  *model = m;
+  return TF_OK;
+}
+
+/* Class k's program at size n: what its kernels read of memory and of the table. */
+static int tf_bind(tf_model *m, int k, int64_t n) {
+  const int64_t *c = tf_classes[k];
+  for (int64_t i = c[C_POINTER]; i < c[C_POINTER] + c[C_NPOINTERS]; i++) {
+    const int64_t *p = tf_pointers[i];
+    uint8_t *word = tf_at(m, k, p[0], p[1], n, 8), *to = tf_at(m, k, p[2], p[3], n, 0);
+    if (!word || !to) return tf_fail(TF_ERROR_CORRUPT, "pointer word %lld outside its buffer "
+                                     "at size %lld", (long long)i, (long long)n);
+    int64_t address = (int64_t)to;
+    memcpy(word, &address, sizeof address);
+  }
+  for (int64_t i = c[C_PATCH]; i < c[C_PATCH] + c[C_NPATCHES]; i++) {
+    const int64_t *p = tf_patches[i];
+    uint8_t *word = tf_at(m, k, p[0], p[1], n, 8);
+    if (!word) return tf_fail(TF_ERROR_CORRUPT, "patch %lld outside its buffer at size %lld",
+                              (long long)i, (long long)n);
+    int64_t value = tf_eval(p[2], n);
+    memcpy(word, &value, sizeof value);
+  }
+  for (int64_t i = c[C_OBJECT]; i < c[C_OBJECT] + c[C_NOBJECTS]; i++) {
+    const int64_t *o = tf_objects[i];
+    int64_t *h = m->headers[i];
+    uint8_t *data = tf_at(m, k, o[0], o[1], n, 0);
+    if (!data) return tf_fail(TF_ERROR_CORRUPT, "array %lld outside its buffer at size %lld",
+                              (long long)i, (long long)n);
+    h[TF_HEADER_DATA] = (int64_t)data;
+    for (int64_t d = 0; d < 2 * o[2]; d++) h[TF_HEADER_WORDS + d] = tf_eval(tf_dims[o[3] + d], n);
+  }
+  for (int64_t i = c[C_ENTRY]; i < c[C_ENTRY] + c[C_NENTRIES]; i++) {
+    const int64_t *e = tf_entries[i];
+    switch (e[0]) {
+      case ARG_VALUE: m->table[i] = tf_eval(e[1], n); break;
+      case ARG_ADDRESS: {
+        uint8_t *to = tf_at(m, k, e[1], e[2], n, 0);
+        if (!to) return tf_fail(TF_ERROR_CORRUPT, "argument %lld outside its buffer at size "
+                                "%lld", (long long)i, (long long)n);
+        m->table[i] = (int64_t)to;
+        break;
+      }
+      case ARG_OBJECT: m->table[i] = (int64_t)m->headers[c[C_OBJECT] + e[1]]; break;
+      default: m->table[i] = (int64_t)tf_functions[e[1]]; break;
+    }
+  }
+  m->bound[k] = n;
+  return TF_OK;
+}
+
+/* `given` against row `io` of tf_inputs or tf_outputs (buffer, offset, dtype, rank, dims)
+ * at size n; its shape and strides evaluated into shape[], strides[]. */
+static int tf_check(const tf_tensor *given, const int64_t io[5], int number, const char *side,
+                    int64_t n, int64_t *shape, int64_t *strides) {
+  if (given->dtype != io[2] || given->ndim != io[3] || (io[3] && !given->shape) || !given->data)
+    return tf_fail(TF_ERROR_ARGUMENT, "%s %d: dtype %d, rank %d expected (got %d, %d)", side,
+                   number, (int)io[2], (int)io[3], given->dtype, given->ndim);
+  for (int d = 0; d < io[3]; d++) {
+    shape[d] = tf_eval(tf_dims[io[4] + d], n);
+    strides[d] = tf_eval(tf_dims[io[4] + io[3] + d], n);
+    if (given->shape[d] != shape[d])
+      return tf_fail(TF_ERROR_ARGUMENT, "%s %d: dim %d is %lld, the model takes %lld at %s = "
+                     "%lld", side, number, d, (long long)given->shape[d], (long long)shape[d],
+                     tf_symbol, (long long)n);
+  }
+  return TF_OK;
 }
 
 int tf_model_run(tf_model *m, const tf_tensor *inputs, int num_inputs, const tf_tensor *outputs,
                  int num_outputs) {
-  (void)m, (void)inputs, (void)num_inputs, (void)outputs, (void)num_outputs;
-  return TF_ERROR_SYMBOLIC;
+  if (!m) return tf_fail(TF_ERROR_ARGUMENT, "no model (tf_model_load failed?)");
+  if (num_inputs != TF_NINPUTS || num_outputs != TF_NOUTPUTS)
+    return tf_fail(TF_ERROR_ARGUMENT, "the model takes %d inputs and %d outputs, not %d and %d",
+                   TF_NINPUTS, TF_NOUTPUTS, num_inputs, num_outputs);
+  int64_t n = -1;
+  for (int i = 0; i < TF_NSYMDIMS; i++) { /* (input, dim): the symbolic dims */
+    const tf_tensor *t = &inputs[tf_symdims[i][0]];
+    int64_t d = tf_symdims[i][1];
+    if (!t->shape || t->ndim != tf_inputs[tf_symdims[i][0]][3])
+      return tf_fail(TF_ERROR_ARGUMENT, "input %d: rank %d expected (got %d)",
+                     (int)tf_symdims[i][0], (int)tf_inputs[tf_symdims[i][0]][3], t->ndim);
+    if (n >= 0 && t->shape[d] != n)
+      return tf_fail(TF_ERROR_ARGUMENT, "%s is %lld in one input and %lld in input %d",
+                     tf_symbol, (long long)n, (long long)t->shape[d], (int)tf_symdims[i][0]);
+    n = t->shape[d];
+  }
+  if (n < TF_MIN || n > TF_MAX)
+    return tf_fail(TF_ERROR_ARGUMENT, "%s = %lld is outside the sizes this artifact was "
+                   "exported for (%d to %d)", tf_symbol, (long long)n, TF_MIN, TF_MAX);
+  int k = 0;
+  while (n > tf_classes[k][C_HI]) k++;
+  if (n < tf_classes[k][C_LO]) /* exported for a list of sizes: between two of them */
+    return tf_fail(TF_ERROR_ARGUMENT, "%s = %lld is not a size this artifact was exported "
+                   "for (between %lld and %lld, which it was)", tf_symbol, (long long)n,
+                   (long long)tf_classes[k - 1][C_HI], (long long)tf_classes[k][C_LO]);
+  int64_t shape[TF_MAX_RANK + 1], strides[TF_MAX_RANK + 1];
+  const int64_t(*in)[5] = tf_inputs + k * TF_NINPUTS, (*out)[5] = tf_outputs + k * TF_NOUTPUTS;
+  for (int i = 0; i < TF_NINPUTS; i++)
+    if (tf_check(&inputs[i], in[i], i, "input", n, shape, strides) != TF_OK)
+      return TF_ERROR_ARGUMENT;
+  for (int i = 0; i < TF_NOUTPUTS; i++)
+    if (tf_check(&outputs[i], out[i], i, "output", n, shape, strides) != TF_OK)
+      return TF_ERROR_ARGUMENT;
+  if (m->bound[k] != n) {
+    int status = tf_bind(m, k, n);
+    if (status != TF_OK) {
+      m->bound[k] = 0;
+      return status;
+    }
+  }
+  for (int i = 0; i < TF_NINPUTS; i++) {
+    tf_check(&inputs[i], in[i], i, "input", n, shape, strides);
+    uint8_t *to = tf_at(m, k, in[i][0], in[i][1], n, 0);
+    if (!to) return tf_fail(TF_ERROR_CORRUPT, "input %d outside its buffer", i);
+    tf_copy(inputs[i].data, to, shape, strides, (int)in[i][3], tf_itemsize[in[i][2]], 1);
+  }
+  tf_replays[k](m->table + tf_classes[k][C_ENTRY]);
+  for (int64_t i = tf_classes[k][C_STATUS]; i < tf_classes[k][C_STATUS] +
+       tf_classes[k][C_NSTATUS]; i++) {
+    int64_t *word = (int64_t *)m->buffers[tf_classes[k][C_BUFFER] + tf_status[i]];
+    if (*word) {
+      *word = 0;
+      return tf_fail(TF_ERROR_INDEX, "an index of a gather or index_put is out of range");
+    }
+  }
+  for (int i = 0; i < TF_NOUTPUTS; i++) {
+    tf_check(&outputs[i], out[i], i, "output", n, shape, strides);
+    uint8_t *from = tf_at(m, k, out[i][0], out[i][1], n, 0);
+    if (!from) return tf_fail(TF_ERROR_CORRUPT, "output %d outside its buffer", i);
+    tf_copy(outputs[i].data, from, shape, strides, (int)out[i][3], tf_itemsize[out[i][2]], 0);
+  }
+  return TF_OK;
 }
 
-void tf_model_free(tf_model *m) { (void)m; }
+void tf_model_free(tf_model *m) {
+  if (!m) return;
+  for (int i = 0; i < TF_NOBJECTS; i++) free(m->headers[i]);
+  if (m->workspace) munmap(m->workspace, m->workspace_bytes);
+  if (m->data) munmap(m->data, m->data_bytes);
+  free(m);
+}

@@ -22,7 +22,7 @@ enum tf_status {
   TF_ERROR_ARGUMENT = 4, /* inputs or outputs of the wrong count, dtype or shape */
   TF_ERROR_MEMORY = 5,   /* out of memory */
   TF_ERROR_INDEX = 6,    /* an index of a gather or index_put was out of range */
-  TF_ERROR_SYMBOLIC = 7  /* a symbolic-shape artifact: only tilefold.load (Python) runs it */
+  TF_ERROR_SYMBOLIC = 7  /* no longer returned (symbolic-shape artifacts run from C too) */
 };
 
 /* Element types, as the manifest names them. */
