@@ -504,7 +504,7 @@ def serve(spec: dict[str, Any], channel: TextIO, commands: TextIO) -> None:
     if name == "tilefold" and not native_gguf(spec):
         name = "tilefold-torch"
     if spec.get("activations", "f32") != "f32":  # before any kernel is chosen
-        from tilefold.strategy.methods.blocks import WEIGHT_ACTIVATIONS
+        from tilefold.quant.formats import WEIGHT_ACTIVATIONS  # (not the compiler's import)
 
         os.environ[WEIGHT_ACTIVATIONS] = spec["activations"]
     uses_torch = name not in ("llamacpp", "tilefold", "ortgenai")

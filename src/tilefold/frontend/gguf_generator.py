@@ -33,6 +33,7 @@ import numpy as np
 
 from tilefold.errors import ShapeError, TilefoldError, UnsupportedError
 from tilefold.frontend.llama_config import LlamaConfig
+from tilefold.quant.formats import WEIGHT_ACTIVATIONS
 from tilefold.quant.gguf import GGUFFile
 from tilefold.target.paths import cache_dir
 from tilefold.version import code_digest
@@ -217,7 +218,7 @@ def _saved_path(path: str | os.PathLike, weights: str, max_length: int,
     stat = os.stat(path)
     key = " | ".join(map(str, [
         os.path.realpath(path), stat.st_size, stat.st_mtime_ns, weights, max_length,
-        every_position, STEP_SIZES, os.environ.get("TILEFOLD_WEIGHT_ACTIVATIONS", ""),
+        every_position, STEP_SIZES, os.environ.get(WEIGHT_ACTIVATIONS, ""),
         os.environ.get("TILEFOLD_HOST", ""), host_arch(), sorted(host_flags()),
         code_digest()]))
     return cache_dir() / "steps" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.tfa"

@@ -40,6 +40,11 @@ FORMATS: dict[str, Format] = {
     "fp8": Format("fp8", dtypes.fp8e4m3, 448.0, None),
     "fp4": Format("fp4", dtypes.fp4e2m1, 6.0, 32),
 }
+# "int8" lets weight-only GEMMs quantize their activations to int8 per block of 32 k (as
+# llama.cpp's Q8_0 activations) for an integer dot product, where the host has one: a
+# candidate beside the float path (which stays exact to f32 rounding); default "f32".
+WEIGHT_ACTIVATIONS = "TILEFOLD_WEIGHT_ACTIVATIONS"
+
 _ALIASES = {"i8": "int8", "i4": "int4", "fp8e4m3": "fp8", "fp4e2m1": "fp4"}
 
 

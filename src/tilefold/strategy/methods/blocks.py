@@ -32,6 +32,7 @@ from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value
 from tilefold.ir.types import SymDim
 from tilefold.passes.fusion_policy import CPU_FUSION  # its free prologues are views
+from tilefold.quant.formats import WEIGHT_ACTIVATIONS
 from tilefold.runtime import num_threads, source_digest
 from tilefold.runtime.buffers import release_pages
 from tilefold.runtime.replay import NativeCall
@@ -165,10 +166,6 @@ class GemmEpilogue(Method):
         return out
 
 
-# "int8" lets weight-only GEMMs quantize their activations to int8 per block of 32 k (as
-# llama.cpp's Q8_0 activations) for an integer dot product, where the host has VNNI: a
-# candidate beside the float path (which stays exact to f32 rounding); default "f32".
-WEIGHT_ACTIVATIONS = "TILEFOLD_WEIGHT_ACTIVATIONS"
 # Vector instructions per vector of weights (L codes decoded to f32, or the 4L codes of an
 # integer dot instruction), by kernel and code width: (decoding, once per pass of rows;
 # multiplying, once per row). Fitted to the GEMV's times on znver3 (AVX2, 2 threads, 896 x
