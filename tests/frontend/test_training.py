@@ -433,3 +433,35 @@ def test_forward_and_backward_take_turns_with_one_set_of_buffers() -> None:
     used = [p.shared_bytes for c in compiled for p in c._plans.values()]
     assert len(used) == 2 and min(used) > 0
     assert shared.nbytes < sum(used), (shared.nbytes, used)
+
+
+def test_saved_weights_and_activations_are_not_copied() -> None:
+    """The forward returns what the backward needs: the weights it saves come back as the
+    parameters themselves (autograd's version check then sees an in-place change between the
+    two passes, as in eager), and activations it saves through a reshape are written into
+    fresh arrays per call and returned as views of them, not copied out of planned buffers."""
+    module = WithLoss(Block(), F.mse_loss)
+    x = torch.randn(5, 3, 13, requires_grad=True)
+    train_and_compare(module, [x, torch.randn(5, 3, 7)], reduced=13 + 33 + 7)
+    forward = next(g for g in report.reports() if g.graph.endswith("forward"))
+    runner = forward.executors[0].runner
+    (plan,) = runner.run.compiled._plans.values()
+    fn = runner.function
+    passed = [i for i, v in enumerate(fn.outputs) if v in fn.args]
+    assert passed and sorted(runner._passed) == passed
+    assert all(not copied for i, (_, copied) in enumerate(plan.results) if i in passed)
+    assert plan.fresh_views and all(not copied for s, copied in plan.results
+                                    if s in plan.fresh_views)
+
+    def step(change_weight: bool) -> None:
+        out = module(x, torch.randn(5, 3, 7)) if compiled is None else compiled(
+            x, torch.randn(5, 3, 7))
+        if change_weight:
+            with torch.no_grad():
+                module.model.fc2.weight.add_(1.0)
+        out.backward()
+
+    for compiled in (None, torch.compile(module, backend="tilefold", options={"strict": True})):
+        step(False)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            step(True)
