@@ -453,15 +453,14 @@ def test_saved_weights_and_activations_are_not_copied() -> None:
     assert plan.fresh_views and all(not copied for s, copied in plan.results
                                     if s in plan.fresh_views)
 
-    def step(change_weight: bool) -> None:
-        out = module(x, torch.randn(5, 3, 7)) if compiled is None else compiled(
-            x, torch.randn(5, 3, 7))
+    def step(run, change_weight: bool) -> None:
+        out = run(x, torch.randn(5, 3, 7))
         if change_weight:
             with torch.no_grad():
                 module.model.fc2.weight.add_(1.0)
         out.backward()
 
-    for compiled in (None, torch.compile(module, backend="tilefold", options={"strict": True})):
-        step(False)
+    for run in (module, torch.compile(module, backend="tilefold", options={"strict": True})):
+        step(run, False)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-            step(True)
+            step(run, True)
