@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tilefold.codegen.cpu.copy import OUT_OF_RANGE, copy_call
+from tilefold.codegen.cpu.copy import OUT_OF_RANGE, copy_call, scatter_call
 from tilefold.errors import DTypeError, ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols
@@ -45,23 +45,24 @@ WEIGHT_FORMATS = ("f32", "int8", "int4")
 
 
 def _index_put(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs: dict) -> None:
-    put(out, values, index_key("index_put", out.shape, attrs["axes"], list(indices)),
-        attrs.get("accumulate", False))
+    key = index_key("index_put", out.shape, attrs["axes"], list(indices))  # checks the range
+    accumulate = attrs.get("accumulate", False)
+    call = None if len(indices) != 1 or len(attrs["axes"]) != 1 else scatter_call(
+        out, values, indices[0], attrs["axes"][0], accumulate, np.zeros(1, np.int64))
+    if call is None:
+        put(out, values, key, accumulate)
+    else:
+        call()
 
 
 def _index_put_native(out: np.ndarray, values: np.ndarray, *indices: np.ndarray, attrs: dict
                       ) -> list[NativeCall] | None:
-    """`_index_put` as a native scatter, for one 1-D int64 index along one axis (a KV cache's
-    row write); None otherwise (and for an accumulating one)."""
-    if len(indices) != 1 or len(attrs["axes"]) != 1 or attrs.get("accumulate"):
+    """`_index_put` as a native scatter, for one index tensor along one axis (a KV cache's
+    row write, an embedding's gradient); None otherwise."""
+    if len(indices) != 1 or len(attrs["axes"]) != 1:
         return None
-    axis = attrs["axes"][0] % out.ndim
-    (index,) = indices
-    shape = (*out.shape[:axis], index.size, *out.shape[axis + 1:])
-    if index.ndim != 1 or np.broadcast_shapes(values.shape, shape) != shape:
-        return None
-    return _one(copy_call(out, np.broadcast_to(values, shape), index=index, axis=axis,
-                          side="dst"))
+    return _one(scatter_call(out, values, indices[0], attrs["axes"][0],
+                             attrs.get("accumulate", False), fixed=True))
 
 
 def _one(call: NativeCall | None) -> list[NativeCall] | None:
@@ -165,6 +166,7 @@ class Plan:
     replay: Recording | None = None  # the steps recorded for one set of input arrays
     last_inputs: tuple = ()  # the previous call's input arrays (two alike: record them)
     labels: list[str] = field(default_factory=list)  # per step: what it runs (for profiles)
+    fresh_views: frozenset = frozenset()  # result slots viewing a fresh output (made per call)
 
     @property
     def held(self) -> int:
@@ -198,7 +200,7 @@ class Plan:
         times.calls += 1
 
     def results_of(self, env: list, copy_fresh: bool) -> list[np.ndarray]:
-        fresh = {s for s, _, _ in self.output_slots} if copy_fresh else set()
+        fresh = {s for s, _, _ in self.output_slots} | self.fresh_views if copy_fresh else set()
         return [np.array(env[s]) if copied or s in fresh else env[s]
                 for s, copied in self.results]
 
@@ -291,6 +293,9 @@ class CompiledGraph:
             target is None or target.is_host())
         # Set to a StepTimes to time every step of every call into it (replay is then off).
         self.profiling: StepTimes | None = None
+        # Results that are arguments come back as the caller's own arrays, not copies (set
+        # before the first call: plans decide it); `GraphRunner.transient` turns it on.
+        self.lend_inputs = False
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()  # most recently used last
         self._decided: OrderedDict[tuple, Decision] = OrderedDict()  # likewise
         self._symbols: dict[Operation, tuple[str, ...]] = {}
@@ -322,6 +327,8 @@ class CompiledGraph:
             plan.execute(plan.env, arrays, outputs, times)
             results = plan.results_of(plan.env, copy_fresh=False)
             for slot in plan.input_slots:  # the caller's arrays: not kept past the call
+                plan.env[slot] = None
+            for slot, *_ in plan.views:  # nor views of them or of the fresh outputs
                 plan.env[slot] = None
             for slot, _, _ in plan.output_slots:
                 plan.env[slot] = None
@@ -429,6 +436,12 @@ class _Planner:
         self.outputs = set(fn.outputs)
         for v in fn.outputs:
             self.last_use[self.root.get(v, v)] = len(self.ops)
+        # kernel results that one output views and none returns otherwise (a saved
+        # activation's reshape): written into a fresh array per call like an output, so the
+        # view is returned as it is (results never share memory), not copied out of a buffer
+        roots = [self.root.get(v, v) for v in fn.outputs]
+        self.viewed = {r for v, r in zip(fn.outputs, roots, strict=True)
+                       if v is not r and roots.count(r) == 1} - set(fn.args)
         self.users = fn.uses()
         self.donated = {fn.outputs[r]: fn.args[a] for r, a in graph.donate.items()}
         self.in_place: set[Value] = set()
@@ -446,14 +459,18 @@ class _Planner:
                 decisions.append(self._kernel(op))
             self._release(op, i)
         fresh = {s for s, _, _ in self.fresh}
-        results = [(self.slot[v], self.slot[v] not in fresh and v not in self.in_place)
-                   for v in self.fn.outputs]
+        fresh_values = {v for v in self.per_call if self.slot[v] in fresh}
+        views = {self.slot[v] for v in self.fn.outputs  # per-call views of fresh arrays
+                 if v in self.per_call and self.root.get(v) in fresh_values & self.viewed}
+        lent = set(self.fn.args) if self.graph.lend_inputs else set()
+        results = [(self.slot[v], self.slot[v] not in fresh | views and v not in self.in_place
+                    and v not in lent) for v in self.fn.outputs]
         for v in self.per_call:  # drop the probes
             self.env[self.slot[v]] = None
         return Plan(self.steps, self.natives, self.views, self.env,
                     [self.slot[a] for a in self.fn.args], self.fresh, results, decisions,
                     self.layout, self.alloc is poison, self.nbytes, labels=self.labels,
-                    shared_bytes=self.shared_bytes)
+                    shared_bytes=self.shared_bytes, fresh_views=frozenset(views))
 
     def _step(self, run: Callable[..., None], slots: list[int], native: Native | None,
               label: str) -> None:
@@ -532,7 +549,7 @@ class _Planner:
         for r, t in zip(op.results, problem.out_types(), strict=True):
             shape, dtype = tuple(t.shape), np.dtype(t.dtype.np_dtype)
             args.append(slot[r])
-            if r in self.outputs:
+            if r in self.outputs or r in self.viewed:
                 self.fresh.append((slot[r], shape, dtype))
                 self.per_call.add(r)
                 env[slot[r]] = np.empty(shape, dtype)  # a probe, like the inputs'

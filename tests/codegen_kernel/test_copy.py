@@ -1,13 +1,14 @@
 """The native strided copy (`codegen/cpu/copy.py`): plain copies over any strides (transposed,
-sliced, broadcast sources), scatters (`index_put`'s row writes) and gathers along any axis,
-against NumPy; an index out of range sets the status word instead of touching memory."""
+sliced, broadcast sources), scatters (`index_put`'s row writes), accumulating scatters (an
+embedding's gradient, bit for bit `np.add.at`) and gathers along any axis, against NumPy; an
+index out of range sets the status word instead of touching memory."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tilefold.codegen.cpu.copy import MAX_RANK, copy_call
+from tilefold.codegen.cpu.copy import MAX_RANK, copy_call, scatter_call
 
 RNG = np.random.default_rng(11)
 DTYPES = [np.float32, np.float64, np.int64, np.int16, np.bool_, np.uint8]
@@ -67,6 +68,48 @@ def test_scatter_writes_rows_in_place(axis):
     key = (slice(None),) * axis + (index,)
     want[key] = values
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize(("shape", "axis", "index_shape", "dtype"), [
+    ((300, 48), 0, (8, 16), np.float32),  # an embedding table, a 2-D batch of token ids
+    ((2, 40), 0, (64,), np.float32),  # token types: one row hit 64 times, in order
+    ((6, 90, 5), 1, (3, 7), np.float64),  # an inner axis
+    ((20, 3), 0, (33,), np.int64),
+    ((9, 4), 1, (5,), np.int32),  # the innermost axis
+])
+def test_accumulating_scatter_matches_add_at_bit_for_bit(shape, axis, index_shape, dtype):
+    index = RNG.integers(-shape[axis], shape[axis], index_shape)
+    index.reshape(-1)[:5] = index.reshape(-1)[0]  # one index repeated
+    start = _random(shape, dtype)
+    values = _random((*shape[:axis], *index_shape, *shape[axis + 1:]), dtype)
+    key = (slice(None),) * axis + (index,)
+    want = start.copy()
+    np.add.at(want, key, values)
+    got = start.copy()
+    status = _status()
+    scatter_call(got, values, index, axis, accumulate=True, status=status)()
+    assert status[0] == 0 and got.tobytes() == want.tobytes()
+    row = values[(slice(None),) * axis + (0,)]  # one value row for every index: broadcast
+    want, got = start.copy(), start.copy()
+    np.add.at(want, key, np.broadcast_to(np.expand_dims(row, axis), values.shape))
+    scatter_call(got, np.expand_dims(row, axis), index, axis, accumulate=True, status=status)()
+    assert got.tobytes() == want.tobytes()
+    if len(index_shape) > 1:  # the broadcast rows do not merge into one axis: a copy
+        assert scatter_call(got, np.expand_dims(row, axis), index, axis, True,
+                            fixed=True) is None
+
+
+def test_accumulating_scatters_without_a_native_form_are_declined():
+    out = np.zeros((4, 3), np.float16)  # adds f32, f64, i32, i64
+    assert scatter_call(out, np.ones((2, 3), np.float16), np.array([0, 1]), 0, True) is None
+    out = np.zeros((4, 3), np.float32)
+    assert scatter_call(out, np.ones((2, 3), np.float64), np.array([0, 1]), 0, True) is None
+    assert scatter_call(out, np.ones((3, 3), np.float32), np.array([0, 1]), 0, True) is None
+    assert scatter_call(out, np.ones((2, 3), np.float32), np.array([0, 1], np.int32), 0, True,
+                        fixed=True) is None  # the index would be a copy
+    status = _status()
+    scatter_call(out, np.ones((2, 3), np.float32), np.array([1, 4]), 0, True, status)()
+    assert status[0] == 1 and out[1].tolist() == [1, 1, 1] and out.sum() == 3
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])

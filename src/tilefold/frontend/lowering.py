@@ -36,7 +36,9 @@ class Specialized(Exception):
 class Rule:
     """How one ATen overload becomes tilefold IR."""
 
-    target: Any  # a torch OpOverload, or a Python callable such as operator.getitem
+    target: Any  # a torch OpOverload, a Python callable such as operator.getitem, or the
+    # name of an overload that exists only once some part of PyTorch is imported (`prims.fma`,
+    # which Dynamo's `lerp` brings in with Inductor's prims): matched by `str(overload)`
     fn: Callable[..., Any]
     summary: str
     whole: bool = False  # kept out of PyTorch's decomposition: the rule lowers it in one piece
@@ -62,4 +64,7 @@ def lowering(*targets: Any, summary: str = "", whole: bool = False
 
 
 def rule_for(target: Any) -> Rule | None:
-    return RULES.get(target)
+    rule = RULES.get(target)
+    if rule is None and hasattr(target, "_schema"):  # an OpOverload a rule names as text
+        rule = RULES.get(str(target))
+    return rule

@@ -102,6 +102,7 @@ class GraphRunner:
         # cores); a caller running tilefold graphs back to back turns it off.
         self.park = True
         self.holds_inputs = True  # `transient()` turns it off
+        self._passed: dict[int, int] = {}  # result -> the argument it is (`transient()`)
 
     def transient(self, shared: Any = None) -> None:
         """Keep nothing of a call's inputs past it: no input array is held for the next call
@@ -118,6 +119,10 @@ class GraphRunner:
         compiled = self.run.compiled
         if compiled is not None:
             compiled.replay = False
+            compiled.lend_inputs = True  # an input returned (a saved weight): the tensor itself
+            fn = self.function
+            self._passed = {i: self.converted.arg_indices[fn.args.index(v)]
+                            for i, v in enumerate(fn.outputs) if v in fn.args}
             if shared is not None:
                 compiled.share(shared)
 
@@ -137,6 +142,10 @@ class GraphRunner:
             if outputs[r] is not arrays[self.converted.arg_indices.index(p)]:
                 args[p].copy_(to_torch(outputs[r]))
         results = [to_torch(r) for r in outputs]
+        for i, p in self._passed.items():  # as autograd saw it (its version counter too)
+            if isinstance(args[p], torch.Tensor) and args[p].shape == results[i].shape and \
+                    args[p].dtype == results[i].dtype:
+                results[i] = args[p]
         for i, lead in self.converted.flattened.items():  # as PyTorch sees them
             results[i] = results[i].flatten(0, lead - 1)
         for p, symbol in self.converted.size_args.items():

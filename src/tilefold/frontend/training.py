@@ -71,6 +71,19 @@ def _var_mean(x: torch.Tensor, dim: Any = None, *, correction: Any = None,
     return var, mean if keepdim else torch.squeeze(mean, dims)
 
 
+def _after_pytorch(runner: Callable[..., Any]) -> Callable[..., Any]:
+    """`runner`, first sending PyTorch's OpenMP workers to rest: the optimizer's step (before
+    a forward) and autograd's own ops (before a backward) leave them spinning for
+    milliseconds beside tilefold's threads."""
+    from tilefold.frontend import openmp
+
+    def run(*args: Any) -> Any:
+        openmp.pause_workers()
+        return runner(*args)
+
+    return run
+
+
 def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
                      flag: bool | None, weights: str | None, lower: Lower) -> Callable[..., Any]:
     """The compiled callable for Dynamo graph `graph` when autograd is on: AOTAutograd with a
@@ -103,7 +116,7 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
                 left_to_pytorch(report, f"graph {graph} ({part})", exc, flag)
                 runner = aten_gm.forward
             record(report)
-            return make_boxed_func(runner)
+            return make_boxed_func(_after_pytorch(runner))
 
         return compile_part
 

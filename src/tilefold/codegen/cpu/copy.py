@@ -9,6 +9,12 @@ count from the end). An index outside its axis is not followed: the kernel sets 
 word to 1 and copies the rest, so the caller can raise a clear error. The innermost dim is
 one `memcpy` when both sides are contiguous along it.
 
+`tf_copy_add_<dtype>` is the same walk adding the source to the destination instead of
+overwriting it (`copy_call(..., accumulate=True)`): an accumulating `index_put`, an embedding's
+gradient, each row of values added to its index's row in the order the index lists them, so a
+repeated index gets the same sums in the same order as `np.add.at` (bit for bit).
+`scatter_call` flattens an `index_put` (one index tensor of any rank along one axis) into one.
+
 `copy_call(dst, src, ...)` returns the call for a fixed pair of arrays (a plan's buffers), for
 replay (`runtime/replay.py`): the addresses are raw data pointers, fixed with the arrays.
 """
@@ -57,11 +63,18 @@ OUT_OF_RANGE = np.zeros(1, np.int64)
 _NO_INDEX = np.zeros(1, np.int64)  # what the kernel's index pointer reads when none is used
 
 
-def copy_ir(itemsize: int, name: str, triple: str) -> str:
+# Element types the accumulating copy adds in (`tf_copy_add_<name>`).
+ADDS = {"float32": ir.FloatType(), "float64": ir.DoubleType(), "int32": ir.IntType(32),
+        "int64": ir.IntType(64)}
+
+
+def copy_ir(itemsize: int, name: str, triple: str, add: str | None = None) -> str:
+    """The copy kernel; with `add` (a key of ADDS), destination elements become
+    destination + source in that type."""
     module = ir.Module(name=name)
     module.triple = triple
     i8p, i64p = u.i8.as_pointer(), u.i64.as_pointer()
-    elem = ir.IntType(8 * itemsize)
+    elem = ir.IntType(8 * itemsize) if add is None else ADDS[add]
     memcpy = u.intrinsic(module, "llvm.memcpy.p0i8.p0i8.i64", ir.VoidType(),
                          [i8p, i8p, u.i64, ir.IntType(1)])
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [i64p]), name=name)
@@ -87,6 +100,14 @@ def copy_ir(itemsize: int, name: str, triple: str) -> str:
         """The loop over dim `d` (outer dims nest; the innermost is a run)."""
         if d == MAX_RANK - 1:
             dst, src = b.gep(dst0, [doff]), b.gep(src0, [soff])
+            if add is not None:  # element by element, in order
+                with u.for_range(b, 0, inner, name="e") as e:
+                    to = b.bitcast(b.gep(dst, [b.mul(e, inner_d)]), elem.as_pointer())
+                    value = b.load(b.bitcast(b.gep(src, [b.mul(e, inner_s)]),
+                                             elem.as_pointer()))
+                    plus = b.fadd if isinstance(elem, (ir.FloatType, ir.DoubleType)) else b.add
+                    b.store(plus(b.load(to), value), to)
+                return
             with b.if_else(contiguous) as (whole, strided):
                 with whole:
                     b.call(memcpy, [dst, src, run_bytes, ir.Constant(ir.IntType(1), 0)])
@@ -118,27 +139,31 @@ def copy_ir(itemsize: int, name: str, triple: str) -> str:
 
 
 @functools.cache
-def copy_function(itemsize: int):
-    """The ctypes entry `tf_copy_<itemsize>(params)` for this host (compiled once, cached)."""
+def copy_function(itemsize: int, add: str | None = None):
+    """The ctypes entry `tf_copy_<itemsize>(params)` for this host (compiled once, cached);
+    with `add`, `tf_copy_add_<add>`, which adds instead of copying."""
     if itemsize not in (1, 2, 4, 8):
         raise UnsupportedError(f"native copy: elements of {itemsize} bytes (1, 2, 4 or 8 only)")
     target = host_target()
-    name = f"tf_copy_{itemsize}"
+    name = f"tf_copy_{itemsize}" if add is None else f"tf_copy_add_{add}"
     module = compile_generated(f"{source_digest(__name__, 'tilefold.codegen.llvm_util')}|{name}",
-                               lambda: copy_ir(itemsize, name, target.triple), target,
+                               lambda: copy_ir(itemsize, name, target.triple, add), target,
                                name=name, portable=True)
     return module.function(name, None, ctypes.c_void_p)
 
 
 def copy_call(dst: np.ndarray, src: np.ndarray, *, index: np.ndarray | None = None,
-              axis: int = 0, side: str | None = None, status: np.ndarray = OUT_OF_RANGE
-              ) -> NativeCall | None:
+              axis: int = 0, side: str | None = None, status: np.ndarray = OUT_OF_RANGE,
+              accumulate: bool = False) -> NativeCall | None:
     """The native call copying `src` into `dst` (same shape: the iteration space), or with
     `side` "dst" (scatter: `dst` positions along `axis` are `index`) or "src" (gather), where
-    `index` is a 1-D int64 array as long as the iteration space's `axis`. None when this copy
+    `index` is a 1-D int64 array as long as the iteration space's `axis`; with `accumulate`,
+    adding `src` to `dst` instead (`dst` and `src` of one dtype in ADDS). None when this copy
     has no native form (dtype sizes, rank above MAX_RANK, an index that is not contiguous int64
     or overlapping memory)."""
     if dst.dtype.itemsize != src.dtype.itemsize or dst.dtype.itemsize not in (1, 2, 4, 8):
+        return None
+    if accumulate and (dst.dtype != src.dtype or dst.dtype.name not in ADDS):
         return None
     if not dst.flags.writeable or (side is None and dst.shape != src.shape):
         return None
@@ -177,8 +202,33 @@ def copy_call(dst: np.ndarray, src: np.ndarray, *, index: np.ndarray | None = No
     params[CopyParam.SRC_STRIDES:CopyParam.SRC_STRIDES + MAX_RANK] = sstr
     if math.prod(shape) == 0:
         return None
-    return NativeCall(copy_function(item), (params.ctypes.data,),
+    function = copy_function(item, dst.dtype.name if accumulate else None)
+    return NativeCall(function, (params.ctypes.data,),
                       (params, dst, src, status, index if side is not None else _NO_INDEX))
+
+
+def scatter_call(out: np.ndarray, values: np.ndarray, index: np.ndarray, axis: int,
+                 accumulate: bool, status: np.ndarray = OUT_OF_RANGE, fixed: bool = False
+                 ) -> NativeCall | None:
+    """`index_put` of `values` into `out` by one index tensor (any rank, integers) along
+    `axis` as one native scatter (`out[..., index, ...] = values`, or `+=` with `accumulate`),
+    the index flattened in C order as NumPy walks it; None without a native form, and with
+    `fixed` (a call replayed on the same arrays) also where `index` or `values` had to be
+    copied into that form."""
+    axis %= max(out.ndim, 1)
+    flat = np.ascontiguousarray(index.reshape(-1), np.int64)
+    picked = (*out.shape[:axis], *index.shape, *out.shape[axis + 1:])
+    rows = (*out.shape[:axis], flat.size, *out.shape[axis + 1:])
+    try:
+        given, values = values, np.broadcast_to(values, picked).reshape(rows)  # a copy if
+    except ValueError:  # broadcast
+        return None
+    if values.dtype != out.dtype or flat.size == 0:
+        return None
+    if fixed and not (np.shares_memory(flat, index) and np.shares_memory(values, given)):
+        return None
+    return copy_call(out, values, index=flat, axis=axis, side="dst", status=status,
+                     accumulate=accumulate)
 
 
 def _coalesce(shape: list[int], dstr: list[int], sstr: list[int], axis: int | None

@@ -273,3 +273,11 @@ def dropout(ctx: LoweringContext, x: Any, p: float, train: bool) -> Any:
     if train and p > 0:
         raise NotApplicable("dropout in training mode")
     return ctx.value(x)
+
+
+@lowering("prims.fma.default")  # registered with Inductor's prims, not at import
+def fma(ctx: LoweringContext, a: Any, b: Any, c: Any) -> Any:
+    """a * b + c (`lerp`'s decomposition, as the optimizers' moving averages use it), as a
+    multiply then an add: rounded twice, the IR having no fused multiply-add op"""
+    return ctx.elementwise(lambda x, y, z: ctx.op("add", ctx.op("mul", x, y), z), [a, b, c],
+                           ctx.out_dtype())

@@ -36,3 +36,14 @@ def copy_(ctx: LoweringContext, dst: Any, src: Any, non_blocking: bool = False) 
         value = ctx.op("broadcast_to", value, shape=list(target.shape))
     ctx.mutations[dst] = value
     return value
+
+
+@lowering(aten.copy.default)
+def copy(ctx: LoweringContext, dst: Any, src: Any, non_blocking: bool = False) -> Any:
+    """functionalization's out-of-place copy: src as dst's dtype and shape (dst's values are
+    not read)"""
+    target = ctx.tensor(dst)
+    value = ctx.operand(src, target.dtype)
+    if tuple(value.shape) != tuple(target.shape):
+        value = ctx.op("broadcast_to", value, shape=list(target.shape))
+    return value

@@ -1,5 +1,5 @@
-"""Hand-written data movement: a lone `concat`, `gather` or `index` by constant indices as
-native strided copies.
+"""Hand-written data movement: a lone `concat`, `gather`, `index` by constant indices or
+`index_put` by one index tensor as native strided copies.
 
 Called from Python they run NumPy's own copy into the planned output (`np.concatenate`,
 `np.take`); replayed (`Kernel.calls`), they are the native copy kernel
@@ -8,6 +8,10 @@ indexed copy for a gather (an embedding lookup), so a decode step needs no Pytho
 An `index` whose index tensors are all constants of the graph over adjacent axes (the
 attention masks transformers builds, `mask[arange(b)[:, None, None, None], arange(s)]`) is a
 gather along those axes merged into one, by positions computed once when it is built.
+An `index_put` whose operand 0 cannot be overwritten (a graph result, or a zero-filled
+broadcast: an embedding's gradient) copies it into the output, then scatters its values there
+natively, added with `accumulate` (`codegen/cpu/copy.scatter_call`: in the index's order, the
+sums of `np.add.at`), so a table's gradient is one fill and one pass over the token rows.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import math
 import numpy as np
 
 from tilefold import dtypes
-from tilefold.codegen.cpu.copy import copy_call
+from tilefold.codegen.cpu.copy import ADDS, copy_call, scatter_call
+from tilefold.ir.ops.index import index_key, put
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -34,12 +39,16 @@ class Movement(Method):
             return "moves data for a lone concat, gather or index; this group is " + \
                 " -> ".join(problem.names)
         op = problem.body[0]
-        why = index_refusal(problem) if op.name == "index" else None
+        why = (index_refusal(problem) if op.name == "index" else
+               index_put_refusal(problem) if op.name == "index_put" else None)
         if why is not None:
             return why
         dtype = problem.types[op.results[0]].dtype
         if dtype.bits not in (8, 16, 32, 64) and dtype != dtypes.boolean:  # bool: a byte each
             return f"elements of {dtype} (whole bytes only)"
+        if op.name == "index_put" and problem.attrs(op).get("accumulate") and \
+                np.dtype(dtype.np_dtype).name not in ADDS:
+            return f"an accumulating index_put of {dtype} (adds {', '.join(ADDS)} only)"
         w = work(problem)
         estimate = roofline(0.0, w.bytes_fused, ctx.machine) + ctx.machine.call_s
         build = BUILDERS[op.name]
@@ -147,4 +156,40 @@ def build_index(problem: Problem) -> Kernel:
     return Kernel(run, "// index by constants: a native indexed copy", calls=calls)
 
 
-BUILDERS = {"concat": build_concat, "gather": build_gather, "index": build_index}
+def index_put_refusal(problem: Problem) -> str | None:
+    """Why a lone `index_put` has no native scatter here (None: it has)."""
+    op = problem.body[0]
+    if len(op.operands) != 3 or len(problem.attrs(op)["axes"]) != 1:
+        return "index_put by several index tensors (one along one axis only)"
+    return None
+
+
+def build_index_put(problem: Problem) -> Kernel:
+    op = problem.body[0]
+    attrs = problem.attrs(op)
+    (axis,), accumulate = attrs["axes"], bool(attrs.get("accumulate", False))
+
+    def scatter(x: np.ndarray, values: np.ndarray, index: np.ndarray, out: np.ndarray,
+                status: np.ndarray):
+        np.copyto(out, x)  # x broadcast from a scalar (zeros): a fill
+        return scatter_call(out, values, index, axis, accumulate, status)
+
+    def run(x: np.ndarray, values: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
+        key = index_key("index_put", out.shape, [axis], [index])  # ShapeError out of range
+        call = scatter(x, values, index, out, np.zeros(1, np.int64))
+        if call is None:
+            put(out, values, key, accumulate)
+        else:
+            call()
+
+    def calls(x: np.ndarray, values: np.ndarray, index: np.ndarray, out: np.ndarray):
+        fill = copy_call(out, x)
+        put_call = scatter_call(out, values, index, axis, accumulate, fixed=True)
+        return None if fill is None or put_call is None else [fill, put_call]
+
+    return Kernel(run, f"// index_put: a native copy, then a native scatter"
+                  f"{' adding' if accumulate else ''}", strided=True, calls=calls)
+
+
+BUILDERS = {"concat": build_concat, "gather": build_gather, "index": build_index,
+            "index_put": build_index_put}
