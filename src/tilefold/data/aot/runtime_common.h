@@ -111,6 +111,85 @@ static int tf_map_data(uint8_t **data, size_t *data_bytes, const char *dir) {
   return TF_OK;
 }
 
+/* ---- the model ---- */
+
+struct tf_model {
+  uint8_t *data; /* data.bin, mapped privately */
+  size_t data_bytes;
+  uint8_t *buffers[TF_NBUFFERS + 1]; /* (symbolic: every class's, in turn) + 1: none empty */
+  uint8_t *workspace; /* every other buffer, in one zeroed anonymous mapping */
+  size_t workspace_bytes;
+  int64_t *headers[TF_NOBJECTS + 1];
+  int64_t table[TF_NENTRIES + 1];
+#ifdef TF_NCLASSES
+  int64_t bound[TF_NCLASSES]; /* the size each class's program is bound at (0: none yet) */
+#endif
+};
+
+void tf_model_free(tf_model *m) {
+  if (!m) return;
+  for (int i = 0; i < TF_NOBJECTS; i++) free(m->headers[i]);
+  if (m->workspace) munmap(m->workspace, m->workspace_bytes);
+  if (m->data) munmap(m->data, m->data_bytes);
+  free(m);
+}
+
+/* tf_model_load's start: the arguments and the CPU checked, *m allocated with data.bin mapped
+ * (*model stays NULL until the caller is done). */
+static int tf_model_start(const char *dir, tf_model **model, tf_model **m) {
+  if (!model || !dir)
+    return tf_fail(TF_ERROR_ARGUMENT, "tf_model_load(dir, &model): NULL given");
+  *model = NULL;
+  int status = tf_check_cpu();
+  if (status != TF_OK) return status;
+  if (!(*m = calloc(1, sizeof **m))) return tf_fail(TF_ERROR_MEMORY, "out of memory");
+  status = tf_map_data(&(*m)->data, &(*m)->data_bytes, dir);
+  if (status != TF_OK) tf_model_free(*m);
+  return status;
+}
+
+/* Every buffer's address: data.bin's at their offsets in it, the others at `offsets` in one
+ * anonymous mapping of `bytes`, its pages zero and made on first touch (no memset of what
+ * may be 100 MB at load; not MADV_HUGEPAGE: where the kernel compacts memory for it on a
+ * fault, the default, it made the first call ~100 ms slower). */
+static int tf_place_buffers(tf_model *m, size_t bytes, const size_t *offsets) {
+  if (bytes > 0) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return tf_fail(TF_ERROR_MEMORY, "out of memory for %lld bytes of buffers",
+                     (long long)bytes);
+    m->workspace = p;
+    m->workspace_bytes = bytes;
+  }
+  for (int i = 0; i < TF_NBUFFERS; i++)
+    m->buffers[i] = tf_buffers[i][0] == KIND_DATA ? m->data + tf_buffers[i][2]
+                                                  : m->workspace + offsets[i];
+  return TF_OK;
+}
+
+/* Every array header (what a kernel reads of a NumPy array object), its rank and where its
+ * dims and strides lie written; the caller writes its data pointer, dims and strides. */
+static int tf_make_headers(tf_model *m) {
+  for (int i = 0; i < TF_NOBJECTS; i++) {
+    int64_t nd = tf_objects[i][2];
+    int64_t *h = m->headers[i] = calloc((size_t)(TF_HEADER_WORDS + 2 * nd), sizeof *h);
+    if (!h) return tf_fail(TF_ERROR_MEMORY, "out of memory");
+    h[TF_HEADER_ND] = nd;
+    h[TF_HEADER_DIMS] = (int64_t)(h + TF_HEADER_WORDS);
+    h[TF_HEADER_STRIDES] = (int64_t)(h + TF_HEADER_WORDS + nd);
+  }
+  return TF_OK;
+}
+
+/* A status word a native copy sets on an index out of range: cleared, and the error said. */
+static int tf_status_clear(uint8_t *word) {
+  int64_t value;
+  memcpy(&value, word, sizeof value);
+  if (!value) return TF_OK;
+  memset(word, 0, sizeof value);
+  return tf_fail(TF_ERROR_INDEX, "an index of a gather or index_put is out of range");
+}
+
 /* ---- the native pool: started once per library ---- */
 
 int tf_claim_pool(void) {

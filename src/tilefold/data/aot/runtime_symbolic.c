@@ -19,16 +19,6 @@ enum { EXPR_CONSTANT, EXPR_LINEAR, EXPR_TABLE };
 enum { C_LO, C_HI, C_BUFFER, C_POINTER, C_NPOINTERS, C_PATCH, C_NPATCHES, C_OBJECT, C_NOBJECTS,
        C_ENTRY, C_NENTRIES, C_STATUS, C_NSTATUS, C_COLUMNS };
 
-struct tf_model {
-  uint8_t *data; /* data.bin, mapped privately */
-  size_t data_bytes;
-  uint8_t *buffers[TF_NBUFFERS + 1]; /* every class's, in turn (+ 1: no array is empty) */
-  uint8_t *workspace; /* every buffer but data.bin's, in one zeroed anonymous mapping */
-  size_t workspace_bytes;
-  int64_t *headers[TF_NOBJECTS + 1];
-  int64_t table[TF_NENTRIES + 1];
-  int64_t bound[TF_NCLASSES]; /* the size each class's program is bound at (0: none yet) */
-};
 
 static int64_t tf_eval(int64_t e, int64_t n) {
   const int64_t *x = tf_exprs[e];
@@ -49,18 +39,9 @@ static uint8_t *tf_at(tf_model *m, int k, int64_t buffer, int64_t offset, int64_
 }
 
 int tf_model_load(const char *dir, tf_model **model) {
-  if (!model || !dir)
-    return tf_fail(TF_ERROR_ARGUMENT, "tf_model_load(dir, &model): NULL given");
-  *model = NULL;
-  int status = tf_check_cpu();
+  tf_model *m;
+  int status = tf_model_start(dir, model, &m);
   if (status != TF_OK) return status;
-  tf_model *m = calloc(1, sizeof *m);
-  if (!m) return tf_fail(TF_ERROR_MEMORY, "out of memory");
-  status = tf_map_data(&m->data, &m->data_bytes, dir);
-  if (status != TF_OK) {
-    tf_model_free(m);
-    return status;
-  }
   /* Each class's buffers at its largest size, zero on first touch (as runtime.c). A call
    * runs one class and workspace never outlives a call, so every class's workspace buffers
    * lie in one region from 0, as large as the largest class needs; the others follow. */
@@ -81,28 +62,13 @@ int tf_model_load(const char *dir, tf_model **model) {
       offsets[i] = at;
       at += ((size_t)tf_buffers[i][1] + 127) / 64 * 64;
     }
-  if (at > 0) {
-    void *p = mmap(NULL, at, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      tf_model_free(m);
-      return tf_fail(TF_ERROR_MEMORY, "out of memory for %lld bytes of buffers", (long long)at);
-    }
-    m->workspace = p;
-    m->workspace_bytes = at;
+  if (tf_place_buffers(m, at, offsets) != TF_OK) {
+    tf_model_free(m);
+    return TF_ERROR_MEMORY;
   }
-  for (int i = 0; i < TF_NBUFFERS; i++)
-    m->buffers[i] = tf_buffers[i][0] == KIND_DATA ? m->data + tf_buffers[i][2]
-                                                  : m->workspace + offsets[i];
-  for (int i = 0; i < TF_NOBJECTS; i++) {
-    int64_t nd = tf_objects[i][2];
-    int64_t *h = m->headers[i] = calloc((size_t)(TF_HEADER_WORDS + 2 * nd), sizeof *h);
-    if (!h) {
-      tf_model_free(m);
-      return tf_fail(TF_ERROR_MEMORY, "out of memory");
-    }
-    h[TF_HEADER_ND] = nd;
-    h[TF_HEADER_DIMS] = (int64_t)(h + TF_HEADER_WORDS);
-    h[TF_HEADER_STRIDES] = (int64_t)(h + TF_HEADER_WORDS + nd);
+  if (tf_make_headers(m) != TF_OK) { /* their data pointers, dims and strides: per size */
+    tf_model_free(m);
+    return TF_ERROR_MEMORY;
   }
   tf_start_pool();
   *model = m;
@@ -225,11 +191,8 @@ int tf_model_run(tf_model *m, const tf_tensor *inputs, int num_inputs, const tf_
   tf_replays[k](m->table + tf_classes[k][C_ENTRY]);
   for (int64_t i = tf_classes[k][C_STATUS]; i < tf_classes[k][C_STATUS] +
        tf_classes[k][C_NSTATUS]; i++) {
-    int64_t *word = (int64_t *)m->buffers[tf_classes[k][C_BUFFER] + tf_status[i]];
-    if (*word) {
-      *word = 0;
-      return tf_fail(TF_ERROR_INDEX, "an index of a gather or index_put is out of range");
-    }
+    if (tf_status_clear(m->buffers[tf_classes[k][C_BUFFER] + tf_status[i]]) != TF_OK)
+      return TF_ERROR_INDEX;
   }
   for (int i = 0; i < TF_NOUTPUTS; i++) {
     tf_check(&outputs[i], out[i], i, "output", n, shape, strides);
@@ -240,10 +203,3 @@ int tf_model_run(tf_model *m, const tf_tensor *inputs, int num_inputs, const tf_
   return TF_OK;
 }
 
-void tf_model_free(tf_model *m) {
-  if (!m) return;
-  for (int i = 0; i < TF_NOBJECTS; i++) free(m->headers[i]);
-  if (m->workspace) munmap(m->workspace, m->workspace_bytes);
-  if (m->data) munmap(m->data, m->data_bytes);
-  free(m);
-}
