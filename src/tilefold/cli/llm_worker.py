@@ -284,7 +284,10 @@ class Native:
                      llm_metrics.F32)
 
     def info(self) -> dict[str, Any]:
-        return {"engine": "native GGUF"}
+        """The engine, and whether this process ran a step saved by an earlier one (`keep`)
+        or compiled it."""
+        saved = self.generator.step is not None
+        return {"engine": "native GGUF", "step": "saved" if saved else "compiled"}
 
 
 # ---- llama.cpp -----------------------------------------------------------------------------------
