@@ -40,6 +40,7 @@ from tilefold.target import Target, named_target
 from tilefold.target.gpu import GPUTarget, gpu_target, gpu_target_names
 
 PIPELINE = "integer-weights,default,merge-matmuls,dce,fusion"
+SAME_ORDER = frozenset({"reshape", "squeeze", "expand_dims"})  # views keeping C order
 # `weights=` (else TILEFOLD_WEIGHTS): constant matmul weights stored as these codes.
 WEIGHT_FORMATS = ("f32", "int8", "int4")
 
@@ -428,9 +429,13 @@ class _Planner:
             self.env[self.slot[a]] = np.empty(shape, a.type.dtype.np_dtype)
         self.ops = [op for op in fn.ops if op.name != "return"]
         self.root: dict[Value, Value] = {}  # a view -> the value owning its memory
+        reordered: set[Value] = set()  # views through an op that reorders elements
         for op in self.ops:
             if op.name in VIEWS:
-                self.root[op.results[0]] = self.root.get(op.operands[0], op.operands[0])
+                x = op.operands[0]
+                self.root[op.results[0]] = self.root.get(x, x)
+                if x in reordered or op.name not in SAME_ORDER:
+                    reordered.add(op.results[0])
         self.last_use = {self.root.get(v, v): i for i, op in enumerate(self.ops)
                          for v in op.operands}
         self.outputs = set(fn.outputs)
@@ -439,9 +444,12 @@ class _Planner:
         # kernel results that one output views and none returns otherwise (a saved
         # activation's reshape): written into a fresh array per call like an output, so the
         # view is returned as it is (results never share memory), not copied out of a buffer
+        # (only through views that keep the elements' order: a transposed one is better
+        # made contiguous by the kernel's own choice of layout, copied out as before)
         roots = [self.root.get(v, v) for v in fn.outputs]
         self.viewed = {r for v, r in zip(fn.outputs, roots, strict=True)
-                       if v is not r and roots.count(r) == 1} - set(fn.args)
+                       if v is not r and roots.count(r) == 1 and v not in reordered} \
+            - set(fn.args)
         self.users = fn.uses()
         self.donated = {fn.outputs[r]: fn.args[a] for r, a in graph.donate.items()}
         self.in_place: set[Value] = set()
