@@ -23,7 +23,7 @@ from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.errors import DTypeError, ShapeError, UnsupportedError
 from tilefold.quant import QuantizedTensor, matmul_lowp, quantized_matmul
 from tilefold.quant.api import PackedB, has_lowp_kernel, widened_source
-from tilefold.runtime import thread_pool
+from tilefold.runtime.thread_pool import thread_pool
 from tilefold.target import host_target
 
 __all__ = ["PackedMatrix", "matmul", "prepack"]

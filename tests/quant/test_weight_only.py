@@ -160,15 +160,16 @@ def test_a_layout_built_a_tile_at_a_time_is_the_same(rng, monkeypatch, fmt, kw):
     """A layout is built a few tiles of codes at a time (a vocabulary head never has
     whole-weight temporaries): one tile a pass gives the bytes of one pass, stored [K, N] or
     [N, K] (axis 1), N off the tile width; its GEMV matches the dequantized reference."""
-    from tilefold.codegen.lowp import wlayout
+    from tilefold.runtime import numpy_threads
 
     target = target_for(LEVELS[-1])
     w = rng.standard_normal((96, 3 * 64 + 5)).astype(np.float32)
     for axis, weight in ((0, w), (1, np.ascontiguousarray(w.T))):
         qt = quantize(weight, fmt, axis=axis, **kw)
         layouts = []
-        for chunk in (1 << 30, 1):
-            monkeypatch.setattr(wlayout, "_CHUNK_CODES", chunk)
+        for piece in (1 << 30, 1):  # one piece, and a tile a piece (on two threads)
+            monkeypatch.setattr(numpy_threads, "PIECE_ELEMENTS", piece)
+            monkeypatch.setenv("TILEFOLD_NUM_THREADS", "2")
             qt.kernel_layouts.clear()
             layouts.append(wo.stream_layout(qt, target))
         whole, tiled = layouts

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tilefold.runtime import thread_pool
+from tilefold.runtime.thread_pool import thread_pool
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")

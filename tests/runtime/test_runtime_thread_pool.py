@@ -10,7 +10,7 @@ import pytest
 import runtime_pool_kernels as pk
 
 from tilefold.errors import UnsupportedError
-from tilefold.runtime import num_threads, thread_pool
+from tilefold.runtime.thread_pool import num_threads, thread_pool
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_thread_count_from_the_environment_sizes_the_pool(run_python):
     out = run_python(
         """
         import runtime_pool_kernels as pk
-        from tilefold.runtime import num_threads, thread_pool
+        from tilefold.runtime.thread_pool import num_threads, thread_pool
         kernels = pk.load()
         rec = pk.record()
         kernels.count(rec.ctypes.data, 8)
@@ -161,7 +161,7 @@ def test_regions_work_after_fork_and_shutdown_and_the_pool_restarts(run_python):
         """
         import os
         import runtime_pool_kernels as pk
-        from tilefold.runtime import thread_pool
+        from tilefold.runtime.thread_pool import thread_pool
         kernels = pk.load()
         pid = os.fork()
         if pid == 0:
@@ -233,7 +233,7 @@ WORKER_STATES = """
         return True
 
     import runtime_pool_kernels as pk
-    from tilefold.runtime import thread_pool
+    from tilefold.runtime.thread_pool import thread_pool
     before = set(states())
     kernels = pk.load()  # its module names the pool, which starts
     pool = thread_pool()
@@ -278,7 +278,7 @@ def test_spinning_workers_burn_cpu_until_parked(run_python):
         """
         import time
         import runtime_pool_kernels as pk
-        from tilefold.runtime import thread_pool
+        from tilefold.runtime.thread_pool import thread_pool
 
         def worker_cpu_seconds():
             start_cpu = time.process_time()

@@ -67,7 +67,7 @@ def test_read_bandwidth_is_positive(monkeypatch, tmp_path):
     # A small stream is quick but cache-resident: keep its figure out of the shared records.
     monkeypatch.setenv("TILEFOLD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(peaks, "_memory", {})
-    monkeypatch.setattr(peaks, "_stream_bytes", lambda: 16 << 20)
+    monkeypatch.setattr(peaks, "_stream_bytes", lambda l3: 16 << 20)
     assert measured_bandwidth_gbps(threads=2) > 0.1
 
 

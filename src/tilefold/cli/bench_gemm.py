@@ -92,7 +92,7 @@ def bench_shape(shape: Shape, threads: int, args: argparse.Namespace, torch: Any
 
 _COMPILE_PROBE = """
 import time
-from tilefold.runtime import thread_pool
+from tilefold.runtime.thread_pool import thread_pool
 thread_pool()  # the pool's own module is not the GEMM's compile time
 from tilefold.codegen.gemm.module import gemm_module
 from tilefold.codegen.gemm.registry import SHAPE_CLASSES, select_microkernel

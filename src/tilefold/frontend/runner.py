@@ -13,7 +13,7 @@ from tilefold.frontend.converter import Converted, SizeOutput
 from tilefold.frontend.tensors import to_numpy, to_torch
 from tilefold.ir import Module, interpret
 from tilefold.ir.interpreter import bind_symbols
-from tilefold.runtime import thread_pool
+from tilefold.runtime.thread_pool import thread_pool
 
 log = logging.getLogger("tilefold.frontend")
 

@@ -40,6 +40,7 @@ from tilefold.ir import Function
 from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter, constant_of
+from tilefold.runtime.numpy_threads import by_rows
 
 # Format -> (code dtype, lowest and highest code, group along K; None: the whole of K).
 FORMATS = {"int8": (dtypes.i8, -127.0, 127.0, None), "int4": (dtypes.i4, -8.0, 7.0, 32)}
@@ -50,7 +51,6 @@ _VIEWS = frozenset({"reshape", "slice", "squeeze", "expand_dims", "cast"})
 
 
 F16_NORMAL = (2.0**-14, 65504.0)
-_CHUNK = 1 << 20  # weights quantized at a time
 
 
 def quantize_weight(w: np.ndarray, axis: int, fmt: str, group_size: int | None = None
@@ -58,25 +58,32 @@ def quantize_weight(w: np.ndarray, axis: int, fmt: str, group_size: int | None =
     """Codes (zero point 0) and f32 scales of `w` blocked along `axis` (the `quantize` op's) by
     `group_size` (None: the format's), each block's smallest scale that fits it into [lowest,
     highest] code, rounded to f16 where every one stays a normal f16."""
-    code, lo, hi, group = FORMATS[fmt]
+    code, lowest, highest, group = FORMATS[fmt]
     group = group_size or group
     k = w.shape[axis]
     blocks = 1 if group is None else k // group
     moved = np.moveaxis(np.asarray(w, np.float32), axis, -1)
     block = moved.reshape(-1, blocks, k // blocks)
-    fit = np.maximum(block.max(axis=-1).astype(np.float64) / hi,
-                     block.min(axis=-1).astype(np.float64) / lo)
-    step = np.where(fit > 0, fit, 1.0).astype(np.float32)
+
+    def fit(lo: int, hi: int) -> np.ndarray:
+        part = block[lo:hi]
+        fits = np.maximum(part.max(axis=-1).astype(np.float64) / highest,
+                          part.min(axis=-1).astype(np.float64) / lowest)
+        return np.where(fits > 0, fits, 1.0).astype(np.float32)
+
+    step = np.concatenate(by_rows(block.shape[0], fit, row_elements=k))
     half = step.astype(np.float16).astype(np.float32)
     if ((half >= F16_NORMAL[0]) & (half <= F16_NORMAL[1])).all():
         step = half
     # The `quantize` op's codes (x / scale in f64, rounded, clipped), block by block and a few
     # rows at a time: no expanded scales, no f64 copy of the whole weight.
     codes = np.empty(block.shape, code.np_dtype)
-    rows = max(1, _CHUNK // max(1, k))
-    for r in range(0, block.shape[0], rows):
-        q = np.rint(block[r:r + rows] / step[r:r + rows, :, None].astype(np.float64))
-        codes[r:r + rows] = np.clip(q, lo, hi, out=q)
+
+    def encode(lo: int, hi: int) -> None:
+        q = np.rint(block[lo:hi] / step[lo:hi, :, None].astype(np.float64))
+        codes[lo:hi] = np.clip(q, lowest, highest, out=q)
+
+    by_rows(block.shape[0], encode, row_elements=k)
     scale = np.moveaxis(step.reshape(*moved.shape[:-1], blocks), -1, axis)
     codes = np.moveaxis(codes.reshape(moved.shape), -1, axis)
     return np.ascontiguousarray(codes), np.ascontiguousarray(scale)

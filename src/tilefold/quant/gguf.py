@@ -35,6 +35,7 @@ from tilefold.errors import UnsupportedError
 from tilefold.quant.formats import get_format
 from tilefold.quant.packing import pack_nibbles
 from tilefold.quant.tensor import QuantizedTensor
+from tilefold.runtime.numpy_threads import by_rows
 
 BLOCK = 32
 
@@ -250,17 +251,22 @@ def _f32(t: GGUFTensor) -> np.ndarray:
     if t.kind not in ("Q8_0", "Q4_0", "Q4_1"):
         return _dequantize_other(t)
     n, k = t.shape
-    size = _TYPES[t.type_id][1]
-    blocks = _blocks(t.data, k, size)
-    d = _half(blocks, 0)[..., None]
-    if t.kind == "Q8_0":
-        q = blocks[..., 2:].view(np.int8).astype(np.float32)
-        return (d * q).reshape(n, k)
-    q = _nibbles(blocks, 2 if t.kind == "Q4_0" else 4).reshape((*blocks.shape[:2], BLOCK)) \
-        .astype(np.float32)
-    if t.kind == "Q4_0":
-        return (d * (q - np.float32(8))).reshape(n, k)
-    return (d * q + _half(blocks, 2)[..., None]).reshape(n, k)
+    blocks = _blocks(t.data, k, _TYPES[t.type_id][1])
+    out = np.empty((n, k), np.float32)
+
+    def decode(lo: int, hi: int) -> None:  # rows lo..hi, as the `gguf` package decodes them
+        part = blocks[lo:hi]
+        d = _half(part, 0)[..., None]
+        if t.kind == "Q8_0":
+            w = d * part[..., 2:].view(np.int8).astype(np.float32)
+        else:
+            q = _nibbles(part, 2 if t.kind == "Q4_0" else 4) \
+                .reshape((*part.shape[:2], BLOCK)).astype(np.float32)
+            w = d * (q - np.float32(8)) if t.kind == "Q4_0" else d * q + _half(part, 2)[..., None]
+        out[lo:hi] = w.reshape(hi - lo, k)
+
+    by_rows(n, decode, row_elements=k)
+    return out
 
 
 class GGUFFile:

@@ -1,23 +1,30 @@
-"""Runs compiled code: the JIT and its on-disk kernel cache, and the native parallel runtime."""
+"""Runs compiled code: the JIT and its on-disk kernel cache, and the native parallel runtime.
 
-from tilefold.runtime.codegen import codegen_runs, emit_assembly, emit_object
-from tilefold.runtime.compile import compile_generated, compile_llvm_ir
-from tilefold.runtime.compiled_module import CompiledModule
-from tilefold.runtime.kernel_cache import source_digest
-from tilefold.runtime.thread_pool import RegionCost, ThreadPool, num_threads, thread_pool
-from tilefold.target import cache_dir
+Names are imported on first use: `runtime.buffers` and `runtime.numpy_threads` serve processes
+that build weights or run saved artifacts without loading LLVM. The pool itself is
+`runtime.thread_pool.thread_pool()` (a name that is also its module's).
+"""
 
-__all__ = [
-    "CompiledModule",
-    "RegionCost",
-    "ThreadPool",
-    "cache_dir",
-    "codegen_runs",
-    "compile_generated",
-    "compile_llvm_ir",
-    "emit_assembly",
-    "emit_object",
-    "num_threads",
-    "source_digest",
-    "thread_pool",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FROM = {
+    "codegen_runs": "codegen", "emit_assembly": "codegen", "emit_object": "codegen",
+    "compile_generated": "compile", "compile_llvm_ir": "compile",
+    "CompiledModule": "compiled_module", "source_digest": "kernel_cache",
+    "RegionCost": "thread_pool", "ThreadPool": "thread_pool", "num_threads": "thread_pool",
+    "cache_dir": "paths",
+}
+
+__all__ = sorted(_FROM)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM:
+        raise AttributeError(f"module 'tilefold.runtime' has no attribute {name!r}")
+    package = "tilefold.target" if name == "cache_dir" else "tilefold.runtime"
+    value = getattr(importlib.import_module(f"{package}.{_FROM[name]}"), name)
+    globals()[name] = value
+    return value

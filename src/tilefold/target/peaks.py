@@ -171,13 +171,16 @@ def measured_peak_gflops(
     return _remember(key, gflops)
 
 
-def _stream_bytes() -> int:
-    """512 MiB (well past any last-level cache we meet), at most 1/8 of physical memory."""
+def _stream_bytes(l3_bytes: int) -> int:
+    """Four times the last-level cache (a stream that large misses it: each line is evicted
+    before the stream comes back to it), at least 64 MiB and at most 512 MiB or 1/8 of
+    physical memory. Touching the buffer's pages is most of the probe's time (several
+    microseconds a page on a VM), so it is no larger than that."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 8 << 30
-    return min(512 << 20, memory // 8)
+    return min(max(4 * l3_bytes, 64 << 20), 512 << 20, memory // 8)
 
 
 # (streams, vectors a stream per iteration, prefetch bytes ahead) of the read probes; the best
@@ -213,7 +216,8 @@ def measured_bandwidth_gbps(threads: int = 1, *, refresh: bool = False) -> float
     cached = None if refresh else _recall(key)
     if cached is not None:
         return cached
-    data = np.ones(_stream_bytes() // 4, np.float32)  # touched, so pages exist before timing
+    # touched, so pages exist before timing
+    data = np.ones(_stream_bytes(target.l3_bytes) // 4, np.float32)
     gbps = max(_read_rate(target, data, threads, *form) for form in READ_FORMS) / 1e9
     log.info("measured %s: %.1f GB/s", key, gbps)
     return _remember(key, gbps)

@@ -8,7 +8,7 @@ from tilefold.codegen.gemm.module import GemmModule, gemm_module
 from tilefold.codegen.gemm.plan import make_plan
 from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.lowp.kernels import DotKernel
-from tilefold.runtime import thread_pool
+from tilefold.runtime.thread_pool import thread_pool
 from tilefold.target import Target
 
 _plans: dict[tuple, object] = {}

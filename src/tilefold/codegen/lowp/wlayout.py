@@ -20,9 +20,9 @@ import numpy as np
 
 from tilefold.codegen.lowp.decode import NIBBLE_STORE_OFFSET, Decoder, nibble_k
 from tilefold.errors import UnsupportedError
+from tilefold.runtime.numpy_threads import by_rows
 
 TILE_PANELS = (4, 3, 2)  # panels per tile, the first that balances the threads best
-_CHUNK_CODES = 4 << 20  # codes laid out per pass when a layout is built
 CHUNK_ALIGN = 64
 
 
@@ -88,14 +88,14 @@ class StreamLayout:
         used = self.code_bytes + sum(part.shape[2] for part in parts)
         self.chunk_bytes = -(-used // CHUNK_ALIGN) * CHUNK_ALIGN
         self.data = np.zeros((self.tiles, self.groups, self.chunk_bytes), np.uint8)
-        # The codes a few tiles at a time, so that a large weight (a vocabulary head) never
-        # has temporaries of its whole size beside it.
-        per_chunk = max(1, _CHUNK_CODES // max(1, k * p * lanes))
-        for t0 in range(0, self.tiles, per_chunk):
-            t1 = min(self.tiles, t0 + per_chunk)
+        # The codes a few tiles at a time (`by_rows`' pieces, on the process's threads), so that
+        # a large weight (a vocabulary head) never has temporaries of its whole size beside it.
+        def lay_out(t0: int, t1: int) -> None:
             columns = codes[:, t0 * p * lanes:t1 * p * lanes]
             self.data[t0:t1, :, :self.code_bytes] = self._code_chunk(
                 _stored_codes(columns, qt, decoder), t1 - t0)
+
+        by_rows(self.tiles, lay_out, row_elements=k * p * lanes)
         at = self.code_bytes
         for part in parts:
             self.data[:, :, at:at + part.shape[2]] = part
