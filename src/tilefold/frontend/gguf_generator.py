@@ -15,7 +15,9 @@ library and its weights in their packed layouts in one mapped file. A later proc
 same file, weights, length, code and host loads it instead of building and compiling: no IR,
 no LLVM, no ml_dtypes in that process, and the very kernels, so the tokens are the same.
 `TILEFOLD_SAVED_STEPS=0` turns this off; the saved steps lie under tilefold's cache directory
-(`steps/`).
+(`steps/`), named by the model and options and then by the code and host that made them. Saving
+a step removes the ones it supersedes (the same model and options, made by other code) and
+all but the MAX_SAVED_STEPS most recently used others: each is the size of the weights.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tilefold.version import code_digest
 log = logging.getLogger("tilefold.generate")
 
 STEP_SIZES = (256, 64, 16, 4, 1)  # tokens a step takes at once: a prompt runs in these chunks
+MAX_SAVED_STEPS = 4  # saved steps kept beside the newest one, the most recently used first
 
 
 @dataclass
@@ -119,12 +122,14 @@ class GGUFGenerator:
         arrays = [np.zeros((1, 1), np.int64), np.zeros((), np.int64),  # at position 0
                   *(np.zeros_like(c) for c in self.caches)]
         try:
-            return export_graph(self.graph, arrays, self.saved_path,
-                                dynamic_shapes={"n": self.sizes})
+            saved = export_graph(self.graph, arrays, self.saved_path,
+                                 dynamic_shapes={"n": self.sizes})
         except (TilefoldError, OSError) as exc:
             log.warning("the compiled step was not saved (%s); the next process compiles "
                         "it again", exc)
             return None
+        _prune(saved)
+        return saved
 
     def _run(self, ids: np.ndarray, start: int) -> np.ndarray:
         """The step on `ids` (one of `self.sizes` long) at `start`: its logits."""
@@ -211,17 +216,34 @@ class GGUFGenerator:
 def _saved_path(path: str | os.PathLike, weights: str, max_length: int,
                 every_position: bool) -> Path:
     """Where the step of this file, at these weights and length, made by this code for this
-    host, is saved (the key: the file's real path, size and modification time; the options; the
-    int8-activation choice; the code's digest; the host's named target and CPU flags)."""
+    host, is saved: `<model>-<made>.tfa`, `model` a digest of the file's real path, size and
+    modification time and the options (the int8-activation choice among them), `made` one of
+    the code's digest and the host's named target and CPU flags."""
     from tilefold.artifact.cpu import host_arch, host_flags
 
     stat = os.stat(path)
-    key = " | ".join(map(str, [
-        os.path.realpath(path), stat.st_size, stat.st_mtime_ns, weights, max_length,
-        every_position, STEP_SIZES, os.environ.get(WEIGHT_ACTIVATIONS, ""),
-        os.environ.get("TILEFOLD_HOST", ""), host_arch(), sorted(host_flags()),
-        code_digest()]))
-    return cache_dir() / "steps" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.tfa"
+    model = [os.path.realpath(path), stat.st_size, stat.st_mtime_ns, weights, max_length,
+             every_position, STEP_SIZES, os.environ.get(WEIGHT_ACTIVATIONS, "")]
+    made = [os.environ.get("TILEFOLD_HOST", ""), host_arch(), sorted(host_flags()), code_digest()]
+    return cache_dir() / "steps" / f"{_digest(model)}-{_digest(made)}.tfa"
+
+
+def _digest(parts: list[Any]) -> str:
+    return hashlib.sha256(" | ".join(map(str, parts)).encode()).hexdigest()[:12]
+
+
+def _prune(saved: Path) -> None:
+    """Remove the saved steps `saved` supersedes (its model's, made by other code or for
+    another host) and all but the MAX_SAVED_STEPS most recently used others."""
+    import shutil
+
+    model = saved.name.split("-")[0]
+    others = sorted((p for p in saved.parent.glob("*.tfa") if p != saved),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    stale = [p for p in others if p.name.split("-")[0] == model]
+    kept = [p for p in others if p not in stale]
+    for path in stale + kept[MAX_SAVED_STEPS:]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _load(path: Path) -> Any:
@@ -232,10 +254,12 @@ def _load(path: Path) -> Any:
     from tilefold.artifact import load
 
     try:
-        return load(path)
+        step = load(path)
     except TilefoldError as exc:
         log.warning("the saved step %s cannot be used (%s); compiling it again", path, exc)
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
         return None
+    os.utime(path)  # used now: `_prune` keeps the most recently used
+    return step
