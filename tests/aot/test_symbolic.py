@@ -281,14 +281,6 @@ def test_a_forged_symbolic_program_is_refused(exported, tmp_path, forge) -> None
         tilefold.load(copy)
 
 
-def test_a_torch_model_with_dynamic_shapes_is_refused_clearly(tmp_path) -> None:
-    torch = pytest.importorskip("torch")
-    with pytest.raises(TilefoldError, match="not supported for PyTorch models"):
-        tilefold.export(torch.nn.Linear(4, 4).eval(), (torch.zeros(2, 4),), tmp_path / "t.tfa",
-                        dynamic_shapes={"s": (1, 8)})
-    assert not (tmp_path / "t.tfa").exists()
-
-
 def test_a_c_program_runs_listed_sizes_with_state_as_inputs(tmp_path) -> None:
     """An artifact of listed sizes ([1, 3, 4, 8]: classes with gaps between them) whose KV
     cache is state (tests/aot/test_state.py's step): from C the state is an input and an

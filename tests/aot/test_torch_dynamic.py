@@ -1,0 +1,150 @@
+"""PyTorch models exported with torch.export's `dynamic_shapes` (`Dim`s with bounds): the
+artifact's manifest lists each `Dim` and its bounds, and both loaders (`tilefold.load` and the
+C runtime) run it at any size within them, bit for bit what `tilefold.compile` gives of the
+same Module at that size: a LLaMA-style block (symbolic sequence) and a small BERT (its
+padding mask and position ids indexed by a symbolic `arange`)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import tilefold
+from tests.aot.test_symbolic import _c_program
+from tests.distributed.torch_blocks import model_and_input
+from tilefold.artifact.format import DTYPES, MANIFEST
+from tilefold.errors import ShapeError, UnsupportedError
+from tilefold.frontend.aot_export import torch_module
+
+transformers = pytest.importorskip("transformers")
+Dim = torch.export.Dim
+
+SEQ = 40  # the sequence bound: sizes 1, primes, the bound
+SIZES = [1, 2, 3, 7, 13, 31, 37, SEQ, 5, 1]
+
+
+class LastHidden(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask)[0]
+
+
+def _bert() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=100,
+                                     max_position_embeddings=64)
+    return LastHidden(transformers.BertModel(config)).eval()
+
+
+def _tokens(batch: int, seq: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq), np.int64)
+    mask[-1, (seq + 1) // 2:] = 0  # a padded sequence
+    return [rng.integers(0, 100, (batch, seq)), mask]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    model, x = model_and_input("llama", batch=1)
+    dynamic = {"x": {1: Dim("seq", max=SEQ)}}
+    path = tilefold.export(model, [x], tmp_path_factory.mktemp("llama") / "llama.tfa",
+                           dynamic_shapes=dynamic)
+    module, _, bounds = torch_module(model, [x], dynamic)
+    assert bounds == {"seq": (1, SEQ)}
+    return model, module, path
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    model = _bert()
+    seq = Dim("seq", max=SEQ)
+    dynamic = {"input_ids": {1: seq}, "attention_mask": {1: seq}}
+    example = [torch.from_numpy(a) for a in _tokens(2, 16, seed=1)]
+    path = tilefold.export(model, example, tmp_path_factory.mktemp("bert") / "bert.tfa",
+                           dynamic_shapes=dynamic)
+    module, _, _ = torch_module(model, example, dynamic)
+    return model, module, path
+
+
+def test_the_manifest_lists_the_dims_and_their_bounds(llama, bert) -> None:
+    for (_, _, path), shapes in ((llama, [[1, "?seq", 64]]), (bert, [[2, "?seq"]] * 2)):
+        manifest = json.loads((path / MANIFEST).read_text())
+        assert manifest["symbols"] == {"seq": {"min": 1, "max": SEQ}}
+        assert [i["shape"] for i in manifest["inputs"]] == shapes
+        assert len(manifest["size_classes"]) <= 4  # sizes share classes, not one each
+
+
+def test_a_llama_style_block_at_any_length(llama, tmp_path) -> None:
+    model, module, path = llama
+    loaded, compiled = tilefold.load(path), tilefold.compile(module)
+    groups = []
+    for i, n in enumerate(SIZES):
+        x = np.random.default_rng(i).standard_normal((1, n, 64)).astype(np.float32)
+        (got,), (want,) = loaded(x), compiled(x)
+        assert got.shape == (1, n, 64) and got.tobytes() == want.tobytes(), n
+        with torch.no_grad():
+            eager = model(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(got, eager, rtol=0, atol=1e-4)
+        groups.append(([x], got))
+    with pytest.raises(ShapeError, match=r"\?seq = 41 is not a size"):
+        loaded(np.zeros((1, SEQ + 1, 64), np.float32))
+    _check_c(path, groups, tmp_path)
+
+
+def test_a_bert_at_any_length(bert, tmp_path) -> None:
+    model, module, path = bert
+    loaded, compiled = tilefold.load(path), tilefold.compile(module)
+    groups = []
+    for i, n in enumerate(SIZES):
+        ids, mask = _tokens(2, n, seed=10 + i)
+        (got,), (want,) = loaded(ids, mask), compiled(ids, mask)
+        assert got.shape == (2, n, 64) and got.tobytes() == want.tobytes(), n
+        with torch.no_grad():
+            eager = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        np.testing.assert_allclose(got, eager, rtol=0, atol=2e-5)
+        groups.append(([ids, mask], got))
+    _check_c(path, groups, tmp_path)
+
+
+def _check_c(path, groups: list[tuple[list[np.ndarray], np.ndarray]], tmp_path) -> None:
+    """The C runtime (tests/aot/run_model.c) over every group in one process: bit for bit."""
+    import subprocess
+
+    binary = _c_program(path, tmp_path)
+    argv, files = [], []
+    for g, (xs, want) in enumerate(groups):
+        argv += ["--"] if g else []
+        for i, x in enumerate(xs):
+            x.tofile(tmp_path / f"in{g}-{i}.bin")
+            code = list(DTYPES).index("i64" if x.dtype == np.int64 else "f32")
+            argv.append(f"i:{code}:{','.join(map(str, x.shape))}:{tmp_path / f'in{g}-{i}.bin'}")
+        files.append(tmp_path / f"out{g}.bin")
+        argv.append(f"o:{list(DTYPES).index('f32')}:{','.join(map(str, want.shape))}:"
+                    f"{files[-1]}")
+    done = subprocess.run([str(binary), str(path), *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.stdout, done.stderr)
+    for f, (_, want) in zip(files, groups, strict=True):
+        assert f.read_bytes() == want.tobytes(), f
+
+
+def test_a_dim_without_an_upper_bound_is_refused(tmp_path) -> None:
+    model, x = model_and_input("llama", batch=2)
+    with pytest.raises(UnsupportedError, match=r"no upper bound.*Dim\('s\d+', max="):
+        tilefold.export(model, [x], tmp_path / "t.tfa",
+                        dynamic_shapes={"x": {1: Dim.DYNAMIC}})
+    assert not (tmp_path / "t.tfa").exists()
+
+
+def test_dynamic_shapes_torch_refuses_name_the_model(tmp_path) -> None:
+    model, x = model_and_input("llama", batch=1)  # a batch of 1 specializes
+    with pytest.raises(UnsupportedError, match=r"torch\.export could not export LlamaBlock"):
+        tilefold.export(model, [x], tmp_path / "t.tfa",
+                        dynamic_shapes={"x": {0: Dim("b", max=4)}})
