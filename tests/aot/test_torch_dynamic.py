@@ -148,3 +148,62 @@ def test_dynamic_shapes_torch_refuses_name_the_model(tmp_path) -> None:
     with pytest.raises(UnsupportedError, match=r"torch\.export could not export LlamaBlock"):
         tilefold.export(model, [x], tmp_path / "t.tfa",
                         dynamic_shapes={"x": {0: Dim("b", max=4)}})
+
+
+PAIRS = [(1, 1), (2, 5), (3, 9), (1, 7), (3, 1), (2, 2), (1, 1)]  # (batch, seq)
+
+
+@pytest.fixture(scope="module")
+def bert_batch_and_seq(tmp_path_factory):
+    """Batch and sequence both symbolic: each class fits the sequence (the longer range) at
+    one batch size."""
+    model = _bert()
+    batch, seq = Dim("batch", max=3), Dim("seq", max=9)
+    dynamic = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    example = [torch.from_numpy(a) for a in _tokens(2, 8, seed=1)]
+    path = tilefold.export(model, example, tmp_path_factory.mktemp("bert2") / "bert2.tfa",
+                           dynamic_shapes=dynamic)
+    module, _, _ = torch_module(model, example, dynamic)
+    return model, module, path
+
+
+def test_batch_and_sequence_both_symbolic(bert_batch_and_seq, tmp_path) -> None:
+    model, module, path = bert_batch_and_seq
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["symbols"] == {"batch": {"min": 1, "max": 3}, "seq": {"min": 1, "max": 9}}
+    assert [i["shape"] for i in manifest["inputs"]] == [["?batch", "?seq"]] * 2
+    assert {c[2]["batch"] for c in manifest["size_classes"]} == {1, 2, 3}
+    loaded, compiled = tilefold.load(path), tilefold.compile(module)
+    groups = []
+    for i, (b, n) in enumerate(PAIRS):
+        ids, mask = _tokens(b, n, seed=20 + i)
+        (got,), (want,) = loaded(ids, mask), compiled(ids, mask)
+        assert got.shape == (b, n, 64) and got.tobytes() == want.tobytes(), (b, n)
+        with torch.no_grad():
+            eager = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        np.testing.assert_allclose(got, eager, rtol=0, atol=2e-5)
+        groups.append(([ids, mask], got))
+    _check_c(path, groups, tmp_path)
+    with pytest.raises(ShapeError, match=r"\?batch = 4 is not a size .*\(1 to 3\)"):
+        loaded(*_tokens(4, 3, seed=0))
+    with pytest.raises(ShapeError, match=r"\?batch is 2 in one input and 3"):
+        loaded(_tokens(2, 3, seed=0)[0], _tokens(3, 3, seed=0)[1])
+    with pytest.raises(ShapeError, match=r"\?seq = 10 is not a size .*\(1 to 9\)"):
+        loaded(*_tokens(1, 10, seed=0))
+
+
+def test_the_c_runtime_refuses_a_batch_outside_its_bounds(bert_batch_and_seq, tmp_path) -> None:
+    import subprocess
+
+    _, _, path = bert_batch_and_seq
+    binary = _c_program(path, tmp_path)
+    i64 = list(DTYPES).index("i64")
+    argv = []
+    for k, a in enumerate(_tokens(4, 3, seed=0)):
+        a.tofile(tmp_path / f"in{k}.bin")
+        argv.append(f"i:{i64}:4,3:{tmp_path / f'in{k}.bin'}")
+    argv.append(f"o:{list(DTYPES).index('f32')}:4,3,64:{tmp_path / 'out.bin'}")
+    done = subprocess.run([str(binary), str(path), *argv], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.stdout.strip() == "run 4 ?batch = 4 is outside the sizes this artifact was " \
+        "exported for (1 to 3)", (done.stdout, done.stderr)

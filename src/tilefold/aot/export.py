@@ -5,6 +5,7 @@ artifact written as `artifact/format.py` lays it out; `tilefold.load` runs it.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import numpy as np
 from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir, symbolic_c_source
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
-from tilefold.aot.symbolic import Recorder, bounds_of, evaluate, sized_inputs
+from tilefold.aot.symbolic import MAX_RECORDINGS, Recorder, bounds_of, evaluate, sized_inputs
 from tilefold.artifact.cpu import cpuinfo_flags
 from tilefold.artifact.format import (
     ALIGN,
@@ -119,22 +120,37 @@ def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
 
 def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: Target,
                      dynamic_shapes: Any) -> Path:
-    symbol, sizes = bounds_of(graph, dynamic_shapes)
+    *outer, (symbol, sizes) = bounds_of(graph, dynamic_shapes)
     lo, hi = sizes[0], sizes[-1]
+    combinations = list(itertools.product(*(s for _, s in outer)))
+    if len(combinations) * len(sizes) > MAX_RECORDINGS:
+        raise UnsupportedError(
+            f"cannot export {' x '.join(f'?{name}' for name, _ in (*outer, (symbol, sizes)))} "
+            f"at {len(combinations) * len(sizes)} sizes: an export records every size, at "
+            f"most {MAX_RECORDINGS}; give smaller ranges")
     recorder = Recorder(graph, arrays, symbol)
-    classes = recorder.classes(sizes)
+    classes = []
+    for values in combinations:  # the other symbols at each of their sizes, in turn
+        recorder.fixed = {name: v for (name, _), v in zip(outer, values, strict=True)}
+        for c in recorder.classes(sizes):
+            classes.append({**c, "at": list(values)} if outer else c)
     for c in classes:
         _check_state(graph, evaluate(c["program"], c["lo"]))
     first = recorder.first
-    manifest = _manifest(graph, sized_inputs(graph, arrays, symbol, lo), first, target)
+    smallest = {name: s[0] for name, s in (*outer, (symbol, sizes))}
+    manifest = _manifest(graph, sized_inputs(graph, arrays, smallest), first, target)
     fn = graph.function
     for side, values in (("inputs", fn.args), ("outputs", fn.outputs)):
         for spec, v in zip(manifest[side], values, strict=True):
             spec["shape"] = [d if isinstance(d, int) else str(d) for d in v.type.shape]
-    manifest["symbols"] = {symbol: {"min": lo, "max": hi}}
-    if len(sizes) != hi - lo + 1:
-        manifest["symbols"][symbol]["sizes"] = sizes
-    manifest["size_classes"] = [[c["lo"], c["hi"]] for c in classes]
+    manifest["symbols"] = {}
+    for name, listed in (*outer, (symbol, sizes)):
+        manifest["symbols"][name] = {"min": listed[0], "max": listed[-1]}
+        if len(listed) != listed[-1] - listed[0] + 1:
+            manifest["symbols"][name]["sizes"] = listed
+    manifest["size_classes"] = [[c["lo"], c["hi"], *([dict(zip(
+        (name for name, _ in outer), c["at"], strict=True))] if outer else [])]
+        for c in classes]
     # data.bin: each class's saved buffers, the same bytes saved once unless a buffer holds
     # pointer words (those are written per class at load, so each class keeps its own).
     saved: list[Any] = []
@@ -158,8 +174,10 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: T
                         [call["signature"] for call in steps["calls"]]))
         c["entry"], c["signatures"] = replays[-1][:2]
     program = {"symbol": symbol, "min": lo, "max": hi,
-               "classes": [{key: c[key] for key in ("lo", "hi", "entry", "signatures",
-                                                    "program")} for c in classes]}
+               "classes": [{key: c[key] for key in ("lo", "hi", "at", "entry", "signatures",
+                                                    "program") if key in c} for c in classes]}
+    if outer:  # the symbols a class holds at one size each (`at`, in this order)
+        program["outer"] = [name for name, _ in outer]
     return _write(path, program, saved, manifest, target, list(recorder.modules.values()),
                   [], symbolic_c_source, replays)
 

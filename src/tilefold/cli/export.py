@@ -1,6 +1,6 @@
-"""`tilefold export FILE -o OUT`: compile a module for static shapes (or one symbolic dim
-within bounds: `--dynamic s=1:128`) and write the artifact that `tilefold.load` runs with
-NumPy alone (`tilefold.aot.export`)."""
+"""`tilefold export FILE -o OUT`: compile a module for static shapes (or symbolic dims within
+bounds: `--dynamic s=1:128 --dynamic batch=1:4`) and write the artifact that `tilefold.load`
+runs with NumPy alone (`tilefold.aot.export`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="size of a symbolic dim (an artifact has static shapes: bind them all)")
     p.add_argument("--dynamic", action="append", default=[], metavar="DIM=MIN:MAX",
                    help="leave a symbolic dim symbolic: the artifact serves every size MIN..MAX "
-                        "(one such dim; size classes, see docs/ARCHITECTURE.md)")
+                        "(repeat it for several dims; size classes, see docs/ARCHITECTURE.md)")
     p.add_argument("--target", default="host",
                    help="target to compile for, e.g. x86-64-v3 (default: this host)")
     p.add_argument("--resource-dir", type=Path,
