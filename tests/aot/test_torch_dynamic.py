@@ -135,6 +135,22 @@ def _check_c(path, groups: list[tuple[list[np.ndarray], np.ndarray]], tmp_path) 
         assert f.read_bytes() == want.tobytes(), f
 
 
+def test_an_exported_program_takes_dims_by_position(tmp_path) -> None:
+    """An `ExportedProgram` (here with dims of its own) given `dynamic_shapes` by position is
+    exported again from its module with them: the artifact's dim is the new `Dim`."""
+    model, x = model_and_input("llama", batch=1)
+    program = torch.export.export(model, (x,), dynamic_shapes={"x": {1: Dim("s", min=2)}})
+    dynamic = ({1: Dim("length", max=9)},)  # the example has 8 rows
+    path = tilefold.export(program, [x], tmp_path / "p.tfa", dynamic_shapes=dynamic)
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["symbols"] == {"length": {"min": 1, "max": 9}}
+    assert manifest["inputs"][0]["shape"] == [1, "?length", 64]
+    module, _, _ = torch_module(program, [x], dynamic)
+    for n in (1, 9):
+        xs = np.random.default_rng(n).standard_normal((1, n, 64)).astype(np.float32)
+        assert tilefold.load(path)(xs)[0].tobytes() == tilefold.compile(module)(xs)[0].tobytes()
+
+
 def test_a_dim_without_an_upper_bound_is_refused(tmp_path) -> None:
     model, x = model_and_input("llama", batch=2)
     with pytest.raises(UnsupportedError, match=r"no upper bound.*Dim\('s\d+', max="):
