@@ -14,6 +14,7 @@ from tilefold.artifact.format import DTYPES, HEADER, HEADER_WORDS
 from tilefold.errors import ArtifactError
 
 HEADER_FILE = "tilefold_model.h"
+C_LIBRARY = "libtilefold_model.so"  # export --c: the library for C programs alone
 _KINDS = {"data": 0, "workspace": 1, "input": 2, "output": 3, "status": 4}
 _ARGS = {"value": 0, "addr": 1, "object": 2}
 _ITEMSIZE = {"f64": 8, "f32": 4, "f16": 2, "i64": 8, "i32": 4, "i8": 1, "u8": 1, "bool": 1}

@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir, symbolic_c_source
+from tilefold.aot.c_abi import (
+    C_LIBRARY,
+    HEADER_FILE,
+    c_source,
+    source_dir,
+    symbolic_c_source,
+)
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
 from tilefold.aot.symbolic import MAX_RECORDINGS, Recorder, bounds_of, evaluate, sized_inputs
@@ -48,7 +54,7 @@ from tilefold.version import __version__
 def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
            target: Target | str | None = None, function: str = "main",
            dynamic_shapes: dict[str, Any] | None = None,
-           donate: dict[int, int] | None = None) -> Path:
+           donate: dict[int, int] | None = None, c_library: bool = False) -> Path:
     """Compile `function` of `module` for the static shapes and dtypes of `inputs` (their
     values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
     which this host must be able to run) and write the artifact directory `path` (an artifact
@@ -63,7 +69,11 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
 
     `donate={result: argument}` (as `tilefold.compile` takes it): each such argument becomes
     the artifact's *state*, held by the loaded model between calls and written in place (a
-    KV cache): `tilefold.load(path).state`."""
+    KV cache): `tilefold.load(path).state`.
+
+    `c_library=True` (`tilefold export --c`): the artifact also holds `libtilefold_model.so`,
+    the same code linked for C programs alone (the C ABI its only exports, stripped: smaller);
+    it runs the artifact's data.bin as the kernels library's C runtime does."""
     if not isinstance(module, Module):
         raise UnsupportedError(
             f"tilefold.export takes a tilefold Module, a torch.nn.Module or a torch.export "
@@ -78,11 +88,13 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
         raise ArtifactError(f"cannot export for {target.name} on this host: the plan is "
                             "recorded by running it here; export on a host that runs it")
     graph = compile(module, target, function=function, donate=donate)
-    return export_graph(graph, inputs, path, dynamic_shapes=dynamic_shapes)
+    return export_graph(graph, inputs, path, dynamic_shapes=dynamic_shapes,
+                        c_library=c_library)
 
 
 def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, *,
-                 dynamic_shapes: dict[str, Any] | None = None) -> Path:
+                 dynamic_shapes: dict[str, Any] | None = None, c_library: bool = False
+                 ) -> Path:
     """`export` of a graph compiled already (by `tilefold.compile`, for a target this host
     runs): its plans and kernels are the ones it has, its `donate`d arguments the state."""
     path = Path(path)
@@ -96,14 +108,14 @@ def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, 
     arrays = [np.asarray(a) for a in inputs]
     bind_symbols(graph.function, arrays)  # count, dtypes and shapes, as a call checks them
     if dynamic_shapes is not None:
-        return _export_symbolic(graph, arrays, path, target, dynamic_shapes)
+        return _export_symbolic(graph, arrays, path, target, dynamic_shapes, c_library)
     program = record(graph, arrays)
     manifest = _manifest(graph, arrays, program, target)
     steps, saved = program.layout()
     _check_state(graph, steps)
     return _write(path, steps, saved, manifest, target,
                   list(program.modules.values()), program.signatures,
-                  c_source)
+                  c_source, c_library=c_library)
 
 
 def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
@@ -119,7 +131,7 @@ def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
 
 
 def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: Target,
-                     dynamic_shapes: Any) -> Path:
+                     dynamic_shapes: Any, c_library: bool) -> Path:
     *outer, (symbol, sizes) = bounds_of(graph, dynamic_shapes)
     lo, hi = sizes[0], sizes[-1]
     combinations = list(itertools.product(*(s for _, s in outer)))
@@ -179,7 +191,7 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: T
     if outer:  # the symbols a class holds at one size each (`at`, in this order)
         program["outer"] = [name for name, _ in outer]
     return _write(path, program, saved, manifest, target, list(recorder.modules.values()),
-                  [], symbolic_c_source, replays)
+                  [], symbolic_c_source, replays, c_library)
 
 
 
@@ -226,7 +238,8 @@ def _replaceable(path: Path) -> bool:
 
 def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[str, Any],
            target: Target, modules: list[Any], signatures: list[str],
-           runtime: Any, replays: Sequence[tuple[str, str, list[str]]] = ()) -> Path:
+           runtime: Any, replays: Sequence[tuple[str, str, list[str]]] = (),
+           c_library: bool = False) -> Path:
     """Write the parts into a fresh directory beside `path`, then move it into place: a
     failed export never leaves half an artifact."""
     try:
@@ -252,7 +265,10 @@ def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[s
             return runtime(steps, manifest, data[DIGEST], data["bytes"])
 
         link_library(modules, signatures, target, tmp / files["library"], c_runtime,
-                     replays)
+                     replays, tmp / C_LIBRARY if c_library else None)
+        if c_library:  # for people and tools: no loader checks it (the dynamic linker loads it)
+            manifest["c_library"] = {"file": C_LIBRARY, "bytes": (tmp / C_LIBRARY).stat().st_size,
+                                     "sha256": sha256_file(tmp / C_LIBRARY)}
         shutil.copy(source_dir() / HEADER_FILE, tmp / HEADER_FILE)
         manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
                                     "sha256": sha256_file(tmp / file),

@@ -27,6 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dynamic", action="append", default=[], metavar="DIM=MIN:MAX",
                    help="leave a symbolic dim symbolic: the artifact serves every size MIN..MAX "
                         "(repeat it for several dims; size classes, see docs/ARCHITECTURE.md)")
+    p.add_argument("--c", action="store_true", dest="c_library",
+                   help="also write libtilefold_model.so, a smaller library for C programs "
+                        "alone (the C ABI of tilefold_model.h its only exports, stripped)")
     p.add_argument("--target", default="host",
                    help="target to compile for, e.g. x86-64-v3 (default: this host)")
     p.add_argument("--resource-dir", type=Path,
@@ -57,6 +60,6 @@ def handle(args: argparse.Namespace) -> int:
                        a.type.dtype.np_dtype) for a in fn.args]
     target = None if args.target == "host" else named_target(args.target)
     path = export(module, inputs, args.output, target=target, function=args.function,
-                  dynamic_shapes=dynamic or None)
+                  dynamic_shapes=dynamic or None, c_library=args.c_library)
     print(f"wrote {path} (load it with tilefold.load({str(path)!r}))")
     return 0
