@@ -28,11 +28,15 @@ def built(tmp_path_factory):
     module = GRAPHS["views"](rng)
     path = tilefold.export(module, random_inputs(module, rng), tmp / "views.tfa")
     (library,) = path.glob("kernels-*.so")
-    binary = tmp / "run_model"
+    return module, path, _build(path, library, tmp / "run_model")
+
+
+def _build(path: Path, library: Path, binary: Path) -> Path:
+    """The C program linked against `library` of the artifact `path`."""
     subprocess.run([shutil.which("cc"), "-O1", "-Wall", "-Werror", f"-I{path}",
                     f"-I{source_dir()}", str(PROGRAM), "-o", str(binary), str(library),
                     f"-Wl,-rpath,{path}"], check=True)  # source_dir: tensor_args.h
-    return module, path, binary
+    return binary
 
 
 def _spec(side: str, array: np.ndarray, file: Path) -> str:
@@ -55,7 +59,10 @@ def _run(binary: Path, artifact: Path, inputs, outputs, tmp: Path) -> str:
 def test_a_c_program_runs_the_model_bit_for_bit(built, tmp_path: Path) -> None:
     module, path, binary = built
     inputs = random_inputs(module, np.random.default_rng(5))
-    want = tilefold.compile(module)(*inputs)
+    _runs_bit_for_bit(binary, path, inputs, tilefold.compile(module)(*inputs), tmp_path)
+
+
+def _runs_bit_for_bit(binary: Path, path: Path, inputs, want, tmp_path: Path) -> None:
     assert _run(binary, path, inputs, want, tmp_path) == "ok"
     for i, w in enumerate(want):
         got = np.fromfile(tmp_path / f"out{i}.bin", w.dtype).reshape(w.shape)
@@ -131,16 +138,10 @@ def test_export_c_writes_a_smaller_library_for_c_alone(tmp_path: Path, capsys) -
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True,
                              text=True, check=True).stdout.split()
     assert sorted(symbols[2::3]) == sorted(C_ABI)
-    binary = tmp_path / "run_model"
-    subprocess.run([shutil.which("cc"), "-O1", "-Wall", "-Werror", f"-I{path}",
-                    f"-I{source_dir()}", str(PROGRAM), "-o", str(binary), str(library),
-                    f"-Wl,-rpath,{path}"], check=True)
+    binary = _build(path, library, tmp_path / "run_model")
     inputs = random_inputs(module, np.random.default_rng(5))
     want = tilefold.compile(module)(*inputs)
-    assert _run(binary, path, inputs, want, tmp_path) == "ok"
-    for i, w in enumerate(want):
-        got = np.fromfile(tmp_path / f"out{i}.bin", w.dtype).reshape(w.shape)
-        assert got.tobytes() == np.ascontiguousarray(w).tobytes()
+    _runs_bit_for_bit(binary, path, inputs, want, tmp_path)
     assert all(g.tobytes() == np.ascontiguousarray(w).tobytes()
                for g, w in zip(tilefold.load(path)(*inputs), want, strict=True))
     (path / DATA).write_bytes((path / DATA).read_bytes()[:-8])

@@ -14,6 +14,7 @@ import torch
 
 import tilefold
 from tests.aot.test_symbolic import _c_program
+from tests.aot.test_torch_models import LastHidden
 from tests.distributed.torch_blocks import model_and_input
 from tilefold.artifact.format import DTYPES, MANIFEST
 from tilefold.errors import ShapeError, UnsupportedError
@@ -24,15 +25,6 @@ Dim = torch.export.Dim
 
 SEQ = 40  # the sequence bound: sizes 1, primes, the bound
 SIZES = [1, 2, 3, 7, 13, 31, 37, SEQ, 5, 1]
-
-
-class LastHidden(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask)[0]
 
 
 def _bert() -> torch.nn.Module:
@@ -61,16 +53,21 @@ def llama(tmp_path_factory):
     return model, module, path
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
+def _exported_bert(tmp_path_factory, dims: dict[int, object], batch: int, seq: int):
+    """The BERT exported with `dims` symbolic in both inputs, from example tokens of this
+    shape; (model, the Module tilefold compiles, the artifact)."""
     model = _bert()
-    seq = Dim("seq", max=SEQ)
-    dynamic = {"input_ids": {1: seq}, "attention_mask": {1: seq}}
-    example = [torch.from_numpy(a) for a in _tokens(2, 16, seed=1)]
+    dynamic = {"input_ids": dims, "attention_mask": dims}
+    example = [torch.from_numpy(a) for a in _tokens(batch, seq, seed=1)]
     path = tilefold.export(model, example, tmp_path_factory.mktemp("bert") / "bert.tfa",
                            dynamic_shapes=dynamic)
     module, _, _ = torch_module(model, example, dynamic)
     return model, module, path
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    return _exported_bert(tmp_path_factory, {1: Dim("seq", max=SEQ)}, 2, 16)
 
 
 def test_the_manifest_lists_the_dims_and_their_bounds(llama, bert) -> None:
@@ -173,14 +170,8 @@ PAIRS = [(1, 1), (2, 5), (3, 9), (1, 7), (3, 1), (2, 2), (1, 1)]  # (batch, seq)
 def bert_batch_and_seq(tmp_path_factory):
     """Batch and sequence both symbolic: each class fits the sequence (the longer range) at
     one batch size."""
-    model = _bert()
-    batch, seq = Dim("batch", max=3), Dim("seq", max=9)
-    dynamic = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
-    example = [torch.from_numpy(a) for a in _tokens(2, 8, seed=1)]
-    path = tilefold.export(model, example, tmp_path_factory.mktemp("bert2") / "bert2.tfa",
-                           dynamic_shapes=dynamic)
-    module, _, _ = torch_module(model, example, dynamic)
-    return model, module, path
+    return _exported_bert(tmp_path_factory, {0: Dim("batch", max=3), 1: Dim("seq", max=9)},
+                          2, 8)
 
 
 def test_batch_and_sequence_both_symbolic(bert_batch_and_seq, tmp_path) -> None:
