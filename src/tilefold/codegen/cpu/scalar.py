@@ -208,29 +208,39 @@ def scalar_ir(code: ScalarGroup, name: str, triple: str) -> str:
     dtypes = [d for d, _ in code.inputs] + [n.dtype for n in code.nodes]
     dims = [size(1 + d) for d in range(rank)]
     strides = [[size(1 + rank * (1 + k) + d) for d in range(rank)] for k in range(n_in)]
-    with u.for_range(b, 0, size(0), name="e") as e:
-        index, rest = [], e
-        for d in reversed(dims):
+    # Rows of the last axis: a row's index is split by the other dims once, then each element
+    # of the row steps along the last axis (no division per element).
+    width = dims[-1] if rank else u.const(1)
+    rows = b.sdiv(size(0), b.select(b.icmp_signed("==", width, u.const(0)), u.const(1), width))
+    with u.for_range(b, 0, rows, name="r") as r:
+        index, rest = [], r
+        for d in reversed(dims[:-1]):
             index.append(b.srem(rest, d))
             rest = b.sdiv(rest, d)
         index.reverse()
-        values: list[ir.Value | None] = []
-        for k, ((dtype, _), ptr) in enumerate(zip(code.inputs, data, strict=False)):
-            if not dtype:  # only its shape was asked for (`dim_size`)
-                values.append(None)
-                continue
-            offset = u.const(0)
-            for i, stride in zip(index, strides[k], strict=True):
-                offset = b.add(offset, b.mul(i, stride))
-            at = b.gep(b.inttoptr(ptr, TYPES[dtype].as_pointer()), [offset])
-            values.append(b.load(at))
-        for node in code.nodes:
-            last = size(node.slot) if node.slot >= 0 else index[-1] if index else u.const(0)
-            values.append(_value(b, node, [values[i] for i in node.operands],
-                                 [dtypes[i] for i in node.operands], last))
-        for k, v in enumerate(code.outputs):
-            at = b.gep(b.inttoptr(data[n_in + k], TYPES[dtypes[v]].as_pointer()), [e])
-            b.store(values[v], at)
+        bases = []
+        for k in range(n_in):
+            base = u.const(0)
+            for i, stride in zip(index, strides[k], strict=False):
+                base = b.add(base, b.mul(i, stride))
+            bases.append(base)
+        with u.for_range(b, 0, width, name="c") as c:
+            values: list[ir.Value | None] = []
+            for k, ((dtype, _), ptr) in enumerate(zip(code.inputs, data, strict=False)):
+                if not dtype:  # only its shape was asked for (`dim_size`)
+                    values.append(None)
+                    continue
+                offset = b.add(bases[k], b.mul(c, strides[k][-1])) if rank else bases[k]
+                at = b.gep(b.inttoptr(ptr, TYPES[dtype].as_pointer()), [offset])
+                values.append(b.load(at))
+            for node in code.nodes:
+                last = size(node.slot) if node.slot >= 0 else c
+                values.append(_value(b, node, [values[i] for i in node.operands],
+                                     [dtypes[i] for i in node.operands], last))
+            e = b.add(b.mul(r, width), c)
+            for k, v in enumerate(code.outputs):
+                at = b.gep(b.inttoptr(data[n_in + k], TYPES[dtypes[v]].as_pointer()), [e])
+                b.store(values[v], at)
     b.ret_void()
     return str(module)
 
