@@ -5,7 +5,7 @@ A model's index computations (a KV cache's write position `arange(n) + length`, 
 values, which the vectorized kernel IR (f32 math) does not take. This generator emits one loop
 over the output's elements that evaluates the group's ops in each value's own dtype: integers
 wrap as NumPy's do, float32/float64 ops are IEEE's (the reference's f64-then-round for add, sub
-and mul), comparisons give bools. Operands broadcast by strides fixed at build time. `arange` is a
+and mul), comparisons give bools. Operands broadcast by strides (0 where broadcast). `arange` is a
 node without operands: start + step * i along the output's last axis (a lone `arange(n)` of a
 symbolic length is a group of its own, native so that a decode step has no Python in it); with
 step 0 it is a constant (`dim_size`, a size the plan knows). An input of dtype "" is not read.
