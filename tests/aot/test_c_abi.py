@@ -28,11 +28,15 @@ def built(tmp_path_factory):
     module = GRAPHS["views"](rng)
     path = tilefold.export(module, random_inputs(module, rng), tmp / "views.tfa")
     (library,) = path.glob("kernels-*.so")
-    binary = tmp / "run_model"
+    return module, path, _build(path, library, tmp / "run_model")
+
+
+def _build(path: Path, library: Path, binary: Path) -> Path:
+    """The C program linked against `library` of the artifact `path`."""
     subprocess.run([shutil.which("cc"), "-O1", "-Wall", "-Werror", f"-I{path}",
                     f"-I{source_dir()}", str(PROGRAM), "-o", str(binary), str(library),
                     f"-Wl,-rpath,{path}"], check=True)  # source_dir: tensor_args.h
-    return module, path, binary
+    return binary
 
 
 def _spec(side: str, array: np.ndarray, file: Path) -> str:
@@ -55,7 +59,10 @@ def _run(binary: Path, artifact: Path, inputs, outputs, tmp: Path) -> str:
 def test_a_c_program_runs_the_model_bit_for_bit(built, tmp_path: Path) -> None:
     module, path, binary = built
     inputs = random_inputs(module, np.random.default_rng(5))
-    want = tilefold.compile(module)(*inputs)
+    _runs_bit_for_bit(binary, path, inputs, tilefold.compile(module)(*inputs), tmp_path)
+
+
+def _runs_bit_for_bit(binary: Path, path: Path, inputs, want, tmp_path: Path) -> None:
     assert _run(binary, path, inputs, want, tmp_path) == "ok"
     for i, w in enumerate(want):
         got = np.fromfile(tmp_path / f"out{i}.bin", w.dtype).reshape(w.shape)
@@ -110,3 +117,32 @@ def test_a_malformed_tensor_argument_is_refused(built, argument: str, code: int)
     done = subprocess.run([str(binary), str(path), argument], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == code and done.stdout == "", (done.returncode, done.stdout)
+
+
+def test_export_c_writes_a_smaller_library_for_c_alone(tmp_path: Path, capsys) -> None:
+    """`tilefold export --c`: libtilefold_model.so beside the artifact's parts, exporting the
+    header's four functions only, smaller than the kernels library, running the model from
+    C bit for bit (and a damaged data file still an error code); the Python loader is
+    unchanged."""
+    from tilefold.aot.link import C_ABI
+    from tilefold.cli.main import main
+
+    rng = np.random.default_rng(RNG_SEED)
+    module = GRAPHS["views"](rng)
+    (tmp_path / "views.tfir").write_text(tilefold.print_module(module))
+    path = tmp_path / "views.tfa"
+    assert main(["export", str(tmp_path / "views.tfir"), "-o", str(path), "--c"]) == 0
+    capsys.readouterr()
+    library, (kernels,) = path / "libtilefold_model.so", path.glob("kernels-*.so")
+    assert library.stat().st_size < kernels.stat().st_size
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert sorted(symbols[2::3]) == sorted(C_ABI)
+    binary = _build(path, library, tmp_path / "run_model")
+    inputs = random_inputs(module, np.random.default_rng(5))
+    want = tilefold.compile(module)(*inputs)
+    _runs_bit_for_bit(binary, path, inputs, want, tmp_path)
+    assert all(g.tobytes() == np.ascontiguousarray(w).tobytes()
+               for g, w in zip(tilefold.load(path)(*inputs), want, strict=True))
+    (path / DATA).write_bytes((path / DATA).read_bytes()[:-8])
+    assert _run(binary, path, inputs, want, tmp_path).startswith("load 2 ")

@@ -49,7 +49,7 @@ def minilm(tmp_path_factory):
     model, _ = models.load_model("minilm", None)
     example = _tokens(models.VOCAB["minilm"], 2, 16, seed=1)
     path = tilefold.export(model, example, tmp_path_factory.mktemp("minilm") / "minilm.tfa")
-    module, _ = torch_module(model, example)  # what export compiles: the same Module
+    module, _, _ = torch_module(model, example)  # what export compiles: the same Module
     return model, module, path
 
 
@@ -63,7 +63,7 @@ def gpt2(tmp_path_factory):
     program = torch.export.export(model, _tokens(97, 2, 8, seed=1),
                                   dynamic_shapes=({1: seq}, {1: seq}))
     example = _tokens(97, 2, 12, seed=2)  # ?seq is 12 here (the batch was exported static)
-    module, _ = torch_module(program, example)
+    module, _, _ = torch_module(program, example)
     assert all(isinstance(d, int) for a in module["main"].args for d in a.type.shape)
     path = tilefold.export(program, example, tmp_path_factory.mktemp("gpt2") / "gpt2.tfa")
     return model, module, path

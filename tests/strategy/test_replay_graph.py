@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tilefold.codegen.cpu.scalar import Node, ScalarGroup, split_sizes
 from tilefold.compiler import Recording
 from tilefold.compiler import compile as tf_compile
 from tilefold.errors import ShapeError
@@ -244,3 +245,53 @@ def test_an_index_by_constants_out_of_range_is_still_an_error():
     module = b.build(b.op("index", x, b.constant(np.array([0, 3], np.int64)), axes=[0]))
     with pytest.raises(ShapeError, match="index out of range"):
         tf_compile(module, strict=True)(np.zeros((3, 4), np.float32))
+
+
+def test_native_index_by_run_time_tensors_matches_numpy():
+    """An index whose index tensors are computed at run time (a symbolic length's `arange`):
+    a scalar loop of merged positions, then a native gather; negative indices count from the
+    end and an index out of its axis' range is an error, even when its merged position would
+    fall inside the tensor."""
+    b = Builder("main")
+    table = b.arg("table", "f32", (4, 6, 3))
+    rows, cols = b.arg("rows", "i64", (2, 1)), b.arg("cols", "i64", (5,))
+    module = b.build(F.relu(b.op("index", table, rows, cols, axes=[0, 1])))
+    run = tf_compile(module, strict=True)
+    ta = RNG.standard_normal((4, 6, 3)).astype(np.float32)
+    ra, ca = np.array([[3], [-4]], np.int64), np.array([5, -1, 0, 2, -6], np.int64)
+    for _ in range(3):
+        (got,), (want,) = run(ta, ra, ca), interpret(module, ta, ra, ca)
+        np.testing.assert_array_equal(got, want)
+        ca[...] = RNG.integers(-6, 6, 5)  # in place: the replayed positions follow
+    (plan,) = run._plans.values()
+    assert plan.replay.native_steps == len(plan.steps)
+    assert [d.winner.method for d in run.decisions((4, 6, 3), (2, 1), (5,))].count(
+        "handwritten.movement") == 1
+    for bad in (6, -7):  # row 0, column 6: inside the table merged, outside its axis
+        ca[0] = bad
+        with pytest.raises(ShapeError, match="out of range"):
+            run(ta, ra, ca)
+
+
+def test_a_symbolic_mask_index_runs_one_loop_for_every_length():
+    """transformers' padding mask over a symbolic length, `mask[arange(2)[:, None, None,
+    None], arange(s)]`: native at every length, by one compiled scalar loop."""
+    module = parse_module("""func @main(%mask: bool[2,?s]) -> (bool[2,1,1,?s]) {
+  %b = arange() {shape = [2]} : i64[2]
+  %s = arange() {shape = [?s]} : i64[?s]
+  %rows = reshape(%b) {shape = [2, 1, 1, 1]} : i64[2,1,1,1]
+  %cols = reshape(%s) {shape = [1, 1, 1, ?s]} : i64[1,1,1,?s]
+  %m = index(%mask, %rows, %cols) {axes = [0, 1]} : bool[2,1,1,?s]
+  return(%m)
+}""")
+    run = tf_compile(module, strict=True)
+    for n in (1, 7, 3, 16):
+        m = RNG.random((2, n)) < 0.5
+        for _ in range(2):
+            (got,) = run(m)
+            np.testing.assert_array_equal(got, m[:, None, None, :])
+    assert len(run._plans) == 4
+    assert all(p.replay.native_steps == len(p.steps) for p in run._plans.values())
+    codes = {split_sizes(ScalarGroup((2, n), (("i64", (n, 1)),), (Node("add", (0, 0), "i64"),),
+                                     (1,)))[0] for n in (1, 5, 9)}
+    assert len(codes) == 1  # the loop's code is the same at every length: its sizes differ

@@ -14,6 +14,7 @@ from tilefold.artifact.format import DTYPES, HEADER, HEADER_WORDS
 from tilefold.errors import ArtifactError
 
 HEADER_FILE = "tilefold_model.h"
+C_LIBRARY = "libtilefold_model.so"  # export --c: the library for C programs alone
 _KINDS = {"data": 0, "workspace": 1, "input": 2, "output": 3, "status": 4}
 _ARGS = {"value": 0, "addr": 1, "object": 2}
 _ITEMSIZE = {"f64": 8, "f32": 4, "f16": 2, "i64": 8, "i32": 4, "i8": 1, "u8": 1, "bool": 1}
@@ -199,14 +200,20 @@ def symbolic_c_source(program: dict[str, Any], manifest: dict[str, Any], data_di
                 tables[side].append([buffer(ref["at"][0], count), exprs(ref["at"][1]),
                                      dtypes.index(spec["dtype"]), len(spec["shape"]),
                                      dims_at(ref["shape"], ref["strides"])])
-    symdims = [[i, d] for i, spec in enumerate(manifest["inputs"])
-               for d, size in enumerate(spec["shape"]) if size == f"?{symbol}"]
+    names = [symbol, *program.get("outer", [])]  # the fitted symbol, then those held at one
+    symdims = [[i, d, names.index(size[1:])] for i, spec in enumerate(manifest["inputs"])
+               for d, size in enumerate(spec["shape"])
+               if isinstance(size, str) and size[1:] in names]
+    at = [c.get("at", []) + [0] * (len(names) == 1) for c in program["classes"]]
+    bounds = [[manifest["symbols"][name]["min"], manifest["symbols"][name]["max"]]
+              for name in names]
     ranks = [len(spec["shape"]) for side in ("inputs", "outputs") for spec in manifest[side]]
     replays = [c["entry"] for c in program["classes"]]
     counts = {"NBUFFERS": len(tables["buffers"]), "NOBJECTS": len(tables["objects"]),
               "NENTRIES": len(tables["entries"]), "NCLASSES": len(replays),
               "NINPUTS": len(manifest["inputs"]), "NOUTPUTS": len(manifest["outputs"]),
-              "NSYMDIMS": len(symdims), "NFLAGS": len(flags), "MIN": lo, "MAX": hi,
+              "NSYMDIMS": len(symdims), "NOUTER": len(names) - 1, "NFLAGS": len(flags),
+              "MIN": lo, "MAX": hi,
               "MAX_RANK": max(ranks, default=0), "MAX_THREADS": manifest["pool"]["max_threads"],
               "DATA_BYTES": data_bytes, "HEADER_WORDS": HEADER_WORDS,
               **{f"HEADER_{k.upper()}": v // 8 for k, v in HEADER.items()}}
@@ -221,7 +228,9 @@ def symbolic_c_source(program: dict[str, Any], manifest: dict[str, Any], data_di
             ("pointers", tables["pointers"], 4), ("patches", tables["patches"], 3),
             ("objects", tables["objects"], 4), ("entries", tables["entries"], 3),
             ("inputs", tables["inputs"], 5), ("outputs", tables["outputs"], 5),
-            ("symdims", symdims, 2))),
+            ("symdims", symdims, 3), ("class_at", at, max(len(names) - 1, 1)),
+            ("symbol_bounds", bounds, 2))),
+        _list("char *const", "tf_symbol_names", [f'"?{name}"' for name in names]),
         _list("int64_t", "tf_dims", [str(d) for d in dims]),
         _list("int64_t", "tf_itemsize", [str(_ITEMSIZE[d]) for d in dtypes]),
         _list("int64_t", "tf_status", status),

@@ -5,6 +5,7 @@ artifact written as `artifact/format.py` lays it out; `tilefold.load` runs it.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -15,10 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from tilefold.aot.c_abi import HEADER_FILE, c_source, source_dir, symbolic_c_source
+from tilefold.aot.c_abi import (
+    C_LIBRARY,
+    HEADER_FILE,
+    c_source,
+    source_dir,
+    symbolic_c_source,
+)
 from tilefold.aot.link import link_library
 from tilefold.aot.program import Program, record
-from tilefold.aot.symbolic import Recorder, bounds_of, evaluate, sized_inputs
+from tilefold.aot.symbolic import MAX_RECORDINGS, Recorder, bounds_of, evaluate, sized_inputs
 from tilefold.artifact.cpu import cpuinfo_flags
 from tilefold.artifact.format import (
     ALIGN,
@@ -47,7 +54,7 @@ from tilefold.version import __version__
 def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
            target: Target | str | None = None, function: str = "main",
            dynamic_shapes: dict[str, Any] | None = None,
-           donate: dict[int, int] | None = None) -> Path:
+           donate: dict[int, int] | None = None, c_library: bool = False) -> Path:
     """Compile `function` of `module` for the static shapes and dtypes of `inputs` (their
     values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
     which this host must be able to run) and write the artifact directory `path` (an artifact
@@ -62,7 +69,11 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
 
     `donate={result: argument}` (as `tilefold.compile` takes it): each such argument becomes
     the artifact's *state*, held by the loaded model between calls and written in place (a
-    KV cache): `tilefold.load(path).state`."""
+    KV cache): `tilefold.load(path).state`.
+
+    `c_library=True` (`tilefold export --c`): the artifact also holds `libtilefold_model.so`,
+    the same code linked for C programs alone (the C ABI its only exports, stripped: smaller);
+    it runs the artifact's data.bin as the kernels library's C runtime does."""
     if not isinstance(module, Module):
         raise UnsupportedError(
             f"tilefold.export takes a tilefold Module, a torch.nn.Module or a torch.export "
@@ -77,11 +88,13 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
         raise ArtifactError(f"cannot export for {target.name} on this host: the plan is "
                             "recorded by running it here; export on a host that runs it")
     graph = compile(module, target, function=function, donate=donate)
-    return export_graph(graph, inputs, path, dynamic_shapes=dynamic_shapes)
+    return export_graph(graph, inputs, path, dynamic_shapes=dynamic_shapes,
+                        c_library=c_library)
 
 
 def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, *,
-                 dynamic_shapes: dict[str, Any] | None = None) -> Path:
+                 dynamic_shapes: dict[str, Any] | None = None, c_library: bool = False
+                 ) -> Path:
     """`export` of a graph compiled already (by `tilefold.compile`, for a target this host
     runs): its plans and kernels are the ones it has, its `donate`d arguments the state."""
     path = Path(path)
@@ -95,14 +108,14 @@ def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, 
     arrays = [np.asarray(a) for a in inputs]
     bind_symbols(graph.function, arrays)  # count, dtypes and shapes, as a call checks them
     if dynamic_shapes is not None:
-        return _export_symbolic(graph, arrays, path, target, dynamic_shapes)
+        return _export_symbolic(graph, arrays, path, target, dynamic_shapes, c_library)
     program = record(graph, arrays)
     manifest = _manifest(graph, arrays, program, target)
     steps, saved = program.layout()
     _check_state(graph, steps)
     return _write(path, steps, saved, manifest, target,
                   list(program.modules.values()), program.signatures,
-                  c_source)
+                  c_source, c_library=c_library)
 
 
 def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
@@ -118,23 +131,38 @@ def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
 
 
 def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: Target,
-                     dynamic_shapes: Any) -> Path:
-    symbol, sizes = bounds_of(graph, dynamic_shapes)
+                     dynamic_shapes: Any, c_library: bool) -> Path:
+    *outer, (symbol, sizes) = bounds_of(graph, dynamic_shapes)
     lo, hi = sizes[0], sizes[-1]
+    combinations = list(itertools.product(*(s for _, s in outer)))
+    if len(combinations) * len(sizes) > MAX_RECORDINGS:
+        raise UnsupportedError(
+            f"cannot export {' x '.join(f'?{name}' for name, _ in (*outer, (symbol, sizes)))} "
+            f"at {len(combinations) * len(sizes)} sizes: an export records every size, at "
+            f"most {MAX_RECORDINGS}; give smaller ranges")
     recorder = Recorder(graph, arrays, symbol)
-    classes = recorder.classes(sizes)
+    classes = []
+    for values in combinations:  # the other symbols at each of their sizes, in turn
+        recorder.fixed = {name: v for (name, _), v in zip(outer, values, strict=True)}
+        for c in recorder.classes(sizes):
+            classes.append({**c, "at": list(values)} if outer else c)
     for c in classes:
         _check_state(graph, evaluate(c["program"], c["lo"]))
     first = recorder.first
-    manifest = _manifest(graph, sized_inputs(graph, arrays, symbol, lo), first, target)
+    smallest = {name: s[0] for name, s in (*outer, (symbol, sizes))}
+    manifest = _manifest(graph, sized_inputs(graph, arrays, smallest), first, target)
     fn = graph.function
     for side, values in (("inputs", fn.args), ("outputs", fn.outputs)):
         for spec, v in zip(manifest[side], values, strict=True):
             spec["shape"] = [d if isinstance(d, int) else str(d) for d in v.type.shape]
-    manifest["symbols"] = {symbol: {"min": lo, "max": hi}}
-    if len(sizes) != hi - lo + 1:
-        manifest["symbols"][symbol]["sizes"] = sizes
-    manifest["size_classes"] = [[c["lo"], c["hi"]] for c in classes]
+    manifest["symbols"] = {}
+    for name, listed in (*outer, (symbol, sizes)):
+        manifest["symbols"][name] = {"min": listed[0], "max": listed[-1]}
+        if len(listed) != listed[-1] - listed[0] + 1:
+            manifest["symbols"][name]["sizes"] = listed
+    manifest["size_classes"] = [[c["lo"], c["hi"], *([dict(zip(
+        (name for name, _ in outer), c["at"], strict=True))] if outer else [])]
+        for c in classes]
     # data.bin: each class's saved buffers, the same bytes saved once unless a buffer holds
     # pointer words (those are written per class at load, so each class keeps its own).
     saved: list[Any] = []
@@ -158,10 +186,12 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: T
                         [call["signature"] for call in steps["calls"]]))
         c["entry"], c["signatures"] = replays[-1][:2]
     program = {"symbol": symbol, "min": lo, "max": hi,
-               "classes": [{key: c[key] for key in ("lo", "hi", "entry", "signatures",
-                                                    "program")} for c in classes]}
+               "classes": [{key: c[key] for key in ("lo", "hi", "at", "entry", "signatures",
+                                                    "program") if key in c} for c in classes]}
+    if outer:  # the symbols a class holds at one size each (`at`, in this order)
+        program["outer"] = [name for name, _ in outer]
     return _write(path, program, saved, manifest, target, list(recorder.modules.values()),
-                  [], symbolic_c_source, replays)
+                  [], symbolic_c_source, replays, c_library)
 
 
 
@@ -208,7 +238,8 @@ def _replaceable(path: Path) -> bool:
 
 def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[str, Any],
            target: Target, modules: list[Any], signatures: list[str],
-           runtime: Any, replays: Sequence[tuple[str, str, list[str]]] = ()) -> Path:
+           runtime: Any, replays: Sequence[tuple[str, str, list[str]]] = (),
+           c_library: bool = False) -> Path:
     """Write the parts into a fresh directory beside `path`, then move it into place: a
     failed export never leaves half an artifact."""
     try:
@@ -234,7 +265,10 @@ def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[s
             return runtime(steps, manifest, data[DIGEST], data["bytes"])
 
         link_library(modules, signatures, target, tmp / files["library"], c_runtime,
-                     replays)
+                     replays, tmp / C_LIBRARY if c_library else None)
+        if c_library:  # for people and tools: no loader checks it (the dynamic linker loads it)
+            manifest["c_library"] = {"file": C_LIBRARY, "bytes": (tmp / C_LIBRARY).stat().st_size,
+                                     "sha256": sha256_file(tmp / C_LIBRARY)}
         shutil.copy(source_dir() / HEADER_FILE, tmp / HEADER_FILE)
         manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
                                     "sha256": sha256_file(tmp / file),

@@ -4,7 +4,8 @@ portable module, such as the native copy, for the artifact's target), its
 symbols renamed `m<n>.<name>` (modules are separate namespaces in the JIT, one namespace
 here), the native thread pool, the replay entry `tf_replay` and the C runtime
 (`aot/c_abi.py`) beside them, linked by the system C compiler with libc, libm and libpthread
-alone."""
+alone; for `export --c`, linked a second time into a stripped library for C programs that
+exports the C ABI alone."""
 
 from __future__ import annotations
 
@@ -50,12 +51,19 @@ def _replay(signatures: Sequence[str], entry: str = ENTRY, named: str = SIGNATUR
     return ir + f"@{named} = constant [{len(text) + 1} x i8] " + f'c"{text}\\00"\n'
 
 
+C_ABI = ("tf_model_load", "tf_model_run", "tf_model_free", "tf_last_error")  # the header's
+
+
 def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], target: Target,
                  out: Path, c_runtime: Callable[[list[str]], str],
-                 replays: Sequence[tuple[str, str, Sequence[str]]] = ()) -> list[str]:
+                 replays: Sequence[tuple[str, str, Sequence[str]]] = (),
+                 c_only: Path | None = None) -> list[str]:
     """Write the library to `out`, the C runtime `c_runtime(features)` compiled in; returns
     the CPU features its code assumes (LLVM names). `replays`: (entry, signatures' name,
-    signatures) of each replay function, when not the one `tf_replay` of `signatures`."""
+    signatures) of each replay function, when not the one `tf_replay` of `signatures`.
+    `c_only`: also link the same objects into a library for C programs alone, exporting
+    only the C ABI (`C_ABI`: the kernels, the pool and the replay hidden, so the linker
+    drops what the C runtime does not reach) and stripped."""
     cc, objcopy = _tool("cc"), _tool("objcopy")
     features = set(target.features)
     with tempfile.TemporaryDirectory(prefix="tilefold-export-") as tmp:
@@ -83,6 +91,12 @@ def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], t
             objects.append(path)
         runtime = Path(tmp) / "model.c"
         runtime.write_text(c_runtime(sorted(features)))
-        _run([cc, "-shared", "-fPIC", "-O2", f"-I{source_dir()}", "-o", str(out), str(runtime),
-              *map(str, objects), "-lm", "-lpthread", "-Wl,-z,noexecstack"])
+        link = [cc, "-shared", "-fPIC", "-O2", f"-I{source_dir()}", str(runtime),
+                *map(str, objects), "-lm", "-lpthread", "-Wl,-z,noexecstack"]
+        _run([*link, "-o", str(out)])
+        if c_only is not None:
+            exports = Path(tmp) / "exports.map"
+            exports.write_text("{ global: " + "; ".join(C_ABI) + "; local: *; };\n")
+            _run([*link, "-o", str(c_only), f"-Wl,--version-script={exports}",
+                  "-Wl,--gc-sections", "-s"])
     return sorted(features)

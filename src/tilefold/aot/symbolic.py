@@ -33,24 +33,32 @@ class _Mismatch(Exception):
     pass
 
 
-def bounds_of(graph: CompiledGraph, dynamic_shapes: Any) -> tuple[str, list[int]]:
-    """(symbol, sizes) from `dynamic_shapes`: {"s": (min, max)} naming one symbol of the
-    function's arguments (`?s`), every size min..max; or {"s": [n1, n2, ...]}, those sizes."""
-    if not isinstance(dynamic_shapes, dict) or len(dynamic_shapes) != 1:
-        raise ShapeError("dynamic_shapes must name one symbolic dim and its bounds, e.g. "
-                         "{'s': (1, 128)} (an artifact with several symbolic dims is not "
-                         "supported yet)")
-    (name, bounds), = dynamic_shapes.items()
+def bounds_of(graph: CompiledGraph, dynamic_shapes: Any) -> list[tuple[str, list[int]]]:
+    """Each symbol `dynamic_shapes` names, with its sizes: {"s": (min, max)} naming a symbol
+    of the function's arguments (`?s`), every size min..max; or {"s": [n1, n2, ...]}, those
+    sizes. The symbol with the most sizes (the last of equals) comes last: it is the one each
+    size class fits (`aot/symbolic.py`), the others are recorded at each of their sizes."""
+    if not isinstance(dynamic_shapes, dict) or not dynamic_shapes:
+        raise ShapeError("dynamic_shapes must name symbolic dims and their bounds, e.g. "
+                         "{'s': (1, 128)}")
     symbols = {s for a in graph.function.args for d in a.type.shape
                if isinstance(d, SymDim) for s in d.free}
-    if name not in symbols:
-        raise ShapeError(f"dynamic_shapes names ?{name}, which no argument of "
-                         f"{graph.function.name} has (its symbolic dims: "
-                         f"{', '.join(sorted(symbols)) or 'none'})")
+    found = []
+    for name, bounds in dynamic_shapes.items():
+        if name not in symbols:
+            raise ShapeError(f"dynamic_shapes names ?{name}, which no argument of "
+                             f"{graph.function.name} has (its symbolic dims: "
+                             f"{', '.join(sorted(symbols)) or 'none'})")
+        found.append((name, _sizes(name, bounds)))
+    inner = max(range(len(found)), key=lambda i: (len(found[i][1]), i))
+    return [*found[:inner], *found[inner + 1:], found[inner]]
+
+
+def _sizes(name: str, bounds: Any) -> list[int]:
     if isinstance(bounds, list):
         if not bounds or not all(type(n) is int and n >= 1 for n in bounds):
             raise ShapeError(f"dynamic_shapes[{name!r}] = {bounds!r}: a list of sizes >= 1")
-        return name, sorted(set(bounds))
+        return sorted(set(bounds))
     try:
         lo, hi = (int(b) for b in bounds)
     except (TypeError, ValueError):
@@ -58,20 +66,22 @@ def bounds_of(graph: CompiledGraph, dynamic_shapes: Any) -> tuple[str, list[int]
                          f"not {bounds!r}") from None
     if not 1 <= lo <= hi:
         raise ShapeError(f"dynamic_shapes[{name!r}] = ({lo}, {hi}): need 1 <= min <= max")
-    return name, list(range(lo, hi + 1))
+    return list(range(lo, hi + 1))
 
 
-def sized_inputs(graph: CompiledGraph, examples: Sequence[np.ndarray], symbol: str, n: int
+def sized_inputs(graph: CompiledGraph, examples: Sequence[np.ndarray], sizes: dict[str, int]
                  ) -> list[np.ndarray]:
-    """The example inputs resized so that ?symbol is n (their values repeated)."""
+    """The example inputs resized so that each ?symbol of `sizes` is its size (their values
+    repeated)."""
     out = []
     for arg, a in zip(graph.function.args, examples, strict=True):
-        if any(isinstance(d, SymDim) and symbol in d.free and d.name != symbol
-               for d in arg.type.shape):
-            raise ShapeError(f"cannot export %{arg.name} of type {arg.type} with ?{symbol} "
-                             f"symbolic: an argument's dims must be ?{symbol} itself, not a "
-                             "sum of it")
-        shape = tuple(n if isinstance(d, SymDim) and d.name == symbol else s
+        for symbol in sizes:
+            if any(isinstance(d, SymDim) and symbol in d.free and d.name != symbol
+                   for d in arg.type.shape):
+                raise ShapeError(f"cannot export %{arg.name} of type {arg.type} with ?{symbol} "
+                                 f"symbolic: an argument's dims must be ?{symbol} itself, not "
+                                 "a sum of it")
+        shape = tuple(sizes[d.name] if isinstance(d, SymDim) and d.name in sizes else s
                       for d, s in zip(arg.type.shape, a.shape, strict=True))
         out.append(np.resize(a, shape).astype(a.dtype, copy=False))
     return out
@@ -82,10 +92,12 @@ SMALL = 1 << 16  # saved buffers up to this many bytes are compared word by word
 
 
 class Recorder:
-    """Records `graph` at sizes of `symbol`, its programs sharing one module numbering."""
+    """Records `graph` at sizes of `symbol`, the other symbolic dims at the sizes `fixed`
+    gives (set between calls of `classes`), its programs sharing one module numbering."""
 
     def __init__(self, graph: CompiledGraph, examples: Sequence[np.ndarray], symbol: str):
         self.graph, self.examples, self.symbol = graph, examples, symbol
+        self.fixed: dict[str, int] = {}
         self.modules: dict = {}
         self.first: Program | None = None
 
@@ -93,7 +105,7 @@ class Recorder:
         """The step program at size n (inputs' and outputs' shapes added), its saved
         buffers, and each saved buffer's words (pointer words zeroed: the loader writes
         them) or, beyond `SMALL` bytes, a digest of them."""
-        arrays = sized_inputs(self.graph, self.examples, self.symbol, n)
+        arrays = sized_inputs(self.graph, self.examples, {**self.fixed, self.symbol: n})
         program = record(self.graph, arrays, modules=self.modules)
         if self.first is None:
             self.first = program
@@ -116,10 +128,6 @@ class Recorder:
     def classes(self, sizes: Sequence[int]) -> list[dict[str, Any]]:
         """Each class (consecutive sizes of `sizes`, ascending): its sizes, its program (with
         `patches`) and its saved buffers."""
-        if len(sizes) > MAX_RECORDINGS:
-            raise UnsupportedError(
-                f"cannot export ?{self.symbol} at {len(sizes)} sizes: an export records every "
-                f"size, at most {MAX_RECORDINGS}; give a smaller range")
         done: list[dict[str, Any]] = []
         run: list[tuple[int, dict, list[Buffer], list]] = []
         for n in sizes:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import itertools
 import mmap
 import threading
 from pathlib import Path
@@ -293,13 +294,19 @@ class LoadedModel:
         size, its program checked at its smallest and largest (every reference is linear in
         the size) and bound again, checked, at each size a call brings."""
         symbol, lo, hi = program["symbol"], program["min"], program["max"]
+        outer = program.get("outer", [])  # symbols each class holds at one size (`at`)
         declared = self.manifest.get("symbols")
         if not isinstance(declared, dict) or not isinstance(declared.get(symbol), dict) \
                 or [declared[symbol].get(k) for k in ("min", "max")] != [lo, hi] \
-                or type(lo) is not int or type(hi) is not int:
+                or type(lo) is not int or type(hi) is not int or not isinstance(outer, list) \
+                or set(declared) != {symbol, *outer} or len(outer) != len(set(outer)) \
+                or not all(isinstance(declared[o], dict) for o in outer):
             raise ValueError("the manifest's symbols and the program's bounds differ")
         sizes = declared[symbol].get("sizes", list(range(lo, hi + 1)))
-        self._symbolic = (str(symbol), lo, hi, sizes)
+        listed = {o: declared[o].get("sizes", list(range(declared[o]["min"],
+                                                             declared[o]["max"] + 1)))
+                  for o in outer}
+        self._symbolic = (str(symbol), sizes, listed)
         self._library = self._open()
         self._classes: list[_Class] = []
         specs = self.manifest["inputs"]
@@ -308,17 +315,19 @@ class LoadedModel:
                                  for i in self._held]))
         self.state = [np.ndarray(specs[i]["shape"], DTYPES[specs[i]["dtype"]], next(state))
                       for i in self._held]
-        covered: list[int] = []
+        covered: dict[tuple, list[int]] = {at: [] for at in itertools.product(
+            *listed.values())}  # per size of the other symbols: the sizes its classes hold
         needs: list[list[int]] = []  # each class's buffers' bytes, at its largest size
         for spec in program["classes"]:
             c = _Class(spec)
-            if c.hi < c.lo or (covered and c.lo <= covered[-1]):
+            held = covered.get(c.at)
+            if held is None or c.hi < c.lo or (held and c.lo <= held[-1]):
                 raise ValueError("size classes out of order")
-            covered += range(c.lo, c.hi + 1)
+            held += range(c.lo, c.hi + 1)
             needs.append([max(_evaluate(b["bytes"], c.lo), _evaluate(b["bytes"], c.hi))
                           for b in c.program["buffers"]])
             self._classes.append(c)
-        if covered != sizes:
+        if any(held != sizes for held in covered.values()):
             raise ValueError(f"size classes do not cover the sizes {sizes} once each")
         # One call runs one class, and workspace never outlives a call: every class's
         # workspace buffers lie in one memory, as large as the largest class needs.
@@ -513,9 +522,10 @@ class LoadedModel:
             return [r.copy() for r in _of(bound.results, self._returned)]
 
     def _class_of(self, given: list[np.ndarray]) -> tuple[_Class, int]:
-        """The size of the symbolic dim these inputs give, checked, and its class."""
-        symbol, lo, hi, sizes = self._symbolic  # type: ignore[misc]
-        n = None
+        """The sizes of the symbolic dims these inputs give, checked, the class holding them
+        and the size of the one it fits."""
+        symbol, sizes, outer = self._symbolic  # type: ignore[misc]
+        values: dict[str, int] = {}
         for spec, a in zip(self.inputs, given, strict=True):
             shape = spec["shape"]
             text = "[" + ", ".join(map(str, shape)) + "]"
@@ -523,21 +533,25 @@ class LoadedModel:
                 raise ShapeError(f"{self.root}: input %{spec['name']} must have shape {text} "
                                  f"(rank {len(shape)}), got {list(a.shape)}")
             for d, size in zip(shape, a.shape, strict=True):
-                if d == f"?{symbol}":
-                    if n is not None and size != n:
-                        raise ShapeError(f"{self.root}: ?{symbol} is {n} in one input and "
-                                         f"{size} in %{spec['name']}")
-                    n = size
+                name = d[1:] if isinstance(d, str) and d[1:] in (symbol, *outer) else None
+                if name is not None:
+                    if values.setdefault(name, size) != size:
+                        raise ShapeError(f"{self.root}: ?{name} is {values[name]} in one input "
+                                         f"and {size} in %{spec['name']}")
                 elif d != size:
                     raise ShapeError(f"{self.root}: input %{spec['name']} must have shape "
                                      f"{text}, got {list(a.shape)}")
-        c = next((c for c in self._classes if n is not None and c.lo <= n <= c.hi), None)
-        if c is None:
-            exported = f"{lo} to {hi}" if len(sizes) == hi - lo + 1 else \
-                ", ".join(map(str, sizes))
-            raise ShapeError(f"{self.root}: ?{symbol} = {n} is not a size this artifact was "
-                             f"exported for ({exported}); export it again with sizes that "
-                             f"hold it (dynamic_shapes={{'{symbol}': (min, max)}} or a list)")
+        for name, listed in ((*outer.items(), (symbol, sizes))):
+            n = values.get(name)
+            if n not in listed:
+                exported = f"{listed[0]} to {listed[-1]}" \
+                    if len(listed) == listed[-1] - listed[0] + 1 else ", ".join(map(str, listed))
+                raise ShapeError(f"{self.root}: ?{name} = {n} is not a size this artifact was "
+                                 f"exported for ({exported}); export it again with sizes that "
+                                 f"hold it (dynamic_shapes={{'{name}': (min, max)}} or a list)")
+        n = values[symbol]
+        at = tuple(values[o] for o in outer)
+        c = next(c for c in self._classes if c.at == at and c.lo <= n <= c.hi)
         return c, n
 
 
@@ -570,6 +584,9 @@ class _Class:
         self.lo, self.hi = spec["lo"], spec["hi"]
         if type(self.lo) is not int or type(self.hi) is not int:
             raise ValueError(f"size class {self.lo!r}..{self.hi!r}")
+        self.at = tuple(spec.get("at", ()))  # the sizes of the program's other symbols
+        if not all(type(v) is int for v in self.at):
+            raise ValueError(f"size class at {self.at!r}")
         self.program: dict[str, Any] = spec["program"]
         self.entry, self.signatures = str(spec["entry"]), str(spec["signatures"])
         if not (self.entry.startswith(ENTRY) and self.signatures.startswith(SIGNATURES)):

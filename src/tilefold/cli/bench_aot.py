@@ -198,7 +198,7 @@ def _steady(artifacts: list[Artifact], model: Any, inputs: tuple, arrays: list[n
     import tilefold
     from tilefold.frontend.aot_export import torch_module
 
-    module, _ = torch_module(model, inputs)
+    module, _, _ = torch_module(model, inputs)
     jit = tilefold.compile(module)
     calls = {JIT: lambda: jit(*arrays)}
     for a in artifacts:

@@ -1,6 +1,6 @@
-"""`tilefold export FILE -o OUT`: compile a module for static shapes (or one symbolic dim
-within bounds: `--dynamic s=1:128`) and write the artifact that `tilefold.load` runs with
-NumPy alone (`tilefold.aot.export`)."""
+"""`tilefold export FILE -o OUT`: compile a module for static shapes (or symbolic dims within
+bounds: `--dynamic s=1:128 --dynamic batch=1:4`) and write the artifact that `tilefold.load`
+runs with NumPy alone (`tilefold.aot.export`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="size of a symbolic dim (an artifact has static shapes: bind them all)")
     p.add_argument("--dynamic", action="append", default=[], metavar="DIM=MIN:MAX",
                    help="leave a symbolic dim symbolic: the artifact serves every size MIN..MAX "
-                        "(one such dim; size classes, see docs/ARCHITECTURE.md)")
+                        "(repeat it for several dims; size classes, see docs/ARCHITECTURE.md)")
+    p.add_argument("--c", action="store_true", dest="c_library",
+                   help="also write libtilefold_model.so, a smaller library for C programs "
+                        "alone (the C ABI of tilefold_model.h its only exports, stripped)")
     p.add_argument("--target", default="host",
                    help="target to compile for, e.g. x86-64-v3 (default: this host)")
     p.add_argument("--resource-dir", type=Path,
@@ -57,6 +60,6 @@ def handle(args: argparse.Namespace) -> int:
                        a.type.dtype.np_dtype) for a in fn.args]
     target = None if args.target == "host" else named_target(args.target)
     path = export(module, inputs, args.output, target=target, function=args.function,
-                  dynamic_shapes=dynamic or None)
+                  dynamic_shapes=dynamic or None, c_library=args.c_library)
     print(f"wrote {path} (load it with tilefold.load({str(path)!r}))")
     return 0

@@ -67,6 +67,31 @@ def from_exported_program(
     return converted.module
 
 
+def symbolic_bounds(ep: ExportedProgram,
+                    dim_names: Mapping[str, Sequence[str | None]] | None = None
+                    ) -> dict[str, tuple[int, int | None]]:
+    """Each symbolic dim of the program's inputs, named as `from_exported_program` names it
+    (`dim_names`, else PyTorch's symbol), with the bounds `torch.export` proved for it:
+    (min, max), max None when unbounded."""
+    specs = ep.graph_signature.input_specs
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    names = _symbol_names(placeholders, specs, dim_names or {})
+    bounds: dict[str, tuple[int, int | None]] = {}
+    for node, spec in zip(placeholders, specs, strict=True):
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        for size in getattr(node.meta.get("val"), "shape", ()):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                symbol = size.node.expr
+                ranges = ep.range_constraints.get(symbol)
+                lower = int(ranges.lower) if ranges is not None and ranges.lower.is_Integer \
+                    else 0
+                upper = int(ranges.upper) if ranges is not None and ranges.upper.is_Integer \
+                    else None  # int_oo: no bound
+                bounds[names.get(symbol.name, symbol.name)] = (lower, upper)
+    return bounds
+
+
 def _lifted(ep: ExportedProgram, spec: Any) -> torch.Tensor:
     if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in ep.state_dict:
         return ep.state_dict[spec.target]

@@ -8,6 +8,9 @@
  * binds the class's program at n when the class last ran another size (pointer words,
  * patched parameter-block words, array headers, the table), and runs the class's replay.
  *
+ * With more than one symbolic dim, each class fits one (n) and holds the others at one size
+ * each (tf_class_at): a call runs the class of its sizes of those that holds its n.
+ *
  * An expression (tf_exprs: tag, a, b) is a constant a (tag 0), a + b*n (tag 1), or the value
  * for n of a table starting at tf_tabvals[a] for the sizes from b (tag 2). libc and
  * libpthread only.
@@ -122,6 +125,13 @@ static int tf_bind(tf_model *m, int k, int64_t n) {
   return TF_OK;
 }
 
+/* Whether class k holds the sizes `values[1..]` of the symbols other than the fitted one. */
+static int tf_holds(int k, const int64_t *values) {
+  for (int j = 0; j < TF_NOUTER; j++)
+    if (tf_class_at[k][j] != values[1 + j]) return 0;
+  return 1;
+}
+
 /* `given` against row `io` of tf_inputs or tf_outputs (buffer, offset, dtype, rank, dims)
  * at size n; its shape and strides evaluated into shape[], strides[]. */
 static int tf_check(const tf_tensor *given, const int64_t io[5], int number, const char *side,
@@ -146,23 +156,31 @@ int tf_model_run(tf_model *m, const tf_tensor *inputs, int num_inputs, const tf_
   if (num_inputs != TF_NINPUTS || num_outputs != TF_NOUTPUTS)
     return tf_fail(TF_ERROR_ARGUMENT, "the model takes %d inputs and %d outputs, not %d and %d",
                    TF_NINPUTS, TF_NOUTPUTS, num_inputs, num_outputs);
-  int64_t n = -1;
-  for (int i = 0; i < TF_NSYMDIMS; i++) { /* (input, dim): the symbolic dims */
+  int64_t values[1 + TF_NOUTER]; /* the fitted symbol's size n, then the others' */
+  for (int j = 0; j <= TF_NOUTER; j++) values[j] = -1;
+  for (int i = 0; i < TF_NSYMDIMS; i++) { /* (input, dim, symbol): the symbolic dims */
     const tf_tensor *t = &inputs[tf_symdims[i][0]];
-    int64_t d = tf_symdims[i][1];
+    int64_t d = tf_symdims[i][1], j = tf_symdims[i][2];
     if (!t->shape || t->ndim != tf_inputs[tf_symdims[i][0]][3])
       return tf_fail(TF_ERROR_ARGUMENT, "input %d: rank %d expected (got %d)",
                      (int)tf_symdims[i][0], (int)tf_inputs[tf_symdims[i][0]][3], t->ndim);
-    if (n >= 0 && t->shape[d] != n)
+    if (values[j] >= 0 && t->shape[d] != values[j])
       return tf_fail(TF_ERROR_ARGUMENT, "%s is %lld in one input and %lld in input %d",
-                     tf_symbol, (long long)n, (long long)t->shape[d], (int)tf_symdims[i][0]);
-    n = t->shape[d];
+                     tf_symbol_names[j], (long long)values[j], (long long)t->shape[d],
+                     (int)tf_symdims[i][0]);
+    values[j] = t->shape[d];
   }
-  if (n < TF_MIN || n > TF_MAX)
-    return tf_fail(TF_ERROR_ARGUMENT, "%s = %lld is outside the sizes this artifact was "
-                   "exported for (%d to %d)", tf_symbol, (long long)n, TF_MIN, TF_MAX);
-  int k = 0;
-  while (n > tf_classes[k][C_HI]) k++;
+  for (int j = 0; j <= TF_NOUTER; j++)
+    if (values[j] < tf_symbol_bounds[j][0] || values[j] > tf_symbol_bounds[j][1])
+      return tf_fail(TF_ERROR_ARGUMENT, "%s = %lld is outside the sizes this artifact was "
+                     "exported for (%lld to %lld)", tf_symbol_names[j], (long long)values[j],
+                     (long long)tf_symbol_bounds[j][0], (long long)tf_symbol_bounds[j][1]);
+  int64_t n = values[0];
+  int k = 0; /* the first class of the other symbols' sizes holding n */
+  while (k < TF_NCLASSES && (n > tf_classes[k][C_HI] || !tf_holds(k, values))) k++;
+  if (k == TF_NCLASSES) /* exported for a list of sizes of another symbol: not this one */
+    return tf_fail(TF_ERROR_ARGUMENT, "the sizes of %s are not a combination this artifact "
+                   "was exported for", TF_NOUTER ? tf_symbol_names[1] : tf_symbol);
   if (n < tf_classes[k][C_LO]) /* exported for a list of sizes: between two of them */
     return tf_fail(TF_ERROR_ARGUMENT, "%s = %lld is not a size this artifact was exported "
                    "for (between %lld and %lld, which it was)", tf_symbol, (long long)n,

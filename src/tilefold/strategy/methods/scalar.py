@@ -44,7 +44,7 @@ class ScalarLoop(Method):
         return [self.candidate({}, estimate, lambda: build(problem, ctx), "one scalar loop")]
 
 
-def _strides(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, ...]:
+def element_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, ...]:
     """Element strides of a C-contiguous `shape` broadcast to `out` (0 where broadcast)."""
     strides, step = [], 1
     padded = (1,) * (len(out) - len(shape)) + tuple(shape)
@@ -78,6 +78,6 @@ def build(problem: Problem, ctx: Context) -> Kernel:
                                       float(attrs.get("step", 1.0)))))
     group = ScalarGroup(tuple(shape),
                         tuple((str(problem.types[v].dtype) if v in read else "",
-                               _strides(problem.shape(v), shape)) for v in problem.inputs),
+                               element_strides(problem.shape(v), shape)) for v in problem.inputs),
                         tuple(nodes), tuple(index[v] for v in problem.outputs))
-    return Kernel.native(scalar_kernel(group, problem.kernel_symbol("tf_scalar"), ctx.target))
+    return Kernel.native(scalar_kernel(group, "tf_scalar", ctx.target))
