@@ -130,11 +130,16 @@ class _Emitter(kir.StmtVisitor):
 
     # --- statements ---------------------------------------------------------------------
     def stmts(self, stmts: tuple[kir.Stmt, ...]) -> None:
-        """A run of stores computes every value before the first store: an output may then
-        share its memory with an input read at the same element (an update in place)."""
-        if stmts and all(isinstance(s, kir.Store) for s in stmts):
-            values = [self.expr(s.value) for s in stmts]
-            for s, value in zip(stmts, values, strict=True):
+        """A run of lets and stores computes every value before the first store: an output
+        may then share its memory with an input read at the same element (in place)."""
+        if stmts and all(isinstance(s, kir.Store | kir.Let) for s in stmts):
+            stores = []
+            for s in stmts:
+                if isinstance(s, kir.Let):
+                    self.env[s.name] = self.expr(s.value)
+                else:
+                    stores.append((s, self.expr(s.value)))
+            for s, value in stores:
                 self.store(s.buffer, value, id(s) in self.streamed)
             return
         super().stmts(stmts)
