@@ -218,7 +218,7 @@ class Planner:
         joined to `group`, into `group` (an optimizer's update: the decayed parameter and the
         moving averages, each a chain of its own from the arguments, meet in one op)."""
         if not (group.kind == other.kind == "memory" and group.axes is None
-                and other.axes is None and group.domain == other.domain):
+                and other.axes is None and group.domain == other.domain != ()):
             return
         reason = self.why_not_merge(group, other)
         if reason is not None:
