@@ -74,8 +74,11 @@ class CompiledGroup:
     `codegen.backend`'s table); call it with the group's inputs."""
 
     def __init__(self, group: Function | Block, target: Target | None = None,
-                 backend: str = "llvm"):
+                 backend: str = "llvm", streaming: bool = True):
         self.target = target or host_target()
+        # outputs past the last-level cache stored around it; off for a kernel whose outputs
+        # are its inputs' memory (in place: the lines are in cache already, just read)
+        self.streaming = streaming
         self.backend: Backend = get_backend(backend)
         self.group: Group = analyze_group(group)
         self.params: list[Value] = list(group.args)
@@ -184,7 +187,7 @@ class CompiledGroup:
         strides = [element_strides(a) for a in probes]
         layout, axis_sizes, axis_strides = make_layout(grp, sizes, strides)
         out_bytes = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in outputs)
-        streaming = out_bytes > self.target.l3_bytes > 0
+        streaming = self.streaming and out_bytes > self.target.l3_bytes > 0
         compiled = self._kernel(layout, streaming)
         kernel = compiled.kernel
         values = {("size", a.name): n for a, n in zip(kernel.axes, axis_sizes, strict=True)}

@@ -65,7 +65,8 @@ class MultiTensorGroup:
         self.members = members
         self.n_in = len(region.args) // members
         self.n_out = len(region.terminator.operands) // members
-        self.group = CompiledGroup(member_template(region, members), target, backend)
+        self.group = CompiledGroup(member_template(region, members), target, backend,
+                                   streaming=False)
         self.kernel_text = self.group.kernel_text
         self.assembly = self.group.assembly
 
