@@ -106,3 +106,21 @@ def test_written_in_place() -> None:
     plan = _plan()
     layouts = {k: v for k, v in plan.layout.items() if v == "in place"}
     assert len(layouts) >= 3 * len(ps), plan.layout
+
+
+def test_in_place_step_bumps_versions() -> None:
+    """A parameter the compiled step writes in place counts as modified, as eager's `add_`:
+    autograd then refuses a backward that saved its old value."""
+    w = torch.nn.Parameter(torch.randn(5, 3))
+    opt = torch.optim.SGD([w], lr=LR, momentum=0.9)
+    step = torch.compile(opt.step, backend="tilefold", options={"strict": True})
+    for _ in range(3):
+        w.grad = torch.randn(5, 3)
+        step()
+    before = w._version
+    loss = (w * w).sum()  # saves w
+    w.grad = torch.randn(5, 3)
+    step()
+    assert w._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

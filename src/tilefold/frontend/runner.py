@@ -141,6 +141,8 @@ class GraphRunner:
         for r, p in self.converted.mutations.items():  # state the graph wrote, unless in place
             if outputs[r] is not arrays[self.converted.arg_indices.index(p)]:
                 args[p].copy_(to_torch(outputs[r]))
+            elif isinstance(args[p], torch.Tensor):  # written in place: as PyTorch's add_
+                torch.autograd.graph.increment_version(args[p])
         results = [to_torch(r) for r in outputs]
         for i, p in self._passed.items():  # as autograd saw it (its version counter too)
             if isinstance(args[p], torch.Tensor) and args[p].shape == results[i].shape and \

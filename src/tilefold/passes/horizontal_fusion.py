@@ -18,17 +18,25 @@ from tilefold.passes.fusion import _schedule
 from tilefold.passes.registry import register_pass
 from tilefold.passes.rewrite import Rewriter
 
+# what the memory-bound kernels load, compute (in f32) and store: integer index arithmetic
+# stays with its own methods (the scalar loops)
+KERNEL_DTYPES = frozenset({"f32", "bf16", "f16", "bool"})
+
 
 def signature(op: Operation) -> tuple | None:
     """What must agree for `fused` regions to share a kernel (None: `op` cannot): each region
     op's name, attributes, result dtypes and operands (a region argument by position, an
     earlier op's result by position); each argument's dtype and whether it is the region's
-    whole space or a 0-d scalar. Shapes beyond that do not enter: the kernel runs any length."""
+    whole space or a 0-d scalar. Shapes beyond that do not enter: the kernel runs any length.
+    Only regions of the kernels' dtypes (`KERNEL_DTYPES`) qualify."""
     if op.name != "fused" or op.attr("kind") != "memory" or op.attr("members") != 1:
         return None
     (region,) = op.regions
     space = tuple(op.results[0].type.shape)
     if any(tuple(r.type.shape) != space for r in op.results):
+        return None
+    values = [*region.args, *(r for inner in region.ops for r in inner.results)]
+    if any(v.type.dtype.name not in KERNEL_DTYPES for v in values):
         return None
     local: dict[Value, tuple] = {}
     args = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tilefold.errors import UnsupportedError
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -27,6 +28,13 @@ class MultiTensor(Method):
             return "runs the multi-member regions of horizontal fusion only"
         if not isinstance(ctx.target, Target):
             return "the table entry is the LLVM backend's (CPU targets)"
+        from tilefold.codegen.kernel.compile import lower_group  # on first use
+        from tilefold.codegen.kernel.multi import member_template
+
+        try:
+            lower_group(member_template(op.regions[0], op.attr("members")), ctx.target)
+        except UnsupportedError as exc:
+            return exc.message
         w = work(problem)
         # one parallel call instead of one a member
         estimate = roofline(w.flops, w.bytes_fused, ctx.machine, 0.7, 0.8) + ctx.machine.call_s
