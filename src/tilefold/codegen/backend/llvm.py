@@ -65,7 +65,7 @@ class LLVMBackend(Backend):
         fingerprint = f"{self.fingerprint()}|{print_kernel(kernel)}|{schedule!r}"
         module = compile_generated(
             fingerprint, lambda: self._emit(kernel, schedule, target), target, name=kernel.name,
-            uses_pool=True, opt_level=OPT_LEVEL)
+            uses_pool=schedule.parallel_axis is not None, opt_level=OPT_LEVEL)
         entry = module.function(f"{kernel.name}.arrays", None,
                                 *[ctypes.c_void_p] * (len(kernel.buffers) + 1), ctypes.c_int32)
         multi = module.function(f"{kernel.name}.multi", None, ctypes.c_void_p, ctypes.c_int64,

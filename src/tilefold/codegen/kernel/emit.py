@@ -462,7 +462,7 @@ def emit_kernel(
             with one:
                 b.call(body_fn, [ctx8, ir.Constant(I32, 0), ir.Constant(I32, 1)])
     b.ret_void()
-    _emit_multi(mod, body_fn, kernel)
+    _emit_multi(mod, body_fn, kernel, schedule.parallel_axis is not None)
     if array_data_offset is not None:
         wrapper = ir.Function(mod, entry.function_type, f"{kernel.name}.arrays")
         b = ir.IRBuilder(wrapper.append_basic_block("entry"))
@@ -473,11 +473,13 @@ def emit_kernel(
     return str(mod)
 
 
-def _emit_multi(mod: ir.Module, body_fn: ir.Function, kernel: kir.Kernel) -> None:
+def _emit_multi(mod: ir.Module, body_fn: ir.Function, kernel: kir.Kernel,
+                parallel: bool) -> None:
     """`NAME.multi(i64* table, i64 entries, i32 nthreads)`: the kernel over many tensors in one
     parallel call (a multi-tensor apply). Each table row is the body's context, the buffers'
     data pointers and the `params` pointer, then an owner: -1 splits the entry over every
-    thread as a single call would, t runs it whole on thread t % nthreads (small entries)."""
+    thread as a single call would, t runs it whole on thread t % nthreads (small entries).
+    A kernel without a parallel axis (0-d tensors) runs every row on the calling thread."""
     nbuf = len(kernel.buffers)
     row = nbuf + 2
     worker = ir.Function(mod, WORKER, f"{kernel.name}.multi_body")
@@ -508,6 +510,10 @@ def _emit_multi(mod: ir.Module, body_fn: ir.Function, kernel: kir.Kernel) -> Non
     b.store(b.ptrtoint(table, I64), b.gep(header, [ir.Constant(I32, 0), ir.Constant(I32, 0)]))
     b.store(entries, b.gep(header, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
     header8 = b.bitcast(header, I8P)
+    if not parallel:
+        b.call(worker, [header8, ir.Constant(I32, 0), ir.Constant(I32, 1)])
+        b.ret_void()
+        return
     parallel = mod.globals.get("tilefold_parallel") or ir.Function(
         mod, ir.FunctionType(ir.VoidType(), [WORKER.as_pointer(), I8P, I32]), "tilefold_parallel")
     with b.if_else(b.icmp_signed(">", nthreads, ir.Constant(I32, 1))) as (many, one):

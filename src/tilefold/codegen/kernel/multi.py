@@ -82,7 +82,7 @@ class MultiTensorGroup:
         """One call per kernel layout among the members (one, usually): a table call over
         their rows. Nothing runs."""
         threads = num_threads()
-        tables: dict[int, tuple[object, list[list[int]], list]] = {}
+        tables: dict[int, tuple[object, int, list[list[int]], list]] = {}
         load = [0] * threads
         entries = self._entries(arrays)
         order = sorted(range(len(entries)), key=lambda m: -max(
@@ -102,13 +102,15 @@ class MultiTensorGroup:
                 owner = load.index(min(load))
                 load[owner] += size
             pointers = [a.ctypes.data for a in (*ins, *plan.const_arrays, *outs)]
-            _, rows, keep = tables.setdefault(id(compiled), (compiled.multi, [], []))
+            parallel = compiled.schedule.parallel_axis is not None
+            _, _, rows, keep = tables.setdefault(
+                id(compiled), (compiled.multi, threads if parallel else 1, [], []))
             rows.append([*pointers, plan.params_ptr, owner])
             keep += [*ins, *outs, plan.params]
         calls = []
-        for multi, rows, keep in tables.values():
+        for multi, nthreads, rows, keep in tables.values():
             table = np.array(rows, np.int64)
-            calls.append(NativeCall(multi, (table.ctypes.data, len(rows), threads),
+            calls.append(NativeCall(multi, (table.ctypes.data, len(rows), nthreads),
                                     (table, *keep)))
         return calls
 
