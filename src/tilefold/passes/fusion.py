@@ -60,6 +60,7 @@ class Group:
     compute: Operation | None = None  # a compute group's GEMM
     axes: tuple[int, ...] | None = None  # reduction axes of the domain, once a reduction joined
     members: set[Operation] = field(default_factory=set)
+    position: int = 0  # in the planner's list of groups (started later: larger)
 
     def __post_init__(self) -> None:
         self.members = set(self.ops)
@@ -180,7 +181,7 @@ class Planner:
         return [g for g in self.groups if g.ops]
 
     def start(self, op: Operation, kind: str) -> Group:
-        group = Group([op], kind, op.results[0])
+        group = Group([op], kind, op.results[0], position=len(self.groups))
         if op.has_trait("reduction"):
             group.space = op.operands[0]
             group.axes = op.reduced_axes()
@@ -195,7 +196,7 @@ class Planner:
             group = self.group_of.get(v.defining_op)
             if group is not None and group not in found:
                 found.append(group)
-        return sorted(found, key=lambda g: (g.kind != "compute", -self.groups.index(g)))
+        return sorted(found, key=lambda g: (g.kind != "compute", -g.position))
 
     def join_or_start(self, op: Operation) -> None:
         producers = self.producer_groups(op)
