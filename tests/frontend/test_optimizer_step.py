@@ -3,6 +3,8 @@ kernels (horizontal fusion), written in place, and matches the eager optimizer s
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -124,3 +126,26 @@ def test_in_place_step_bumps_versions() -> None:
     assert w._version > before
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_training_loop_with_compiled_step() -> None:
+    """Forward, backward and the AdamW step all compiled (as `bench train` runs them) follow
+    eager's losses step by step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, 32), torch.nn.GELU(),
+                                torch.nn.LayerNorm(32), torch.nn.Linear(32, 3))
+    twin = copy.deepcopy(model)
+    x, y = torch.randn(16, 13), torch.randint(0, 3, (16,))
+    run = torch.compile(model, backend="tilefold", options={"strict": True})
+    ours = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1)
+    theirs = torch.optim.AdamW(twin.parameters(), lr=LR, weight_decay=0.1)
+    step = torch.compile(ours.step, backend="tilefold", options={"strict": True})
+    for _ in range(5):
+        losses = []
+        for m, opt, update in ((run, ours, step), (twin, theirs, theirs.step)):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            update()
+            losses.append(float(loss))
+        assert abs(losses[0] - losses[1]) <= 1e-4 * max(1.0, abs(losses[1])), losses
