@@ -3,8 +3,9 @@ one `fused {members = K}` region, which one multi-tensor kernel runs (Inductor's
 
 An optimizer step applies one update chain to every parameter: after vertical fusion that is
 a region per parameter (and one per step counter), each its own kernel. Regions whose ops,
-attributes, dtypes and wiring agree, whose every operand is either the region's whole space
-or a 0-d scalar, and none of which is computed from another, are put side by side in one
+attributes, dtypes and wiring agree, whose every operand is either a function argument over
+the region's whole space or a 0-d scalar, and none of which is computed from another, are
+put side by side in one
 region, member after member (arguments, ops, yields); its meaning is unchanged (the reference
 interpreter runs it as it is), and the multi-tensor method (`strategy/methods/multitensor.py`)
 runs it as one native kernel over a table of the members' pointers and lengths.
@@ -28,7 +29,10 @@ def signature(op: Operation) -> tuple | None:
     op's name, attributes, result dtypes and operands (a region argument by position, an
     earlier op's result by position); each argument's dtype and whether it is the region's
     whole space or a 0-d scalar. Shapes beyond that do not enter: the kernel runs any length.
-    Only regions of the kernels' dtypes (`KERNEL_DTYPES`) qualify."""
+    Only regions of the kernels' dtypes (`KERNEL_DTYPES`) qualify, and only where every
+    operand of the whole space is an argument of the function (the tensors a step is handed,
+    C-contiguous: a kernel's result may be a strided view, which the multi-tensor kernel
+    would have copied)."""
     if op.name != "fused" or op.attr("kind") != "memory" or op.attr("members") != 1:
         return None
     (region,) = op.regions
@@ -40,9 +44,9 @@ def signature(op: Operation) -> tuple | None:
         return None
     local: dict[Value, tuple] = {}
     args = []
-    for i, a in enumerate(region.args):
+    for i, (a, outer) in enumerate(zip(region.args, op.operands, strict=True)):
         shape = tuple(a.type.shape)
-        if shape not in (space, ()):
+        if shape not in (space, ()) or (shape and outer.defining_op is not None):
             return None
         local[a] = ("arg", i)
         args.append((a.type.dtype.name, shape == ()))
