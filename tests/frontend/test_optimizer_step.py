@@ -21,6 +21,11 @@ OPTIMIZERS = {
     "adam-decay": lambda ps: torch.optim.Adam(ps, lr=LR, weight_decay=0.1),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=0.0),
     "adamw-decay": lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=0.1),
+    "adamw-amsgrad": lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=0.1, amsgrad=True),
+    # two groups: their own learning rates and decay (constants per member of one kernel)
+    "adamw-groups": lambda ps: torch.optim.AdamW(
+        [{"params": ps[::2]}, {"params": ps[1::2], "lr": 3 * LR, "weight_decay": 0.0}],
+        lr=LR, weight_decay=0.1),
 }
 # odd sizes: one element, primes, 0-d, a long one split over threads
 SHAPES = [(1,), (7,), (13, 3), (), (5, 11), (40_009,)]
