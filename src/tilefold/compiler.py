@@ -39,7 +39,7 @@ from tilefold.strategy.select import NATIVE_STEPS
 from tilefold.target import Target, named_target
 from tilefold.target.gpu import GPUTarget, gpu_target, gpu_target_names
 
-PIPELINE = "integer-weights,default,merge-matmuls,dce,fusion"
+PIPELINE = "integer-weights,default,merge-matmuls,dce,fusion,horizontal-fusion"
 SAME_ORDER = frozenset({"reshape", "squeeze", "expand_dims"})  # views keeping C order
 # `weights=` (else TILEFOLD_WEIGHTS): constant matmul weights stored as these codes.
 WEIGHT_FORMATS = ("f32", "int8", "int4")
@@ -453,6 +453,7 @@ class _Planner:
         self.users = fn.uses()
         self.donated = {fn.outputs[r]: fn.args[a] for r, a in graph.donate.items()}
         self.in_place: set[Value] = set()
+        self.in_place_args: set[Value] = set()  # arguments a kernel result is written over
 
     def plan(self) -> Plan:
         decisions = []
@@ -464,7 +465,7 @@ class _Planner:
             elif op.name in UPDATES and self._overwritable(op, i):
                 self._update(op)
             else:
-                decisions.append(self._kernel(op))
+                decisions.append(self._kernel(op, i))
             self._release(op, i)
         fresh = {s for s, _, _ in self.fresh}
         fresh_values = {v for v in self.per_call if self.slot[v] in fresh}
@@ -547,7 +548,23 @@ class _Planner:
         self.env.append(array)
         return len(self.env) - 1
 
-    def _kernel(self, op: Operation) -> Decision:
+    def _written_over(self, op: Operation, i: int, r: Value) -> Value | None:
+        """The donated argument an in-place kernel's result `r` may be written over: an
+        operand of `op` of `r`'s shape, C-contiguous, read by nothing after `op`."""
+        x = self.donated.get(r)
+        if x is None or x not in op.operands or self.root.get(x, x) is not x or \
+                self.last_use.get(x) != i or x in self.in_place_args:
+            return None
+        array = self.env[self.slot[x]]
+        if array.shape != tuple(self._shape_of(r)) or not array.flags.c_contiguous:
+            return None
+        return x
+
+    def _shape_of(self, r: Value) -> tuple:
+        return tuple(self.bindings[d.name] if isinstance(d, SymDim) else d
+                     for d in r.type.shape)
+
+    def _kernel(self, op: Operation, i: int) -> Decision:
         env, slot = self.env, self.slot
         decision = self.graph._decide(op, [env[slot[v]].shape for v in op.operands],
                                       self.bindings)
@@ -556,6 +573,15 @@ class _Planner:
                 else self._contiguous(v) for v in op.operands]
         for r, t in zip(op.results, problem.out_types(), strict=True):
             shape, dtype = tuple(t.shape), np.dtype(t.dtype.np_dtype)
+            x = self._written_over(op, i, r) if kernel.in_place else None
+            if x is not None:  # the caller's own array: an optimizer's parameter, in place
+                slot[r] = slot[x]
+                self.per_call.add(r)
+                self.in_place.add(r)
+                self.in_place_args.add(x)
+                self.layout[r.name] = "in place"
+                args.append(slot[x])
+                continue
             args.append(slot[r])
             if r in self.outputs or r in self.viewed:
                 self.fresh.append((slot[r], shape, dtype))
@@ -632,14 +658,17 @@ def pipeline(weights: str | None = None) -> str:
 
 
 def optimized(module: Module, function: str = "main", weights: str | None = None,
-              in_place: bool = False) -> tuple[Module, list]:
+              in_place: bool = False, horizontal: bool = True) -> tuple[Module, list]:
     """A copy of `module` (its constant arrays shared), or `module` itself with `in_place`,
-    through the pipeline, and the fusion refusals."""
+    through the pipeline, and the fusion refusals; `horizontal=False` leaves out
+    horizontal fusion (a GPU runs no multi-tensor kernel yet)."""
     if not in_place:  # constant arrays (weights) are never written by passes: shared
         shared = {id(v): v for op in module.walk() for v in op.attrs.values()
                   if isinstance(v, np.ndarray)}
         module = copy.deepcopy(module, memo=shared)
-    manager = PassManager(pipeline(weights), verify_each=False)
+    passes = pipeline(weights)
+    manager = PassManager(passes if horizontal else passes.replace(",horizontal-fusion", ""),
+                          verify_each=False)
     manager.run(module)
     refusals = [r for p in manager.passes for r in getattr(p, "refusals", [])]
     if function not in module.functions:
@@ -670,7 +699,8 @@ def compile(
     if isinstance(target, str):
         target = gpu_target(target) if target in gpu_target_names() else named_target(target)
     _register()
-    module, refusals = optimized(module, function, weights, in_place)
+    module, refusals = optimized(module, function, weights, in_place,
+                                 horizontal=not isinstance(target, GPUTarget))
     if isinstance(target, GPUTarget):
         from tilefold.gpu import GPUGraph  # on first use: it needs torch and Triton
 

@@ -23,5 +23,6 @@ def test_bench_train_times_each_contender_and_checks_the_loss(tmp_path, capsys,
     minilm = data["models"]["minilm"]
     losses = minilm["first_loss"]
     assert abs(losses["tilefold"] - losses["eager"]) < 1e-4
-    assert [g.split(":")[1].split(",")[0].strip() for g in minilm["graphs"]] == [
-        "tilefold", "tilefold"]  # forward and backward, both whole in tilefold
+    modes = [g.split(":")[1].split(",")[0].strip() for g in minilm["graphs"]]
+    # forward, backward and the AdamW step (its first and its steady graph), all in tilefold
+    assert len(modes) >= 3 and set(modes) == {"tilefold"}, minilm["graphs"]

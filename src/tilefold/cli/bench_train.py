@@ -5,8 +5,10 @@ heads) BERT encoder fine-tuned as a 2-class sentence classifier (mean pooling, a
 cross-entropy); `gpt2`, a GPT-2 config language model's loss (`--layers` deep, 2 by default:
 GPT-2 small's width, vocabulary and head, fewer blocks). Random weights, random tokens,
 batch x seq (8 x 128 by default), dropout off (tilefold has no random masks yet). A step is
-`zero_grad`, the compiled model's loss, `backward` and an AdamW step (the optimizer runs in
-PyTorch for every contender); each contender trains its own copy of the model.
+`zero_grad`, the compiled model's loss, `backward` and an AdamW step, which each compiling
+contender compiles too (`torch.compile(opt.step)` with its backend: tilefold's multi-tensor
+kernel, Inductor's; `--eager-optimizer` runs it in PyTorch for every contender); each
+contender trains its own copy of the model.
 
 Step times are interleaved medians after warm-up steps, then each contender alone
 (`Bench.measure`). Peak RSS is each contender's own process (`VmHWM`): a child builds the same
@@ -41,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=2,
                         help="GPT-2's blocks (default 2; MiniLM keeps its 6)")
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile")
+    parser.add_argument("--eager-optimizer", action="store_true",
+                        help="run the AdamW step in PyTorch for every contender")
     parser.add_argument("--rss-steps", type=int, default=3,
                         help="steps each peak-RSS child runs (0: no RSS children; default 3)")
 
@@ -91,21 +95,24 @@ def build(name: str, batch: int, seq: int, layers: int) -> tuple[Any, tuple]:
     raise TilefoldError(f"unknown model {name!r}; choose from {','.join(WORKLOADS)}")
 
 
-def stepper(name: str, backend: str | None, batch: int, seq: int, layers: int
-            ) -> tuple[Callable[[], float], float]:
+def stepper(name: str, backend: str | None, batch: int, seq: int, layers: int,
+            eager_optimizer: bool = False) -> tuple[Callable[[], float], float]:
     """A training step of a fresh model under `backend` (None: eager), returning its loss,
-    and the seconds of its first step (compiling, for a backend)."""
+    and the seconds of its first step (compiling, for a backend); the optimizer's step is
+    compiled by the backend too unless `eager_optimizer`."""
     import torch
 
     model, inputs = build(name, batch, seq, layers)
     run = model if backend is None else torch.compile(model, backend=backend, dynamic=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    update = opt.step if backend is None or eager_optimizer else torch.compile(
+        opt.step, backend=backend)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
         loss = run(*inputs)
         loss.backward()
-        opt.step()
+        update()
         return float(loss.detach())
 
     started = time.perf_counter()
@@ -134,7 +141,9 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
     os.environ["TILEFOLD_NUM_THREADS"] = str(threads)  # before tilefold's thread pool starts
 
     torch.set_num_threads(threads)
-    bench.note(f"training step (forward, backward, AdamW), batch {args.batch} x {args.seq} "
+    bench.note(f"training step (forward, backward, AdamW "
+               f"{'in PyTorch' if args.eager_optimizer else 'compiled by each backend'}), "
+               f"batch {args.batch} x {args.seq} "
                f"tokens, {threads} threads, medians of {args.rounds} rounds; fp32, dropout off")
     section = Section(f"step time, batch {args.batch} x {args.seq}, {threads} threads",
                       f"{'model':<10}", "ms", threads=threads)
@@ -161,7 +170,8 @@ def _bench_workload(name: str, args: argparse.Namespace, bench: Bench, threads: 
         if contender == "inductor" and args.no_inductor:
             continue
         try:
-            step, first[contender] = stepper(name, backend, args.batch, args.seq, args.layers)
+            step, first[contender] = stepper(name, backend, args.batch, args.seq, args.layers,
+                                             args.eager_optimizer)
         except Exception as exc:  # an inductor without a C++ compiler: leave it out
             if contender != "inductor":
                 raise
@@ -197,7 +207,7 @@ def _child_rss(name: str, contender: str, args: argparse.Namespace, threads: int
     """Peak resident bytes of a process that builds, compiles and trains `rss_steps` steps."""
     command = [sys.executable, "-m", "tilefold.cli.bench_train", name, contender,
                str(args.batch), str(args.seq), str(args.layers), str(threads),
-               str(args.rss_steps)]
+               str(args.rss_steps), str(int(args.eager_optimizer))]
     env = {**os.environ, "TILEFOLD_NUM_THREADS": str(threads)}
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=True,
@@ -217,12 +227,13 @@ def _peak_rss() -> int:
 
 
 def main(argv: list[str]) -> None:
-    """The peak-RSS child: NAME CONTENDER BATCH SEQ LAYERS THREADS STEPS."""
-    name, contender, batch, seq, layers, threads, count = argv
+    """The peak-RSS child: NAME CONTENDER BATCH SEQ LAYERS THREADS STEPS EAGER_OPTIMIZER."""
+    name, contender, batch, seq, layers, threads, count, eager_optimizer = argv
     import torch
 
     torch.set_num_threads(int(threads))
-    step, _ = stepper(name, CONTENDERS[contender], int(batch), int(seq), int(layers))
+    step, _ = stepper(name, CONTENDERS[contender], int(batch), int(seq), int(layers),
+                      eager_optimizer == "1")
     for _ in range(int(count) - 1):
         step()
     print(json.dumps({"peak_rss_bytes": _peak_rss()}))

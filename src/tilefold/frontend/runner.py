@@ -97,6 +97,9 @@ class GraphRunner:
         self.function = converted.module.functions[next(iter(converted.module.functions))]
         self.run = Executor(converted.module, label, strict, converted.donated(), weights)
         written = set(converted.mutations.values())
+        # (result, argument, its array's index): an optimizer's hundreds, found once
+        position = {p: i for i, p in enumerate(converted.arg_indices)}
+        self._mutations = [(r, p, position[p]) for r, p in converted.mutations.items()]
         self._inputs = [_StableInput(p not in written) for p in converted.arg_indices]
         # Park tilefold's spinning workers after a call (PyTorch runs next and gets the
         # cores); a caller running tilefold graphs back to back turns it off.
@@ -138,9 +141,11 @@ class GraphRunner:
         outputs = self.run(*arrays)
         if self.park:
             thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
-        for r, p in self.converted.mutations.items():  # state the graph wrote, unless in place
-            if outputs[r] is not arrays[self.converted.arg_indices.index(p)]:
+        for r, p, a in self._mutations:  # state the graph wrote, unless in place
+            if outputs[r] is not arrays[a]:
                 args[p].copy_(to_torch(outputs[r]))
+            elif isinstance(args[p], torch.Tensor):  # written in place: as PyTorch's add_
+                torch.autograd.graph.increment_version(args[p])
         results = [to_torch(r) for r in outputs]
         for i, p in self._passed.items():  # as autograd saw it (its version counter too)
             if isinstance(args[p], torch.Tensor) and args[p].shape == results[i].shape and \

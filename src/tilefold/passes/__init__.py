@@ -3,6 +3,7 @@
 # Every pass file registers its pass: importing each one here completes the table.
 from tilefold.passes import expand_redistribute as expand_redistribute
 from tilefold.passes import fusion as fusion
+from tilefold.passes import horizontal_fusion as horizontal_fusion
 from tilefold.passes import integer_weights as integer_weights
 from tilefold.passes import merge_matmuls as merge_matmuls
 from tilefold.passes import quantize_weights as quantize_weights

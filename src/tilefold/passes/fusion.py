@@ -60,6 +60,7 @@ class Group:
     compute: Operation | None = None  # a compute group's GEMM
     axes: tuple[int, ...] | None = None  # reduction axes of the domain, once a reduction joined
     members: set[Operation] = field(default_factory=set)
+    position: int = 0  # in the planner's list of groups (started later: larger)
 
     def __post_init__(self) -> None:
         self.members = set(self.ops)
@@ -180,7 +181,7 @@ class Planner:
         return [g for g in self.groups if g.ops]
 
     def start(self, op: Operation, kind: str) -> Group:
-        group = Group([op], kind, op.results[0])
+        group = Group([op], kind, op.results[0], position=len(self.groups))
         if op.has_trait("reduction"):
             group.space = op.operands[0]
             group.axes = op.reduced_axes()
@@ -195,19 +196,54 @@ class Planner:
             group = self.group_of.get(v.defining_op)
             if group is not None and group not in found:
                 found.append(group)
-        return sorted(found, key=lambda g: (g.kind != "compute", -self.groups.index(g)))
+        return sorted(found, key=lambda g: (g.kind != "compute", -g.position))
 
     def join_or_start(self, op: Operation) -> None:
-        for group in self.producer_groups(op):
+        producers = self.producer_groups(op)
+        for group in producers:
             reason = self.why_not(group, op)
             if reason is None:
                 group.add(op)
                 self.group_of[op] = group
                 if op.has_trait("reduction"):
                     group.axes = op.reduced_axes()
+                for other in producers:
+                    if other is not group:
+                        self.merge_siblings(group, other)
                 return
             self.refuse(group, op, reason)
         self.start(op, "memory")
+
+    def merge_siblings(self, group: Group, other: Group) -> None:
+        """Take `other`, an elementwise group over the same space that also feeds the op just
+        joined to `group`, into `group` (an optimizer's update: the decayed parameter and the
+        moving averages, each a chain of its own from the arguments, meet in one op)."""
+        if not (group.kind == other.kind == "memory" and group.axes is None
+                and other.axes is None and group.domain == other.domain != ()):
+            return
+        reason = self.why_not_merge(group, other)
+        if reason is not None:
+            self.refuse(group, other.ops[0], reason)
+            return
+        merged = sorted(group.ops + other.ops, key=lambda o: self.order.get(o, -1))
+        group.ops, group.members = merged, set(merged)
+        for o in other.ops:
+            self.group_of[o] = group
+        other.ops, other.members = [], set()
+
+    def why_not_merge(self, group: Group, other: Group) -> str | None:
+        """Why the sibling groups may not become one (None: they may)."""
+        if len(group.ops) + len(other.ops) > self.max_ops:
+            return f"merging the sibling groups passes the size limit of {self.max_ops} ops"
+        inside = self.defined_in(group) | self.defined_in(other)
+        outside = {*group.inputs(), *other.inputs()} - inside
+        if len(outside) > self.max_inputs:
+            return f"the merged siblings would take more than {self.max_inputs} inputs"
+        if any(o.has_trait("reduction") for o in group.ops + other.ops):
+            return "a sibling group reduces"
+        if any(self.depends_on(v, g) for v in outside for g in (group, other)):
+            return "one sibling group is computed from the other outside them: a cycle"
+        return None
 
     def why_not(self, group: Group, op: Operation) -> str | None:
         """Why `op` may not join `group` (None: it may)."""

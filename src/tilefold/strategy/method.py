@@ -47,14 +47,19 @@ class Kernel:
     compiler hands every kernel of a plan buffers from one pool, so a model's GEMMs share
     their intermediate sums instead of each holding its own (`scratch_arrays()` makes a set
     for a kernel run on its own).
+
+    `in_place` kernels read each output element's inputs at that element only, and before
+    writing it: the planner may hand them an input's own array as an output of its shape (a
+    donated argument the result updates: an optimizer's parameters and moments).
     """
 
     def __init__(self, run: Callable[..., None], source: str | Callable[[], str] = "",
                  asm: Callable[[], str] | None = None, *, strided: bool = False,
                  strided_out: bool = False,
                  calls: Callable[..., list[NativeCall] | None] | None = None,
-                 scratch: tuple[tuple[tuple[int, ...], Any], ...] = ()):
+                 scratch: tuple[tuple[tuple[int, ...], Any], ...] = (), in_place: bool = False):
         self.run = run
+        self.in_place = in_place
         self._source = source
         self._asm = asm
         self.strided = strided

@@ -31,6 +31,7 @@ class Executable:
 
     entry: Any
     source: Callable[[], str]
+    multi: Any = None  # the entry over a table of tensors, where the backend has one
 
 
 class Backend(ABC):

@@ -3,7 +3,8 @@ native code through llvmlite's JIT and the on-disk object cache.
 
 The entry it returns is `NAME.arrays(obj0, ..., objN, i64* params, i32 nthreads)`: the
 buffers are NumPy array objects (their `id`), whose data pointers the native code reads at
-`ARRAY_DATA_OFFSET`, so one call is one ctypes dispatch.
+`ARRAY_DATA_OFFSET`, so one call is one ctypes dispatch; `multi` is `NAME.multi(i64* table,
+i64 entries, i32 nthreads)`, the same kernel over a table of tensors (`emit._emit_multi`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ class LLVMBackend(Backend):
             uses_pool=schedule.parallel_axis is not None, opt_level=OPT_LEVEL)
         entry = module.function(f"{kernel.name}.arrays", None,
                                 *[ctypes.c_void_p] * (len(kernel.buffers) + 1), ctypes.c_int32)
-        return Executable(entry, lambda: self._emit(kernel, schedule, target))
+        multi = module.function(f"{kernel.name}.multi", None, ctypes.c_void_p, ctypes.c_int64,
+                                ctypes.c_int32)
+        return Executable(entry, lambda: self._emit(kernel, schedule, target), multi)
 
     def assembly(self, kernel: Kernel, schedule: Schedule, target: Target) -> str:
         return emit_assembly(self._emit(kernel, schedule, target), target, opt_level=OPT_LEVEL)

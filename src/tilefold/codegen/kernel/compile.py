@@ -41,6 +41,7 @@ class _Compiled:
     kernel: Kernel
     schedule: Schedule
     cfunc: object
+    multi: object = None  # the entry over a table of tensors (`emit._emit_multi`)
 
 
 @dataclass
@@ -54,6 +55,8 @@ class _Plan:
     copy_inputs: bool
     streaming: bool  # outputs past the last-level cache: stored around it, allocated aligned
     scratch: tuple[int, ...]  # elements of each scratch buffer, all threads' slices
+    compiled: _Compiled | None = None
+    const_arrays: tuple[np.ndarray, ...] = ()
 
 
 def lower_group(group: Function | Block, target: Target | None = None) -> tuple[Kernel, Schedule]:
@@ -71,8 +74,11 @@ class CompiledGroup:
     `codegen.backend`'s table); call it with the group's inputs."""
 
     def __init__(self, group: Function | Block, target: Target | None = None,
-                 backend: str = "llvm"):
+                 backend: str = "llvm", streaming: bool = True):
         self.target = target or host_target()
+        # outputs past the last-level cache stored around it; off for a kernel whose outputs
+        # are its inputs' memory (in place: the lines are in cache already, just read)
+        self.streaming = streaming
         self.backend: Backend = get_backend(backend)
         self.group: Group = analyze_group(group)
         self.params: list[Value] = list(group.args)
@@ -85,9 +91,7 @@ class CompiledGroup:
         `out` supplies C-contiguous output buffers (a buffer planner reusing memory)."""
         if not all(type(a) is np.ndarray for a in arrays):
             arrays = tuple(np.asarray(a) for a in arrays)
-        plan = self._plans.get(tuple([(a.shape, a.strides, a.dtype) for a in arrays]))
-        if plan is None:
-            plan = self._plan(list(arrays))
+        plan = self.plan_of(arrays, out)
         if plan.copy_inputs:
             arrays = tuple(np.asarray(a, order="C") for a in arrays)
         if out is None:
@@ -95,24 +99,31 @@ class CompiledGroup:
             outs = [empty(shape, dtype) for shape, dtype in plan.outputs]
         else:
             outs = list(out)
-            if len(outs) != len(plan.outputs) or any(
-                type(o) is not np.ndarray or (o.shape, o.dtype) != want
-                or not o.flags.c_contiguous or not o.flags.writeable
-                for o, want in zip(outs, plan.outputs, strict=False)
-            ):
-                raise ShapeError(f"@{self.group.name}: out must be writable C-contiguous "
-                                 f"arrays of {[f'{d}{list(s)}' for s, d in plan.outputs]}")
         scratch = [aligned_empty((n,), np.float32) for n in plan.scratch]  # per call: reentrant
         # ids of live arrays: the `.arrays` entry reads each one's data pointer
         plan.cfunc(*map(id, arrays), *plan.consts, *map(id, outs), *map(id, scratch),
                    plan.params_ptr, plan.nthreads)
         return outs
 
+    def plan_of(self, arrays: tuple[np.ndarray, ...], out: list[np.ndarray] | None = None
+                ) -> _Plan:
+        """The plan for these inputs (made now if new), `out` checked against it."""
+        plan = self._plans.get(tuple([(a.shape, a.strides, a.dtype) for a in arrays]))
+        if plan is None:
+            plan = self._plan(list(arrays))
+        if out is not None and (len(out) != len(plan.outputs) or any(
+            type(o) is not np.ndarray or (o.shape, o.dtype) != want
+            or not o.flags.c_contiguous or not o.flags.writeable
+            for o, want in zip(out, plan.outputs, strict=False)
+        )):
+            raise ShapeError(f"@{self.group.name}: out must be writable C-contiguous "
+                             f"arrays of {[f'{d}{list(s)}' for s, d in plan.outputs]}")
+        return plan
+
     def calls(self, *arrays: np.ndarray, out: list[np.ndarray]) -> list[NativeCall] | None:
         """The native call `self(*arrays, out=out)` makes, for replay (with scratch buffers of
-        its own), or None where the call would copy its inputs first."""
-        self(*arrays, out=out)  # plans the signature and checks the buffers
-        plan = self._plans[tuple([(a.shape, a.strides, a.dtype) for a in arrays])]
+        its own), or None where the call would copy its inputs first. Nothing runs."""
+        plan = self.plan_of(arrays, out)
         if plan.copy_inputs:
             return None
         scratch = [aligned_empty((n,), np.float32) for n in plan.scratch]
@@ -154,8 +165,9 @@ class CompiledGroup:
             reason = self.backend.supports(kernel, self.target)
             if reason is not None:
                 raise UnsupportedError(f"@{self.group.name}: {reason}")
-            cfunc = self.backend.compile(kernel, schedule, self.target).entry
-            compiled = self._compiled[layout, streaming] = _Compiled(kernel, schedule, cfunc)
+            executable = self.backend.compile(kernel, schedule, self.target)
+            compiled = self._compiled[layout, streaming] = _Compiled(
+                kernel, schedule, executable.entry, executable.multi)
         return compiled
 
     def _plan(self, arrays: list[np.ndarray]) -> _Plan:
@@ -175,7 +187,7 @@ class CompiledGroup:
         strides = [element_strides(a) for a in probes]
         layout, axis_sizes, axis_strides = make_layout(grp, sizes, strides)
         out_bytes = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in outputs)
-        streaming = out_bytes > self.target.l3_bytes > 0
+        streaming = self.streaming and out_bytes > self.target.l3_bytes > 0
         compiled = self._kernel(layout, streaming)
         kernel = compiled.kernel
         values = {("size", a.name): n for a, n in zip(kernel.axes, axis_sizes, strict=True)}
@@ -190,7 +202,7 @@ class CompiledGroup:
         params = np.array([values[e] for e in param_layout(kernel)] or [0], np.int64)
         plan = _Plan(compiled.cfunc, tuple(map(id, consts)), params,
                      params.ctypes.data, tuple(outputs), nthreads, copy, streaming,
-                     tuple(nthreads * n for _, n in rows.values()))
+                     tuple(nthreads * n for _, n in rows.values()), compiled, tuple(consts))
         self._plans[tuple([(a.shape, a.strides, a.dtype) for a in arrays])] = plan
         return plan
 

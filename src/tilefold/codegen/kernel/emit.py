@@ -129,6 +129,21 @@ class _Emitter(kir.StmtVisitor):
             return self.b.alloca(ty)
 
     # --- statements ---------------------------------------------------------------------
+    def stmts(self, stmts: tuple[kir.Stmt, ...]) -> None:
+        """A run of lets and stores computes every value before the first store: an output
+        may then share its memory with an input read at the same element (in place)."""
+        if stmts and all(isinstance(s, kir.Store | kir.Let) for s in stmts):
+            stores = []
+            for s in stmts:
+                if isinstance(s, kir.Let):
+                    self.env[s.name] = self.expr(s.value)
+                else:
+                    stores.append((s, self.expr(s.value)))
+            for s, value in stores:
+                self.store(s.buffer, value, id(s) in self.streamed)
+            return
+        super().stmts(stmts)
+
     def on_store(self, stmt: kir.Store) -> None:
         self.store(stmt.buffer, self.expr(stmt.value), id(stmt) in self.streamed)
 
@@ -447,6 +462,7 @@ def emit_kernel(
             with one:
                 b.call(body_fn, [ctx8, ir.Constant(I32, 0), ir.Constant(I32, 1)])
     b.ret_void()
+    _emit_multi(mod, body_fn, kernel, schedule.parallel_axis is not None)
     if array_data_offset is not None:
         wrapper = ir.Function(mod, entry.function_type, f"{kernel.name}.arrays")
         b = ir.IRBuilder(wrapper.append_basic_block("entry"))
@@ -455,6 +471,57 @@ def emit_kernel(
         b.call(entry, [*data, *wrapper.args[nbuf:]])
         b.ret_void()
     return str(mod)
+
+
+def _emit_multi(mod: ir.Module, body_fn: ir.Function, kernel: kir.Kernel,
+                parallel: bool) -> None:
+    """`NAME.multi(i64* table, i64 entries, i32 nthreads)`: the kernel over many tensors in one
+    parallel call (a multi-tensor apply). Each table row is the body's context, the buffers'
+    data pointers and the `params` pointer, then an owner: -1 splits the entry over every
+    thread as a single call would, t runs it whole on thread t % nthreads (small entries).
+    A kernel without a parallel axis (0-d tensors) runs every row on the calling thread."""
+    nbuf = len(kernel.buffers)
+    row = nbuf + 2
+    worker = ir.Function(mod, WORKER, f"{kernel.name}.multi_body")
+    worker.linkage = "internal"
+    ctx, tid, nthreads = worker.args
+    b = ir.IRBuilder(worker.append_basic_block("entry"))
+    header = b.bitcast(ctx, I64.as_pointer())
+    table = b.inttoptr(b.load(header), I64.as_pointer())
+    entries = b.load(b.gep(header, [ir.Constant(I64, 1)]))
+    with for_range(b, ir.Constant(I64, 0), entries, name="entry") as e:
+        slots = b.gep(table, [b.mul(e, ir.Constant(I64, row))])
+        owner = b.load(b.gep(slots, [ir.Constant(I64, nbuf + 1)]))
+        context = b.bitcast(slots, I8P)
+        with b.if_else(b.icmp_signed("<", owner, ir.Constant(I64, 0))) as (split, whole):
+            with split:
+                b.call(body_fn, [context, tid, nthreads])
+            with whole:
+                mine = b.icmp_signed("==", b.srem(owner, b.sext(nthreads, I64)), b.sext(tid, I64))
+                with b.if_then(mine):
+                    b.call(body_fn, [context, ir.Constant(I32, 0), ir.Constant(I32, 1)])
+    b.ret_void()
+
+    entry = ir.Function(mod, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I32]),
+                        f"{kernel.name}.multi")
+    table, entries, nthreads = entry.args
+    b = ir.IRBuilder(entry.append_basic_block("entry"))
+    header = b.alloca(ir.ArrayType(I64, 2))
+    b.store(b.ptrtoint(table, I64), b.gep(header, [ir.Constant(I32, 0), ir.Constant(I32, 0)]))
+    b.store(entries, b.gep(header, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
+    header8 = b.bitcast(header, I8P)
+    if not parallel:
+        b.call(worker, [header8, ir.Constant(I32, 0), ir.Constant(I32, 1)])
+        b.ret_void()
+        return
+    parallel = mod.globals.get("tilefold_parallel") or ir.Function(
+        mod, ir.FunctionType(ir.VoidType(), [WORKER.as_pointer(), I8P, I32]), "tilefold_parallel")
+    with b.if_else(b.icmp_signed(">", nthreads, ir.Constant(I32, 1))) as (many, one):
+        with many:
+            b.call(parallel, [worker, header8, nthreads])
+        with one:
+            b.call(worker, [header8, ir.Constant(I32, 0), ir.Constant(I32, 1)])
+    b.ret_void()
 
 
 __all__ = ["emit_kernel", "param_layout"]

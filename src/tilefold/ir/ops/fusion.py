@@ -8,6 +8,8 @@
     }
 
 Region arguments stand for the operands in order; the region uses nothing from outside.
+`members = K` (the horizontal-fusion pass) says the region is K independent copies of one
+elementwise chain over tensors of different sizes, laid out member after member.
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ class Fused(OpDef):
 
     name = "fused"
     operands = ("*inputs",)
-    attributes = MappingProxyType({"kind": Attr("str", "memory", choices=KINDS)})
+    attributes = MappingProxyType({
+        "kind": Attr("str", "memory", choices=KINDS),
+        "members": Attr("int", 1, doc="structurally identical elementwise chains the region "
+                        "holds side by side, their arguments, ops and yields member after "
+                        "member (horizontal fusion: one multi-tensor kernel runs them all)"),
+    })
     traits = frozenset({"pure", "fused"})
     results = -1
     regions = 1

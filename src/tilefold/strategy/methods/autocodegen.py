@@ -29,6 +29,8 @@ class KernelCodegen(Method):
             return "runs fused regions only; this op stands alone"
         if problem.kind == "compute":
             return "compute groups belong to the GEMM building blocks"
+        if problem.op.attr("members") > 1:
+            return "a region of several members (horizontal fusion) is the multi-tensor kernel's"
         try:
             kernel, _ = lower_group(problem.op.regions[0], ctx.target)
         except UnsupportedError as exc:
