@@ -17,6 +17,7 @@ import copy
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -165,7 +166,8 @@ class Plan:
     nbytes: int = 0  # the buffers it holds (intermediates, copies)
     shared_bytes: int = 0  # those it uses of its graph's `SharedBuffers` (not in `nbytes`)
     replay: Recording | None = None  # the steps recorded for one set of input arrays
-    last_inputs: tuple = ()  # the previous call's input arrays (two alike: record them)
+    last_inputs: tuple = ()  # weak references to the previous call's input arrays (two alike:
+    # record them; an array new every call is not kept alive for it)
     labels: list[str] = field(default_factory=list)  # per step: what it runs (for profiles)
     fresh_views: frozenset = frozenset()  # result slots viewing a fresh output (made per call)
 
@@ -319,10 +321,10 @@ class CompiledGraph:
             if times is None and plan.replay is not None and plan.replay.matches(arrays):
                 return plan.replay()
             if times is None and self.replay and plan.last_inputs and all(
-                    a is b for a, b in zip(arrays, plan.last_inputs, strict=True)):
+                    a is last() for a, last in zip(arrays, plan.last_inputs, strict=True)):
                 plan.replay, plan.last_inputs = Recording(plan, arrays), ()
                 return list(plan.replay.results)
-            plan.last_inputs = tuple(arrays) if self.replay else ()
+            plan.last_inputs = tuple(map(weakref.ref, arrays)) if self.replay else ()
             fresh = poison if plan.poisoned else np.empty
             outputs = [fresh(shape, dtype) for _, shape, dtype in plan.output_slots]
             plan.execute(plan.env, arrays, outputs, times)

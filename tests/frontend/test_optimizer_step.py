@@ -115,6 +115,31 @@ def test_written_in_place() -> None:
     assert len(layouts) >= 3 * len(ps), plan.layout
 
 
+def test_last_steps_gradients_are_not_kept() -> None:
+    """Gradients are new tensors every step: neither the runner's inputs nor the plan's check
+    for repeated inputs hold the last step's once the step returns, so a training step's
+    peak does not hold two steps' gradients."""
+    import gc
+
+    ps = _params([(64, 64), (4096,)])
+    opt = torch.optim.AdamW(ps, lr=LR)
+    step = torch.compile(opt.step, backend="tilefold", options={"strict": True})
+    for _ in range(5):
+        for p in ps:
+            p.grad = torch.randn(p.shape)
+        step()
+    gc.collect()
+    grads = {p.grad.data_ptr() for p in ps}
+    (executor,) = report.reports()[-1].executors
+    held = [stable.array for stable in executor.runner._inputs]
+    held += [last() for last in _plan().last_inputs]
+    held = [a for a in held if a is not None and a.__array_interface__["data"][0] in grads]
+    assert not held, f"{len(held)} array(s) of the last step's gradients held"
+    params = {p.data_ptr() for p in ps}  # the parameters stay held: the step replays on them
+    assert any(stable.array is not None and stable.array.__array_interface__["data"][0]
+               in params for stable in executor.runner._inputs)
+
+
 def test_in_place_step_bumps_versions() -> None:
     """A parameter the compiled step writes in place counts as modified, as eager's `add_`:
     autograd then refuses a backward that saved its old value."""

@@ -171,14 +171,19 @@ class _StableInput:
     same memory, shape and strides as the last call's gets the last array back; a small one
     the graph only reads (a decode step's token ids and positions, new tensors every step) is
     copied into the last array when its memory changed; a size input (`Converted.arguments`:
-    an array standing for a number) gets the last array back while its value stays."""
+    an array standing for a number) gets the last array back while its value stays. A larger
+    tensor whose memory changed from call to call FLEETING times is new every call (an
+    optimizer's gradients): it is no longer held, so the last call's does not stay alive
+    beside the next one's."""
 
     SMALL_BYTES = 1 << 12
+    FLEETING = 2
 
     def __init__(self, copy_small: bool):
         self.copy_small = copy_small
         self.key: tuple | None = None
         self.array: np.ndarray | None = None
+        self.changes = 0
 
     def array_of(self, t: Any) -> np.ndarray:
         if isinstance(t, np.ndarray):  # a size input's IR form: the last array for its value
@@ -188,11 +193,18 @@ class _StableInput:
             return self.array
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
             return to_numpy(t)
+        if self.changes >= self.FLEETING:
+            return to_numpy(t)
         key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
         last = self.array
         if key == self.key and last is not None:
             return last
         new = to_numpy(t)
+        if self.key is not None and new.nbytes > self.SMALL_BYTES:
+            self.changes += 1
+            if self.changes >= self.FLEETING:
+                self.key = self.array = None
+                return new
         if (self.copy_small and last is not None and last.shape == new.shape
                 and last.dtype == new.dtype and new.nbytes <= self.SMALL_BYTES
                 and last.flags.writeable and new.flags.c_contiguous):

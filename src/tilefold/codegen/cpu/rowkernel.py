@@ -22,13 +22,8 @@ from llvmlite import ir
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.abi import DATA_OFFSET, PARALLEL_TYPE, WORKER_TYPE
 from tilefold.errors import UnsupportedError
-from tilefold.runtime import (
-    compile_generated,
-    compile_llvm_ir,
-    emit_assembly,
-    source_digest,
-    thread_pool,
-)
+from tilefold.runtime import compile_generated, compile_llvm_ir, emit_assembly, source_digest
+from tilefold.runtime.thread_pool import thread_pool
 from tilefold.target import Target
 
 FP = u.f32.as_pointer()
