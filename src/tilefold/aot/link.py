@@ -51,7 +51,8 @@ def _replay(signatures: Sequence[str], entry: str = ENTRY, named: str = SIGNATUR
     return ir + f"@{named} = constant [{len(text) + 1} x i8] " + f'c"{text}\\00"\n'
 
 
-C_ABI = ("tf_model_load", "tf_model_run", "tf_model_free", "tf_last_error")  # the header's
+C_ABI = ("tf_model_load", "tf_model_run", "tf_model_state", "tf_model_free",
+         "tf_last_error")  # the header's
 
 
 def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], target: Target,

@@ -31,6 +31,7 @@ int tf_model_load(const char *dir, tf_model **model) {
     tf_model_free(m);
     return TF_ERROR_MEMORY;
   }
+  tf_share_state(m, 1);
   for (int i = 0; i < TF_NPOINTERS; i++) {
     int64_t address = (int64_t)tf_at(m, tf_pointers[i][2], tf_pointers[i][3]);
     memcpy(tf_at(m, tf_pointers[i][0], tf_pointers[i][1]), &address, sizeof address);

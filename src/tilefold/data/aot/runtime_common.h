@@ -121,6 +121,7 @@ struct tf_model {
   size_t workspace_bytes;
   int64_t *headers[TF_NOBJECTS + 1];
   int64_t table[TF_NENTRIES + 1];
+  uint8_t *state[TF_NSTATE + 1]; /* each state input's one buffer, which every class uses */
 #ifdef TF_NCLASSES
   int64_t bound[TF_NCLASSES]; /* the size each class's program is bound at (0: none yet) */
 #endif
@@ -164,6 +165,29 @@ static int tf_place_buffers(tf_model *m, size_t bytes, const size_t *offsets) {
   for (int i = 0; i < TF_NBUFFERS; i++)
     m->buffers[i] = tf_buffers[i][0] == KIND_DATA ? m->data + tf_buffers[i][2]
                                                   : m->workspace + offsets[i];
+  return TF_OK;
+}
+
+/* The state: each state input's buffer of the first class is its buffer in every class of
+ * the `classes` (tf_state_buffers, class by class), placed before any pointer to it is
+ * written; zero at load, as the other buffers, and never copied. */
+static void tf_share_state(tf_model *m, int classes) {
+  for (int j = 0; j < TF_NSTATE; j++) {
+    m->state[j] = m->buffers[tf_state_buffers[j]];
+    for (int k = 1; k < classes; k++) m->buffers[tf_state_buffers[k * TF_NSTATE + j]] = m->state[j];
+  }
+}
+
+int tf_model_state(tf_model *m, int index, tf_tensor *state) {
+  if (!m || !state) return tf_fail(TF_ERROR_ARGUMENT, "tf_model_state(model, index, &state): "
+                                   "NULL given");
+  if (index < 0 || index >= TF_NSTATE)
+    return tf_fail(TF_ERROR_ARGUMENT, "state %d: the model has %d", index, TF_NSTATE);
+  const int64_t *spec = tf_state_specs[index];
+  state->data = m->state[index];
+  state->dtype = (int32_t)spec[0];
+  state->ndim = (int32_t)spec[1];
+  state->shape = tf_state_dims + spec[2];
   return TF_OK;
 }
 

@@ -69,6 +69,7 @@ int tf_model_load(const char *dir, tf_model **model) {
     tf_model_free(m);
     return TF_ERROR_MEMORY;
   }
+  tf_share_state(m, TF_NCLASSES);
   if (tf_make_headers(m) != TF_OK) { /* their data pointers, dims and strides: per size */
     tf_model_free(m);
     return TF_ERROR_MEMORY;

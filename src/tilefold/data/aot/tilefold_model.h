@@ -45,6 +45,12 @@ int tf_model_load(const char *artifact_dir, tf_model **model);
  * CPUs; not pinned) is started by the first load. */
 int tf_model_run(tf_model *model, const tf_tensor *inputs, int num_inputs,
                  const tf_tensor *outputs, int num_outputs);
+/* A model exported with state (`donate`: a KV cache) holds it: tf_model_run takes the inputs
+ * and returns the outputs other than the state's, and each call reads and writes the state
+ * where it lies, never copying it. *state is state `index` (the manifest's order): the
+ * model's own buffer (zero at load, C-contiguous, valid until tf_model_free), which the
+ * caller may read and write between calls (e.g. set to zero for a new sequence). */
+int tf_model_state(tf_model *model, int index, tf_tensor *state);
 void tf_model_free(tf_model *model);
 /* The message of this thread's last failed call ("" when none failed). */
 const char *tf_last_error(void);
