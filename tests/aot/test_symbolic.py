@@ -39,13 +39,13 @@ def block(rng: np.random.Generator) -> Module:
     return b.build(b.op("softmax", y), y)
 
 
-def llama_block(rng: np.random.Generator) -> Module:
-    """A LLaMA-style layer over ?s tokens: rms_norm, Q/K/V, four heads of causal attention
-    (a kernel reading dims and strides from array headers), the output projection and a
-    residual, rms_norm, a SwiGLU MLP and a residual."""
+def llama_block(rng: np.random.Generator, d: int = 64, heads: int = 4, f: int = 128
+                ) -> Module:
+    """A LLaMA-style layer over ?s tokens: rms_norm, Q/K/V, `heads` heads of causal
+    attention (a kernel reading dims and strides from array headers), the output projection
+    and a residual, rms_norm, a SwiGLU MLP and a residual (MiniLM's shape: 384, 12, 1536)."""
     def w(shape):
         return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
-    d, heads, f = 64, 4, 128
     s = SymDim("s")
     b = Builder()
     x = b.arg("x", "f32", ("?s", d))
@@ -183,9 +183,10 @@ def test_the_cli_exports_a_symbolic_dim(tmp_path, capsys) -> None:
     assert "DIM=MIN:MAX" in capsys.readouterr().err
 
 
-def c_program(path: Path, tmp_path: Path) -> Path:
-    """tests/aot/run_model.c compiled against the artifact's library."""
-    (library,) = path.glob("kernels-*.so")
+def c_program(path: Path, tmp_path: Path, library: str | None = None) -> Path:
+    """tests/aot/run_model.c compiled against the artifact's library (`library`: that file
+    of the artifact's, one of a chain's)."""
+    (library,) = path.glob(library or "kernels-*.so")
     binary = tmp_path / "run_model"
     subprocess.run([shutil.which("cc"), "-O1", "-Wall", "-Werror", f"-I{path}",
                     f"-I{source_dir()}", str(RUN_MODEL), "-o", str(binary), str(library),

@@ -68,6 +68,23 @@ def _state_tables(manifest: dict[str, Any], classes: list[tuple[dict[str, Any], 
     return text, {p["input"] for p in pairs}, {p["output"] for p in pairs}
 
 
+def _chain_tables(manifest: dict[str, Any]) -> str:
+    """The chain of targets the artifact was exported for (`manifest["chain"]`: each one's
+    name, library file and /proc/cpuinfo flags; `manifest["self"]`: this library's place in
+    it), for tf_model_load to pick the first this CPU runs (`runtime_common.h`)."""
+    chain = manifest["chain"]
+    for link in chain:  # written into C strings: names the exporter made, checked anyway
+        text = "".join([link["name"], link["library"], *link["flags"]])
+        if not all(c.isalnum() or c in "-_." for c in text):
+            raise ArtifactError(f"target {link['name']!r}: a name the C tables cannot hold")
+    return "".join([
+        f"#define TF_NCHAIN {len(chain)}\n#define TF_SELF {int(manifest['self'])}\n",
+        _list("char *const", "tf_chain_names", [f'"{t["name"]}"' for t in chain]),
+        _list("char *const", "tf_chain_files", [f'"{t["library"]}"' for t in chain]),
+        _list("char *const", "tf_chain_flags", [f'"{" ".join(t["flags"])}"' for t in chain]),
+    ])
+
+
 def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_digest64: str,
              data_bytes: int) -> str:
     """The C file compiled into the library: the program's tables, then the runtime."""
@@ -121,6 +138,7 @@ def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_digest64: str
         _rows("tf_inputs", io["inputs"], 5),
         _rows("tf_outputs", io["outputs"], 5),
         state,
+        _chain_tables(manifest),
         _list("int64_t", "tf_dims", [str(d) for d in dims]),
         _list("int64_t", "tf_itemsize", [str(_ITEMSIZE[d]) for d in dtypes]),
         _list("int", "tf_status", [str(s) for s in steps["status"]]),
@@ -278,6 +296,7 @@ def symbolic_c_source(program: dict[str, Any], manifest: dict[str, Any], data_di
             ("symdims", symdims, 3), ("class_at", at, max(len(names) - 1, 1)),
             ("symbol_bounds", bounds, 2))),
         state,
+        _chain_tables(manifest),
         _list("char *const", "tf_symbol_names", [f'"?{name}"' for name in names]),
         _list("int64_t", "tf_dims", [str(d) for d in dims]),
         _list("int64_t", "tf_itemsize", [str(_ITEMSIZE[d]) for d in dtypes]),
