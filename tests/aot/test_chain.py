@@ -136,3 +136,21 @@ def test_a_chain_that_cannot_be_exported_here_is_refused(chain, match, tmp_path)
     with pytest.raises((UnsupportedError, ArtifactError), match=match):
         tilefold.export(module, [x], tmp_path / "out.tfa", targets=chain)
     assert not (tmp_path / "out.tfa").exists()
+
+
+def test_the_cli_exports_a_chain(tmp_path, capsys) -> None:
+    from tilefold.cli.main import main
+
+    module = llama_block(np.random.default_rng(2))
+    (tmp_path / "block.tfir").write_text(tilefold.print_module(module))
+    out = tmp_path / "cli.tfa"
+    assert main(["export", str(tmp_path / "block.tfir"), "-o", str(out), "--bind", "s=3",
+                 "--targets", ",".join(CHAIN)]) == 0
+    assert [t["name"] for t in json.loads((out / MANIFEST).read_text())["targets"]] == CHAIN
+    x = np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32)
+    (want,) = tilefold.compile(module, "x86-64-v3")(x)
+    assert tilefold.load(out)(x)[0].tobytes() == want.tobytes()
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "block.tfir"), "-o", str(out), "--bind", "s=3",
+                 "--target", "x86-64-v3", "--targets", ",".join(CHAIN)]) == 1
+    assert "--target or --targets" in capsys.readouterr().err

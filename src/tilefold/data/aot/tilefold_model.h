@@ -3,6 +3,10 @@
  * Link against the artifact's kernels-<id>.so (or dlopen it) and pass tf_model_load the
  * artifact's directory: it checks that this CPU has every feature the code uses and that
  * data.bin has the size and digest the library was exported with, before any kernel runs.
+ * An artifact exported for a chain of targets (--targets) has one kernels library per target;
+ * link any one of them: tf_model_load runs the first target this CPU has (its library loaded
+ * and every call handed to it) and fails with TF_ERROR_CPU when it has none.
+ * TILEFOLD_ARTIFACT_TARGET names the target to take instead.
  * Every function returns TF_OK or an error code; tf_last_error() says what went wrong.
  */
 #ifndef TILEFOLD_MODEL_H
