@@ -154,3 +154,32 @@ def test_the_cli_exports_a_chain(tmp_path, capsys) -> None:
     assert main(["export", str(tmp_path / "block.tfir"), "-o", str(out), "--bind", "s=3",
                  "--target", "x86-64-v3", "--targets", ",".join(CHAIN)]) == 1
     assert "--target or --targets" in capsys.readouterr().err
+
+
+def test_a_chain_of_listed_sizes_with_state_runs_from_c(tmp_path) -> None:
+    """A symbolic artifact with state (tests/aot/test_state.py's step) for the chain: from C
+    through the znver4 library, tf_model_state and every call are the x86-64-v3 library's,
+    bit for bit the graph compiled for x86-64-v3, and the Python loader's too."""
+    from tests.aot.test_state import ROWS as CACHE_ROWS
+    from tests.aot.test_state import SIZES, WIDTH, _run_c_with_state, cached_step, chunks
+
+    module = cached_step(np.random.default_rng(7))
+    path = tilefold.export(module, [np.ones((1, WIDTH), np.float32), np.array(0),
+                                    np.zeros((CACHE_ROWS, WIDTH), np.float32)],
+                           tmp_path / "step.tfa", dynamic_shapes={"s": SIZES},
+                           donate={1: 2}, targets=CHAIN)
+    binary = c_program(path, tmp_path, json.loads((path / MANIFEST).read_text())[
+        "targets"][0]["library"]["file"])
+    start = np.random.default_rng(9).standard_normal((CACHE_ROWS, WIDTH)).astype(np.float32)
+    said, (outs, state) = _run_c_with_state(binary, path, chunks(3), start, tmp_path)
+    assert said == "ok"
+    graph = tilefold.compile(module, "x86-64-v3", donate={1: 2})
+    model = tilefold.load(path)
+    cache = start.copy()
+    model.state[0][...] = start
+    at = 0
+    for x, got in zip(chunks(3), outs, strict=True):
+        want = graph(x, np.array(at), cache)[0]
+        assert got.tobytes() == want.tobytes() == model(x, np.array(at))[0].tobytes()
+        at += len(x)
+    assert state.tobytes() == cache.tobytes() == model.state[0].tobytes()
