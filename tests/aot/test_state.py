@@ -8,13 +8,16 @@ the manifest are refused with TilefoldErrors."""
 from __future__ import annotations
 
 import json
+import subprocess
+from typing import Any
 
 import numpy as np
 import pytest
 
 import tilefold
+from tests.aot.test_symbolic import c_program
 from tilefold import Builder, Module
-from tilefold.artifact.format import MANIFEST
+from tilefold.artifact.format import DTYPES, MANIFEST
 from tilefold.errors import ArtifactError, ShapeError, UnsupportedError
 from tilefold.ir.types import SymDim
 
@@ -41,9 +44,10 @@ def cached_step(rng: np.random.Generator) -> Module:
     return b.build(out @ b.constant(w), written)
 
 
-def run_jit(module: Module, chunks: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+def run_jit(module: Module, chunks: list[np.ndarray], cache: np.ndarray | None = None
+            ) -> tuple[list[np.ndarray], np.ndarray]:
     graph = tilefold.compile(module, donate={1: 2}, strict=True)
-    cache = np.zeros((ROWS, WIDTH), np.float32)
+    cache = np.zeros((ROWS, WIDTH), np.float32) if cache is None else cache.copy()
     outs, at = [], 0
     for x in chunks:
         outs.append(graph(x, np.array(at), cache)[0])
@@ -123,3 +127,72 @@ def test_a_donated_result_not_written_in_place_is_refused(tmp_path) -> None:
     arrays = [np.ones((4, 4), np.float32), np.ones((4, 4), np.float32)]
     with pytest.raises(UnsupportedError, match="not written into it in place"):
         tilefold.export(module, arrays, tmp_path / "bad.tfa", donate={0: 1})
+
+
+@pytest.fixture(scope="module")
+def exported_static(tmp_path_factory):
+    """The same step for 4 rows only: one program, the C runtime of static shapes."""
+    module = cached_step(np.random.default_rng(7))
+    path = tilefold.export(module, [np.ones((4, WIDTH), np.float32), np.array(0),
+                                    np.zeros((ROWS, WIDTH), np.float32)],
+                           tmp_path_factory.mktemp("state") / "step4.tfa", donate={1: 2})
+    return module, path
+
+
+def _run_c_with_state(binary, path, xs, cache, tmp_path, extra: bool = False) -> tuple[str, Any]:
+    """run_model.c -s: the model's state set to `cache` through tf_model_state, each x run
+    once in turn (at rows written so far), the outputs and the state's bytes read back.
+    `extra`: the state passed as a third input too (which tf_model_run must refuse)."""
+    f32, i64 = list(DTYPES).index("f32"), list(DTYPES).index("i64")
+    tmp_path = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"  # files of this run only
+    tmp_path.mkdir()
+    cache.tofile(tmp_path / "state-in.bin")
+    argv, at = [], 0
+    for g, x in enumerate(xs):
+        argv += ["--"] if g else []
+        x.tofile(tmp_path / f"x{g}.bin")
+        np.array(at).tofile(tmp_path / f"at{g}.bin")
+        argv += [f"i:{f32}:{x.shape[0]},{WIDTH}:{tmp_path / f'x{g}.bin'}",
+                 f"i:{i64}:-:{tmp_path / f'at{g}.bin'}",
+                 *([f"i:{f32}:{ROWS},{WIDTH}:{tmp_path / 'state-in.bin'}"] if extra else []),
+                 f"o:{f32}:{x.shape[0]},{WIDTH}:{tmp_path / f'out{g}.bin'}"]
+        at += len(x)
+    done = subprocess.run([str(binary), str(path), "-s", str(tmp_path / "state-in.bin"),
+                           str(tmp_path / "state-out.bin"), *argv],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    outs = [np.fromfile(tmp_path / f"out{g}.bin", np.float32).reshape(x.shape)
+            for g, x in enumerate(xs) if (tmp_path / f"out{g}.bin").exists()]
+    state = np.fromfile(tmp_path / "state-out.bin", np.float32).reshape(ROWS, WIDTH) \
+        if (tmp_path / "state-out.bin").exists() else None
+    return done.stdout.strip(), (outs, state)
+
+
+@pytest.mark.parametrize("which", ["symbolic", "static"])
+def test_the_c_runtime_keeps_the_state_in_place(which, exported, exported_static,
+                                                 tmp_path) -> None:
+    """From C the state is the model's buffer (tf_model_state) and tf_model_run takes the
+    other inputs only: a cache written into that buffer before the first call is what the
+    calls read, each call advances it where it lies (never copied in or out: the caller
+    passes no state), and a sequence gives bit for bit what the compiled graph gives on its
+    own arrays, the buffer after it bit for bit the graph's cache. The state given as an
+    input too is refused with an error code."""
+    module, path = exported if which == "symbolic" else exported_static
+    xs = chunks(2) if which == "symbolic" else [
+        np.random.default_rng(g).standard_normal((4, WIDTH)).astype(np.float32)
+        for g in range(4)]
+    start = np.random.default_rng(9).standard_normal((ROWS, WIDTH)).astype(np.float32)
+    binary = c_program(path, tmp_path)
+    said, (outs, state) = _run_c_with_state(binary, path, xs, start, tmp_path)
+    assert said == "ok"
+    want, cache = run_jit(module, xs, start)
+    for got, w in zip(outs, want, strict=True):
+        assert got.tobytes() == w.tobytes()
+    assert state.tobytes() == cache.tobytes()
+    assert not np.array_equal(cache, start)  # the calls wrote the state
+    said, _ = _run_c_with_state(binary, path, xs[:1], start, tmp_path, extra=True)
+    assert said.startswith("run 4 the model takes 2 inputs and 1 outputs, not 3 and 1"), said
+    if which == "symbolic":  # a size between two listed ones
+        said, _ = _run_c_with_state(binary, path, [xs[0][:2]], start, tmp_path)
+        assert said == "run 4 ?s = 2 is not a size this artifact was exported for (between " \
+            "1 and 3, which it was)", said

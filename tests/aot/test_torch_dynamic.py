@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tilefold
-from tests.aot.test_symbolic import _c_program
+from tests.aot.test_symbolic import c_program
 from tests.aot.test_torch_models import LastHidden
 from tests.distributed.torch_blocks import model_and_input
 from tilefold.artifact.format import DTYPES, MANIFEST
@@ -114,7 +114,7 @@ def _check_c(path, groups: list[tuple[list[np.ndarray], np.ndarray]], tmp_path) 
     """The C runtime (tests/aot/run_model.c) over every group in one process: bit for bit."""
     import subprocess
 
-    binary = _c_program(path, tmp_path)
+    binary = c_program(path, tmp_path)
     argv, files = [], []
     for g, (xs, want) in enumerate(groups):
         argv += ["--"] if g else []
@@ -203,7 +203,7 @@ def test_the_c_runtime_refuses_a_batch_outside_its_bounds(bert_batch_and_seq, tm
     import subprocess
 
     _, _, path = bert_batch_and_seq
-    binary = _c_program(path, tmp_path)
+    binary = c_program(path, tmp_path)
     i64 = list(DTYPES).index("i64")
     argv = []
     for k, a in enumerate(_tokens(4, 3, seed=0)):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
+import numpy as np
+
 from tilefold.artifact.cpu import cpuinfo_flags
 from tilefold.artifact.format import DTYPES, HEADER, HEADER_WORDS
 from tilefold.errors import ArtifactError
@@ -37,6 +39,52 @@ def _list(ctype: str, name: str, values: list[str]) -> str:
     return f"static const {ctype} {name}[] = {{{', '.join(values or ['0'])}}};\n"
 
 
+def _state_tables(manifest: dict[str, Any], classes: list[tuple[dict[str, Any], int, int]]
+                  ) -> tuple[str, set[int], set[int]]:
+    """The state's C tables (`tf_state_specs`: dtype, rank, the first of its dims in
+    `tf_state_dims`; `tf_state_buffers`: each class's buffer holding it, class by class) for
+    `classes` (a program, the number of its first buffer among all, its smallest size), and
+    the state's input and output numbers, which tf_model_run does not take: the model holds
+    the state, in one buffer of its own that every class shares."""
+    from tilefold.aot.symbolic import evaluate
+
+    pairs = manifest.get("state", [])
+    specs, dims, buffers = [], [], []
+    for p in pairs:
+        spec = manifest["inputs"][p["input"]]
+        specs.append([list(DTYPES).index(spec["dtype"]), len(spec["shape"]), len(dims)])
+        dims += spec["shape"]
+    for steps, first, n in classes:
+        for p, spec in zip(pairs, specs, strict=True):
+            number, offset = evaluate(steps["inputs"][p["input"]]["at"], n)
+            nbytes = int(np.prod(dims[spec[2]:spec[2] + spec[1]])) * _ITEMSIZE[
+                list(DTYPES)[spec[0]]]
+            if offset != 0 or evaluate(steps["buffers"][number]["bytes"], n) != nbytes:
+                raise ArtifactError(f"state input {p['input']} is not a buffer of its own")
+            buffers.append(str(first + number))
+    text = "".join([_rows("tf_state_specs", specs, 3),
+                    _list("int64_t", "tf_state_dims", [str(int(d)) for d in dims]),
+                    _list("int64_t", "tf_state_buffers", buffers)])
+    return text, {p["input"] for p in pairs}, {p["output"] for p in pairs}
+
+
+def _chain_tables(manifest: dict[str, Any]) -> str:
+    """The chain of targets the artifact was exported for (`manifest["chain"]`: each one's
+    name, library file and /proc/cpuinfo flags; `manifest["self"]`: this library's place in
+    it), for tf_model_load to pick the first this CPU runs (`runtime_common.h`)."""
+    chain = manifest["chain"]
+    for link in chain:  # written into C strings: names the exporter made, checked anyway
+        text = "".join([link["name"], link["library"], *link["flags"]])
+        if not all(c.isalnum() or c in "-_." for c in text):
+            raise ArtifactError(f"target {link['name']!r}: a name the C tables cannot hold")
+    return "".join([
+        f"#define TF_NCHAIN {len(chain)}\n#define TF_SELF {int(manifest['self'])}\n",
+        _list("char *const", "tf_chain_names", [f'"{t["name"]}"' for t in chain]),
+        _list("char *const", "tf_chain_files", [f'"{t["library"]}"' for t in chain]),
+        _list("char *const", "tf_chain_flags", [f'"{" ".join(t["flags"])}"' for t in chain]),
+    ])
+
+
 def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_digest64: str,
              data_bytes: int) -> str:
     """The C file compiled into the library: the program's tables, then the runtime."""
@@ -61,16 +109,20 @@ def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_digest64: str
             entries.append([_ARGS[kind], a, b])
     objects = [[*o["at"], len(o["shape"]), dims_at(o["shape"], o["strides"])]
                for o in steps["objects"]]
+    state, *held_io = _state_tables(manifest, [(steps, 0, 0)])
+    held = dict(zip(("inputs", "outputs"), held_io, strict=True))
     io = {}
     for side in ("inputs", "outputs"):
         io[side] = [[*ref["at"], dtypes.index(spec["dtype"]), len(spec["shape"]),
                      dims_at(spec["shape"], ref["strides"])]
-                    for spec, ref in zip(manifest[side], steps[side], strict=True)]
+                    for i, (spec, ref) in enumerate(zip(manifest[side], steps[side],
+                                                        strict=True)) if i not in held[side]]
     externs = "".join(f'extern char tf_fn{i}[] __asm__("{s}");\n' for i, s in enumerate(symbols))
     counts = {"BUFFERS": len(steps["buffers"]), "POINTERS": len(steps["pointers"]),
               "OBJECTS": len(objects), "ENTRIES": len(entries),
               "INPUTS": len(io["inputs"]), "OUTPUTS": len(io["outputs"]),
               "STATUS": len(steps["status"]), "FLAGS": len(flags),
+              "STATE": len(manifest.get("state", [])),
               "MAX_THREADS": manifest["pool"]["max_threads"], "DATA_BYTES": data_bytes,
               "HEADER_WORDS": HEADER_WORDS, **{f"HEADER_{k.upper()}": v // 8
                                                for k, v in HEADER.items()}}
@@ -85,6 +137,8 @@ def c_source(steps: dict[str, Any], manifest: dict[str, Any], data_digest64: str
         _rows("tf_entries", entries, 3),
         _rows("tf_inputs", io["inputs"], 5),
         _rows("tf_outputs", io["outputs"], 5),
+        state,
+        _chain_tables(manifest),
         _list("int64_t", "tf_dims", [str(d) for d in dims]),
         _list("int64_t", "tf_itemsize", [str(_ITEMSIZE[d]) for d in dtypes]),
         _list("int", "tf_status", [str(s) for s in steps["status"]]),
@@ -162,6 +216,13 @@ def symbolic_c_source(program: dict[str, Any], manifest: dict[str, Any], data_di
             raise ArtifactError(f"buffer {number!r} of a size class: not a buffer number")
         return number
 
+    first, classes = 0, []  # each class's program, its first buffer, its smallest size
+    for c in program["classes"]:
+        classes.append((c["program"], first, c["lo"]))
+        first += len(c["program"]["buffers"])
+    state, *held_io = _state_tables(manifest, classes)
+    held = dict(zip(("inputs", "outputs"), held_io, strict=True))
+    given = [i for i in range(len(manifest["inputs"])) if i not in held["inputs"]]
     for c in program["classes"]:
         exprs.lo, exprs.hi = c["lo"], c["hi"]
         steps = c["program"]
@@ -196,12 +257,15 @@ def symbolic_c_source(program: dict[str, Any], manifest: dict[str, Any], data_di
         status += [str(buffer(b, count)) for b in steps["status"]]
         tables["classes"].append(row)
         for side in ("inputs", "outputs"):
-            for spec, ref in zip(manifest[side], steps[side], strict=True):
+            for i, (spec, ref) in enumerate(zip(manifest[side], steps[side], strict=True)):
+                if i in held[side]:
+                    continue
                 tables[side].append([buffer(ref["at"][0], count), exprs(ref["at"][1]),
                                      dtypes.index(spec["dtype"]), len(spec["shape"]),
                                      dims_at(ref["shape"], ref["strides"])])
     names = [symbol, *program.get("outer", [])]  # the fitted symbol, then those held at one
-    symdims = [[i, d, names.index(size[1:])] for i, spec in enumerate(manifest["inputs"])
+    symdims = [[given.index(i), d, names.index(size[1:])]  # the caller's input numbers
+               for i, spec in enumerate(manifest["inputs"])
                for d, size in enumerate(spec["shape"])
                if isinstance(size, str) and size[1:] in names]
     at = [c.get("at", []) + [0] * (len(names) == 1) for c in program["classes"]]
@@ -211,7 +275,8 @@ def symbolic_c_source(program: dict[str, Any], manifest: dict[str, Any], data_di
     replays = [c["entry"] for c in program["classes"]]
     counts = {"NBUFFERS": len(tables["buffers"]), "NOBJECTS": len(tables["objects"]),
               "NENTRIES": len(tables["entries"]), "NCLASSES": len(replays),
-              "NINPUTS": len(manifest["inputs"]), "NOUTPUTS": len(manifest["outputs"]),
+              "NINPUTS": len(given), "NOUTPUTS": len(manifest["outputs"]) - len(held["outputs"]),
+              "NSTATE": len(held["inputs"]),
               "NSYMDIMS": len(symdims), "NOUTER": len(names) - 1, "NFLAGS": len(flags),
               "MIN": lo, "MAX": hi,
               "MAX_RANK": max(ranks, default=0), "MAX_THREADS": manifest["pool"]["max_threads"],
@@ -230,6 +295,8 @@ def symbolic_c_source(program: dict[str, Any], manifest: dict[str, Any], data_di
             ("inputs", tables["inputs"], 5), ("outputs", tables["outputs"], 5),
             ("symdims", symdims, 3), ("class_at", at, max(len(names) - 1, 1)),
             ("symbol_bounds", bounds, 2))),
+        state,
+        _chain_tables(manifest),
         _list("char *const", "tf_symbol_names", [f'"?{name}"' for name in names]),
         _list("int64_t", "tf_dims", [str(d) for d in dims]),
         _list("int64_t", "tf_itemsize", [str(_ITEMSIZE[d]) for d in dtypes]),

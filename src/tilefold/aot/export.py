@@ -54,7 +54,8 @@ from tilefold.version import __version__
 def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
            target: Target | str | None = None, function: str = "main",
            dynamic_shapes: dict[str, Any] | None = None,
-           donate: dict[int, int] | None = None, c_library: bool = False) -> Path:
+           donate: dict[int, int] | None = None, c_library: bool = False,
+           targets: Sequence[Target | str] | None = None) -> Path:
     """Compile `function` of `module` for the static shapes and dtypes of `inputs` (their
     values are only run once) on `target` (default: this host; a name such as "x86-64-v3",
     which this host must be able to run) and write the artifact directory `path` (an artifact
@@ -73,7 +74,13 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
 
     `c_library=True` (`tilefold export --c`): the artifact also holds `libtilefold_model.so`,
     the same code linked for C programs alone (the C ABI its only exports, stripped: smaller);
-    it runs the artifact's data.bin as the kernels library's C runtime does."""
+    it runs the artifact's data.bin as the kernels library's C runtime does.
+
+    `targets=["znver4", "x86-64-v3"]` (instead of `target`): a chain, in order of preference;
+    the loaders run the first whose CPU features the host has. The plan is recorded for the
+    last, which this host must run, and each other target's library holds the same kernels
+    compiled from their IR for that target (each must have every feature of the last), so
+    every target shares the one program and data.bin (`chain_targets`)."""
     if not isinstance(module, Module):
         raise UnsupportedError(
             f"tilefold.export takes a tilefold Module, a torch.nn.Module or a torch.export "
@@ -82,21 +89,53 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
     if not _replaceable(path):  # before any work: a user's directory is never replaced
         raise ArtifactError(f"{path} exists and is not a tilefold artifact; export to a new "
                             "path (an artifact there is replaced)")
+    if targets is not None:
+        if target is not None:
+            raise UnsupportedError("give tilefold.export a target or a chain of targets, "
+                                   "not both")
+        *stronger, target = chain_targets(targets)
+    else:
+        stronger = []
     if isinstance(target, str):
         target = named_target(target)
     if target is not None and not target.is_host():
         raise ArtifactError(f"cannot export for {target.name} on this host: the plan is "
-                            "recorded by running it here; export on a host that runs it")
+                            "recorded by running it here; export on a host that runs it"
+                            + (" (the last target of a chain is the one recorded)"
+                               if stronger else ""))
     graph = compile(module, target, function=function, donate=donate)
     return export_graph(graph, inputs, path, dynamic_shapes=dynamic_shapes,
-                        c_library=c_library)
+                        c_library=c_library, stronger=stronger)
+
+
+def chain_targets(names: Sequence[Target | str]) -> list[Target]:
+    """A chain of targets, named or given, checked: at least one, none twice, and each with
+    the architecture and every CPU feature of the last (whose recorded plan the others'
+    code is compiled from: its IR assumes those features; `UnsupportedError` otherwise)."""
+    chain = [named_target(t) if isinstance(t, str) else t for t in names]
+    if not chain:
+        raise UnsupportedError("a chain of targets names at least one")
+    if len({t.name for t in chain}) != len(chain):
+        raise UnsupportedError(f"a chain of targets names each once, not "
+                               f"{', '.join(t.name for t in chain)}")
+    last = chain[-1]
+    for t in chain[:-1]:
+        lacks = sorted(last.features - t.features)
+        if t.arch != last.arch or lacks:
+            raise UnsupportedError(
+                f"cannot chain {t.name} before {last.name}: it lacks "
+                f"{', '.join(lacks) or last.arch}, which the code recorded for {last.name} "
+                "may use; list the targets strongest first, each with every feature of the "
+                "last")
+    return chain
 
 
 def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, *,
-                 dynamic_shapes: dict[str, Any] | None = None, c_library: bool = False
-                 ) -> Path:
+                 dynamic_shapes: dict[str, Any] | None = None, c_library: bool = False,
+                 stronger: Sequence[Target] = ()) -> Path:
     """`export` of a graph compiled already (by `tilefold.compile`, for a target this host
-    runs): its plans and kernels are the ones it has, its `donate`d arguments the state."""
+    runs): its plans and kernels are the ones it has, its `donate`d arguments the state.
+    `stronger`: the targets of a chain before the graph's (`chain_targets`)."""
     path = Path(path)
     if not _replaceable(path):
         raise ArtifactError(f"{path} exists and is not a tilefold artifact; export to a new "
@@ -105,15 +144,16 @@ def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, 
     if not target.is_host():
         raise ArtifactError(f"cannot export a graph compiled for {target.name} on this "
                             "host: the plan is recorded by running it here")
+    chain = chain_targets([*stronger, target])
     arrays = [np.asarray(a) for a in inputs]
     bind_symbols(graph.function, arrays)  # count, dtypes and shapes, as a call checks them
     if dynamic_shapes is not None:
-        return _export_symbolic(graph, arrays, path, target, dynamic_shapes, c_library)
+        return _export_symbolic(graph, arrays, path, chain, dynamic_shapes, c_library)
     program = record(graph, arrays)
     manifest = _manifest(graph, arrays, program, target)
     steps, saved = program.layout()
     _check_state(graph, steps)
-    return _write(path, steps, saved, manifest, target,
+    return _write(path, steps, saved, manifest, chain,
                   list(program.modules.values()), program.signatures,
                   c_source, c_library=c_library)
 
@@ -130,7 +170,7 @@ def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
                 "writes it")
 
 
-def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: Target,
+def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, chain: list[Target],
                      dynamic_shapes: Any, c_library: bool) -> Path:
     *outer, (symbol, sizes) = bounds_of(graph, dynamic_shapes)
     lo, hi = sizes[0], sizes[-1]
@@ -150,7 +190,7 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: T
         _check_state(graph, evaluate(c["program"], c["lo"]))
     first = recorder.first
     smallest = {name: s[0] for name, s in (*outer, (symbol, sizes))}
-    manifest = _manifest(graph, sized_inputs(graph, arrays, smallest), first, target)
+    manifest = _manifest(graph, sized_inputs(graph, arrays, smallest), first, chain[-1])
     fn = graph.function
     for side, values in (("inputs", fn.args), ("outputs", fn.outputs)):
         for spec, v in zip(manifest[side], values, strict=True):
@@ -190,7 +230,7 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, target: T
                                                     "program") if key in c} for c in classes]}
     if outer:  # the symbols a class holds at one size each (`at`, in this order)
         program["outer"] = [name for name, _ in outer]
-    return _write(path, program, saved, manifest, target, list(recorder.modules.values()),
+    return _write(path, program, saved, manifest, chain, list(recorder.modules.values()),
                   [], symbolic_c_source, replays, c_library)
 
 
@@ -215,11 +255,17 @@ def _manifest(graph: Any, arrays: list[np.ndarray], program: Program, target: Ta
         "function": fn.name,
         "inputs": _specs([a.name for a in fn.args], arrays),
         "outputs": _specs([v.name for v in fn.outputs], program.results),
-        "target": {"name": target.name, "arch": target.arch, "triple": target.triple,
-                   "cpu": target.cpu, "cpu_features": []},
+        "target": _target_entry(target),
         "pool": {"max_threads": MAX_THREADS},
         "state": [{"input": a, "output": r} for r, a in sorted(graph.donate.items())],
     }
+
+
+def _target_entry(target: Target) -> dict[str, Any]:
+    """The manifest's description of a target (its CPU features: those its code uses, which
+    `_write` fills in as the library is linked)."""
+    return {"name": target.name, "arch": target.arch, "triple": target.triple,
+            "cpu": target.cpu, "cpu_features": []}
 
 
 def _replaceable(path: Path) -> bool:
@@ -237,18 +283,22 @@ def _replaceable(path: Path) -> bool:
 
 
 def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[str, Any],
-           target: Target, modules: list[Any], signatures: list[str],
+           chain: list[Target], modules: list[Any], signatures: list[str],
            runtime: Any, replays: Sequence[tuple[str, str, list[str]]] = (),
            c_library: bool = False) -> Path:
     """Write the parts into a fresh directory beside `path`, then move it into place: a
-    failed export never leaves half an artifact."""
+    failed export never leaves half an artifact. One library per target of the `chain`
+    (its last the recorded plan's own), each with the chain's table for the C runtime to
+    pick from; a chain's manifest lists them in `targets`, and its `target` and library part
+    are the first's."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     except OSError as exc:
         raise ArtifactError(f"cannot write the artifact {path}: {exc}") from None
     try:
-        files = {"library": new_library_name(), "program": PROGRAM, "data": DATA}
+        libraries = [new_library_name() for _ in chain]
+        files = {"library": libraries[0], "program": PROGRAM, "data": DATA}
         (tmp / PROGRAM).write_text(json.dumps(steps, separators=(",", ":")))
         with (tmp / DATA).open("wb") as f:
             for b in saved:
@@ -256,24 +306,38 @@ def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[s
                 f.write(data + bytes(-len(data) % ALIGN))
         data = {DIGEST: digest64_file(tmp / DATA), "bytes": (tmp / DATA).stat().st_size}
 
-        def c_runtime(features: list[str]) -> str:
-            # A host's own target may name features no /proc/cpuinfo flag shows (newer than
-            # the loaders' table): listed apart, honestly, rather than failing every load.
-            unchecked = cpuinfo_flags(features)[1]
-            manifest["target"]["cpu_features"] = [f for f in features if f not in unchecked]
-            manifest["target"]["unchecked_features"] = unchecked
-            return runtime(steps, manifest, data[DIGEST], data["bytes"])
+        links = [{"name": t.name, "library": file,
+                  "flags": cpuinfo_flags(sorted(t.features))[0]}
+                 for t, file in zip(chain, libraries, strict=True)]
+        members = []
+        for k, (target, file) in enumerate(zip(chain, libraries, strict=True)):
+            entry = _target_entry(target)
 
-        link_library(modules, signatures, target, tmp / files["library"], c_runtime,
-                     replays, tmp / C_LIBRARY if c_library else None)
+            def c_runtime(features: list[str], entry: dict[str, Any] = entry, k: int = k
+                          ) -> str:
+                # A host's own target may name features no /proc/cpuinfo flag shows (newer
+                # than the loaders' table): listed apart, honestly, not failing every load.
+                unchecked = cpuinfo_flags(features)[1]
+                entry["cpu_features"] = [f for f in features if f not in unchecked]
+                entry["unchecked_features"] = unchecked
+                return runtime(steps, {**manifest, "target": entry, "chain": links, "self": k},
+                               data[DIGEST], data["bytes"])
+
+            recorded = k == len(chain) - 1
+            link_library(modules, signatures, target, tmp / file, c_runtime, replays,
+                         tmp / C_LIBRARY if c_library and recorded else None,
+                         retarget=not recorded)
+            members.append({**entry, "library": _part(tmp / file), "program": PROGRAM,
+                            "data": DATA})
+        manifest["target"] = {key: members[0][key] for key in (*_target_entry(chain[0]),
+                                                               "unchecked_features")}
+        if len(chain) > 1:  # each target's library; all share the one program and data.bin
+            manifest["targets"] = members
         if c_library:  # for people and tools: no loader checks it (the dynamic linker loads it)
             manifest["c_library"] = {"file": C_LIBRARY, "bytes": (tmp / C_LIBRARY).stat().st_size,
                                      "sha256": sha256_file(tmp / C_LIBRARY)}
         shutil.copy(source_dir() / HEADER_FILE, tmp / HEADER_FILE)
-        manifest["parts"] = {part: {"file": file, "bytes": (tmp / file).stat().st_size,
-                                    "sha256": sha256_file(tmp / file),
-                                    DIGEST: digest64_file(tmp / file)}
-                             for part, file in files.items()}
+        manifest["parts"] = {part: _part(tmp / file) for part, file in files.items()}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if path.exists():
             shutil.rmtree(path)
@@ -282,3 +346,9 @@ def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[s
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def _part(path: Path) -> dict[str, Any]:
+    """A part's entry in the manifest: its file, size and digests."""
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path),
+            DIGEST: digest64_file(path)}

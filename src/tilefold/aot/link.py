@@ -51,27 +51,33 @@ def _replay(signatures: Sequence[str], entry: str = ENTRY, named: str = SIGNATUR
     return ir + f"@{named} = constant [{len(text) + 1} x i8] " + f'c"{text}\\00"\n'
 
 
-C_ABI = ("tf_model_load", "tf_model_run", "tf_model_free", "tf_last_error")  # the header's
+C_ABI = ("tf_model_load", "tf_model_run", "tf_model_state", "tf_model_free",
+         "tf_last_error")  # the header's
 
 
 def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], target: Target,
                  out: Path, c_runtime: Callable[[list[str]], str],
                  replays: Sequence[tuple[str, str, Sequence[str]]] = (),
-                 c_only: Path | None = None) -> list[str]:
+                 c_only: Path | None = None, retarget: bool = False) -> list[str]:
     """Write the library to `out`, the C runtime `c_runtime(features)` compiled in; returns
     the CPU features its code assumes (LLVM names). `replays`: (entry, signatures' name,
     signatures) of each replay function, when not the one `tf_replay` of `signatures`.
     `c_only`: also link the same objects into a library for C programs alone, exporting
     only the C ABI (`C_ABI`: the kernels, the pool and the replay hidden, so the linker
-    drops what the C runtime does not reach) and stripped."""
+    drops what the C runtime does not reach) and stripped. `retarget`: every module compiled
+    for `target` (a stronger target of a chain, which has every feature of the modules' own:
+    `aot.export.chain_targets`), not only the portable ones.
+
+    Linked -Bsymbolic: the libraries of a chain export the same C ABI, and one forwards to
+    another (`runtime_common.h`), so each binds its own symbols to itself."""
     cc, objcopy = _tool("cc"), _tool("objcopy")
     features = set(target.features)
     with tempfile.TemporaryDirectory(prefix="tilefold-export-") as tmp:
         objects = []
         for number, module in enumerate(modules):
             recipe = module.recipe
-            here = target if recipe.portable and module.target.arch == target.arch \
-                else module.target
+            here = target if (recipe.portable or retarget) \
+                and module.target.arch == target.arch else module.target
             code = compile_object(recipe.make_ir(), here, name=module.name,
                                   opt_level=recipe.opt_level, jit=False,
                                   strength_reduce=recipe.strength_reduce, pic=True)
@@ -92,7 +98,7 @@ def link_library(modules: Sequence[CompiledModule], signatures: Sequence[str], t
         runtime = Path(tmp) / "model.c"
         runtime.write_text(c_runtime(sorted(features)))
         link = [cc, "-shared", "-fPIC", "-O2", f"-I{source_dir()}", str(runtime),
-                *map(str, objects), "-lm", "-lpthread", "-Wl,-z,noexecstack"]
+                *map(str, objects), "-lm", "-lpthread", "-Wl,-z,noexecstack", "-Wl,-Bsymbolic"]
         _run([*link, "-o", str(out)])
         if c_only is not None:
             exports = Path(tmp) / "exports.map"

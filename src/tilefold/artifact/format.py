@@ -11,7 +11,8 @@ the weights a file of their own to be mapped at offset 0):
                     with `tf_replay(int64 *table)` running the whole step program; <id> is
                     drawn per export, so a process that loaded an earlier export from this
                     path never gets that library back from `dlopen` (which reuses a loaded
-                    library by name)
+                    library by name); one per target of a chain (`targets` in the
+                    manifest), the loaders running the first the host has
     program.json    the step program: buffers, array headers, pointer words to patch, and the
                     native calls with every pointer written as (buffer, offset)
     data.bin        the constants (weights, parameter blocks) as raw bytes, each at a 64-byte

@@ -51,13 +51,16 @@ from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedEr
 from tilefold.version import __version__
 
 
-def load(path: str | Path) -> LoadedModel:
-    """The artifact `tilefold export` wrote at `path`, ready to call on NumPy arrays."""
+def load(path: str | Path, target: str | None = None) -> LoadedModel:
+    """The artifact `tilefold export` wrote at `path`, ready to call on NumPy arrays. For
+    an artifact of a chain of targets, the first whose CPU features this host has runs
+    (`model.manifest["target"]`); `target` names the one to take instead (checked all the
+    same)."""
     root = Path(path)
     if not root.is_dir():
         raise ArtifactError(f"{root}: not an artifact directory (`tilefold export` writes one "
                             f"holding {MANIFEST}, {PROGRAM}, {DATA} and a kernels-*.so)")
-    manifest = read_json(root / MANIFEST, "manifest")
+    manifest = _pick_target(root, read_json(root / MANIFEST, "manifest"), target)
     _check_manifest(root, manifest)
     data = _map(root / DATA)
     library = _checked_library(root, manifest)
@@ -144,6 +147,44 @@ def _unmap(data: mmap.mmap) -> None:
     escaped still views it (then the mapping goes with that array)."""
     with contextlib.suppress(BufferError):
         data.close()
+
+
+def _pick_target(root: Path, manifest: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """The manifest as the target this host runs makes it: of a chain (`targets`, in order
+    of preference), the first whose architecture and CPU features the host has (or the one
+    `name`d), its description the `target` and its file the library part; `UnsupportedError`
+    saying what each lacks when the host runs none."""
+    where, chain = root / MANIFEST, manifest.get("targets")
+    if chain is None:
+        given = manifest.get("target")
+        if name is not None and (not isinstance(given, dict) or given.get("name") != name):
+            raise ArtifactError(f"{root}: not exported for {name}")
+        return manifest
+    parts = manifest.get("parts")
+    if not isinstance(chain, list) or not chain or not isinstance(parts, dict) or not all(
+            isinstance(t, dict) and isinstance(t.get("cpu_features"), list)
+            and isinstance(t.get("library"), dict) and t.get("program") == PROGRAM
+            and t.get("data") == DATA for t in chain):
+        raise ArtifactError(f"{where}: its targets must each list CPU features and a "
+                            f"library, and run {PROGRAM} on {DATA}")
+    names = [t.get("name") for t in chain]
+    if name is not None and name not in names:
+        raise ArtifactError(f"{root}: not exported for {name} (its targets: "
+                            f"{', '.join(map(str, names))})")
+    why = []
+    for t in chain if name is None else [chain[names.index(name)]]:
+        missing = missing_features([str(f) for f in t["cpu_features"]])
+        if t.get("arch") != host_arch():
+            why.append(f"{t.get('name')} is {t.get('arch')}")
+        elif missing:
+            why.append(f"{t.get('name')} uses {', '.join(missing)}")
+        else:
+            described = {k: v for k, v in t.items() if k not in ("library", "program", "data")}
+            return {**manifest, "target": described, "parts": {**parts, "library": t["library"]}}
+    raise UnsupportedError(
+        f"{root}: this host ({host_arch()}) runs none of the targets it was exported for: "
+        f"{'; '.join(why)}; export it with a chain ending in a target this host has (e.g. "
+        "--targets znver4,x86-64-v3)")
 
 
 def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:

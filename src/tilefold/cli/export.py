@@ -32,6 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "alone (the C ABI of tilefold_model.h its only exports, stripped)")
     p.add_argument("--target", default="host",
                    help="target to compile for, e.g. x86-64-v3 (default: this host)")
+    p.add_argument("--targets", metavar="T1,T2,...",
+                   help="a chain of targets, strongest first, e.g. znver4,x86-64-v3: one "
+                        "library each, the loaders run the first the host has (the last is "
+                        "the one recorded: this host must run it)")
     p.add_argument("--resource-dir", type=Path,
                    help="directory of side-file constants (default: the file's directory)")
     p.set_defaults(handler=handle)
@@ -59,7 +63,12 @@ def handle(args: argparse.Namespace) -> int:
     inputs = [np.zeros([d if isinstance(d, int) else bindings[d.name] for d in a.type.shape],
                        a.type.dtype.np_dtype) for a in fn.args]
     target = None if args.target == "host" else named_target(args.target)
+    targets = None
+    if args.targets is not None:
+        if target is not None:
+            raise TilefoldError("give --target or --targets, not both")
+        targets = [t.strip() for t in args.targets.split(",")]
     path = export(module, inputs, args.output, target=target, function=args.function,
-                  dynamic_shapes=dynamic or None, c_library=args.c_library)
+                  dynamic_shapes=dynamic or None, c_library=args.c_library, targets=targets)
     print(f"wrote {path} (load it with tilefold.load({str(path)!r}))")
     return 0

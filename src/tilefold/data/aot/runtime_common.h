@@ -7,6 +7,7 @@
 #ifndef TILEFOLD_RUNTIME_COMMON_H
 #define TILEFOLD_RUNTIME_COMMON_H
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,21 +51,61 @@ static int tf_has_flag(const char *flags, const char *flag) {
   return 0;
 }
 
-static int tf_check_cpu(void) {
-  char line[8192];
+/* The flags of /proc/cpuinfo's first CPU, read into line[n]; "" when there are none. */
+static const char *tf_cpu_flags(char *line, int n) {
   const char *flags = NULL;
   FILE *f = fopen("/proc/cpuinfo", "r");
-  while (f && fgets(line, sizeof line, f))
+  while (f && fgets(line, n, f))
     if (strncmp(line, "flags", 5) == 0 || strncmp(line, "Features", 8) == 0) {
       flags = strchr(line, ':');
       break;
     }
   if (f) fclose(f);
+  return flags ? flags + 1 : "";
+}
+
+static int tf_check_cpu(const char *flags) {
   for (int i = 0; i < TF_NFLAGS; i++)
-    if (!flags || !tf_has_flag(flags + 1, tf_flags[i]))
+    if (!tf_has_flag(flags, tf_flags[i]))
       return tf_fail(TF_ERROR_CPU, "this CPU lacks %s, which the code exported for %s uses",
                      tf_flags[i], tf_target);
   return TF_OK;
+}
+
+/* The first flag of the space-separated `wanted` that `flags` lacks, copied into lack[n]
+ * (1), or 0 when it has them all. */
+static int tf_lacks(const char *flags, const char *wanted, char *lack, size_t n) {
+  for (const char *w = wanted; *w;) {
+    size_t len = strcspn(w, " ");
+    snprintf(lack, n, "%.*s", (int)len, w);
+    if (len && !tf_has_flag(flags, lack)) return 1;
+    w += len + (w[len] == ' ');
+  }
+  return 0;
+}
+
+/* The first target of the chain the artifact was exported for (tf_chain_*) whose flags
+ * this CPU has; TILEFOLD_ARTIFACT_TARGET names the one to take instead (checked all the
+ * same: a test's way to a target the CPU lacks). A negative status when none fits. */
+static int tf_pick(const char *flags) {
+  const char *forced = getenv("TILEFOLD_ARTIFACT_TARGET");
+  int first = 0, last = TF_NCHAIN;
+  if (forced && *forced) {
+    while (first < TF_NCHAIN && strcmp(tf_chain_names[first], forced) != 0) first++;
+    if (first == TF_NCHAIN)
+      return -tf_fail(TF_ERROR_ARGUMENT, "TILEFOLD_ARTIFACT_TARGET=%s: not a target this "
+                      "artifact was exported for (the first is %s)", forced, tf_chain_names[0]);
+    last = first + 1;
+  }
+  char why[400] = "", lack[64];
+  for (int i = first; i < last; i++) {
+    if (!tf_lacks(flags, tf_chain_flags[i], lack, sizeof lack)) return i;
+    size_t at = strlen(why);
+    snprintf(why + at, sizeof why - at, "%s%s lacks %s", at ? "; " : "", tf_chain_names[i],
+             lack);
+  }
+  return -tf_fail(TF_ERROR_CPU, "this CPU runs none of the targets the artifact was exported "
+                  "for (%s)", why);
 }
 
 /* The pool's size: TILEFOLD_NUM_THREADS, else the online CPUs, at most TF_MAX_THREADS. */
@@ -113,7 +154,19 @@ static int tf_map_data(uint8_t **data, size_t *data_bytes, const char *dir) {
 
 /* ---- the model ---- */
 
+/* Another library of the chain, which tf_model_load picked for this CPU: the model it
+ * loaded and its functions, to which this library's calls go. */
+typedef struct {
+  void *handle;
+  tf_model *model;
+  int (*run)(tf_model *, const tf_tensor *, int, const tf_tensor *, int);
+  int (*state)(tf_model *, int, tf_tensor *);
+  void (*free)(tf_model *);
+  const char *(*error)(void);
+} tf_forward;
+
 struct tf_model {
+  tf_forward *other; /* NULL: this library runs the model */
   uint8_t *data; /* data.bin, mapped privately */
   size_t data_bytes;
   uint8_t *buffers[TF_NBUFFERS + 1]; /* (symbolic: every class's, in turn) + 1: none empty */
@@ -121,6 +174,7 @@ struct tf_model {
   size_t workspace_bytes;
   int64_t *headers[TF_NOBJECTS + 1];
   int64_t table[TF_NENTRIES + 1];
+  uint8_t *state[TF_NSTATE + 1]; /* each state input's one buffer, which every class uses */
 #ifdef TF_NCLASSES
   int64_t bound[TF_NCLASSES]; /* the size each class's program is bound at (0: none yet) */
 #endif
@@ -128,19 +182,76 @@ struct tf_model {
 
 void tf_model_free(tf_model *m) {
   if (!m) return;
+  if (m->other) {
+    m->other->free(m->other->model);
+    dlclose(m->other->handle);
+    free(m->other);
+    free(m);
+    return;
+  }
   for (int i = 0; i < TF_NOBJECTS; i++) free(m->headers[i]);
   if (m->workspace) munmap(m->workspace, m->workspace_bytes);
   if (m->data) munmap(m->data, m->data_bytes);
   free(m);
 }
 
-/* tf_model_load's start: the arguments and the CPU checked, *m allocated with data.bin mapped
+/* A status of another library of the chain, its message made this library's. */
+static int tf_forwarded(tf_model *m, int status) {
+  if (status != TF_OK) tf_fail(status, "%s", m->other->error());
+  return status;
+}
+
+enum { TF_FORWARDED = -1 }; /* tf_model_start: *model is loaded by another library */
+
+/* *model loaded by the chain's library `pick`, which this library's calls then go to (its
+ * tf_model_load checks its own flags and data.bin; its file is the artifact's, as this
+ * one is: not digested here). */
+static int tf_forward_load(const char *dir, int pick, tf_model **model) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, tf_chain_files[pick]);
+  tf_forward f = {0};
+  int (*load)(const char *, tf_model **) = NULL;
+  if (!(f.handle = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+    return tf_fail(TF_ERROR_FILE, "%s, the code for %s (which this CPU runs): cannot load it "
+                   "(%s)", path, tf_chain_names[pick], dlerror());
+  *(void **)&load = dlsym(f.handle, "tf_model_load");
+  *(void **)&f.run = dlsym(f.handle, "tf_model_run");
+  *(void **)&f.state = dlsym(f.handle, "tf_model_state");
+  *(void **)&f.free = dlsym(f.handle, "tf_model_free");
+  *(void **)&f.error = dlsym(f.handle, "tf_last_error");
+  tf_model *m = calloc(1, sizeof *m);
+  if (!load || !f.run || !f.state || !f.free || !f.error || !m) {
+    free(m);
+    dlclose(f.handle);
+    return tf_fail(TF_ERROR_CORRUPT, "%s: not the library of a tilefold model", path);
+  }
+  int status = load(dir, &f.model);
+  if (status != TF_OK || !(m->other = malloc(sizeof f))) {
+    status = status != TF_OK ? tf_fail(status, "%s", f.error()) : tf_fail(TF_ERROR_MEMORY,
+                                                                            "out of memory");
+    if (f.model) f.free(f.model);
+    free(m);
+    dlclose(f.handle);
+    return status;
+  }
+  *m->other = f;
+  *model = m;
+  return TF_FORWARDED;
+}
+
+/* tf_model_load's start: the arguments and the CPU checked (the chain's first target it runs
+ * picked: another library's is loaded, TF_FORWARDED), *m allocated with data.bin mapped
  * (*model stays NULL until the caller is done). */
 static int tf_model_start(const char *dir, tf_model **model, tf_model **m) {
   if (!model || !dir)
     return tf_fail(TF_ERROR_ARGUMENT, "tf_model_load(dir, &model): NULL given");
   *model = NULL;
-  int status = tf_check_cpu();
+  char line[8192];
+  const char *flags = tf_cpu_flags(line, sizeof line);
+  int pick = tf_pick(flags);
+  if (pick < 0) return -pick;
+  if (pick != TF_SELF) return tf_forward_load(dir, pick, model);
+  int status = tf_check_cpu(flags);
   if (status != TF_OK) return status;
   if (!(*m = calloc(1, sizeof **m))) return tf_fail(TF_ERROR_MEMORY, "out of memory");
   status = tf_map_data(&(*m)->data, &(*m)->data_bytes, dir);
@@ -164,6 +275,30 @@ static int tf_place_buffers(tf_model *m, size_t bytes, const size_t *offsets) {
   for (int i = 0; i < TF_NBUFFERS; i++)
     m->buffers[i] = tf_buffers[i][0] == KIND_DATA ? m->data + tf_buffers[i][2]
                                                   : m->workspace + offsets[i];
+  return TF_OK;
+}
+
+/* The state: each state input's buffer of the first class is its buffer in every class of
+ * the `classes` (tf_state_buffers, class by class), placed before any pointer to it is
+ * written; zero at load, as the other buffers, and never copied. */
+static void tf_share_state(tf_model *m, int classes) {
+  for (int j = 0; j < TF_NSTATE; j++) {
+    m->state[j] = m->buffers[tf_state_buffers[j]];
+    for (int k = 1; k < classes; k++) m->buffers[tf_state_buffers[k * TF_NSTATE + j]] = m->state[j];
+  }
+}
+
+int tf_model_state(tf_model *m, int index, tf_tensor *state) {
+  if (!m || !state) return tf_fail(TF_ERROR_ARGUMENT, "tf_model_state(model, index, &state): "
+                                   "NULL given");
+  if (m->other) return tf_forwarded(m, m->other->state(m->other->model, index, state));
+  if (index < 0 || index >= TF_NSTATE)
+    return tf_fail(TF_ERROR_ARGUMENT, "state %d: the model has %d", index, TF_NSTATE);
+  const int64_t *spec = tf_state_specs[index];
+  state->data = m->state[index];
+  state->dtype = (int32_t)spec[0];
+  state->ndim = (int32_t)spec[1];
+  state->shape = tf_state_dims + spec[2];
   return TF_OK;
 }
 

@@ -44,7 +44,7 @@ static uint8_t *tf_at(tf_model *m, int k, int64_t buffer, int64_t offset, int64_
 int tf_model_load(const char *dir, tf_model **model) {
   tf_model *m;
   int status = tf_model_start(dir, model, &m);
-  if (status != TF_OK) return status;
+  if (status != TF_OK) return status == TF_FORWARDED ? TF_OK : status;
   /* Each class's buffers at its largest size, zero on first touch (as runtime.c). A call
    * runs one class and workspace never outlives a call, so every class's workspace buffers
    * lie in one region from 0, as large as the largest class needs; the others follow. */
@@ -69,6 +69,7 @@ int tf_model_load(const char *dir, tf_model **model) {
     tf_model_free(m);
     return TF_ERROR_MEMORY;
   }
+  tf_share_state(m, TF_NCLASSES);
   if (tf_make_headers(m) != TF_OK) { /* their data pointers, dims and strides: per size */
     tf_model_free(m);
     return TF_ERROR_MEMORY;
@@ -153,6 +154,9 @@ static int tf_check(const tf_tensor *given, const int64_t io[5], int number, con
 int tf_model_run(tf_model *m, const tf_tensor *inputs, int num_inputs, const tf_tensor *outputs,
                  int num_outputs) {
   if (!m) return tf_fail(TF_ERROR_ARGUMENT, "no model (tf_model_load failed?)");
+  if (m->other)
+    return tf_forwarded(m, m->other->run(m->other->model, inputs, num_inputs, outputs,
+                                         num_outputs));
   if (num_inputs != TF_NINPUTS || num_outputs != TF_NOUTPUTS)
     return tf_fail(TF_ERROR_ARGUMENT, "the model takes %d inputs and %d outputs, not %d and %d",
                    TF_NINPUTS, TF_NOUTPUTS, num_inputs, num_outputs);

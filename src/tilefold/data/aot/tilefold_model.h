@@ -3,6 +3,10 @@
  * Link against the artifact's kernels-<id>.so (or dlopen it) and pass tf_model_load the
  * artifact's directory: it checks that this CPU has every feature the code uses and that
  * data.bin has the size and digest the library was exported with, before any kernel runs.
+ * An artifact exported for a chain of targets (--targets) has one kernels library per target;
+ * link any one of them: tf_model_load runs the first target this CPU has (its library loaded
+ * and every call handed to it) and fails with TF_ERROR_CPU when it has none.
+ * TILEFOLD_ARTIFACT_TARGET names the target to take instead.
  * Every function returns TF_OK or an error code; tf_last_error() says what went wrong.
  */
 #ifndef TILEFOLD_MODEL_H
@@ -45,6 +49,12 @@ int tf_model_load(const char *artifact_dir, tf_model **model);
  * CPUs; not pinned) is started by the first load. */
 int tf_model_run(tf_model *model, const tf_tensor *inputs, int num_inputs,
                  const tf_tensor *outputs, int num_outputs);
+/* A model exported with state (`donate`: a KV cache) holds it: tf_model_run takes the inputs
+ * and returns the outputs other than the state's, and each call reads and writes the state
+ * where it lies, never copying it. *state is state `index` (the manifest's order): the
+ * model's own buffer (zero at load, C-contiguous, valid until tf_model_free), which the
+ * caller may read and write between calls (e.g. set to zero for a new sequence). */
+int tf_model_state(tf_model *model, int index, tf_tensor *state);
 void tf_model_free(tf_model *model);
 /* The message of this thread's last failed call ("" when none failed). */
 const char *tf_last_error(void);

@@ -1,0 +1,185 @@
+"""An artifact for a chain of targets (`targets=["znver4", "x86-64-v3"]`, `--targets`): one
+library per target, the same program and data.bin; both loaders run the first target whose
+CPU features the host has and refuse clearly when it has none. On an AVX2 host the chain's
+AVX-512 member is only ever refused (its code never runs); its x86-64-v3 member runs bit for
+bit as the graph compiled for x86-64-v3 does, from Python and from C (a program linked
+against the znver4 library, whose tf_model_load hands the model to the x86-64-v3 one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import tilefold
+from tests.aot.test_symbolic import c_program, llama_block
+from tilefold.artifact.format import DTYPES, MANIFEST
+from tilefold.errors import ArtifactError, UnsupportedError
+from tilefold.target import host_target, named_target
+
+CHAIN = ["znver4", "x86-64-v3"]
+ROWS, D = 8, 384  # MiniLM's width, heads and MLP (384, 12, 1536)
+
+pytestmark = pytest.mark.skipif(
+    named_target("znver4").is_host() or not named_target("x86-64-v3").is_host(),
+    reason="the chain's tests need an AVX2 host without AVX-512")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    module = llama_block(np.random.default_rng(36), d=D, heads=12, f=4 * D)
+    x = np.random.default_rng(0).standard_normal((ROWS, D)).astype(np.float32)
+    path = tilefold.export(module, [x], tmp_path_factory.mktemp("chain") / "block.tfa",
+                           targets=CHAIN)
+    return module, path
+
+
+def test_the_manifest_lists_each_target_and_what_it_runs(exported) -> None:
+    _, path = exported
+    manifest = json.loads((path / MANIFEST).read_text())
+    chain = manifest["targets"]
+    assert [t["name"] for t in chain] == CHAIN
+    files = [t["library"]["file"] for t in chain]
+    assert len(set(files)) == 2 and all((path / f).is_file() for f in files)
+    assert all(t["program"] == "program.json" and t["data"] == "data.bin" for t in chain)
+    assert manifest["parts"]["library"] == chain[0]["library"]
+    assert manifest["target"]["name"] == "znver4"
+    assert "avx512f" in chain[0]["cpu_features"] and "avx512f" not in chain[1]["cpu_features"]
+
+
+def test_the_first_target_this_host_has_runs_bit_for_bit(exported) -> None:
+    module, path = exported
+    model = tilefold.load(path)
+    assert model.manifest["target"]["name"] == "x86-64-v3"
+    named = tilefold.compile(module, "x86-64-v3")
+    narrowed = tilefold.compile(module, host_target("x86-64-v3"))  # TILEFOLD_HOST=x86-64-v3
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).standard_normal((ROWS, D)).astype(np.float32)
+        (got,) = model(x)
+        for graph in (named, narrowed):
+            assert got.tobytes() == graph(x)[0].tobytes()
+
+
+def test_a_target_the_host_lacks_is_refused(exported) -> None:
+    _, path = exported
+    with pytest.raises(UnsupportedError, match=r"znver4 uses .*avx512f"):
+        tilefold.load(path, target="znver4")
+    with pytest.raises(ArtifactError, match="not exported for skylake"):
+        tilefold.load(path, target="skylake")
+
+
+def test_a_chain_the_host_runs_none_of_is_refused(exported, tmp_path) -> None:
+    """The x86-64-v3 member's features made AVX-512 ones too (its digest no matter: the
+    features are checked first): every member refused, each one's lack said."""
+    _, path = exported
+    copy = tmp_path / "copy.tfa"
+    shutil.copytree(path, copy)
+    manifest = json.loads((copy / MANIFEST).read_text())
+    manifest["targets"][1]["cpu_features"].append("avx512f")
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(UnsupportedError, match=r"runs none of the targets .*znver4 uses .*; "
+                                                r"x86-64-v3 uses avx512f"):
+        tilefold.load(copy)
+    for bad in ([], [{"name": "x86-64-v3"}], "x86-64-v3"):
+        manifest["targets"] = bad
+        (copy / MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(ArtifactError, match="targets must each"):
+            tilefold.load(copy)
+
+
+def _run_c(binary, path, x, tmp_path, **env) -> tuple[str, np.ndarray | None]:
+    x.tofile(tmp_path / "x.bin")
+    out = tmp_path / "out.bin"
+    out.unlink(missing_ok=True)
+    f32 = list(DTYPES).index("f32")
+    done = subprocess.run([str(binary), str(path), f"i:{f32}:{ROWS},{D}:{tmp_path / 'x.bin'}",
+                           f"o:{f32}:{ROWS},{D}:{out}"], capture_output=True, text=True,
+                          timeout=120, check=False, env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip(), np.fromfile(out, np.float32) if out.exists() else None
+
+
+def test_a_c_program_runs_the_first_target_this_host_has(exported, tmp_path) -> None:
+    """Linked against the znver4 library (the manifest's first): its tf_model_load picks
+    x86-64-v3 and hands every call to that library, bit for bit the Python loader; the
+    znver4 member named by TILEFOLD_ARTIFACT_TARGET is refused (TF_ERROR_CPU), a name not in
+    the chain is TF_ERROR_ARGUMENT."""
+    _, path = exported
+    binary = c_program(path, tmp_path, json.loads((path / MANIFEST).read_text())[
+        "targets"][0]["library"]["file"])
+    x = np.random.default_rng(3).standard_normal((ROWS, D)).astype(np.float32)
+    said, got = _run_c(binary, path, x, tmp_path)
+    assert said == "ok"
+    (want,) = tilefold.load(path)(x)
+    assert got.tobytes() == want.tobytes()
+    said, got = _run_c(binary, path, x, tmp_path, TILEFOLD_ARTIFACT_TARGET="znver4")
+    assert said.startswith("load 3 this CPU runs none of the targets the artifact was "
+                           "exported for (znver4 lacks avx512"), said
+    assert got is None
+    said, _ = _run_c(binary, path, x, tmp_path, TILEFOLD_ARTIFACT_TARGET="skylake")
+    assert said.startswith("load 4 TILEFOLD_ARTIFACT_TARGET=skylake: not a target"), said
+
+
+@pytest.mark.parametrize(("chain", "match"), [
+    (["x86-64-v3", "znver4"], "cannot chain x86-64-v3 before znver4: it lacks .*avx512f"),
+    (["znver4"], "cannot export for znver4 on this host"),
+    (["x86-64-v3", "x86-64-v3"], "names each once"),
+    ([], "at least one"),
+])
+def test_a_chain_that_cannot_be_exported_here_is_refused(chain, match, tmp_path) -> None:
+    module = llama_block(np.random.default_rng(1))
+    x = np.zeros((2, 64), np.float32)
+    with pytest.raises((UnsupportedError, ArtifactError), match=match):
+        tilefold.export(module, [x], tmp_path / "out.tfa", targets=chain)
+    assert not (tmp_path / "out.tfa").exists()
+
+
+def test_the_cli_exports_a_chain(tmp_path, capsys) -> None:
+    from tilefold.cli.main import main
+
+    module = llama_block(np.random.default_rng(2))
+    (tmp_path / "block.tfir").write_text(tilefold.print_module(module))
+    out = tmp_path / "cli.tfa"
+    assert main(["export", str(tmp_path / "block.tfir"), "-o", str(out), "--bind", "s=3",
+                 "--targets", ",".join(CHAIN)]) == 0
+    assert [t["name"] for t in json.loads((out / MANIFEST).read_text())["targets"]] == CHAIN
+    x = np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32)
+    (want,) = tilefold.compile(module, "x86-64-v3")(x)
+    assert tilefold.load(out)(x)[0].tobytes() == want.tobytes()
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "block.tfir"), "-o", str(out), "--bind", "s=3",
+                 "--target", "x86-64-v3", "--targets", ",".join(CHAIN)]) == 1
+    assert "--target or --targets" in capsys.readouterr().err
+
+
+def test_a_chain_of_listed_sizes_with_state_runs_from_c(tmp_path) -> None:
+    """A symbolic artifact with state (tests/aot/test_state.py's step) for the chain: from C
+    through the znver4 library, tf_model_state and every call are the x86-64-v3 library's,
+    bit for bit the graph compiled for x86-64-v3, and the Python loader's too."""
+    from tests.aot.test_state import ROWS as CACHE_ROWS
+    from tests.aot.test_state import SIZES, WIDTH, _run_c_with_state, cached_step, chunks
+
+    module = cached_step(np.random.default_rng(7))
+    path = tilefold.export(module, [np.ones((1, WIDTH), np.float32), np.array(0),
+                                    np.zeros((CACHE_ROWS, WIDTH), np.float32)],
+                           tmp_path / "step.tfa", dynamic_shapes={"s": SIZES},
+                           donate={1: 2}, targets=CHAIN)
+    binary = c_program(path, tmp_path, json.loads((path / MANIFEST).read_text())[
+        "targets"][0]["library"]["file"])
+    start = np.random.default_rng(9).standard_normal((CACHE_ROWS, WIDTH)).astype(np.float32)
+    said, (outs, state) = _run_c_with_state(binary, path, chunks(3), start, tmp_path)
+    assert said == "ok"
+    graph = tilefold.compile(module, "x86-64-v3", donate={1: 2})
+    model = tilefold.load(path)
+    cache = start.copy()
+    model.state[0][...] = start
+    at = 0
+    for x, got in zip(chunks(3), outs, strict=True):
+        want = graph(x, np.array(at), cache)[0]
+        assert got.tobytes() == want.tobytes() == model(x, np.array(at))[0].tobytes()
+        at += len(x)
+    assert state.tobytes() == cache.tobytes() == model.state[0].tobytes()
