@@ -112,10 +112,11 @@ def test_a_c_program_runs_the_first_target_this_host_has(exported, tmp_path) -> 
     binary = c_program(path, tmp_path, json.loads((path / MANIFEST).read_text())[
         "targets"][0]["library"]["file"])
     x = np.random.default_rng(3).standard_normal((ROWS, D)).astype(np.float32)
-    said, got = _run_c(binary, path, x, tmp_path)
-    assert said == "ok"
     (want,) = tilefold.load(path)(x)
-    assert got.tobytes() == want.tobytes()
+    for _ in range(12):  # the process also exits cleanly (a library unloaded from under its
+        said, got = _run_c(binary, path, x, tmp_path)  # pool's workers crashed a third of exits)
+        assert said == "ok"
+        assert got.tobytes() == want.tobytes()
     said, got = _run_c(binary, path, x, tmp_path, TILEFOLD_ARTIFACT_TARGET="znver4")
     assert said.startswith("load 3 this CPU runs none of the targets the artifact was "
                            "exported for (znver4 lacks avx512"), said

@@ -183,8 +183,9 @@ struct tf_model {
 void tf_model_free(tf_model *m) {
   if (!m) return;
   if (m->other) {
+    /* The other library stays loaded: its pool's workers live in its code (spinning, then
+     * asleep) for as long as the process does, so unmapping it would pull it from under them. */
     m->other->free(m->other->model);
-    dlclose(m->other->handle);
     free(m->other);
     free(m);
     return;
@@ -230,8 +231,7 @@ static int tf_forward_load(const char *dir, int pick, tf_model **model) {
     status = status != TF_OK ? tf_fail(status, "%s", f.error()) : tf_fail(TF_ERROR_MEMORY,
                                                                             "out of memory");
     if (f.model) f.free(f.model);
-    free(m);
-    dlclose(f.handle);
+    free(m); /* the library stays loaded: its load may have started its pool (see tf_model_free) */
     return status;
   }
   *m->other = f;
