@@ -39,7 +39,7 @@ from tilefold.errors import UnsupportedError
 from tilefold.frontend.llama_config import LlamaConfig
 from tilefold.ir import Module
 from tilefold.ir.builder import Builder, Tensor
-from tilefold.ir.ops.shape import END
+from tilefold.ir.ops.shape import BEGIN, END
 from tilefold.ir.types import SymDim
 from tilefold.passes.quantize_weights import FORMATS, HEAD_RATIO, quantize_weight
 from tilefold.runtime.buffers import release_pages
@@ -126,12 +126,15 @@ class _Step:
         return self.b.op("rms_norm", x, weight, eps=self.c.eps)
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """x * cos + rotate_half(x) * sin on [1, heads, n, head_dim]."""
-        half, b = self.c.head_dim // 2, self.b
-        lo = b.op("slice", x, starts=(0,) * 4, stops=(END, END, END, half), steps=(1,) * 4)
-        hi = b.op("slice", x, starts=(0, 0, 0, half), stops=(END,) * 4, steps=(1,) * 4)
-        rotated = b.op("concat", b.op("neg", hi), lo, axis=3)
-        return x * cos + rotated * sin
+        """x * cos + rotate_half(x) * sin on [1, heads, n, head_dim], with rotate_half(x) =
+        concat(-hi, lo) written as the halves swapped (a reversed view of x as [.., 2, half])
+        times `sin` whose first half is negated (`angles`): one kernel, no concatenation, and
+        the same rounding ((-hi) * s == hi * (-s) exactly)."""
+        half, (_, heads, n, _) = self.c.head_dim // 2, x.shape
+        pairs = x.reshape(1, heads, n, 2, half)
+        swapped = self.b.op("slice", pairs, starts=(0, 0, 0, -1, 0),
+                            stops=(END, END, END, BEGIN, END), steps=(1, 1, 1, -1, 1))
+        return (pairs * cos + swapped * sin).reshape(1, heads, n, self.c.head_dim)
 
     def heads(self, x: Tensor, count: int, n: SymDim) -> Tensor:
         """[1, n, count * head_dim] -> [1, count, n, head_dim]."""
@@ -150,8 +153,10 @@ class _Step:
         inv_freq = 1.0 / c.rope_theta ** (np.arange(0, c.head_dim, 2) / c.head_dim)
         freqs = (b.op("expand_dims", positions.astype("f32"), axes=(1,))
                  * b.constant(inv_freq.astype(np.float32)))  # [n, head_dim / 2]
-        angles = b.op("concat", freqs, freqs, axis=1).reshape(1, 1, n, c.head_dim)
-        cos, sin = b.op("cos", angles), b.op("sin", angles)
+        angles = b.op("expand_dims", freqs, axes=(1,)).reshape(1, 1, n, 1, c.head_dim // 2)
+        sign = b.constant(np.array([[-1.0], [1.0]], np.float32))  # rotate_half's -hi, lo
+        cos = b.op("cos", angles)  # [1, 1, n, 1, head_dim / 2]
+        sin = b.op("sin", angles) * sign  # [1, 1, n, 2, head_dim / 2]
         keys = b.op("arange", shape=(self.max_length,))
         mask = b.op("le", keys.reshape(1, 1, 1, self.max_length),
                     positions.reshape(1, 1, n, 1))  # bool[1, 1, n, max_length]
