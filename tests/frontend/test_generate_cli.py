@@ -109,6 +109,10 @@ def test_the_figures_are_present_and_consistent(run, model_dir):
         assert row["weights_stored"] == sum(p.numel() for p in params) * 4
         assert row["bandwidth_share"] == pytest.approx(
             row["decode_tok_s"] * row["bytes_per_token"] / (gbps * 1e9))
+        probed = data["probed_bandwidth_gbps"]
+        assert row["probed_gbps"] == probed > 0
+        assert row["bandwidth_share_probed"] == pytest.approx(
+            row["decode_tok_s"] * row["bytes_per_token"] / (probed * 1e9))
         assert row["prompt_tok_s"] > 0 and row["decode_tok_s"] > 0
         assert row["prompt_tok_s_alone"] > 0 and row["decode_tok_s_alone"] > 0
         assert row["ttft_cold_s"] > 0 and row["ttft_warm_s"] > 0 and row["load_s"] > 0
@@ -207,7 +211,7 @@ def _fake_result(job, work, decode_s: float, prefill_s: float = 0.5):
              "info": {}}
     return llm_runs.Result(job, cold={**ready, "ttft_s": 9.0}, warm=ready, cold_s=12.0,
                            interleaved=[first], alone=[first],
-                           final={"peak_rss": 300e6, "rss": 250e6})
+                           final={"peak_rss": 300e6, "rss": 250e6}, probed_gbps=20.0)
 
 
 # decode seconds of the fakes: tilefold f32 twice as fast as HF eager, int8 slower than
@@ -261,9 +265,11 @@ def test_bench_llm_states_the_bars_on_its_runs(model_dir, tmp_path, capsys):
     assert bars["tilefold f32 decode vs HF eager generate"]["value"] == pytest.approx(2.0)
     assert bars["tilefold f32 decode vs HF eager generate"]["met"] is True
     assert bars["tilefold f32 decode vs inductor generate (static)"]["value"] is None
-    # 4 tokens in 1 s x 101 MB / 10 GB/s
-    assert bars["tilefold f32 decode, share of read bandwidth"]["value"] == \
+    # 4 tokens in 1 s x 101 MB / 10 GB/s (the record) and / 20 GB/s (probed beside the runs)
+    assert bars["tilefold f32 decode, share of read bandwidth (record)"]["value"] == \
         pytest.approx(4 * 101e6 / 10e9)
+    assert bars["tilefold f32 decode, share of read bandwidth (probed)"]["value"] == \
+        pytest.approx(4 * 101e6 / 20e9)
     assert bars["tilefold int8 int8-act decode vs llama.cpp Q8_0"]["value"] == \
         pytest.approx(0.5)
     assert bars["tilefold int8 int8-act decode vs llama.cpp Q8_0"]["met"] is False
@@ -277,6 +283,7 @@ def test_bench_llm_states_the_bars_on_its_runs(model_dir, tmp_path, capsys):
     assert [c["label"] for c in data["runs"][0]["contenders"]] == \
         ["tilefold f32", "HF eager generate", "llama.cpp F32"]
     assert data["read_bandwidth_gbps"] == {"1": 10.0}
+    assert "%BW: of the record 10.0 GB/s / of the probe beside these runs 20.0 GB/s" in text
 
 
 @pytest.mark.usefixtures("fake_bench")

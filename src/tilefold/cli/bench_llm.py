@@ -66,6 +66,14 @@ def bar_line(what: str, value: float | None, bar: float, at_most: bool = False,
             {"bar": what, "value": value, "target": bar, "met": met})
 
 
+def share_bars(what: str, row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The bandwidth bar against the host's record and against the probe run beside it."""
+    return [bar_line(f"{what}, share of read bandwidth (record)", row.get("bandwidth_share"),
+                     SHARE, unit="%"),
+            bar_line(f"{what}, share of read bandwidth (probed)",
+                     row.get("bandwidth_share_probed"), SHARE, unit="%")]
+
+
 def group_bars(rows: list[dict[str, Any]], fmt: str) -> list[tuple[str, dict[str, Any]]]:
     """The bars one precision's group is measured against."""
     by = {r["label"]: r for r in rows}
@@ -80,8 +88,7 @@ def group_bars(rows: list[dict[str, Any]], fmt: str) -> list[tuple[str, dict[str
                   bar_line(f"{us} decode vs inductor generate (static)",
                            llm_report.ratio(by, us, "inductor generate", "decode_tok_s"),
                            DECODE_VS_INDUCTOR),
-                  bar_line(f"{us} decode, share of read bandwidth", mine.get("bandwidth_share"),
-                           SHARE, unit="%")]
+                  *share_bars(f"{us} decode", mine)]
     else:
         found.append(bar_line(f"{us} decode vs {llama}",
                               llm_report.ratio(by, us, llama, "decode_tok_s"), VS_LLAMA))
@@ -103,7 +110,10 @@ def _run_group(work: Workload, jobs: list[Job], rounds: int, bench: Bench, title
     bench.say(f"\n{title}: " + ", ".join(j.label for j in jobs))
     rows = [llm_report.figures(r, work, gbps)
             for r in llm_runs.generate_all(work, jobs, rounds, generate.say)]
-    bench.say("\n".join(["", *llm_report.table(rows, work.new_tokens)]))
+    probed = rows[0].get("probed_gbps")
+    bench.say("\n".join(["", *llm_report.table(rows, work.new_tokens),
+                         f"%BW: of the record {gbps:.1f} GB/s / of the probe beside these runs "
+                         + ("-" if probed is None else f"{probed:.1f} GB/s")]))
     return rows
 
 
@@ -147,8 +157,7 @@ def _shape_model(args: argparse.Namespace, bench: Bench, threads: int) -> list:
                           f"{SHAPE_MODEL}, {threads} thread(s)")
         bench.extra["runs"].append({"model": SHAPE_MODEL, "threads": threads, "precision": fmt,
                                     "contenders": rows})
-        bars.append(bar_line(f"{SHAPE_MODEL} tilefold {fmt} decode, share of bandwidth",
-                             rows[0].get("bandwidth_share"), SHARE, unit="%"))
+        bars += share_bars(f"{SHAPE_MODEL} tilefold {fmt} decode", rows[0])
     return bars
 
 

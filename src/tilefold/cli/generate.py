@@ -183,12 +183,15 @@ def handle(args: argparse.Namespace) -> int:
             for r in llm_runs.generate_all(work, jobs, args.rounds, say)]
     text = llm_models.decode(tokenizer, rows[0]["tokens"])
     lines = [*header, "", f"{rows[0]['label']} generated:", text, "",
-             *llm_report.table(rows, args.new_tokens), *llm_report.notes(work, gbps),
+             *llm_report.table(rows, args.new_tokens),
+             *llm_report.notes(work, gbps, rows[0].get("probed_gbps")),
              "", *llm_report.ratio_lines(rows)]
     data: dict[str, Any] = {"command": "generate", "header": header, "model": prepared.to_json(),
                             "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
                             "threads": args.threads, "max_length": length, "quant": args.quant,
-                            "read_bandwidth_gbps": gbps, "text": text, "contenders": rows}
+                            "read_bandwidth_gbps": gbps,
+                            "probed_bandwidth_gbps": rows[0].get("probed_gbps"), "text": text,
+                            "contenders": rows}
     print("\n".join(lines), flush=True)
     if args.perplexity:
         more, data["perplexity"] = accuracy(work, ALL_FORMATS, "llamacpp" in compare

@@ -42,6 +42,10 @@ def figures(result: Result, work: Workload, gbps: float) -> dict[str, Any]:
         out["slowed"] = prefill.slowed() or decode.slowed()
         out["bandwidth_share"] = llm_metrics.bandwidth_share(out["decode_tok_s"],
                                                              out["bytes_per_token"], gbps)
+        if result.probed_gbps:
+            out["probed_gbps"] = result.probed_gbps
+            out["bandwidth_share_probed"] = llm_metrics.bandwidth_share(
+                out["decode_tok_s"], out["bytes_per_token"], result.probed_gbps)
     out["tokens"] = result.tokens
     return out
 
@@ -68,9 +72,9 @@ def table(rows: list[dict[str, Any]], new_tokens: int) -> list[str]:
     """The contenders' table; `match` counts the tokens equal to the first row's."""
     first = rows[0]["tokens"] if rows else []
     lines = [f"{'contender':<22}{'prompt tok/s':>15}{'decode tok/s':>16}{'1st token s':>13}"
-             f"{'load s':>8}{'RSS MB':>11}{'MB/token':>10}{'%BW':>6}{'match':>10}",
+             f"{'load s':>8}{'RSS MB':>11}{'MB/token':>10}{'%BW':>10}{'match':>10}",
              f"{'':<22}{'interl/alone':>15}{'interl/alone':>16}{'cold/warm':>13}{'':>8}"
-             f"{'end/peak':>11}"]
+             f"{'end/peak':>11}{'':>10}{'rec/probe':>10}"]
     for row in rows:
         name = f"{row['label']:<22}"
         if "decode_tok_s" not in row:
@@ -85,12 +89,18 @@ def table(rows: list[dict[str, Any]], new_tokens: int) -> list[str]:
             + (_cell(row["rss"] / MB, row["peak_rss"] / MB, 0, 11) if "peak_rss" in row
                else _cell(None, width=11))
             + _cell(row["bytes_per_token"] / MB, None, 1, 10)
-            + f"{100 * row['bandwidth_share']:>5.0f}%"
+            + f"{_shares(row):>10}"
             + f"{same_prefix(first, row['tokens']):>6}/{len(row['tokens'])}")
     return lines
 
 
-def notes(work: Workload, gbps: float) -> list[str]:
+def _shares(row: dict[str, Any]) -> str:
+    probed = row.get("bandwidth_share_probed")
+    return f"{100 * row['bandwidth_share']:.0f}%" + ("" if probed is None else
+                                                      f"/{100 * probed:.0f}%")
+
+
+def notes(work: Workload, gbps: float, probed: float | None = None) -> list[str]:
     context = llm_metrics.mean_decode_context(len(work.prompt), work.new_tokens)
     return [
         "interl/alone: medians of the timed generations run in turn with the other contenders "
@@ -100,8 +110,10 @@ def notes(work: Workload, gbps: float) -> list[str]:
         "caches the cold one filled; load s: the model into memory (warm process)",
         "RSS: the warm process's after its timed runs / at its peak; MB/token: weights at their "
         f"stored precision + K and V at the mean decode context ({context:g} positions); "
-        "%BW: decode tok/s x MB/token / "
-        f"measured read bandwidth ({gbps:.1f} GB/s, {work.threads} threads)",
+        "%BW: decode tok/s x MB/token / the host's read bandwidth: its record (the best "
+        f"`tilefold bench memory` probe ever, {gbps:.1f} GB/s at {work.threads} thread(s)) / "
+        "the probe run just before and after the timed runs"
+        + ("" if probed is None else f" ({probed:.1f} GB/s)"),
         "match: tokens equal to the first row's, from the first",
     ]
 

@@ -201,6 +201,7 @@ class Result:
     alone: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] | None = None
     error: str | None = None
+    probed_gbps: float | None = None  # the read bandwidth probed beside the timed runs
 
     def timing(self, key: str) -> Timing:
         """Medians of a run's `key` seconds (prefill_s, decode_s), interleaved and alone."""
@@ -212,10 +213,19 @@ class Result:
         return (self.warm or self.cold or {}).get("first", {}).get("tokens", [])
 
 
+def probe_bandwidth(threads: int) -> float:
+    """The read bandwidth (GB/s) `threads` threads get from memory now."""
+    from tilefold.target.peaks import probe_bandwidth_gbps
+
+    return probe_bandwidth_gbps(threads)
+
+
 def generate_all(work: Workload, jobs: list[Job], rounds: int,
                  say: Callable[[str], None]) -> list[Result]:
     """Every job's cold process, then its warm one (kept), then `rounds` generations of each
-    warm one in turn (`interleaved_medians`' order, settling between) and `rounds` alone."""
+    warm one in turn (`interleaved_medians`' order, settling between) and `rounds` alone;
+    the read bandwidth is probed just before and just after those timed runs (the higher
+    figure is each result's `probed_gbps`: what this run's host gave, on a shared one)."""
     results = [Result(job) for job in jobs]
     live: dict[int, Worker] = {}
     with tempfile.TemporaryDirectory(prefix="tilefold-generate-") as tmp:
@@ -237,7 +247,11 @@ def generate_all(work: Workload, jobs: list[Job], rounds: int,
                 except WorkerFailed as exc:
                     result.error = str(exc)
                     live.pop(i, None)
+            probed = probe_bandwidth(work.threads)
             _time_runs(results, live, rounds)
+            probed = max(probed, probe_bandwidth(work.threads))
+            for result in results:
+                result.probed_gbps = probed
             for i, worker in list(live.items()):
                 try:
                     results[i].final = worker.close()
