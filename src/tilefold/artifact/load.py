@@ -149,11 +149,14 @@ def _unmap(data: mmap.mmap) -> None:
         data.close()
 
 
-def _pick_target(root: Path, manifest: dict[str, Any], name: str | None) -> dict[str, Any]:
+def _pick_target(root: Path, manifest: dict[str, Any], name: str | None,
+                 flags: frozenset[str] | None = None) -> dict[str, Any]:
     """The manifest as the target this host runs makes it: of a chain (`targets`, in order
     of preference), the first whose architecture and CPU features the host has (or the one
     `name`d), its description the `target` and its file the library part; `UnsupportedError`
-    saying what each lacks when the host runs none."""
+    saying what each lacks when the host runs none. `flags`: another host's /proc/cpuinfo
+    flags (`cpu.missing_features`; tests pick as an AVX-512 or AVX2 host would, and only
+    `load`, on this host's own, runs what it picks)."""
     where, chain = root / MANIFEST, manifest.get("targets")
     if chain is None:
         given = manifest.get("target")
@@ -173,7 +176,7 @@ def _pick_target(root: Path, manifest: dict[str, Any], name: str | None) -> dict
                             f"{', '.join(map(str, names))})")
     why = []
     for t in chain if name is None else [chain[names.index(name)]]:
-        missing = missing_features([str(f) for f in t["cpu_features"]])
+        missing = missing_features([str(f) for f in t["cpu_features"]], flags)
         if t.get("arch") != host_arch():
             why.append(f"{t.get('name')} is {t.get('arch')}")
         elif missing:
