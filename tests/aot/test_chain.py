@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -248,3 +249,69 @@ def test_a_chain_of_listed_sizes_with_state_runs_from_c(tmp_path) -> None:
         at += len(x)
     assert state.tobytes() == model.state[0].tobytes()
     assert weaker.state[0].tobytes() == cache.tobytes()
+
+
+IMPOSTOR = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void loaded(void) {
+  FILE *f = fopen(getenv("TF_TEST_MARKER"), "w");
+  if (f) fclose(f);
+}
+int tf_model_load(const char *dir, void **model) { (void)dir; *model = 0; return 0; }
+"""
+
+
+def test_a_c_program_refuses_a_damaged_library_before_loading_it(exported, tmp_path) -> None:
+    """The library tf_model_load would hand the model to (x86-64-v3's, forced) is checked
+    against the manifest's size and digest64 before it is dlopen'ed: an impostor of the same
+    size (a library whose constructor leaves a marker file when it is loaded), a flipped
+    byte and a truncation are each TF_ERROR_CORRUPT with a message naming the file, and the
+    impostor's code never runs (it does when loaded: checked first); so does the Python
+    loader (ArtifactError)."""
+    _, path = exported
+    copy = tmp_path / "copy.tfa"
+    shutil.copytree(path, copy)
+    chain = json.loads((copy / MANIFEST).read_text())["targets"]
+    binary = c_program(copy, tmp_path, chain[0]["library"]["file"])
+    victim = copy / chain[1]["library"]["file"]
+    original = victim.read_bytes()
+    marker = tmp_path / "loaded"
+    impostor = tmp_path / "impostor.so"
+    (tmp_path / "impostor.c").write_text(IMPOSTOR)
+    subprocess.run([shutil.which("cc"), "-shared", "-fPIC", str(tmp_path / "impostor.c"), "-o",
+                    str(impostor)], check=True)
+    code = impostor.read_bytes()
+    assert len(code) < len(original)
+    padded = code + bytes(len(original) - len(code))  # bytes past its sections: still loads
+    x = np.random.default_rng(5).standard_normal((ROWS, D)).astype(np.float32)
+    env = {"TILEFOLD_ARTIFACT_TARGET": "x86-64-v3", "TF_TEST_MARKER": str(marker)}
+
+    victim.write_bytes(padded)  # the marker shows a load: loading the impostor leaves it
+    subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(victim)!r})"],
+                   check=True, env={**os.environ, **env})
+    assert marker.exists()
+    marker.unlink()
+    said, got = _run_c(binary, copy, x, tmp_path, **env)
+    assert said.startswith(f"load 2 {victim}, the code for x86-64-v3: digest64 differs from "
+                           "the manifest's"), said
+    assert "not loaded" in said and got is None
+    assert not marker.exists()  # its constructor never ran
+
+    flipped = bytearray(original)
+    flipped[len(flipped) // 2] ^= 0x10
+    victim.write_bytes(bytes(flipped))
+    said, _ = _run_c(binary, copy, x, tmp_path, **env)
+    assert said.startswith(f"load 2 {victim}, the code for x86-64-v3: digest64 differs"), said
+    with pytest.raises(ArtifactError, match="digest64 differs"):
+        tilefold.load(copy, target="x86-64-v3")
+
+    victim.write_bytes(original[:-4096])
+    said, _ = _run_c(binary, copy, x, tmp_path, **env)
+    assert said.startswith(f"load 2 {victim}, the code for x86-64-v3: {len(original) - 4096} "
+                           f"bytes, the manifest says {len(original)}"), said
+
+    victim.write_bytes(original)  # restored: loads and runs again
+    said, got = _run_c(binary, copy, x, tmp_path, **env)
+    assert said == "ok"
+    assert got.tobytes() == tilefold.load(copy, target="x86-64-v3")(x)[0].tobytes()
