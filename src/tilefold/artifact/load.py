@@ -62,7 +62,8 @@ def load(path: str | Path, target: str | None = None) -> LoadedModel:
                             f"holding {MANIFEST}, {PROGRAM}, {DATA} and a kernels-*.so)")
     manifest = _pick_target(root, read_json(root / MANIFEST, "manifest"), target)
     _check_manifest(root, manifest)
-    data = _map(root / DATA)
+    files = part_files(root, manifest)  # a chain's target with a plan of its own: its files
+    data = _map(root / files["data"])
     library = _checked_library(root, manifest)
     try:
         check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS),
@@ -73,7 +74,7 @@ def load(path: str | Path, target: str | None = None) -> LoadedModel:
             _unmap(data)
         raise
     try:
-        program = read_json(root / PROGRAM, "step program")
+        program = read_json(root / files["program"], "step program")
         return LoadedModel(root, manifest, program, data)
     except BaseException:
         if data is not None:
@@ -166,10 +167,12 @@ def _pick_target(root: Path, manifest: dict[str, Any], name: str | None,
     parts = manifest.get("parts")
     if not isinstance(chain, list) or not chain or not isinstance(parts, dict) or not all(
             isinstance(t, dict) and isinstance(t.get("cpu_features"), list)
-            and isinstance(t.get("library"), dict) and t.get("program") == PROGRAM
-            and t.get("data") == DATA for t in chain):
+            and isinstance(t.get("library"), dict)
+            and _runs(t, "program", PROGRAM, parts) is not None
+            and _runs(t, "data", DATA, parts) is not None for t in chain):
         raise ArtifactError(f"{where}: its targets must each list CPU features and a "
-                            f"library, and run {PROGRAM} on {DATA}")
+                            f"library, and run {PROGRAM} on {DATA} or a program and data "
+                            "of their own")
     names = [t.get("name") for t in chain]
     if name is not None and name not in names:
         raise ArtifactError(f"{root}: not exported for {name} (its targets: "
@@ -183,11 +186,24 @@ def _pick_target(root: Path, manifest: dict[str, Any], name: str | None,
             why.append(f"{t.get('name')} uses {', '.join(missing)}")
         else:
             described = {k: v for k, v in t.items() if k not in ("library", "program", "data")}
-            return {**manifest, "target": described, "parts": {**parts, "library": t["library"]}}
+            return {**manifest, "target": described, "parts": {
+                "library": t["library"], "program": _runs(t, "program", PROGRAM, parts),
+                "data": _runs(t, "data", DATA, parts)}}
     raise UnsupportedError(
         f"{root}: this host ({host_arch()}) runs none of the targets it was exported for: "
         f"{'; '.join(why)}; export it with a chain ending in a target this host has (e.g. "
         "--targets znver4,x86-64-v3)")
+
+
+def _runs(member: dict[str, Any], part: str, shared: str, parts: dict[str, Any]) -> Any:
+    """The part entry of the `part` a chain's member runs (its file, size and digests;
+    `part_files` checks the file's name), None when it has none. A chain exported before
+    members had plans of their own names the shared file, whose entry is in the parts."""
+    given = member.get(part)
+    if given == shared:
+        return parts.get(part) if isinstance(parts.get(part), dict) \
+            and parts[part].get("file") == shared else None
+    return given if isinstance(given, dict) else None
 
 
 def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:

@@ -124,10 +124,11 @@ void tf_digest64_sums(const uint8_t *p, size_t n, size_t first, size_t last, uin
   tf_digest64_block_sums(p, n, first, last, sums);
 }
 
-/* data.bin mapped privately into *data (its size checked first, then its digest64). */
+/* data.bin (TF_DATA_FILE: a chain's target with a plan of its own has data-<k>.bin)
+ * mapped privately into *data (its size checked first, then its digest64). */
 static int tf_map_data(uint8_t **data, size_t *data_bytes, const char *dir) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/data.bin", dir);
+  snprintf(path, sizeof path, "%s/%s", dir, TF_DATA_FILE);
   int fd = open(path, O_RDONLY);
   if (fd < 0) return tf_fail(TF_ERROR_FILE, "%s: cannot open it", path);
   struct stat st;
