@@ -65,6 +65,12 @@ def test_the_manifest_lists_each_target_and_what_it_runs(exported) -> None:
           [("program.json", "data.bin", "x86-64-v3")]), ("program.json", "data.bin", "x86-64-v3")]
     assert manifest["parts"]["library"] == chain[0]["library"]
     assert manifest["target"]["name"] == "znver4"
+    gemms = [[k for k in t["kernels"] if k.startswith("gemm_")] for t in chain]
+    assert gemms[1] and all(k.startswith("gemm_avx2_") for k in gemms[1])
+    if STRONG:  # its own plan: AVX-512 micro-kernels (register tiles, panels of its own)
+        assert gemms[0] and all(k.startswith("gemm_avx512") for k in gemms[0]), gemms
+    else:  # the x86-64-v3 plan's kernels, compiled for znver4
+        assert chain[0]["kernels"] == chain[1]["kernels"]
     assert "avx512f" in chain[0]["cpu_features"] and "avx512f" not in chain[1]["cpu_features"]
 
 
@@ -146,9 +152,9 @@ def _run_c(binary, path, x, tmp_path, **env) -> tuple[str, np.ndarray | None]:
     x.tofile(tmp_path / "x.bin")
     out = tmp_path / "out.bin"
     out.unlink(missing_ok=True)
-    f32 = list(DTYPES).index("f32")
-    done = subprocess.run([str(binary), str(path), f"i:{f32}:{ROWS},{D}:{tmp_path / 'x.bin'}",
-                           f"o:{f32}:{ROWS},{D}:{out}"], capture_output=True, text=True,
+    f32, dims = list(DTYPES).index("f32"), ",".join(map(str, x.shape))
+    done = subprocess.run([str(binary), str(path), f"i:{f32}:{dims}:{tmp_path / 'x.bin'}",
+                           f"o:{f32}:{dims}:{out}"], capture_output=True, text=True,
                           timeout=120, check=False, env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip(), np.fromfile(out, np.float32) if out.exists() else None
@@ -317,3 +323,73 @@ def test_a_c_program_refuses_a_damaged_library_before_loading_it(exported, tmp_p
     said, got = _run_c(binary, copy, x, tmp_path, **env)
     assert said == "ok"
     assert got.tobytes() == tilefold.load(copy, target="x86-64-v3")(x)[0].tobytes()
+
+
+OWN = ["x86-64-v3", "generic"]  # two targets every x86-64 CI host runs: each records its own
+
+
+def test_each_target_this_host_runs_records_a_plan_of_its_own(tmp_path) -> None:
+    """Every member of a chain this host runs is compiled and recorded for itself (its own
+    micro-kernels: AVX2's 6x16, the generic 4x8; program-<k>.json and data-<k>.bin beside
+    the last's program.json and data.bin), bit for bit the graph compiled for it, from Python
+    and from C (the x86-64-v3 library maps its own data; the generic one, forced, its); a
+    damaged data-0.bin is refused by both loaders."""
+    module = llama_block(np.random.default_rng(11))
+    x = np.random.default_rng(12).standard_normal((8, 64)).astype(np.float32)
+    path = tilefold.export(module, [x], tmp_path / "own.tfa", targets=OWN)
+    chain = json.loads((path / MANIFEST).read_text())["targets"]
+    assert [(t["plan"], t["program"]["file"], t["data"]["file"]) for t in chain] == [
+        ("x86-64-v3", "program-0.json", "data-0.bin"), ("generic", "program.json", "data.bin")]
+    assert any(k.startswith("gemm_avx2_") for k in chain[0]["kernels"])
+    assert any(k.startswith("gemm_generic_") for k in chain[1]["kernels"])
+    assert not any("avx" in k for k in chain[1]["kernels"])
+    want = {t: tilefold.compile(module, t)(x)[0] for t in OWN}
+    assert want["x86-64-v3"].tobytes() != want["generic"].tobytes()  # the plans differ
+    assert tilefold.load(path).manifest["target"]["name"] == "x86-64-v3"
+    for t in OWN:
+        assert tilefold.load(path, target=t)(x)[0].tobytes() == want[t].tobytes()
+    binary = c_program(path, tmp_path, chain[0]["library"]["file"])
+    assert _run_c(binary, path, x, tmp_path)[1].tobytes() == want["x86-64-v3"].tobytes()
+    said, got = _run_c(binary, path, x, tmp_path, TILEFOLD_ARTIFACT_TARGET="generic")
+    assert said == "ok" and got.tobytes() == want["generic"].tobytes()
+    data = bytearray((path / "data-0.bin").read_bytes())
+    data[len(data) // 2] ^= 1
+    (path / "data-0.bin").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"data-0\.bin: digest64 differs"):
+        tilefold.load(path)
+    said, _ = _run_c(binary, path, x, tmp_path)
+    assert said.startswith(f"load 2 {path}/data-0.bin: digest64 differs"), said
+    assert tilefold.load(path, target="generic")(x)[0].tobytes() == want["generic"].tobytes()
+
+
+def test_listed_sizes_record_a_plan_of_its_own_per_target(tmp_path) -> None:
+    """A symbolic artifact (listed sizes) for a chain this host runs: each member's classes
+    are its own recording, bit for bit its graph at every size."""
+    module = llama_block(np.random.default_rng(13))
+    x = np.zeros((2, 64), np.float32)
+    sizes = [1, 3, 8]
+    path = tilefold.export(module, [x], tmp_path / "own.tfa", dynamic_shapes={"s": sizes},
+                           targets=OWN)
+    chain = json.loads((path / MANIFEST).read_text())["targets"]
+    assert [t["plan"] for t in chain] == OWN and "size_classes" in chain[0]
+    binary = c_program(path, tmp_path, chain[0]["library"]["file"])
+    for t in OWN:
+        model, graph = tilefold.load(path, target=t), tilefold.compile(module, t)
+        for n in (*sizes, 1):
+            xs = np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)
+            want = graph(xs)[0]
+            assert model(xs)[0].tobytes() == want.tobytes()
+            said, got = _run_c(binary, path, xs, tmp_path, TILEFOLD_ARTIFACT_TARGET=t)
+            assert said == "ok" and got.tobytes() == want.tobytes()
+
+
+def test_a_target_this_host_cannot_run_is_planned_from_its_description() -> None:
+    """Its peak is a model (vector width, FMAs), never a measurement of code that cannot run
+    here: planning for it does not stop at measuring."""
+    from tilefold.strategy.cost import machine_for, model_peak_gflops
+
+    z4, v3 = named_target("znver4"), named_target("x86-64-v3")
+    assert model_peak_gflops(z4, 2) == 2 * model_peak_gflops(v3, 2) == 4 * model_peak_gflops(
+        v3, 1)
+    far = named_target(UNRUNNABLE)
+    assert machine_for(far, 3).gflops == model_peak_gflops(far, 3)

@@ -381,6 +381,7 @@ def _write(path: Path, chain: list[Target], plans: list[_Recorded | None],
                          retarget=plans[k] is None)
             program, data_file = files[runs[k]]
             members.append({**entry, "library": _part(tmp / file), "plan": chain[runs[k]].name,
+                            "kernels": [m.name for m in plan.modules],  # for people, tests
                             "program": _part(tmp / program), "data": _part(tmp / data_file)})
             if plans[k] is not None and "size_classes" in plans[k].manifest and not recorded:
                 members[-1]["size_classes"] = plans[k].manifest["size_classes"]
