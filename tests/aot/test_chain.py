@@ -393,3 +393,27 @@ def test_a_target_this_host_cannot_run_is_planned_from_its_description() -> None
         v3, 1)
     far = named_target(UNRUNNABLE)
     assert machine_for(far, 3).gflops == model_peak_gflops(far, 3)
+
+
+def test_znver4s_own_plan_is_made_on_any_host() -> None:
+    """The plan for znver4 (the chain's AVX-512 member) made from its description, on any
+    host: under `planning_only()` its kernels are built for znver4 (compiling for it works
+    anywhere) but not callable, and its GEMMs take the AVX-512 micro-kernel where
+    x86-64-v3's take AVX2's; on a host without it, running that plan is refused, never tried."""
+    from tilefold.runtime.compiled_module import planning_only
+
+    module = llama_block(np.random.default_rng(36), d=D, heads=12, f=4 * D)
+    plans = {}
+    for name in CHAIN:
+        graph = tilefold.compile(module, name)
+        with planning_only():
+            plans[name] = graph, graph.decisions((ROWS, D))
+    for name, isa in zip(CHAIN, ("avx512", "avx2"), strict=True):
+        gemms = [d for d in plans[name][1] if d.problem.names[0] == "matmul"]
+        assert len(gemms) == 4 and all(d.winner.method == "blocks.gemm" for d in gemms), name
+        assert all(f"GEMM {isa}_" in d.kernel.source for d in gemms), [
+            d.kernel.source for d in gemms]
+    if not STRONG:
+        x = np.zeros((ROWS, D), np.float32)
+        with pytest.raises(UnsupportedError, match="cannot run on this"):
+            plans["znver4"][0](x)
