@@ -278,7 +278,8 @@ class LoadedModel:
     def __init__(self, root: Path, manifest: dict[str, Any], program: dict[str, Any],
                  data: mmap.mmap | None):
         self.root = root
-        self.library = root / part_files(root, manifest)["library"]
+        files = part_files(root, manifest)
+        self.library, self.program_file = root / files["library"], root / files["program"]
         self.manifest = manifest
         pairs = manifest.get("state", [])
         self._held = [p["input"] for p in pairs]  # state inputs, and the outputs they are
@@ -293,7 +294,7 @@ class LoadedModel:
         try:
             self._prepare(program)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{root / PROGRAM}: malformed step program ({exc!r}); export "
+            raise ArtifactError(f"{self.program_file}: malformed step program ({exc!r}); export "
                                 "the artifact again") from None
 
     def _prepare(self, program: dict[str, Any]) -> None:
@@ -464,7 +465,7 @@ class LoadedModel:
         except ValueError:
             text = None
         if text != "|".join(signatures).encode():
-            raise ArtifactError(f"{self.library} was not exported with {self.root / PROGRAM} "
+            raise ArtifactError(f"{self.library} was not exported with {self.program_file} "
                                 "(their call signatures differ); export the artifact again")
 
     def _constants(self, spec: dict[str, Any]) -> np.ndarray:
@@ -568,7 +569,7 @@ class LoadedModel:
                 try:
                     bound = self._bound_at(c, n)
                 except (KeyError, IndexError, TypeError, ValueError) as exc:
-                    raise ArtifactError(f"{self.root / PROGRAM}: malformed step program at "
+                    raise ArtifactError(f"{self.program_file}: malformed step program at "
                                         f"size {n} ({exc!r}); export the artifact again") \
                         from None
             for buffer, a in zip(_of(bound.inputs, self._given), given, strict=True):
