@@ -21,7 +21,10 @@ def planning_only() -> Iterator[None]:
     """Within: a module for a target this host cannot run hands out functions that refuse
     when called, instead of refusing to hand them out, so a plan for that target can be made
     (its methods and kernels chosen and built) and inspected, never run
-    (`CompiledGraph.decisions` of a graph compiled for znver4 on an AVX2 host)."""
+    (`CompiledGraph.decisions` of a graph compiled for znver4 on an AVX2 host). The kernels'
+    process-wide caches keep those functions: a graph compiled for that target later in this
+    process refuses to run (UnsupportedError) where it would have fallen back to NumPy, so
+    plan in a process of its own when that matters."""
     token = _PLANNING_ONLY.set(True)
     try:
         yield
