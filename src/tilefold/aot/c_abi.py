@@ -71,14 +71,18 @@ def _state_tables(manifest: dict[str, Any], classes: list[tuple[dict[str, Any], 
 def _chain_tables(manifest: dict[str, Any]) -> str:
     """The chain of targets the artifact was exported for (`manifest["chain"]`: each one's
     name, library file and /proc/cpuinfo flags; `manifest["self"]`: this library's place in
-    it), for tf_model_load to pick the first this CPU runs (`runtime_common.h`)."""
+    it), for tf_model_load to pick the first this CPU runs (`runtime_common.h`), and the
+    file of the data this library's plan runs on (`manifest["data_file"]`: data.bin, or a
+    chain's target's own data-<k>.bin)."""
     chain = manifest["chain"]
+    data_file = manifest.get("data_file", "data.bin")  # this library's plan's data
     for link in chain:  # written into C strings: names the exporter made, checked anyway
-        text = "".join([link["name"], link["library"], *link["flags"]])
+        text = "".join([link["name"], link["library"], *link["flags"], data_file])
         if not all(c.isalnum() or c in "-_." for c in text):
             raise ArtifactError(f"target {link['name']!r}: a name the C tables cannot hold")
     return "".join([
         f"#define TF_NCHAIN {len(chain)}\n#define TF_SELF {int(manifest['self'])}\n",
+        f'#define TF_DATA_FILE "{data_file}"\n',
         _list("char *const", "tf_chain_names", [f'"{t["name"]}"' for t in chain]),
         _list("char *const", "tf_chain_files", [f'"{t["library"]}"' for t in chain]),
         _list("char *const", "tf_chain_flags", [f'"{" ".join(t["flags"])}"' for t in chain]),

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,11 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
 
     `targets=["znver4", "x86-64-v3"]` (instead of `target`): a chain, in order of preference;
     the loaders run the first whose CPU features the host has. The plan is recorded for the
-    last, which this host must run, and each other target's library holds the same kernels
-    compiled from their IR for that target (each must have every feature of the last), so
-    every target shares the one program and data.bin (`chain_targets`)."""
+    last, which this host must run; a stronger target this host runs too gets a plan of its
+    own (compiled and recorded for it: its micro-kernels, register tiles and packed panels,
+    in program-<k>.json and data-<k>.bin), and one it cannot run (its code cannot be run to
+    record it) holds the last's kernels compiled from their IR for it (each target must have
+    every feature of the last: `chain_targets`), sharing program.json and data.bin."""
     if not isinstance(module, Module):
         raise UnsupportedError(
             f"tilefold.export takes a tilefold Module, a torch.nn.Module or a torch.export "
@@ -104,8 +107,10 @@ def export(module: Module | Any, inputs: Sequence[Any], path: str | Path, *,
                             + (" (the last target of a chain is the one recorded)"
                                if stronger else ""))
     graph = compile(module, target, function=function, donate=donate)
+    own = {t.name: compile(module, t, function=function, donate=donate)
+           for t in stronger if isinstance(t, Target) and t.is_host()}
     return export_graph(graph, inputs, path, dynamic_shapes=dynamic_shapes,
-                        c_library=c_library, stronger=stronger)
+                        c_library=c_library, stronger=stronger, own=own)
 
 
 def chain_targets(names: Sequence[Target | str]) -> list[Target]:
@@ -132,10 +137,13 @@ def chain_targets(names: Sequence[Target | str]) -> list[Target]:
 
 def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, *,
                  dynamic_shapes: dict[str, Any] | None = None, c_library: bool = False,
-                 stronger: Sequence[Target] = ()) -> Path:
+                 stronger: Sequence[Target] = (),
+                 own: dict[str, CompiledGraph] | None = None) -> Path:
     """`export` of a graph compiled already (by `tilefold.compile`, for a target this host
     runs): its plans and kernels are the ones it has, its `donate`d arguments the state.
-    `stronger`: the targets of a chain before the graph's (`chain_targets`)."""
+    `stronger`: the targets of a chain before the graph's (`chain_targets`); `own`: graphs
+    of the same function compiled for some of them (by name; each recorded as its target's
+    own plan, the others running the graph's)."""
     path = Path(path)
     if not _replaceable(path):
         raise ArtifactError(f"{path} exists and is not a tilefold artifact; export to a new "
@@ -147,15 +155,42 @@ def export_graph(graph: CompiledGraph, inputs: Sequence[Any], path: str | Path, 
     chain = chain_targets([*stronger, target])
     arrays = [np.asarray(a) for a in inputs]
     bind_symbols(graph.function, arrays)  # count, dtypes and shapes, as a call checks them
-    if dynamic_shapes is not None:
-        return _export_symbolic(graph, arrays, path, chain, dynamic_shapes, c_library)
+    graphs = [(own or {}).get(t.name) for t in chain[:-1]] + [graph]
+    for t, g in zip(chain, graphs, strict=True):
+        if g is not None and ((g.target or host_target()).name != t.name
+                              or not t.is_host()):
+            raise ArtifactError(f"cannot record {t.name}'s own plan: give a graph compiled "
+                                f"for {t.name} on a host that runs it")
+    plans = [None if g is None else
+             _static_plan(g, arrays, t) if dynamic_shapes is None else
+             _symbolic_plan(g, arrays, t, dynamic_shapes)
+             for t, g in zip(chain, graphs, strict=True)]
+    return _write(path, chain, plans, c_library)
+
+
+@dataclass
+class _Recorded:
+    """One target's recorded plan, as `_write` writes it: the step program, the buffers
+    data.bin holds, the modules and signatures its calls name, the C runtime's source maker
+    and replay functions, and the manifest made from it."""
+
+    steps: dict[str, Any]
+    saved: list[Any]
+    modules: list[Any]
+    signatures: list[str]
+    runtime: Any
+    replays: Sequence[tuple[str, str, list[str]]]
+    manifest: dict[str, Any]
+
+
+def _static_plan(graph: CompiledGraph, arrays: list[np.ndarray], target: Target
+                 ) -> _Recorded:
     program = record(graph, arrays)
     manifest = _manifest(graph, arrays, program, target)
     steps, saved = program.layout()
     _check_state(graph, steps)
-    return _write(path, steps, saved, manifest, chain,
-                  list(program.modules.values()), program.signatures,
-                  c_source, c_library=c_library)
+    return _Recorded(steps, saved, list(program.modules.values()), program.signatures,
+                     c_source, (), manifest)
 
 
 def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
@@ -170,8 +205,8 @@ def _check_state(graph: CompiledGraph, steps: dict[str, Any]) -> None:
                 "writes it")
 
 
-def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, chain: list[Target],
-                     dynamic_shapes: Any, c_library: bool) -> Path:
+def _symbolic_plan(graph: Any, arrays: list[np.ndarray], target: Target, dynamic_shapes: Any
+                   ) -> _Recorded:
     *outer, (symbol, sizes) = bounds_of(graph, dynamic_shapes)
     lo, hi = sizes[0], sizes[-1]
     combinations = list(itertools.product(*(s for _, s in outer)))
@@ -190,7 +225,7 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, chain: li
         _check_state(graph, evaluate(c["program"], c["lo"]))
     first = recorder.first
     smallest = {name: s[0] for name, s in (*outer, (symbol, sizes))}
-    manifest = _manifest(graph, sized_inputs(graph, arrays, smallest), first, chain[-1])
+    manifest = _manifest(graph, sized_inputs(graph, arrays, smallest), first, target)
     fn = graph.function
     for side, values in (("inputs", fn.args), ("outputs", fn.outputs)):
         for spec, v in zip(manifest[side], values, strict=True):
@@ -230,8 +265,8 @@ def _export_symbolic(graph: Any, arrays: list[np.ndarray], path: Path, chain: li
                                                     "program") if key in c} for c in classes]}
     if outer:  # the symbols a class holds at one size each (`at`, in this order)
         program["outer"] = [name for name, _ in outer]
-    return _write(path, program, saved, manifest, chain, list(recorder.modules.values()),
-                  [], symbolic_c_source, replays, c_library)
+    return _Recorded(program, saved, list(recorder.modules.values()), [], symbolic_c_source,
+                     replays, manifest)
 
 
 
@@ -282,15 +317,19 @@ def _replaceable(path: Path) -> bool:
         return False
 
 
-def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[str, Any],
-           chain: list[Target], modules: list[Any], signatures: list[str],
-           runtime: Any, replays: Sequence[tuple[str, str, list[str]]] = (),
+def _write(path: Path, chain: list[Target], plans: list[_Recorded | None],
            c_library: bool = False) -> Path:
     """Write the parts into a fresh directory beside `path`, then move it into place: a
-    failed export never leaves half an artifact. One library per target of the `chain`
-    (its last the recorded plan's own), each with the chain's table for the C runtime to
-    pick from; a chain's manifest lists them in `targets`, and its `target` and library part
-    are the first's."""
+    failed export never leaves half an artifact. One library per target of the `chain`, each
+    with the chain's table for the C runtime to pick from; `plans[k]`: target k's own
+    recorded plan, or None where it runs the last's (which is never None), whose program and
+    data are program.json and data.bin (another's: program-<k>.json and data-<k>.bin). A
+    chain's manifest lists each target in `targets`; its `target`, library part and the rest
+    are the first's, its inputs, outputs and symbols the last plan's (every plan's are
+    alike)."""
+    last = plans[-1]
+    assert last is not None
+    manifest = last.manifest
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -298,13 +337,21 @@ def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[s
         raise ArtifactError(f"cannot write the artifact {path}: {exc}") from None
     try:
         libraries = [new_library_name() for _ in chain]
-        files = {"library": libraries[0], "program": PROGRAM, "data": DATA}
-        (tmp / PROGRAM).write_text(json.dumps(steps, separators=(",", ":")))
-        with (tmp / DATA).open("wb") as f:
-            for b in saved:
-                data = b.content()
-                f.write(data + bytes(-len(data) % ALIGN))
-        data = {DIGEST: digest64_file(tmp / DATA), "bytes": (tmp / DATA).stat().st_size}
+        runs = [k if plan is not None else len(chain) - 1 for k, plan in enumerate(plans)]
+        files: dict[int, tuple[str, str]] = {}  # plan -> (program file, data file)
+        data: dict[int, dict[str, Any]] = {}
+        for k in dict.fromkeys(runs):
+            plan = plans[k]
+            assert plan is not None
+            files[k] = (PROGRAM, DATA) if k == len(chain) - 1 else \
+                (f"program-{k}.json", f"data-{k}.bin")
+            (tmp / files[k][0]).write_text(json.dumps(plan.steps, separators=(",", ":")))
+            with (tmp / files[k][1]).open("wb") as f:
+                for b in plan.saved:
+                    content = b.content()
+                    f.write(content + bytes(-len(content) % ALIGN))
+            data[k] = {DIGEST: digest64_file(tmp / files[k][1]),
+                       "bytes": (tmp / files[k][1]).stat().st_size}
 
         links = [{"name": t.name, "library": file,
                   "flags": cpuinfo_flags(sorted(t.features))[0]}
@@ -312,32 +359,43 @@ def _write(path: Path, steps: dict[str, Any], saved: list[Any], manifest: dict[s
         members = []
         for k, (target, file) in enumerate(zip(chain, libraries, strict=True)):
             entry = _target_entry(target)
+            plan = plans[runs[k]]
+            assert plan is not None
 
-            def c_runtime(features: list[str], entry: dict[str, Any] = entry, k: int = k
-                          ) -> str:
+            def c_runtime(features: list[str], entry: dict[str, Any] = entry, k: int = k,
+                          plan: _Recorded = plan) -> str:
                 # A host's own target may name features no /proc/cpuinfo flag shows (newer
                 # than the loaders' table): listed apart, honestly, not failing every load.
                 unchecked = cpuinfo_flags(features)[1]
                 entry["cpu_features"] = [f for f in features if f not in unchecked]
                 entry["unchecked_features"] = unchecked
-                return runtime(steps, {**manifest, "target": entry, "chain": links, "self": k},
-                               data[DIGEST], data["bytes"])
+                return plan.runtime(plan.steps, {**plan.manifest, "target": entry,
+                                                 "chain": links, "self": k,
+                                                 "data_file": files[runs[k]][1]},
+                                    data[runs[k]][DIGEST], data[runs[k]]["bytes"])
 
             recorded = k == len(chain) - 1
-            link_library(modules, signatures, target, tmp / file, c_runtime, replays,
+            link_library(plan.modules, plan.signatures, target, tmp / file, c_runtime,
+                         plan.replays,
                          tmp / C_LIBRARY if c_library and recorded else None,
-                         retarget=not recorded)
-            members.append({**entry, "library": _part(tmp / file), "program": PROGRAM,
-                            "data": DATA})
+                         retarget=plans[k] is None)
+            program, data_file = files[runs[k]]
+            members.append({**entry, "library": _part(tmp / file), "plan": chain[runs[k]].name,
+                            "kernels": [m.name for m in plan.modules],  # for people, tests
+                            "program": _part(tmp / program), "data": _part(tmp / data_file)})
+            if plans[k] is not None and "size_classes" in plans[k].manifest and not recorded:
+                members[-1]["size_classes"] = plans[k].manifest["size_classes"]
         manifest["target"] = {key: members[0][key] for key in (*_target_entry(chain[0]),
                                                                "unchecked_features")}
-        if len(chain) > 1:  # each target's library; all share the one program and data.bin
+        if len(chain) > 1:  # each target's library, and the plan it runs
             manifest["targets"] = members
         if c_library:  # for people and tools: no loader checks it (the dynamic linker loads it)
             manifest["c_library"] = {"file": C_LIBRARY, "bytes": (tmp / C_LIBRARY).stat().st_size,
                                      "sha256": sha256_file(tmp / C_LIBRARY)}
         shutil.copy(source_dir() / HEADER_FILE, tmp / HEADER_FILE)
-        manifest["parts"] = {part: _part(tmp / file) for part, file in files.items()}
+        first = files[runs[0]]
+        manifest["parts"] = {part: _part(tmp / file) for part, file in (
+            ("library", libraries[0]), ("program", first[0]), ("data", first[1]))}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if path.exists():
             shutil.rmtree(path)

@@ -77,7 +77,9 @@ def cpuinfo_flags(features: list[str]) -> tuple[list[str], list[str]]:
     return flags, unknown
 
 
-def missing_features(features: list[str]) -> list[str]:
-    """The features of `features` this host does not have, or cannot be shown to have."""
-    host = host_flags()
+def missing_features(features: list[str], flags: frozenset[str] | None = None) -> list[str]:
+    """The features of `features` this host does not have, or cannot be shown to have;
+    `flags`: a host's /proc/cpuinfo flags instead of this one's (a test's seam: which member
+    of a chain another kind of host picks)."""
+    host = host_flags() if flags is None else flags
     return [f for f in features if f not in _NOT_IN_CODE and _flag(f) not in host]

@@ -63,6 +63,8 @@ PROGRAM = "program.json"
 DATA = "data.bin"
 PARTS = ("library", "program", "data")
 _LIBRARY = re.compile(r"kernels-[0-9a-f]{16}\.so")
+_PROGRAM = re.compile(r"program(-[0-9]{1,3})?\.json")  # a chain's target's own plan: -<k>
+_DATA = re.compile(r"data(-[0-9]{1,3})?\.bin")
 ALIGN = 64  # every buffer in data.bin and every buffer the loader allocates
 # The replay entry the library exports (the generated `runtime.replay.replay_ir`), and the
 # NUL-terminated string of the call signatures it was generated for ("pppp|ppi|..."), which
@@ -99,11 +101,15 @@ def part_files(root: Path, manifest: dict[str, Any]) -> dict[str, str]:
     if not isinstance(parts, dict) or set(parts) != set(PARTS):
         raise ArtifactError(f"{root / MANIFEST}: the manifest must list the parts "
                             f"{', '.join(sorted(PARTS))}; export the artifact again")
-    library = parts["library"].get("file") if isinstance(parts["library"], dict) else None
-    if not isinstance(library, str) or not _LIBRARY.fullmatch(library):
-        raise ArtifactError(f"{root / MANIFEST}: the library part must be a file "
-                            "kernels-<16 hex digits>.so in the artifact; export it again")
-    return {"library": library, "program": PROGRAM, "data": DATA}
+    files = {part: entry.get("file") if isinstance(entry, dict) else None
+             for part, entry in parts.items()}
+    for part, pattern, shown in (("library", _LIBRARY, "kernels-<16 hex digits>.so"),
+                                 ("program", _PROGRAM, f"{PROGRAM} or program-<k>.json"),
+                                 ("data", _DATA, f"{DATA} or data-<k>.bin")):
+        if not isinstance(files[part], str) or not pattern.fullmatch(files[part]):
+            raise ArtifactError(f"{root / MANIFEST}: the {part} part must be a file {shown} "
+                                "in the artifact; export it again")
+    return files
 
 
 def sha256_file(path: Path) -> str:

@@ -62,7 +62,8 @@ def load(path: str | Path, target: str | None = None) -> LoadedModel:
                             f"holding {MANIFEST}, {PROGRAM}, {DATA} and a kernels-*.so)")
     manifest = _pick_target(root, read_json(root / MANIFEST, "manifest"), target)
     _check_manifest(root, manifest)
-    data = _map(root / DATA)
+    files = part_files(root, manifest)  # a chain's target with a plan of its own: its files
+    data = _map(root / files["data"])
     library = _checked_library(root, manifest)
     try:
         check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS),
@@ -73,7 +74,7 @@ def load(path: str | Path, target: str | None = None) -> LoadedModel:
             _unmap(data)
         raise
     try:
-        program = read_json(root / PROGRAM, "step program")
+        program = read_json(root / files["program"], "step program")
         return LoadedModel(root, manifest, program, data)
     except BaseException:
         if data is not None:
@@ -149,11 +150,14 @@ def _unmap(data: mmap.mmap) -> None:
         data.close()
 
 
-def _pick_target(root: Path, manifest: dict[str, Any], name: str | None) -> dict[str, Any]:
+def _pick_target(root: Path, manifest: dict[str, Any], name: str | None,
+                 flags: frozenset[str] | None = None) -> dict[str, Any]:
     """The manifest as the target this host runs makes it: of a chain (`targets`, in order
     of preference), the first whose architecture and CPU features the host has (or the one
     `name`d), its description the `target` and its file the library part; `UnsupportedError`
-    saying what each lacks when the host runs none."""
+    saying what each lacks when the host runs none. `flags`: another host's /proc/cpuinfo
+    flags (`cpu.missing_features`; tests pick as an AVX-512 or AVX2 host would, and only
+    `load`, on this host's own, runs what it picks)."""
     where, chain = root / MANIFEST, manifest.get("targets")
     if chain is None:
         given = manifest.get("target")
@@ -163,28 +167,43 @@ def _pick_target(root: Path, manifest: dict[str, Any], name: str | None) -> dict
     parts = manifest.get("parts")
     if not isinstance(chain, list) or not chain or not isinstance(parts, dict) or not all(
             isinstance(t, dict) and isinstance(t.get("cpu_features"), list)
-            and isinstance(t.get("library"), dict) and t.get("program") == PROGRAM
-            and t.get("data") == DATA for t in chain):
+            and isinstance(t.get("library"), dict)
+            and _runs(t, "program", PROGRAM, parts) is not None
+            and _runs(t, "data", DATA, parts) is not None for t in chain):
         raise ArtifactError(f"{where}: its targets must each list CPU features and a "
-                            f"library, and run {PROGRAM} on {DATA}")
+                            f"library, and run {PROGRAM} on {DATA} or a program and data "
+                            "of their own")
     names = [t.get("name") for t in chain]
     if name is not None and name not in names:
         raise ArtifactError(f"{root}: not exported for {name} (its targets: "
                             f"{', '.join(map(str, names))})")
     why = []
     for t in chain if name is None else [chain[names.index(name)]]:
-        missing = missing_features([str(f) for f in t["cpu_features"]])
+        missing = missing_features([str(f) for f in t["cpu_features"]], flags)
         if t.get("arch") != host_arch():
             why.append(f"{t.get('name')} is {t.get('arch')}")
         elif missing:
             why.append(f"{t.get('name')} uses {', '.join(missing)}")
         else:
             described = {k: v for k, v in t.items() if k not in ("library", "program", "data")}
-            return {**manifest, "target": described, "parts": {**parts, "library": t["library"]}}
+            return {**manifest, "target": described, "parts": {
+                "library": t["library"], "program": _runs(t, "program", PROGRAM, parts),
+                "data": _runs(t, "data", DATA, parts)}}
     raise UnsupportedError(
         f"{root}: this host ({host_arch()}) runs none of the targets it was exported for: "
         f"{'; '.join(why)}; export it with a chain ending in a target this host has (e.g. "
         "--targets znver4,x86-64-v3)")
+
+
+def _runs(member: dict[str, Any], part: str, shared: str, parts: dict[str, Any]) -> Any:
+    """The part entry of the `part` a chain's member runs (its file, size and digests;
+    `part_files` checks the file's name), None when it has none. A chain exported before
+    members had plans of their own names the shared file, whose entry is in the parts."""
+    given = member.get(part)
+    if given == shared:
+        return parts.get(part) if isinstance(parts.get(part), dict) \
+            and parts[part].get("file") == shared else None
+    return given if isinstance(given, dict) else None
 
 
 def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
@@ -259,7 +278,8 @@ class LoadedModel:
     def __init__(self, root: Path, manifest: dict[str, Any], program: dict[str, Any],
                  data: mmap.mmap | None):
         self.root = root
-        self.library = root / part_files(root, manifest)["library"]
+        files = part_files(root, manifest)
+        self.library, self.program_file = root / files["library"], root / files["program"]
         self.manifest = manifest
         pairs = manifest.get("state", [])
         self._held = [p["input"] for p in pairs]  # state inputs, and the outputs they are
@@ -274,7 +294,7 @@ class LoadedModel:
         try:
             self._prepare(program)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"{root / PROGRAM}: malformed step program ({exc!r}); export "
+            raise ArtifactError(f"{self.program_file}: malformed step program ({exc!r}); export "
                                 "the artifact again") from None
 
     def _prepare(self, program: dict[str, Any]) -> None:
@@ -445,7 +465,7 @@ class LoadedModel:
         except ValueError:
             text = None
         if text != "|".join(signatures).encode():
-            raise ArtifactError(f"{self.library} was not exported with {self.root / PROGRAM} "
+            raise ArtifactError(f"{self.library} was not exported with {self.program_file} "
                                 "(their call signatures differ); export the artifact again")
 
     def _constants(self, spec: dict[str, Any]) -> np.ndarray:
@@ -549,7 +569,7 @@ class LoadedModel:
                 try:
                     bound = self._bound_at(c, n)
                 except (KeyError, IndexError, TypeError, ValueError) as exc:
-                    raise ArtifactError(f"{self.root / PROGRAM}: malformed step program at "
+                    raise ArtifactError(f"{self.program_file}: malformed step program at "
                                         f"size {n} ({exc!r}); export the artifact again") \
                         from None
             for buffer, a in zip(_of(bound.inputs, self._given), given, strict=True):

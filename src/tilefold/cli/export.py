@@ -34,8 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="target to compile for, e.g. x86-64-v3 (default: this host)")
     p.add_argument("--targets", metavar="T1,T2,...",
                    help="a chain of targets, strongest first, e.g. znver4,x86-64-v3: one "
-                        "library each, the loaders run the first the host has (the last is "
-                        "the one recorded: this host must run it)")
+                        "library each, the loaders run the first the host has (this host "
+                        "must run the last; each one it runs gets a plan of its own, the "
+                        "others run the last's)")
     p.add_argument("--resource-dir", type=Path,
                    help="directory of side-file constants (default: the file's directory)")
     p.set_defaults(handler=handle)

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
+from collections.abc import Iterator
 from typing import Any
 
 from tilefold.errors import CompileError, UnsupportedError
 from tilefold.runtime.jit import link_object
 from tilefold.target import Target, host_target
+
+_PLANNING_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("planning_only",
+                                                                      default=False)
+
+
+@contextlib.contextmanager
+def planning_only() -> Iterator[None]:
+    """Within: a module for a target this host cannot run hands out functions that refuse
+    when called, instead of refusing to hand them out, so a plan for that target can be made
+    (its methods and kernels chosen and built) and inspected, never run
+    (`CompiledGraph.decisions` of a graph compiled for znver4 on an AVX2 host). The kernels'
+    process-wide caches keep those functions: a graph compiled for that target later in this
+    process refuses to run (UnsupportedError) where it would have fallen back to NumPy, so
+    plan in a process of its own when that matters."""
+    token = _PLANNING_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING_ONLY.reset(token)
 
 
 class CompiledModule:
@@ -64,6 +86,10 @@ class CompiledModule:
     def function(self, symbol: str, restype: Any, *argtypes: Any) -> Any:
         """A ctypes function for `symbol` with this C signature, built once and reused."""
         signature = (symbol, restype, argtypes)
+        if not self.runnable and _PLANNING_ONLY.get():
+            if symbol not in self.exports:
+                self.address(symbol)  # its own error
+            return _Unrunnable(self, symbol, argtypes)
         function = self._functions.get(signature)
         if function is None:
             function = ctypes.CFUNCTYPE(restype, *argtypes)(self.address(symbol))
@@ -73,3 +99,14 @@ class CompiledModule:
     def __repr__(self) -> str:
         origin = "cache" if self.from_cache else f"{self.compile_seconds * 1e3:.1f} ms"
         return f"CompiledModule({self.name!r}, {self.target.name}, {origin})"
+
+
+class _Unrunnable:
+    """A function of a module for a target this host cannot run, handed out while planning
+    only: it refuses when called."""
+
+    def __init__(self, module: CompiledModule, symbol: str, argtypes: tuple):
+        self.module, self.symbol, self.argtypes = module, symbol, argtypes
+
+    def __call__(self, *args: Any) -> Any:
+        self.module.address(self.symbol)  # raises UnsupportedError: cannot run on this host

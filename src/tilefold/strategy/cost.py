@@ -38,9 +38,20 @@ class Machine:
         return self.gbps * 1e9
 
 
+MODEL_GHZ = 3.0  # a target this host cannot run: its clock, for a peak from its description
+MODEL_FMA_UNITS = 2  # vector FMA pipes a core (every x86 target with FMA since Haswell, Zen 2)
+
+
 @functools.cache
 def machine_for(target: Target, threads: int) -> Machine:
-    """The measured ceilings of `target` (the host), cached on disk by `tilefold.target`."""
+    """The measured ceilings of `target` (the host, or a target it runs: cached on disk by
+    `tilefold.target`); a target this host cannot run (a chain's AVX-512 member planned on an
+    AVX2 host, `aot/export.py`) gets a model peak from its description instead (`model_peak`)
+    and this host's memory bandwidth: only the ranking of its methods depends on them."""
+    if not target.is_host():
+        return Machine(gflops=model_peak_gflops(target, threads),
+                       gbps=measured_bandwidth_gbps(threads), threads=threads,
+                       l2_bytes=target.l2_bytes, l3_bytes=target.l3_bytes)
     return Machine(
         gflops=measured_peak_gflops(target, "f32", threads),
         gbps=measured_bandwidth_gbps(threads),
@@ -48,6 +59,15 @@ def machine_for(target: Target, threads: int) -> Machine:
         l2_bytes=target.l2_bytes,
         l3_bytes=target.l3_bytes,
     )
+
+
+def model_peak_gflops(target: Target, threads: int) -> float:
+    """f32 multiply-accumulate throughput of `target` from its description, unmeasured:
+    `threads` cores of `MODEL_FMA_UNITS` vector FMAs a cycle (one without FMA: a multiply and
+    an add) of its vector width, at `MODEL_GHZ`."""
+    lanes = max(1, target.vector_bits // 32)
+    per_cycle = MODEL_FMA_UNITS * lanes * (2 if target.has("fma") else 1)
+    return threads * per_cycle * MODEL_GHZ
 
 
 # a GPU entry without a chip's figures (an architecture: `sm_90`) is priced as a small chip

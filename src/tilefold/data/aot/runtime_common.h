@@ -124,10 +124,11 @@ void tf_digest64_sums(const uint8_t *p, size_t n, size_t first, size_t last, uin
   tf_digest64_block_sums(p, n, first, last, sums);
 }
 
-/* data.bin mapped privately into *data (its size checked first, then its digest64). */
+/* data.bin (TF_DATA_FILE: a chain's target with a plan of its own has data-<k>.bin)
+ * mapped privately into *data (its size checked first, then its digest64). */
 static int tf_map_data(uint8_t **data, size_t *data_bytes, const char *dir) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/data.bin", dir);
+  snprintf(path, sizeof path, "%s/%s", dir, TF_DATA_FILE);
   int fd = open(path, O_RDONLY);
   if (fd < 0) return tf_fail(TF_ERROR_FILE, "%s: cannot open it", path);
   struct stat st;
@@ -204,12 +205,85 @@ static int tf_forwarded(tf_model *m, int status) {
 
 enum { TF_FORWARDED = -1 }; /* tf_model_start: *model is loaded by another library */
 
-/* *model loaded by the chain's library `pick`, which this library's calls then go to (its
- * tf_model_load checks its own flags and data.bin; its file is the artifact's, as this
- * one is: not digested here). */
+#define TF_MANIFEST_MAX (64 << 20) /* a larger manifest.json is not one tilefold wrote */
+
+/* The manifest's size and digest64 of the part `file` (a library of the chain): the object
+ * {"file": "<file>", "bytes": N, ..., "digest64": "<16 hex digits>"} that
+ * tilefold/aot/export.py writes (json.dumps, indent=1) in <dir>/manifest.json. */
+static int tf_manifest_part(const char *dir, const char *file, long long *bytes,
+                            uint64_t *digest) {
+  char path[4096], key[512];
+  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) return tf_fail(TF_ERROR_FILE, "%s: cannot open it (the digests of the chain's "
+                         "libraries are there)", path);
+  long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  char *text = n >= 0 && n <= TF_MANIFEST_MAX ? malloc((size_t)n + 1) : NULL;
+  if (!text || fseek(f, 0, SEEK_SET) != 0 || fread(text, 1, (size_t)n, f) != (size_t)n) {
+    fclose(f);
+    free(text);
+    return tf_fail(n > TF_MANIFEST_MAX ? TF_ERROR_CORRUPT : TF_ERROR_FILE,
+                   "%s: cannot read it", path);
+  }
+  fclose(f);
+  text[n] = '\0';
+  snprintf(key, sizeof key, "\"file\": \"%s\"", file);
+  const char *at = strstr(text, key), *end = at ? strchr(at, '}') : NULL;
+  const char *size = at ? strstr(at, "\"bytes\": ") : NULL;
+  const char *sum = at ? strstr(at, "\"digest64\": \"") : NULL;
+  int found = end && size && sum && size < end && sum < end;
+  if (found) {
+    char *stop;
+    *bytes = strtoll(size + strlen("\"bytes\": "), &stop, 10);
+    found = *bytes >= 0 && (*stop == ',' || *stop == '\n' || *stop == '}');
+    sum += strlen("\"digest64\": \"");
+    *digest = strtoull(sum, &stop, 16);
+    found = found && stop == sum + 16 && *stop == '"';
+  }
+  free(text);
+  return found ? TF_OK : tf_fail(TF_ERROR_CORRUPT, "%s: no size and digest64 of %s, a library "
+                                 "of the chain; export the artifact again", path, file);
+}
+
+/* Whether <dir>/<file>, the chain's library `pick`, has the size and digest64 its manifest
+ * gives (checked before it is dlopen'ed: a damaged library is never loaded, so none of its
+ * code, constructors included, runs). */
+static int tf_check_library(const char *dir, int pick, const char *path) {
+  long long bytes;
+  uint64_t want;
+  int status = tf_manifest_part(dir, tf_chain_files[pick], &bytes, &want);
+  if (status != TF_OK) return status;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0) return tf_fail(TF_ERROR_FILE, "%s, the code for %s (which this CPU runs): "
+                             "missing or unreadable", path, tf_chain_names[pick]);
+  if (fstat(fd, &st) != 0 || st.st_size != bytes) {
+    close(fd);
+    return tf_fail(TF_ERROR_CORRUPT, "%s, the code for %s: %lld bytes, the manifest says %lld "
+                   "(truncated or replaced after export); not loaded", path,
+                   tf_chain_names[pick], (long long)st.st_size, bytes);
+  }
+  void *p = bytes > 0 ? mmap(NULL, (size_t)bytes, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (p == MAP_FAILED) return tf_fail(TF_ERROR_FILE, "%s: cannot map it", path);
+  uint64_t got = tf_digest64_threaded(p, (size_t)bytes, tf_threads());
+  if (p) munmap(p, (size_t)bytes);
+  if (got != want)
+    return tf_fail(TF_ERROR_CORRUPT, "%s, the code for %s: digest64 differs from the "
+                   "manifest's (altered or damaged after export); not loaded: export the "
+                   "artifact again", path, tf_chain_names[pick]);
+  return TF_OK;
+}
+
+/* *model loaded by the chain's library `pick`, which this library's calls then go to, once
+ * its size and digest64 are the manifest's (tf_check_library; its tf_model_load then checks
+ * its own flags and data.bin). This library's own file is the dynamic linker's to load: it
+ * is not digested. */
 static int tf_forward_load(const char *dir, int pick, tf_model **model) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, tf_chain_files[pick]);
+  int checked = tf_check_library(dir, pick, path);
+  if (checked != TF_OK) return checked;
   tf_forward f = {0};
   int (*load)(const char *, tf_model **) = NULL;
   if (!(f.handle = dlopen(path, RTLD_NOW | RTLD_LOCAL)))

@@ -20,8 +20,8 @@ extern "C" {
 
 enum tf_status {
   TF_OK = 0,
-  TF_ERROR_FILE = 1,     /* data.bin missing or unreadable */
-  TF_ERROR_CORRUPT = 2,  /* data.bin truncated or altered after export */
+  TF_ERROR_FILE = 1,     /* data.bin (or a library of the chain) missing or unreadable */
+  TF_ERROR_CORRUPT = 2,  /* data.bin or a chain's library altered after export */
   TF_ERROR_CPU = 3,      /* this CPU lacks a feature the artifact's code uses */
   TF_ERROR_ARGUMENT = 4, /* inputs or outputs of the wrong count, dtype or shape */
   TF_ERROR_MEMORY = 5,   /* out of memory */
