@@ -1,0 +1,96 @@
+"""Gradients of PyTorch's OpInfo samples through the backend, strict: for every lowered op that
+PyTorch differentiates, a sample's inputs require grad, `sum((out * g).sum())` with random `g`
+is compiled, and `torch.autograd.grad` runs the backward graph AOTAutograd hands to tilefold;
+the loss and the gradients must match eager float64 (`opinfo_grad_harness.compare`).
+
+Strict: a graph or node left to PyTorch raises, and counts as a failure like a mismatch. A
+sample that fails must be in opinfo_grad_denylist.txt with its reason, and a denylisted sample
+that now passes fails the test (the list only shrinks). Of all samples, at least
+`NATIVE_FLOOR` run both graphs in tilefold. The default run takes one sample of each op;
+TILEFOLD_OPINFO_FULL=1 runs them all.
+"""
+
+from __future__ import annotations
+
+import opinfo_grad_harness as g
+import opinfo_harness as h
+import pytest
+import torch
+
+CASES = g.grad_cases()
+DENIED = g.read_denylist()
+NATIVE_FLOOR = 0.9  # of the samples with something to differentiate, the share run native
+
+
+@pytest.fixture(autouse=True)
+def no_graph_cache(monkeypatch):
+    """Every sample is lowered afresh (a stored lowering would skip the rules under test)."""
+    monkeypatch.setenv("TILEFOLD_GRAPH_CACHE", "0")
+    yield
+    torch._dynamo.reset()
+
+
+def test_cases_cover_the_differentiable_lowered_ops():
+    ops = {c.op for c in CASES}
+    assert len(ops) >= 60, sorted(ops)
+    assert {"softmax", "nn.functional.layer_norm", "mm", "nn.functional.gelu"} <= ops
+
+
+def test_denylist_names_known_cases():
+    known = {(c.op, c.dtype_name) for c in CASES}
+    stale = [e for e in DENIED.values() if (e.op, e.dtype) not in known]
+    assert not stale, "denylist entries for no gradient case:\n" + "\n".join(
+        f"  line {e.line}: {e.op} {e.dtype}" for e in stale)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_opinfo_gradients(case: g.GradCase):
+    samples = case.samples()
+    inputs = [h.describe(s, case.dtype) for s in samples]
+    mine = {e.index: e for e in DENIED.values() if (e.op, e.dtype) == (case.op, case.dtype_name)}
+    moved = [e for e in mine.values() if e.index >= len(inputs) or inputs[e.index] != e.inputs]
+    assert not moved, "denylisted samples that no longer exist as written:\n" + "\n".join(
+        f"  line {e.line}: #{e.index} {e.inputs}" for e in moved)
+
+    tally = RESULTS.setdefault(str(case), h.Tally())
+    unexpected, now_passing = [], []
+    for index in case.picked(len(samples)):
+        outcome = g.run_grad_sample(case, samples[index])
+        passed = outcome.kind in g.OK_KINDS
+        tally.add(outcome, index in mine and not passed)
+        if not passed and index not in mine:
+            unexpected.append(h.format_entry(case, index, inputs[index],
+                                             f"{outcome.kind}: {outcome.detail}"))
+        elif passed and index in mine:
+            now_passing.append(f"line {mine[index].line} ({outcome.kind}): "
+                               + h.format_entry(case, index, inputs[index], mine[index].reason))
+    message = []
+    if unexpected:
+        message += ["gradient failures not in the denylist:", *unexpected]
+    if now_passing:
+        message += ["denylisted samples that now pass (remove them):", *now_passing]
+    assert not message, "\n".join(message)
+
+
+RESULTS: dict[str, h.Tally] = {}  # "op-dtype" -> tally, filled by the cases above
+
+
+def test_opinfo_gradients_run_native():
+    """The floor over every sample (run here too when the cases above did not run)."""
+    tallies = list(RESULTS.values())
+    if len(tallies) < len(CASES):
+        tallies = []
+        for case in CASES:
+            tally, samples = h.Tally(), case.samples()
+            for index in case.picked(len(samples)):
+                tally.add(g.run_grad_sample(case, samples[index]), False)
+            tallies.append(tally)
+    counts: dict[str, int] = {}
+    for t in tallies:
+        for kind, n in t.counts.items():
+            counts[kind] = counts.get(kind, 0) + n
+    native = counts.get("tilefold", 0)
+    total = sum(counts.values()) - counts.get("skipped", 0) - counts.get("random", 0)
+    print(f"OpInfo gradients: {native} of {total} samples native "
+          f"({100 * native / max(total, 1):.0f}%); outcomes {dict(sorted(counts.items()))}")
+    assert total and native >= NATIVE_FLOOR * total, (native, total, counts)
