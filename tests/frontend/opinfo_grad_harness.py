@@ -28,8 +28,8 @@ from tilefold.errors import FallbackError
 from tilefold.frontend import report
 
 DTYPE = torch.float32
-# The default run takes CAP samples of each op, spread evenly over its list (about 90 samples,
-# ~1.5 s each: two graphs compiled); TILEFOLD_OPINFO_FULL=1 (the forward suite's switch) all.
+# The default run takes CAP samples of each op, spread evenly over its list (about 250 samples,
+# ~0.4 s each: two graphs compiled); TILEFOLD_OPINFO_FULL=1 (the forward suite's switch) all.
 CAP = 3
 FULL = h.FULL
 DENYLIST = Path(__file__).with_name("opinfo_grad_denylist.txt")

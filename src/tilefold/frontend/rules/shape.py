@@ -347,8 +347,10 @@ def slice_scatter(ctx: LoweringContext, x: Any, src: Any, dim: int = 0, start: A
 
 def _symbolic_slice_scatter(ctx: LoweringContext, t: Tensor, values: Tensor, dim: int,
                             first: Any, step: Any) -> Tensor:
-    if step != 1 or (isinstance(first, int) and first < 0):
-        raise NotApplicable(f"slice_scatter of a symbolic dim from {first} by {step}")
+    if step != 1:
+        raise NotApplicable(f"slice_scatter of a symbolic dim by a step of {step}")
+    if isinstance(first, int) and first < 0:  # counts from the end
+        first = dim_sum(t.shape[dim], first)
     length = values.shape[dim]
     if length == 0:
         return t
