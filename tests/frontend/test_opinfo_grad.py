@@ -94,3 +94,22 @@ def test_opinfo_gradients_run_native():
     print(f"OpInfo gradients: {native} of {total} samples native "
           f"({100 * native / max(total, 1):.0f}%); outcomes {dict(sorted(counts.items()))}")
     assert total and native >= NATIVE_FLOOR * total, (native, total, counts)
+
+
+def test_compare_tells_a_wrong_gradient_from_rounding():
+    """The check itself: eager float32's gradients pass against float64; one element off by a
+    thousandth of the largest gradient, a gradient missing, or one in float64, fail."""
+    case = next(c for c in CASES if c.op == "mm")
+    sample = case.samples()[0]
+    p = g.prepare(case, sample)
+    want = g._grads(p.loss, p, torch.float64)
+    eager = g._grads(p.loss, p, torch.float32)
+    reduced = max(t.numel() for t in p.tensors) + max(w.numel() for w in p.weights)
+    assert g.compare(eager, want, eager, reduced) == ""
+    scale = max(float(w.abs().max()) for w in want[1:])
+    off = [t.clone() for t in eager]
+    off[1].view(-1)[0] += scale * 1e-3
+    assert "grad 0: 1 of" in g.compare(off, want, eager, reduced)
+    assert "no gradient" in g.compare([eager[0], None, eager[2]], want, eager, reduced)
+    wide = [eager[0], eager[1].double(), eager[2]]
+    assert "expected torch.float32" in g.compare(wide, want, eager, reduced)

@@ -18,18 +18,24 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 
 import pytest
 from hypothesis import given, settings
-from test_torch_programs import HEAVY, NATIVE_FLOOR, SIZED, Program, torch_programs, trace
+from test_torch_programs import (
+    EXAMPLES,
+    HEAVY,
+    NATIVE_FLOOR,
+    SIZED,
+    Program,
+    torch_programs,
+    trace,
+)
 
 from tilefold.frontend import report
 
 torch = pytest.importorskip("torch")
 
-# A program's backward compiles a second graph: half the forward fuzzer's count.
-EXAMPLES = max(3, int(os.environ.get("TILEFOLD_FUZZ_EXAMPLES", "150")) // 20)
+VIEWS = ("transpose", "view", "slice")
 # Programs the backward fuzzer failed on, checked on every run (static and dynamic).
 REGRESSIONS: list[tuple] = []
 
@@ -100,7 +106,9 @@ def check_backward(program, dynamic: bool) -> tuple[int, int]:
             assert error <= bound, (name, error, bound, size, steps)
     graphs = report.reports()
     parts = [g.graph.rsplit(" ", 1)[-1] for g in graphs]
-    assert "forward" in parts and "backward" in parts, [g.graph for g in graphs]
+    if not all(s[0] in VIEWS for s in steps):  # views of the input alone: nothing to compute,
+        # AOTAutograd replays them on the output and autograd differentiates them
+        assert "forward" in parts and "backward" in parts, [g.graph for g in graphs]
     assert all(g.mode == "tilefold" and not g.fallback for g in graphs), [
         g.format() for g in graphs]
     # Unlike the forward fuzzer, no check that a second call under `dynamic=True` reuses the
