@@ -230,6 +230,45 @@ def regenerate() -> Any:
                 yield h.format_entry(case, index, h.describe(samples[index], case.dtype), reason)
 
 
+# -- the summary ----------------------------------------------------------------------------
+
+
+RESULTS: dict[str, h.Tally] = {}  # "op-dtype" -> tally, filled by the tests, read by summary()
+
+
+def summary() -> Any:
+    """The table CI prints: per op, samples by outcome, then the native share overall."""
+    kinds = ("tilefold", "fallback", "mismatch", "error", "random", "skipped")
+    head = ("op-dtype", "samples", *kinds, "denied")
+    rows, totals = [head], h.Tally()
+    for key in sorted(RESULTS):
+        t = RESULTS[key]
+        rows.append((key, str(t.total), *(str(t.counts.get(k, 0)) for k in kinds),
+                     str(t.allowlisted)))
+        for kind, n in t.counts.items():
+            totals.counts[kind] = totals.counts.get(kind, 0) + n
+        totals.allowlisted += t.allowlisted
+    rows.append(("overall", str(totals.total), *(str(totals.counts.get(k, 0)) for k in kinds),
+                 str(totals.allowlisted)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        yield "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+    native, compared = native_share(RESULTS.values())
+    yield (f"native: {native} of {compared} samples with a gradient to compare ran forward and "
+           f"backward in tilefold ({100 * native / max(compared, 1):.1f}%); denied: failed "
+           "and in the denylist")
+
+
+def native_share(tallies: Any) -> tuple[int, int]:
+    """(samples run native, samples with a gradient to compare) over tallies."""
+    native = compared = 0
+    for t in tallies:
+        native += t.counts.get("tilefold", 0)
+        compared += t.total - t.counts.get("skipped", 0) - t.counts.get("random", 0)
+    return native, compared
+
+
 # Outcomes that pass strict: ran in tilefold, or nothing to compare (no differentiable output,
 # or RNG output). "tilefold", "random" and "skipped" samples count; the rest must be denylisted.
 OK_KINDS = ("tilefold", "random", "skipped")

@@ -52,7 +52,7 @@ def test_opinfo_gradients(case: g.GradCase):
     assert not moved, "denylisted samples that no longer exist as written:\n" + "\n".join(
         f"  line {e.line}: #{e.index} {e.inputs}" for e in moved)
 
-    tally = RESULTS.setdefault(str(case), h.Tally())
+    tally = g.RESULTS.setdefault(str(case), h.Tally())
     unexpected, now_passing = [], []
     for index in case.picked(len(samples)):
         outcome = g.run_grad_sample(case, samples[index])
@@ -72,12 +72,9 @@ def test_opinfo_gradients(case: g.GradCase):
     assert not message, "\n".join(message)
 
 
-RESULTS: dict[str, h.Tally] = {}  # "op-dtype" -> tally, filled by the cases above
-
-
 def test_opinfo_gradients_run_native():
     """The floor over every sample (run here too when the cases above did not run)."""
-    tallies = list(RESULTS.values())
+    tallies = list(g.RESULTS.values())
     if len(tallies) < len(CASES):
         tallies = []
         for case in CASES:
@@ -85,15 +82,8 @@ def test_opinfo_gradients_run_native():
             for index in case.picked(len(samples)):
                 tally.add(g.run_grad_sample(case, samples[index]), False)
             tallies.append(tally)
-    counts: dict[str, int] = {}
-    for t in tallies:
-        for kind, n in t.counts.items():
-            counts[kind] = counts.get(kind, 0) + n
-    native = counts.get("tilefold", 0)
-    total = sum(counts.values()) - counts.get("skipped", 0) - counts.get("random", 0)
-    print(f"OpInfo gradients: {native} of {total} samples native "
-          f"({100 * native / max(total, 1):.0f}%); outcomes {dict(sorted(counts.items()))}")
-    assert total and native >= NATIVE_FLOOR * total, (native, total, counts)
+    native, total = g.native_share(tallies)
+    assert total and native >= NATIVE_FLOOR * total, f"{native} of {total} samples native"
 
 
 def test_compare_tells_a_wrong_gradient_from_rounding():
