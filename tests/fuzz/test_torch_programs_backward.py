@@ -20,8 +20,9 @@ import copy
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from test_torch_programs import (
+    BUDGET,
     EXAMPLES,
     HEAVY,
     NATIVE_FLOOR,
@@ -139,6 +140,22 @@ def test_backward_of_programs_that_once_failed(program, dynamic):
     check_backward(program, dynamic)
 
 
+# Programs that fail under dynamic=True in the forward already (test_torch_programs' `check`
+# fails the same way): strict xfails, so a fix shows.
+KNOWN_DYNAMIC = [
+    # softmax over a view flattening two symbolic dims, as the output: that flattened tensor
+    # has no IR dim to name its size ("output: _softmax runs outside tilefold")
+    ((30, 30), [("view",), ("softmax", 0)], 0, (2, 2)),
+]
+
+
+@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.BackendCompilerFailed,
+                   reason="a softmax over two flattened symbolic dims as the graph's output")
+@pytest.mark.parametrize("program", KNOWN_DYNAMIC, ids=lambda p: "-".join(s[0] for s in p[1]))
+def test_known_dynamic_failures(program):
+    check_backward(program, True)
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("program", SIZED, ids=lambda p: "-".join(s[0] for s in p[1]))
 def test_backward_past_cache_blocks(program, dynamic):
@@ -155,6 +172,9 @@ def test_random_programs_backward_match_pytorch_in_float64(dynamic):
     @settings(max_examples=EXAMPLES, deadline=None)
     @given(torch_programs())
     def run(program):
+        # the generator bounds the values' sizes, not a linear's weight (K x N): a flattened
+        # 90000-wide input would draw a 32 GB one
+        assume(sum(s[1] * s[2] for s in program[1] if s[0] == "linear") <= BUDGET)
         for i, n in enumerate(check_backward(program, dynamic)):
             heavy[i] += n
 
