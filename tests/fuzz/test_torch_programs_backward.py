@@ -44,6 +44,9 @@ REGRESSIONS = [
     # dynamic=True: the gradient of a slice from the end of a symbolic dim (`slice_scatter`
     # from -2) was left to PyTorch
     ((6, 7), [("linear", 7, 5, False), ("slice", 0, 2)], 3, (11, 7)),
+    # a softmax of two elements: its gradient, far smaller than the output's gradient it is
+    # a difference of, held to a bound in units of the smaller one
+    ((300,), [("softmax", 0)], 11, (2,)),
 ]
 
 
@@ -100,9 +103,12 @@ def check_backward(program, dynamic: bool) -> tuple[int, int]:
         got = [("input", x.grad)] + [(name, p.grad) for name, p in model.named_parameters()]
         want = [x64.grad] + [p.grad for p in oracle.parameters()]
         # The forward fuzzer's rule over the forward's and the backward's reduced lengths,
-        # in units of the largest gradient element (the size of the terms the backward sums);
-        # a norm (eps 1e-3) amplifies what comes in by at most 1/sqrt(eps) < 32.
-        scale = max(float(w.abs().max()) for w in want if w.numel())
+        # in units of the size of the terms the backward sums: the largest gradient element,
+        # or the output's gradient where that is larger (a softmax's gradient is a difference
+        # of terms as large as it, which cancel); a norm (eps 1e-3) amplifies what comes in by
+        # at most 1/sqrt(eps) < 32.
+        scale = max([float(w.abs().max()) for w in want if w.numel()]
+                    + [float(weights.abs().max()) if weights.numel() else 0.0])
         amplify = 32.0 ** sum(s[0] == "norm" for s in steps)
         bound = (16 * reduced_lengths(steps, size) * torch.finfo(torch.float32).eps
                  * max(scale, 1e-30) * amplify)
