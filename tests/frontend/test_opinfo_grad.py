@@ -57,7 +57,8 @@ def test_opinfo_gradients(case: g.GradCase):
     for index in case.picked(len(samples)):
         outcome = g.run_grad_sample(case, samples[index])
         passed = outcome.kind in g.OK_KINDS
-        tally.add(outcome, index in mine and not passed)
+        tally.add(outcome, False)
+        tally.allowlisted += index in mine and not passed  # a fallback is a failure here too
         if not passed and index not in mine:
             unexpected.append(h.format_entry(case, index, inputs[index],
                                              f"{outcome.kind}: {outcome.detail}"))
