@@ -19,13 +19,17 @@ def quiet_dynamo_trace(monkeypatch):
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """After a run that included test_opinfo.py: the OpInfo pass rates per op and overall."""
-    harness = sys.modules.get("opinfo_harness")
-    if harness is None or not harness.RESULTS:
-        return
-    terminalreporter.section("OpInfo samples through the tilefold backend")
-    for line in harness.summary():
-        terminalreporter.write_line(line)
+    """After a run that included test_opinfo.py (test_opinfo_grad.py): the OpInfo pass rates
+    (the gradients' outcomes and native share) per op and overall."""
+    for module, title in (("opinfo_harness", "OpInfo samples through the tilefold backend"),
+                          ("opinfo_grad_harness", "OpInfo gradients through the tilefold "
+                                                  "backend, strict")):
+        harness = sys.modules.get(module)
+        if harness is None or not harness.RESULTS:
+            continue
+        terminalreporter.section(title)
+        for line in harness.summary():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

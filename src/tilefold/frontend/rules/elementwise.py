@@ -130,6 +130,48 @@ def softplus(ctx: LoweringContext, x: Any, beta: Any = 1, threshold: Any = 20) -
     return ctx.elementwise(lambda t: ctx.op("softplus", t, **attrs), [x], ctx.out_dtype())
 
 
+@lowering(aten.sign.default)
+def sign(ctx: LoweringContext, x: Any) -> Any:
+    """1 where x > 0, -1 where x < 0, else x itself (a zero, or NaN as PyTorch's)"""
+    dt = ctx.out_dtype()
+    if dt == dtypes.boolean:
+        return ctx.value(x)
+
+    def apply(t: Any) -> Any:
+        zero = ctx.scalar(0, dt)
+        negative = ctx.op("where", ctx.op("lt", t, zero), ctx.scalar(-1, dt), t)
+        return ctx.op("where", ctx.op("gt", t, zero), ctx.scalar(1, dt), negative)
+
+    return ctx.elementwise(apply, [x], dt)
+
+
+@lowering(aten.isnan.default)
+def isnan(ctx: LoweringContext, x: Any) -> Any:
+    """x != x (only NaN differs from itself; integers never)"""
+    t = ctx.tensor(x)
+    if not t.dtype.is_float:
+        return ctx.op("broadcast_to", ctx.scalar(False, dtypes.boolean), shape=list(t.shape))
+    return ctx.op("ne", t, t)
+
+
+@lowering(aten.log1p.default)
+def log1p(ctx: LoweringContext, x: Any) -> Any:
+    """log(1 + x), accurate for small x: log(u) x / (u - 1) with u = 1 + x rounded (the
+    rounding of u cancels; Goldberg's formula), x itself where u rounds to 1, u where u is
+    infinite; bf16/f16 computed in f32 and rounded once, as PyTorch"""
+    out = ctx.out_dtype()
+    dt = dtypes.f32 if out in (dtypes.bf16, dtypes.f16) else out
+
+    def apply(t: Any) -> Any:
+        one = ctx.scalar(1, dt)
+        u = ctx.op("add", t, one)
+        scaled = ctx.op("div", ctx.op("mul", ctx.op("log", u), t), ctx.op("sub", u, one))
+        exact = ctx.op("where", ctx.op("eq", u, ctx.scalar(float("inf"), dt)), u, scaled)
+        return ctx.cast(ctx.op("where", ctx.op("eq", u, one), t, exact), out)
+
+    return ctx.elementwise(apply, [x], dt)
+
+
 @lowering(*IDENTITY)
 def identity(ctx: LoweringContext, x: Any, *args: Any, **kwargs: Any) -> Any:
     """A copy or alias: the same value (the IR has value semantics)."""

@@ -264,6 +264,37 @@ for _target, _name in REDUCTIONS.items():
     lowering(_target)(_reduction(_name))
 
 
+F32_EXACT = 1 << 24  # every position up to this is an f32
+
+
+@lowering(aten.max.dim, aten.min.dim)
+def max_with_indices(ctx: LoweringContext, x: Any, dim: int, keepdim: bool = False) -> Any:
+    """(values, indices) of the largest (smallest) element along dim: the reduction, then the
+    first position holding it (or holding a NaN, which PyTorch's max and min return): the
+    smallest of those positions along dim, the others set past the end"""
+    t = ctx.tensor(x)
+    smallest = ctx.node.target == aten.min.dim
+    i64 = dtypes.i64
+    if t.ndim == 0:  # the one element, at position 0
+        return [t, ctx.scalar(0, i64)]
+    dim %= t.ndim
+    values = ctx.op("reduce_min" if smallest else "reduce_max", t, axes=[dim], keepdims=True)
+    hit = ctx.op("or", ctx.op("eq", t, values), ctx.op("ne", t, t))
+    size = t.shape[dim]
+    # positions compare exactly as f32 there, so the search fuses with f32 work around it
+    dt = dtypes.f32 if isinstance(size, int) and size < F32_EXACT else i64
+    line = ctx.op("arange", shape=[size], dtype=dt)
+    others = [a for a in range(t.ndim) if a != dim]
+    line = ctx.op("expand_dims", line, axes=others) if others else line
+    past = ctx.scalar(size, dt) if isinstance(size, int) else ctx.cast(ctx.size_value(size), dt)
+    first = ctx.op("reduce_min", ctx.op("where", hit, line, past), axes=[dim], keepdims=True)
+    indices = ctx.cast(first, i64)
+    if not keepdim:
+        values = ctx.op("squeeze", values, axes=[dim])
+        indices = ctx.op("squeeze", indices, axes=[dim])
+    return [values, indices]
+
+
 @lowering(aten.any.dim, aten.any.dims, aten.any.default)
 def any_(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
     """whether any element over dims is nonzero: max of (x != 0) as f32, then != 0 (the

@@ -15,6 +15,7 @@ from tilefold.ir.types import SymDim, dim_sum
 
 aten = torch.ops.aten
 END = 2**63 - 1
+BEGIN = -(2**63)  # a slice stop meaning "to the beginning" (with a step of -1)
 
 
 @lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -191,6 +192,19 @@ def select(ctx: LoweringContext, x: Any, dim: int, index: Any) -> Any:
     return ctx.op("squeeze", picked, axes=[dim])
 
 
+@lowering(aten.flip.default)
+def flip(ctx: LoweringContext, x: Any, dims: list[int]) -> Any:
+    """x reversed along dims (cumsum's gradient): a slice with a step of -1 on each"""
+    t = ctx.tensor(x)
+    if t.ndim == 0:
+        return t
+    flipped = {d % t.ndim for d in dims}
+    starts = [-1 if a in flipped else 0 for a in range(t.ndim)]
+    stops = [BEGIN if a in flipped else END for a in range(t.ndim)]
+    steps = [-1 if a in flipped else 1 for a in range(t.ndim)]
+    return ctx.op("slice", t, starts=starts, stops=stops, steps=steps) if flipped else t
+
+
 @lowering(aten.cat.default)
 def cat(ctx: LoweringContext, tensors: list[Any], dim: int = 0) -> Any:
     """concat (PyTorch's legacy empty 1-D operands are dropped)"""
@@ -263,17 +277,93 @@ def gather(ctx: LoweringContext, x: Any, dim: int, index: Any, *, sparse_grad: b
     t, idx = ctx.tensor(x), ctx.tensor(index)
     if t.ndim == 0:  # idx is 0-d or [1] and picks the one element
         return ctx.op("gather", _at_least_1d(ctx, t), idx, axis=0)
-    rank = t.ndim
-    dim %= rank
+    dim %= t.ndim
+    return ctx.op("index", t, *_grids(ctx, idx, dim), axes=list(range(t.ndim)))
+
+
+def _grids(ctx: LoweringContext, idx: Tensor, dim: int) -> list[Tensor]:
+    """The index arrays of `x[i0, i1, ...]` that take along `dim` where `idx` points: `idx`
+    itself on dim, an arange over idx's size on every other axis (gather, scatter)."""
     grids = []
-    for axis in range(rank):
+    for axis in range(idx.ndim):
         if axis == dim:
             grids.append(idx)
             continue
         line = ctx.op("arange", shape=[idx.shape[axis]])
-        others = [a for a in range(rank) if a != axis]
+        others = [a for a in range(idx.ndim) if a != axis]
         grids.append(ctx.op("expand_dims", line, axes=others) if others else line)
-    return ctx.op("index", t, *grids, axes=list(range(rank)))
+    return grids
+
+
+@lowering(aten.scatter_add.default)
+def scatter_add(ctx: LoweringContext, x: Any, dim: int, index: Any, src: Any) -> Any:
+    """x with src[i] added at x[..., index[i], ...] along dim, repeats summed (gather's
+    gradient): an accumulating index_put with gather's grids (index on dim, aranges
+    elsewhere); src's part of the index's shape is used, as PyTorch's"""
+    t, idx, values = ctx.tensor(x), ctx.tensor(index), ctx.tensor(src)
+    if t.ndim == 0:  # index and src 0-d or one long: the one element, as a [1] tensor
+        one = [_at_least_1d(ctx, v) for v in (t, idx, values)]
+        summed = ctx.op("index_put", one[0], ctx.cast(one[2], t.dtype), one[1], axes=[0],
+                        accumulate=True)
+        return ctx.op("reshape", summed, shape=[])
+    rank = t.ndim
+    dim %= rank
+    if values.shape != idx.shape:
+        if not all(isinstance(d, int) for d in (*values.shape, *idx.shape)):
+            raise NotApplicable("scatter_add: src larger than the index, of symbolic size")
+        values = ctx.op("slice", values, starts=[0] * rank, stops=list(idx.shape),
+                        steps=[1] * rank)
+    return ctx.op("index_put", t, ctx.cast(values, t.dtype), *_grids(ctx, idx, dim),
+                  axes=list(range(rank)), accumulate=True)
+
+
+@lowering(aten.slice_scatter.default)
+def slice_scatter(ctx: LoweringContext, x: Any, src: Any, dim: int = 0, start: Any = None,
+                  end: Any = None, step: Any = 1) -> Any:
+    """x with x[start:end:step] along dim replaced by src (slice's gradient): x's slices
+    around src concatenated for static bounds and a step of 1, an index_put at an arange of
+    positions for another step; of a symbolic dim, src gathered at each position's offset
+    from start and a where over the positions it covers"""
+    t, values = ctx.tensor(x), ctx.tensor(src)
+    dim %= t.ndim
+    size, step = t.shape[dim], ctx.number(step)
+    first = None if start is None else ctx.size(start)
+    stop = None if end is None else ctx.size(end)
+    values = ctx.cast(values, t.dtype)
+    if not all(isinstance(v, int | None) for v in (size, first, stop, step)):
+        return _symbolic_slice_scatter(ctx, t, values, dim, first, step)
+    picked = range(size)[slice(first, stop, step)]
+    if len(picked) == 0:
+        return t
+    if step != 1:
+        at = ctx.op("arange", shape=[len(picked)], start=picked[0], step=step)
+        return ctx.op("index_put", t, values, at, axes=[dim])
+    parts = [take(ctx, t, dim, 0, picked[0])] if picked[0] else []
+    parts.append(values)
+    if picked[-1] + 1 < size:
+        parts.append(take(ctx, t, dim, picked[-1] + 1, size - picked[-1] - 1))
+    return parts[0] if len(parts) == 1 else ctx.op("concat", *parts, axis=dim)
+
+
+def _symbolic_slice_scatter(ctx: LoweringContext, t: Tensor, values: Tensor, dim: int,
+                            first: Any, step: Any) -> Tensor:
+    if step != 1:
+        raise NotApplicable(f"slice_scatter of a symbolic dim by a step of {step}")
+    if isinstance(first, int) and first < 0:  # counts from the end
+        first = dim_sum(t.shape[dim], first)
+    length = values.shape[dim]
+    if length == 0:
+        return t
+    i64 = dtypes.i64
+    zero = ctx.scalar(0, i64)
+    count = ctx.size_value(length)
+    offset = ctx.op("sub", ctx.op("arange", shape=[t.shape[dim]]), ctx.size_value(first or 0))
+    inside = ctx.op("and", ctx.op("ge", offset, zero), ctx.op("lt", offset, count))
+    at = ctx.op("min", ctx.op("max", offset, zero), ctx.op("sub", count, ctx.scalar(1, i64)))
+    taken = ctx.op("gather", values, at, axis=dim)
+    others = [a for a in range(t.ndim) if a != dim]
+    mask = ctx.op("expand_dims", inside, axes=others) if others else inside
+    return ctx.op("where", mask, taken, t)
 
 
 F32_EXACT = 1 << 24  # every integer up to this is an f32 (an index above it is out of range)
@@ -281,15 +371,19 @@ F32_EXACT = 1 << 24  # every integer up to this is an f32 (an index above it is 
 
 @lowering(aten.scatter.value, aten.scatter.src)
 def scatter(ctx: LoweringContext, x: Any, dim: int, index: Any, value: Any) -> Any:
-    """x with x[..., index[..., 0, ...], ...] = value along dim, for an index one long on dim
-    and x's size elsewhere (nll_loss's backward marks each row's target class): a compare of
-    the index with an arange along dim, then where"""
+    """x with x[..., index[i], ...] = value (or src[i]) along dim. For an index one long on
+    dim and x's size elsewhere (nll_loss's backward marks each row's target class, max.dim's
+    its position): a compare of the index with an arange along dim, then where; else an
+    index_put at gather's grids (where the index repeats a position, one write wins: PyTorch
+    leaves which unspecified)"""
     t, idx = ctx.tensor(x), ctx.tensor(index)
-    dim %= max(t.ndim, 1)
-    if (t.ndim == 0 or idx.ndim != t.ndim or idx.shape[dim] != 1
+    if t.ndim == 0:  # the index names the one element
+        return ctx.operand(value, t.dtype)
+    dim %= t.ndim
+    if (idx.ndim != t.ndim or idx.shape[dim] != 1
             or not all(ctx.sizes.same(a, b) for i, (a, b) in
                        enumerate(zip(idx.shape, t.shape, strict=True)) if i != dim)):
-        raise NotApplicable("scatter: only an index one long on dim, x's size elsewhere")
+        return _scattered(ctx, t, dim, idx, value)
     size = t.shape[dim]
     if isinstance(size, int) and size <= F32_EXACT:  # positions compare exactly as f32, so
         # the compare fuses with the f32 work around it (kernels compute in f32)
@@ -305,6 +399,23 @@ def scatter(ctx: LoweringContext, x: Any, dim: int, index: Any, value: Any) -> A
     if src.shape != idx.shape:
         raise NotApplicable("scatter: src must have the index's shape")
     return ctx.op("where", hit, ctx.operand(value, t.dtype), t)
+
+
+def _scattered(ctx: LoweringContext, t: Tensor, dim: int, idx: Tensor, value: Any) -> Tensor:
+    """scatter as an index_put: a value, or the part of src of the index's shape"""
+    if idx.ndim != t.ndim:
+        raise NotApplicable("scatter: the index must have x's rank")
+    if isinstance(value, bool | int | float):
+        values = ctx.operand(value, t.dtype)
+    else:
+        values = ctx.tensor(value)
+        if values.shape != idx.shape:
+            if not all(isinstance(d, int) for d in (*values.shape, *idx.shape)):
+                raise NotApplicable("scatter: src larger than the index, of symbolic size")
+            values = ctx.op("slice", values, starts=[0] * t.ndim, stops=list(idx.shape),
+                            steps=[1] * t.ndim)
+        values = ctx.cast(values, t.dtype)
+    return ctx.op("index_put", t, values, *_grids(ctx, idx, dim), axes=list(range(t.ndim)))
 
 
 @lowering(aten.constant_pad_nd.default)
