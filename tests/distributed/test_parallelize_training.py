@@ -6,8 +6,8 @@ By default the MLP runs under dp, megatron (tp=2 and dp=2 x tp=2), megatron-sp a
 simulated ranks, and under dp and megatron in one 2-rank gloo job; `TILEFOLD_DIST_FULL=1` adds
 the GPT-2-style and the LLaMA-style block to both, on gloo under every strategy on 2 and on 4
 processes (a few minutes on a 2-core host). MiniLM's fine-tuning step (`bench train`'s: ids,
-mask and labels to a cross-entropy loss) runs under dp on 2 gloo processes, a small BERT
-config by default, MiniLM's own with `TILEFOLD_DIST_FULL=1`."""
+mask and labels to a cross-entropy loss) runs under dp, simulated and in the 2-process gloo
+job, on a small BERT config by default; MiniLM's own config joins the full gloo run."""
 
 from __future__ import annotations
 
@@ -136,16 +136,13 @@ def one_thread(monkeypatch):
     monkeypatch.setenv("TILEFOLD_NUM_THREADS", "1")  # the ranks share this host's cores
 
 
-def test_the_mlp_training_step_on_2_gloo_processes(tmp_path, one_thread) -> None:
-    run_gloo([("mlp", "dp", MESH["dp"]), ("mlp", "megatron", MESH["megatron"])], tmp_path)
-
-
-def test_the_minilm_training_step_on_2_gloo_processes(tmp_path, one_thread) -> None:
-    """MiniLM's fine-tuning step (embeddings, padded attention mask, GELU, layer norms, the
-    masked mean and the cross-entropy) under dp on 2 gloo processes: the loss and every
-    gradient, the embedding tables' scatter-added ones among them, match one process."""
-    run_gloo([("minilm", "dp", MESH["dp"]), *([("minilm-full", "dp", MESH["dp"])] if FULL
-                                             else [])], tmp_path)
+def test_the_mlp_and_minilm_training_steps_on_2_gloo_processes(tmp_path, one_thread) -> None:
+    """The MLP under dp and megatron, and MiniLM's fine-tuning step (embeddings, padded
+    attention mask, GELU, layer norms, the masked mean and the cross-entropy) under dp, in
+    one 2-process gloo job: the loss and every gradient, the embedding tables' scatter-added
+    ones among them, match one process."""
+    run_gloo([("mlp", "dp", MESH["dp"]), ("mlp", "megatron", MESH["megatron"]),
+              ("minilm", "dp", MESH["dp"])], tmp_path)
 
 
 def test_the_minilm_step_traces_through_its_mask_check() -> None:
@@ -171,7 +168,8 @@ GLOO_FULL = [(s, m) for s, m in [("dp", {"dp": 2}), ("megatron", {"tp": 2}),
 
 @pytest.mark.skipif(not FULL, reason="the blocks' training steps: set TILEFOLD_DIST_FULL=1")
 def test_the_blocks_training_steps_on_2_and_4_gloo_processes(tmp_path, one_thread) -> None:
-    run_gloo([(b, s, m) for b in ("gpt2", "llama") for s, m in GLOO_FULL], tmp_path)
+    run_gloo([(b, s, m) for b in ("gpt2", "llama") for s, m in GLOO_FULL]
+             + [("minilm-full", "dp", MESH["dp"])], tmp_path)
 
 
 def test_a_training_step_needs_a_scalar_loss_and_parameters() -> None:
