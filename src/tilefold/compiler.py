@@ -422,6 +422,9 @@ class _Planner:
         self.fresh: list[tuple[int, tuple, np.dtype]] = []
         self.free: dict[tuple, list[np.ndarray]] = {}
         self.owned: dict[Value, np.ndarray] = {}  # planned intermediate -> its (base) buffer
+        # a reshape's copies, by the value owning the memory they were copied from: freed
+        # with it (a copy and its own views share that value's last use)
+        self.copies: dict[Value, list[np.ndarray]] = {}
         self.per_call: set[Value] = set(fn.args)  # values whose arrays change every call
         self.alloc = poison if strict(graph.strict) else np.empty
         self.nbytes = 0  # of the buffers allocated for this plan
@@ -511,8 +514,8 @@ class _Planner:
             self.per_call.add(y)
             self.views.append((slot[y], slot[x], view, attrs))
         elif copied:  # into a buffer of its own, in order (per-call arrays are C-ordered)
-            base = np.empty(out.shape, out.dtype)
-            self.nbytes += base.nbytes
+            base = self._buffer(out.shape, out.dtype)  # reused once its source is dead
+            self.copies.setdefault(self.root.get(x, x), []).append(base)
             self._copy_step(self._const_slot(base.reshape(env[slot[x]].shape)), slot[x])
             out = base
             self.layout[y.name] = "copy"
@@ -643,8 +646,12 @@ class _Planner:
         """Return buffers whose last use was `op` to the pool."""
         for v in set(op.operands):
             root = self.root.get(v, v)
-            if self.last_use.get(root) == i and root in self.owned:
-                base = self.owned.pop(root)
+            if self.last_use.get(root) != i:
+                continue
+            bases = self.copies.pop(root, [])
+            if root in self.owned:
+                bases.append(self.owned.pop(root))
+            for base in bases:
                 self.free.setdefault((base.shape, base.dtype.str), []).append(base)
 
 

@@ -29,7 +29,8 @@ def _rank_main(rank: int, world: int, port: int, folder: str, programs) -> None:
     try:
         for key, block, parallel in programs:
             _, x = model_and_input(block)
-            np.savez(Path(folder) / f"{key}.{rank}.npz", **as_arrays(parallel(x)))
+            inputs = x if isinstance(x, tuple) else (x,)
+            np.savez(Path(folder) / f"{key}.{rank}.npz", **as_arrays(parallel(*inputs)))
     finally:
         dist.destroy_process_group()
 

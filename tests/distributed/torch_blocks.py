@@ -1,5 +1,6 @@
-"""A GPT-2-style and a LLaMA-style (grouped-query) transformer block as torch nn.Modules, and
-an MLP (of an even and of an odd hidden width), for the `parallelize` tests: the one-process
+"""A GPT-2-style and a LLaMA-style (grouped-query) transformer block as torch nn.Modules, an
+MLP (of an even and of an odd hidden width), and MiniLM's fine-tuning step (`bench train`'s
+classifier: a small config, and MiniLM's own), for the `parallelize` tests: the one-process
 models the parallel runs must match."""
 
 from __future__ import annotations
@@ -79,10 +80,39 @@ MODELS = {"mlp": (MLP, (8, 16)), "mlp31": (partial(MLP, 31), (8, 16)),  # 31: od
           "llama": (LlamaBlock, (BATCH, SEQ, D))}
 
 
+# MiniLM's classifier (`tilefold bench train`'s step: the loss of ids, mask and labels): a
+# small BERT config (cheap), and MiniLM's own (6 layers, 384 wide, its vocabulary); (batch, seq)
+MINILM = {"minilm": ({"vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2,
+                      "num_attention_heads": 4, "intermediate_size": 64,
+                      "max_position_embeddings": 32}, (4, 8)),
+          "minilm-full": ({}, (2, 16))}
+
+
+def minilm_and_inputs(name: str, seed: int = 5) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """MiniLM's classifier (random weights) and its (ids, mask, labels): the rows padded to
+    different lengths, so the attention mask and the masked mean matter."""
+    from tilefold.cli.bench_train import minilm_classifier, minilm_config
+
+    torch.manual_seed(seed)
+    overrides, (batch, seq) = MINILM[name]
+    config = minilm_config(**overrides)
+    model = minilm_classifier(config)
+    with torch.no_grad():  # norms' weights and biases random too, not ones and zeros
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    for row in range(1, batch, 2):
+        mask[row, seq // 2 + row % 3:] = 0
+    return model, (ids, mask, torch.randint(0, 2, (batch,)))
+
+
 def model_and_input(name: str, seed: int = 5, batch: int | None = None
-                    ) -> tuple[nn.Module, torch.Tensor]:
+                    ) -> tuple[nn.Module, torch.Tensor | tuple[torch.Tensor, ...]]:
     """The same random weights and input in every process that asks (`batch` rows instead of
-    the model's default)."""
+    the model's default); MiniLM's take a tuple of inputs."""
+    if name in MINILM:
+        return minilm_and_inputs(name, seed)
     torch.manual_seed(seed)
     cls, shape = MODELS[name]
     shape = shape if batch is None else (batch, *shape[1:])

@@ -140,6 +140,35 @@ def test_last_steps_gradients_are_not_kept() -> None:
                in params for stable in executor.runner._inputs)
 
 
+def test_dropped_gradients_are_freed_at_once() -> None:
+    """Every step, the first included: once the caller drops its gradients (`zero_grad`
+    sets them to None), nothing of tilefold keeps them alive, so the next backward does not
+    allocate its gradients beside them. The parameters' arrays stay (the step replays)."""
+    import gc
+    import weakref
+
+    ps = _params([(64, 64), (4096,)])
+    opt = torch.optim.AdamW(ps, lr=LR)
+    step = torch.compile(opt.step, backend="tilefold", options={"strict": True})
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        grads = []  # each gradient's memory: a NumPy array, alive while any view of it is
+        for p in ps:
+            memory = rng.standard_normal(p.shape).astype(np.float32)
+            p.grad = torch.from_numpy(memory)
+            grads.append(weakref.ref(memory))
+        del memory
+        step()
+        opt.zero_grad(set_to_none=True)
+        gc.collect()
+        alive = [g for g in grads if g() is not None]
+        assert not alive, f"step {i}: {len(alive)} dropped gradient(s) still alive"
+    (executor,) = report.reports()[-1].executors
+    params = {p.data_ptr() for p in ps}
+    assert sum(stable.array is not None and stable.array.__array_interface__["data"][0]
+               in params for stable in executor.runner._inputs) == len(ps)
+
+
 def test_in_place_step_bumps_versions() -> None:
     """A parameter the compiled step writes in place counts as modified, as eager's `add_`:
     autograd then refuses a backward that saved its old value."""

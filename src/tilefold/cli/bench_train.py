@@ -54,30 +54,15 @@ def build(name: str, batch: int, seq: int, layers: int) -> tuple[Any, tuple]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
-    import torch.nn.functional as F
     import transformers
 
     torch.manual_seed(0)
     if name == "minilm":
-        config = transformers.BertConfig(
-            hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-            intermediate_size=1536, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        encoder = transformers.BertModel(config, add_pooling_layer=False)
-
-        class Classifier(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.encoder, self.head = encoder, torch.nn.Linear(384, 2)
-
-            def forward(self, ids, mask, labels):
-                hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-                weight = mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * weight).sum(1) / weight.sum(1)
-                return F.cross_entropy(self.head(pooled), labels)
-
+        config = minilm_config()
+        model = minilm_classifier(config)  # its weights drawn first, then the inputs
         ids = torch.randint(0, config.vocab_size, (batch, seq))
         inputs = (ids, torch.ones(batch, seq, dtype=torch.long), torch.randint(0, 2, (batch,)))
-        return Classifier().eval(), inputs  # eval: dropout off; gradients flow as in train
+        return model, inputs
     if name == "gpt2":
         config = transformers.GPT2Config(n_layer=layers, resid_pdrop=0.0, embd_pdrop=0.0,
                                          attn_pdrop=0.0, use_cache=False)
@@ -93,6 +78,40 @@ def build(name: str, batch: int, seq: int, layers: int) -> tuple[Any, tuple]:
 
         return LMLoss().eval(), (torch.randint(0, config.vocab_size, (batch, seq)),)
     raise TilefoldError(f"unknown model {name!r}; choose from {','.join(WORKLOADS)}")
+
+
+def minilm_config(**overrides: Any) -> Any:
+    """MiniLM's shape (all-MiniLM-L6-v2: 6 layers, 384 wide, 12 heads) as a transformers
+    `BertConfig`, dropout off; `overrides` (a smaller `num_hidden_layers`, ...) replace it."""
+    import transformers
+
+    shape = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+             "intermediate_size": 1536, "hidden_dropout_prob": 0.0,
+             "attention_probs_dropout_prob": 0.0}
+    return transformers.BertConfig(**(shape | overrides))
+
+
+def minilm_classifier(config: Any) -> Any:
+    """A BERT encoder (random weights) under a 2-class head on its masked mean: a module
+    `(ids, mask, labels) -> cross-entropy loss`, in eval mode (dropout off; gradients flow as
+    in training). The fine-tuning step `bench train` times and the dp training test runs."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    class Classifier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = transformers.BertModel(config, add_pooling_layer=False)
+            self.head = torch.nn.Linear(config.hidden_size, 2)
+
+        def forward(self, ids, mask, labels):
+            hidden = self.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            weight = mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weight).sum(1) / weight.sum(1)
+            return F.cross_entropy(self.head(pooled), labels)
+
+    return Classifier().eval()
 
 
 def stepper(name: str, backend: str | None, batch: int, seq: int, layers: int,

@@ -68,7 +68,14 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
     traced = torch.func.functionalize(step, remove="mutations")
     try:
         with sdpa_kernel(SDPBackend.MATH):  # attention as matmuls and softmax, differentiable
-            gm = make_fx(traced, decomposition_table=torch.export.default_decompositions())(*flat)
+            try:
+                gm = make_fx(traced, decomposition_table=decompositions())(*flat)
+            except TrainingError:
+                raise
+            except Exception:  # data-dependent Python (transformers' mask checks): trace
+                # the forward as torch.export sees it, which such code keeps to tensor ops
+                model = exported(model, example_inputs)
+                gm = make_fx(traced, decomposition_table=decompositions())(*flat)
     except TrainingError:
         raise
     except Exception as exc:  # tracing raises many kinds; the user needs the message
@@ -78,6 +85,24 @@ def joint_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
             f"with inputs {[tuple(x.shape) for x in example_inputs]}: {first}. Make its "
             "forward traceable (no data-dependent control flow, tensors in and out)") from exc
     return gm, [*names, *buffers, *input_names(model, len(example_inputs))], names
+
+
+def decompositions() -> dict:
+    """The joint graph's decompositions: the single-process training path's
+    (`frontend.training.training_decompositions`), so both lower the same backward ops
+    with the same rules (`frontend/rules`)."""
+    from tilefold.frontend.training import training_decompositions
+
+    return training_decompositions()
+
+
+def exported(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]
+             ) -> torch.nn.Module:
+    """`model`'s forward as torch.export traces it, a module whose parameters and buffers
+    keep the model's names: code that reads tensors' values in Python only where it is not
+    exported (transformers skips an all-ones attention mask by `mask.all()`) traces."""
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.export.export(model, tuple(example_inputs)).module()
 
 
 def input_names(model: torch.nn.Module, count: int) -> list[str]:

@@ -168,6 +168,7 @@ def _cached(entry: graph_cache.Entry, real: list[Any], report: GraphReport,
     with the graph's inputs, as AOTAutograd's wrapper would be)."""
     started = time.perf_counter()
     make = runner_factory(real, weights)  # CUDA tensors: the GPU path
+    real = [t if i in entry.frozen else None for i, t in enumerate(real)]  # as `_lower`
 
     def build() -> GraphRunner:
         return make(graph_cache.converted(entry, real), f"graph {report.graph}", flag)
@@ -215,12 +216,16 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
     written = {placeholders.index(n.args[0]) for n in gm.graph.nodes if is_mutation(n)}
     frozen = frozen - written  # state the graph writes is an argument, never a constant
     index = {n.name: i for i, n in enumerate(placeholders)}  # names survive partitioning
+    make = runner_factory(real, weights)  # CUDA tensors: the GPU path
+    # Only the frozen weights are read again (a re-lowering's constants): the closures below
+    # keep no other example input alive (an optimizer step's first gradients, 4 bytes a
+    # parameter, had stayed for the whole run).
+    real = [t if i in frozen else None for i, t in enumerate(real)]
 
     def top_inputs(i: int, node: fx.Node) -> Input:
         return _input_kind(node, i, real, frozen)
 
     trial = convert_graph(gm.graph, top_inputs, trial=True)
-    make = runner_factory(real, weights)  # CUDA tensors: the GPU path
     report.aten_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.lowered = dict(trial.lowered)
     report.symbolic_dims = sorted({str(d) for a in trial.module["main"].args for d in a.type.shape

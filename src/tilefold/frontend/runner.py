@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import numpy as np
@@ -171,19 +172,30 @@ class _StableInput:
     same memory, shape and strides as the last call's gets the last array back; a small one
     the graph only reads (a decode step's token ids and positions, new tensors every step) is
     copied into the last array when its memory changed; a size input (`Converted.arguments`:
-    an array standing for a number) gets the last array back while its value stays. A larger
-    tensor whose memory changed from call to call FLEETING times is new every call (an
-    optimizer's gradients): it is no longer held, so the last call's does not stay alive
-    beside the next one's."""
+    an array standing for a number) gets the last array back while its value stays. A
+    tensor's array is held only while the caller's tensor lives (a weak reference to it):
+    one the caller drops (an optimizer's gradients, `zero_grad` sets them to None) is let go
+    at once, so the last call's does not stay alive beside the next one's. Such an input, or
+    a larger tensor whose memory changed from one call to the next, is new every call
+    (`fleeting`): its arrays are held no more."""
 
     SMALL_BYTES = 1 << 12
-    FLEETING = 2
 
     def __init__(self, copy_small: bool):
         self.copy_small = copy_small
         self.key: tuple | None = None
         self.array: np.ndarray | None = None
-        self.changes = 0
+        self._owner: weakref.ref | None = None  # the tensor whose memory `array` is
+        self.fleeting = False  # its memory changed: new every call, never held again
+
+    def _dropped(self, owner: weakref.ref) -> None:
+        if owner is self._owner:  # the caller let go of the tensor: so do we, for good
+            self.key = self.array = self._owner = None
+            self.fleeting = True
+
+    def _hold(self, t: torch.Tensor) -> None:
+        if self._owner is None or self._owner() is not t:
+            self._owner = weakref.ref(t, self._dropped)
 
     def array_of(self, t: Any) -> np.ndarray:
         if isinstance(t, np.ndarray):  # a size input's IR form: the last array for its value
@@ -191,20 +203,18 @@ class _StableInput:
             if key != self.key or self.array is None:
                 self.key, self.array = key, t
             return self.array
-        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
-            return to_numpy(t)
-        if self.changes >= self.FLEETING:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or self.fleeting:
             return to_numpy(t)
         key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
         last = self.array
         if key == self.key and last is not None:
+            self._hold(t)
             return last
         new = to_numpy(t)
         if self.key is not None and new.nbytes > self.SMALL_BYTES:
-            self.changes += 1
-            if self.changes >= self.FLEETING:
-                self.key = self.array = None
-                return new
+            self.fleeting = True
+            self.key = self.array = self._owner = None
+            return new
         if (self.copy_small and last is not None and last.shape == new.shape
                 and last.dtype == new.dtype and new.nbytes <= self.SMALL_BYTES
                 and last.flags.writeable and new.flags.c_contiguous):
@@ -212,8 +222,9 @@ class _StableInput:
             return last
         if self.copy_small and new.nbytes <= self.SMALL_BYTES:
             new = np.array(new)  # our own copy, so later calls can write into it
-            self.key = None
+            self.key = self._owner = None
         else:
             self.key = key
+            self._hold(t)
         self.array = new
         return new
