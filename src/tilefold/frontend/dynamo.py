@@ -90,8 +90,10 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
     key = graph_cache.graph_key(gm, example_inputs)
     entry = graph_cache.load(key) if key else None
     if entry is not None:
+        attributes = graph_cache.lifted(gm)
         try:
-            return _cached(entry, example_inputs, report, flag, weights)
+            run = _cached(entry, [*attributes, *example_inputs], report, flag, weights)
+            return (lambda *args: run(*attributes, *args)) if attributes else run
         except TilefoldError as exc:  # e.g. a stale entry the IR no longer parses
             if strict(flag):
                 raise FallbackError(f"graph {graph}: the cached lowering failed: {exc}") from exc
@@ -105,7 +107,7 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
             with unset_fake_temporarily():  # weights are read as real tensors
                 runner = _lower(aten_gm, real, real_frozen, report, flag, weights)
             same_inputs = sum(n.op == "placeholder" for n in aten_gm.graph.nodes) == len(
-                example_inputs)
+                graph_cache.lifted(gm)) + len(example_inputs)
             if key and same_inputs and isinstance(runner, _Frozen) and graph_cache.storable():
                 graph_cache.store(key, runner.runner.converted, report.aten_nodes)
             return runner

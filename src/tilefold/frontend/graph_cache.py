@@ -8,8 +8,9 @@ model with the same architecture and other weights gets its own), and skips the 
 
 Only graphs whose call needs none of AOTAutograd's runtime wrapping are stored: every shape
 static, inputs mutated only inside the graph (a KV cache's writes, which the runner lands in
-the caller's tensors itself), no output aliasing an input, and no attributes or submodules
-(everything reaches the graph as an input). Files are JSON written atomically; a corrupt or
+the caller's tensors itself), no output aliasing an input, and no submodules
+(tensor attributes, an optimizer step's parameters and state, are inputs as AOTAutograd lifts
+them: `lifted`). Files are JSON written atomically; a corrupt or
 foreign one is reported and ignored. `TILEFOLD_GRAPH_CACHE=0` turns the cache off (say, while
 changing a lowering rule in place); `=write` stores without loading (a cold compile, timed).
 """
@@ -56,15 +57,27 @@ class Entry:
     mutations: dict[int, int]  # IR result index -> the input it writes (`Converted.mutations`)
 
 
+def lifted(gm: fx.GraphModule) -> list[Any]:
+    """The tensors AOTAutograd passes the ATen graph before Dynamo's inputs: the graph
+    module's parameters, then its buffers (the tensors its `get_attr` nodes read, e.g. an
+    optimizer step's parameters and state)."""
+    return [*dict(gm.named_parameters(remove_duplicate=False)).values(),
+            *dict(gm.named_buffers(remove_duplicate=False)).values()]
+
+
 def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
-    """The key of this graph and these inputs, or None when the graph may not be stored."""
+    """The key of this graph and these inputs (the `lifted` attributes first), or None when
+    the graph may not be stored."""
     if _mode() == "0":
         return None
-    if any(n.op in ("get_attr", "call_module") for n in gm.graph.nodes):
-        return None
+    names = {*dict(gm.named_parameters(remove_duplicate=False)),
+             *dict(gm.named_buffers(remove_duplicate=False))}
+    if any(n.op == "call_module" or (n.op == "get_attr" and n.target not in names)
+           for n in gm.graph.nodes):
+        return None  # (an attribute AOTAutograd does not lift is a constant the key lacks)
     first: dict[int, int] = {}
     metas = []
-    for i, x in enumerate(example_inputs):
+    for i, x in enumerate([*lifted(gm), *example_inputs]):
         if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
             return None
         if any(isinstance(d, torch.SymInt) for d in (*x.shape, *x.stride())):
