@@ -27,7 +27,7 @@ import heapq
 import logging
 from dataclasses import dataclass, field
 
-from tilefold.errors import UnsupportedError
+from tilefold.errors import PassError, UnsupportedError
 from tilefold.ir import OPS, Block, Function, Operation, Value
 from tilefold.ir.axes import AxisClasses
 from tilefold.passes.base import Option, Pass, Statistic
@@ -296,9 +296,13 @@ class Planner:
         return {r for op in group.ops for r in op.results}
 
     def depends_on(self, value: Value, group: Group) -> bool:
-        """Whether `value` is computed (transitively) from a result of `group`. The walk stops
-        at ops before the group's first member in program order: nothing they are computed
-        from comes after it (a prologue copy in the group feeds only its GEMM)."""
+        """Whether `value` is computed (transitively) from a result of `group`, as the fused
+        kernels will run: a value of another group is ready only when that whole group has
+        run, so the walk goes on from all of that group's inputs (op by op, a group that
+        takes one of `group`'s results beside an op `group` needs would look independent:
+        a cycle of kernels). The walk stops at ops before the group's first member in
+        program order: nothing they are computed from comes after it (a prologue copy in
+        the group feeds only its GEMM)."""
         first = min((self.order[op] for op in group.members if op in self.order), default=-1)
         stack, seen = [value], set()
         while stack:
@@ -308,7 +312,9 @@ class Planner:
             if producer in group.members:
                 return True
             seen.add(producer)
-            stack.extend(producer.operands)
+            other = self.group_of.get(producer)
+            stack.extend(producer.operands if other is None or other is group
+                         else other.inputs())
         return False
 
     def absorb_prologues(self, matmul: Operation) -> None:
@@ -437,6 +443,8 @@ def _schedule(block: Block) -> None:
             waiting[u].discard(i)
             if not waiting[u]:
                 heapq.heappush(ready, u)
+    if len(order) != len(ops):  # the planner's cycle checks failed: never drop ops silently
+        raise PassError("fusion: the fused regions depend on each other in a cycle")
     block.ops = order
 
 
