@@ -57,12 +57,17 @@ class Entry:
     mutations: dict[int, int]  # IR result index -> the input it writes (`Converted.mutations`)
 
 
+def _attributes(gm: fx.GraphModule) -> dict[str, Any]:
+    """The graph module's parameters, then its buffers, by name, as AOTAutograd lifts them."""
+    return {**dict(gm.named_parameters(remove_duplicate=False)),
+            **dict(gm.named_buffers(remove_duplicate=False))}
+
+
 def lifted(gm: fx.GraphModule) -> list[Any]:
     """The tensors AOTAutograd passes the ATen graph before Dynamo's inputs: the graph
     module's parameters, then its buffers (the tensors its `get_attr` nodes read, e.g. an
     optimizer step's parameters and state)."""
-    return [*dict(gm.named_parameters(remove_duplicate=False)).values(),
-            *dict(gm.named_buffers(remove_duplicate=False)).values()]
+    return list(_attributes(gm).values())
 
 
 def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
@@ -70,14 +75,13 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
     the graph may not be stored."""
     if _mode() == "0":
         return None
-    names = {*dict(gm.named_parameters(remove_duplicate=False)),
-             *dict(gm.named_buffers(remove_duplicate=False))}
-    if any(n.op == "call_module" or (n.op == "get_attr" and n.target not in names)
+    attributes = _attributes(gm)
+    if any(n.op == "call_module" or (n.op == "get_attr" and n.target not in attributes)
            for n in gm.graph.nodes):
         return None  # (an attribute AOTAutograd does not lift is a constant the key lacks)
     first: dict[int, int] = {}
     metas = []
-    for i, x in enumerate([*lifted(gm), *example_inputs]):
+    for i, x in enumerate([*attributes.values(), *example_inputs]):
         if not isinstance(x, torch.Tensor) or x.device.type != "cpu":
             return None
         if any(isinstance(d, torch.SymInt) for d in (*x.shape, *x.stride())):

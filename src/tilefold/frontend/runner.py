@@ -190,8 +190,12 @@ class _StableInput:
 
     def _dropped(self, owner: weakref.ref) -> None:
         if owner is self._owner:  # the caller let go of the tensor: so do we, for good
-            self.key = self.array = self._owner = None
-            self.fleeting = True
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """New every call from now on: hold no array again."""
+        self.key = self.array = self._owner = None
+        self.fleeting = True
 
     def _hold(self, t: torch.Tensor) -> None:
         if self._owner is None or self._owner() is not t:
@@ -212,8 +216,7 @@ class _StableInput:
             return last
         new = to_numpy(t)
         if self.key is not None and new.nbytes > self.SMALL_BYTES:
-            self.fleeting = True
-            self.key = self.array = self._owner = None
+            self._let_go()
             return new
         if (self.copy_small and last is not None and last.shape == new.shape
                 and last.dtype == new.dtype and new.nbytes <= self.SMALL_BYTES

@@ -210,9 +210,9 @@ def measured_bandwidth_gbps(threads: int = 1, *, refresh: bool = False) -> float
     `refresh` probes again; the record keeps the best figure ever measured.
     """
     threads = _check_threads(threads)
-    cached = None if refresh else _recall(_bandwidth_key(threads))
-    return cached if cached is not None else _remember(_bandwidth_key(threads),
-                                                       probe_bandwidth_gbps(threads))
+    key = _bandwidth_key(threads)
+    cached = None if refresh else _recall(key)
+    return cached if cached is not None else _remember(key, probe_bandwidth_gbps(threads))
 
 
 def probe_bandwidth_gbps(threads: int = 1) -> float:
