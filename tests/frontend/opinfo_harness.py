@@ -98,9 +98,13 @@ class Case:
         random.seed(0)
         return list(self.info.sample_inputs("cpu", self.dtype))
 
+    def cap(self) -> int:
+        """How many samples of this case a default run takes."""
+        return CAP.get(self.dtype, CAP_OTHER)
+
     def picked(self, n: int) -> list[int]:
         """Which of n samples run: all, or CAP of them at the midpoints of equal stretches."""
-        cap = CAP.get(self.dtype, CAP_OTHER)
+        cap = self.cap()
         if FULL or n <= cap:
             return list(range(n))
         return [(2 * i + 1) * n // (2 * cap) for i in range(cap)]

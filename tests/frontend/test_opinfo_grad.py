@@ -6,7 +6,7 @@ the loss and the gradients must match eager float64 (`opinfo_grad_harness.compar
 Strict: a graph or node left to PyTorch raises, and counts as a failure like a mismatch. A
 sample that fails must be in opinfo_grad_denylist.txt with its reason, and a denylisted sample
 that now passes fails the test (the list only shrinks). Of all samples, at least
-`NATIVE_FLOOR` run both graphs in tilefold. The default run takes three samples of each op;
+`NATIVE_FLOOR` run both graphs in tilefold. The default run takes two samples of each op;
 TILEFOLD_OPINFO_FULL=1 runs them all.
 """
 

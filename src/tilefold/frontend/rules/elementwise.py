@@ -317,6 +317,23 @@ def dropout(ctx: LoweringContext, x: Any, p: float, train: bool) -> Any:
     return ctx.value(x)
 
 
+@lowering(aten.native_dropout.default)
+def native_dropout(ctx: LoweringContext, x: Any, p: float, train: bool | None) -> Any:
+    """(output, kept mask) of dropout where no random draw decides it: outside training or at
+    p = 0 every element is kept as is; at p = 1 none is (zeros, as PyTorch returns)"""
+    if train is not False and 0 < p < 1:
+        raise NotApplicable(f"dropout p={p} in training mode draws random numbers")
+    keep = not train or p == 0
+    t = ctx.operand(x, ctx.out_dtype(0))
+    shape = ctx.out_shape(0)
+    mask = ctx.scalar(keep, ctx.out_dtype(1))
+    mask = ctx.op("broadcast_to", mask, shape=shape) if shape else mask
+    if keep:
+        return [t, mask]
+    zero = ctx.scalar(0, ctx.out_dtype(0))
+    return [ctx.op("broadcast_to", zero, shape=shape) if shape else zero, mask]
+
+
 @lowering("prims.fma.default")  # registered with Inductor's prims, not at import
 def fma(ctx: LoweringContext, a: Any, b: Any, c: Any) -> Any:
     """a * b + c (`lerp`'s decomposition, as the optimizers' moving averages use it), as a
