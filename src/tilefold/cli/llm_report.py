@@ -112,7 +112,7 @@ def notes(work: Workload, gbps: float, probed: float | None = None) -> list[str]
         f"stored precision + K and V at the mean decode context ({context:g} positions); "
         "%BW: decode tok/s x MB/token / the host's read bandwidth: its record (the best "
         f"`tilefold bench memory` probe ever, {gbps:.1f} GB/s at {work.threads} thread(s)) / "
-        "the probe run just before and after the timed runs"
+        "the median of probes over a 1 GiB+ stream taken in turn with the timed runs"
         + ("" if probed is None else f" ({probed:.1f} GB/s)"),
         "match: tokens equal to the first row's, from the first",
     ]

@@ -213,19 +213,21 @@ class Result:
         return (self.warm or self.cold or {}).get("first", {}).get("tokens", [])
 
 
-def probe_bandwidth(threads: int) -> float:
-    """The read bandwidth (GB/s) `threads` threads get from memory now."""
-    from tilefold.target.peaks import probe_bandwidth_gbps
+def bandwidth_probe(threads: int) -> Callable[[], float]:
+    """A probe of the read bandwidth (GB/s) `threads` threads get from memory now, over a
+    stream no cache holds any of, its buffer touched once."""
+    from tilefold.target import host_target
+    from tilefold.target.peaks import ReadProbe, dram_stream_bytes
 
-    return probe_bandwidth_gbps(threads)
+    return ReadProbe(threads, dram_stream_bytes(host_target().l3_bytes))
 
 
 def generate_all(work: Workload, jobs: list[Job], rounds: int,
                  say: Callable[[str], None]) -> list[Result]:
     """Every job's cold process, then its warm one (kept), then `rounds` generations of each
     warm one in turn (`interleaved_medians`' order, settling between) and `rounds` alone;
-    the read bandwidth is probed just before and just after those timed runs (the higher
-    figure is each result's `probed_gbps`: what this run's host gave, on a shared one)."""
+    the read bandwidth is probed in turn with the interleaved runs, and the median of those
+    probes is each result's `probed_gbps`: what this run's host gave, on a shared one."""
     results = [Result(job) for job in jobs]
     live: dict[int, Worker] = {}
     with tempfile.TemporaryDirectory(prefix="tilefold-generate-") as tmp:
@@ -247,9 +249,8 @@ def generate_all(work: Workload, jobs: list[Job], rounds: int,
                 except WorkerFailed as exc:
                     result.error = str(exc)
                     live.pop(i, None)
-            probed = probe_bandwidth(work.threads)
-            _time_runs(results, live, rounds)
-            probed = max(probed, probe_bandwidth(work.threads))
+            probed = statistics.median(_time_runs(results, live, rounds,
+                                                  bandwidth_probe(work.threads)))
             for result in results:
                 result.probed_gbps = probed
             for i, worker in list(live.items()):
@@ -263,7 +264,16 @@ def generate_all(work: Workload, jobs: list[Job], rounds: int,
     return results
 
 
-def _time_runs(results: list[Result], live: dict[int, Worker], rounds: int) -> None:
+def _time_runs(results: list[Result], live: dict[int, Worker], rounds: int,
+               probe: Callable[[], float]) -> list[float]:
+    """Times `rounds` runs of every live worker interleaved (`probe` taking its turn among
+    them), then `rounds` of each alone; the probed bandwidths."""
+    probed: list[float] = []
+
+    def probe_sample() -> list[float]:
+        probed.append(probe())
+        return [0.0]
+
     def sampler(i: int) -> Callable[[], list[float]]:
         def sample() -> list[float]:
             if results[i].error is None:
@@ -274,8 +284,8 @@ def _time_runs(results: list[Result], live: dict[int, Worker], rounds: int) -> N
             return [0.0]
         return sample
 
-    interleaved_medians({str(i): sampler(i) for i in live}, rounds, lambda run: run(),
-                        SETTLE_SECONDS)
+    interleaved_medians({"probe": probe_sample, **{str(i): sampler(i) for i in live}}, rounds,
+                        lambda run: run(), SETTLE_SECONDS)
     for i, worker in live.items():
         for _ in range(rounds):
             if results[i].error is None:
@@ -284,6 +294,7 @@ def _time_runs(results: list[Result], live: dict[int, Worker], rounds: int) -> N
                 except WorkerFailed as exc:
                     results[i].error = str(exc)
         time.sleep(SETTLE_SECONDS)
+    return probed
 
 
 # ---- perplexity --------------------------------------------------------------------------------

@@ -171,16 +171,27 @@ def measured_peak_gflops(
     return _remember(key, gflops)
 
 
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
 def _stream_bytes(l3_bytes: int) -> int:
     """Four times the last-level cache (a stream that large misses it: each line is evicted
     before the stream comes back to it), at least 64 MiB and at most 512 MiB or 1/8 of
     physical memory. Touching the buffer's pages is most of the probe's time (several
     microseconds a page on a VM), so it is no larger than that."""
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        memory = 8 << 30
-    return min(max(4 * l3_bytes, 64 << 20), 512 << 20, memory // 8)
+    return min(max(4 * l3_bytes, 64 << 20), 512 << 20, _physical_memory() // 8)
+
+
+def dram_stream_bytes(l3_bytes: int) -> int:
+    """A stream no cache keeps any of: 32 times the last-level cache, at least 1 GiB, at most
+    1/8 of physical memory. A stream four times a victim L3 (Zen's) still hits in it now and
+    then; this one is for probes off the cold path, whose buffer is touched once and read
+    many times (`ReadProbe`)."""
+    return min(max(32 * l3_bytes, 1 << 30), _physical_memory() // 8)
 
 
 # (streams, vectors a stream per iteration, prefetch bytes ahead) of the read probes; the best
@@ -215,16 +226,29 @@ def measured_bandwidth_gbps(threads: int = 1, *, refresh: bool = False) -> float
     return cached if cached is not None else _remember(key, probe_bandwidth_gbps(threads))
 
 
+class ReadProbe:
+    """The read-stream bandwidth `threads` threads get now (GB/s, not recorded), over a buffer
+    of `nbytes` touched once: on a shared host, a benchmark takes its samples in turn with
+    its contenders' to say what the host gave them, beside the record that
+    `measured_bandwidth_gbps` keeps."""
+
+    def __init__(self, threads: int = 1, nbytes: int | None = None):
+        self.threads = _check_threads(threads)
+        self.target = host_target()
+        nbytes = nbytes or _stream_bytes(self.target.l3_bytes)
+        self.data = np.ones(nbytes // 4, np.float32)  # touched, so pages exist before timing
+
+    def __call__(self) -> float:
+        gbps = max(_read_rate(self.target, self.data, self.threads, *form)
+                   for form in READ_FORMS) / 1e9
+        log.info("probed read bandwidth x%d over %d MiB: %.1f GB/s", self.threads,
+                 self.data.nbytes >> 20, gbps)
+        return gbps
+
+
 def probe_bandwidth_gbps(threads: int = 1) -> float:
-    """The read-stream bandwidth `threads` threads get now (GB/s), not recorded: on a shared
-    host the figure a benchmark's run met, beside the record `measured_bandwidth_gbps` keeps."""
-    threads = _check_threads(threads)
-    target = host_target()
-    # touched, so pages exist before timing
-    data = np.ones(_stream_bytes(target.l3_bytes) // 4, np.float32)
-    gbps = max(_read_rate(target, data, threads, *form) for form in READ_FORMS) / 1e9
-    log.info("probed read bandwidth x%d: %.1f GB/s", threads, gbps)
-    return gbps
+    """The read-stream bandwidth `threads` threads get now (GB/s), not recorded."""
+    return ReadProbe(threads)()
 
 
 def _bandwidth_key(threads: int) -> str:
