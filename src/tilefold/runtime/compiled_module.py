@@ -2,34 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
-from collections.abc import Iterator
 from typing import Any
 
 from tilefold.errors import CompileError, UnsupportedError
 from tilefold.runtime.jit import link_object
+from tilefold.runtime.switch import Switch
 from tilefold.target import Target, host_target
 
-_PLANNING_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("planning_only",
-                                                                      default=False)
-
-
-@contextlib.contextmanager
-def planning_only() -> Iterator[None]:
-    """Within: a module for a target this host cannot run hands out functions that refuse
-    when called, instead of refusing to hand them out, so a plan for that target can be made
-    (its methods and kernels chosen and built) and inspected, never run
-    (`CompiledGraph.decisions` of a graph compiled for znver4 on an AVX2 host). The kernels'
-    process-wide caches keep those functions: a graph compiled for that target later in this
-    process refuses to run (UnsupportedError) where it would have fallen back to NumPy, so
-    plan in a process of its own when that matters."""
-    token = _PLANNING_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _PLANNING_ONLY.reset(token)
+# Within `planning_only()`: a module for a target this host cannot run hands out functions that
+# refuse when called, instead of refusing to hand them out, so a plan for that target can be
+# made (its methods and kernels chosen and built) and inspected, never run
+# (`CompiledGraph.decisions` of a graph compiled for znver4 on an AVX2 host). The kernels'
+# process-wide caches keep those functions: a graph compiled for that target later in this
+# process refuses to run (UnsupportedError) where it would have fallen back to NumPy, so plan
+# in a process of its own when that matters.
+PLANNING_ONLY = Switch("tilefold_planning_only")
+planning_only = PLANNING_ONLY.on
 
 
 class CompiledModule:
@@ -86,7 +75,7 @@ class CompiledModule:
     def function(self, symbol: str, restype: Any, *argtypes: Any) -> Any:
         """A ctypes function for `symbol` with this C signature, built once and reused."""
         signature = (symbol, restype, argtypes)
-        if not self.runnable and _PLANNING_ONLY.get():
+        if not self.runnable and PLANNING_ONLY.get():
             if symbol not in self.exports:
                 self.address(symbol)  # its own error
             return _Unrunnable(self, symbol, argtypes)

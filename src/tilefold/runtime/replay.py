@@ -11,12 +11,10 @@ signature sequence and cached on disk like any kernel; the table is the recordin
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import hashlib
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +22,7 @@ import numpy as np
 
 from tilefold.errors import UnsupportedError
 from tilefold.runtime.compile import compile_generated
+from tilefold.runtime.switch import Switch
 from tilefold.target import host_target
 
 ENTRY = "tf_replay"
@@ -36,16 +35,8 @@ _INTS = {ctypes.c_int8, ctypes.c_int16, ctypes.c_int32, ctypes.c_uint8, ctypes.c
 # Set while a step's calls are recorded for a program that runs one call sequence at a time (an
 # exported artifact, whose loader holds a lock around each step): kernels that share a buffer
 # between instances (and lock it when run from Python) may then give native calls.
-EXCLUSIVE = contextvars.ContextVar("tilefold_exclusive_replay", default=False)
-
-
-@contextlib.contextmanager
-def exclusive_replay() -> Iterator[None]:
-    token = EXCLUSIVE.set(True)
-    try:
-        yield
-    finally:
-        EXCLUSIVE.reset(token)
+EXCLUSIVE = Switch("tilefold_exclusive_replay")
+exclusive_replay = EXCLUSIVE.on
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,17 @@ candidate with a wrong answer `WrongAnswerError`.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tilefold.errors import FallbackError, TilefoldError, WrongAnswerError, strict
 from tilefold.runtime import source_digest
+from tilefold.runtime.switch import Switch
 from tilefold.strategy import autotune
 from tilefold.strategy.method import FAMILIES, METHODS, Candidate, Context, Kernel, Rejection
 from tilefold.strategy.problem import Problem
@@ -97,16 +96,8 @@ def db_key(problem: Problem, ctx: Context, candidates: list[Candidate]) -> tuple
 
 # Set while plans are made for an exported artifact, whose every step must be a native call:
 # extern methods (they run Python) are then chosen only where no other method applies.
-NATIVE_STEPS = contextvars.ContextVar("tilefold_native_steps", default=False)
-
-
-@contextlib.contextmanager
-def native_steps() -> Iterator[None]:
-    token = NATIVE_STEPS.set(True)
-    try:
-        yield
-    finally:
-        NATIVE_STEPS.reset(token)
+NATIVE_STEPS = Switch("tilefold_native_steps")
+native_steps = NATIVE_STEPS.on
 
 
 def decide(problem: Problem, ctx: Context, db: TuningDB, budget: float | None) -> Decision:
