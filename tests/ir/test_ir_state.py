@@ -29,14 +29,16 @@ def rand(*shape, dt=np.float32):
 @pytest.mark.parametrize(
     ("text", "canonical"),
     [("s0+1", "s0+1"), ("1+s0", "s0+1"), ("s1+2*s0-3", "2*s0+s1-3"), ("-s0+s1", "-s0+s1"),
-     ("s0+s0", "2*s0"), ("3*b-1", "3*b-1")],
+     ("s0+s0", "2*s0"), ("3*b-1", "3*b-1"), ("s1*s0", "s0*s1"), ("s1+2*s1*s0", "2*s0*s1+s1"),
+     ("s0*s1+s1*s0", "2*s0*s1"), ("s1*s0*s0-1", "s0*s0*s1-1"), ("b*t+a", "a+b*t")],
 )
-def test_sums_have_one_canonical_text(text, canonical) -> None:
+def test_polynomials_have_one_canonical_text(text, canonical) -> None:
     assert render(*parse(text)) == canonical
     assert is_derived(canonical)
 
 
-@pytest.mark.parametrize("text", ["s0", "s0+", "s0 + 1", "s0*s1", "(s0)", "", "1", "s0+-1"])
+@pytest.mark.parametrize("text", ["s0", "s0+", "s0 + 1", "s1*s0", "s0*2", "s0**2", "s0*", "(s0)",
+                                  "", "1", "s0+-1", "s0*s1-s0*s1"])
 def test_plain_symbols_and_non_sums_are_not_derived(text) -> None:
     assert not is_derived(text)
 
@@ -52,6 +54,33 @@ def test_bindings_evaluate_sums_from_their_symbols() -> None:
     with pytest.raises(ShapeError, match="cannot be negative"):
         b["s1-5"]
     assert free_symbols("2*s0-s1+3") == {"s0", "s1"} and free_symbols("s0") == {"s0"}
+
+
+@pytest.mark.parametrize("text", ["s0*s1", "2*s0*s1+s1", "-s0+s0*s0*s1+3", "a+b*t", "-s0*s1+40"])
+def test_bindings_evaluate_polynomials_as_integers_do(text) -> None:
+    assert is_derived(text)
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        sizes = {s: int(rng.integers(0, 9)) for s in ("s0", "s1", "a", "b", "t")}
+        want = eval(text, {}, dict(sizes))  # noqa: S307 - the test's own text
+        b = Bindings(sizes)
+        if want < 0:
+            with pytest.raises(ShapeError, match="cannot be negative"):
+                b[text]
+        else:
+            assert b[text] == want
+    assert free_symbols("-s0+s0*s0*s1+3") == {"s0", "s1"}
+    assert "s0*s1" not in Bindings(s0=3)  # s1 unbound
+
+
+def test_products_are_dims_and_sum_with_others() -> None:
+    s, t = SymDim("s"), SymDim("t")
+    st_ = SymDim("s*t")
+    assert str(st_) == "?(s*t)" and dim("?(s*t)") == st_
+    assert dim_sum(st_, st_, t) == SymDim("2*s*t+t")
+    assert dim_sum(SymDim("s*t+1"), -1) == st_ and dim_sum(st_, SymDim("s-s*t")) == s
+    with pytest.raises(ShapeError, match="canonical form"):
+        SymDim("t*s")
 
 
 def test_dim_specs_and_sums() -> None:
@@ -83,6 +112,40 @@ def test_a_derived_dim_round_trips_through_text() -> None:
     assert print_module(verify(parse_module(text))) == text
     with pytest.raises(ParseError, match="canonical form"):
         parse_module(text.replace("?(s0+1)", "?(1+s0)"))
+
+
+def _flatten_and_back() -> str:
+    """[?b,?t,4] flattened to rows (`?(b*t)`, inferred from -1), a softmax over every element of
+    the batch, and the rows split back."""
+    b = Builder("main")
+    x = b.arg("x", "f32", ("b", "t", 4))
+    rows = b.op("reshape", x, shape=[-1, 4])
+    assert rows.shape == (SymDim("b*t"), 4)
+    flat = b.op("softmax", b.op("reshape", rows, shape=["?(4*b*t)"]), axis=0)
+    return print_module(b.build(rows, b.op("reshape", flat, shape=["b", "t", 4])))
+
+
+def test_a_product_dim_round_trips_through_text() -> None:
+    text = _flatten_and_back()
+    assert "f32[?(b*t),4]" in text and "f32[?(4*b*t)]" in text and "f32[?b,?t,4]" in text
+    assert print_module(verify(parse_module(text))) == text
+    with pytest.raises(ParseError, match="canonical form"):
+        parse_module(text.replace("?(b*t)", "?(t*b)"))
+
+
+@pytest.mark.parametrize(("batch", "length"), [(0, 3), (1, 1), (2, 5), (7, 129)])
+def test_flattening_symbolic_dims_matches_numpy(batch, length) -> None:
+    module = parse_module(_flatten_and_back())
+    x = rand(batch, length, 4)
+    flat = x.reshape(-1).astype(np.float64)
+    expected = np.exp(flat - flat.max(initial=0.0))
+    expected = (expected / expected.sum()).reshape(x.shape) if x.size else expected
+    for got in (interpret(module, x), tilefold.compile(module, strict=True)(x)):
+        assert got[0].shape == (batch * length, 4)
+        np.testing.assert_array_equal(got[0], x.reshape(-1, 4))
+        assert got[1].shape == x.shape
+        n = max(1, x.size)  # probabilities ~1/n: compared in units of 1/n
+        assert_close(got[1] * n, expected.reshape(x.shape) * n, dtype="f32", reduced=n)
 
 
 @pytest.mark.parametrize("past", [0, 1, 7, 300])

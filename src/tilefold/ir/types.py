@@ -17,16 +17,16 @@ from tilefold.ir.dims import SYMBOL
 
 @dataclass(frozen=True)
 class SymDim:
-    """A dimension known only by name until run time, e.g. `?batch`, or a sum of such dims,
-    e.g. `?(past+1)` (`ir/dims.py`)."""
+    """A dimension known only by name until run time, e.g. `?batch`, or a polynomial of such
+    dims, e.g. `?(past+1)`, `?(b*t)` (`ir/dims.py`)."""
 
     name: str
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not (SYMBOL.fullmatch(self.name)
                                                   or dims.is_derived(self.name)):
-            raise ShapeError(f"symbolic dim name {self.name!r} is not an identifier or a sum "
-                             "of them in canonical form (e.g. s0+1)")
+            raise ShapeError(f"symbolic dim name {self.name!r} is not an identifier or a "
+                             "polynomial of them in canonical form (e.g. s0+1, s0*s1)")
 
     @property
     def free(self) -> frozenset[str]:
