@@ -47,6 +47,9 @@ REGRESSIONS = [
     # a softmax of two elements: its gradient, far smaller than the output's gradient it is
     # a difference of, held to a bound in units of the smaller one
     ((300,), [("softmax", 0)], 11, (2,)),
+    # dynamic=True: a softmax over a view flattening two symbolic dims, as the output, ran
+    # outside tilefold (the flattened size, a product, had no IR dim)
+    ((30, 30), [("view",), ("softmax", 0)], 0, (2, 2)),
 ]
 
 
@@ -144,22 +147,6 @@ def fresh():
 @pytest.mark.parametrize("program", REGRESSIONS, ids=lambda p: "-".join(s[0] for s in p[1]))
 def test_backward_of_programs_that_once_failed(program, dynamic):
     check_backward(program, dynamic)
-
-
-# Programs that fail under dynamic=True in the forward already (test_torch_programs' `check`
-# fails the same way): strict xfails, so a fix shows.
-KNOWN_DYNAMIC = [
-    # softmax over a view flattening two symbolic dims, as the output: that flattened tensor
-    # has no IR dim to name its size ("output: _softmax runs outside tilefold")
-    ((30, 30), [("view",), ("softmax", 0)], 0, (2, 2)),
-]
-
-
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.BackendCompilerFailed,
-                   reason="a softmax over two flattened symbolic dims as the graph's output")
-@pytest.mark.parametrize("program", KNOWN_DYNAMIC, ids=lambda p: "-".join(s[0] for s in p[1]))
-def test_known_dynamic_failures(program):
-    check_backward(program, True)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

@@ -63,9 +63,8 @@ class Sizes:
         if expr.is_Symbol:
             return SymDim(self.names.get(expr.name, expr.name))
         terms = expr.as_coefficients_dict()
-        scaled = len(terms) == 1 and next(iter(terms.values())) != 1  # `4*s0`: a product
         monomials = {t: self._monomial(t) for t in terms if t != 1}
-        if not scaled and all(c.is_Integer for c in terms.values()) and all(monomials.values()):
+        if all(c.is_Integer for c in terms.values()) and all(monomials.values()):
             named = {monomials[t]: int(c) for t, c in terms.items() if t != 1}
             return SymDim(dims.render(named, int(terms.get(sympy.S.One, 0))))
         return Composite(expr)
