@@ -62,7 +62,7 @@ def test_bindings_evaluate_polynomials_as_integers_do(text) -> None:
     rng = np.random.default_rng(5)
     for _ in range(20):
         sizes = {s: int(rng.integers(0, 9)) for s in ("s0", "s1", "a", "b", "t")}
-        want = eval(text, {}, dict(sizes))  # noqa: S307 - the test's own text
+        want = eval(text, {}, dict(sizes))  # the test's own text, as Python
         b = Bindings(sizes)
         if want < 0:
             with pytest.raises(ShapeError, match="cannot be negative"):
@@ -180,6 +180,25 @@ def test_a_derived_argument_dim_is_checked_against_its_symbols() -> None:
     np.testing.assert_array_equal(got, (np.append(xs, 1.0) + ys).astype(np.float32))
     with pytest.raises(ShapeError, match=r"s\+1"):
         interpret(module, xs, rand(5))
+
+
+@pytest.mark.parametrize("first", ["rows", "x"])
+def test_a_product_argument_dim_is_checked_against_its_symbols_in_any_order(first) -> None:
+    """`?(b*t)` bound by its own argument before `?b` and `?t` are (or after): a mismatch is a
+    ShapeError naming the sizes, never a wrong size."""
+    b = Builder("main")
+    args = {"rows": ("rows", "f32", ("?(b*t)", 4)), "x": ("x", "f32", ("b", "t", 4))}
+    made = {k: b.arg(*args[k]) for k in (first, "x" if first == "rows" else "rows")}
+    module = b.build(b.op("reshape", made["x"], shape=["?(b*t)", 4]) + made["rows"])
+    inputs = {"rows": rand(6, 4), "x": rand(2, 3, 4)}
+    order = [a.name for a in module.functions["main"].args]
+    (got,) = interpret(module, *(inputs[k] for k in order))
+    np.testing.assert_array_equal(got, inputs["x"].reshape(6, 4) + inputs["rows"])
+    inputs["rows"] = rand(5, 4)
+    with pytest.raises(ShapeError, match=r"b\*t"):
+        interpret(module, *(inputs[k] for k in order))
+    with pytest.raises(ShapeError, match=r"b\*t"):
+        tilefold.compile(module, strict=True)(*(inputs[k] for k in order))
 
 
 def test_dim_size_reads_a_symbolic_size_at_run_time() -> None:

@@ -79,17 +79,32 @@ class Bindings(dict):
     first lookup (a name no argument bound is a KeyError, as in a plain dict)."""
 
     def __missing__(self, name: str) -> int:
-        if not is_derived(name):
+        size = self._evaluate(name)
+        if size is None:
             raise KeyError(name)
-        terms, const = parse(name)  # type: ignore[misc]
-        if not all(dict.__contains__(self, s) for s in free_symbols(name)):
-            raise KeyError(name)
-        size = const + sum(c * math.prod(dict.__getitem__(self, s) for s in symbols_of(m))
-                           for m, c in terms.items())
         if size < 0:
             raise ShapeError(f"?({name}) is {size} here: a dim cannot be negative")
         self[name] = size
         return size
+
+    def _evaluate(self, name: str) -> int | None:
+        """A derived dim's size from its symbols' (None: not derived, or a symbol unbound)."""
+        if not is_derived(name) or not all(dict.__contains__(self, s)
+                                           for s in free_symbols(name)):
+            return None
+        terms, const = parse(name)  # type: ignore[misc]
+        return const + sum(c * math.prod(dict.__getitem__(self, s) for s in symbols_of(m))
+                           for m, c in terms.items())
+
+    def check(self, where: str) -> None:
+        """Raise ShapeError if a derived dim bound to a size of its own (an argument's dim,
+        bound before its symbols were) disagrees with its symbols' sizes."""
+        for name, size in list(self.items()):
+            want = self._evaluate(name)
+            if want is not None and want != size:
+                symbols = ", ".join(f"?{s} = {dict.__getitem__(self, s)}"
+                                    for s in sorted(free_symbols(name)))
+                raise ShapeError(f"{where}: ?({name}) is {size}, but {symbols} make it {want}")
 
     def __contains__(self, name: object) -> bool:
         try:
