@@ -14,7 +14,7 @@ from tilefold import dtypes
 from tilefold.errors import DTypeError, ParseError, ShapeError
 from tilefold.ir import Builder, interpret, parse_module, print_module, verify
 from tilefold.ir.dims import Bindings, free_symbols, is_derived, parse, render
-from tilefold.ir.types import SymDim, dim, dim_sum
+from tilefold.ir.types import SymDim, TensorType, bind_dim, dim, dim_sum
 
 RNG = np.random.default_rng(11)
 
@@ -123,6 +123,25 @@ def _flatten_and_back() -> str:
     assert rows.shape == (SymDim("b*t"), 4)
     flat = b.op("softmax", b.op("reshape", rows, shape=["?(4*b*t)"]), axis=0)
     return print_module(b.build(rows, b.op("reshape", flat, shape=["b", "t", 4])))
+
+
+def test_binding_some_symbols_of_a_polynomial_keeps_the_rest() -> None:
+    d = SymDim("b+2*b*t+t-1")
+    assert bind_dim(d, {"b": 3}) == SymDim("7*t+2")
+    assert bind_dim(d, {"t": 1}) == SymDim("3*b")
+    assert bind_dim(d, {"b": 0}) == SymDim("t-1")
+    assert bind_dim(d, {"b": 2, "t": 5}) == 26 and bind_dim(SymDim("b*t"), {"b": 0}) == 0
+    assert bind_dim(SymDim("b*t"), {"c": 4}) == SymDim("b*t") and bind_dim(6, {}) == 6
+    t = TensorType.of("f32", ["?(b*t)", "b", 4]).bind({"b": 5})
+    assert str(t) == "f32[?(5*t),5,4]"
+
+
+def test_a_reshape_of_no_elements_needs_no_symbols_to_agree() -> None:
+    b = Builder("main")
+    x = b.arg("x", "f32", (0, "n", 4))
+    assert b.op("reshape", x, shape=[0, 4]).shape == (0, 4)
+    with pytest.raises(ShapeError, match="element counts differ"):
+        b.op("reshape", x, shape=[1, 4])
 
 
 def test_a_product_dim_round_trips_through_text() -> None:

@@ -87,6 +87,6 @@ def resolve_reshape(op: str, source: Sequence[Dim], target: Sequence[Dim]) -> tu
         if rest_syms:  # the rest of the elements: a multiple of the symbols' product
             fill = SymDim(dims.render({"*".join(sorted(rest_syms.elements())): ratio}, 0))
         return tuple(fill if i == holes[0] else d for i, d in enumerate(target))
-    if (src_static, src_syms) != (dst_static, dst_syms):
+    if (src_static, src_syms) != (dst_static, dst_syms) and src_static | dst_static:
         raise ShapeError(f"{op}: cannot reshape {shown}: element counts differ")
     return tuple(target)

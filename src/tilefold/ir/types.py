@@ -73,6 +73,28 @@ def dim_sum(*parts: Dim) -> Dim:
     return SymDim(dims.render(terms, const))
 
 
+def bind_dim(d: Dim, sizes: dict[str, int]) -> Dim:
+    """`d` with the symbols `sizes` names replaced by their sizes: an int once every symbol
+    is, else the polynomial of the rest (`?(b*t+1)` with b = 8: `?(8*t+1)`)."""
+    if not isinstance(d, SymDim):
+        return d
+    if not isinstance(sizes, dims.Bindings):
+        sizes = dims.Bindings(sizes)
+    if d.name in sizes or not dims.is_derived(d.name):
+        return sizes.get(d.name, d)
+    terms, const = dims.parse(d.name)  # type: ignore[misc]
+    parts: list[Dim] = [const]
+    for monomial, coefficient in terms.items():
+        symbols = dims.symbols_of(monomial)
+        rest = [s for s in symbols if s not in sizes]
+        coefficient *= math.prod(sizes[s] for s in symbols if s in sizes)
+        if not rest:
+            parts.append(coefficient)
+        elif coefficient:
+            parts.append(SymDim(dims.render({"*".join(rest): coefficient}, 0)))
+    return dim_sum(*parts)
+
+
 @dataclass(frozen=True)
 class TensorType:
     """The type of an SSA value: `f32[?batch,768]`, or with element strides `f32[4,8]{1,4}`.
@@ -144,11 +166,10 @@ class TensorType:
         return self if self.sharding is None else self.with_sharding(None)
 
     def bind(self, bindings: dict[str, int]) -> TensorType:
-        """Replace symbolic dims that `bindings` names, or whose symbols it names, with their
-        sizes."""
+        """Replace the symbols `bindings` names with their sizes (`bind_dim`)."""
         if not isinstance(bindings, dims.Bindings):
             bindings = dims.Bindings(bindings)
-        shape = tuple(bindings.get(d.name, d) if isinstance(d, SymDim) else d for d in self.shape)
+        shape = tuple(bind_dim(d, bindings) for d in self.shape)
         return TensorType(shape, self.dtype, self.strides, self.sharding)
 
     def __str__(self) -> str:
