@@ -3,11 +3,11 @@ rest stay sympy.
 
 tilefold's IR names each dynamic size (`?s0`, or a name the user gives, `?batch`) and
 polynomials of them with integer coefficients (`?(s0+1)`: a KV cache after one more token;
-`?(s0*s1)`: a batch of sequences flattened into rows; `ir/dims.py`). A single term scaled by a
-constant (`4*s0`, a view folding a static dim into a symbolic one) and any other size (a floor
-division, a max) is kept as a `Composite` that only a few rules accept; where one is needed as
-a dim, `specialize` fixes its symbols to the values the trace saw (a guard Dynamo checks on
-every call, tracing again when they change).
+`?(s0*s1)`: a batch of sequences flattened into rows; `?(4*s0)`: a static dim folded into a
+symbolic one; `ir/dims.py`). Any other size (a floor division, a max) is kept as a `Composite`
+that only a few rules accept; where one is needed as a dim, `specialize` fixes its symbols to
+the values the trace saw (a guard Dynamo checks on every call, tracing again when they
+change).
 """
 
 from __future__ import annotations

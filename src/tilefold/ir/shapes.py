@@ -81,10 +81,10 @@ def resolve_reshape(op: str, source: Sequence[Dim], target: Sequence[Dim]) -> tu
         if dst_static == 0 or src_static % dst_static:
             raise ShapeError(f"{op}: cannot reshape {shown}: sizes do not divide")
         ratio = src_static // dst_static
-        fill: Dim = ratio
         if any(not dims.SYMBOL.fullmatch(s) for s in rest_syms):  # a sum: no factor of it
             raise ShapeError(f"{op}: cannot infer -1 in {shown}; name the symbolic dim instead")
-        if rest_syms:  # the rest of the elements: a multiple of the symbols' product
+        fill: Dim = ratio  # or, the rest of the elements: a multiple of the symbols' product
+        if rest_syms:
             fill = SymDim(dims.render({"*".join(sorted(rest_syms.elements())): ratio}, 0))
         return tuple(fill if i == holes[0] else d for i, d in enumerate(target))
     if (src_static, src_syms) != (dst_static, dst_syms) and src_static | dst_static:
