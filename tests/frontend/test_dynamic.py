@@ -39,6 +39,10 @@ CASES = {
     "expand": (lambda x: x[:, None, :].expand(-1, 3, -1) * 1.5, True),
     "full_like": (lambda x: torch.full_like(x, 3.0) - x, True),
     "tril": (lambda x: torch.tril(x, 1), True),
+    # flattened sizes are products of symbols (`?(s0*s1)`, `?(3*s0)`): dims of their own
+    "flatten_softmax": (lambda x: x.view(-1).softmax(0), True),
+    "flatten_a_static_dim": (lambda x: x[:, :3].reshape(-1) * 2, True),
+    "flatten_and_split": (lambda x: (x.reshape(-1) + 1).view(x.shape[1], x.shape[0]).t(), True),
 }
 
 
@@ -63,6 +67,39 @@ def test_programs_compile_with_symbolic_sizes(name):
     assert graphs[0].symbolic_dims, "the first graph is already symbolic"
     if one_graph:
         assert len(graphs) == 1, [g.symbolic_dims for g in graphs]
+
+
+def test_training_over_flattened_rows_compiles_once():
+    """A linear over a [b, t, k] batch flattened to rows saves its input [b*t, k] for the weight
+    gradient: with the product a dim, the forward and the backward graph each compile once for
+    every (b, t), and the gradients match float64 at each."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 6)
+    oracle = torch.nn.Linear(8, 6).double()
+    oracle.load_state_dict(model.state_dict())
+
+    def fn(layer, x):
+        rows = F.gelu(layer(x.reshape(-1, x.shape[-1])))
+        return rows.view(x.shape[0], x.shape[1], -1).softmax(1)
+
+    compiled = _run(lambda x: fn(model, x))
+    gen = torch.Generator().manual_seed(1)
+    for b, t in [(3, 5), (4, 7), (6, 2)]:
+        x = torch.randn(b, t, 8, generator=gen, requires_grad=True)
+        out = compiled(x)
+        g = torch.randn(out.shape, generator=gen)
+        out.backward(g)
+        x64 = x.detach().double().requires_grad_(True)
+        fn(oracle, x64).backward(g.double())
+        for got, want in [(x.grad, x64.grad), (model.weight.grad, oracle.weight.grad),
+                          (model.bias.grad, oracle.bias.grad)]:
+            torch.testing.assert_close(got.double(), want, **tolerance("f32", b * t * 8))
+        model.zero_grad()
+        oracle.zero_grad()
+    graphs = report.reports()
+    assert all(g.mode == "tilefold" and not g.fallback for g in graphs)
+    assert sorted(g.graph.rsplit(" ", 1)[-1] for g in graphs) == ["backward", "forward"], [
+        (g.graph, g.symbolic_dims) for g in graphs]
 
 
 @pytest.mark.parametrize("view", [lambda x: x[:, 1:], lambda x: x[2:], lambda x: x.t(),

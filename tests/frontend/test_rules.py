@@ -103,11 +103,20 @@ def test_symbolic_sizes_lower_slices_and_flattened_rows():
     assert {"arange", "gather"} <= {op.name for op in module.walk()}
 
 
-def test_export_refuses_an_output_flattened_from_symbolic_sizes():
-    """A module's result cannot have the size ?b*?s: exporting such an output is refused."""
+def test_an_exported_output_flattened_from_symbolic_sizes_has_a_product_dim():
+    """A result of the size 2*?seq (rows flattened from [2,?seq,8]) is a derived dim of the
+    module, evaluated at each length it runs at."""
+    def fn(x):
+        return F.layer_norm(x.view(-1, 8), (8,))
+
     seq = torch.export.Dim("seq", max=64)
-    with pytest.raises(UnsupportedError, match="product of symbolic sizes"):
-        lower(lambda x: F.layer_norm(x.view(-1, 8), (8,)), X, dynamic_shapes=({1: seq},))
+    module = check(fn, X, dynamic_shapes=({1: seq},))
+    length = module["main"].args[0].type.shape[1]
+    assert [str(t) for t in module["main"].result_types] == [f"f32[?(2*{length.name}),8]"]
+    for length in (1, 5, 17):
+        x = torch.randn(2, length, 8)
+        (got,) = interpret(module, x.numpy())
+        assert_close(got, fn(x.double()).numpy(), dtype="f32", reduced=8)
 
 
 CUMSUM_INPUTS = {  # name -> a random input (PyTorch sums bools and integers in i64)

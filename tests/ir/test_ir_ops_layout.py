@@ -180,7 +180,9 @@ def test_constant_yields_its_value(dt) -> None:
     [
         ("reshape", (2, 3), {"shape": [-1, -1]}, "at most one -1"),
         ("reshape", (2, 3), {"shape": [-2, 3]}, "negative size"),
-        ("reshape", ("b", 4), {"shape": [-1, 2]}, "cannot infer -1"),
+        ("reshape", ("?(b+1)", 4), {"shape": [-1, 2]}, "cannot infer -1"),
+        ("reshape", ("b", 3), {"shape": [-1, 2]}, "do not divide"),
+        ("reshape", ("b", "t"), {"shape": ["?(b*b)"]}, "element counts differ"),
         ("reshape", ("b", 3), {"shape": ["n", 3]}, "element counts differ"),
         ("reshape", ("b", 3), {"shape": [-1, "n"]}, "cannot reshape"),
         ("slice", (2, 3), {"starts": [0], "stops": [1], "steps": [1]}, "need 2 entries each"),

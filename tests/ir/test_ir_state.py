@@ -14,7 +14,7 @@ from tilefold import dtypes
 from tilefold.errors import DTypeError, ParseError, ShapeError
 from tilefold.ir import Builder, interpret, parse_module, print_module, verify
 from tilefold.ir.dims import Bindings, free_symbols, is_derived, parse, render
-from tilefold.ir.types import SymDim, dim, dim_sum
+from tilefold.ir.types import SymDim, TensorType, bind_dim, dim, dim_sum
 
 RNG = np.random.default_rng(11)
 
@@ -29,14 +29,16 @@ def rand(*shape, dt=np.float32):
 @pytest.mark.parametrize(
     ("text", "canonical"),
     [("s0+1", "s0+1"), ("1+s0", "s0+1"), ("s1+2*s0-3", "2*s0+s1-3"), ("-s0+s1", "-s0+s1"),
-     ("s0+s0", "2*s0"), ("3*b-1", "3*b-1")],
+     ("s0+s0", "2*s0"), ("3*b-1", "3*b-1"), ("s1*s0", "s0*s1"), ("s1+2*s1*s0", "2*s0*s1+s1"),
+     ("s0*s1+s1*s0", "2*s0*s1"), ("s1*s0*s0-1", "s0*s0*s1-1"), ("b*t+a", "a+b*t")],
 )
-def test_sums_have_one_canonical_text(text, canonical) -> None:
+def test_polynomials_have_one_canonical_text(text, canonical) -> None:
     assert render(*parse(text)) == canonical
     assert is_derived(canonical)
 
 
-@pytest.mark.parametrize("text", ["s0", "s0+", "s0 + 1", "s0*s1", "(s0)", "", "1", "s0+-1"])
+@pytest.mark.parametrize("text", ["s0", "s0+", "s0 + 1", "s1*s0", "s0*2", "s0**2", "s0*", "(s0)",
+                                  "", "1", "s0+-1", "s0*s1-s0*s1"])
 def test_plain_symbols_and_non_sums_are_not_derived(text) -> None:
     assert not is_derived(text)
 
@@ -52,6 +54,33 @@ def test_bindings_evaluate_sums_from_their_symbols() -> None:
     with pytest.raises(ShapeError, match="cannot be negative"):
         b["s1-5"]
     assert free_symbols("2*s0-s1+3") == {"s0", "s1"} and free_symbols("s0") == {"s0"}
+
+
+@pytest.mark.parametrize("text", ["s0*s1", "2*s0*s1+s1", "-s0+s0*s0*s1+3", "a+b*t", "-s0*s1+40"])
+def test_bindings_evaluate_polynomials_as_integers_do(text) -> None:
+    assert is_derived(text)
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        sizes = {s: int(rng.integers(0, 9)) for s in ("s0", "s1", "a", "b", "t")}
+        want = eval(text, {}, dict(sizes))  # the test's own text, as Python
+        b = Bindings(sizes)
+        if want < 0:
+            with pytest.raises(ShapeError, match="cannot be negative"):
+                b[text]
+        else:
+            assert b[text] == want
+    assert free_symbols("-s0+s0*s0*s1+3") == {"s0", "s1"}
+    assert "s0*s1" not in Bindings(s0=3)  # s1 unbound
+
+
+def test_products_are_dims_and_sum_with_others() -> None:
+    s, t = SymDim("s"), SymDim("t")
+    st_ = SymDim("s*t")
+    assert str(st_) == "?(s*t)" and dim("?(s*t)") == st_
+    assert dim_sum(st_, st_, t) == SymDim("2*s*t+t")
+    assert dim_sum(SymDim("s*t+1"), -1) == st_ and dim_sum(st_, SymDim("s-s*t")) == s
+    with pytest.raises(ShapeError, match="canonical form"):
+        SymDim("t*s")
 
 
 def test_dim_specs_and_sums() -> None:
@@ -83,6 +112,59 @@ def test_a_derived_dim_round_trips_through_text() -> None:
     assert print_module(verify(parse_module(text))) == text
     with pytest.raises(ParseError, match="canonical form"):
         parse_module(text.replace("?(s0+1)", "?(1+s0)"))
+
+
+def _flatten_and_back() -> str:
+    """[?b,?t,4] flattened to rows (`?(b*t)`, inferred from -1), a softmax over every element of
+    the batch, and the rows split back."""
+    b = Builder("main")
+    x = b.arg("x", "f32", ("b", "t", 4))
+    rows = b.op("reshape", x, shape=[-1, 4])
+    assert rows.shape == (SymDim("b*t"), 4)
+    flat = b.op("softmax", b.op("reshape", rows, shape=["?(4*b*t)"]), axis=0)
+    return print_module(b.build(rows, b.op("reshape", flat, shape=["b", "t", 4])))
+
+
+def test_binding_some_symbols_of_a_polynomial_keeps_the_rest() -> None:
+    d = SymDim("b+2*b*t+t-1")
+    assert bind_dim(d, {"b": 3}) == SymDim("7*t+2")
+    assert bind_dim(d, {"t": 1}) == SymDim("3*b")
+    assert bind_dim(d, {"b": 0}) == SymDim("t-1")
+    assert bind_dim(d, {"b": 2, "t": 5}) == 26 and bind_dim(SymDim("b*t"), {"b": 0}) == 0
+    assert bind_dim(SymDim("b*t"), {"c": 4}) == SymDim("b*t") and bind_dim(6, {}) == 6
+    t = TensorType.of("f32", ["?(b*t)", "b", 4]).bind({"b": 5})
+    assert str(t) == "f32[?(5*t),5,4]"
+
+
+def test_a_reshape_of_no_elements_needs_no_symbols_to_agree() -> None:
+    b = Builder("main")
+    x = b.arg("x", "f32", (0, "n", 4))
+    assert b.op("reshape", x, shape=[0, 4]).shape == (0, 4)
+    with pytest.raises(ShapeError, match="element counts differ"):
+        b.op("reshape", x, shape=[1, 4])
+
+
+def test_a_product_dim_round_trips_through_text() -> None:
+    text = _flatten_and_back()
+    assert "f32[?(b*t),4]" in text and "f32[?(4*b*t)]" in text and "f32[?b,?t,4]" in text
+    assert print_module(verify(parse_module(text))) == text
+    with pytest.raises(ParseError, match="canonical form"):
+        parse_module(text.replace("?(b*t)", "?(t*b)"))
+
+
+@pytest.mark.parametrize(("batch", "length"), [(0, 3), (1, 1), (2, 5), (7, 129)])
+def test_flattening_symbolic_dims_matches_numpy(batch, length) -> None:
+    module = parse_module(_flatten_and_back())
+    x = rand(batch, length, 4)
+    flat = x.reshape(-1).astype(np.float64)
+    expected = np.exp(flat - flat.max(initial=0.0))
+    expected = (expected / expected.sum()).reshape(x.shape) if x.size else expected
+    for got in (interpret(module, x), tilefold.compile(module, strict=True)(x)):
+        assert got[0].shape == (batch * length, 4)
+        np.testing.assert_array_equal(got[0], x.reshape(-1, 4))
+        assert got[1].shape == x.shape
+        n = max(1, x.size)  # probabilities ~1/n: compared in units of 1/n
+        assert_close(got[1] * n, expected.reshape(x.shape) * n, dtype="f32", reduced=n)
 
 
 @pytest.mark.parametrize("past", [0, 1, 7, 300])
@@ -117,6 +199,25 @@ def test_a_derived_argument_dim_is_checked_against_its_symbols() -> None:
     np.testing.assert_array_equal(got, (np.append(xs, 1.0) + ys).astype(np.float32))
     with pytest.raises(ShapeError, match=r"s\+1"):
         interpret(module, xs, rand(5))
+
+
+@pytest.mark.parametrize("first", ["rows", "x"])
+def test_a_product_argument_dim_is_checked_against_its_symbols_in_any_order(first) -> None:
+    """`?(b*t)` bound by its own argument before `?b` and `?t` are (or after): a mismatch is a
+    ShapeError naming the sizes, never a wrong size."""
+    b = Builder("main")
+    args = {"rows": ("rows", "f32", ("?(b*t)", 4)), "x": ("x", "f32", ("b", "t", 4))}
+    made = {k: b.arg(*args[k]) for k in (first, "x" if first == "rows" else "rows")}
+    module = b.build(b.op("reshape", made["x"], shape=["?(b*t)", 4]) + made["rows"])
+    inputs = {"rows": rand(6, 4), "x": rand(2, 3, 4)}
+    order = [a.name for a in module.functions["main"].args]
+    (got,) = interpret(module, *(inputs[k] for k in order))
+    np.testing.assert_array_equal(got, inputs["x"].reshape(6, 4) + inputs["rows"])
+    inputs["rows"] = rand(5, 4)
+    with pytest.raises(ShapeError, match=r"b\*t"):
+        interpret(module, *(inputs[k] for k in order))
+    with pytest.raises(ShapeError, match=r"b\*t"):
+        tilefold.compile(module, strict=True)(*(inputs[k] for k in order))
 
 
 def test_dim_size_reads_a_symbolic_size_at_run_time() -> None:

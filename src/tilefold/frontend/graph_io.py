@@ -44,7 +44,8 @@ def value_argument(builder: Builder, symbol: str) -> Tensor:
 def unheld(function: Function, symbols: Sequence[str]) -> tuple[list[str], list[str]]:
     """Of `symbols` (size inputs), those a dim of the function uses that no argument's type
     holds: (those that are a dim themselves, so never negative: they get a carrier; those only
-    inside sums of dims, `?(2-s0)`, which may be negative: the caller specializes them)."""
+    inside derived dims, `?(2-s0)`, `?(s0*s1)`, which may be negative: the caller specializes
+    them)."""
     held = {d.name for a in function.args for d in a.type.shape  # a sum defines no symbol
             if isinstance(d, SymDim) and not is_derived(d.name)}
     plain, inside = set(), set()

@@ -1,12 +1,13 @@
-"""Sizes from PyTorch's symbolic shapes: symbols and their sums become `SymDim`s, the rest
-stay sympy.
+"""Sizes from PyTorch's symbolic shapes: symbols and their polynomials become `SymDim`s, the
+rest stay sympy.
 
-tilefold's IR names each dynamic size (`?s0`, or a name the user gives, `?batch`) and sums of
-them with integer coefficients (`?(s0+1)`: a KV cache after one more token, `ir/dims.py`); it
-has no products of sizes. A size such as `s0*s1` (a flattened batch x sequence) is kept as a
-`Composite` that only a few rules accept; where one is needed as a dim, `specialize` fixes its
-symbols to the values the trace saw (a guard Dynamo checks on every call, tracing again when
-they change).
+tilefold's IR names each dynamic size (`?s0`, or a name the user gives, `?batch`) and
+polynomials of them with integer coefficients (`?(s0+1)`: a KV cache after one more token;
+`?(s0*s1)`: a batch of sequences flattened into rows; `?(4*s0)`: a static dim folded into a
+symbolic one; `ir/dims.py`). Any other size (a floor division, a max) is kept as a `Composite`
+that only a few rules accept; where one is needed as a dim, `specialize` fixes its symbols to
+the values the trace saw (a guard Dynamo checks on every call, tracing again when they
+change).
 """
 
 from __future__ import annotations
@@ -62,11 +63,20 @@ class Sizes:
         if expr.is_Symbol:
             return SymDim(self.names.get(expr.name, expr.name))
         terms = expr.as_coefficients_dict()
-        scaled = len(terms) == 1 and next(iter(terms.values())) != 1  # `4*s0`: a product
-        if not scaled and all(c.is_Integer and (t == 1 or t.is_Symbol) for t, c in terms.items()):
-            named = {self.names.get(t.name, t.name): int(c) for t, c in terms.items() if t != 1}
+        monomials = {t: self._monomial(t) for t in terms if t != 1}
+        if all(c.is_Integer for c in terms.values()) and all(monomials.values()):
+            named = {monomials[t]: int(c) for t, c in terms.items() if t != 1}
             return SymDim(dims.render(named, int(terms.get(sympy.S.One, 0))))
         return Composite(expr)
+
+    def _monomial(self, term: Any) -> str | None:
+        """The IR text of a product of symbols (`s0*s1`, `s0**2` -> `s0*s0`), else None."""
+        factors = []
+        for base, power in term.as_powers_dict().items():
+            if not base.is_Symbol or not power.is_Integer or power < 1:
+                return None
+            factors += [self.names.get(base.name, base.name)] * int(power)
+        return "*".join(sorted(factors))
 
     def expr(self, value: Any) -> Any:
         """A sympy expression over plain torch-named symbols."""
@@ -76,7 +86,8 @@ class Sizes:
         elif isinstance(value, SymDim):
             terms, const = dims.parse(value.name) or ({value.name: 1}, 0)
             expr = sympy.Integer(const) + sum(
-                (c * sympy.Symbol(self.inverse.get(t, t)) for t, c in terms.items()),
+                (c * sympy.Mul(*(sympy.Symbol(self.inverse.get(s, s))
+                                 for s in dims.symbols_of(m))) for m, c in terms.items()),
                 sympy.Integer(0))
         elif isinstance(value, Composite):
             expr = value.expr

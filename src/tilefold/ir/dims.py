@@ -1,26 +1,34 @@
-"""Sums of symbolic dims: `?(s0+1)`, a KV cache one token longer than its past.
+"""Polynomials of symbolic dims: `?(s0+1)`, a KV cache one token longer than its past, and
+`?(s0*s1)`, a batch of sequences flattened into rows.
 
 A symbolic dim is named by a symbol (`?s0`: its size comes from an argument's shape at run
-time) or by an affine sum of symbols with integer coefficients, a *derived* dim, written in
-one canonical form (terms sorted by symbol, the constant last: `s0+1`, `2*s0+s1-3`) so that
-equal sums are equal dims. A derived dim's size is evaluated from its symbols' (`Bindings`).
-Products of sizes are not dims (the frontend keeps `s0*s1` apart, `frontend/symbolic.py`).
+time) or by a polynomial of symbols with integer coefficients, a *derived* dim: a sum of
+terms, each a coefficient times a monomial (a product of symbols, `s0*s1`), and a constant.
+It is written in one canonical form (a monomial's symbols sorted, the terms sorted by their
+monomials' text, the constant last: `s0+1`, `2*s0+s1-3`, `s0*s1+s1`) so that equal
+polynomials are equal dims. A derived dim's size is evaluated from its symbols' (`Bindings`).
+Terms are keyed by their monomial's canonical text (`"s0"`, `"s0*s1"`), so sums add them up
+as they add single symbols (`types.dim_sum`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from tilefold.errors import ShapeError
 
 SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TERM = re.compile(r"([+-]?)(?:(\d+)\*)?([A-Za-z_][A-Za-z0-9_]*)|([+-]?)(\d+)")
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_TERM = re.compile(rf"([+-]?)(?:(\d+)\*)?({_NAME}(?:\*{_NAME})*)|([+-]?)(\d+)")
 
-Affine = tuple[dict[str, int], int]  # symbol -> coefficient (none 0), constant
+# monomial (its symbols sorted, joined by `*`) -> coefficient (none 0), constant
+Polynomial = tuple[dict[str, int], int]
 
 
-def parse(text: str) -> Affine | None:
-    """The terms and constant of `text` (`s0+1`, `-s0+2*s1`), or None if it is no sum."""
+def parse(text: str) -> Polynomial | None:
+    """The terms and constant of `text` (`s0+1`, `-s0+2*s1`, `s1*s0-1`), or None if it is no
+    polynomial."""
     terms: dict[str, int] = {}
     const, pos = 0, 0
     while pos < len(text):
@@ -29,7 +37,8 @@ def parse(text: str) -> Affine | None:
             return None
         if m.group(3):
             coeff = int(m.group(2) or 1) * (-1 if m.group(1) == "-" else 1)
-            terms[m.group(3)] = terms.get(m.group(3), 0) + coeff
+            monomial = "*".join(sorted(m.group(3).split("*")))
+            terms[monomial] = terms.get(monomial, 0) + coeff
         else:
             const += int(m.group(5)) * (-1 if m.group(4) == "-" else 1)
         pos = m.end()
@@ -37,7 +46,7 @@ def parse(text: str) -> Affine | None:
 
 
 def render(terms: dict[str, int], const: int) -> str:
-    """The canonical text of a sum with at least one term."""
+    """The canonical text of a polynomial with at least one term."""
     parts = []
     for s in sorted(terms):
         c = terms[s]
@@ -48,8 +57,13 @@ def render(terms: dict[str, int], const: int) -> str:
     return "".join(parts)
 
 
+def symbols_of(monomial: str) -> list[str]:
+    """The symbols a monomial multiplies, repeats included (`s0*s0*s1` -> s0, s0, s1)."""
+    return monomial.split("*")
+
+
 def is_derived(name: str) -> bool:
-    """Whether `name` is a canonical sum (not a plain symbol)."""
+    """Whether `name` is a canonical polynomial (not a plain symbol)."""
     found = None if SYMBOL.fullmatch(name) else parse(name)
     return found is not None and bool(found[0]) and render(*found) == name
 
@@ -57,7 +71,7 @@ def is_derived(name: str) -> bool:
 def free_symbols(name: str) -> frozenset[str]:
     """The symbols a dim's size depends on (itself, for a plain symbol)."""
     found = parse(name) if is_derived(name) else None
-    return frozenset(found[0]) if found else frozenset({name})
+    return frozenset(s for m in found[0] for s in symbols_of(m)) if found else frozenset({name})
 
 
 class Bindings(dict):
@@ -65,17 +79,32 @@ class Bindings(dict):
     first lookup (a name no argument bound is a KeyError, as in a plain dict)."""
 
     def __missing__(self, name: str) -> int:
-        if not is_derived(name):
+        size = self._evaluate(name)
+        if size is None:
             raise KeyError(name)
-        terms, const = parse(name)  # type: ignore[misc]
-        unbound = sorted(s for s in terms if not dict.__contains__(self, s))
-        if unbound:
-            raise KeyError(name)
-        size = const + sum(c * dict.__getitem__(self, s) for s, c in terms.items())
         if size < 0:
             raise ShapeError(f"?({name}) is {size} here: a dim cannot be negative")
         self[name] = size
         return size
+
+    def _evaluate(self, name: str) -> int | None:
+        """A derived dim's size from its symbols' (None: not derived, or a symbol unbound)."""
+        if not is_derived(name) or not all(dict.__contains__(self, s)
+                                           for s in free_symbols(name)):
+            return None
+        terms, const = parse(name)  # type: ignore[misc]
+        return const + sum(c * math.prod(dict.__getitem__(self, s) for s in symbols_of(m))
+                           for m, c in terms.items())
+
+    def check(self, where: str) -> None:
+        """Raise ShapeError if a derived dim bound to a size of its own (an argument's dim,
+        bound before its symbols were) disagrees with its symbols' sizes."""
+        for name, size in list(self.items()):
+            want = self._evaluate(name)
+            if want is not None and want != size:
+                symbols = ", ".join(f"?{s} = {dict.__getitem__(self, s)}"
+                                    for s in sorted(free_symbols(name)))
+                raise ShapeError(f"{where}: ?({name}) is {size}, but {symbols} make it {want}")
 
     def __contains__(self, name: object) -> bool:
         try:

@@ -44,6 +44,7 @@ def _bind(params: Sequence[Value], args: Sequence[np.ndarray], owner: str) -> di
                     )
             elif d != size:
                 raise ShapeError(f"{where} expects {t}, got shape {list(arg.shape)}")
+    bindings.check(f"{owner} inputs")
     return bindings
 
 

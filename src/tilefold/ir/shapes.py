@@ -47,16 +47,17 @@ def normalize_axes(op: str, axes: Sequence[int] | None, rank: int) -> tuple[int,
 
 def factors(shape: Sequence[Dim]) -> tuple[int, Counter]:
     """The element count of `shape` as (static product, multiset of symbolic dim names); a
-    multiple of one symbol (`?(2*s0)`, a concat of a tensor with itself) is its factor and
-    the symbol."""
+    multiple of one monomial (`?(2*s0)`, a concat of a tensor with itself; `?(s0*s1)`, two
+    dims flattened) is its factor and the monomial's symbols."""
     static = math.prod(d for d in shape if isinstance(d, int))
     names: Counter = Counter()
     for d in shape:
         if isinstance(d, SymDim):
             terms, const = (dims.parse(d.name) if dims.is_derived(d.name) else None) or ({}, 1)
             if len(terms) == 1 and const == 0 and next(iter(terms.values())) > 0:
-                (symbol, coefficient), = terms.items()
-                static, names[symbol] = static * coefficient, names[symbol] + 1
+                (monomial, coefficient), = terms.items()
+                static *= coefficient
+                names.update(dims.symbols_of(monomial))
             else:
                 names[d.name] += 1
     return static, names
@@ -80,13 +81,12 @@ def resolve_reshape(op: str, source: Sequence[Dim], target: Sequence[Dim]) -> tu
         if dst_static == 0 or src_static % dst_static:
             raise ShapeError(f"{op}: cannot reshape {shown}: sizes do not divide")
         ratio = src_static // dst_static
-        if not rest_syms:
-            fill: Dim = ratio
-        elif ratio == 1 and sum(rest_syms.values()) == 1:
-            fill = SymDim(next(iter(rest_syms)))
-        else:
+        if any(not dims.SYMBOL.fullmatch(s) for s in rest_syms):  # a sum: no factor of it
             raise ShapeError(f"{op}: cannot infer -1 in {shown}; name the symbolic dim instead")
+        fill: Dim = ratio  # or, the rest of the elements: a multiple of the symbols' product
+        if rest_syms:
+            fill = SymDim(dims.render({"*".join(sorted(rest_syms.elements())): ratio}, 0))
         return tuple(fill if i == holes[0] else d for i, d in enumerate(target))
-    if (src_static, src_syms) != (dst_static, dst_syms):
+    if (src_static, src_syms) != (dst_static, dst_syms) and src_static | dst_static:
         raise ShapeError(f"{op}: cannot reshape {shown}: element counts differ")
     return tuple(target)

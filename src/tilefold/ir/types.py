@@ -17,16 +17,16 @@ from tilefold.ir.dims import SYMBOL
 
 @dataclass(frozen=True)
 class SymDim:
-    """A dimension known only by name until run time, e.g. `?batch`, or a sum of such dims,
-    e.g. `?(past+1)` (`ir/dims.py`)."""
+    """A dimension known only by name until run time, e.g. `?batch`, or a polynomial of such
+    dims, e.g. `?(past+1)`, `?(b*t)` (`ir/dims.py`)."""
 
     name: str
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not (SYMBOL.fullmatch(self.name)
                                                   or dims.is_derived(self.name)):
-            raise ShapeError(f"symbolic dim name {self.name!r} is not an identifier or a sum "
-                             "of them in canonical form (e.g. s0+1)")
+            raise ShapeError(f"symbolic dim name {self.name!r} is not an identifier or a "
+                             "polynomial of them in canonical form (e.g. s0+1, s0*s1)")
 
     @property
     def free(self) -> frozenset[str]:
@@ -71,6 +71,28 @@ def dim_sum(*parts: Dim) -> Dim:
     if const == 0 and len(terms) == 1 and next(iter(terms.values())) == 1:
         return SymDim(next(iter(terms)))
     return SymDim(dims.render(terms, const))
+
+
+def bind_dim(d: Dim, sizes: dict[str, int]) -> Dim:
+    """`d` with the symbols `sizes` names replaced by their sizes: an int once every symbol
+    is, else the polynomial of the rest (`?(b*t+1)` with b = 8: `?(8*t+1)`)."""
+    if not isinstance(d, SymDim):
+        return d
+    if not isinstance(sizes, dims.Bindings):
+        sizes = dims.Bindings(sizes)
+    if d.name in sizes or not dims.is_derived(d.name):
+        return sizes.get(d.name, d)
+    terms, const = dims.parse(d.name)  # type: ignore[misc]
+    parts: list[Dim] = [const]
+    for monomial, coefficient in terms.items():
+        symbols = dims.symbols_of(monomial)
+        rest = [s for s in symbols if s not in sizes]
+        coefficient *= math.prod(sizes[s] for s in symbols if s in sizes)
+        if not rest:
+            parts.append(coefficient)
+        elif coefficient:
+            parts.append(SymDim(dims.render({"*".join(rest): coefficient}, 0)))
+    return dim_sum(*parts)
 
 
 @dataclass(frozen=True)
@@ -144,11 +166,10 @@ class TensorType:
         return self if self.sharding is None else self.with_sharding(None)
 
     def bind(self, bindings: dict[str, int]) -> TensorType:
-        """Replace symbolic dims that `bindings` names, or whose symbols it names, with their
-        sizes."""
+        """Replace the symbols `bindings` names with their sizes (`bind_dim`)."""
         if not isinstance(bindings, dims.Bindings):
             bindings = dims.Bindings(bindings)
-        shape = tuple(bindings.get(d.name, d) if isinstance(d, SymDim) else d for d in self.shape)
+        shape = tuple(bind_dim(d, bindings) for d in self.shape)
         return TensorType(shape, self.dtype, self.strides, self.sharding)
 
     def __str__(self) -> str:

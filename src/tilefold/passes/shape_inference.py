@@ -10,7 +10,7 @@ import logging
 
 from tilefold.errors import PassError, TilefoldError
 from tilefold.ir import Block, Function, Module, Operation
-from tilefold.ir.types import Dim, SymDim
+from tilefold.ir.types import Dim, bind_dim
 from tilefold.passes.base import Option, Pass, Statistic
 from tilefold.passes.registry import register_pass
 
@@ -76,7 +76,7 @@ class ShapeInference(Pass):
                 self.count("num-bound")
 
     def bind_dims(self, shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
-        return tuple(self.bind.get(d.name, d) if isinstance(d, SymDim) else d for d in shape)
+        return tuple(bind_dim(d, self.bind) for d in shape)
 
     def infer(self, op: Operation) -> None:
         """Bind shape attributes, then take the types the op's declaration infers."""

@@ -24,6 +24,7 @@ def bind_shapes(params: Sequence[Value], shapes: Sequence[tuple[int, ...]]) -> d
         for d, size in zip(param.type.shape, shape, strict=True):
             if isinstance(d, SymDim) and bindings.bind(d.name, size) != size:
                 raise ShapeError(f"?{d.name} is both {bindings[d.name]} and {size}")
+    bindings.check("inputs")
     return bindings
 
 
