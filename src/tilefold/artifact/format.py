@@ -56,6 +56,7 @@ import numpy as np
 from tilefold.errors import ArtifactError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from os import PathLike
 
     Where = str | PathLike[str]
@@ -153,14 +154,12 @@ def _block_keys() -> np.ndarray:
     return _keys
 
 
-def digest64(buffer: Any, threads: int = 1, block_sums: Any = None) -> str:
+def digest64(buffer: Any, threads: int = 1) -> str:
     """The digest64 of a bytes-like object (bytes, mmap, a contiguous uint8 array), as 16 hex
     digits; read in blocks through block-sized scratch arrays, never copied whole. With
     `threads` > 1 the blocks' sums are split among that many threads (NumPy's loops let go of
-    the GIL), then chained in order. `block_sums(view, sums, first, last)`: what computes a
-    range of the blocks' sums (default the NumPy one; the loader passes a checked library's
-    C one, `data/aot/digest64.h`)."""
-    block_sums = block_sums or _block_sums
+    the GIL), then chained in order. (The loader digests data.bin by a checked library's C
+    code instead, `data/aot/digest64.h`, which splits the blocks alike.)"""
     view = memoryview(buffer).cast("B")
     try:
         n = view.nbytes
@@ -172,12 +171,12 @@ def digest64(buffer: Any, threads: int = 1, block_sums: Any = None) -> str:
         if parts > 1:
             import threading  # here: a one-thread digest needs none
 
-            workers = [threading.Thread(target=block_sums, args=(view, sums, first, last))
+            workers = [threading.Thread(target=_block_sums, args=(view, sums, first, last))
                        for first, last in itertools.pairwise(bounds[1:])]
         for worker in workers:
             worker.start()
         try:
-            block_sums(view, sums, bounds[0], bounds[1])
+            _block_sums(view, sums, bounds[0], bounds[1])
         finally:
             for worker in workers:
                 worker.join()
@@ -243,11 +242,11 @@ def read_json(path: Where, what: str) -> dict[str, Any]:
 
 
 def check_parts(root: Where, manifest: dict[str, Any], mapped: dict[str, Any] | None = None,
-                threads: int = 1, block_sums: Any = None) -> None:
+                digest: Callable[[Any], str] = digest64) -> None:
     """Every part the manifest lists exists with its size and digest64 (sizes first: a
     truncated part is named as such), else `ArtifactError`. `mapped` holds the bytes of parts
-    the caller has mapped already (the loader's data.bin), digested there, by `threads`
-    threads (with `block_sums`, see `digest64`), rather than read again."""
+    the caller has mapped already (the loader's data.bin), digested there by `digest` (the
+    loader's: a checked library's C one, on threads) rather than read again."""
     files = part_files(root, manifest)
     parts = manifest["parts"]
     for part, file in files.items():
@@ -266,10 +265,9 @@ def check_parts(root: Where, manifest: dict[str, Any], mapped: dict[str, Any] | 
                 raise ArtifactError(f"{path}: {state} ({size} bytes, the manifest says "
                                     f"{entry['bytes']}); copy it again or export it again")
             given = (mapped or {}).get(part)
-            digest = digest64_file(path) if given is None else \
-                digest64(given, threads, block_sums)
+            found = digest64_file(path) if given is None else digest(given)
         except OSError as exc:
             raise ArtifactError(f"{path}: cannot be read ({exc})") from None
-        if digest != entry[DIGEST]:
+        if found != entry[DIGEST]:
             raise ArtifactError(f"{path}: {DIGEST} differs from the manifest's (the {part} was "
                                 "altered or damaged after export); export the artifact again")

@@ -42,6 +42,7 @@ from tilefold.artifact.format import (
     PROGRAM,
     SIGNATURES,
     check_parts,
+    digest64,
     digest64_file,
     part_files,
     read_json,
@@ -69,8 +70,9 @@ def load(path: Where, target: str | None = None) -> LoadedModel:
     data = _map(os.path.join(root, files["data"]))
     library = _checked_library(root, manifest)
     try:
-        check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS),
-                    block_sums=_native_block_sums(library))
+        threads = pool_threads(DIGEST_THREADS)
+        check_parts(root, manifest, {"data": data}, _native_digest(library, threads)
+                    or (lambda buffer: digest64(buffer, threads)))
     except BaseException:
         _unload(library)  # a refused artifact leaves none of its code in the process
         if data is not None:
@@ -90,7 +92,7 @@ DIGEST_THREADS = 4  # at most, digesting data.bin (as many as the pool would hav
 
 def _checked_library(root: str, manifest: dict[str, Any]) -> ctypes.CDLL | None:
     """The artifact's library, loaded once its size and digest64 are the manifest's (so it
-    is the code the exporter wrote; none of it runs but `tf_digest64_sums`), for digesting
+    is the code the exporter wrote; none of it runs but `tf_digest64_parallel`), for digesting
     data.bin; None when it is not (`check_parts` then says why)."""
     try:
         entry = manifest["parts"]["library"]
@@ -109,27 +111,26 @@ def _unload(library: ctypes.CDLL | None) -> None:
         _ctypes.dlclose(library._handle)
 
 
-def _native_block_sums(library: ctypes.CDLL | None) -> Any:
-    """digest64's block sums by the library's C code (`tf_digest64_sums`, `digest64.h`:
-    ~4x NumPy's), for `format.digest64`; None (NumPy's) without it (exported before)."""
+def _native_digest(library: ctypes.CDLL | None, threads: int) -> Any:
+    """digest64 by the library's C code on up to `threads` threads of its own
+    (`tf_digest64_parallel`, `digest64.h`: ~4x NumPy's), for `check_parts`; None (NumPy's)
+    without it (exported before)."""
     try:
-        function = library["tf_digest64_sums"] if library is not None else None
+        function = library["tf_digest64_parallel"] if library is not None else None
     except AttributeError:
         return None
     if function is None:
         return None
-    function.restype = None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t,
-                         ctypes.c_void_p]
+    function.restype = ctypes.c_uint64
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
-    def block_sums(view: memoryview, sums: list[int], first: int, last: int) -> None:
-        out = np.zeros(max(0, last - first), np.uint64)
-        if len(out):  # ctypes lets go of the GIL: threads sum their blocks at once
-            data = np.frombuffer(view, np.uint8)
-            function(data.ctypes.data, view.nbytes, first, last, out.ctypes.data)
-            del data
-        sums[first:last] = out.tolist()
-    return block_sums
+    def digest(buffer: Any) -> str:
+        data = np.frombuffer(buffer, np.uint8)
+        try:
+            return f"{function(data.ctypes.data, data.nbytes, threads):016x}"
+        finally:
+            del data  # the mapping may be closed again (a refused artifact's)
+    return digest
 
 
 def _map(path: str) -> mmap.mmap | None:
