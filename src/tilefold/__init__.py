@@ -6,7 +6,6 @@ The public surface is re-exported here; everything else is implementation.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -47,12 +46,18 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name])
         value = module if module.__name__.endswith(f".{name}") else getattr(module, name)
-    elif importlib.util.find_spec(f"tilefold.{name}") is not None:
+    elif _is_subpackage(name):
         value = importlib.import_module(f"tilefold.{name}")
     else:
         raise AttributeError(f"module 'tilefold' has no attribute {name!r}")
     globals()[name] = value
     return value
+
+
+def _is_subpackage(name: str) -> bool:
+    import importlib.util  # here: `import tilefold` stays as light as `tilefold.load` needs
+
+    return importlib.util.find_spec(f"tilefold.{name}") is not None
 
 
 if TYPE_CHECKING:

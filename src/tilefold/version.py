@@ -4,7 +4,6 @@ digest of the code itself (for what is saved whole, such as a generator's compil
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 
 __version__ = "0.2.0"
@@ -15,6 +14,8 @@ def code_digest() -> str:
     """A digest of every source file of the installed tilefold package, by name, size and
     modification time (as Python's own .pyc files are checked): anything saved under it was
     made by this code."""
+    import hashlib  # here: `import tilefold` (and the artifact loader) need not load it
+
     root = os.path.dirname(os.path.abspath(__file__))
     entries = []
     for folder, subfolders, files in os.walk(root):

@@ -72,26 +72,31 @@ def test_numpy_and_c_agree_on_every_length(c_digest) -> None:
     assert c_digest(blobs) == [digest64(b) for b in blobs]
 
 
-def test_the_library_block_sums_the_loader_uses_agree(tmp_path: Path) -> None:
-    """tilefold.load digests data.bin with a checked library's `tf_digest64_sums`, split
-    over threads; a library that fails its check is not loaded for it (NumPy's then)."""
+def test_the_library_digest_the_loader_uses_agrees(tmp_path: Path) -> None:
+    """tilefold.load digests data.bin with a checked library's `tf_digest64_parallel`, on
+    threads of its own; a library that fails its check is not loaded for it (NumPy's then)."""
     import tilefold
     from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
     from tilefold.artifact.format import DIGEST, MANIFEST, read_json
-    from tilefold.artifact.load import _checked_library, _native_block_sums
+    from tilefold.artifact.load import _checked_library, _native_digest
 
     rng = np.random.default_rng(RNG_SEED)
     module = GRAPHS["mlp"](rng)
     path = tilefold.export(module, random_inputs(module, rng), tmp_path / "mlp.tfa")
     manifest = read_json(path / MANIFEST, "manifest")
-    sums = _native_block_sums(_checked_library(path, manifest))
-    assert sums is not None
-    for n in [0, 9, BLOCK, 4 * BLOCK + 3, 13 * BLOCK - 8, 20 * BLOCK + 1]:
-        blob = _blob(n, n)
-        for threads in (1, 2, 3):
-            assert digest64(blob, threads, sums) == digest64(blob), (n, threads)
+    library = _checked_library(path, manifest)
+    for threads in (1, 2, 3, 8):
+        digest = _native_digest(library, threads)
+        assert digest is not None
+        for n in [0, 9, BLOCK, 4 * BLOCK + 3, 13 * BLOCK - 8, 20 * BLOCK + 1]:
+            blob = _blob(n, n)
+            assert digest(blob) == digest64(blob), (n, threads)
+            assert digest(np.frombuffer(blob, np.uint8)) == digest64(blob), (n, threads)
+    blob = _blob(3 * BLOCK - 13, 1)
+    for name, altered in _alterations(blob).items():
+        assert digest(altered) != digest64(blob), name
     manifest["parts"]["library"][DIGEST] = "0" * 16
-    assert _checked_library(path, manifest) is None and _native_block_sums(None) is None
+    assert _checked_library(path, manifest) is None and _native_digest(None, 2) is None
 
 
 @pytest.mark.parametrize("threads", [2, 3, 8])

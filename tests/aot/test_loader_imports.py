@@ -1,5 +1,6 @@
 """`tilefold.load` runs an artifact in a fresh process that imports NumPy and ctypes and no
-LLVM, PyTorch or ml_dtypes, and gets what the exporting process's compiled graph got."""
+LLVM, PyTorch or ml_dtypes (nor, beyond NumPy's imports, modules slow to import that loading
+does not need), and gets what the exporting process's compiled graph got."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.aot.graphs import GRAPHS, RNG_SEED, random_inputs
 _CHILD = """
 import sys
 import numpy as np
+before = set(sys.modules)
 import tilefold
 model = tilefold.load(sys.argv[1])
 outputs = model(*[np.load(p) for p in sys.argv[3:]])
@@ -26,6 +28,9 @@ compiler = sorted(m for m in sys.modules if m.startswith("tilefold.")
                   and not m.startswith(("tilefold.artifact", "tilefold.errors",
                                         "tilefold.version")))
 print("imported:", heavy, compiler)
+slow = sorted((set(sys.modules) - before) & {"pathlib", "threading", "hashlib", "urllib.parse",
+                                             "statistics", "random", "inspect"})
+print("slow to import:", slow)
 """
 
 
@@ -52,6 +57,9 @@ def test_a_new_process_runs_the_artifact_without_llvm_or_torch(tmp_path: Path) -
     inputs = random_inputs(module, rng)
     said, got = run_fresh(path, inputs, tmp_path)
     assert "imported: [] []" in said, said
+    # Start-up time: beyond NumPy's, the loader imports what loading needs (json, mmap,
+    # ctypes), not these (each a few ms of a new process's first result).
+    assert "slow to import: []" in said, said
     want = tilefold.compile(module)(*inputs)
     assert len(got) == len(want)
     assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))

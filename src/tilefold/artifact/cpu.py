@@ -13,7 +13,6 @@ target's features are checked.)
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 _FLAG = {
     "64bit": "lm", "evex512": "avx512f", "sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2",
@@ -47,7 +46,8 @@ def host_arch() -> str:
 
 def host_flags() -> frozenset[str]:
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
     except OSError:
         return frozenset()
     for line in text.splitlines():

@@ -47,14 +47,19 @@ from __future__ import annotations
 import itertools
 import json
 import mmap
+import os
 import re
-import threading
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tilefold.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from os import PathLike
+
+    Where = str | PathLike[str]
 
 FORMAT = "tilefold-artifact"
 FORMAT_VERSION = 2  # 2: each part's digest64, checked at load (1: sha256 checked)
@@ -95,11 +100,11 @@ def new_library_name() -> str:
     return f"kernels-{secrets.token_hex(8)}.so"
 
 
-def part_files(root: Path, manifest: dict[str, Any]) -> dict[str, str]:
+def part_files(root: Where, manifest: dict[str, Any]) -> dict[str, str]:
     """The file of each part (the library's name as the manifest gives it, checked)."""
     parts = manifest.get("parts")
     if not isinstance(parts, dict) or set(parts) != set(PARTS):
-        raise ArtifactError(f"{root / MANIFEST}: the manifest must list the parts "
+        raise ArtifactError(f"{os.path.join(root, MANIFEST)}: the manifest must list the parts "
                             f"{', '.join(sorted(PARTS))}; export the artifact again")
     files = {part: entry.get("file") if isinstance(entry, dict) else None
              for part, entry in parts.items()}
@@ -107,16 +112,16 @@ def part_files(root: Path, manifest: dict[str, Any]) -> dict[str, str]:
                                  ("program", _PROGRAM, f"{PROGRAM} or program-<k>.json"),
                                  ("data", _DATA, f"{DATA} or data-<k>.bin")):
         if not isinstance(files[part], str) or not pattern.fullmatch(files[part]):
-            raise ArtifactError(f"{root / MANIFEST}: the {part} part must be a file {shown} "
-                                "in the artifact; export it again")
+            raise ArtifactError(f"{os.path.join(root, MANIFEST)}: the {part} part must be a "
+                                f"file {shown} in the artifact; export it again")
     return files
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Where) -> str:
     import hashlib  # the exporter's only: the loaders check digest64
 
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -149,14 +154,12 @@ def _block_keys() -> np.ndarray:
     return _keys
 
 
-def digest64(buffer: Any, threads: int = 1, block_sums: Any = None) -> str:
+def digest64(buffer: Any, threads: int = 1) -> str:
     """The digest64 of a bytes-like object (bytes, mmap, a contiguous uint8 array), as 16 hex
     digits; read in blocks through block-sized scratch arrays, never copied whole. With
     `threads` > 1 the blocks' sums are split among that many threads (NumPy's loops let go of
-    the GIL), then chained in order. `block_sums(view, sums, first, last)`: what computes a
-    range of the blocks' sums (default the NumPy one; the loader passes a checked library's
-    C one, `data/aot/digest64.h`)."""
-    block_sums = block_sums or _block_sums
+    the GIL), then chained in order. (The loader digests data.bin by a checked library's C
+    code instead, `data/aot/digest64.h`, which splits the blocks alike.)"""
     view = memoryview(buffer).cast("B")
     try:
         n = view.nbytes
@@ -164,12 +167,16 @@ def digest64(buffer: Any, threads: int = 1, block_sums: Any = None) -> str:
         sums = [0] * -(-total // BLOCK_WORDS)
         parts = max(1, min(threads, len(sums) // 4))  # a few blocks each, or not worth it
         bounds = [len(sums) * i // parts for i in range(parts + 1)]
-        workers = [threading.Thread(target=block_sums, args=(view, sums, first, last))
-                   for first, last in itertools.pairwise(bounds[1:])]
+        workers = []
+        if parts > 1:
+            import threading  # here: a one-thread digest needs none
+
+            workers = [threading.Thread(target=_block_sums, args=(view, sums, first, last))
+                       for first, last in itertools.pairwise(bounds[1:])]
         for worker in workers:
             worker.start()
         try:
-            block_sums(view, sums, bounds[0], bounds[1])
+            _block_sums(view, sums, bounds[0], bounds[1])
         finally:
             for worker in workers:
                 worker.join()
@@ -205,22 +212,23 @@ def _block_sums(view: memoryview, sums: list[int], first: int, last: int) -> Non
         del w
 
 
-def digest64_file(path: Path) -> str:
+def digest64_file(path: Where) -> str:
     """digest64 of a file's bytes, read through a read-only mapping."""
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         if f.seek(0, 2) == 0:
             return digest64(b"")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             return digest64(mapped)
 
 
-def read_json(path: Path, what: str) -> dict[str, Any]:
+def read_json(path: Where, what: str) -> dict[str, Any]:
     """The JSON object in `path`, or an `ArtifactError` naming `what` it should have been."""
     try:
-        text = path.read_text()
+        with open(path) as f:
+            text = f.read()
     except FileNotFoundError:
-        raise ArtifactError(f"{path}: no such file; is {path.parent} an artifact written by "
-                            "`tilefold export`?") from None
+        raise ArtifactError(f"{path}: no such file; is {os.path.dirname(path)} an artifact "
+                            "written by `tilefold export`?") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{path}: cannot read the {what} ({exc})") from None
     try:
@@ -233,33 +241,33 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return value
 
 
-def check_parts(root: Path, manifest: dict[str, Any], mapped: dict[str, Any] | None = None,
-                threads: int = 1, block_sums: Any = None) -> None:
+def check_parts(root: Where, manifest: dict[str, Any], mapped: dict[str, Any] | None = None,
+                digest: Callable[[Any], str] = digest64) -> None:
     """Every part the manifest lists exists with its size and digest64 (sizes first: a
     truncated part is named as such), else `ArtifactError`. `mapped` holds the bytes of parts
-    the caller has mapped already (the loader's data.bin), digested there, by `threads`
-    threads (with `block_sums`, see `digest64`), rather than read again."""
+    the caller has mapped already (the loader's data.bin), digested there by `digest` (the
+    loader's: a checked library's C one, on threads) rather than read again."""
     files = part_files(root, manifest)
     parts = manifest["parts"]
     for part, file in files.items():
-        entry, path = parts[part], root / file
+        entry, path = parts[part], os.path.join(root, file)
         if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) \
                 or not isinstance(entry.get(DIGEST), str):
-            raise ArtifactError(f"{root / MANIFEST}: part {part!r} lacks its size or {DIGEST}")
-        if not path.is_file():
+            raise ArtifactError(f"{os.path.join(root, MANIFEST)}: part {part!r} lacks its size "
+                                f"or {DIGEST}")
+        if not os.path.isfile(path):
             raise ArtifactError(f"{path}: missing ({part} of the artifact); copy the whole "
                                 "directory, or export it again")
         try:
-            size = path.stat().st_size
+            size = os.stat(path).st_size
             if size != entry["bytes"]:
                 state = "truncated" if size < entry["bytes"] else "longer than exported"
                 raise ArtifactError(f"{path}: {state} ({size} bytes, the manifest says "
                                     f"{entry['bytes']}); copy it again or export it again")
             given = (mapped or {}).get(part)
-            digest = digest64_file(path) if given is None else \
-                digest64(given, threads, block_sums)
+            found = digest64_file(path) if given is None else digest(given)
         except OSError as exc:
             raise ArtifactError(f"{path}: cannot be read ({exc})") from None
-        if digest != entry[DIGEST]:
+        if found != entry[DIGEST]:
             raise ArtifactError(f"{path}: {DIGEST} differs from the manifest's (the {part} was "
                                 "altered or damaged after export); export the artifact again")

@@ -16,14 +16,14 @@ call takes and returns the other inputs and outputs only.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import ctypes
 import itertools
 import mmap
-import threading
-from pathlib import Path
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from tilefold.artifact.format import (
     PROGRAM,
     SIGNATURES,
     check_parts,
+    digest64,
     digest64_file,
     part_files,
     read_json,
@@ -50,31 +51,35 @@ from tilefold.artifact.pool import env_int, pool_threads, worker_cpus
 from tilefold.errors import ArtifactError, DTypeError, ShapeError, UnsupportedError
 from tilefold.version import __version__
 
+if TYPE_CHECKING:
+    from tilefold.artifact.format import Where
 
-def load(path: str | Path, target: str | None = None) -> LoadedModel:
+
+def load(path: Where, target: str | None = None) -> LoadedModel:
     """The artifact `tilefold export` wrote at `path`, ready to call on NumPy arrays. For
     an artifact of a chain of targets, the first whose CPU features this host has runs
     (`model.manifest["target"]`); `target` names the one to take instead (checked all the
     same)."""
-    root = Path(path)
-    if not root.is_dir():
+    root = os.fspath(path)
+    if not os.path.isdir(root):
         raise ArtifactError(f"{root}: not an artifact directory (`tilefold export` writes one "
                             f"holding {MANIFEST}, {PROGRAM}, {DATA} and a kernels-*.so)")
-    manifest = _pick_target(root, read_json(root / MANIFEST, "manifest"), target)
+    manifest = _pick_target(root, read_json(os.path.join(root, MANIFEST), "manifest"), target)
     _check_manifest(root, manifest)
     files = part_files(root, manifest)  # a chain's target with a plan of its own: its files
-    data = _map(root / files["data"])
+    data = _map(os.path.join(root, files["data"]))
     library = _checked_library(root, manifest)
     try:
-        check_parts(root, manifest, {"data": data}, threads=pool_threads(DIGEST_THREADS),
-                    block_sums=_native_block_sums(library))
+        threads = pool_threads(DIGEST_THREADS)
+        check_parts(root, manifest, {"data": data}, _native_digest(library, threads)
+                    or (lambda buffer: digest64(buffer, threads)))
     except BaseException:
         _unload(library)  # a refused artifact leaves none of its code in the process
         if data is not None:
             _unmap(data)
         raise
     try:
-        program = read_json(root / files["program"], "step program")
+        program = read_json(os.path.join(root, files["program"]), "step program")
         return LoadedModel(root, manifest, program, data)
     except BaseException:
         if data is not None:
@@ -85,16 +90,16 @@ def load(path: str | Path, target: str | None = None) -> LoadedModel:
 DIGEST_THREADS = 4  # at most, digesting data.bin (as many as the pool would have, up to this)
 
 
-def _checked_library(root: Path, manifest: dict[str, Any]) -> ctypes.CDLL | None:
+def _checked_library(root: str, manifest: dict[str, Any]) -> ctypes.CDLL | None:
     """The artifact's library, loaded once its size and digest64 are the manifest's (so it
-    is the code the exporter wrote; none of it runs but `tf_digest64_sums`), for digesting
+    is the code the exporter wrote; none of it runs but `tf_digest64_parallel`), for digesting
     data.bin; None when it is not (`check_parts` then says why)."""
     try:
         entry = manifest["parts"]["library"]
-        path = root / part_files(root, manifest)["library"]
-        if path.stat().st_size != entry["bytes"] or digest64_file(path) != entry[DIGEST]:
+        path = os.path.join(root, part_files(root, manifest)["library"])
+        if os.stat(path).st_size != entry["bytes"] or digest64_file(path) != entry[DIGEST]:
             return None
-        return ctypes.CDLL(str(path.resolve()))
+        return ctypes.CDLL(os.path.realpath(path))
     except (OSError, KeyError, TypeError, ArtifactError):
         return None
 
@@ -106,34 +111,33 @@ def _unload(library: ctypes.CDLL | None) -> None:
         _ctypes.dlclose(library._handle)
 
 
-def _native_block_sums(library: ctypes.CDLL | None) -> Any:
-    """digest64's block sums by the library's C code (`tf_digest64_sums`, `digest64.h`:
-    ~4x NumPy's), for `format.digest64`; None (NumPy's) without it (exported before)."""
+def _native_digest(library: ctypes.CDLL | None, threads: int) -> Any:
+    """digest64 by the library's C code on up to `threads` threads of its own
+    (`tf_digest64_parallel`, `digest64.h`: ~4x NumPy's), for `check_parts`; None (NumPy's)
+    without it (exported before)."""
     try:
-        function = library["tf_digest64_sums"] if library is not None else None
+        function = library["tf_digest64_parallel"] if library is not None else None
     except AttributeError:
         return None
     if function is None:
         return None
-    function.restype = None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t,
-                         ctypes.c_void_p]
+    function.restype = ctypes.c_uint64
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
-    def block_sums(view: memoryview, sums: list[int], first: int, last: int) -> None:
-        out = np.zeros(max(0, last - first), np.uint64)
-        if len(out):  # ctypes lets go of the GIL: threads sum their blocks at once
-            data = np.frombuffer(view, np.uint8)
-            function(data.ctypes.data, view.nbytes, first, last, out.ctypes.data)
-            del data
-        sums[first:last] = out.tolist()
-    return block_sums
+    def digest(buffer: Any) -> str:
+        data = np.frombuffer(buffer, np.uint8)
+        try:
+            return f"{function(data.ctypes.data, data.nbytes, threads):016x}"
+        finally:
+            del data  # the mapping may be closed again (a refused artifact's)
+    return digest
 
 
-def _map(path: Path) -> mmap.mmap | None:
+def _map(path: str) -> mmap.mmap | None:
     """`path` mapped copy-on-write (private pages: a kernel's writes never reach the file), or
     None when it is missing or empty (`check_parts` says which is wrong)."""
     try:
-        with path.open("rb") as f:
+        with open(path, "rb") as f:
             if f.seek(0, 2) == 0:
                 return None
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -150,7 +154,7 @@ def _unmap(data: mmap.mmap) -> None:
         data.close()
 
 
-def _pick_target(root: Path, manifest: dict[str, Any], name: str | None,
+def _pick_target(root: str, manifest: dict[str, Any], name: str | None,
                  flags: frozenset[str] | None = None) -> dict[str, Any]:
     """The manifest as the target this host runs makes it: of a chain (`targets`, in order
     of preference), the first whose architecture and CPU features the host has (or the one
@@ -158,7 +162,7 @@ def _pick_target(root: Path, manifest: dict[str, Any], name: str | None,
     saying what each lacks when the host runs none. `flags`: another host's /proc/cpuinfo
     flags (`cpu.missing_features`; tests pick as an AVX-512 or AVX2 host would, and only
     `load`, on this host's own, runs what it picks)."""
-    where, chain = root / MANIFEST, manifest.get("targets")
+    where, chain = os.path.join(root, MANIFEST), manifest.get("targets")
     if chain is None:
         given = manifest.get("target")
         if name is not None and (not isinstance(given, dict) or given.get("name") != name):
@@ -206,8 +210,8 @@ def _runs(member: dict[str, Any], part: str, shared: str, parts: dict[str, Any])
     return given if isinstance(given, dict) else None
 
 
-def _check_manifest(root: Path, manifest: dict[str, Any]) -> None:
-    where = root / MANIFEST
+def _check_manifest(root: str, manifest: dict[str, Any]) -> None:
+    where = os.path.join(root, MANIFEST)
     if manifest.get("format") != FORMAT:
         raise ArtifactError(f"{where}: not a tilefold artifact manifest (format "
                             f"{manifest.get('format')!r}, expected {FORMAT!r})")
@@ -275,11 +279,12 @@ class LoadedModel:
     """An artifact loaded into this process: `model(*arrays)` returns the list of outputs (fresh
     arrays); `inputs` and `outputs` describe them (name, dtype, shape)."""
 
-    def __init__(self, root: Path, manifest: dict[str, Any], program: dict[str, Any],
+    def __init__(self, root: str, manifest: dict[str, Any], program: dict[str, Any],
                  data: mmap.mmap | None):
         self.root = root
         files = part_files(root, manifest)
-        self.library, self.program_file = root / files["library"], root / files["program"]
+        self.library = os.path.join(root, files["library"])
+        self.program_file = os.path.join(root, files["program"])
         self.manifest = manifest
         pairs = manifest.get("state", [])
         self._held = [p["input"] for p in pairs]  # state inputs, and the outputs they are
@@ -289,7 +294,7 @@ class LoadedModel:
         self.inputs = [manifest["inputs"][i] for i in self._given]  # what a call takes
         self.outputs = [manifest["outputs"][i] for i in self._returned]  # and returns
         self.state: list[np.ndarray] = []  # the state inputs' arrays, in the manifest's order
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()  # threading's Lock, without importing threading
         self._data = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
         try:
             self._prepare(program)
@@ -506,7 +511,7 @@ class LoadedModel:
 
     def _open(self) -> ctypes.CDLL:
         try:
-            library = ctypes.CDLL(str(self.library.resolve()))
+            library = ctypes.CDLL(os.path.realpath(self.library))
         except OSError as exc:
             raise ArtifactError(f"{self.library}: cannot be loaded ({exc})") from None
         try:  # true once per library, whichever runtime (this one or C) asks

@@ -11,7 +11,8 @@ zero where an artifact drops weights the model's output does not use; and its co
 weights and constants it holds, where they can be told apart, not for a `.pt2`);
 load to first result in a new process (`cli/aot_start.py`; from the parent starting the
 process to the first output, interpreter start included; the median of `--starts` processes,
-interleaved across contenders), and its peak RSS there; the tilefold artifact also from C,
+interleaved across contenders, which may write Python's bytecode caches as a deployed
+install would have them), and its peak RSS there; the tilefold artifact also from C,
 through a small driver compiled by `cc` (`data/aot/bench_model.c`; its steady latency is its
 own median, run alone). Steady latency: every artifact loaded in this process beside
 tilefold's JIT (`tilefold.compile` of the same Module), timed interleaved after warm-up
@@ -170,6 +171,8 @@ def _starts(artifacts: list[Artifact], arrays: list[np.ndarray], want: np.ndarra
     env = {**os.environ, "TILEFOLD_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                           os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as deployed: the first start writes what
+    # later ones read, rather than each compiling every module it imports from source
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
     for _ in range(args.starts):
         for name, command in commands.items():

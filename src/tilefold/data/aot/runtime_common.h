@@ -116,10 +116,16 @@ static int tf_threads(void) {
   return size > TF_MAX_THREADS ? TF_MAX_THREADS : size;
 }
 
-/* The digest64 block sums of blocks first .. last-1 of the n bytes at p, for the Python
- * loader (tilefold/artifact/load.py), which checks this library's own digest before it
- * loads it, then data.bin's with these (several threads, each one call) before any kernel
- * runs. */
+/* The digest64 of the n bytes at p, its blocks summed on up to `threads` threads, for the
+ * Python loader (tilefold/artifact/load.py), which checks this library's own digest before
+ * it loads it, then data.bin's with this before any kernel runs. */
+uint64_t tf_digest64_parallel(const uint8_t *p, size_t n, int threads) {
+  return tf_digest64_threaded(p, n, threads);
+}
+
+/* The block sums of blocks first .. last-1, which loaders of format 2 before
+ * tf_digest64_parallel called on threads of their own: kept so that they still digest a
+ * newer artifact in C. */
 void tf_digest64_sums(const uint8_t *p, size_t n, size_t first, size_t last, uint64_t *sums) {
   tf_digest64_block_sums(p, n, first, last, sums);
 }
