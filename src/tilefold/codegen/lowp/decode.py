@@ -3,10 +3,11 @@
 Codes come in *steps* of 4 * L bytes per column panel of L lanes (`codegen/lowp/wlayout.py`):
 4-bit codes as one 32-bit word per lane holding 8 k (byte b: code k0 + b in its low nibble, code
 k0 + 4 + b in its high one, so that masking the low or high nibbles gives the u8 quads an integer
-dot product reads), 8-bit codes as 4 rows of L bytes (k0 .. k0 + 3). Integer 4-bit codes are
-stored unsigned, as the code plus 8 (GGUF's Q4_0/Q4_1 nibbles as they are). A decoder turns
-position j of a step into one f32 vector; the value may be the code times a power of two
-(`factor` undoes it once per group) or minus `bias`.
+dot product reads), 8-bit codes as one 32-bit word per lane holding k0 .. k0 + 3 (byte b: k0 + b,
+the quad as it is). Integer 4-bit codes are stored unsigned, as the code plus 8 (GGUF's
+Q4_0/Q4_1 nibbles as they are). A decoder turns position j of a step into one f32 vector; the
+value may be the code times a power of two (`factor` undoes it once per group) or minus
+`bias`.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def choose_decoder(code: str, target: Target, corrected: bool = False) -> Decode
         return Decoder(code, "minifloat", 2.0**126)
     if code == "fp8e4m3":
         return Decoder(code, "minifloat", 2.0**120)
+    if code == "i8":  # byte j moved to the top of its lane: the code times 2**24
+        return Decoder(code, "int", 2.0**-24)
     return Decoder(code, "int")
 
 
@@ -99,17 +102,12 @@ def _i32(value: int, lanes: int) -> ir.Constant:
     return ir.Constant(u.vec(u.i32, lanes), [value] * lanes)
 
 
-def _minifloat_bits(b: ir.IRBuilder, x: ir.Value, code: str, lanes: int) -> ir.Value:
-    """f32 bits of a minifloat code held in the low bits of each i32 lane (x: sign-extended for
-    fp8, a nibble in the low 4 bits for fp4): sign to bit 31, exponent|mantissa below f32's
-    exponent field."""
-    if code == "fp8e4m3":
-        bits = b.and_(b.shl(x, _i32(20, lanes)), _i32(0x87F00000 - (1 << 32), lanes))
-    else:
-        mag = b.shl(b.and_(x, _i32(7, lanes)), _i32(22, lanes))
-        sign = b.shl(b.and_(x, _i32(8, lanes)), _i32(28, lanes))
-        bits = b.or_(mag, sign)
-    return b.bitcast(bits, u.vec(u.f32, lanes))
+def _fp4_bits(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
+    """f32 bits of the fp4 code in the low 4 bits of each i32 lane: sign to bit 31,
+    exponent|mantissa below f32's exponent field."""
+    mag = b.shl(b.and_(x, _i32(7, lanes)), _i32(22, lanes))
+    sign = b.shl(b.and_(x, _i32(8, lanes)), _i32(28, lanes))
+    return b.bitcast(b.or_(mag, sign), u.vec(u.f32, lanes))
 
 
 def lut_constant(dec: Decoder) -> ir.Constant | None:
@@ -133,16 +131,21 @@ def decode_word(b: ir.IRBuilder, dec: Decoder, word: ir.Value, j: int, lut: ir.C
         fn = u.intrinsic(b.module, "llvm.x86.avx512.permvar.sf.512", u.vec(u.f32, 16),
                          [u.vec(u.f32, 16), u.vec(u.i32, 16)])
         return b.call(fn, [lut, shifted])
-    return _minifloat_bits(b, shifted, dec.code, lanes)
+    return _fp4_bits(b, shifted, lanes)
 
 
-def decode_bytes(b: ir.IRBuilder, dec: Decoder, ptr: ir.Value, lanes: int) -> ir.Value:
-    """The `lanes` 8-bit codes at `ptr` (one k of a panel) as f32."""
-    raw = b.load(b.bitcast(ptr, u.vec(u.i8, lanes).as_pointer()), align=1)
-    i32v, fty = u.vec(u.i32, lanes), u.vec(u.f32, lanes)
-    if dec.code == "u8":
-        return b.uitofp(b.zext(raw, i32v), fty)
-    wide = b.sext(raw, i32v)
-    if dec.method == "minifloat":
-        return _minifloat_bits(b, wide, dec.code, lanes)
-    return b.sitofp(wide, fty)
+def decode_byte(b: ir.IRBuilder, dec: Decoder, word: ir.Value, j: int, lanes: int) -> ir.Value:
+    """Byte j of each lane of the i32 vector `word` (8-bit codes) as f32, by one in-lane byte
+    shuffle (`vpshufb`) and a conversion: u8 codes moved to the lane's low byte, signed and
+    minifloat ones to its top byte (an i8 code c reads c * 2**24, which the decoder's `factor`
+    undoes; an fp8 code's sign lands on the f32 sign bit)."""
+    bytes_ty, i32v, fty = u.vec(u.i8, 4 * lanes), u.vec(u.i32, lanes), u.vec(u.f32, lanes)
+    at = 0 if dec.code == "u8" else 3
+    zero = 4 * lanes  # an index into the second (zero) operand
+    order = [4 * (i // 4) + j if i % 4 == at else zero for i in range(4 * lanes)]
+    moved = b.bitcast(b.shuffle_vector(b.bitcast(word, bytes_ty), u.zeros(bytes_ty),
+                                       ir.Constant(u.vec(u.i32, 4 * lanes), order)), i32v)
+    if dec.method == "minifloat":  # sign at bit 31, exponent|mantissa at bits 20 .. 26
+        bits = b.and_(b.ashr(moved, _i32(4, lanes)), _i32(0x87F00000 - (1 << 32), lanes))
+        return b.bitcast(bits, fty)
+    return b.sitofp(moved, fty)

@@ -20,7 +20,7 @@ from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker
 from tilefold.codegen.lowp.decode import (
     Decoder,
     bias_correction,
-    decode_bytes,
+    decode_byte,
     decode_word,
     lut_constant,
     nibble_k,
@@ -207,15 +207,12 @@ def emit_float_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
             xk = [u.gep(b, xg[m], b.mul(s, u.const(per_step))) for m in range(mt)]
             for v in range(panels):
                 vptr = u.gep(b, sptr, v * lanes * 4)
-                word = None
-                if dec.nibbles:
-                    word = b.load(b.bitcast(vptr, u.vec(u.i32, lanes).as_pointer()),
-                                  align=4)
+                word = b.load(b.bitcast(vptr, u.vec(u.i32, lanes).as_pointer()), align=4)
                 for j in range(per_step):
                     if dec.nibbles:
                         val, kk = decode_word(b, dec, word, j, lut, lanes), nibble_k(j)
                     else:
-                        val, kk = decode_bytes(b, dec, u.gep(b, vptr, j * lanes), lanes), j
+                        val, kk = decode_byte(b, dec, word, j, lanes), j
                     for m in range(mt):
                         i = (m * panels + v) * chains + j % chains
                         tmp[i] = u.fma(b, _splat_f(b, u.gep(b, xk[m], kk), lanes), val,

@@ -2,7 +2,7 @@
 
 A [K, N] weight's columns are cut into tiles of P panels of L lanes (P * L columns). A tile is
 stored as one run of *chunks*, one per group of K: the group's codes for the P panels in steps
-(`decode.py`: per step and panel one word per lane: 8 nibbles or 4 bytes), then the group's
+(`decode.py`: per step and panel one word per lane, 8 nibbles or 4 bytes), then the group's
 scales for the tile's columns (f16 where every scale is exactly an f16, as GGUF's are; else
 f32), then its corrections (f32, where the weight has zero points or offsets: what a group adds
 per unit of sum(x)), each chunk padded to a cache line. Tiles follow one another, so a thread
@@ -114,7 +114,9 @@ class StreamLayout:
                               | (octets[:, :, nibble_k(2 * m + 1)] << np.uint8(4))
                               for m in range(4)], axis=-1)  # [g, s, tiles, p, lanes, 4]
             return pairs.transpose(2, 0, 1, 3, 4, 5).reshape(tiles, g, -1)
-        part = full.reshape(g, s, 4, tiles, p, lanes).transpose(3, 0, 1, 4, 2, 5)
+        # a lane's word holds its column's bytes k0 .. k0 + 3 in order: the quads an integer dot
+        # multiplies, so no kernel transposes codes in registers
+        part = full.reshape(g, s, 4, tiles, p, lanes).transpose(3, 0, 1, 4, 5, 2)
         return part.reshape(tiles, g, -1)
 
     @property

@@ -19,7 +19,7 @@ from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker
 from tilefold.codegen.lowp.decode import (
     Decoder,
     bias_correction,
-    decode_bytes,
+    decode_byte,
     decode_word,
     lut_constant,
     nibble_k,
@@ -117,12 +117,12 @@ def _emit_worker(module: ir.Module, spec: UnpackSpec) -> ir.Function:
                         sptr = u.gep(b, cptr, b.add(b.mul(s, u.const(step_bytes)),
                                                     u.const(v * lanes * 4)))
                         word = b.load(b.bitcast(sptr, u.vec(u.i32, lanes).as_pointer()),
-                                      align=4) if dec.nibbles else None
+                                      align=4)
                         for j in range(dec.per_step):
                             kk = nibble_k(j) if dec.nibbles else j
                             in_group = b.add(b.mul(s, u.const(dec.per_step)), u.const(kk))
                             val = decode_word(b, dec, word, j, lut, lanes) if dec.nibbles \
-                                else decode_bytes(b, dec, u.gep(b, sptr, j * lanes), lanes)
+                                else decode_byte(b, dec, word, j, lanes)
                             out = u.fma(b, val, muls[j], add)
                             row = b.add(b.mul(g, u.const(spec.group)), in_group)
                             at = u.gep(b, bases[v], b.mul(row, strides[v]))

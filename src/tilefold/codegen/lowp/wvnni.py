@@ -5,8 +5,8 @@ or int8/uint8 bytes), another prologue and tile. The prologue quantizes each row
 of 32 k as llama.cpp's Q8_0 activations do: dx = max|x| / 127 (f32), q = rint(x / dx) (0 where
 dx is 0), and keeps dx, sum(q) per block and sum(dx * sum(q)) per group. A tile multiplies the
 codes by the s8 q in i32 (exact), per block, then in f32: acc += scale * sum_blocks dx * dot
-(+ correction * group sum). 4-bit words give their low and high nibbles by a mask; 8-bit steps
-(4 rows of L bytes) are transposed to quads per lane.
+(+ correction * group sum). 4-bit words give their low and high nibbles by a mask; 8-bit words
+are the quads themselves.
 
 Two dot instructions (`WgemvSpec.dot`): "vnni" (`vpdpbusd`, u8 x s8: int8 codes get their sign
 bit flipped, u8 = c + 128, so a block's dot starts from -128 * sum(q)), and "maddubs" for CPUs
@@ -68,16 +68,6 @@ def _i32v(value: int, lanes: int) -> ir.Constant:
     return ir.Constant(u.vec(u.i32, lanes), [value] * lanes)
 
 
-def _quads(b: ir.IRBuilder, step: ir.Value, lanes: int) -> ir.Value:
-    """4 rows of L bytes (k0..k0+3 of L columns) as L i32 lanes of (k0..k0+3) byte quads: one
-    byte shuffle (`vpermb` with AVX512-VBMI, else in-lane shuffles and a dword permute)."""
-    byte_ty = u.vec(u.i8, 4 * lanes)
-    order = [r * lanes + c for c in range(lanes) for r in range(4)]
-    out = b.shuffle_vector(b.bitcast(step, byte_ty), ir.Constant(byte_ty, ir.Undefined),
-                           ir.Constant(u.vec(u.i32, 4 * lanes), order))
-    return b.bitcast(out, u.vec(u.i32, lanes))
-
-
 def emit_dot_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
     """tile(...): y[mt, P*L] (first ncols columns) = the dequantized int8 rows of xs @ the
     tile's chunks at w; aux holds each row's block scales, block sums of q and group sums."""
@@ -92,7 +82,9 @@ def emit_dot_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
     blocks = b.mul(ng, u.const(per_group))
     step_bytes = panels * lanes * 4
     steps = BLOCK // dec.per_step  # steps per block
-    chains = 2 if mt == 1 else 1
+    # vpdpbusd's accumulator is a 5-cycle chain; maddubs' is a 1-cycle vpaddd, and a second
+    # chain there only took registers (spilling the block sums)
+    chains = 2 if mt == 1 and spec.dot == "vnni" else 1
     n_acc = mt * panels
     in_regs = n_acc * (chains + 2) + 4 <= registers(lanes)
     bias = dot_bias(spec)
@@ -140,8 +132,7 @@ def emit_dot_tile(module: ir.Module, spec: WgemvSpec, mt: int) -> ir.Function:
                     if dec.nibbles:
                         codes = [b.and_(word, nib), b.and_(b.lshr(word, _i32v(4, lanes)), nib)]
                     else:  # flipped: i8 to u8 for vpdpbusd, u8 to s8 for the sign trick
-                        q = _quads(b, word, lanes)
-                        codes = [b.xor(q, flip) if dec.code == flipped else q]
+                        codes = [b.xor(word, flip) if dec.code == flipped else word]
                     for m in range(mt):
                         for h, c in enumerate(codes):
                             i = (m * panels + v) * chains + (h if dec.nibbles else s) % chains
