@@ -170,10 +170,11 @@ class GemmEpilogue(Method):
 # integer dot instruction), by kernel and code width: (decoding, once per pass of rows;
 # multiplying, once per row). Fitted to the GEMV's times on znver3 (AVX2, 2 threads, 896 x
 # 4864 int4/int8, 1 to 256 rows): without VNNI a row's dot is `pmaddubsw`, `pmaddwd` and an add
-# (8-bit codes: a sign too), and 8-bit codes are transposed to quads first.
+# (8-bit codes: the row's sign too, and their magnitudes once a pass); 8-bit codes are stored
+# in quads, as the dot takes them.
 _OPS = {("float", 4): (2.0, 1.0), ("float", 8): (1.0, 1.0),
         ("vnni", 4): (2.0, 1.0), ("vnni", 8): (2.0, 1.0),
-        ("maddubs", 4): (1.0, 3.0), ("maddubs", 8): (2.5, 4.0)}
+        ("maddubs", 4): (1.0, 3.0), ("maddubs", 8): (1.0, 4.0)}
 
 
 def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
