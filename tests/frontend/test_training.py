@@ -346,6 +346,36 @@ def test_several_forwards_before_one_backward() -> None:
     _assert_training_native()
 
 
+def test_micro_batches_under_compiled_autograd_accumulate_natively() -> None:
+    """Compiled autograd hands the backend the gradient accumulation: the first micro-batch's
+    backward makes each `.grad` (`new_empty_strided`, then a copy), the second adds into it;
+    both backward graphs lower whole, strict, and the sums match float64."""
+    module = WithLoss(Block(), F.mse_loss)
+    oracle = copy.deepcopy(module).double()
+    compiled = torch.compile(module, backend="tilefold", options={"strict": True})
+    xs = [torch.randn(5, 3, 13) for _ in range(2)]
+    targets = [torch.randn(5, 3, 7) for _ in range(2)]
+    torch._dynamo.config.compiled_autograd = True
+    try:
+        for x, t in zip(xs, targets, strict=True):
+            loss = compiled(x, t)
+            torch.compile(lambda: loss.backward(), backend="tilefold",  # noqa: B023
+                          options={"strict": True})()
+    finally:
+        torch._dynamo.config.compiled_autograd = False
+    for x, t in zip(xs, targets, strict=True):
+        oracle(x.double(), t.double()).backward()
+    reduced = 2 * (13 + 33 + 7 + 2 * 15)
+    scale = max(float(p.grad.abs().max()) for p in oracle.parameters())
+    for p, q in zip(module.parameters(), oracle.parameters(), strict=True):
+        assert_close(p.grad.numpy() / scale, q.grad.numpy() / scale, dtype="f32",
+                     reduced=reduced)
+    graphs = report.reports()
+    assert any(g.lowered.get("aten.new_empty_strided.default") for g in graphs), graphs
+    for g in graphs:
+        assert g.mode == "tilefold" and not g.fallback, g.format()
+
+
 def test_batch_norm_in_training_mode_updates_its_running_statistics() -> None:
     """Batch statistics in the forward, their backward, and the running mean and variance
     written back into the module's buffers, three steps against float64."""

@@ -79,7 +79,8 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
     ):
         try:  # training: AOTAutograd's forward and backward graphs, both lowered
-            return training_backend(gm, example_inputs, graph, flag, weights, _lower)
+            return training_backend(gm, example_inputs, graph, flag, weights, _lower,
+                                    _cached)
         except TrainingUnsupported as exc:
             return _eager(gm, graph, str(exc), flag)
     preserve(gm)

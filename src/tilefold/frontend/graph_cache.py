@@ -70,9 +70,10 @@ def lifted(gm: fx.GraphModule) -> list[Any]:
     return list(_attributes(gm).values())
 
 
-def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
+def graph_key(gm: fx.GraphModule, example_inputs: list[Any], extra: Any = None) -> str | None:
     """The key of this graph and these inputs (the `lifted` attributes first), or None when
-    the graph may not be stored."""
+    the graph may not be stored; `extra` (JSON) is whatever else decides the lowering (the
+    training path's AOTAutograd configuration)."""
     if _mode() == "0":
         return None
     attributes = _attributes(gm)
@@ -93,7 +94,7 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
                       same])
     fields = {"schema": SCHEMA, "tilefold": __version__, "torch": torch.__version__,
               "lowering": source_digest(*_LOWERING), "code": gm.code, "inputs": metas,
-              "grad": torch.is_grad_enabled()}
+              "grad": torch.is_grad_enabled(), "extra": extra}
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -122,46 +123,65 @@ def storable() -> bool:
             and meta.num_intermediate_bases == 0 and not meta.tokens)
 
 
-def store(key: str, converted: Converted, aten_nodes: int) -> None:
-    """Write the lowering atomically (a failure to write is logged, never raised)."""
+def store(key: str, converted: Converted, aten_nodes: int) -> bool:
+    """Write the lowering atomically; whether it was stored (a failure to write is logged,
+    never raised)."""
     if converted.flattened or converted.views is not None or \
             not all(o is None or isinstance(o, int) for o in converted.outputs):
-        return  # (flattened or view outputs come only from symbolic graphs, which have no key)
+        return False  # (flattened or view outputs come only from symbolic graphs: no key)
     names = {id(array): f"input:{i}" for i, array in converted.frozen.items()}
     text = print_module(converted.module, external=names)
     if len(text) > MAX_TEXT_BYTES:
-        return
-    entry = {"schema": SCHEMA, "key": key, "text": text, "arg_indices": converted.arg_indices,
-             "outputs": converted.outputs, "frozen": sorted(converted.frozen),
-             "lowered": converted.lowered, "aten_nodes": aten_nodes,
-             "mutations": [[r, p] for r, p in converted.mutations.items()]}
-    path = _path(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".graph-", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(entry, f)
-        os.replace(tmp, path)
-    except OSError as exc:
-        log.warning("tilefold: could not store the lowered graph in %s: %s", path, exc)
+        return False
+    return store_record(key, {
+        "text": text, "arg_indices": converted.arg_indices, "outputs": converted.outputs,
+        "frozen": sorted(converted.frozen), "lowered": converted.lowered,
+        "aten_nodes": aten_nodes, "mutations": [[r, p] for r, p in converted.mutations.items()]})
 
 
 def load(key: str) -> Entry | None:
     """The stored lowering under `key`; None when there is none, it is unreadable, or the cache
     only writes."""
+    data = load_record(key)
+    try:
+        return None if data is None else Entry(
+            data["text"], data["arg_indices"], data["outputs"], data["frozen"],
+            data["lowered"], data["aten_nodes"], {int(r): int(p) for r, p in data["mutations"]})
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("tilefold: ignoring the stored graph %s (%s); lowering afresh",
+                    _path(key), exc)
+        return None
+
+
+def store_record(key: str, record: dict[str, Any]) -> bool:
+    """Write `record` (JSON) under `key` atomically; whether it was written."""
+    path = _path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".graph-", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"schema": SCHEMA, "key": key, **record}, f)
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        log.warning("tilefold: could not store the lowered graph in %s: %s", path, exc)
+        return False
+
+
+def load_record(key: str) -> dict[str, Any] | None:
+    """The record stored under `key`; None when there is none, it is unreadable or foreign,
+    or the cache only writes."""
     if _mode() == "write":
         return None
     path = _path(key)
     try:
         data = json.loads(path.read_text())
-        if data.get("schema") != SCHEMA or data.get("key") != key:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("key") != key:
             raise ValueError("written by another version")
-        return Entry(data["text"], data["arg_indices"], data["outputs"], data["frozen"],
-                     data["lowered"], data["aten_nodes"],
-                     {int(r): int(p) for r, p in data["mutations"]})
+        return data
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         log.warning("tilefold: ignoring the stored graph %s (%s); lowering afresh", path, exc)
         return None
 

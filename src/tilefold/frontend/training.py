@@ -21,6 +21,7 @@ the backend that calls it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,12 +31,18 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tilefold.errors import FallbackError, TilefoldError
+from tilefold.errors import FallbackError, TilefoldError, strict
+from tilefold.frontend import graph_cache, training_cache
 from tilefold.frontend.report import GraphReport, left_to_pytorch, record
+
+log = logging.getLogger("tilefold.frontend")
 
 # lower(aten_graph, inputs, frozen, report, strict, weights) -> a callable running the graph
 Lower = Callable[[fx.GraphModule, list[Any], set[int], GraphReport, bool | None, str | None],
                  Callable[..., Any]]
+# cached(entry, inputs, report, strict, weights) -> a callable running a stored lowering
+Cached = Callable[[graph_cache.Entry, list[Any], GraphReport, bool | None, str | None],
+                  Callable[..., Any]]
 
 
 class TrainingUnsupported(TilefoldError):
@@ -85,9 +92,11 @@ def _after_pytorch(runner: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
-                     flag: bool | None, weights: str | None, lower: Lower) -> Callable[..., Any]:
+                     flag: bool | None, weights: str | None, lower: Lower, cached: Cached
+                     ) -> Callable[..., Any]:
     """The compiled callable for Dynamo graph `graph` when autograd is on: AOTAutograd with a
-    forward and a backward compiler that each lower their graph to tilefold."""
+    forward and a backward compiler that each lower their graph to tilefold, or, warm, the
+    stored lowerings of both (`training_cache`)."""
     if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in example_inputs):
         raise TrainingUnsupported(
             f"graph {graph}: training runs on CPU tensors only for now; the GPU path compiles "
@@ -96,6 +105,18 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
     from tilefold.compiler import SharedBuffers
 
     shared = SharedBuffers()  # the forward and backward never run at once: one set of buffers
+    key = training_cache.key(gm, example_inputs)
+    stored = training_cache.load(key) if key else None
+    if stored is not None:
+        try:
+            return _from_cache(stored, gm, example_inputs, graph, flag, weights, cached, shared)
+        except TilefoldError as exc:  # e.g. a stale entry the IR no longer parses
+            if strict(flag):
+                raise FallbackError(f"graph {graph}: the cached lowering failed: {exc}") from exc
+            log.warning("tilefold: graph %s: the cached lowering failed (%s); tracing afresh",
+                        graph, exc)
+    facts: dict[str, Any] = {}  # the forward's, for the record the backward's compile stores
+    parts: dict[str, tuple[Any, int]] = {}
 
     def compiler(part: str) -> Callable[[fx.GraphModule, list[Any]], Callable]:
         def compile_part(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
@@ -110,6 +131,8 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
                     runner = lower(aten_gm, list(aten_inputs), set(), report, flag, weights)
                 for executor in report.executors:  # nothing of a step kept for the next
                     executor.runner.transient(shared)
+                if key:
+                    _keep(part, aten_gm, report, facts, parts, key)
             except FallbackError:
                 raise
             except Exception as exc:  # whatever tilefold cannot do, PyTorch runs
@@ -132,3 +155,41 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
     )
     with sdpa_kernel(SDPBackend.MATH):  # attention as matmuls and softmax, differentiated so
         return compiled(gm, example_inputs)
+
+
+def _keep(part: str, aten_gm: fx.GraphModule, report: GraphReport, facts: dict[str, Any],
+          parts: dict[str, tuple[Any, int]], key: str) -> None:
+    """Note a part that lowered whole; once the backward has, store both and the record."""
+    whole = report.mode == "tilefold" and report.partitions == 1 and len(report.executors) == 1
+    if not whole:
+        return
+    if part == training_cache.FORWARD:
+        facts.update(training_cache.forward_facts(aten_gm) or {})
+    elif part != training_cache.BACKWARD or not facts:
+        return
+    parts[part] = (report.executors[0].runner.converted, report.aten_nodes)
+    if part == training_cache.BACKWARD:
+        joint = training_cache.joint(facts, aten_gm)
+        if joint is not None:
+            training_cache.store(key, joint, parts)
+        facts.clear()
+        parts.clear()
+
+
+def _from_cache(stored: tuple[training_cache.Joint, graph_cache.Entry, graph_cache.Entry],
+                gm: fx.GraphModule, example_inputs: list[Any], graph: str, flag: bool | None,
+                weights: str | None, cached: Cached, shared: Any) -> Callable[..., Any]:
+    """The compiled callable from the stored forward and backward lowerings: AOTAutograd's
+    autograd.Function made again (`training_cache.function`), no trace."""
+    joint, forward, backward = stored
+    attributes = graph_cache.lifted(gm)
+    real = [*attributes, *example_inputs]
+    runners = []
+    for part, entry in ((training_cache.FORWARD, forward), (training_cache.BACKWARD, backward)):
+        report = GraphReport(f"{graph} {part}", "tilefold")
+        run = cached(entry, real, report, flag, weights)
+        for executor in report.executors:
+            executor.runner.transient(shared)
+        runners.append(_after_pytorch(run))
+    call = training_cache.function(joint, *runners)
+    return (lambda *args: call(*attributes, *args)) if attributes else call

@@ -59,6 +59,17 @@ def empty(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     return _filled(ctx, 0)
 
 
+@lowering(aten.new_empty_strided.default, aten.empty_strided.default)
+def empty_strided(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+    """an uninitialized tensor with contiguous strides, as zeros (compiled autograd's
+    AccumulateGrad makes a parameter's first `.grad` so, then copies the gradient in); other
+    strides stay with PyTorch (the IR's results are contiguous)"""
+    val = ctx.node.meta.get("val") if ctx.node is not None else None
+    if not isinstance(val, torch.Tensor) or not val.is_contiguous():
+        raise NotApplicable("strides other than contiguous")
+    return _filled(ctx, 0)
+
+
 @lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def ones(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     """ones of the result shape"""

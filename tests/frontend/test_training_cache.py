@@ -1,0 +1,113 @@
+"""The training graph cache (`frontend/training_cache.py`): a new process with the same cache
+trains without AOTAutograd's trace, and its steps are exactly the cold process's (which match
+float64 eager); a model with another shape or another requires_grad pattern misses.
+
+Each process is a subprocess (`_TRAIN`): the cold one compiles and stores, the warm one runs
+with AOTAutograd's tracing made to fail, so a step that traced would raise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from tolerances import assert_close, tolerance
+
+_TRAIN = r'''
+import copy, json, sys
+import torch
+import torch.nn.functional as F
+from tilefold.frontend import report
+
+warm = sys.argv[1] == "warm"
+if warm:  # a hit must not trace: AOTAutograd's first two stages raise
+    import torch._functorch.aot_autograd as aot
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("AOTAutograd traced")
+
+    aot.create_aot_state = aot.aot_stage1_graph_capture = refuse
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+        self.norm, self.head = torch.nn.LayerNorm(16), torch.nn.Linear(16, 3)
+
+    def forward(self, ids, labels):
+        x = self.emb(ids)
+        h = self.norm(self.fc2(F.gelu(self.fc1(x))) + x)
+        logits = self.head(h.mean(1))
+        return F.cross_entropy(logits, labels), logits > 0  # a non-differentiable output
+
+
+torch.manual_seed(0)
+model = Net()
+oracle = copy.deepcopy(model).double()
+ids, labels = torch.randint(0, 50, (4, 6)), torch.randint(0, 3, (4,))
+compiled = torch.compile(model, backend="tilefold", options={"strict": True})
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt64 = torch.optim.SGD(oracle.parameters(), lr=0.1)
+out = {"losses": [], "grads": [], "oracle_losses": [], "oracle_grads": [], "positive": []}
+for _ in range(3):
+    for o in (opt, opt64):
+        o.zero_grad()
+    loss, predicted = compiled(ids, labels)
+    assert not predicted.requires_grad
+    loss.backward()
+    want, _ = oracle(ids, labels)
+    want.backward()
+    out["losses"].append(loss.item())
+    out["oracle_losses"].append(want.item())
+    out["grads"].append([p.grad.flatten().tolist() for p in model.parameters()])
+    out["oracle_grads"].append([p.grad.flatten().tolist() for p in oracle.parameters()])
+    out["positive"].append(predicted.tolist())
+    opt.step()
+    opt64.step()
+out["reports"] = [(r.graph, r.cached, r.mode) for r in report.reports()]
+if warm:  # another batch size, then another requires_grad pattern: each must trace
+    out["misses"] = []
+    for change in (lambda: compiled(ids[:3], labels[:3]),
+                   lambda: (model.fc1.weight.requires_grad_(False), compiled(ids, labels))):
+        try:
+            change()
+            out["misses"].append("no trace")
+        except Exception as exc:
+            out["misses"].append("AOTAutograd traced" in str(exc))
+print(json.dumps(out))
+'''
+
+
+def _train(mode: str, cache) -> dict:
+    env = {**os.environ, "TILEFOLD_CACHE_DIR": str(cache), "TILEFOLD_STRICT": "1",
+           "TILEFOLD_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", _TRAIN, mode], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_warm_process_trains_without_the_trace_as_the_cold_one(tmp_path):
+    cold = _train("cold", tmp_path)
+    assert [c for _, c, _ in cold["reports"]] == [False, False]
+    warm = _train("warm", tmp_path)
+    assert [(g.split()[-1], c, m) for g, c, m in warm["reports"]] == [
+        ("forward", True, "tilefold"), ("backward", True, "tilefold")]
+    # a hit is the miss's computation: the same losses, gradients and outputs, bit for bit
+    for field in ("losses", "grads", "positive"):
+        assert warm[field] == cold[field], field
+    # and both match float64 eager step by step (the loss within a bound that grows by one
+    # gradient's rounding a step, as the parameters drift apart; the first step's gradients,
+    # from the same parameters, within the rule)
+    reduced = 16 + 32 + 16 + 6 + 3 + 4
+    eps = tolerance("f32", reduced)["rtol"]
+    for step, (got, want) in enumerate(zip(warm["losses"], warm["oracle_losses"], strict=True)):
+        assert abs(got - want) <= eps * (1 + step) * (abs(want) + 1), (step, got, want)
+    scale = max(abs(v) for g in warm["oracle_grads"][0] for v in g)
+    for got, want in zip(warm["grads"][0], warm["oracle_grads"][0], strict=True):
+        assert_close(np.array(got) / scale, np.array(want) / scale, dtype="f32", reduced=reduced)
+    assert warm["misses"] == [True, True]  # another batch, another requires_grad: traced
