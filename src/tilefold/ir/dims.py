@@ -37,7 +37,7 @@ def parse(text: str) -> Polynomial | None:
             return None
         if m.group(3):
             coeff = int(m.group(2) or 1) * (-1 if m.group(1) == "-" else 1)
-            monomial = "*".join(sorted(m.group(3).split("*")))
+            monomial = "*".join(sorted(symbols_of(m.group(3))))
             terms[monomial] = terms.get(monomial, 0) + coeff
         else:
             const += int(m.group(5)) * (-1 if m.group(4) == "-" else 1)

@@ -223,7 +223,7 @@ def measured_bandwidth_gbps(threads: int = 1, *, refresh: bool = False) -> float
     threads = _check_threads(threads)
     key = _bandwidth_key(threads)
     cached = None if refresh else _recall(key)
-    return cached if cached is not None else _remember(key, probe_bandwidth_gbps(threads))
+    return cached if cached is not None else _remember(key, ReadProbe(threads)())
 
 
 class ReadProbe:
@@ -244,11 +244,6 @@ class ReadProbe:
         log.info("probed read bandwidth x%d over %d MiB: %.1f GB/s", self.threads,
                  self.data.nbytes >> 20, gbps)
         return gbps
-
-
-def probe_bandwidth_gbps(threads: int = 1) -> float:
-    """The read-stream bandwidth `threads` threads get now (GB/s), not recorded."""
-    return ReadProbe(threads)()
 
 
 def _bandwidth_key(threads: int) -> str:
