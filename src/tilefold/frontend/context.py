@@ -57,6 +57,8 @@ class LoweringContext:
         self.size_inputs: dict[str, int] = {}  # symbol of a SymInt input -> its placeholder
         self.value_args: dict[str, Tensor] = {}  # symbol -> its `i64[]` argument (graph_io)
         self._scalars: dict[tuple, Tensor] = {}
+        self.seed_arg: Tensor | None = None  # the graph's random seed (`seed`), made on first use
+        self.streams = 0  # random sites drawn from it so far
 
     # -- values ------------------------------------------------------------------------------
 
@@ -115,6 +117,14 @@ class LoweringContext:
                 self.value_args[symbol] = value_argument(self.b, symbol)
             return self.value_args[symbol]
         raise NotApplicable(f"no input's shape carries the size ?{symbol}")
+
+    def seed(self) -> tuple[Tensor, int]:
+        """The graph's seed, an `i64[]` argument the runner draws anew from PyTorch's generator
+        on every call (`converter.SEED`), and a stream of its own for one random site."""
+        if self.seed_arg is None:
+            self.seed_arg = self.b.arg("seed", dtypes.i64, ())
+        self.streams += 1
+        return self.seed_arg, self.streams - 1
 
     def operand(self, arg: Any, dtype: DType) -> Tensor:
         """A tensor argument cast to `dtype`, or a Python number as a scalar constant of it."""

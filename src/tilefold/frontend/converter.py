@@ -48,7 +48,7 @@ class Converted:
     """A lowered graph: the IR module, which placeholders are its arguments, and what failed."""
 
     module: Module
-    arg_indices: list[int]  # placeholder positions passed to the IR function, in order
+    arg_indices: list[int]  # placeholder positions passed to the IR function, in order (SEED)
     outputs: list[Any]  # per graph output: an IR result index, a literal (None) or a SizeOutput
     unsupported: dict[fx.Node, str] = field(default_factory=dict)  # node -> reason
     lowered: dict[str, int] = field(default_factory=dict)  # ATen op -> count
@@ -75,19 +75,34 @@ class Converted:
         """The IR function's arguments from the graph's: its tensors as they are, each size
         input in its IR form (a NumPy array)."""
         forms = self.size_inputs
-        return [SIZE_FORMS[forms[k]](args[p]) if k in forms else args[p]
-                for k, p in enumerate(self.arg_indices)]
+        return [SIZE_FORMS[forms[k]](args[p]) if k in forms else draw_seed() if p == SEED
+                else args[p] for k, p in enumerate(self.arg_indices)]
+
+
+SEED = -1  # `Converted.arg_indices`' entry for the random seed: no placeholder, drawn per call
+
+
+def draw_seed() -> np.ndarray:
+    """A new seed for a graph's random ops, drawn from PyTorch's default generator (so
+    `torch.manual_seed` repeats a run, and the generator moves on as eager's would)."""
+    return np.asarray(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64).item(),
+                      np.int64)
 
 
 def _size_arguments(ctx: LoweringContext, result: Converted, sizes: dict[str, int]) -> None:
-    """Append the size inputs the IR function takes (`graph_io`) to its argument list."""
+    """Append the arguments lowering made to the IR function's argument list, in its order:
+    the size inputs it takes (`graph_io`) and the random seed (`SEED`)."""
     carried, signed = unheld(ctx.b.function, list(sizes))
     ctx.static(*(SymDim(s) for s in signed))  # maybe negative: no dim can carry them
     carry_dims(ctx.b, carried)
     args = ctx.b.function.args
-    for symbol, value in ctx.value_args.items():
-        result.size_inputs[args.index(value.value)] = "value"
-        result.arg_indices.append(sizes[symbol])
+    symbols = {v.value: s for s, v in ctx.value_args.items()}
+    for arg in args[len(result.arg_indices):len(args) - len(carried)]:
+        if ctx.seed_arg is not None and arg is ctx.seed_arg.value:
+            result.arg_indices.append(SEED)
+            continue
+        result.size_inputs[args.index(arg)] = "value"
+        result.arg_indices.append(sizes[symbols[arg]])
     for symbol in carried:
         result.size_inputs[len(result.arg_indices)] = "dim"
         result.arg_indices.append(sizes[symbol])

@@ -311,27 +311,51 @@ def rsub(ctx: LoweringContext, x: Any, y: Any, alpha: Any = 1) -> Any:
 
 @lowering(aten.dropout.default)
 def dropout(ctx: LoweringContext, x: Any, p: float, train: bool) -> Any:
-    """dropout at inference is the identity"""
-    if train and p > 0:
-        raise NotApplicable("dropout in training mode")
-    return ctx.value(x)
+    """dropout: the identity at inference, else `native_dropout`'s output"""
+    if not train or p == 0:
+        return ctx.value(x)
+    return native_dropout(ctx, x, p, train)[0]
 
 
 @lowering(aten.native_dropout.default)
 def native_dropout(ctx: LoweringContext, x: Any, p: float, train: bool | None) -> Any:
-    """(output, kept mask) of dropout where no random draw decides it: outside training or at
-    p = 0 every element is kept as is; at p = 1 none is (zeros, as PyTorch returns)"""
-    if train is not False and 0 < p < 1:
-        raise NotApplicable(f"dropout p={p} in training mode draws random numbers")
-    keep = not train or p == 0
+    """(output, kept mask) of dropout. Training: each element is kept where a uniform draw
+    from the graph's seed (`random_uniform`, a new seed every call) is at least p, and scaled
+    by 1/(1-p). Outside training or at p = 0 every element is kept as is; at p = 1 none is
+    (zeros, as PyTorch returns)."""
+    p = ctx.number(p)
     t = ctx.operand(x, ctx.out_dtype(0))
     shape = ctx.out_shape(0)
+    if train is not False and 0 < p < 1:
+        seed, stream = ctx.seed()
+        drawn = ctx.op("random_uniform", seed, shape=shape, stream=stream)
+        keep = ctx.op("ge", drawn, ctx.scalar(p, dtypes.f32))
+        kept = ctx.op("mul", t, ctx.cast(keep, t.dtype))  # as PyTorch: x * mask * scale
+        return [ctx.op("mul", kept, ctx.scalar(1 / (1 - p), t.dtype)), keep]
+    keep = not train or p == 0
     mask = ctx.scalar(keep, ctx.out_dtype(1))
     mask = ctx.op("broadcast_to", mask, shape=shape) if shape else mask
     if keep:
         return [t, mask]
     zero = ctx.scalar(0, ctx.out_dtype(0))
     return [ctx.op("broadcast_to", zero, shape=shape) if shape else zero, mask]
+
+
+@lowering(aten.rand.default)
+def rand(ctx: LoweringContext, size: Any, dtype: Any = None, layout: Any = None,
+         device: Any = None, pin_memory: Any = None) -> Any:
+    """Uniform numbers in [0, 1), drawn from the graph's seed (f32, or f64 from them)"""
+    if ctx.out_dtype() not in (dtypes.f32, dtypes.f64):
+        raise NotApplicable(f"rand of {ctx.out_dtype()} (a draw rounded to it may reach 1)")
+    seed, stream = ctx.seed()
+    drawn = ctx.op("random_uniform", seed, shape=ctx.out_shape(), stream=stream)
+    return ctx.cast(drawn, ctx.out_dtype())
+
+
+@lowering(aten.rand_like.default)
+def rand_like(ctx: LoweringContext, x: Any, **kwargs: Any) -> Any:
+    """`rand` of x's shape"""
+    return rand(ctx, None)
 
 
 @lowering("prims.fma.default")  # registered with Inductor's prims, not at import

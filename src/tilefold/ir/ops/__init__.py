@@ -9,6 +9,7 @@ from tilefold.ir.ops import attention as attention  # scaled_dot_product_attenti
 from tilefold.ir.ops import collectives as collectives  # all_reduce, all_gather, redistribute, ...
 from tilefold.ir.ops import index as index  # arange, advanced index
 from tilefold.ir.ops import quant as quant  # quantize, dequantize
+from tilefold.ir.ops import random as random  # random_uniform (counter-based, seeded)
 from tilefold.ir.ops import rank_collectives as rank_collectives  # spmd.all_reduce, ...
 from tilefold.ir.ops import rank_index as rank_index  # spmd.axis_index
 

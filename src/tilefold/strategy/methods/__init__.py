@@ -10,6 +10,7 @@ from tilefold.strategy.methods import handwritten as handwritten
 from tilefold.strategy.methods import lto as lto
 from tilefold.strategy.methods import movement as movement
 from tilefold.strategy.methods import multitensor as multitensor
+from tilefold.strategy.methods import random as random
 from tilefold.strategy.methods import scalar as scalar
 
 # Every method these modules registered, kept so that a removed one can be registered again.
