@@ -10,14 +10,15 @@ from tilefold.codegen.cpu.random import random_kernel
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
 
-ELEMENT_S = 0.2e-9  # per number: two integer mixes and a store, a vector of lanes at a time
+ELEMENT_S = 0.5e-9  # per number and thread: two integer mixes and a store, lanes at a time
 
 
 @register_method
 class RandomNumbers(Method):
     name = "handwritten.random"
     family = "hand-written"
-    generators = ("tilefold.codegen.cpu.random", "tilefold.ir.ops.random")
+    generators = ("tilefold.codegen.cpu.random", "tilefold.codegen.cpu.rowkernel",
+                  "tilefold.ir.ops.random")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         why = problem.not_lone("random_uniform")
@@ -26,8 +27,8 @@ class RandomNumbers(Method):
         op = problem.body[0]
         n = math.prod(problem.shape(op.results[0]))
         stream = problem.attrs(op)["stream"]
-        estimate = ELEMENT_S * n + ctx.machine.call_s
+        estimate = ELEMENT_S * n / ctx.threads + ctx.machine.call_s
 
         def build() -> Kernel:
-            return Kernel.native(random_kernel(n, stream, ctx.target))
+            return Kernel.native(random_kernel(n, stream, ctx.threads, ctx.target))
         return [self.candidate({}, estimate, build, "the counter hash in SIMD lanes")]
