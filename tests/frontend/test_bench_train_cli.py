@@ -26,3 +26,14 @@ def test_bench_train_times_each_contender_and_checks_the_loss(tmp_path, capsys,
     modes = [g.split(":")[1].split(",")[0].strip() for g in minilm["graphs"]]
     # forward, backward and the AdamW step (its first and its steady graph), all in tilefold
     assert len(modes) >= 3 and set(modes) == {"tilefold"}, minilm["graphs"]
+
+
+def test_the_child_reports_its_peak_rss_and_its_first_step(capsys, restore_threads):
+    """The per-contender child (`python -m tilefold.cli.bench_train`) gives both figures the
+    table compares: its own process's peak RSS and its first step's seconds."""
+    from tilefold.cli import bench_train
+
+    bench_train.main(["minilm", "eager", "1", "8", "2", "1", "1", "1"])
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["peak_rss_bytes"] > 1 << 20
+    assert 0 < figures["first_step_s"] < bench_train.CHILD_TIMEOUT_S

@@ -453,7 +453,8 @@ def test_a_step_keeps_nothing_of_its_tensors_alive() -> None:
 
 def test_forward_and_backward_take_turns_with_one_set_of_buffers() -> None:
     """The forward's and the backward's plans take their intermediates from one
-    `SharedBuffers` (they never run at once): the pool holds less than the two plans use."""
+    `SharedBuffers` (they never run at once): the pool holds less than the two plans use,
+    each laying its buffers out from the pool's start whatever their shapes."""
     module = WithLoss(MLP(), F.mse_loss)
     x = torch.randn(64, 13, requires_grad=True)
     train_and_compare(module, [x, torch.randn(64, 7)], reduced=13 + 4 * 33 + 2 * 7)
@@ -463,7 +464,7 @@ def test_forward_and_backward_take_turns_with_one_set_of_buffers() -> None:
     assert shared is not None and all(c.shared is shared for c in compiled)
     used = [p.shared_bytes for c in compiled for p in c._plans.values()]
     assert len(used) == 2 and min(used) > 0
-    assert shared.nbytes < sum(used), (shared.nbytes, used)
+    assert max(used) <= shared.held < sum(used), (shared.held, used)
 
 
 def test_saved_weights_and_activations_are_not_copied() -> None:

@@ -45,6 +45,36 @@ def test_cse_works_inside_each_region_but_not_across() -> None:
     assert pm.passes[0].stats == {"num-cse": 2}
 
 
+def test_cse_merges_chains_and_renames_later_uses_in_one_walk() -> None:
+    """A duplicate whose operands are duplicates merges too, and every later use of an erased
+    result (a region op's operand, the return) reads the earlier op's."""
+    text = """func @f(%x: f32[4]) -> (f32[4], f32[4], f32[4]) {
+  %a = neg(%x) : f32[4]
+  %b = neg(%x) : f32[4]
+  %c = exp(%a) : f32[4]
+  %d = exp(%b) : f32[4]
+  %e = add(%c, %d) : f32[4]
+  %f = add(%d, %c) : f32[4]
+  %g = fused(%d, %b) : f32[4] region (%r: f32[4], %s: f32[4]) {
+    %0 = mul(%r, %s) : f32[4]
+    yield(%0)
+  }
+  return(%f, %g, %e)
+}"""
+    m = parse_module(text)
+    pm = PassManager("cse")
+    pm.run(m)
+    fn = m.functions["f"]
+    assert names(fn.body) == ["neg", "exp", "add", "fused", "return"]
+    assert pm.passes[0].stats == {"num-cse": 3}
+    kept = {op.name: op.results[0] for op in fn.body.ops if op.results}
+    assert fn.body.ops[3].operands == [kept["exp"], kept["neg"]]
+    x = np.linspace(-2.0, 2.0, 4).astype(np.float32)
+    for got, want in zip(interpret(m, x), interpret(parse_module(text), x),
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_dce_erases_dead_ops_in_regions_and_dead_region_ops() -> None:
     m = parse_module(REGIONS)
     pm = PassManager("dce")

@@ -15,7 +15,6 @@ import numpy as np
 from tilefold.ir import Block, Function, Operation, Value
 from tilefold.passes.base import Pass, Statistic
 from tilefold.passes.registry import register_pass
-from tilefold.passes.rewrite import Rewriter
 
 # Constants above this many bytes are keyed by a sample and compared in full only when two
 # samples match: copying and hashing every weight's bytes was 70% of a warm MiniLM pipeline.
@@ -62,19 +61,27 @@ class CSE(Pass):
 
     def run_on_function(self, fn: Function) -> None:
         order = {v: i for i, v in enumerate(fn.values())}
-        self.run_on_block(fn.body, Rewriter(fn), order)
+        self.run_on_block(fn.body, order, {})
 
-    def run_on_block(self, block: Block, rewriter: Rewriter, order: dict[Value, int]) -> None:
+    def run_on_block(self, block: Block, order: dict[Value, int],
+                     replaced: dict[Value, Value]) -> None:
+        """CSE over `block` and its regions; `replaced` maps each erased op's results to the
+        earlier op's, applied to every later operand as the walk reaches it (uses follow
+        their definition), one pass in all: replacing each op's uses over the whole function
+        was 0.6 s of a 3,200-op optimizer step's 1.2 s pipeline."""
         seen: dict[Hashable, Operation] = {}
         for op in list(block.ops):
+            if replaced and any(v in replaced for v in op.operands):
+                op.operands = [replaced.get(v, v) for v in op.operands]
             for region in op.regions:
-                self.run_on_block(region, rewriter, order)
+                self.run_on_block(region, order, replaced)
             if not op.has_trait("pure") or op.regions:
                 continue
             key = self.key(op, order)
             first = seen.setdefault(key, op)
             if first is not op:
-                rewriter.replace(op, first.results)
+                replaced.update(zip(op.results, first.results, strict=True))
+                op.erase()
                 self.count("num-cse")
 
     @staticmethod
