@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tilefold.frontend import report
 
-warm = sys.argv[1] == "warm"
+warm, dropout = sys.argv[1] == "warm", sys.argv[2] == "dropout"
 if warm:  # a hit must not trace: AOTAutograd's first two stages raise
     import torch._functorch.aot_autograd as aot
 
@@ -40,7 +40,10 @@ class Net(torch.nn.Module):
 
     def forward(self, ids, labels):
         x = self.emb(ids)
-        h = self.norm(self.fc2(F.gelu(self.fc1(x))) + x)
+        h = F.gelu(self.fc1(x))
+        if dropout:  # a random op: its seed is drawn at each call, hit or miss
+            h = F.dropout(h, 0.25)
+        h = self.norm(self.fc2(h) + x)
         logits = self.head(h.mean(1))
         return F.cross_entropy(logits, labels), logits > 0  # a non-differentiable output
 
@@ -82,10 +85,10 @@ print(json.dumps(out))
 '''
 
 
-def _train(mode: str, cache) -> dict:
+def _train(mode: str, cache, graph: str = "plain") -> dict:
     env = {**os.environ, "TILEFOLD_CACHE_DIR": str(cache), "TILEFOLD_STRICT": "1",
            "TILEFOLD_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _TRAIN, mode], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", _TRAIN, mode, graph], capture_output=True,
                           text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -111,3 +114,14 @@ def test_a_warm_process_trains_without_the_trace_as_the_cold_one(tmp_path):
     for got, want in zip(warm["grads"][0], warm["oracle_grads"][0], strict=True):
         assert_close(np.array(got) / scale, np.array(want) / scale, dtype="f32", reduced=reduced)
     assert warm["misses"] == [True, True]  # another batch, another requires_grad: traced
+
+
+def test_a_graph_with_dropout_is_stored_and_a_hit_draws_as_the_miss(tmp_path):
+    cold = _train("cold", tmp_path, "dropout")
+    warm = _train("warm", tmp_path, "dropout")
+    assert [(g.split()[-1], c) for g, c, _ in warm["reports"]] == [
+        ("forward", True), ("backward", True)]
+    # the seeds come from PyTorch's generator in both processes: the same masks, bit for bit
+    for field in ("losses", "grads", "positive"):
+        assert warm[field] == cold[field], field
+    assert warm["losses"] != warm["oracle_losses"]  # dropout ran: eager without masks differs

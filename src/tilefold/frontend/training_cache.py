@@ -14,9 +14,12 @@ gradient per input.
 
 Only calls that need none of AOTAutograd's other runtime wrapping are stored (`joint`): no
 input written (batch norm's running statistics, an optimizer's state), no output aliasing an
-input or another output, no random op (dropout's seeds), no symbolic size, no tensor
+input or another output, no symbolic size, no tensor
 subclass, no duplicated input, no effect token, no autocast; those graphs are traced in every
-process, as before. Files are JSON, never pickles.
+process, as before. A graph with random ops (dropout) is stored like any other: its lowering
+draws its seed from PyTorch's generator at each call (`converter.SEED`), hit or miss, so
+AOTAutograd's RNG functionalization (off by default) is the only random wrapping refused.
+Files are JSON, never pickles.
 """
 
 from __future__ import annotations
@@ -61,11 +64,6 @@ def key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
                                  extra={"training": sorted(map(repr, config.items()))})
 
 
-def _random(gm: fx.GraphModule) -> bool:
-    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-               and torch.Tag.nondeterministic_seeded in n.target.tags for n in gm.graph.nodes)
-
-
 def _outputs(gm: fx.GraphModule) -> list[Any]:
     return list(next(iter(reversed(gm.graph.find_nodes(op="output")))).args[0])
 
@@ -81,7 +79,7 @@ def forward_facts(fw_gm: fx.GraphModule) -> dict[str, Any] | None:
 
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None)
-    if meta is None or _random(fw_gm):
+    if meta is None:
         return None
     placeholders = fw_gm.graph.find_nodes(op="placeholder")
     saved = _outputs(fw_gm)[meta.num_outputs:]
@@ -118,7 +116,7 @@ def joint(facts: dict[str, Any], bw_gm: fx.GraphModule) -> Joint | None:
     """The record of a call from the forward's facts and the backward graph."""
     outs = _outputs(bw_gm)
     placeholders = bw_gm.graph.find_nodes(op="placeholder")
-    if _random(bw_gm) or len(outs) != facts["inputs"] or \
+    if len(outs) != facts["inputs"] or \
             len(placeholders) != facts["saved"] + len(facts["tangents"]):
         return None
     detach = [i for i, (out, (grad, leaf)) in enumerate(zip(outs, facts["grad_leaves"],
