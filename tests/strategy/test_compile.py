@@ -15,11 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tilefold
+from tests.tolerances import tolerance
 from tilefold.compiler import compile
 from tilefold.ir import Builder, interpret, parse_module
 from tilefold.ir import functional as F
-
-from tests.tolerances import tolerance
 
 MLP = """func @main(%x: f32[?b,16], %w1: f32[16,40], %b1: f32[40], %w2: f32[40,16],
                   %b2: f32[16]) -> (f32[?b,16]) {
