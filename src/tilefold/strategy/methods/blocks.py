@@ -117,8 +117,8 @@ class GemmEpilogue(Method):
         # instead (SmolLM2 f32 peak RSS 1147 -> 795 MB; its 256-token prompt 552 -> 455 tok/s
         # on znver3, still 1.16x llama.cpp's F32). Symbolic rows that are never one (Dynamo's
         # graphs: `Context.min_size` 2) have no GEMV reading B in place: B is packed once, as
-        # for static rows (MiniLM's encode flow packed each weight per call: 1.29x -> 1.35x
-        # eager on znver3, 2 threads).
+        # for static rows (MiniLM's encode flow packed each weight per call: 1.20-1.29x ->
+        # 1.31-1.40x eager on a shared znver3, 2 threads).
         gemv = not lowp and int(np.prod(problem.shape(c)[:-1])) == 1
         prepack = mm.operands[1] in problem.constants and len(b_shape) == 2 and not gemv \
             and not _may_be_one_row(mm.operands[0].type.shape[:-1], ctx.min_size)
