@@ -298,7 +298,7 @@ class CompiledGraph:
 
     def __init__(
         self, module: Module, function: str, target: Target | None, fusion_refusals: list,
-        strict: bool | None = None, donate: dict[int, int] | None = None,
+        strict: bool | None = None, donate: dict[int, int] | None = None, min_size: int = 1,
     ) -> None:
         self.module = module
         self.donate = dict(donate or {})  # result index -> argument index it may overwrite
@@ -306,7 +306,7 @@ class CompiledGraph:
         self.function: Function = module[function]
         self.target = target
         self.refusals = fusion_refusals
-        self.ctx = context(target)
+        self.ctx = context(target, min_size=min_size)
         # Inputs that stay the same arrays from call to call are recorded on the second call and
         # replayed from then on (`Recording`); TILEFOLD_REPLAY=0 turns that off.
         self.replay = os.environ.get("TILEFOLD_REPLAY", "1") != "0" and (
@@ -714,7 +714,7 @@ def optimized(module: Module, function: str = "main", weights: str | None = None
 def compile(
     module: Module, target: Target | GPUTarget | str | None = None, *, function: str = "main",
     strict: bool | None = None, donate: dict[int, int] | None = None,
-    weights: str | None = None, in_place: bool = False,
+    weights: str | None = None, in_place: bool = False, min_size: int = 1,
 ) -> CompiledGraph:
     """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays (for a GPU
     target, named as "h200" or a `GPUTarget`: on torch tensors of that device, `tilefold.gpu`).
@@ -730,6 +730,9 @@ def compile(
     in the GEMM's registers: a quarter or an eighth of the bytes a decode step reads); None
     follows `TILEFOLD_WEIGHTS` (unset: f32, exact). `in_place=True` optimizes `module` itself
     instead of a copy (for a caller that built it only to compile it; it is changed).
+    `min_size` is the least size any symbolic dim takes (Dynamo specializes sizes 0 and 1, so
+    its graphs give 2): kernels that trade memory for time read it (a GEMM whose symbolic rows
+    are never one holds its constant weight packed); no answer depends on it.
     """
     if isinstance(target, str):
         target = gpu_target(target) if target in gpu_target_names() else named_target(target)
@@ -740,4 +743,4 @@ def compile(
         from tilefold.gpu import GPUGraph  # on first use: it needs torch and Triton
 
         return GPUGraph(module, function, target, strict)
-    return CompiledGraph(module, function, target, refusals, strict, donate)
+    return CompiledGraph(module, function, target, refusals, strict, donate, min_size)

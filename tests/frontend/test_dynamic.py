@@ -10,6 +10,8 @@ what the backend returns).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -158,3 +160,22 @@ def test_a_symbolic_graph_called_on_the_same_tensors_replays_and_follows_them():
              for p in e.runner.run.compiled._plans.values()]
     assert all(g.mode == "tilefold" for g in report.reports())
     assert any(p.replay is not None for p in plans), "the symbolic graph never replayed"
+
+
+def test_a_symbolic_graph_holds_its_linear_weights_packed():
+    """Dynamo specializes sizes 0 and 1, so its symbolic rows are never one row: a linear's
+    constant weight is packed once (as with static rows), not per call; every size (rows
+    below a micro-tile, primes, several MC blocks) matches float64."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 72), torch.nn.GELU()).eval()
+    ref = copy.deepcopy(model).double()
+    compiled = _run(model, dynamic=None)  # Dynamo's default: symbolic after the first shape
+    with torch.no_grad():
+        for batch, tokens in ((3, 5), (2, 2), (3, 13), (5, 61)):
+            x = torch.randn(batch, tokens, 40)
+            want = ref(x.double())
+            torch.testing.assert_close(compiled(x).double(), want, **tolerance("f32", 40, 4.0))
+    symbolic = [g for g in report.reports() if g.symbolic_dims]
+    gemms = [d.winner.config for g in symbolic for d in g.decisions()
+             if d.winner.method == "blocks.gemm"]
+    assert symbolic and gemms and all(c["prepack"] for c in gemms), gemms

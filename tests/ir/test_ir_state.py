@@ -13,7 +13,7 @@ from tests.tolerances import assert_close
 from tilefold import dtypes
 from tilefold.errors import DTypeError, ParseError, ShapeError
 from tilefold.ir import Builder, interpret, parse_module, print_module, verify
-from tilefold.ir.dims import Bindings, free_symbols, is_derived, parse, render
+from tilefold.ir.dims import Bindings, free_symbols, is_derived, least, parse, render
 from tilefold.ir.types import SymDim, TensorType, bind_dim, dim, dim_sum
 
 RNG = np.random.default_rng(11)
@@ -71,6 +71,20 @@ def test_bindings_evaluate_polynomials_as_integers_do(text) -> None:
             assert b[text] == want
     assert free_symbols("-s0+s0*s0*s1+3") == {"s0", "s1"}
     assert "s0*s1" not in Bindings(s0=3)  # s1 unbound
+
+
+@pytest.mark.parametrize("text,smallest,want", [
+    ("s0", 2, 2), ("s0*s1", 2, 4), ("2*s0*s1+s1", 2, 10), ("s0*s0*s1+3", 1, 4),
+    ("s0+1", 0, 1), ("s0-1", 2, 0), ("-s0*s1+40", 2, 0), ("s0*s1", 1, 1)])
+def test_least_is_the_smallest_size_where_it_is_known(text, smallest, want) -> None:
+    """`least` is the polynomial's size with every symbol at `smallest` where no coefficient
+    is negative (then no larger sizes give less: checked on a grid), else 0."""
+    assert least(text, smallest) == want
+    if want:
+        free = sorted(free_symbols(text))
+        grid = np.random.default_rng(3).integers(smallest, smallest + 6, (30, len(free)))
+        assert min(Bindings(dict(zip(free, map(int, row), strict=True)))[text]
+                   for row in grid) >= want
 
 
 def test_products_are_dims_and_sum_with_others() -> None:

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tilefold
+from tests.tolerances import tolerance
 from tilefold.compiler import compile
 from tilefold.ir import Builder, interpret, parse_module
 from tilefold.ir import functional as F
@@ -270,21 +271,30 @@ def test_a_recording_counts_towards_its_plans_bytes():
     assert plan.held == plan.nbytes + outputs > plan.nbytes
 
 
-def test_a_weight_is_packed_once_only_where_the_rows_are_fixed():
+@pytest.mark.parametrize("rows,min_size,sizes,packed", [
+    (("?n",), 1, ((1,), (7,), (45,)), False),  # may be one row: packed per call
+    ((45,), 1, ((45,),), True),
+    (("?n",), 2, ((2,), (7,), (13,), (45,), (300,)), True),  # never one row: packed once
+    (("?b", "?t"), 2, ((2, 2), (3, 7), (5, 13), (8, 50)), True),
+    (("?b", 1), 2, ((2, 1), (6, 1), (13, 1)), True),
+])
+def test_a_weight_is_packed_once_only_where_no_call_is_one_row(rows, min_size, sizes, packed):
     """x @ W^T with a constant W: with static rows the GEMM packs W once; with symbolic rows
-    the graph also serves one row (a GEMV reading W in place), so the GEMM packs W per call
-    rather than hold it twice. Every row count matches float64."""
+    that may be one the graph also serves one row (a GEMV reading W in place), so the GEMM
+    packs W per call rather than hold it twice; where every symbolic dim is at least 2
+    (`min_size`, Dynamo's graphs) W is packed once. Every row count (fewer than a micro-tile,
+    none of its multiples, primes, several MC blocks) matches float64."""
     rng = np.random.default_rng(11)
     w = rng.standard_normal((72, 40)).astype(np.float32)
-    for rows, sizes, packed in (("?n", (1, 7, 45), False), (45, (45,), True)):
-        b = Builder("main")
-        x = b.arg("x", "f32", (rows, 40))
-        graph = compile(b.build(b.op("matmul", x, b.constant(w), transpose_b=True)))
-        for n in sizes:
-            xs = rng.standard_normal((n, 40)).astype(np.float32)
-            (got,) = graph(xs)
-            want = xs.astype(np.float64) @ w.T.astype(np.float64)
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-        gemms = [d.winner.config for d in graph.decisions((sizes[-1], 40))
+    b = Builder("main")
+    x = b.arg("x", "f32", (*rows, 40))
+    graph = compile(b.build(b.op("matmul", x, b.constant(w), transpose_b=True)),
+                    min_size=min_size)
+    for lead in sizes:
+        xs = rng.standard_normal((*lead, 40)).astype(np.float32)
+        (got,) = graph(xs)
+        want = xs.astype(np.float64) @ w.T.astype(np.float64)
+        np.testing.assert_allclose(got, want, **tolerance("f32", 40, np.abs(want).max()))
+        gemms = [d.winner.config for d in graph.decisions((*lead, 40))
                  if d.winner.method == "blocks.gemm"]
-        assert gemms and all(c["prepack"] is packed for c in gemms), gemms
+        assert gemms and all(c["prepack"] is packed for c in gemms), (lead, gemms)

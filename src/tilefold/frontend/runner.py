@@ -25,11 +25,13 @@ class Executor:
     strict mode (`strict`, else `TILEFOLD_STRICT`), where that failure is a `FallbackError`.
 
     `label` names the module in messages (the graph, and the partition when there are several);
-    `donate` (result -> argument) lets results be written into their arguments' arrays.
+    `donate` (result -> argument) lets results be written into their arguments' arrays;
+    `min_size` is the least size of its symbolic dims (`tilefold.compile`'s).
     """
 
     def __init__(self, module: Module, label: str = "graph", strict: bool | None = None,
-                 donate: dict[int, int] | None = None, weights: str | None = None):
+                 donate: dict[int, int] | None = None, weights: str | None = None,
+                 min_size: int = 1):
         self.module, self.label, self.strict = module, label, strict
         self.compiled: Any = None
         self.name = "interpreter"
@@ -38,7 +40,7 @@ class Executor:
             from tilefold.compiler import compile as tilefold_compile
 
             self.compiled = tilefold_compile(module, strict=strict, donate=donate,
-                                             weights=weights)
+                                             weights=weights, min_size=min_size)
             self.name = "tilefold.compile"
         except (ImportError, TilefoldError) as exc:
             self._fall_back("tilefold.compile failed", exc)
@@ -96,7 +98,8 @@ class GraphRunner:
                  weights: str | None = None):
         self.converted = converted
         self.function = converted.module.functions[next(iter(converted.module.functions))]
-        self.run = Executor(converted.module, label, strict, converted.donated(), weights)
+        # Dynamo specializes sizes 0 and 1: a symbolic dim of its graphs is at least 2
+        self.run = Executor(converted.module, label, strict, converted.donated(), weights, 2)
         written = set(converted.mutations.values())
         # (result, argument, its array's index): an optimizer's hundreds, found once
         position = {p: i for i, p in enumerate(converted.arg_indices)}

@@ -74,6 +74,19 @@ def free_symbols(name: str) -> frozenset[str]:
     return frozenset(s for m in found[0] for s in symbols_of(m)) if found else frozenset({name})
 
 
+def least(name: str, smallest: int) -> int:
+    """The least size dim `name` takes when every symbol is at least `smallest` (>= 0): the
+    polynomial at that point where no coefficient nor the constant is negative (it grows with
+    every symbol), else 0 (not known)."""
+    if SYMBOL.fullmatch(name):
+        return smallest
+    found = parse(name)
+    if found is None or min([*found[0].values(), found[1]]) < 0:
+        return 0
+    terms, const = found
+    return sum(c * smallest ** len(symbols_of(m)) for m, c in terms.items()) + const
+
+
 class Bindings(dict):
     """Sizes of symbolic dims by name; a derived dim's size is evaluated from its symbols on
     first lookup (a name no argument bound is a KeyError, as in a plain dict)."""

@@ -49,14 +49,14 @@ def register_builtin_methods() -> None:
 
 
 def context(target: Target | GPUTarget | None = None, threads: int | None = None,
-            timer: Timer | None = None) -> Context:
+            timer: Timer | None = None, min_size: int = 1) -> Context:
     """The host (or `target`) with its measured ceilings, for `threads` threads; a GPU
     target with its published ceilings and its platform, timed by `timer` (milliseconds a
-    call; default `platform.device_timer`)."""
+    call; default `platform.device_timer`); `min_size`: the least size of any symbolic dim."""
     if isinstance(target, GPUTarget):
-        return Context(target, gpu_machine(target), GPUPlatform(timer))
+        return Context(target, gpu_machine(target), GPUPlatform(timer), min_size=min_size)
     target = target or host_target()
-    return Context(target, machine_for(target, threads or num_threads()))
+    return Context(target, machine_for(target, threads or num_threads()), min_size=min_size)
 
 
 __all__ = [

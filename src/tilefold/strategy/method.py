@@ -121,13 +121,17 @@ class Rejection:
 @dataclass(frozen=True)
 class Context:
     """What methods may consult: the target, its ceilings and the thread count; its platform
-    (how candidates run, are checked and timed there) and, where kernels are chosen per call
-    (a GPU's, by the tensors' layouts), the arrays of that call."""
+    (how candidates run, are checked and timed there); where kernels are chosen per call
+    (a GPU's, by the tensors' layouts), the arrays of that call; the least size the graph's
+    symbolic dims take."""
 
     target: Any
     machine: Machine
     platform: Platform = field(default_factory=CPUPlatform)
     arrays: tuple[Any, ...] | None = None
+    # the least size of every symbolic dim of the graph (`tilefold.compile(min_size=)`): what
+    # may run informs choices that trade memory for time, never an answer
+    min_size: int = 1
 
     @property
     def threads(self) -> int:

@@ -29,7 +29,7 @@ from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.kernel.schedule import vector_lanes
 from tilefold.codegen.vecmath import MATH_VECTORS
 from tilefold.errors import TilefoldError
-from tilefold.ir import Operation, Value
+from tilefold.ir import Operation, Value, dims
 from tilefold.ir.types import SymDim
 from tilefold.passes.fusion_policy import CPU_FUSION  # its free prologues are views
 from tilefold.quant.formats import WEIGHT_ACTIVATIONS
@@ -112,14 +112,16 @@ class GemmEpilogue(Method):
         # A constant B is packed once, except for an f32 product with a single row of C: the
         # GEMV reads the weight in place as one sequential stream (through packed panels,
         # SmolLM2's f32 decode GEMVs ran ~2x slower on znver4, and kept a second copy). Where
-        # the rows are symbolic, the graph serves one row too, whose GEMV reads B in place, so
-        # a packed copy would hold the weight twice: B is packed per call instead (SmolLM2 f32
-        # peak RSS 1147 -> 795 MB; its 256-token prompt 552 -> 455 tok/s on znver3, still
-        # 1.16x llama.cpp's F32; MiniLM's encode flow no slower measurably).
+        # the rows are symbolic and may be one, the graph serves one row too, whose GEMV reads
+        # B in place, so a packed copy would hold the weight twice: B is packed per call
+        # instead (SmolLM2 f32 peak RSS 1147 -> 795 MB; its 256-token prompt 552 -> 455 tok/s
+        # on znver3, still 1.16x llama.cpp's F32). Symbolic rows that are never one (Dynamo's
+        # graphs: `Context.min_size` 2) have no GEMV reading B in place: B is packed once, as
+        # for static rows (MiniLM's encode flow packed each weight per call: 1.20-1.29x ->
+        # 1.31-1.40x eager on a shared znver3, 2 threads).
         gemv = not lowp and int(np.prod(problem.shape(c)[:-1])) == 1
-        rows_vary = any(isinstance(d, SymDim) for d in mm.operands[0].type.shape[:-1])
         prepack = mm.operands[1] in problem.constants and len(b_shape) == 2 and not gemv \
-            and not rows_vary
+            and not _may_be_one_row(mm.operands[0].type.shape[:-1], ctx.min_size)
         machine, nbytes, calls = ctx.machine, w.bytes_fused, 2 if epi else 1
         if lowp:
             machine = dataclasses.replace(machine, gflops=_lowp_gflops(ctx, LOWP_PEAKS[pair]))
@@ -332,6 +334,15 @@ def _target_refusal(target: Target, a: np.dtype, b: np.dtype) -> str | None:
     except TilefoldError as exc:
         return f"no low-precision kernel on {target.name}: {exc.message}"
     return None
+
+
+def _may_be_one_row(rows: tuple, min_size: int) -> bool:
+    """Whether rows of these dims (ints, symbolic dims at least `min_size`) may number one at
+    some call while not all static: a graph whose GEMM may run as a GEMV at one size."""
+    if not any(isinstance(d, SymDim) for d in rows):
+        return False
+    return int(np.prod([dims.least(d.name, min_size) if isinstance(d, SymDim) else d
+                        for d in rows])) <= 1
 
 
 def _lowp_extra_bytes(problem: Problem, mm: Operation, prepack: bool, c: Value) -> float:
