@@ -26,11 +26,9 @@ from tilefold.codegen.gemm.tuning import GEMV_STAGES, tune_gemv
 from tilefold.runtime import num_threads
 from tilefold.target import host_target
 
-# every value the search tries, plus panels that are no multiple of the vector width, and
-# first prefetches (`ramp`) of none, part of a line, and more than a thread's share of W
+# every value the search tries, plus panels that are no multiple of the vector width
 CONFIGS = [GemvConfig(ahead=a, panel=p) for a in GEMV_STAGES[0][1]
-           for p in (*GEMV_STAGES[1][1], 1, 13, 24)] + \
-    [GemvConfig(ahead=64, ramp=r) for r in (0, 100, 1 << 20)]
+           for p in (*GEMV_STAGES[1][1], 1, 13, 24)]
 
 
 @pytest.mark.parametrize("form", ["x@W (axpy)", "W@x (dot)"])

@@ -17,13 +17,11 @@ from llvmlite import ir
 from tilefold.codegen import llvm_util as u
 from tilefold.codegen.gemm.abi import ParamBlock, emit_entry, emit_worker
 from tilefold.codegen.kernel.memory import MEMORY_TYPES, load_scalar, load_vector
-from tilefold.dtypes import dtype
 
 _FP = u.f32.as_pointer()
 GEMV_ENTRY = "tf_gemv"
 DOT_VECTORS = 4  # accumulators along k of a dot-form row
 AXPY_ROWS = 8
-LINE = 64  # bytes a prefetch brings in
 AXPY_VECTORS = 2  # y vectors an axpy step updates together (4 spilled registers on AVX2)
 
 
@@ -41,7 +39,6 @@ class GemvParam(ParamBlock):
     DATA_OFFSET = 8
     PREFETCH = 9  # f32 elements (4 bytes) ahead of each W load to prefetch (0: the line loaded)
     PANEL = 10  # axpy: outputs per pass over k (N_OUT or more: the thread's share in one)
-    RAMP = 11  # dot: bytes at the start of each thread's share of W prefetched first
 
 
 class GemvMode(enum.IntEnum):
@@ -65,7 +62,7 @@ def emit_gemv(module: ir.Module, lanes: int, src: str = "f32") -> ir.Function:
                 n_out)
     args = [i0, i1, wk[GemvParam.K], w, wk[GemvParam.LDW], x, wk[GemvParam.INC_X], y,
             wk[GemvParam.INC_Y], b.trunc(wk[GemvParam.BETA], u.i32), wk[GemvParam.PREFETCH],
-            wk[GemvParam.PANEL], wk[GemvParam.RAMP]]
+            wk[GemvParam.PANEL]]
     is_dot = b.icmp_signed("==", wk[GemvParam.MODE], u.const(GemvMode.DOT))
     with b.if_else(is_dot) as (then, other):
         with then:
@@ -76,13 +73,12 @@ def emit_gemv(module: ir.Module, lanes: int, src: str = "f32") -> ir.Function:
     return emit_entry(module, wk.fn, GEMV_ENTRY, GemvParam)
 
 
-_ARGS = ("i0", "i1", "k", "w", "ldw", "x", "incx", "y", "incy", "beta", "ahead", "panel",
-         "ramp")
+_ARGS = ("i0", "i1", "k", "w", "ldw", "x", "incx", "y", "incy", "beta", "ahead", "panel")
 
 
 def _new(module, name, src):
     sp = MEMORY_TYPES[src].as_pointer()
-    types = [u.i64, u.i64, u.i64, sp, u.i64, sp, u.i64, _FP, u.i64, u.i32, u.i64, u.i64, u.i64]
+    types = [u.i64, u.i64, u.i64, sp, u.i64, sp, u.i64, _FP, u.i64, u.i32, u.i64, u.i64]
     fn = ir.Function(module, ir.FunctionType(u.void, types), name=name)
     fn.linkage = "internal"
     for arg, n in zip(fn.args, _ARGS, strict=True):
@@ -159,16 +155,6 @@ def _ahead(b, ptr, ahead):
     u.prefetch(b, b.gep(p8, [b.mul(ahead, u.const(4))]))
 
 
-def _ramp(b, start, nbytes, ramp):
-    """Prefetch the lines of the first min(`ramp`, `nbytes`) bytes at `start`: the loads' own
-    prefetches run ahead of them, so without this a stream's first lines are missed one after
-    another while the hardware prefetcher ramps up (a decode step's small GEMVs start a stream
-    per thread every few tens of microseconds)."""
-    p8 = b.bitcast(start, u.i8.as_pointer())
-    with u.for_range(b, u.const(0), u.smin(b, ramp, nbytes), LINE, "ramp") as off:
-        u.prefetch(b, b.gep(p8, [off]))
-
-
 def _load(b, ptr, mask, lanes):
     vp = u.vptr(b, ptr, lanes)
     return b.load(vp, align=4) if mask is None else u.masked_load(b, vp, mask, lanes)
@@ -198,15 +184,11 @@ def _emit_dot(module, lanes, src):
     Interleaving rows instead (four streams sharing each load of x) halved the DRAM bandwidth
     on znver4 for rows of a few KiB: 14 against 30 GB/s at 1 thread on a 576 x 49152 head."""
     fn, b = _new(module, "tf_gemv_dot", src)
-    i0, i1, k, w, ldw, x, _incx, y, incy, beta, ahead, _panel, ramp = fn.args
+    i0, i1, k, w, ldw, x, _incx, y, incy, beta, ahead, _panel = fn.args
     zero = u.zeros(u.vec(u.f32, lanes))
     span = lanes * DOT_VECTORS
     grouped_k = b.sub(k, b.srem(k, u.const(span)))
     full_k = b.sub(k, b.srem(k, u.const(lanes)))
-    rows = b.sub(i1, i0)
-    share = b.mul(b.add(b.mul(b.sub(rows, u.const(1)), ldw), k), u.const(dtype(src).itemsize))
-    with b.if_then(b.icmp_signed(">", rows, u.const(0))):
-        _ramp(b, u.gep(b, w, b.mul(i0, ldw)), share, ramp)
     with u.for_range(b, i0, i1, 1, "i") as i:
         row = u.gep(b, w, b.mul(i, ldw))
 

@@ -163,8 +163,7 @@ class GemvPlan(NativePlan):
                   GemvParam.INC_X: incx, GemvParam.INC_Y: incy, GemvParam.BETA: beta,
                   GemvParam.THREADS: threads, GemvParam.MODE: mode,
                   GemvParam.DATA_OFFSET: DATA_OFFSET, GemvParam.PREFETCH: config.ahead,
-                  GemvParam.PANEL: config.panel or max(1, n_out),
-                  GemvParam.RAMP: config.ramp_bytes}
+                  GemvParam.PANEL: config.panel or max(1, n_out)}
         super().__init__(module.gemv_entries, GemvParam, values)
         self.threads = threads
         self.mode = mode
