@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from tilefold.codegen.attention import AttentionConfig, DecodeConfig, attention_kernel
+from tilefold.codegen.llvm.attention import AttentionConfig, DecodeConfig, attention_kernel
 from tilefold.target import host_target
 
 SHAPES = [  # heads, kv heads, head dim, cache length

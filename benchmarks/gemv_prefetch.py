@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 
-from tilefold.codegen.gemm.gemv import GemvMode
-from tilefold.codegen.gemm.gemv_config import GemvConfig
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import GemvPlan
+from tilefold.codegen.llvm.gemm.gemv import GemvMode
+from tilefold.codegen.llvm.gemm.gemv_config import GemvConfig
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import GemvPlan
 from tilefold.runtime.replay import Replay
 
 # Per model: (name, N, K) per layer, the head, the layer count.

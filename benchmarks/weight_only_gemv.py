@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from tilefold.codegen.lowp import weight_only as wo
+from tilefold.codegen.llvm.lowp import weight_only as wo
 from tilefold.quant import FORMATS, QuantizedTensor
 from tilefold.target import host_target
 
@@ -68,8 +68,8 @@ class F32Call:
     """The f32 GEMV plan of x[M, K] @ W[N, K].T for one random weight, W read in place."""
 
     def __init__(self, k: int, n: int, m: int, threads: int, rng):
-        from tilefold.codegen.gemm.module import gemm_module
-        from tilefold.codegen.gemm.plan import make_plan
+        from tilefold.codegen.llvm.gemm.module import gemm_module
+        from tilefold.codegen.llvm.gemm.plan import make_plan
 
         w = rng.standard_normal((n, k), dtype=np.float32)
         x = rng.standard_normal((m, k), dtype=np.float32)

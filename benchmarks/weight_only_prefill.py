@@ -13,10 +13,10 @@ import argparse
 import numpy as np
 from weight_only_gemv import MODELS, per_call
 
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.prepack import PackedMatrix
-from tilefold.codegen.lowp import weight_only as wo
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import make_plan
+from tilefold.codegen.llvm.gemm.prepack import PackedMatrix
+from tilefold.codegen.llvm.lowp import weight_only as wo
 from tilefold.quant import quantize
 from tilefold.target import host_target
 

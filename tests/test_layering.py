@@ -88,8 +88,8 @@ def test_imports_go_only_to_earlier_layers(path: Path) -> None:
 
 
 def module_name(path: Path) -> str:
-    """`tilefold.codegen.lowp.dotpack` for src/tilefold/codegen/lowp/dotpack.py (a package's
-    `__init__.py` is the package)."""
+    """`tilefold.codegen.llvm.lowp.dotpack` for src/tilefold/codegen/llvm/lowp/dotpack.py (a
+    package's `__init__.py` is the package)."""
     parts = ["tilefold", *path.relative_to(SRC).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -196,8 +196,8 @@ def test_a_cycle_hidden_behind_type_checking_is_found() -> None:
     assert runtime_cycles(annotations_only) == []
     # and the reader sees the guard: ir.core imports ir.opdef for its annotations only
     assert module_imports(SRC / "ir" / "core.py")["tilefold.ir.opdef"] is True
-    assert module_imports(SRC / "codegen" / "lowp" / "dotpack.py")[
-        "tilefold.codegen.lowp.driver"] is False
+    assert module_imports(SRC / "codegen" / "llvm" / "lowp" / "dotpack.py")[
+        "tilefold.codegen.llvm.lowp.driver"] is False
 
 
 def imports_llvmlite(path: Path) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tilefold.codegen.cpu.copy import OUT_OF_RANGE, copy_call, scatter_call
+from tilefold.codegen.llvm.cpu.copy import OUT_OF_RANGE, copy_call, scatter_call
 from tilefold.errors import DTypeError, ShapeError, strict, strict_mode
 from tilefold.ir import Function, Module, Operation, Value
 from tilefold.ir.interpreter import bind_symbols

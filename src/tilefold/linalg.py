@@ -17,9 +17,9 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.prepack import PackedMatrix
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import make_plan
+from tilefold.codegen.llvm.gemm.prepack import PackedMatrix
 from tilefold.errors import DTypeError, ShapeError, UnsupportedError
 from tilefold.quant import QuantizedTensor, matmul_lowp, quantized_matmul
 from tilefold.quant.api import PackedB, has_lowp_kernel, widened_source

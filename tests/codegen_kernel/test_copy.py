@@ -1,4 +1,4 @@
-"""The native strided copy (`codegen/cpu/copy.py`): plain copies over any strides (transposed,
+"""The native strided copy (`codegen/llvm/cpu/copy.py`): plain copies over any strides (transposed,
 sliced, broadcast sources), scatters (`index_put`'s row writes), accumulating scatters (an
 embedding's gradient, bit for bit `np.add.at`) and gathers along any axis, against NumPy; an
 index out of range sets the status word instead of touching memory."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilefold.codegen.cpu.copy import MAX_RANK, copy_call, scatter_call
+from tilefold.codegen.llvm.cpu.copy import MAX_RANK, copy_call, scatter_call
 
 RNG = np.random.default_rng(11)
 DTYPES = [np.float32, np.float64, np.int64, np.int16, np.bool_, np.uint8]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from tilefold.codegen import llvm_util as U
-from tilefold.codegen.vecmath import MATH_FUNCTIONS, RESTRICTED, ULP_BOUNDS, emit_math
+from tilefold.codegen.llvm import util as U
+from tilefold.codegen.llvm.vecmath import MATH_FUNCTIONS, RESTRICTED, ULP_BOUNDS, emit_math
 from tilefold.runtime import compile_llvm_ir
 from tilefold.target import host_target, named_target
 
@@ -161,7 +161,7 @@ def test_special_values_match_interpreter():
 def test_exp_nonpositive_within_exps_bound_and_flushes_below_the_normals(compiled):
     """The softmax exp (x <= 0): exp's bound wherever e**x is normal, exactly 0 where it is
     subnormal (x < ln 2**-126) or x = -inf, NaN for NaN, in vectors and scalar tails."""
-    from tilefold.codegen.vecmath.exp_log import EXP_FLUSH
+    from tilefold.codegen.llvm.vecmath.exp_log import EXP_FLUSH
 
     f = compiled.function("exp_nonpositive", None, ctypes.c_void_p, ctypes.c_void_p,
                           ctypes.c_int64)
@@ -186,7 +186,7 @@ def test_exp_nonpositive_within_exps_bound_and_flushes_below_the_normals(compile
 def test_parts_evaluated_together_equal_one_vector_at_a_time():
     """`emit_math_parts` runs MATH_VECTORS vectors as one wide vector: bit for bit what each
     register-wide vector gives alone, for every function, 1, 2 and 4 parts."""
-    from tilefold.codegen.vecmath import emit_math_parts
+    from tilefold.codegen.llvm.vecmath import emit_math_parts
 
     target = host_target()
     lanes = target.vector_bits // 32

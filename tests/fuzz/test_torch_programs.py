@@ -33,7 +33,7 @@ F = torch.nn.functional
 
 EXAMPLES = max(4, int(os.environ.get("TILEFOLD_FUZZ_EXAMPLES", "150")) // 10)
 SIZES = (1, 2, 3, 5, 8, 13, 16)
-# Past a KC of 256 (one K block up to 1.5 KC, `gemm/plan.py`) and an MC of ~1000 rows on 1 MiB
+# Past a KC of 256 (one K block up to 1.5 KC, `llvm/gemm/plan.py`) and an MC of ~1000 rows on 1 MiB
 # of L2; a memory-bound kernel splits 1100 rows over threads.
 LARGE = (300, 1100)
 BUDGET = 1 << 21  # elements in any value of a program: keeps a large dim to a few of them

@@ -1,4 +1,4 @@
-"""The shared call ABI (codegen/gemm/abi.py) both ways: entries reading the data pointers out
+"""The shared call ABI (codegen/llvm/gemm/abi.py) both ways: entries reading the data pointers out
 of NumPy array objects, and taking raw pointers (when CPython's object layout is unknown), for
 every module family that uses it, against float64 NumPy."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilefold.codegen.gemm import abi, gemm_module, make_plan
-from tilefold.codegen.gemm import plan as gemm_plan
-from tilefold.codegen.gemm.driver import Param
-from tilefold.codegen.gemm.gemv import GemvParam
-from tilefold.codegen.lowp import dotpack, weight_only
+from tilefold.codegen.llvm.gemm import abi, gemm_module, make_plan
+from tilefold.codegen.llvm.gemm import plan as gemm_plan
+from tilefold.codegen.llvm.gemm.driver import Param
+from tilefold.codegen.llvm.gemm.gemv import GemvParam
+from tilefold.codegen.llvm.lowp import dotpack, weight_only
 from tilefold.quant import dequantize, matmul_lowp, quantize, quantized_matmul
 from tilefold.quant.accuracy import matmul_bound
 from tilefold.target import host_target

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests.gemm.reference import check_matmul
-from tilefold.codegen.gemm.module import GemmModule
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.registry import select_microkernel
+from tilefold.codegen.llvm.gemm.module import GemmModule
+from tilefold.codegen.llvm.gemm.plan import make_plan
+from tilefold.codegen.llvm.gemm.registry import select_microkernel
 from tilefold.runtime import emit_assembly
 from tilefold.target import host_target, named_target
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tilefold.codegen.gemm import describe, select_microkernel
-from tilefold.codegen.gemm.registry import SHAPE_CLASSES
+from tilefold.codegen.llvm.gemm import describe, select_microkernel
+from tilefold.codegen.llvm.gemm.registry import SHAPE_CLASSES
 from tilefold.target import host_target, named_target, target_names
 
 

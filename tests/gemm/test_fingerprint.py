@@ -10,8 +10,8 @@ from pathlib import Path
 import tilefold
 
 _PRINT = """
-from tilefold.codegen.gemm.module import _fingerprint, _kernel_params
-from tilefold.codegen.gemm.registry import MICROKERNELS
+from tilefold.codegen.llvm.gemm.module import _fingerprint, _kernel_params
+from tilefold.codegen.llvm.gemm.registry import MICROKERNELS
 for kernel in MICROKERNELS:
     print(_fingerprint("gemm", **_kernel_params(kernel)))
 """

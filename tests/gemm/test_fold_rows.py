@@ -8,12 +8,12 @@ import pytest
 
 from tests.gemm.reference import check_matmul
 from tilefold.codegen.gemm.blocking import derive_blocking
-from tilefold.codegen.gemm.driver import Param
-from tilefold.codegen.gemm.gemv import GemvParam
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import ONE_K_BLOCK_SLACK, GemmPlan, k_block, make_plan
-from tilefold.codegen.gemm.prepack import PackedMatrix
-from tilefold.codegen.gemm.registry import select_microkernel
+from tilefold.codegen.llvm.gemm.driver import Param
+from tilefold.codegen.llvm.gemm.gemv import GemvParam
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import ONE_K_BLOCK_SLACK, GemmPlan, k_block, make_plan
+from tilefold.codegen.llvm.gemm.prepack import PackedMatrix
+from tilefold.codegen.llvm.gemm.registry import select_microkernel
 from tilefold.target import host_target, named_target
 
 

@@ -13,16 +13,16 @@ import pytest
 from tests.gemm.reference import check_matmul
 from tilefold.cli.main import main
 from tilefold.codegen.gemm import tuned
-from tilefold.codegen.gemm.gemv import GemvMode
-from tilefold.codegen.gemm.gemv_config import (
+from tilefold.codegen.llvm.gemm.gemv import GemvMode
+from tilefold.codegen.llvm.gemm.gemv_config import (
     GemvConfig,
     derive_gemv_config,
     model_gemv_config,
     record_name,
 )
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import GemvPlan, make_plan
-from tilefold.codegen.gemm.tuning import GEMV_STAGES, tune_gemv
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import GemvPlan, make_plan
+from tilefold.codegen.llvm.gemm.tuning import GEMV_STAGES, tune_gemv
 from tilefold.runtime import num_threads
 from tilefold.target import host_target
 

@@ -106,8 +106,8 @@ def test_matrix_vector_every_tail(form):
     """Both GEMV forms (dot and axpy) on every k and output count around the vector width and the
     row blocks, into a NaN-filled C (beta 0: never read) and accumulating into C (beta 1); k
     also past the dot form's groups of four vectors (64 f32 on AVX-512) and their tails."""
-    from tilefold.codegen.gemm.module import gemm_module
-    from tilefold.codegen.gemm.plan import EmptyKPlan, GemvPlan, make_plan
+    from tilefold.codegen.llvm.gemm.module import gemm_module
+    from tilefold.codegen.llvm.gemm.plan import EmptyKPlan, GemvPlan, make_plan
 
     rng = np.random.default_rng(11)
     module = gemm_module()
@@ -133,8 +133,8 @@ def test_matrix_vector_every_tail(form):
 
 def test_accumulate_into_c():
     """C += A @ B (beta = 1) through the plan API, on every edge-tile size."""
-    from tilefold.codegen.gemm.module import gemm_module
-    from tilefold.codegen.gemm.plan import make_plan
+    from tilefold.codegen.llvm.gemm.module import gemm_module
+    from tilefold.codegen.llvm.gemm.plan import make_plan
 
     rng = np.random.default_rng(5)
     for m, n, k in [(9, 50, 31), (1, 1, 3), (64, 96, 300)]:

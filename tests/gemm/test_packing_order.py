@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from tests.gemm.reference import check_matmul
-from tilefold.codegen.gemm import driver, packing
 from tilefold.codegen.gemm.blocking import Blocking
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import BMode, make_plan
-from tilefold.codegen.gemm.registry import MICROKERNELS, TAIL_CHAINS
+from tilefold.codegen.llvm.gemm import driver, packing
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import BMode, make_plan
+from tilefold.codegen.llvm.gemm.registry import MICROKERNELS, TAIL_CHAINS
 from tilefold.target import host_target
 
 _HOST = [k for k in MICROKERNELS if host_target().has(*k.features) and k.dtype == "f32"]

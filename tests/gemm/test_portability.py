@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tests.gemm.reference import check_matmul
-from tilefold.codegen.gemm.module import CODEGEN_OPTIONS, gemm_ir, gemm_module
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.registry import MICROKERNELS, select_microkernel
+from tilefold.codegen.llvm.gemm.module import CODEGEN_OPTIONS, gemm_ir, gemm_module
+from tilefold.codegen.llvm.gemm.plan import make_plan
+from tilefold.codegen.llvm.gemm.registry import MICROKERNELS, select_microkernel
 from tilefold.runtime import emit_assembly
 from tilefold.target import host_target, named_target, target_names
 

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from tests.gemm.reference import check_matmul
-from tilefold.codegen.gemm import driver
 from tilefold.codegen.gemm.blocking import Blocking
-from tilefold.codegen.gemm.microkernel import emit_microkernel
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import BMode, make_plan
-from tilefold.codegen.gemm.prepack import PackedMatrix
-from tilefold.codegen.gemm.registry import MICROKERNELS
+from tilefold.codegen.llvm.gemm import driver
+from tilefold.codegen.llvm.gemm.microkernel import emit_microkernel
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import BMode, make_plan
+from tilefold.codegen.llvm.gemm.prepack import PackedMatrix
+from tilefold.codegen.llvm.gemm.registry import MICROKERNELS
 from tilefold.target import host_target
 
 STREAMING = [k for k in MICROKERNELS

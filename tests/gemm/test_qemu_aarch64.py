@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.gemm.reference import check_matmul
-from tilefold.codegen.gemm.driver import BMode, Param
-from tilefold.codegen.gemm.module import gemm_ir
-from tilefold.codegen.gemm.registry import select_microkernel
+from tilefold.codegen.llvm.gemm.driver import BMode, Param
+from tilefold.codegen.llvm.gemm.module import gemm_ir
+from tilefold.codegen.llvm.gemm.registry import select_microkernel
 from tilefold.runtime import emit_object
 from tilefold.target import named_target
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tests.gemm.reference import check_matmul
-from tilefold.codegen.gemm.module import CODEGEN_OPTIONS, gemm_ir, gemm_module
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.prepack import PackedMatrix
-from tilefold.codegen.gemm.registry import select_microkernel
+from tilefold.codegen.llvm.gemm.module import CODEGEN_OPTIONS, gemm_ir, gemm_module
+from tilefold.codegen.llvm.gemm.plan import make_plan
+from tilefold.codegen.llvm.gemm.prepack import PackedMatrix
+from tilefold.codegen.llvm.gemm.registry import select_microkernel
 from tilefold.errors import UnsupportedError
 from tilefold.target import host_target, named_target
 

@@ -14,10 +14,10 @@ from tests.gemm.reference import check_matmul
 from tilefold.cli.main import main
 from tilefold.codegen.gemm import tuned
 from tilefold.codegen.gemm.blocking import Blocking, derive_blocking, model_blocking
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.registry import select_microkernel
-from tilefold.codegen.gemm.tuning import tune_gemm, tuned_kernels
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import make_plan
+from tilefold.codegen.llvm.gemm.registry import select_microkernel
+from tilefold.codegen.llvm.gemm.tuning import tune_gemm, tuned_kernels
 from tilefold.runtime import num_threads
 from tilefold.target import host_target
 from tilefold.version import __version__
@@ -120,8 +120,8 @@ def test_tune_gemm_refuses_a_file_with_it(store, capsys):
 
 
 def test_a_kernel_for_narrow_products_is_tuned_on_products_it_takes() -> None:
-    from tilefold.codegen.gemm.registry import MICROKERNELS
-    from tilefold.codegen.gemm.tuning import shapes_for
+    from tilefold.codegen.llvm.gemm.registry import MICROKERNELS
+    from tilefold.codegen.llvm.gemm.tuning import shapes_for
 
     for kernel in MICROKERNELS:
         widest = kernel.nr if kernel.shape_class == "narrow" else kernel.max_n

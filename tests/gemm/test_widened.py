@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from tests.tolerances import assert_close
-from tilefold.codegen.gemm.driver import BMode
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.prepack import PackedMatrix
-from tilefold.codegen.gemm.registry import select_microkernel
+from tilefold.codegen.llvm.gemm.driver import BMode
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import make_plan
+from tilefold.codegen.llvm.gemm.prepack import PackedMatrix
+from tilefold.codegen.llvm.gemm.registry import select_microkernel
 from tilefold.errors import UnsupportedError
 from tilefold.target import host_target, named_target
 

@@ -125,7 +125,7 @@ def test_int8_activations_join_where_allowed_and_the_host_has_an_integer_dot(fmt
     a host with an integer dot (VNNI, where it wins the cost model, or AVX2's pmaddubsw); the
     winner's result matches float64 NumPy on the activations it used (`q8_activations` for
     int8) to f32 rounding. Without an integer dot it is not offered."""
-    from tilefold.codegen.lowp.weight_only import dot_instruction, layout_kind
+    from tilefold.codegen.llvm.lowp.weight_only import dot_instruction, layout_kind
     from tilefold.quant.accuracy import corrected_matmul_bound, dequantized_activations
     from tilefold.target import host_target
 

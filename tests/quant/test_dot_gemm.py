@@ -15,10 +15,10 @@ import pytest
 from tests.quant.levels import LEVELS, target_for
 from tests.tolerances import assert_close
 from tilefold.codegen.gemm.blocking import derive_tile_blocking
-from tilefold.codegen.lowp import kernels as lowp_kernels
-from tilefold.codegen.lowp.dotpack import EXACT_K, PackedB, run_native
-from tilefold.codegen.lowp.driver import lowp_gemm_ir
-from tilefold.codegen.lowp.kernels import (
+from tilefold.codegen.llvm.lowp import kernels as lowp_kernels
+from tilefold.codegen.llvm.lowp.dotpack import EXACT_K, PackedB, run_native
+from tilefold.codegen.llvm.lowp.driver import lowp_gemm_ir
+from tilefold.codegen.llvm.lowp.kernels import (
     CHUNK_WORDS,
     DOT_KERNELS,
     describe_lowp,

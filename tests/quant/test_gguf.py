@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
-from tilefold.codegen.lowp import weight_only as wo
+from tilefold.codegen.llvm.lowp import weight_only as wo
 from tilefold.errors import UnsupportedError
 from tilefold.quant import QuantizedTensor
 from tilefold.quant.accuracy import corrected_matmul_bound

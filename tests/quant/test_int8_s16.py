@@ -10,7 +10,7 @@ import pytest
 
 import tilefold
 from tests.quant.levels import target_for
-from tilefold.codegen.lowp.kernels import describe_lowp, select_dot_kernel
+from tilefold.codegen.llvm.lowp.kernels import describe_lowp, select_dot_kernel
 from tilefold.quant import matmul_lowp, prepack_lowp
 from tilefold.target import named_target
 

@@ -8,8 +8,8 @@ import os
 
 import numpy as np
 
-from tilefold.codegen.lowp import weight_only as wo
-from tilefold.codegen.lowp.layout_cache import cached
+from tilefold.codegen.llvm.lowp import weight_only as wo
+from tilefold.codegen.llvm.lowp.layout_cache import cached
 from tilefold.passes.quantize_weights import quantize_weight
 from tilefold.quant import QuantizedTensor, dequantize
 from tilefold.target import host_target

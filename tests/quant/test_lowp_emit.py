@@ -11,14 +11,14 @@ import dataclasses
 
 import pytest
 
-from tilefold.codegen.gemm.module import CODEGEN_OPTIONS, gemm_ir
-from tilefold.codegen.gemm.registry import select_microkernel
-from tilefold.codegen.lowp.decode import choose_decoder
-from tilefold.codegen.lowp.driver import lowp_gemm_ir
-from tilefold.codegen.lowp.kernels import DOT_KERNELS
-from tilefold.codegen.lowp.packgen import pack_b_ir
-from tilefold.codegen.lowp.wgemv import WgemvSpec, wgemv_ir
-from tilefold.codegen.lowp.wvnni import wvnni_ir
+from tilefold.codegen.llvm.gemm.module import CODEGEN_OPTIONS, gemm_ir
+from tilefold.codegen.llvm.gemm.registry import select_microkernel
+from tilefold.codegen.llvm.lowp.decode import choose_decoder
+from tilefold.codegen.llvm.lowp.driver import lowp_gemm_ir
+from tilefold.codegen.llvm.lowp.kernels import DOT_KERNELS
+from tilefold.codegen.llvm.lowp.packgen import pack_b_ir
+from tilefold.codegen.llvm.lowp.wgemv import WgemvSpec, wgemv_ir
+from tilefold.codegen.llvm.lowp.wvnni import wvnni_ir
 from tilefold.runtime import emit_assembly
 from tilefold.target import named_target, target_names
 

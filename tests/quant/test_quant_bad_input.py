@@ -87,7 +87,7 @@ def test_shape_mistakes():
 
 
 def test_kernel_limits_are_explained():
-    from tilefold.codegen.lowp.weight_only import weight_only_matmul
+    from tilefold.codegen.llvm.lowp.weight_only import weight_only_matmul
 
     qt = quantize(np.ones((66, 4, 2), np.float32), "int8", group_size=33)
     with pytest.raises(UnsupportedError, match="2-D"):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tests.quant.levels import LEVELS, target_for
-from tilefold.codegen.lowp import weight_only as wo
-from tilefold.codegen.lowp.decode import choose_decoder
-from tilefold.codegen.lowp.wlayout import tile_panels
+from tilefold.codegen.llvm.lowp import weight_only as wo
+from tilefold.codegen.llvm.lowp.decode import choose_decoder
+from tilefold.codegen.llvm.lowp.wlayout import tile_panels
 from tilefold.errors import ShapeError
 from tilefold.ir.ops.quant import expand_blocks
 from tilefold.quant import QuantizedTensor, dequantize, quantize, quantized_matmul

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.tolerances import assert_close
-from tilefold.codegen.gemm.prepack import PackedMatrix
-from tilefold.codegen.lowp.kernels import select_dot_kernel
+from tilefold.codegen.llvm.gemm.prepack import PackedMatrix
+from tilefold.codegen.llvm.lowp.kernels import select_dot_kernel
 from tilefold.quant import matmul_lowp, prepack_lowp
 from tilefold.quant.api import widened_source
 from tilefold.target import host_target, named_target
@@ -60,8 +60,8 @@ def test_a_bf16_or_f16_matrix_vector_product_streams_the_weight_as_it_is(rng, ki
     an f32 weight's bytes): both forms (W contiguous along the outputs, or along K), tails of
     every length, two threads on a weight past the parallel threshold, and a pre-packed weight,
     which then never builds the f32 GEMM's panels; results match float64 NumPy."""
-    from tilefold.codegen.gemm.plan import GemvPlan, make_plan
-    from tilefold.codegen.lowp.widened import widened_module
+    from tilefold.codegen.llvm.gemm.plan import GemvPlan, make_plan
+    from tilefold.codegen.llvm.lowp.widened import widened_module
 
     dt = FLOATS[kind]
     module = widened_module(select_dot_kernel(V3, kind), V3)

@@ -9,7 +9,7 @@ import pytest
 
 from tests.strategy.attention_reference import attention64, cache_views, head_major
 from tests.tolerances import assert_close
-from tilefold.codegen.attention import AttentionConfig, attention_kernel
+from tilefold.codegen.llvm.attention import AttentionConfig, attention_kernel
 from tilefold.compiler import compile
 from tilefold.ir import interpret, parse_module
 from tilefold.ir.ops.attention import ScaledDotProductAttention

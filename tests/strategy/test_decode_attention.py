@@ -20,7 +20,7 @@ from tests.strategy.attention_reference import (
     staircase,
 )
 from tests.tolerances import assert_close
-from tilefold.codegen.attention import DecodeConfig, attention_kernel
+from tilefold.codegen.llvm.attention import DecodeConfig, attention_kernel
 from tilefold.compiler import compile
 from tilefold.ir import parse_module
 from tilefold.target import host_target

@@ -54,7 +54,7 @@ def test_expert_softmax_streams_past_the_cache(n):
     import dataclasses
 
     from tests.tolerances import assert_close
-    from tilefold.codegen.cpu.softmax import softmax_kernel
+    from tilefold.codegen.llvm.cpu.softmax import softmax_kernel
 
     target = dataclasses.replace(context().target, l3_bytes=64 << 10)
     kernel = softmax_kernel(f"tf_softmax_stream{n}", 600, n, target, 2)

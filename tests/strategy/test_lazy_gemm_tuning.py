@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import tilefold as tf
-from tilefold.codegen.gemm import tuned, tuning
+from tilefold.codegen.gemm import tuned
 from tilefold.codegen.gemm.blocking import derive_blocking
-from tilefold.codegen.gemm.tuning import tuned_kernels
+from tilefold.codegen.llvm.gemm import tuning
+from tilefold.codegen.llvm.gemm.tuning import tuned_kernels
 from tilefold.ir import Builder
 from tilefold.ir import functional as F
 from tilefold.runtime import num_threads

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilefold.codegen.cpu.scalar import Node, ScalarGroup, split_sizes
+from tilefold.codegen.llvm.cpu.scalar import Node, ScalarGroup, split_sizes
 from tilefold.compiler import Recording
 from tilefold.compiler import compile as tf_compile
 from tilefold.errors import ShapeError

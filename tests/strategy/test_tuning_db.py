@@ -160,7 +160,7 @@ def test_a_changed_generator_is_not_answered_by_an_old_entry(tmp_path, monkeypat
     db, problem, ctx = TuningDB(tmp_path / "db.json"), _softmax_problem(), context()
     _record_numpy_winner(db, problem, ctx)
     assert "tuning database" in decide(problem, ctx, db, None).why
-    monkeypatch.setattr(type(METHODS["extern.numpy"]), "generators", ("tilefold.codegen.cpu",))
+    monkeypatch.setattr(type(METHODS["extern.numpy"]), "generators", ("tilefold.codegen.llvm.cpu",))
     select._digest.cache_clear()
     after = decide(problem, ctx, db, None)
     assert "tuning database" not in after.why

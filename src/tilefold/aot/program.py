@@ -20,7 +20,7 @@ import numpy as np
 from tilefold.aot.liveness import share_workspace
 from tilefold.aot.memory import Buffer, Memory, extent
 from tilefold.artifact.format import ALIGN
-from tilefold.codegen.cpu.copy import OUT_OF_RANGE
+from tilefold.codegen.llvm.cpu.copy import OUT_OF_RANGE
 from tilefold.compiler import CompiledGraph
 from tilefold.errors import UnsupportedError
 from tilefold.runtime.build import module_at

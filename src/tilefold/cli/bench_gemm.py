@@ -94,8 +94,8 @@ _COMPILE_PROBE = """
 import time
 from tilefold.runtime.thread_pool import thread_pool
 thread_pool()  # the pool's own module is not the GEMM's compile time
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.registry import SHAPE_CLASSES, select_microkernel
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.registry import SHAPE_CLASSES, select_microkernel
 from tilefold.target import host_target
 target = host_target()
 for shape_class in SHAPE_CLASSES:
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
 
 
 def _run(args: argparse.Namespace, bench: Bench) -> int:
-    from tilefold.codegen.gemm.module import gemm_module
+    from tilefold.codegen.llvm.gemm.module import gemm_module
     from tilefold.target import measured_peak_gflops
 
     shapes = [parse_shape(s) for s in args.shape] or suite()

@@ -236,7 +236,7 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
 
 
 def _gemm_section(shapes: list[Shape], threads: int, args, bench: Bench) -> Section:
-    from tilefold.codegen.lowp.kernels import select_dot_kernel
+    from tilefold.codegen.llvm.lowp.kernels import select_dot_kernel
     from tilefold.target import host_target, measured_peak_gflops
     from tilefold.target.probes import probe_kind
 

@@ -10,8 +10,8 @@ import llvmlite
 import ml_dtypes
 import numpy as np
 
-from tilefold.codegen.gemm.describe import describe as describe_gemm
-from tilefold.codegen.lowp.kernels import describe_lowp
+from tilefold.codegen.llvm.gemm.describe import describe as describe_gemm
+from tilefold.codegen.llvm.lowp.kernels import describe_lowp
 from tilefold.target import cache_dir, host_target, named_target
 from tilefold.target.host_cpu import host_cpu
 from tilefold.version import __version__

@@ -393,7 +393,7 @@ def resolve_activations(choice: str) -> str:
     else "f32". Their kernels then compete with the float ones per GEMM (the cost model)."""
     if choice != "auto":
         return choice
-    from tilefold.codegen.lowp.weight_only import dot_instruction, layout_kind
+    from tilefold.codegen.llvm.lowp.weight_only import dot_instruction, layout_kind
     from tilefold.target import host_target
 
     host = host_target()

@@ -76,7 +76,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def _tune_gemm(args: argparse.Namespace) -> int:
     from tilefold.codegen.gemm.tuned import store_path
-    from tilefold.codegen.gemm.tuning import tune_gemm, tune_gemv
+    from tilefold.codegen.llvm.gemm.tuning import tune_gemm, tune_gemv
     from tilefold.runtime import num_threads
 
     threads = args.threads or num_threads()

@@ -14,7 +14,7 @@ consecutive K), each the smallest that brings its block into the codes' range (i
 a block's largest magnitude takes -8 or 7 and all 16 codes are used), rounded to f16 where
 that is a normal f16 (as llama.cpp stores them: the kernels then stream 2 bytes a scale, 10% of
 an int4 weight's bytes) and the codes chosen for the rounded scale. Fusion makes the dequantize
-the matmul's prologue, and the weight-only kernels (`codegen/lowp`) decode the codes in
+the matmul's prologue, and the weight-only kernels (`codegen/llvm/lowp`) decode the codes in
 registers. Weights with fewer than `min-elements` elements (norms, tiny projections) and K not
 divisible by the group (int4: 32, which also keeps K even for two codes a byte) stay f32.
 

@@ -8,9 +8,9 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tilefold.codegen.lowp.dotpack import PackedB, run_dotgemm
-from tilefold.codegen.lowp.kernels import DotKernel, select_dot_kernel
-from tilefold.codegen.lowp.weight_only import weight_only_matmul
+from tilefold.codegen.llvm.lowp.dotpack import PackedB, run_dotgemm
+from tilefold.codegen.llvm.lowp.kernels import DotKernel, select_dot_kernel
+from tilefold.codegen.llvm.lowp.weight_only import weight_only_matmul
 from tilefold.dtypes import DType
 from tilefold.dtypes import dtype as to_dtype
 from tilefold.errors import DTypeError, ShapeError, UnsupportedError

@@ -59,7 +59,7 @@ def tune_gemm_blocking_once(target, threads: int, budget: float) -> list:
     machine's own parameters. Returns the outcomes
     (none once the kernels are tuned, for a target that is not this host, or when the share
     is under `LAZY_MIN_S`: then `tilefold tune --gemm` does it)."""
-    from tilefold.codegen.gemm.tuning import tune_gemm, tune_gemv  # on first use: rare
+    from tilefold.codegen.llvm.gemm.tuning import tune_gemm, tune_gemv  # on first use: rare
 
     key = (target.name, threads)
     share = budget * BLOCKING_SHARE

@@ -20,7 +20,7 @@ from tilefold.strategy.platform import CPUPlatform, Platform
 from tilefold.strategy.problem import Problem
 
 if TYPE_CHECKING:
-    from tilefold.codegen.cpu.rowkernel import RowKernel
+    from tilefold.codegen.llvm.cpu.rowkernel import RowKernel
 
 FAMILIES = ("hand-written", "auto-codegen", "building-blocks", "lto", "extern")
 

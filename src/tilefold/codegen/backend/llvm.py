@@ -1,4 +1,4 @@
-"""The LLVM backend for CPUs: kernel IR + schedule -> LLVM IR (`codegen/kernel/emit.py`) ->
+"""The LLVM backend for CPUs: kernel IR + schedule -> LLVM IR (`codegen/llvm/kernel.py`) ->
 native code through llvmlite's JIT and the on-disk object cache.
 
 The entry it returns is `NAME.arrays(obj0, ..., objN, i64* params, i32 nthreads)`: the
@@ -15,16 +15,16 @@ from typing import Any
 import numpy as np
 
 from tilefold.codegen.backend.base import Backend, Executable, register_backend
-from tilefold.codegen.kernel.emit import emit_kernel
 from tilefold.codegen.kernel.ir import DTYPES, Kernel
 from tilefold.codegen.kernel.printer import print_kernel
 from tilefold.codegen.kernel.schedule import Schedule
+from tilefold.codegen.llvm.kernel import emit_kernel
 from tilefold.runtime import compile_generated, emit_assembly, source_digest
 from tilefold.target import Target
 
 OPT_LEVEL = 2  # loop-invariant address arithmetic and SROA of the accumulators need the pipeline
 # The code that turns a kernel and schedule into LLVM IR (part of each kernel's cache key).
-GENERATORS = ("tilefold.codegen.kernel", "tilefold.codegen.vecmath", "tilefold.codegen.llvm_util",
+GENERATORS = ("tilefold.codegen.kernel", "tilefold.codegen.llvm", "tilefold.codegen.llvm.vecmath",
               "tilefold.codegen.backend")
 
 

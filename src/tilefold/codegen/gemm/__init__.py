@@ -1,22 +1,2 @@
-"""The BLIS-shaped fp32 GEMM: micro-kernel registry, blocking, packing, driver, GEMV and plans."""
-
-from tilefold.codegen.gemm.blocking import Blocking, derive_blocking
-from tilefold.codegen.gemm.describe import describe
-from tilefold.codegen.gemm.module import GemmModule, gemm_ir, gemm_module
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.prepack import PackedMatrix
-from tilefold.codegen.gemm.registry import MICROKERNELS, MicroKernel, select_microkernel
-
-__all__ = [
-    "MICROKERNELS",
-    "Blocking",
-    "GemmModule",
-    "MicroKernel",
-    "PackedMatrix",
-    "derive_blocking",
-    "describe",
-    "gemm_ir",
-    "gemm_module",
-    "make_plan",
-    "select_microkernel",
-]
+"""GEMM blocking: MC/KC/NC from the target's caches or the tuning record, for any
+backend's register-tile GEMM (the LLVM one is `tilefold.codegen.llvm.gemm`)."""

@@ -17,8 +17,8 @@ from tilefold.target import Target
 
 
 class Tile(Protocol):
-    """What blocking reads of a registry entry (tilefold.codegen.gemm.registry.MicroKernel,
-    tilefold.codegen.lowp.kernels.DotKernel)."""
+    """What blocking reads of a registry entry (tilefold.codegen.llvm.gemm.registry.MicroKernel,
+    tilefold.codegen.llvm.lowp.kernels.DotKernel)."""
 
     name: str
     mr: int

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilefold.codegen.backend.base import Backend, get_backend
-from tilefold.codegen.kernel.emit import param_layout
 from tilefold.codegen.kernel.from_graph import (
     Group,
     Layout,
@@ -26,6 +25,7 @@ from tilefold.codegen.kernel.from_graph import (
 from tilefold.codegen.kernel.ir import Buffer, Kernel
 from tilefold.codegen.kernel.printer import print_kernel
 from tilefold.codegen.kernel.schedule import Schedule, choose_schedule
+from tilefold.codegen.llvm.kernel import param_layout
 from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.ir import Block, Function, Value
 from tilefold.ir.interpreter import bind_symbols

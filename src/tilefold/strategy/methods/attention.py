@@ -43,7 +43,7 @@ def _refusal(problem: Problem, ctx: Context) -> str | None:
 class FlashAttention(Method):
     name = "handwritten.attention"
     family = "hand-written"
-    generators = ("tilefold.codegen.attention", "tilefold.codegen.vecmath")
+    generators = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if reason := _refusal(problem, ctx):
@@ -63,7 +63,7 @@ class FlashAttention(Method):
 class DecodeAttention(Method):
     name = "handwritten.decode_attention"
     family = "hand-written"
-    generators = ("tilefold.codegen.attention", "tilefold.codegen.vecmath")
+    generators = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if reason := _refusal(problem, ctx):
@@ -80,7 +80,7 @@ class DecodeAttention(Method):
 
 def build(problem: Problem, ctx: Context, decode: bool) -> Kernel:
     # On first use: `import tilefold` does not load the attention generator.
-    from tilefold.codegen.attention import AttentionConfig, DecodeConfig, attention_kernel
+    from tilefold.codegen.llvm.attention import AttentionConfig, DecodeConfig, attention_kernel
 
     op = problem.body[0]
     attrs = problem.attrs(op)

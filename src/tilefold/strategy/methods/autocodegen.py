@@ -17,8 +17,8 @@ from tilefold.strategy.problem import Problem
 class KernelCodegen(Method):
     name = "autocodegen.kernel"
     family = "auto-codegen"
-    generators = ("tilefold.codegen.kernel", "tilefold.codegen.backend",
-                  "tilefold.codegen.vecmath")
+    generators = ("tilefold.codegen.kernel", "tilefold.codegen.llvm", "tilefold.codegen.backend",
+                  "tilefold.codegen.llvm.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         # On first use: `import tilefold` does not load the kernel-IR generator.

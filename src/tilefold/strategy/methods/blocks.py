@@ -5,7 +5,7 @@ constant B is packed once. The epilogue (bias, activation, residual, scaling, ro
 norms) is a row program run over C right after the GEMM, while C is still in cache. The GEMM
 has no in-register epilogue hook yet, so C makes one extra trip through the caches.
 
-f32 operands run the f32 GEMM (`codegen/gemm`); bf16 x bf16, f16 x f16, u8 x i8 and i8 x i8
+f32 operands run the f32 GEMM (`codegen/llvm/gemm`); bf16 x bf16, f16 x f16, u8 x i8 and i8 x i8
 run the low-precision GEMM through `quant.api.matmul_lowp` (a constant B packed once with
 `prepack_lowp`): its f32 or i32 sums are C's scratch, which the row program reads (a bf16/f16 C
 rounded as it is loaded) to write the group's outputs in their own dtypes; a bf16/f16 matmul
@@ -22,12 +22,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tilefold.codegen.cpu.rowkernel import generated_row_kernel
-from tilefold.codegen.gemm.module import gemm_module
-from tilefold.codegen.gemm.plan import make_plan
-from tilefold.codegen.gemm.prepack import PackedMatrix
 from tilefold.codegen.kernel.schedule import vector_lanes
-from tilefold.codegen.vecmath import MATH_VECTORS
+from tilefold.codegen.llvm.cpu.rowkernel import generated_row_kernel
+from tilefold.codegen.llvm.gemm.module import gemm_module
+from tilefold.codegen.llvm.gemm.plan import make_plan
+from tilefold.codegen.llvm.gemm.prepack import PackedMatrix
+from tilefold.codegen.llvm.vecmath import MATH_VECTORS
 from tilefold.errors import TilefoldError
 from tilefold.ir import Operation, Value, dims
 from tilefold.ir.types import SymDim
@@ -63,9 +63,9 @@ def _view(op: Operation, problem: Problem):
 class GemmEpilogue(Method):
     name = "blocks.gemm"
     family = "building-blocks"
-    generators = ("tilefold.codegen.gemm", "tilefold.codegen.cpu",
-                  "tilefold.codegen.rowprog", "tilefold.codegen.lower",
-                  "tilefold.codegen.lowp", "tilefold.quant")
+    generators = ("tilefold.codegen.gemm", "tilefold.codegen.llvm.gemm",
+                  "tilefold.codegen.llvm.cpu", "tilefold.codegen.rowprog", "tilefold.codegen.llvm",
+                  "tilefold.codegen.lower", "tilefold.codegen.llvm.lowp", "tilefold.quant")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         # On first use: `import tilefold` does not load the row-program generator.
@@ -147,7 +147,7 @@ class GemmEpilogue(Method):
                      epi: tuple | None, config: dict, epi_s: float) -> list[Candidate]:
         """The float-decoding candidate and, where activations may be quantized
         (`WEIGHT_ACTIVATIONS`) and the host has VNNI, the integer-dot one."""
-        from tilefold.codegen.lowp.weight_only import dot_refusal
+        from tilefold.codegen.llvm.lowp.weight_only import dot_refusal
 
         layout = _weight_layout(problem, ctx, mm, deq)
         config = {**config, "weights": str(problem.types[deq.operands[0]].dtype)}
@@ -184,8 +184,8 @@ def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
     the codes decoded once per pass of rows, `_OPS`) or its stream of codes and scales,
     whichever is slower, and the call; from `GEMM_ROWS` rows (float) the f32 GEMM's time and
     the decoding into its panels (4 bytes written a weight)."""
-    from tilefold.codegen.lowp import wgemv, wvnni
-    from tilefold.codegen.lowp.weight_only import GEMM_ROWS, dot_instruction
+    from tilefold.codegen.llvm.lowp import wgemv, wvnni
+    from tilefold.codegen.llvm.lowp.weight_only import GEMM_ROWS, dot_instruction
 
     weights, nbytes = layout.k * layout.n, layout.data.nbytes
     stream = nbytes / ctx.machine.bandwidth(nbytes)
@@ -203,13 +203,13 @@ def _weight_only_seconds(ctx: Context, layout, rows: int, dot: bool) -> float:
 
 
 def _weight_layout(problem: Problem, ctx: Context, mm: Operation, deq: Operation):
-    """The stream layout (`codegen/lowp/weight_only.stream_layout`) of `deq`'s constant codes,
+    """The stream layout (`codegen/llvm/lowp/weight_only.stream_layout`) of `deq`'s constant codes,
     scales (and zero points) for the target, built once per codes array, and kept on disk
-    where they are mapped from files (`codegen/lowp/layout_cache.py`). It is the weight's only
+    where they are mapped from files (`codegen/llvm/lowp/layout_cache.py`). It is the weight's only
     copy the kernels read: the packed QuantizedTensor it is made from is dropped, and where the
     codes are mapped from a file (a weight cache) their pages are released."""
-    from tilefold.codegen.lowp.layout_cache import cached
-    from tilefold.codegen.lowp.weight_only import layout_kind, stream_layout
+    from tilefold.codegen.llvm.lowp.layout_cache import cached
+    from tilefold.codegen.llvm.lowp.weight_only import layout_kind, stream_layout
     from tilefold.quant import QuantizedTensor
 
     sources = [problem.constants[v] for v in deq.operands]
@@ -269,10 +269,10 @@ def _format_of(problem: Problem, deq: Operation):
 
 def build_weight_only(problem: Problem, ctx: Context, mm: Operation, deq: Operation,
                       epi: tuple | None, dot: bool = False) -> Kernel:
-    """x @ dequantize(codes, scales) by the weight-only GEMV/skinny GEMM (`codegen/lowp`),
+    """x @ dequantize(codes, scales) by the weight-only GEMV/skinny GEMM (`codegen/llvm/lowp`),
     one native call on A's and C's arrays as they are (C-contiguous: rows of K and of N),
     then the epilogue's row program over C."""
-    from tilefold.codegen.lowp.weight_only import prepare_layout
+    from tilefold.codegen.llvm.lowp.weight_only import prepare_layout
 
     layout = _weight_layout(problem, ctx, mm, deq)
     a_in = problem.inputs.index(mm.operands[0])
@@ -553,9 +553,8 @@ def build_lowp_gemm(problem: Problem, ctx: Context, mm: Operation, prologue: lis
 
 
 # The modules whose code shapes an epilogue's IR (with the row kernel's: its cache fingerprint).
-_EPILOGUE_GENERATORS = ("tilefold.codegen.rowprog", "tilefold.codegen.lower",
-                        "tilefold.codegen.llvm_util", "tilefold.codegen.vecmath",
-                        "tilefold.codegen.kernel.memory")
+_EPILOGUE_GENERATORS = ("tilefold.codegen.rowprog", "tilefold.codegen.llvm",
+                        "tilefold.codegen.lower", "tilefold.codegen.llvm.vecmath")
 
 
 def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:

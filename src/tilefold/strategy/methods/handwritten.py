@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from tilefold.codegen.cpu.softmax import softmax_kernel
+from tilefold.codegen.llvm.cpu.softmax import softmax_kernel
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -14,8 +14,8 @@ from tilefold.strategy.problem import Problem
 class ExpertSoftmax(Method):
     name = "handwritten.softmax"
     family = "hand-written"
-    generators = ("tilefold.codegen.cpu", "tilefold.codegen.vecmath",
-                  "tilefold.codegen.kernel.memory")
+    generators = ("tilefold.codegen.llvm.cpu", "tilefold.codegen.llvm.vecmath",
+                  "tilefold.codegen.llvm.memory")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if reason := problem.not_lone("softmax"):

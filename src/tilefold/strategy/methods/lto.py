@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from tilefold.codegen.cpu.lto_rows import library_row_kernel
+from tilefold.codegen.llvm.cpu.lto_rows import library_row_kernel
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -34,7 +34,7 @@ def _shape_kind(problem: Problem) -> str | None:
 class RowLibrary(Method):
     name = "lto.rowlib"
     family = "lto"
-    generators = ("tilefold.codegen.cpu",)
+    generators = ("tilefold.codegen.llvm.cpu",)
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         kind = _shape_kind(problem)

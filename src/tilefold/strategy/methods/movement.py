@@ -3,17 +3,17 @@
 
 Called from Python they run NumPy's own copy into the planned output (`np.concatenate`,
 `np.take`); replayed (`Kernel.calls`), they are the native copy kernel
-(`codegen/cpu/copy.py`): one copy per concatenated operand into its slice of the output, one
+(`codegen/llvm/cpu/copy.py`): one copy per concatenated operand into its slice of the output, one
 indexed copy for a gather (an embedding lookup), so a decode step needs no Python for them.
 An `index` over adjacent axes (the attention masks transformers builds,
 `mask[arange(b)[:, None, None, None], arange(s)]`) is a gather along those axes merged into
 one: by positions computed once when it is built when its index tensors are all constants of
 the graph, else (a symbolic length's `arange(s)`) by positions a scalar loop
-(`codegen/cpu/scalar.py`) computes from them before each copy, an index out of its axis'
+(`codegen/llvm/cpu/scalar.py`) computes from them before each copy, an index out of its axis'
 range made one out of the copy's (which the copy reports).
 An `index_put` whose operand 0 cannot be overwritten (a graph result, or a zero-filled
 broadcast: an embedding's gradient) copies it into the output, then scatters its values there
-natively, added with `accumulate` (`codegen/cpu/copy.scatter_call`: in the index's order, the
+natively, added with `accumulate` (`codegen/llvm/cpu/copy.scatter_call`: in the index's order, the
 sums of `np.add.at`), so a table's gradient is one fill and one pass over the token rows.
 """
 
@@ -25,8 +25,8 @@ from dataclasses import replace
 import numpy as np
 
 from tilefold import dtypes
-from tilefold.codegen.cpu.copy import ADDS, copy_call, scatter_call
-from tilefold.codegen.cpu.scalar import Node, ScalarGroup, scalar_kernel
+from tilefold.codegen.llvm.cpu.copy import ADDS, copy_call, scatter_call
+from tilefold.codegen.llvm.cpu.scalar import Node, ScalarGroup, scalar_kernel
 from tilefold.ir.ops.index import index_key, put
 from tilefold.ir.shapes import broadcast_shapes
 from tilefold.runtime.replay import NativeCall
@@ -40,7 +40,7 @@ from tilefold.strategy.problem import Problem
 class Movement(Method):
     name = "handwritten.movement"
     family = "hand-written"
-    generators = ("tilefold.codegen.cpu.copy",)
+    generators = ("tilefold.codegen.llvm.cpu.copy",)
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         if len(problem.body) != 1 or problem.body[0].name not in BUILDERS:

@@ -19,8 +19,8 @@ from tilefold.target import Target
 class MultiTensor(Method):
     name = "multitensor"
     family = "auto-codegen"
-    generators = ("tilefold.codegen.kernel", "tilefold.codegen.backend",
-                  "tilefold.codegen.vecmath")
+    generators = ("tilefold.codegen.kernel", "tilefold.codegen.llvm", "tilefold.codegen.backend",
+                  "tilefold.codegen.llvm.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         op = problem.op

@@ -1,12 +1,12 @@
 """Hand-written random numbers: a lone `random_uniform` as the SIMD counter-hash kernel
-(`codegen/cpu/random.py`), bit for bit the reference's draw. Native, it replays with the rest
+(`codegen/llvm/cpu/random.py`), bit for bit the reference's draw. Native, it replays with the rest
 of a training step, its seed an argument of the call."""
 
 from __future__ import annotations
 
 import math
 
-from tilefold.codegen.cpu.random import random_kernel
+from tilefold.codegen.llvm.cpu.random import random_kernel
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
 
@@ -17,7 +17,7 @@ ELEMENT_S = 0.5e-9  # per number and thread: two integer mixes and a store, lane
 class RandomNumbers(Method):
     name = "handwritten.random"
     family = "hand-written"
-    generators = ("tilefold.codegen.cpu.random", "tilefold.codegen.cpu.rowkernel",
+    generators = ("tilefold.codegen.llvm.cpu.random", "tilefold.codegen.llvm.cpu.rowkernel",
                   "tilefold.ir.ops.random")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:

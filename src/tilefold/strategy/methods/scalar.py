@@ -1,12 +1,12 @@
-"""Hand-written scalar loops (`codegen/cpu/scalar.py`) for small elementwise groups that compute
-on integers: a model's index arithmetic, which the vectorized kernel IR (f32 math) leaves to
+"""Hand-written scalar loops (`codegen/llvm/cpu/scalar.py`) for small elementwise groups that
+compute on integers: a model's index arithmetic, which the vectorized kernel IR (f32 math) leaves to
 NumPy. Native, they replay with the rest of a decode step."""
 
 from __future__ import annotations
 
 import math
 
-from tilefold.codegen.cpu.scalar import Node, ScalarGroup, refusal, scalar_kernel
+from tilefold.codegen.llvm.cpu.scalar import Node, ScalarGroup, refusal, scalar_kernel
 from tilefold.ir.shapes import broadcast_shapes
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -18,7 +18,7 @@ ELEMENT_S = 1.5e-9  # per element and op: a scalar loop with an index split per 
 class ScalarLoop(Method):
     name = "handwritten.scalar"
     family = "hand-written"
-    generators = ("tilefold.codegen.cpu.scalar",)
+    generators = ("tilefold.codegen.llvm.cpu.scalar",)
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         read = _read_inputs(problem)

@@ -1,0 +1,99 @@
+"""Compiled fused attention: a kernel per config (`AttentionConfig`: flash, for many query rows;
+`DecodeConfig`: a few rows against a long cache), called on NumPy arrays.
+
+Both share one entry (`entry.py`) that reads dims and strides itself, so one compiled kernel
+serves every shape; the Python side only brings operands to rank 4 and to the layouts the
+kernel reads with vectors (unit stride along v's, the mask's and the output's last dim, and
+k's for the decode kernel), which costs nothing for the layouts models produce (contiguous,
+head-transposed views, a cache's slices).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+
+from tilefold.codegen.llvm.attention import decode, flash
+from tilefold.codegen.llvm.attention.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
+from tilefold.codegen.llvm.attention.decode import DecodeConfig
+from tilefold.codegen.llvm.attention.flash import AttentionConfig
+from tilefold.runtime import compile_generated, source_digest
+from tilefold.runtime.replay import NativeCall
+from tilefold.target import Target
+
+
+class AttentionKernel:
+    """`kernel(q, k, v, mask, out, scale)` fills `out` (mask None when the config has none)."""
+
+    def __init__(self, cfg: AttentionConfig | DecodeConfig, fn: Callable[..., None],
+                 source: Callable[[], str]) -> None:
+        self.cfg = cfg
+        self.source = source  # () -> the LLVM IR, for explain
+        self._fn = fn
+
+    def __call__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                 out: np.ndarray, scale: float) -> None:
+        operands, _ = self._operands(q, k, v, mask, out)
+        self._fn(*operands, scale)
+        if not np.may_share_memory(operands[-1], out):  # written to a copy
+            _rank4(out)[...] = operands[-1]
+
+    def calls(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+              out: np.ndarray, scale: float) -> list[NativeCall] | None:
+        """The native call `self(...)` makes, for replay; None where it would copy first."""
+        operands, copied = self._operands(q, k, v, mask, out)
+        return None if copied else [NativeCall(self._fn, (*operands, scale))]
+
+    def _operands(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                  out: np.ndarray) -> tuple[tuple[np.ndarray, ...], bool]:
+        """The entry's array operands (q, k, v, [mask,] out) at rank 4 in layouts it reads with
+        vectors, and whether any of them had to be a copy."""
+        q, k, v, out = (_rank4(x) for x in (q, k, v, out))
+        copied = False
+        if v.strides[-1] != 4:
+            v, copied = np.ascontiguousarray(v), True
+        if isinstance(self.cfg, DecodeConfig) and k.shape[-1] > 1 and k.strides[-1] != 4:
+            k, copied = np.ascontiguousarray(k), True
+        if out.strides[-1] != 4:
+            out, copied = np.empty(out.shape, np.float32), True
+        if mask is None:
+            return (q, k, v, out), copied
+        mask = _rank4(mask)
+        if mask.shape[-1] != k.shape[-2] or mask.strides[-1] != mask.itemsize:
+            mask = np.ascontiguousarray(np.broadcast_to(mask, (*mask.shape[:-1], k.shape[-2])))
+            copied = True
+        return (q, k, v, mask, out), copied
+
+
+def _rank4(x: np.ndarray) -> np.ndarray:
+    if x.ndim == 4:
+        return x
+    if x.ndim < 4:
+        return x.reshape((1,) * (4 - x.ndim) + x.shape)
+    return x.reshape((-1, *x.shape[-3:]))  # a copy only when the batch dims do not merge
+
+
+# The code that shapes the kernel's IR (part of its cache key).
+_GENERATORS = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath",
+               "tilefold.codegen.llvm")
+
+
+@functools.cache
+def attention_kernel(cfg: AttentionConfig | DecodeConfig, target: Target) -> AttentionKernel:
+    """The compiled kernel for `cfg` (cached in process and, by generator fingerprint, on disk)."""
+    name = f"tf_attention_{hashlib.sha256(repr(cfg).encode()).hexdigest()[:12]}"
+    generate = decode.decode_ir if isinstance(cfg, DecodeConfig) else flash.attention_ir
+
+    def make_ir() -> str:
+        return generate(cfg, name, target.triple, target.features)
+
+    layout = (DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET)
+    compiled = compile_generated(f"{source_digest(*_GENERATORS)}|{cfg!r}|{layout}", make_ir, target,
+                                 name=name, uses_pool=cfg.threads > 1, opt_level=2)
+    nobj = 5 if cfg.mask != "none" else 4
+    fn = compiled.function(name, None, *([ctypes.py_object] * nobj), ctypes.c_float)
+    return AttentionKernel(cfg, fn, make_ir)
