@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from tests.tolerances import tolerance
+from tilefold.codegen.llvm.rowprog import Emitter
 from tilefold.codegen.lower import PRIMITIVES, RULES, lower_op
-from tilefold.codegen.rowprog import Emitter, build_program
+from tilefold.codegen.rowprog import build_program
 from tilefold.ir import OPS, Builder, parse_module
 from tilefold.passes import PassManager
 from tilefold.strategy import METHODS, Problem, context, register_builtin_methods

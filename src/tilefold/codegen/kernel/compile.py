@@ -22,10 +22,9 @@ from tilefold.codegen.kernel.from_graph import (
     element_strides,
     make_layout,
 )
-from tilefold.codegen.kernel.ir import Buffer, Kernel
+from tilefold.codegen.kernel.ir import Buffer, Kernel, param_layout
 from tilefold.codegen.kernel.printer import print_kernel
 from tilefold.codegen.kernel.schedule import Schedule, choose_schedule
-from tilefold.codegen.llvm.kernel import param_layout
 from tilefold.errors import ShapeError, UnsupportedError
 from tilefold.ir import Block, Function, Value
 from tilefold.ir.interpreter import bind_symbols

@@ -198,6 +198,21 @@ class Kernel:
                 stack.extend(reversed(stmt.body))
 
 
+def param_layout(kernel: Kernel) -> tuple[tuple[str, ...], ...]:
+    """What a compiled kernel's int64 `params` array holds, in order: ("size", axis) for run-time
+    sizes, ("stride", buffer, axis), and
+    ("slice", buffer): the elements of a scratch buffer each thread has."""
+    sizes = [("size", a.name) for a in kernel.axes if a.size is None]
+    strides = [
+        ("stride", b.name, a.name)
+        for b in kernel.buffers
+        for a, s in zip(kernel.axes, b.strides, strict=True)
+        if s is None
+    ]
+    slices = [("slice", b.name) for b in kernel.buffers if b.scratch]
+    return tuple(sizes + strides + slices)
+
+
 def map_expr(expr: Expr, replace: Callable[[Expr], Expr | None]) -> Expr:
     """`expr` rebuilt top-down: where `replace(e)` gives an expression it stands for `e`'s whole
     subtree, else `e` keeps its op over rebuilt operands. Shared subtrees are rebuilt once and

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from tilefold.codegen.kernel import ir as kir
+from tilefold.codegen.kernel.ir import param_layout
 from tilefold.codegen.kernel.schedule import (
     PREFETCH_ROWS,
     Schedule,
@@ -30,20 +31,6 @@ I8P = I8.as_pointer()
 WORKER = ir.FunctionType(ir.VoidType(), [I8P, I32, I32])
 LLVM_UNARY = {"sqrt": "sqrt", "sin": "sin", "cos": "cos", "floor": "floor", "abs": "fabs"}
 Val = ir.Value | tuple  # scalar (uniform) or one vector per unrolled part
-
-
-def param_layout(kernel: kir.Kernel) -> tuple[tuple[str, ...], ...]:
-    """What `params` holds: ("size", axis) for run-time sizes, ("stride", buffer, axis), and
-    ("slice", buffer): the elements of a scratch buffer each thread has."""
-    sizes = [("size", a.name) for a in kernel.axes if a.size is None]
-    strides = [
-        ("stride", b.name, a.name)
-        for b in kernel.buffers
-        for a, s in zip(kernel.axes, b.strides, strict=True)
-        if s is None
-    ]
-    slices = [("slice", b.name) for b in kernel.buffers if b.scratch]
-    return tuple(sizes + strides + slices)
 
 
 @dataclass
@@ -524,4 +511,4 @@ def _emit_multi(mod: ir.Module, body_fn: ir.Function, kernel: kir.Kernel,
     b.ret_void()
 
 
-__all__ = ["emit_kernel", "param_layout"]
+__all__ = ["emit_kernel"]

@@ -69,7 +69,8 @@ class GemmEpilogue(Method):
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
         # On first use: `import tilefold` does not load the row-program generator.
-        from tilefold.codegen.rowprog import Emitter, NotARowProgram, build_program
+        from tilefold.codegen.llvm.rowprog import Emitter
+        from tilefold.codegen.rowprog import NotARowProgram, build_program
 
         matmuls = [op for op in problem.body if op.name == "matmul"]
         if len(matmuls) != 1:
@@ -558,7 +559,7 @@ _EPILOGUE_GENERATORS = ("tilefold.codegen.rowprog", "tilefold.codegen.llvm",
 
 
 def _epilogue_kernel(problem: Problem, ctx: Context, epi: tuple) -> Kernel:
-    from tilefold.codegen.rowprog import Emitter  # on first use, as in `propose`
+    from tilefold.codegen.llvm.rowprog import Emitter  # on first use, as in `propose`
 
     prog, ins, outs = epi
     lanes = _lanes(ctx)
