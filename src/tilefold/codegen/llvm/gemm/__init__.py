@@ -1,4 +1,5 @@
-"""The BLIS-shaped fp32 GEMM: micro-kernel registry, blocking, packing, driver, GEMV and plans."""
+"""The BLIS-shaped fp32 GEMM in LLVM: micro-kernel registry, packing, driver, GEMV and plans
+(blocking, target-neutral, is `tilefold.codegen.gemm`'s)."""
 
 from tilefold.codegen.gemm.blocking import Blocking, derive_blocking
 from tilefold.codegen.llvm.gemm.describe import describe
