@@ -43,8 +43,9 @@ def source_files() -> list[Path]:
     return sorted(p for p in SRC.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def imported_tops(path: Path) -> set[str]:
-    """The top-level tilefold packages `path` imports (absolute or relative, at any depth)."""
+def imported_names(path: Path) -> set[str]:
+    """Every name `path` imports, at any depth, as a full dotted name (`from a.b import c` is
+    `a.b.c`; relative imports resolved)."""
     package = ["tilefold", *path.relative_to(SRC).parent.parts]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -56,11 +57,14 @@ def imported_tops(path: Path) -> set[str]:
             names = [f"{module}.{alias.name}" for alias in node.names]
         else:
             continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "tilefold" and len(parts) > 1:
-                found.add(parts[1])
+        found.update(names)
     return found
+
+
+def imported_tops(path: Path) -> set[str]:
+    """The top-level tilefold packages `path` imports (absolute or relative, at any depth)."""
+    return {parts[1] for parts in (n.split(".") for n in imported_names(path))
+            if parts[0] == "tilefold" and len(parts) > 1}
 
 
 def test_the_document_lists_the_layers() -> None:
@@ -201,16 +205,7 @@ def test_a_cycle_hidden_behind_type_checking_is_found() -> None:
 
 
 def imports_llvmlite(path: Path) -> bool:
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        else:
-            continue
-        if any(name.split(".")[0] == "llvmlite" for name in names):
-            return True
-    return False
+    return any(name.split(".")[0] == "llvmlite" for name in imported_names(path))
 
 
 def test_no_strategy_or_frontend_module_imports_llvmlite() -> None:
@@ -221,3 +216,59 @@ def test_no_strategy_or_frontend_module_imports_llvmlite() -> None:
         if top_level(p) in ("strategy", "frontend") and imports_llvmlite(p)
     )
     assert not offenders, f"move the LLVM code of {offenders} into tilefold.codegen"
+
+
+CODEGEN = SRC / "codegen"
+# A backend registers in codegen/backend/<name>.py and keeps its parts in codegen/<name>/.
+BACKENDS = sorted(p.stem for p in (CODEGEN / "backend").glob("*.py")
+                  if p.stem not in ("__init__", "base") and (CODEGEN / p.stem).is_dir())
+
+
+def backend_of(path: Path) -> str | None:
+    """The backend whose code `path` is (its package, or its file in codegen/backend/)."""
+    parts = path.relative_to(CODEGEN).with_suffix("").parts
+    if parts[0] in BACKENDS:
+        return parts[0]
+    return parts[1] if parts[0] == "backend" and parts[1] in BACKENDS else None
+
+
+def backend_named(name: str) -> str | None:
+    """The backend whose package holds the imported name `name`, if any."""
+    parts = name.split(".")
+    return parts[2] if parts[:2] == ["tilefold", "codegen"] and len(parts) > 2 \
+        and parts[2] in BACKENDS else None
+
+
+def codegen_files() -> list[Path]:
+    return [p for p in source_files() if CODEGEN in p.parents]
+
+
+def test_the_backends_are_found() -> None:
+    assert {"llvm", "triton"} <= set(BACKENDS), BACKENDS
+
+
+def test_target_neutral_codegen_imports_no_backend() -> None:
+    """The kernel IR, the lowering table, row programs and GEMM blocking are read by every
+    backend and name none (codegen/backend/__init__.py, which registers them all, aside)."""
+    offenders = sorted(
+        f"{p.relative_to(SRC)} imports {name}"
+        for p in codegen_files()
+        if backend_of(p) is None and p != CODEGEN / "backend" / "__init__.py"
+        for name in imported_names(p) if backend_named(name)
+    )
+    assert not offenders, "move the backend's part behind its Backend: " + "; ".join(offenders)
+
+
+def test_a_backend_imports_no_other_backend() -> None:
+    offenders = sorted(
+        f"{p.relative_to(SRC)} imports {name}"
+        for p in codegen_files() if (mine := backend_of(p))
+        for name in imported_names(p) if backend_named(name) not in (None, mine)
+    )
+    assert not offenders, "; ".join(offenders)
+
+
+def test_only_the_llvm_backend_imports_llvmlite_in_codegen() -> None:
+    offenders = sorted(str(p.relative_to(SRC)) for p in codegen_files()
+                       if backend_of(p) != "llvm" and imports_llvmlite(p))
+    assert not offenders, f"move the LLVM code of {offenders} into tilefold.codegen.llvm"
