@@ -1,4 +1,4 @@
-"""Hand-written fused attention (`codegen.attention`) for `scaled_dot_product_attention`: the
+"""Hand-written fused attention (`codegen/llvm/attention`) for `scaled_dot_product_attention`: the
 flash kernel for prompts, the decode kernel for a few query rows against a long cache."""
 
 from __future__ import annotations
