@@ -4,7 +4,8 @@ Workloads: `minilm`, a MiniLM-shaped (all-MiniLM-L6-v2's config: 6 layers, 384 w
 heads) BERT encoder fine-tuned as a 2-class sentence classifier (mean pooling, a linear head,
 cross-entropy); `gpt2`, a GPT-2 config language model's loss (`--layers` deep, 2 by default:
 GPT-2 small's width, vocabulary and head, fewer blocks). Random weights, random tokens,
-batch x seq (8 x 128 by default), dropout off (tilefold has no random masks yet). A step is
+batch x seq (8 x 128 by default), dropout off unless `--dropout P` (then in training mode:
+every contender draws its own masks). A step is
 `zero_grad`, the compiled model's loss, `backward` and an AdamW step, which each compiling
 contender compiles too (`torch.compile(opt.step)` with its backend: tilefold's multi-tensor
 kernel, Inductor's; `--eager-optimizer` runs it in PyTorch for every contender); each
@@ -16,7 +17,7 @@ model, compiles it and runs `--rss-steps` steps. The same child times its first 
 + step), the figure to compare: in the bench's own process the contender that runs first pays
 for PyTorch's once-per-process work (Dynamo's and AOTAutograd's lazy imports and tables,
 ~2-3.5 s of MiniLM's warm first step on the shared Zen 3 host), which the others then skip.
-tilefold's first-step loss is checked against eager's. Run it under
+tilefold's first-step loss is checked against eager's (without dropout). Run it under
 `flock /tmp/tilefold-bench.lock`.
 """
 
@@ -49,12 +50,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile")
     parser.add_argument("--eager-optimizer", action="store_true",
                         help="run the AdamW step in PyTorch for every contender")
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout probability, in training mode (default 0: off)")
     parser.add_argument("--rss-steps", type=int, default=3,
                         help="steps each peak-RSS child runs (0: no RSS children; default 3)")
 
 
-def build(name: str, batch: int, seq: int, layers: int) -> tuple[Any, tuple]:
-    """(a module returning the step's scalar loss, its inputs), seeded: every call alike."""
+def build(name: str, batch: int, seq: int, layers: int, dropout: float = 0.0
+          ) -> tuple[Any, tuple]:
+    """(a module returning the step's scalar loss, its inputs), seeded: every call alike;
+    with `dropout`, its dropout layers at that probability and in training mode."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
@@ -62,14 +67,16 @@ def build(name: str, batch: int, seq: int, layers: int) -> tuple[Any, tuple]:
 
     torch.manual_seed(0)
     if name == "minilm":
-        config = minilm_config()
-        model = minilm_classifier(config)  # its weights drawn first, then the inputs
+        config = minilm_config(hidden_dropout_prob=dropout,
+                               attention_probs_dropout_prob=dropout)
+        model = minilm_classifier(config).train(dropout > 0)  # weights first, then inputs
         ids = torch.randint(0, config.vocab_size, (batch, seq))
         inputs = (ids, torch.ones(batch, seq, dtype=torch.long), torch.randint(0, 2, (batch,)))
         return model, inputs
     if name == "gpt2":
-        config = transformers.GPT2Config(n_layer=layers, resid_pdrop=0.0, embd_pdrop=0.0,
-                                         attn_pdrop=0.0, use_cache=False)
+        config = transformers.GPT2Config(n_layer=layers, resid_pdrop=dropout,
+                                         embd_pdrop=dropout, attn_pdrop=dropout,
+                                         use_cache=False)
         lm = transformers.GPT2LMHeadModel(config)
 
         class LMLoss(torch.nn.Module):
@@ -80,7 +87,7 @@ def build(name: str, batch: int, seq: int, layers: int) -> tuple[Any, tuple]:
             def forward(self, ids):
                 return self.lm(input_ids=ids, labels=ids).loss
 
-        return LMLoss().eval(), (torch.randint(0, config.vocab_size, (batch, seq)),)
+        return LMLoss().train(dropout > 0), (torch.randint(0, config.vocab_size, (batch, seq)),)
     raise TilefoldError(f"unknown model {name!r}; choose from {','.join(WORKLOADS)}")
 
 
@@ -119,13 +126,14 @@ def minilm_classifier(config: Any) -> Any:
 
 
 def stepper(name: str, backend: str | None, batch: int, seq: int, layers: int,
-            eager_optimizer: bool = False) -> tuple[Callable[[], float], float]:
+            eager_optimizer: bool = False, dropout: float = 0.0
+            ) -> tuple[Callable[[], float], float]:
     """A training step of a fresh model under `backend` (None: eager), returning its loss,
     and the seconds of its first step (compiling, for a backend); the optimizer's step is
     compiled by the backend too unless `eager_optimizer`."""
     import torch
 
-    model, inputs = build(name, batch, seq, layers)
+    model, inputs = build(name, batch, seq, layers, dropout)
     run = model if backend is None else torch.compile(model, backend=backend, dynamic=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     update = opt.step if backend is None or eager_optimizer else torch.compile(
@@ -167,7 +175,8 @@ def run(args: argparse.Namespace, bench: Bench) -> int:
     bench.note(f"training step (forward, backward, AdamW "
                f"{'in PyTorch' if args.eager_optimizer else 'compiled by each backend'}), "
                f"batch {args.batch} x {args.seq} "
-               f"tokens, {threads} threads, medians of {args.rounds} rounds; fp32, dropout off")
+               f"tokens, {threads} threads, medians of {args.rounds} rounds; fp32, "
+               f"{f'dropout {args.dropout} (training mode)' if args.dropout else 'dropout off'}")
     section = Section(f"step time, batch {args.batch} x {args.seq}, {threads} threads",
                       f"{'model':<10}", "ms", threads=threads)
     results: dict[str, Any] = {}
@@ -194,7 +203,7 @@ def _bench_workload(name: str, args: argparse.Namespace, bench: Bench, threads: 
             continue
         try:
             step, first[contender] = stepper(name, backend, args.batch, args.seq, args.layers,
-                                             args.eager_optimizer)
+                                             args.eager_optimizer, args.dropout)
         except Exception as exc:  # an inductor without a C++ compiler: leave it out
             if contender != "inductor":
                 raise
@@ -222,7 +231,7 @@ def _bench_workload(name: str, args: argparse.Namespace, bench: Bench, threads: 
         bench.say("peak RSS MB (own process): " + ", ".join(
             f"{c} {v / 1e6:.0f}" if v else f"{c} -" for c, v in rss.items()))
     error = abs(losses["tilefold"] - losses["eager"])
-    if error > 1e-3 * max(1.0, abs(losses["eager"])):
+    if not args.dropout and error > 1e-3 * max(1.0, abs(losses["eager"])):  # masks differ
         raise TilefoldError(f"{name}: tilefold's first-step loss {losses['tilefold']} differs "
                             f"from eager's {losses['eager']}")
     row = Row(name, f"{name:<10}", timings, info={"params": params})
@@ -238,7 +247,7 @@ def _child(name: str, contender: str, args: argparse.Namespace, threads: int
     process that builds, compiles and trains `rss_steps` steps; {} where it failed."""
     command = [sys.executable, "-m", "tilefold.cli.bench_train", name, contender,
                str(args.batch), str(args.seq), str(args.layers), str(threads),
-               str(args.rss_steps), str(int(args.eager_optimizer))]
+               str(args.rss_steps), str(int(args.eager_optimizer)), str(args.dropout)]
     env = {**os.environ, "TILEFOLD_NUM_THREADS": str(threads)}
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=True,
@@ -258,13 +267,14 @@ def _peak_rss() -> int:
 
 
 def main(argv: list[str]) -> None:
-    """The peak-RSS child: NAME CONTENDER BATCH SEQ LAYERS THREADS STEPS EAGER_OPTIMIZER."""
-    name, contender, batch, seq, layers, threads, count, eager_optimizer = argv
+    """The peak-RSS child: NAME CONTENDER BATCH SEQ LAYERS THREADS STEPS EAGER_OPTIMIZER
+    DROPOUT."""
+    name, contender, batch, seq, layers, threads, count, eager_optimizer, dropout = argv
     import torch
 
     torch.set_num_threads(int(threads))
     step, first = stepper(name, CONTENDERS[contender], int(batch), int(seq), int(layers),
-                          eager_optimizer == "1")
+                          eager_optimizer == "1", float(dropout))
     for _ in range(int(count) - 1):
         step()
     print(json.dumps({"peak_rss_bytes": _peak_rss(), "first_step_s": first}))
