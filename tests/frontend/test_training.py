@@ -528,3 +528,33 @@ def test_compiled_optimizer_step_matches_eager(make) -> None:
     graphs = report.reports()
     assert graphs and all(g.mode == "tilefold" and not g.fallback_nodes for g in graphs), \
         [g.format() for g in graphs]
+
+
+def test_bf16_autocast_step_is_native_and_within_bf16_rounding() -> None:
+    """Under `torch.autocast("cpu", bfloat16)` the linears run in bf16 (their inputs, weights
+    and outputs rounded), GELU and LayerNorm on bf16 (as eager: the block returns bf16), the
+    loss in f32; fp32 master weights get the gradients. Against float64 without any rounding,
+    each bf16 rounding on a value's path adds at most 2 u(bf16) of its terms' size: the loss
+    passes 7 (x, W1, h, GELU, W2, y, the norm), a gradient at most 10 (its backward's bf16
+    results and operands too), so the bound is that many times the bf16 rule, in units of
+    the largest gradient as the other tests do."""
+    torch.manual_seed(3)
+    net = Block(d_in=13, hidden=33, d_out=7)
+    oracle = copy.deepcopy(net).double()
+    compiled = torch.compile(net, backend="tilefold", options={"strict": True})
+    x, target = torch.randn(4, 3, 13), torch.randn(4, 3, 7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(x)
+        assert out.dtype == torch.bfloat16  # as eager's autocast returns it
+        loss = F.mse_loss(out, target)
+    loss.backward()
+    want = F.mse_loss(oracle(x.double()), target.double())
+    want.backward()
+    rtol = tolerance("bf16", 33)["rtol"]
+    assert abs(loss.item() - want.item()) <= 7 * rtol * (abs(want.item()) + 1)
+    scale = max(float(p.grad.abs().max()) for p in oracle.parameters())
+    for (name, got), ref in zip(net.named_parameters(), oracle.parameters(), strict=True):
+        assert got.grad is not None and got.grad.dtype == torch.float32, name
+        error = float((got.grad.double() - ref.grad).abs().max()) / scale
+        assert error <= 10 * rtol * (float(ref.grad.abs().max()) / scale + 1), (name, error)
+    _assert_training_native()
