@@ -89,7 +89,7 @@ def draw_seed() -> np.ndarray:
                       np.int64)
 
 
-def _size_arguments(ctx: LoweringContext, result: Converted, sizes: dict[str, int]) -> None:
+def _lowering_arguments(ctx: LoweringContext, result: Converted, sizes: dict[str, int]) -> None:
     """Append the arguments lowering made to the IR function's argument list, in its order:
     the size inputs it takes (`graph_io`) and the random seed (`SEED`)."""
     carried, signed = unheld(ctx.b.function, list(sizes))
@@ -224,7 +224,7 @@ def _convert(graph: fx.Graph, inputs: Callable[[int, fx.Node], Input], name: str
     for node, value in ctx.mutations.items():
         result.mutations[len(outputs)] = position[node]
         outputs.append(value)
-    _size_arguments(ctx, result, ctx.size_inputs)
+    _lowering_arguments(ctx, result, ctx.size_inputs)
     result.views = ViewReplay.of(graph)
     b.build(*outputs)
     return result

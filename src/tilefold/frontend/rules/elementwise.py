@@ -342,20 +342,24 @@ def native_dropout(ctx: LoweringContext, x: Any, p: float, train: bool | None) -
 
 
 @lowering(aten.rand.default)
-def rand(ctx: LoweringContext, size: Any, dtype: Any = None, layout: Any = None,
-         device: Any = None, pin_memory: Any = None) -> Any:
+def rand(ctx: LoweringContext, size: Any, **kwargs: Any) -> Any:
     """Uniform numbers in [0, 1), drawn from the graph's seed (f32, or f64 from them)"""
-    if ctx.out_dtype() not in (dtypes.f32, dtypes.f64):
-        raise NotApplicable(f"rand of {ctx.out_dtype()} (a draw rounded to it may reach 1)")
-    seed, stream = ctx.seed()
-    drawn = ctx.op("random_uniform", seed, shape=ctx.out_shape(), stream=stream)
-    return ctx.cast(drawn, ctx.out_dtype())
+    return _draw(ctx)
 
 
 @lowering(aten.rand_like.default)
 def rand_like(ctx: LoweringContext, x: Any, **kwargs: Any) -> Any:
     """`rand` of x's shape"""
-    return rand(ctx, None)
+    return _draw(ctx)
+
+
+def _draw(ctx: LoweringContext) -> Any:
+    """The current node's result, uniform in [0, 1), as its own random site."""
+    if ctx.out_dtype() not in (dtypes.f32, dtypes.f64):
+        raise NotApplicable(f"rand of {ctx.out_dtype()} (a draw rounded to it may reach 1)")
+    seed, stream = ctx.seed()
+    drawn = ctx.op("random_uniform", seed, shape=ctx.out_shape(), stream=stream)
+    return ctx.cast(drawn, ctx.out_dtype())
 
 
 @lowering("prims.fma.default")  # registered with Inductor's prims, not at import
