@@ -32,6 +32,7 @@ MODELS = {
                   ("down", 4864, 896)), ("lm_head", 896, 151936), 24),
 }
 HUGE = False
+DOT = False  # int8 activations and the integer dot product (`--dot`, the int8-act kernels)
 
 
 def huge_copy(a: np.ndarray) -> np.ndarray:
@@ -83,16 +84,16 @@ def make_call(fmt: str, k: int, n: int, m: int, threads: int, rng, zero_point: b
     """The call of one random weight of `fmt` ("f32" or a quantized format)."""
     if fmt == "f32":
         return F32Call(k, n, m, threads, rng)
-    return Call(random_weight(fmt, k, n, rng, zero_point), m, threads, rng)
+    return Call(random_weight(fmt, k, n, rng, zero_point), m, threads, rng, DOT)
 
 
 class Call:
     """The native call of one weight for M rows: x, y, the call and the bytes it streams."""
 
-    def __init__(self, qt: QuantizedTensor, m: int, threads: int, rng):
+    def __init__(self, qt: QuantizedTensor, m: int, threads: int, rng, dot: bool = False):
         k = qt.shape[0]
         x = rng.standard_normal((m, k), dtype=np.float32)
-        call = wo.prepare(qt, m, k, threads=threads)
+        call = wo.prepare(qt, m, k, threads=threads, dot=dot)
         if HUGE:
             call.data = huge_copy(call.data)
         y = np.empty((m, qt.shape[1]), np.float32)
@@ -143,12 +144,14 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--zero-point", action="store_true")
     p.add_argument("--huge", action="store_true")
+    p.add_argument("--dot", action="store_true",
+                   help="int8 activations and the integer dot product (VNNI/maddubs kernels)")
     p.add_argument("--shapes", default="qkv,o,gate_up,down,lm_head")
     p.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     p.add_argument("--no-token", action="store_true", help="skip the token's sequence")
     args = p.parse_args()
-    global HUGE
-    HUGE = args.huge
+    global HUGE, DOT
+    HUGE, DOT = args.huge, args.dot
     layer, head, layers = MODELS[args.model]
     rng = np.random.default_rng(0)
     l3 = host_target().l3_bytes
