@@ -53,15 +53,18 @@ class Joint:
                 "tangents": [list(t) for t in self.tangents], "detach": self.detach}
 
 
-def key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
-    """The key of a training graph, or None when it may not be stored."""
+def key(gm: fx.GraphModule, example_inputs: list[Any], weights: str | None = None
+        ) -> str | None:
+    """The key of a training graph compiled with `weights` (`tilefold.compile`'s), or None
+    when it may not be stored."""
     if torch._C._is_any_autocast_enabled() or any(
             type(x) not in (torch.Tensor, torch.nn.Parameter)
             for x in [*graph_cache.lifted(gm), *example_inputs]):
         return None
     config = torch._functorch.config.save_config_portable()
     return graph_cache.graph_key(gm, example_inputs,
-                                 extra={"training": sorted(map(repr, config.items()))})
+                                 extra={"training": sorted(map(repr, config.items()))},
+                                 weights=weights)
 
 
 def _outputs(gm: fx.GraphModule) -> list[Any]:
@@ -126,9 +129,10 @@ def joint(facts: dict[str, Any], bw_gm: fx.GraphModule) -> Joint | None:
                  [tuple(t) for t in facts["tangents"]], detach)
 
 
-def store(graph_key: str, joint: Joint, parts: dict[str, tuple[Any, int]]) -> bool:
-    """Store both lowerings (`parts[FORWARD|BACKWARD]`: a `Converted`, its ATen node count),
-    then the record naming them."""
+def store(graph_key: str, joint: Joint, parts: dict[str, tuple[Any, int, Any]]) -> bool:
+    """Store both lowerings (`parts[FORWARD|BACKWARD]`: a `Converted`, its ATen node count,
+    the module the pass pipeline made of it: `graph_cache.store`), then the record naming
+    them."""
     return all(graph_cache.store(f"{graph_key}-{part}", *parts[part])
                for part in (FORWARD, BACKWARD)) and \
         graph_cache.store_record(graph_key, {"joint": joint.record()})
