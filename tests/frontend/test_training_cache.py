@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tilefold.frontend import report
 
-warm, dropout = sys.argv[1] == "warm", sys.argv[2] == "dropout"
+warm, dropout, strict = sys.argv[1] == "warm", sys.argv[2] == "dropout", sys.argv[3] == "1"
 if warm:  # a hit must not trace: AOTAutograd's first two stages raise
     import torch._functorch.aot_autograd as aot
 
@@ -52,7 +52,7 @@ torch.manual_seed(0)
 model = Net()
 oracle = copy.deepcopy(model).double()
 ids, labels = torch.randint(0, 50, (4, 6)), torch.randint(0, 3, (4,))
-compiled = torch.compile(model, backend="tilefold", options={"strict": True})
+compiled = torch.compile(model, backend="tilefold", options={"strict": strict})
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 opt64 = torch.optim.SGD(oracle.parameters(), lr=0.1)
 out = {"losses": [], "grads": [], "oracle_losses": [], "oracle_grads": [], "positive": []}
@@ -85,18 +85,28 @@ print(json.dumps(out))
 '''
 
 
-def _train(mode: str, cache, graph: str = "plain") -> dict:
-    env = {**os.environ, "TILEFOLD_CACHE_DIR": str(cache), "TILEFOLD_STRICT": "1",
+def _train(mode: str, cache, graph: str = "plain", strict: bool = True) -> dict:
+    """The run's results, and its log (`stderr`)."""
+    env = {**os.environ, "TILEFOLD_CACHE_DIR": str(cache), "TILEFOLD_STRICT": str(int(strict)),
            "TILEFOLD_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _TRAIN, mode, graph], capture_output=True,
-                          text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, "-c", _TRAIN, mode, graph, str(int(strict))],
+                          capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
+
+
+def _stored(cache) -> dict[str, dict]:
+    """The stored graphs by the end of their file name (`forward`, `backward`)."""
+    return {p.stem.rsplit("-", 1)[-1]: json.loads(p.read_text())
+            for p in (cache / "graphs").glob("*-*.json")}
 
 
 def test_a_warm_process_trains_without_the_trace_as_the_cold_one(tmp_path):
     cold = _train("cold", tmp_path)
     assert [c for _, c, _ in cold["reports"]] == [False, False]
+    # both stored as the pass pipeline made them (no weight is frozen): a hit runs no pass
+    assert {part: e["optimized"] for part, e in _stored(tmp_path).items()} == {
+        "forward": True, "backward": True}
     warm = _train("warm", tmp_path)
     assert [(g.split()[-1], c, m) for g, c, m in warm["reports"]] == [
         ("forward", True, "tilefold"), ("backward", True, "tilefold")]
@@ -125,3 +135,20 @@ def test_a_graph_with_dropout_is_stored_and_a_hit_draws_as_the_miss(tmp_path):
     for field in ("losses", "grads", "positive"):
         assert warm[field] == cold[field], field
     assert warm["losses"] != warm["oracle_losses"]  # dropout ran: eager without masks differs
+
+
+def test_a_corrupt_stored_graph_is_reported_and_traced_afresh(tmp_path):
+    """A stored optimized forward that no longer parses: outside strict mode the process
+    says so, traces as a cold one, trains bit for bit as it, and stores the graphs again."""
+    cold = _train("cold", tmp_path, strict=False)
+    (path,) = (tmp_path / "graphs").glob("*-forward.json")
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps({**entry, "text": entry["text"].replace("fused", "fusd")}))
+    again = _train("cold", tmp_path, strict=False)
+    assert "the cached lowering failed" in again["stderr"]
+    assert [c for _, c, _ in again["reports"]] == [False, False]
+    for field in ("losses", "grads", "positive"):
+        assert again[field] == cold[field], field
+    warm = _train("warm", tmp_path, strict=False)
+    assert [c for _, c, _ in warm["reports"]] == [True, True]
+    assert warm["losses"] == cold["losses"]
