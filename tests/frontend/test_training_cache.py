@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from tilefold.frontend import report
 
-warm, dropout, strict = sys.argv[1] == "warm", sys.argv[2] == "dropout", sys.argv[3] == "1"
+warm, graph, strict = sys.argv[1] == "warm", sys.argv[2], sys.argv[3] == "1"
+dropout, view = graph == "dropout", graph == "view"
 if warm:  # a hit must not trace: AOTAutograd's first two stages raise
     import torch._functorch.aot_autograd as aot
 
@@ -45,6 +46,8 @@ class Net(torch.nn.Module):
             h = F.dropout(h, 0.25)
         h = self.norm(self.fc2(h) + x)
         logits = self.head(h.mean(1))
+        if view:  # the only view of an intermediate: AOTAutograd's `unsafe_view_alias`
+            return F.cross_entropy(logits, labels), logits.view(-1)
         return F.cross_entropy(logits, labels), logits > 0  # a non-differentiable output
 
 
@@ -60,10 +63,16 @@ for _ in range(3):
     for o in (opt, opt64):
         o.zero_grad()
     loss, predicted = compiled(ids, labels)
-    assert not predicted.requires_grad
-    loss.backward()
-    want, _ = oracle(ids, labels)
-    want.backward()
+    want, flat = oracle(ids, labels)
+    if view:  # a gradient through the view too
+        assert predicted.requires_grad and not predicted._is_view()
+        (loss + predicted.square().mean()).backward()
+        (want + flat.square().mean()).backward()
+        predicted = predicted > 0
+    else:
+        assert not predicted.requires_grad
+        loss.backward()
+        want.backward()
     out["losses"].append(loss.item())
     out["oracle_losses"].append(want.item())
     out["grads"].append([p.grad.flatten().tolist() for p in model.parameters()])
@@ -152,3 +161,21 @@ def test_a_corrupt_stored_graph_is_reported_and_traced_afresh(tmp_path):
     warm = _train("warm", tmp_path, strict=False)
     assert [c for _, c, _ in warm["reports"]] == [True, True]
     assert warm["losses"] == cold["losses"]
+
+
+def test_an_output_viewing_an_intermediate_is_stored_and_a_hit_trains_as_the_miss(tmp_path):
+    """`logits.view(-1)` returned beside the loss (as GPT-2's graph returns its logits): a hit
+    hands it over as AOTAutograd does (`_unsafe_view`), and its gradient flows back."""
+    cold = _train("cold", tmp_path, "view")
+    (record,) = [r for p in (tmp_path / "graphs").glob("*.json")
+                 if "joint" in (r := json.loads(p.read_text()))]
+    assert record["joint"]["unsafe_views"] == [1]
+    warm = _train("warm", tmp_path, "view")
+    assert [(g.split()[-1], c) for g, c, _ in warm["reports"]] == [
+        ("forward", True), ("backward", True)]
+    for field in ("losses", "grads", "positive"):
+        assert warm[field] == cold[field], field
+    reduced = 16 + 32 + 16 + 6 + 3 + 4
+    scale = max(abs(v) for g in warm["oracle_grads"][0] for v in g)
+    for got, want in zip(warm["grads"][0], warm["oracle_grads"][0], strict=True):
+        assert_close(np.array(got) / scale, np.array(want) / scale, dtype="f32", reduced=reduced)
