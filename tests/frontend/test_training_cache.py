@@ -46,8 +46,9 @@ class Net(torch.nn.Module):
             h = F.dropout(h, 0.25)
         h = self.norm(self.fc2(h) + x)
         logits = self.head(h.mean(1))
-        if view:  # the only view of an intermediate: AOTAutograd's `unsafe_view_alias`
-            return F.cross_entropy(logits, labels), logits.view(-1)
+        if view:  # the only view of an intermediate (`unsafe_view_alias`), one the backward
+            squashed = torch.tanh(logits)  # reads too: the forward returns it as a view of
+            return F.cross_entropy(squashed, labels), squashed.view(-1)  # a saved tensor
         return F.cross_entropy(logits, labels), logits > 0  # a non-differentiable output
 
 
@@ -164,12 +165,15 @@ def test_a_corrupt_stored_graph_is_reported_and_traced_afresh(tmp_path):
 
 
 def test_an_output_viewing_an_intermediate_is_stored_and_a_hit_trains_as_the_miss(tmp_path):
-    """`logits.view(-1)` returned beside the loss (as GPT-2's graph returns its logits): a hit
-    hands it over as AOTAutograd does (`_unsafe_view`), and its gradient flows back."""
+    """A view of a saved intermediate returned beside the loss (as GPT-2's graph returns its
+    logits): the forward's stored lowering remakes it as a view of that saved result
+    (`graph_io.ViewReplay`, stored as its view ops), a hit hands it over as AOTAutograd does
+    (`_unsafe_view`), and its gradient flows back."""
     cold = _train("cold", tmp_path, "view")
     (record,) = [r for p in (tmp_path / "graphs").glob("*.json")
                  if "joint" in (r := json.loads(p.read_text()))]
     assert record["joint"]["unsafe_views"] == [1]
+    assert _stored(tmp_path)["forward"]["views"]["positions"] == [1]
     warm = _train("warm", tmp_path, "view")
     assert [(g.split()[-1], c) for g, c, _ in warm["reports"]] == [
         ("forward", True), ("backward", True)]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import operator
 import os
 import tempfile
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from tilefold.errors import TilefoldError
 from tilefold.frontend.converter import Converted
+from tilefold.frontend.graph_io import ViewReplay
 from tilefold.frontend.tensors import frozen_array
 from tilefold.ir import Module, parse_module, print_module
 from tilefold.runtime import source_digest
@@ -65,6 +68,7 @@ class Entry:
     aten_nodes: int
     mutations: dict[int, int]  # IR result index -> the input it writes (`Converted.mutations`)
     optimized: bool  # the text is the module after `tilefold.compile`'s pass pipeline
+    views: dict[str, Any] | None  # the outputs that are views, made again (`_views_record`)
 
 
 def _attributes(gm: fx.GraphModule) -> dict[str, Any]:
@@ -143,9 +147,10 @@ def store(key: str, converted: Converted, aten_nodes: int, optimized: Module | N
     """Write the lowering atomically; whether it was stored (a failure to write is logged,
     never raised). `optimized` is the module the pass pipeline made of `converted.module`
     (`GraphRunner.optimized`), stored instead where no weight is frozen."""
-    if converted.flattened or converted.views is not None or \
+    views = None if converted.views is None else _views_record(converted.views)
+    if converted.flattened or (converted.views is not None and views is None) or \
             not all(o is None or isinstance(o, int) for o in converted.outputs):
-        return False  # (flattened or view outputs come only from symbolic graphs: no key)
+        return False  # (flattened outputs come only from symbolic graphs: no key)
     names = {id(array): f"input:{i}" for i, array in converted.frozen.items()}
     post = optimized is not None and not converted.frozen
     text = print_module(optimized if post else converted.module, external=names)
@@ -155,7 +160,7 @@ def store(key: str, converted: Converted, aten_nodes: int, optimized: Module | N
         "text": text, "arg_indices": converted.arg_indices, "outputs": converted.outputs,
         "frozen": sorted(converted.frozen), "lowered": converted.lowered,
         "aten_nodes": aten_nodes, "mutations": [[r, p] for r, p in converted.mutations.items()],
-        "optimized": post})
+        "optimized": post, "views": views})
 
 
 def load(key: str) -> Entry | None:
@@ -166,7 +171,7 @@ def load(key: str) -> Entry | None:
         return None if data is None else Entry(
             data["text"], data["arg_indices"], data["outputs"], data["frozen"],
             data["lowered"], data["aten_nodes"], {int(r): int(p) for r, p in data["mutations"]},
-            bool(data["optimized"]))
+            bool(data["optimized"]), data["views"])
     except (ValueError, KeyError, TypeError) as exc:
         log.warning("tilefold: ignoring the stored graph %s (%s); lowering afresh",
                     _path(key), exc)
@@ -212,4 +217,83 @@ def converted(entry: Entry, real: list[Any]) -> Converted:
     module = parse_module(entry.text, "<graph cache>", bound=bound)
     return Converted(module, list(entry.arg_indices), list(entry.outputs),
                      lowered=dict(entry.lowered), mutations=dict(entry.mutations),
-                     optimized=entry.optimized)
+                     optimized=entry.optimized,
+                     views=None if entry.views is None else _replay(entry.views))
+
+
+# What a stored view replay's nodes may hold besides other nodes (static graphs: plain sizes).
+_PLAIN = (int, float, bool, type(None))
+
+
+def _views_record(views: ViewReplay) -> dict[str, Any] | None:
+    """A replay of view outputs (`graph_io.ViewReplay`: the graph's own view ops, e.g. a
+    forward's logits returned as a view of the saved tensor) as JSON: each node's op, name,
+    target and arguments; None when a node is other than a placeholder, a view op or a
+    `getitem` of one, or takes other than nodes and plain numbers."""
+    nodes = []
+    for node in views.module.graph.nodes:
+        target = None
+        if node.op == "call_function":
+            if node.target is operator.getitem:
+                target = "getitem"
+            elif isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+                target = f"{node.target.name()}.{node.target._overloadname}"
+            else:
+                return None
+        elif node.op not in ("placeholder", "output"):
+            return None
+        try:
+            args = _jsonable(node.args)
+        except TypeError:
+            return None
+        if node.kwargs:
+            return None
+        nodes.append([node.op, node.name, target, args])
+    return {"nodes": nodes, "positions": views.positions, "bases": views.bases}
+
+
+def _jsonable(arg: Any) -> Any:
+    if isinstance(arg, fx.Node):
+        return {"node": arg.name}
+    if isinstance(arg, list | tuple):
+        return [_jsonable(a) for a in arg]
+    if isinstance(arg, _PLAIN):
+        return arg
+    raise TypeError(f"a view argument of type {type(arg).__name__}")
+
+
+def _replay(record: dict[str, Any]) -> ViewReplay:
+    """The replay `_views_record` wrote (a TilefoldError where the record is not one)."""
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, dict):
+            return env[a["node"]]
+        return tuple(arg(x) for x in a) if isinstance(a, list) else a
+
+    try:
+        for op, name, target, args in record["nodes"]:
+            if op == "placeholder":
+                env[name] = graph.placeholder(name)
+            elif op == "output":
+                graph.output(arg(args)[0])
+            else:
+                env[name] = graph.call_function(_view_op(target), arg(args))
+        return ViewReplay(fx.GraphModule(torch.nn.Module(), graph),
+                          [int(j) for j in record["positions"]],
+                          [int(k) for k in record["bases"]])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TilefoldError(f"a stored view replay that is not one: {exc}") from exc
+
+
+def _view_op(target: str) -> Any:
+    """The view op a record names (`aten::view.default`), or `operator.getitem`."""
+    if target == "getitem":
+        return operator.getitem
+    namespace, rest = target.split("::")
+    name, overload = rest.split(".")
+    op = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    if not op.is_view:
+        raise ValueError(f"{target} is not a view op")
+    return op
