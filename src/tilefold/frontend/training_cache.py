@@ -11,18 +11,19 @@ results are the user's outputs then the tensors saved for the backward (a view s
 detached), an output AOTAutograd found to be the only view of an intermediate
 (`unsafe_view_alias`: GPT-2's logits reshaped for the loss) made a plain tensor on the same
 memory as AOTAutograd makes it (`_unsafe_view`), outputs that do not require grad marked
-non-differentiable, each incoming gradient
-coerced to the size and stride its tangent was traced with, the backward's results one
-gradient per input.
+non-differentiable, each incoming gradient coerced to the size and stride its tangent was
+traced with, the backward's results one gradient per input. Both graphs are stored as the
+pass pipeline made them (no weight of a training graph is frozen: `graph_cache`).
 
 Only calls that need none of AOTAutograd's other runtime wrapping are stored (`joint`): no
 input written (batch norm's running statistics, an optimizer's state), no output aliasing an
 input or another output (aliasing an intermediate only where AOTAutograd hides it, above), no
-symbolic size, no tensor
-subclass, no duplicated input, no effect token, no autocast; those graphs are traced in every
-process, as before. A graph with random ops (dropout) is stored like any other: its lowering
-draws its seed from PyTorch's generator at each call (`converter.SEED`), hit or miss, so
-AOTAutograd's RNG functionalization (off by default) is the only random wrapping refused.
+symbolic size, no tensor subclass, no duplicated input, no effect token, no autocast, no
+compiled autograd (which calls AOTAutograd's own backward as it is, but would trace a hit's
+into a graph of its own); those graphs are traced in every process, as before. A graph with
+random ops (dropout) is stored like any other: its lowering draws its seed from PyTorch's
+generator at each call (`converter.SEED`), hit or miss, so AOTAutograd's RNG
+functionalization (off by default) is the only random wrapping refused.
 Files are JSON, never pickles.
 """
 
@@ -63,7 +64,7 @@ def key(gm: fx.GraphModule, example_inputs: list[Any], weights: str | None = Non
         ) -> str | None:
     """The key of a training graph compiled with `weights` (`tilefold.compile`'s), or None
     when it may not be stored."""
-    if torch._C._is_any_autocast_enabled() or any(
+    if torch._C._is_any_autocast_enabled() or torch._dynamo.config.compiled_autograd or any(
             type(x) not in (torch.Tensor, torch.nn.Parameter)
             for x in [*graph_cache.lifted(gm), *example_inputs]):
         return None
