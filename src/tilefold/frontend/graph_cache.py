@@ -15,7 +15,9 @@ the text could not name.
 
 Only graphs whose call needs none of AOTAutograd's runtime wrapping are stored: every shape
 static, inputs mutated only inside the graph (a KV cache's writes, which the runner lands in
-the caller's tensors itself), no output aliasing an input, and no submodules
+the caller's tensors itself), no output aliasing an input (an output that is a view of
+another, a training forward's view of a tensor it saves, is stored as its view ops and made
+again: `_views_record`), and no submodules
 (tensor attributes, an optimizer step's parameters and state, are inputs as AOTAutograd lifts
 them: `lifted`). Files are JSON written atomically; a corrupt or
 foreign one is reported and ignored. `TILEFOLD_GRAPH_CACHE=0` turns the cache off (say, while
