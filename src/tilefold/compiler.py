@@ -714,7 +714,7 @@ def optimized(module: Module, function: str = "main", weights: str | None = None
 def compile(
     module: Module, target: Target | GPUTarget | str | None = None, *, function: str = "main",
     strict: bool | None = None, donate: dict[int, int] | None = None,
-    weights: str | None = None, in_place: bool = False, min_size: int = 1,
+    weights: str | None = None, in_place: bool = False, min_size: int = 1, passes: bool = True,
 ) -> CompiledGraph:
     """Optimize and fuse a copy of `module`, ready to run `function` on NumPy arrays (for a GPU
     target, named as "h200" or a `GPUTarget`: on torch tensors of that device, `tilefold.gpu`).
@@ -733,12 +733,20 @@ def compile(
     `min_size` is the least size any symbolic dim takes (Dynamo specializes sizes 0 and 1, so
     its graphs give 2): kernels that trade memory for time read it (a GEMM whose symbolic rows
     are never one holds its constant weight packed); no answer depends on it.
+    `passes=False` compiles `module` as it is, for a module that went through `optimized`
+    (this pipeline, these `weights`) already, printed and parsed back (a stored graph); it
+    reports no fusion refusals.
     """
     if isinstance(target, str):
         target = gpu_target(target) if target in gpu_target_names() else named_target(target)
     _register()
-    module, refusals = optimized(module, function, weights, in_place,
-                                 horizontal=not isinstance(target, GPUTarget))
+    if passes:
+        module, refusals = optimized(module, function, weights, in_place,
+                                     horizontal=not isinstance(target, GPUTarget))
+    elif function not in module.functions:
+        raise ShapeError(f"module has no function @{function}")
+    else:
+        refusals = []
     if isinstance(target, GPUTarget):
         from tilefold.gpu import GPUGraph  # on first use: it needs torch and Triton
 

@@ -3,6 +3,7 @@ stores only graphs that need none of AOTAutograd's runtime wrapping."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -189,3 +190,103 @@ def test_an_optimizer_steps_attributes_are_inputs_of_its_stored_graph(private_ca
                 torch.testing.assert_close(p.detach(), q.detach(), atol=1e-5, rtol=1e-5)
         assert any(r.cached for r in report.reports()) == hit
     assert len(list((private_cache / "graphs").glob("*.json"))) >= 1
+
+
+def _adamw_steps(monkeypatch, hit: bool, steps: int = 2) -> None:
+    """`steps` compiled AdamW steps (a graph with no frozen weight), each checked against
+    eager's; `hit`: AOTAutograd refused, as a cache hit must not need it."""
+    g = torch.Generator().manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in ((6, 4), (4,))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt = torch.optim.AdamW(ours, lr=1e-2, weight_decay=0.1)
+    eager = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1)
+    torch._dynamo.reset()
+    if hit:
+        _no_aot(monkeypatch)
+    step = torch.compile(opt.step, backend="tilefold")
+    for _ in range(steps):
+        for p, q in zip(ours, theirs, strict=True):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        step()
+        eager.step()
+        for p, q in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(p.detach(), q.detach(), atol=1e-5, rtol=1e-5)
+    assert any(r.cached for r in report.reports()) == hit
+
+
+def _entries(cache) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((cache / "graphs").glob("*.json"))]
+
+
+def test_a_graph_without_frozen_weights_is_stored_optimized_and_a_hit_runs_no_pass(
+        private_cache, monkeypatch):
+    """The AdamW step's graph (every tensor an argument) is stored as the pass pipeline's
+    module, fused groups and all; a hit compiles it without running a pass."""
+    _adamw_steps(monkeypatch, hit=False)
+    (entry,) = [e for e in _entries(private_cache) if "text" in e]
+    assert entry["optimized"] and not entry["frozen"]
+    assert " = fused(" in entry["text"]
+    from tilefold.passes import PassManager
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pass ran on an optimized hit")
+
+    monkeypatch.setattr(PassManager, "run", refuse)
+    _adamw_steps(monkeypatch, hit=True)
+
+
+def test_a_graph_with_frozen_weights_keeps_the_lowered_module(private_cache):
+    """Passes make constants of frozen weights (folded, quantized) that the text could not
+    name: such graphs are stored before the pipeline, and run it on a hit."""
+    torch.manual_seed(0)
+    _compile_and_check(Net().eval(), torch.randn(3, 24))
+    (entry,) = _entries(private_cache)
+    assert entry["frozen"] and not entry["optimized"]
+    assert " = fused(" not in entry["text"]
+
+
+def test_a_corrupt_optimized_entry_is_reported_and_lowered_afresh(private_cache, monkeypatch,
+                                                                   caplog, allow_fallback):
+    _adamw_steps(monkeypatch, hit=False)
+    (path,) = [p for p in (private_cache / "graphs").glob("*.json")
+               if "text" in json.loads(p.read_text())]
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps({**entry, "text": entry["text"].replace("fused", "fusd")}))
+    report.REPORTS.clear()
+    with caplog.at_level(logging.WARNING, logger="tilefold.frontend"):
+        _adamw_steps(monkeypatch, hit=False)  # (AOTAutograd traces again)
+    assert "the cached lowering failed" in caplog.text
+
+
+def test_an_optimized_hit_falls_back_to_interpreting_the_stored_module(private_cache,
+                                                                        monkeypatch, caplog,
+                                                                        allow_fallback):
+    """Outside strict mode, a compiled graph that fails hands the stored (fused) module to
+    the reference interpreter, which runs it to the same answers."""
+    _adamw_steps(monkeypatch, hit=False)
+    from tilefold.compiler import CompiledGraph
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("a kernel failed")
+
+    monkeypatch.setattr(CompiledGraph, "__call__", fail)
+    with caplog.at_level(logging.WARNING, logger="tilefold.frontend"):
+        _adamw_steps(monkeypatch, hit=True)
+    assert "running on the reference interpreter" in caplog.text
+
+
+def test_the_key_covers_the_passes_and_the_weights_format(monkeypatch):
+    """A stored optimized module is what these passes made: other pass sources or another
+    pipeline (a weights format) is another key."""
+    from tilefold.frontend import graph_cache
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) * 2)
+    inputs = [torch.randn(3)]
+    key = graph_cache.graph_key(gm, inputs)
+    assert graph_cache.graph_key(gm, inputs) == key
+    assert graph_cache.graph_key(gm, inputs, weights="int8") != key
+    digest = graph_cache.source_digest
+    monkeypatch.setattr(graph_cache, "source_digest", lambda *modules: digest(*modules) + (
+        "changed" if modules == graph_cache._PASSES else ""))
+    assert graph_cache.graph_key(gm, inputs) != key

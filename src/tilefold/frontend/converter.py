@@ -66,6 +66,9 @@ class Converted:
     # IR argument index -> how a size input is passed there ("dim" or "value": `graph_io`)
     size_inputs: dict[int, str] = field(default_factory=dict)
     views: ViewReplay | None = None  # outputs that are views, made again on their bases
+    # the module went through `tilefold.compile`'s pass pipeline already (a stored one:
+    # `graph_cache`), to be compiled as it is
+    optimized: bool = False
 
     def donated(self) -> dict[int, int]:
         """The mutations as IR result index -> IR argument index (`tilefold.compile`'s donate)."""

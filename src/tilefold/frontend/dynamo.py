@@ -88,7 +88,7 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
               if isinstance(t, torch.nn.Parameter) and not t.is_inference()}
     report = GraphReport(graph, "tilefold")
     started = time.perf_counter()
-    key = graph_cache.graph_key(gm, example_inputs)
+    key = graph_cache.graph_key(gm, example_inputs, weights=weights)
     entry = graph_cache.load(key) if key else None
     if entry is not None:
         attributes = graph_cache.lifted(gm)
@@ -110,7 +110,8 @@ def backend(gm: fx.GraphModule, example_inputs: list[Any], options: dict | None 
             same_inputs = sum(n.op == "placeholder" for n in aten_gm.graph.nodes) == len(
                 graph_cache.lifted(gm)) + len(example_inputs)
             if key and same_inputs and isinstance(runner, _Frozen) and graph_cache.storable():
-                graph_cache.store(key, runner.runner.converted, report.aten_nodes)
+                graph_cache.store(key, runner.runner.converted, report.aten_nodes,
+                                  runner.runner.optimized)
             return runner
         except FallbackError:
             raise

@@ -26,12 +26,13 @@ class Executor:
 
     `label` names the module in messages (the graph, and the partition when there are several);
     `donate` (result -> argument) lets results be written into their arguments' arrays;
-    `min_size` is the least size of its symbolic dims (`tilefold.compile`'s).
+    `min_size` is the least size of its symbolic dims (`tilefold.compile`'s); `passes=False`:
+    the module is optimized already (`tilefold.compile`'s).
     """
 
     def __init__(self, module: Module, label: str = "graph", strict: bool | None = None,
                  donate: dict[int, int] | None = None, weights: str | None = None,
-                 min_size: int = 1):
+                 min_size: int = 1, passes: bool = True):
         self.module, self.label, self.strict = module, label, strict
         self.compiled: Any = None
         self.name = "interpreter"
@@ -40,7 +41,7 @@ class Executor:
             from tilefold.compiler import compile as tilefold_compile
 
             self.compiled = tilefold_compile(module, strict=strict, donate=donate,
-                                             weights=weights, min_size=min_size)
+                                             weights=weights, min_size=min_size, passes=passes)
             self.name = "tilefold.compile"
         except (ImportError, TilefoldError) as exc:
             self._fall_back("tilefold.compile failed", exc)
@@ -99,7 +100,8 @@ class GraphRunner:
         self.converted = converted
         self.function = converted.module.functions[next(iter(converted.module.functions))]
         # Dynamo specializes sizes 0 and 1: a symbolic dim of its graphs is at least 2
-        self.run = Executor(converted.module, label, strict, converted.donated(), weights, 2)
+        self.run = Executor(converted.module, label, strict, converted.donated(), weights, 2,
+                            passes=not converted.optimized)
         written = set(converted.mutations.values())
         # (result, argument, its array's index): an optimizer's hundreds, found once
         position = {p: i for i, p in enumerate(converted.arg_indices)}
@@ -136,6 +138,12 @@ class GraphRunner:
     @property
     def executor(self) -> str:
         return self.run.name
+
+    @property
+    def optimized(self) -> Module | None:
+        """The module the pass pipeline made of the lowered one (what `graph_cache` stores of
+        a graph without frozen weights); None where the interpreter runs it."""
+        return None if self.run.compiled is None else self.run.compiled.module
 
     def __call__(self, *args: Any) -> list[Any]:
         given = self.converted.arguments(args)  # size inputs come as arrays

@@ -105,7 +105,7 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
     from tilefold.compiler import SharedBuffers
 
     shared = SharedBuffers()  # the forward and backward never run at once: one set of buffers
-    key = training_cache.key(gm, example_inputs)
+    key = training_cache.key(gm, example_inputs, weights)
     stored = training_cache.load(key) if key else None
     if stored is not None:
         try:
@@ -116,7 +116,7 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
             log.warning("tilefold: graph %s: the cached lowering failed (%s); tracing afresh",
                         graph, exc)
     facts: dict[str, Any] = {}  # the forward's, for the record the backward's compile stores
-    parts: dict[str, tuple[Any, int]] = {}
+    parts: dict[str, tuple[Any, int, Any]] = {}
 
     def compiler(part: str) -> Callable[[fx.GraphModule, list[Any]], Callable]:
         def compile_part(aten_gm: fx.GraphModule, aten_inputs: list[Any]) -> Callable:
@@ -158,7 +158,7 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
 
 
 def _keep(part: str, aten_gm: fx.GraphModule, report: GraphReport, facts: dict[str, Any],
-          parts: dict[str, tuple[Any, int]], key: str) -> None:
+          parts: dict[str, tuple[Any, int, Any]], key: str) -> None:
     """Note a part that lowered whole; once the backward has, store both and the record."""
     whole = report.mode == "tilefold" and report.partitions == 1 and len(report.executors) == 1
     if not whole:
@@ -167,7 +167,8 @@ def _keep(part: str, aten_gm: fx.GraphModule, report: GraphReport, facts: dict[s
         facts.update(training_cache.forward_facts(aten_gm) or {})
     elif part != training_cache.BACKWARD or not facts:
         return
-    parts[part] = (report.executors[0].runner.converted, report.aten_nodes)
+    runner = report.executors[0].runner
+    parts[part] = (runner.converted, report.aten_nodes, runner.optimized)
     if part == training_cache.BACKWARD:
         joint = training_cache.joint(facts, aten_gm)
         if joint is not None:

@@ -8,17 +8,22 @@ under the key of Dynamo's graph, its inputs' metadata (requires_grad included) a
 AOTAutograd's configuration, and a record `<key>` (written last: a record names graphs that
 exist) says how AOTAutograd called them (`Joint`). A hit builds the same call: the forward's
 results are the user's outputs then the tensors saved for the backward (a view saved
-detached), outputs that do not require grad marked non-differentiable, each incoming gradient
-coerced to the size and stride its tangent was traced with, the backward's results one
-gradient per input.
+detached), an output AOTAutograd found to be the only view of an intermediate
+(`unsafe_view_alias`: GPT-2's logits reshaped for the loss) made a plain tensor on the same
+memory as AOTAutograd makes it (`_unsafe_view`), outputs that do not require grad marked
+non-differentiable, each incoming gradient coerced to the size and stride its tangent was
+traced with, the backward's results one gradient per input. Both graphs are stored as the
+pass pipeline made them (no weight of a training graph is frozen: `graph_cache`).
 
 Only calls that need none of AOTAutograd's other runtime wrapping are stored (`joint`): no
 input written (batch norm's running statistics, an optimizer's state), no output aliasing an
-input or another output, no symbolic size, no tensor
-subclass, no duplicated input, no effect token, no autocast; those graphs are traced in every
-process, as before. A graph with random ops (dropout) is stored like any other: its lowering
-draws its seed from PyTorch's generator at each call (`converter.SEED`), hit or miss, so
-AOTAutograd's RNG functionalization (off by default) is the only random wrapping refused.
+input or another output (aliasing an intermediate only where AOTAutograd hides it, above), no
+symbolic size, no tensor subclass, no duplicated input, no effect token, no autocast, no
+compiled autograd (which calls AOTAutograd's own backward as it is, but would trace a hit's
+into a graph of its own); those graphs are traced in every process, as before. A graph with
+random ops (dropout) is stored like any other: its lowering draws its seed from PyTorch's
+generator at each call (`converter.SEED`), hit or miss, so AOTAutograd's RNG
+functionalization (off by default) is the only random wrapping refused.
 Files are JSON, never pickles.
 """
 
@@ -46,22 +51,27 @@ class Joint:
     tangents: list[tuple[int, list[int], list[int]]]  # the backward's gradients: (output,
     # size, stride), after the saved tensors
     detach: list[int]  # inputs detached before the call (not leaves, no gradient)
+    unsafe_views: list[int]  # user outputs AOTAutograd returns through `_unsafe_view`
 
     def record(self) -> dict[str, Any]:
         return {"inputs": self.inputs, "outputs": self.outputs,
                 "differentiable": self.differentiable,
-                "tangents": [list(t) for t in self.tangents], "detach": self.detach}
+                "tangents": [list(t) for t in self.tangents], "detach": self.detach,
+                "unsafe_views": self.unsafe_views}
 
 
-def key(gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
-    """The key of a training graph, or None when it may not be stored."""
-    if torch._C._is_any_autocast_enabled() or any(
+def key(gm: fx.GraphModule, example_inputs: list[Any], weights: str | None = None
+        ) -> str | None:
+    """The key of a training graph compiled with `weights` (`tilefold.compile`'s), or None
+    when it may not be stored."""
+    if torch._C._is_any_autocast_enabled() or torch._dynamo.config.compiled_autograd or any(
             type(x) not in (torch.Tensor, torch.nn.Parameter)
             for x in [*graph_cache.lifted(gm), *example_inputs]):
         return None
     config = torch._functorch.config.save_config_portable()
     return graph_cache.graph_key(gm, example_inputs,
-                                 extra={"training": sorted(map(repr, config.items()))})
+                                 extra={"training": sorted(map(repr, config.items()))},
+                                 weights=weights)
 
 
 def _outputs(gm: fx.GraphModule) -> list[Any]:
@@ -88,7 +98,8 @@ def forward_facts(fw_gm: fx.GraphModule) -> dict[str, Any] | None:
         len(placeholders) == len(meta.input_info)
         and all(i.mutation_type == MutationType.NOT_MUTATED and not i.mutates_metadata
                 and not i.mutates_data for i in meta.input_info)
-        and all(o.output_type == OutputType.non_alias and not o.dynamic_dims
+        and all(o.output_type in (OutputType.non_alias, OutputType.unsafe_view_alias)
+                and not o.dynamic_dims
                 and isinstance(o.raw_type, type) and issubclass(o.raw_type, torch.Tensor)
                 for o in meta.output_info)
         and meta.num_intermediate_bases == 0 and not meta.tokens
@@ -109,7 +120,8 @@ def forward_facts(fw_gm: fx.GraphModule) -> dict[str, Any] | None:
             "tangents": [(i, [int(d) for d in m.memory_format.size],
                           [int(d) for d in m.memory_format.stride])
                          for i, m in zip(surviving, tangent_metas, strict=True)],
-            "grad_leaves": [(bool(i.requires_grad), bool(i.is_leaf)) for i in meta.input_info]}
+            "grad_leaves": [(bool(i.requires_grad), bool(i.is_leaf)) for i in meta.input_info],
+            "unsafe_views": list(meta.unsafe_view_out_indices)}
 
 
 def joint(facts: dict[str, Any], bw_gm: fx.GraphModule) -> Joint | None:
@@ -123,12 +135,13 @@ def joint(facts: dict[str, Any], bw_gm: fx.GraphModule) -> Joint | None:
                                                               strict=True))
               if out is None and grad and not leaf]
     return Joint(facts["inputs"], facts["outputs"], facts["differentiable"],
-                 [tuple(t) for t in facts["tangents"]], detach)
+                 [tuple(t) for t in facts["tangents"]], detach, facts["unsafe_views"])
 
 
-def store(graph_key: str, joint: Joint, parts: dict[str, tuple[Any, int]]) -> bool:
-    """Store both lowerings (`parts[FORWARD|BACKWARD]`: a `Converted`, its ATen node count),
-    then the record naming them."""
+def store(graph_key: str, joint: Joint, parts: dict[str, tuple[Any, int, Any]]) -> bool:
+    """Store both lowerings (`parts[FORWARD|BACKWARD]`: a `Converted`, its ATen node count,
+    the module the pass pipeline made of it: `graph_cache.store`), then the record naming
+    them."""
     return all(graph_cache.store(f"{graph_key}-{part}", *parts[part])
                for part in (FORWARD, BACKWARD)) and \
         graph_cache.store_record(graph_key, {"joint": joint.record()})
@@ -145,7 +158,8 @@ def load(graph_key: str) -> tuple[Joint, graph_cache.Entry, graph_cache.Entry] |
                        [bool(d) for d in data["differentiable"]],
                        [(int(i), [int(d) for d in size], [int(d) for d in stride])
                         for i, size, stride in data["tangents"]],
-                       [int(i) for i in data["detach"]])
+                       [int(i) for i in data["detach"]],
+                       [int(i) for i in data["unsafe_views"]])
     except (KeyError, TypeError, ValueError):
         return None
     forward = graph_cache.load(f"{graph_key}-{FORWARD}")
@@ -176,6 +190,8 @@ def function(joint: Joint, forward: Callable[..., Any], backward: Callable[..., 
             saved = results[joint.outputs:]
             ctx.save_for_backward(*[t.detach() if t._is_view() else t for t in saved])
             outs = results[:joint.outputs]
+            for i in joint.unsafe_views:  # AOTAutograd's `finalize`: no view for autograd
+                outs[i] = torch.ops.aten._unsafe_view(outs[i], outs[i].shape)
             ctx.mark_non_differentiable(*[o for o, d in zip(outs, joint.differentiable,
                                                             strict=True)
                                           if not d and isinstance(o, torch.Tensor)])
