@@ -169,41 +169,25 @@ def test_an_optimizer_steps_attributes_are_inputs_of_its_stored_graph(private_ca
     """Dynamo hands `opt.step`'s parameters and state to the backend as graph attributes,
     which AOTAutograd lifts into inputs: the key covers them, and a hit (no AOTAutograd)
     passes them first and updates them in place, step for step as eager's optimizer."""
-    g = torch.Generator().manual_seed(0)
-    shapes = [(5, 3), (7,), ()]
     for hit in (False, True):
-        ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
-        theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
-        opt = torch.optim.AdamW(ours, lr=1e-2, weight_decay=0.1)
-        eager = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1)
-        torch._dynamo.reset()
-        if hit:
-            _no_aot(monkeypatch)
-        step = torch.compile(opt.step, backend="tilefold", options={"strict": True})
-        for _ in range(3):
-            for p, q in zip(ours, theirs, strict=True):
-                p.grad = torch.randn(p.shape, generator=g)
-                q.grad = p.grad.clone()
-            step()
-            eager.step()
-            for p, q in zip(ours, theirs, strict=True):
-                torch.testing.assert_close(p.detach(), q.detach(), atol=1e-5, rtol=1e-5)
-        assert any(r.cached for r in report.reports()) == hit
+        _adamw_steps(monkeypatch, hit, steps=3, shapes=((5, 3), (7,), ()), strict=True)
     assert len(list((private_cache / "graphs").glob("*.json"))) >= 1
 
 
-def _adamw_steps(monkeypatch, hit: bool, steps: int = 2) -> None:
-    """`steps` compiled AdamW steps (a graph with no frozen weight), each checked against
-    eager's; `hit`: AOTAutograd refused, as a cache hit must not need it."""
+def _adamw_steps(monkeypatch, hit: bool, steps: int = 2, shapes=((6, 4), (4,)),
+                 strict: bool | None = None) -> None:
+    """`steps` compiled AdamW steps of parameters of `shapes` (a graph with no frozen weight),
+    each checked against eager's; `hit`: AOTAutograd refused, as a cache hit must not need
+    it."""
     g = torch.Generator().manual_seed(0)
-    ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in ((6, 4), (4,))]
+    ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     opt = torch.optim.AdamW(ours, lr=1e-2, weight_decay=0.1)
     eager = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1)
     torch._dynamo.reset()
     if hit:
         _no_aot(monkeypatch)
-    step = torch.compile(opt.step, backend="tilefold")
+    step = torch.compile(opt.step, backend="tilefold", options={"strict": strict})
     for _ in range(steps):
         for p, q in zip(ours, theirs, strict=True):
             p.grad = torch.randn(p.shape, generator=g)
