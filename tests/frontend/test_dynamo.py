@@ -261,3 +261,25 @@ def test_graphs_of_one_model_share_its_weights_memory():
         model[0].weight.mul_(2.0)
         x = torch.randn(3, 64)
         torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.parametrize("odd_op", [False, True], ids=["whole", "partitioned"])
+def test_a_report_keeps_no_compiled_graph_alive_after_a_reset(odd_op, allow_fallback):
+    """The report (what `explain` prints) holds a graph's executors weakly: once Dynamo's
+    cache is reset and the compiled module dropped, its plans and buffers are freed, and the
+    report says so instead of naming an executor that is gone."""
+    import gc
+    import weakref
+
+    compiled = torch.compile(Block(odd_op).eval(), backend="tilefold")
+    with torch.no_grad():
+        compiled(torch.randn(2, 8, 16))
+    (graph,) = report.reports()
+    assert graph.executors and graph.executor == "tilefold.compile"
+    runs = [weakref.ref(e.runner.run) for e in graph.executors]
+    del compiled
+    torch._dynamo.reset()
+    gc.collect()
+    assert all(r() is None for r in runs)
+    assert graph.executors == [] and graph.executor == "released"
+    assert "executor released" in report.explain()

@@ -44,7 +44,9 @@ def _params(shapes, seed: int = 0) -> list[torch.nn.Parameter]:
     return [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
 
 
-def _run(make, ours, theirs, steps: int = 4) -> None:
+def _run(make, ours, theirs, steps: int = 4):
+    """`steps` compiled steps checked against eager's; the compiled step (the report holds its
+    graphs' runners weakly: keep it while reading them)."""
     opt, eager = make(ours), make(theirs)
     step = torch.compile(opt.step, backend="tilefold", options={"strict": True})
     g = torch.Generator().manual_seed(1)
@@ -59,6 +61,7 @@ def _run(make, ours, theirs, steps: int = 4) -> None:
             # rounds once, a multiply and an add twice): within 0.5% of the learning rate
             np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5,
                                        atol=5e-3 * LR, err_msg=f"parameter {i}")
+    return step
 
 
 def _plan():
@@ -76,8 +79,8 @@ def _plan():
 def test_compiled_step_matches_eager(name: str) -> None:
     """Four steps of each optimizer over odd sizes (a 0-d parameter among them) match eager's,
     strict, every op native."""
-    _run(OPTIMIZERS[name], _params(SHAPES), _params(SHAPES))
-    _plan()
+    step = _run(OPTIMIZERS[name], _params(SHAPES), _params(SHAPES))
+    assert _plan() is not None and step is not None
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -86,8 +89,9 @@ def test_few_kernels_in_place(name: str) -> None:
     (the step counters', the tensors'), a multi-tensor kernel among them, writing every
     parameter and moment in place: no copy step, no result copied back."""
     shapes = [s for s in SHAPES if s]
-    _run(OPTIMIZERS[name], _params(shapes), _params(shapes), steps=2)
+    step = _run(OPTIMIZERS[name], _params(shapes), _params(shapes), steps=2)
     plan = _plan()
+    del step
     assert 1 <= len(plan.decisions) <= 3, plan.labels
     assert any(label.startswith("multitensor:") for label in plan.labels), plan.labels
     assert not any(label.startswith("copy") for label in plan.labels), plan.labels

@@ -180,7 +180,7 @@ def _cached(entry: graph_cache.Entry, real: list[Any], report: GraphReport,
     runner = _Frozen(build, real, set(entry.frozen), build())
     report.cached, report.partitions = True, 1
     report.aten_nodes, report.lowered = entry.aten_nodes, dict(entry.lowered)
-    report.executors.append(runner)
+    report.add(runner)
     report.convert_s = time.perf_counter() - started
     record(report)
     return lambda *args: tuple(runner(*args))
@@ -238,7 +238,7 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
         runner = _Frozen(lambda: make(convert_graph(gm.graph, top_inputs), label, flag),
                          real, frozen, make(trial, label, flag))
         report.partitions = 1
-        report.executors.append(runner)
+        report.add(runner)
         report.convert_s = time.perf_counter() - started
         return runner
     if strict(flag):
@@ -274,7 +274,7 @@ def _lower(gm: fx.GraphModule, real: list[Any], frozen: set[int], report: GraphR
             setattr(fused, node.target, part)
             partitions.append(part)
             report.partitions += 1
-            report.executors.append(part)
+            report.add(part)
     fused.recompile()
     report.lowered = {k: v for k, v in report.lowered.items() if k not in report.fallback}
     report.convert_s = time.perf_counter() - started

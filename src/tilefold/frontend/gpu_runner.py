@@ -63,6 +63,10 @@ class GPUGraphRunner:
     """Calls a lowered graph compiled for `target` with the graph's own (flat) arguments and
     returns its tensors on their device; it answers the report as `GraphRunner` does."""
 
+    # (`GraphRunner.optimized`) no pass pipeline's module to store: graphs on device tensors
+    # have no graph-cache key
+    optimized = None
+
     def __init__(self, converted: Converted, label: str = "graph", strict: bool | None = None,
                  *, target: GPUTarget):
         from tilefold.compiler import compile as tilefold_compile

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,15 +28,29 @@ class GraphReport:
     convert_s: float = 0.0
     reason: str = ""  # why the whole graph runs eagerly, when it does
     cached: bool = False  # the lowering came from the graph cache (no ATen trace)
-    # what runs the graph's tilefold parts: objects with executor, groups(), methods() and
-    # decisions() (one per partition)
-    executors: list[Any] = field(default_factory=list, repr=False)
+    # what runs the graph's tilefold parts (`add`), held weakly: the compiled callable owns
+    # them, and a report outliving it (after `torch._dynamo.reset()`) keeps no plan alive
+    _executors: list[weakref.ref] = field(default_factory=list, repr=False)
+
+    def add(self, executor: Any) -> None:
+        """Note an object running a tilefold part (one per partition): it has `executor`,
+        groups(), methods() and decisions()."""
+        self._executors.append(weakref.ref(executor))
+
+    @property
+    def executors(self) -> list[Any]:
+        """The graph's executors still alive (all of them while its compiled callable is)."""
+        return [e for e in (ref() for ref in self._executors) if e is not None]
 
     @property
     def executor(self) -> str:
         """What runs the graph's tilefold parts now: "tilefold.compile" or "interpreter" (both,
-        comma-separated, when partitions differ); "PyTorch" when tilefold runs none of it."""
-        return ", ".join(sorted({e.executor for e in self.executors})) or "PyTorch"
+        comma-separated, when partitions differ); "PyTorch" when tilefold runs none of it;
+        "released" once its compiled callable is gone."""
+        alive = self.executors
+        if self._executors and not alive:
+            return "released"
+        return ", ".join(sorted({e.executor for e in alive})) or "PyTorch"
 
     def groups(self) -> list[tuple[str, str]]:
         """(a group's ops joined by "+", the kernel method that ran it) for every group of every
