@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -459,24 +459,58 @@ class _Planner:
                 self.root[op.results[0]] = self.root.get(x, x)
                 if x in reordered or op.name not in SAME_ORDER:
                     reordered.add(op.results[0])
-        self.last_use = {self.root.get(v, v): i for i, op in enumerate(self.ops)
-                         for v in op.operands}
         self.outputs = set(fn.outputs)
-        for v in fn.outputs:
-            self.last_use[self.root.get(v, v)] = len(self.ops)
         # kernel results that one output views and none returns otherwise (a saved
         # activation's reshape): written into a fresh array per call like an output, so the
         # view is returned as it is (results never share memory), not copied out of a buffer
         # (only through views that keep the elements' order: a transposed one is better
-        # made contiguous by the kernel's own choice of layout, copied out as before)
+        # made contiguous by the kernel's own choice of layout, copied out as below)
         roots = [self.root.get(v, v) for v in fn.outputs]
         self.viewed = {r for v, r in zip(fn.outputs, roots, strict=True)
                        if v is not r and roots.count(r) == 1 and v not in reordered} \
             - set(fn.args)
+        # the other outputs viewing an intermediate's memory (a transposed saved activation):
+        # copied into their fresh array where they are defined (the slot, once planned), so
+        # the buffer they view goes back to the pool at its last use, not at the graph's end
+        once = {v for v in fn.outputs if fn.outputs.count(v) == 1}
+        self.copied_out: dict[Value, int | None] = {
+            v: None for v, r in zip(fn.outputs, roots, strict=True)
+            if v is not r and v in once and r not in self.viewed and r not in fn.args}
+        self._hoist(self.copied_out)
+        self.last_use = {self.root.get(v, v): i for i, op in enumerate(self.ops)
+                         for v in op.operands}
+        for v, r in zip(fn.outputs, roots, strict=True):
+            if v not in self.copied_out:
+                self.last_use[r] = len(self.ops)
         self.users = fn.uses()
         self.donated = {fn.outputs[r]: fn.args[a] for r, a in graph.donate.items()}
         self.in_place: set[Value] = set()
         self.in_place_args: set[Value] = set()  # arguments a kernel result is written over
+
+    def _hoist(self, outputs: Iterable[Value]) -> None:
+        """Move the views making `outputs` to right after the op defining the memory they
+        view (a graph lists them last, before it returns): each output is copied out as soon
+        as it exists, and its buffer is free for reuse after the last kernel reading it."""
+        chain: set[Operation] = set()
+        for v in outputs:
+            while v in self.root:
+                chain.add(v.defining_op)
+                v = v.defining_op.operands[0]
+        after: dict[Value, list[Operation]] = {}
+        for op in self.ops:
+            if op in chain:
+                after.setdefault(op.operands[0], []).append(op)
+        ordered: list[Operation] = []
+
+        def place(op: Operation) -> None:
+            ordered.append(op)
+            for view in (view for r in op.results for view in after.get(r, ())):
+                place(view)
+
+        for op in self.ops:
+            if op not in chain:
+                place(op)
+        self.ops = ordered
 
     def plan(self) -> Plan:
         decisions = []
@@ -485,6 +519,8 @@ class _Planner:
                 self.env[self.slot[op.results[0]]] = op.attrs["value"]
             elif op.name in VIEWS:
                 self._view(op)
+                if op.results[0] in self.copied_out:
+                    self._copy_out(op.results[0])
             elif op.name in UPDATES and self._overwritable(op, i):
                 self._update(op)
             else:
@@ -495,7 +531,8 @@ class _Planner:
         views = {self.slot[v] for v in self.fn.outputs  # per-call views of fresh arrays
                  if v in self.per_call and self.root.get(v) in fresh_values & self.viewed}
         lent = set(self.fn.args) if self.graph.lend_inputs else set()
-        results = [(self.slot[v], self.slot[v] not in fresh | views and v not in self.in_place
+        results = [(out, False) if (out := self.copied_out.get(v)) is not None else
+                   (self.slot[v], self.slot[v] not in fresh | views and v not in self.in_place
                     and v not in lent) for v in self.fn.outputs]
         for v in self.per_call:  # drop the probes
             self.env[self.slot[v]] = None
@@ -538,6 +575,16 @@ class _Planner:
             out = base
             self.layout[y.name] = "copy"
         env[slot[y]] = out
+
+    def _copy_out(self, v: Value) -> None:
+        """Copy output `v`, a view of an intermediate's buffer, into its fresh array now."""
+        if v in self.per_call:  # a view of an argument or of a fresh result: no buffer
+            del self.copied_out[v]
+            return
+        array = self.env[self.slot[v]]
+        out = self.copied_out[v] = self._const_slot(np.empty(array.shape, array.dtype))
+        self.fresh.append((out, array.shape, array.dtype))
+        self._copy_step(out, self.slot[v])
 
     def _overwritable(self, op: Operation, i: int) -> bool:
         """Whether `op` may write its result over operand 0's memory: nothing reads that later,

@@ -74,24 +74,33 @@ class HorizontalFusion(Pass):
 
     def run_on_function(self, fn: Function) -> None:
         buckets: dict[tuple, list[list[Operation]]] = {}
-        # values computed (transitively) from each open bucket's members: a region reading
-        # one of them cannot join that bucket (the merged region would feed itself)
-        tainted: dict[int, set[Value]] = {}
+        # a member's result -> its bucket. Once an op that joins no bucket reads one, the
+        # bucket takes no more members: merged at its last member, the region would make
+        # that reader wait behind every member while the ops independent of it ran first (a
+        # backward's recomputations all hoisted, their buffers alive at once). A region
+        # computed from one cannot join it either (the merged region would feed itself);
+        # a region that joins a bucket of its own (an optimizer's per-parameter update
+        # reading its step's scalars) may read it: both merge, in the same order.
+        member_of: dict[Value, int] = {}
+        sealed: set[int] = set()
+        tainted: dict[int, set[Value]] = {}  # values computed from each bucket's members
         for op in fn.ops:
             key = signature(op)
             for desc in tainted.values():
                 if any(v in desc for v in op.operands):
                     desc.update(op.results)
             if key is None:
+                sealed.update(member_of[v] for v in op.operands if v in member_of)
                 continue
             open_ = buckets.setdefault(key, [[]])
             bucket = open_[-1]
-            if len(bucket) >= self.max_members or (
-                    bucket and any(v in tainted[id(bucket)] for v in op.operands)):
+            if len(bucket) >= self.max_members or id(bucket) in sealed or any(
+                    v in tainted.get(id(bucket), ()) for v in op.operands):
                 bucket = []
                 open_.append(bucket)
             bucket.append(op)
             tainted.setdefault(id(bucket), set()).update(op.results)
+            member_of.update(dict.fromkeys(op.results, id(bucket)))
         rewriter = Rewriter(fn)
         made = [self._merge(fn, group, rewriter) for groups in buckets.values()
                 for group in groups if len(group) >= self.min_members]
