@@ -639,8 +639,9 @@ class _Planner:
         decision = self.graph._decide(op, [env[slot[v]].shape for v in op.operands],
                                       self.bindings)
         problem, kernel = decision.problem, decision.kernel
+        copies: list[np.ndarray] = []  # C-ordered copies of strided operands, for this step
         args = [slot[v] if kernel.strided or env[slot[v]].flags.c_contiguous
-                else self._contiguous(v) for v in op.operands]
+                else self._contiguous(v, copies) for v in op.operands]
         for r, t in zip(op.results, problem.out_types(), strict=True):
             shape, dtype = tuple(t.shape), np.dtype(t.dtype.np_dtype)
             x = self._written_over(op, i, r) if kernel.in_place else None
@@ -663,9 +664,10 @@ class _Planner:
             base = self.owned[r] = self._buffer(stored, dtype)
             env[slot[r]] = base if perm is None else base.transpose(np.argsort(perm))
         scratch = [self._buffer(tuple(shape), np.dtype(dtype)) for shape, dtype in kernel.scratch]
-        for buffer in scratch:  # free again once this step is planned: later steps reuse it
+        for buffer in scratch:
             args.append(self._const_slot(buffer))
-            self._give_back(buffer)
+        for buffer in scratch + copies:  # free again once this step is planned: later steps
+            self._give_back(buffer)  # reuse them (not its results: those were laid first)
         calls = kernel.calls
         method = decision.winner.method if decision.winner is not None else "?"
         self._step(kernel.run, args, None if calls is None else
@@ -699,11 +701,13 @@ class _Planner:
         raw = self.raw[id(buffer)]
         self.free.setdefault(raw.nbytes, []).append(raw)
 
-    def _contiguous(self, v: Value) -> int:
-        """A slot holding a C-contiguous copy of `v`, refreshed by a step before each use."""
+    def _contiguous(self, v: Value, copies: list[np.ndarray]) -> int:
+        """A slot holding a C-contiguous copy of `v`, refreshed by a step before each use, in
+        a buffer the step's kernel alone reads (added to `copies`, given back after it)."""
         array = self.env[self.slot[v]]
-        copy_slot = self._const_slot(np.empty(array.shape, array.dtype))
-        self.nbytes += array.nbytes
+        buffer = self._buffer(array.shape, array.dtype)
+        copies.append(buffer)
+        copy_slot = self._const_slot(buffer)
         self._copy_step(copy_slot, self.slot[v])
         return copy_slot
 

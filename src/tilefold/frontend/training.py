@@ -5,11 +5,12 @@ AOTAutograd traces the joint forward+backward graph with `training_decomposition
 core ATen table, which takes every backward op, `gelu_backward`, `native_layer_norm_backward`,
 `_softmax_backward_data`, `threshold_backward`, `embedding_dense_backward` (an accumulating
 `index_put`), the losses' forward and backward (`nll_loss_backward`'s one-hot `scatter`), ...,
-down to ops the rules lower; SDPA is traced as its math form, matmuls and softmax, which
-autograd differentiates), then partitions it with `min_cut_rematerialization_partition`, as
-Inductor does: the forward saves what the backward needs, and cheap elementwise values (GELU's
-`erf`, a mask) are recomputed in the backward instead of being stored, fewer tensors kept
-alive between the two passes.
+down to ops the rules lower; SDPA as CPU flash attention, its forward and backward decomposed
+so that the forward saves one log-sum-exp per query row, not the probabilities, which the
+backward recomputes: `training_attention.py`), then partitions it with
+`min_cut_rematerialization_partition`, as Inductor does: the forward saves what the backward
+needs, and cheap elementwise values (GELU's `erf`, a mask) are recomputed in the backward
+instead of being stored, fewer tensors kept alive between the two passes.
 
 Every input of both graphs is an IR argument: parameters are never frozen as constants (the
 optimizer writes them every step), so a step after `optimizer.step()` calls the same compiled
@@ -29,10 +30,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tilefold.errors import FallbackError, TilefoldError, strict
-from tilefold.frontend import graph_cache, training_cache
+from tilefold.frontend import graph_cache, training_attention, training_cache
 from tilefold.frontend.report import GraphReport, left_to_pytorch, record
 
 log = logging.getLogger("tilefold.frontend")
@@ -61,6 +61,7 @@ def training_decompositions() -> dict:
     table = torch.export.default_decompositions()
     table.update(get_decompositions([aten._native_batch_norm_legit_functional]))
     table[aten.var_mean.correction] = _var_mean
+    table.update(training_attention.decompositions())
     return table
 
 
@@ -153,8 +154,7 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
         partition_fn=min_cut_rematerialization_partition,
         decompositions=training_decompositions(),
     )
-    with sdpa_kernel(SDPBackend.MATH):  # attention as matmuls and softmax, differentiated so
-        return compiled(gm, example_inputs)
+    return compiled(gm, example_inputs)
 
 
 def _keep(part: str, aten_gm: fx.GraphModule, report: GraphReport, facts: dict[str, Any],

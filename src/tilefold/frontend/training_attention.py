@@ -1,0 +1,102 @@
+"""Attention in a training graph, as flash attention keeps it: the forward saves the
+query, key, value, output and one log-sum-exp per query row, and the backward recomputes
+the probabilities from them, rather than saving the probabilities (batch x heads x L x S
+floats: 37.7 MB of MiniLM's 8 x 128 step, more than all its other attention activations).
+
+PyTorch traces `scaled_dot_product_attention` on CPU tensors as
+`_scaled_dot_product_flash_attention_for_cpu`, whose autograd formula saves exactly those
+tensors and calls `_scaled_dot_product_flash_attention_for_cpu_backward`. Both are
+decomposed here into the matmuls, reductions and elementwise ops the rules lower (PyTorch's
+own decomposition of the forward returns the probabilities in place of the log-sum-exp,
+which an export needs and a backward cannot use). The backward works on the transposed
+scores (key rows by query rows): the recomputed probabilities are then never the very
+expression the forward computed, which common-subexpression elimination would merge into
+one value, saved again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _bias(mask: torch.Tensor | None, is_causal: bool, q: torch.Tensor, k: torch.Tensor
+          ) -> torch.Tensor | None:
+    """The additive bias of the scores (L x S, broadcast): the mask's (a bool mask keeps
+    True) and the causal one's (query i sees keys 0..i, as PyTorch aligns it)."""
+    bias = None
+    if mask is not None:
+        bias = mask if mask.dtype != torch.bool else torch.where(
+            mask, torch.zeros((), dtype=q.dtype), torch.full((), -math.inf, dtype=q.dtype))
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        causal = torch.where(keep, torch.zeros((), dtype=q.dtype),
+                             torch.full((), -math.inf, dtype=q.dtype))
+        bias = causal if bias is None else bias + causal
+    return bias
+
+
+def _heads(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Grouped-query key/value heads repeated to the query's."""
+    groups = q.shape[1] // kv.shape[1]
+    return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
+
+
+def _grouped(grad: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """A repeated head's gradient summed back over the query heads that shared it."""
+    b, h, s, e = grad.shape
+    heads = kv.shape[1]
+    return grad if heads == h else grad.reshape(b, heads, h // heads, s, e).sum(2)
+
+
+def flash_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  dropout_p: float = 0.0, is_causal: bool = False, *,
+                  attn_mask: torch.Tensor | None = None, scale: float | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, log-sum-exp of each query row's scaled scores, in f32 at least)."""
+    if dropout_p:
+        raise RuntimeError("flash attention on CPU takes no dropout")  # PyTorch picks math
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    k, v = _heads(query, key), _heads(query, value)
+    scores = torch.matmul(query, k.transpose(-2, -1)) * scale
+    bias = _bias(attn_mask, is_causal, query, key)
+    if bias is not None:
+        scores = scores + bias
+    top = torch.amax(scores, -1, keepdim=True)
+    weights = torch.exp(scores - top)
+    total = torch.sum(weights, -1, keepdim=True)
+    out = torch.matmul(weights, v) / total
+    lse = (top + torch.log(total)).squeeze(-1)
+    return out, lse.to(torch.promote_types(query.dtype, torch.float32))
+
+
+def flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                   value: torch.Tensor, out: torch.Tensor, logsumexp: torch.Tensor,
+                   dropout_p: float, is_causal: bool, *, attn_mask: torch.Tensor | None = None,
+                   scale: float | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad of query, key, value), the probabilities recomputed, transposed, from the
+    log-sum-exp."""
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    k, v = _heads(query, key), _heads(query, value)
+    scores_t = torch.matmul(k, query.transpose(-2, -1)) * scale  # keys x queries
+    bias = _bias(attn_mask, is_causal, query, key)
+    if bias is not None:
+        scores_t = scores_t + bias.transpose(-2, -1)
+    probs_t = torch.exp(scores_t - logsumexp.to(query.dtype).unsqueeze(-2))
+    grad_v = torch.matmul(probs_t, grad_out)
+    grad_probs_t = torch.matmul(v, grad_out.transpose(-2, -1))
+    row = torch.sum(grad_out * out, -1).unsqueeze(-2)  # each query row's <dO, O>
+    grad_scores_t = probs_t * (grad_probs_t - row) * scale
+    grad_k = torch.matmul(grad_scores_t, query)
+    grad_q = torch.matmul(grad_scores_t.transpose(-2, -1), k)
+    return grad_q, _grouped(grad_k, key), _grouped(grad_v, value)
+
+
+def decompositions() -> dict:
+    """The training table's entries for the CPU flash-attention op and its backward."""
+    return {aten._scaled_dot_product_flash_attention_for_cpu.default: flash_forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_backward}

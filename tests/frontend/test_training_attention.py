@@ -1,0 +1,89 @@
+"""Attention in a compiled training step: the gradients of query, key and value against
+PyTorch's in float64 (float and bool masks, causal, grouped-query heads, L != S), strict, and
+what the forward keeps for the backward: one log-sum-exp per query row, never the L x S
+probabilities (`frontend/training_attention.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.tolerances import assert_close
+
+CASES = [  # (batch, heads, kv heads, L, S, head dim), mask, causal
+    ((2, 4, 4, 24, 24, 8), "float", False),
+    ((2, 4, 2, 5, 37, 8), "bool", False),
+    ((1, 2, 2, 19, 19, 16), None, True),
+    ((2, 6, 2, 13, 13, 8), "float", True),
+]
+
+
+def _inputs(shape, mask_kind, dtype=torch.float64):
+    b, h, hk, n_q, n_k, e = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    q = torch.randn(b, h, n_q, e, generator=g, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(b, hk, n_k, e, generator=g, dtype=dtype, requires_grad=True)
+            for _ in range(2))
+    mask = None
+    if mask_kind == "float":
+        mask = torch.randn(b, 1, n_q, n_k, generator=g, dtype=dtype)
+    elif mask_kind == "bool":
+        mask = torch.rand(b, 1, n_q, n_k, generator=g) > 0.3
+        mask[..., 0] = True  # no row masked whole
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("shape, mask_kind, causal", CASES)
+def test_attention_gradients_match_pytorch(shape, mask_kind, causal, monkeypatch) -> None:
+    monkeypatch.setenv("TILEFOLD_STRICT", "1")
+    torch._dynamo.reset()
+    q, k, v, mask = _inputs(shape, mask_kind)
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+    grad = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype,
+                       generator=torch.Generator().manual_seed(1))
+    want_out = attend(q, k, v)
+    want = torch.autograd.grad(want_out, (q, k, v), grad)
+    got_out = torch.compile(attend, backend="tilefold")(q, k, v)
+    got = torch.autograd.grad(got_out, (q, k, v), grad)
+    reduced = shape[4] * shape[5]  # a row of scores, then of the output
+    assert_close(got_out.detach(), want_out.detach(), dtype="f64", reduced=reduced)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, dtype="f64", reduced=reduced)
+
+
+def _saved_shapes(out: torch.Tensor) -> set[tuple[int, ...]]:
+    """The shapes of every tensor autograd saved for `out`'s backward."""
+    shapes, stack, seen = set(), [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            if name.startswith("_saved_") or name == "saved_tensors":
+                try:
+                    value = getattr(node, name)
+                except RuntimeError:
+                    continue
+                for t in value if isinstance(value, tuple) else (value,):
+                    if isinstance(t, torch.Tensor):
+                        shapes.add(tuple(t.shape))
+        stack.extend(f for f, _ in node.next_functions)
+    return shapes
+
+
+def test_the_forward_saves_no_probabilities(monkeypatch) -> None:
+    monkeypatch.setenv("TILEFOLD_STRICT", "1")
+    torch._dynamo.reset()
+    q, k, v, mask = _inputs((2, 3, 3, 40, 40, 8), "float", torch.float32)
+    out = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask).sum(), backend="tilefold")(q, k, v)
+    shapes = _saved_shapes(out)
+    assert shapes, "nothing saved: the step did not run through the compiled backward"
+    probabilities = [s for s in shapes - {tuple(mask.shape)} if s[-2:] == (40, 40)]
+    assert not probabilities, shapes
