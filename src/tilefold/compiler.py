@@ -568,6 +568,15 @@ class _Planner:
         if x in self.per_call and not copied:  # made again from each call's array, up front
             self.per_call.add(y)
             self.views.append((slot[y], slot[x], view, attrs))
+        elif copied and y in self.copied_out:  # an output: copied into its fresh array
+            del self.copied_out[y]
+            self.fresh.append((slot[y], out.shape, out.dtype))
+            self.per_call.add(y)
+            dst = self._const_slot(None)  # per call: that array seen in the source's shape
+            self.views.append((dst, slot[y], VIEWS["reshape"], {"shape": env[slot[x]].shape}))
+            self._copy_step(dst, slot[x])
+            out = np.empty(out.shape, out.dtype)  # a probe, like a fresh kernel result's
+            self.layout[y.name] = "copy"
         elif copied:  # into a buffer of its own, in order (per-call arrays are C-ordered)
             base = self._buffer(out.shape, out.dtype)  # reused once its source is dead
             self.copies.setdefault(self.root.get(x, x), []).append(base)

@@ -159,6 +159,29 @@ def _reshape_chain(s: Site) -> Value | None:
     return s.new("reshape", s.unwrap("reshape"), shape=s.attr("shape"))
 
 
+def _batch_reshape_first(s: Site) -> Value | None:
+    """reshape(transpose(x, p)) -> transpose(reshape(transpose(x, q)), swap) when the transpose
+    brings x's last dim second to last (p = q then a swap of the last two dims) and the reshape
+    changes only the dims before the last two (attention's heads joined into one batch dim for
+    a matmul, key transposed): the swap then meets the matmul, which reads its operand
+    transposed as it packs it, and the reshape, of a layout whose last dim is x's own, is a
+    view or a copy of whole rows (reshaped last, the transposed operand had been copied
+    element by element)."""
+    inner = s.defined_by(s[0], "transpose")
+    if inner is None:
+        return None
+    x, perm, out = inner.operands[0], tuple(inner.attr("perm")), tuple(s.type.shape)
+    rank = len(perm)
+    if rank < 3 or perm[-2] != rank - 1 or len(out) < 2 or \
+            out[-2:] != tuple(s[0].type.shape[-2:]) or \
+            not all(isinstance(d, int) for d in (*out, *x.type.shape)):
+        return None
+    keep = (*perm[:-2], perm[-1], perm[-2])
+    kept = x if keep == tuple(range(rank)) else s.new("transpose", x, perm=keep)
+    joined = s.new("reshape", kept, shape=(*out[:-2], out[-1], out[-2]))
+    return s.new("transpose", joined, perm=(*range(len(out) - 2), len(out) - 1, len(out) - 2))
+
+
 def _repeated_heads(s: Site, value: Value) -> tuple[Value, int, bool] | None:
     """(x, n, whether x needs a reshape to drop its unit dim) when `value` repeats each head of
     k n times in a row: reshape(broadcast_to(x)) of [..., H*n, S, E] from x = [..., H, 1, S, E],
@@ -223,6 +246,8 @@ RULES: tuple[Rule, ...] = (
     R("transpose", "transpose(transpose(x, p), q) -> transpose(x, p[q])", _compose_transposes),
     R("reshape", "reshape(x) to x's shape -> x", lambda s: s[0]),
     R("reshape", "reshape(reshape(x)) -> reshape(x)", _reshape_chain),
+    R("reshape", "reshape(transpose(x, p)) -> transpose(reshape(transpose(x, q)), swap last two)"
+      "  (p = q, then the swap; leading dims reshaped)", _batch_reshape_first),
     R("broadcast_to", "broadcast_to(x) to x's shape -> x", lambda s: s[0]),
     R("cast", "cast(x: T, T) -> x", lambda s: s[0]),
     R("cast", "cast(cast(x: A, B), C) -> cast(x, C)  (B holds A exactly)", _cast_chain),
