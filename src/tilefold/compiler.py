@@ -104,45 +104,38 @@ Native = Callable[[list], list[NativeCall] | None]
 
 class SharedBuffers:
     """Intermediate memory that the plans of several compiled graphs take turns using: graphs
-    that never run at the same time (a training step's forward and backward) share one pool
-    and one lock, so a step holds about what the plan that needs most uses, not the sum.
-    The pool is raw chunks, each new one as large as all before it (or the buffer asked
-    for): a plan lays each buffer it needs (where its own free buffers, released after a
-    last use, hold none that fits) after its earlier ones in the first chunk with room left.
-    Only the bytes some plan writes become resident (`held`). Beyond `limit` bytes the pool
-    stops growing and plans allocate their own. (Buffers kept by exact size had held both
-    plans' sizes: MiniLM's forward 63 MB and backward 66 MB took 120 MB.)"""
+    that never run at the same time (a training step's forward and backward graphs) share one
+    pool and one lock, so a step holds about what the plan that needs most uses, not the sum.
+    The pool is one arena of `limit` bytes, reserved (virtual memory) at its first use: each
+    plan lays the buffers it needs (where its own free buffers, released after a last use,
+    hold none that fits) one after the other from the arena's start, so every plan's buffers
+    overlap every other's. Only the bytes some plan writes become resident (`held`). Past
+    `limit`, plans allocate their own. (Chunks grown as plans asked had left a later plan's
+    large buffer no room in them: GPT-2's 196 MB of logits taken beside 241 MB of chunks.)"""
 
     def __init__(self, limit: int = PLAN_BYTES):
         self.lock = threading.Lock()
-        self.chunks: list[np.ndarray] = []
-        self.ends: list[int] = []  # per chunk: the furthest byte a plan uses
-        self.nbytes, self.limit = 0, limit
+        self.limit = limit
+        self.arena: np.ndarray | None = None
+        self.held = 0  # the furthest byte a plan uses
 
     @property
-    def held(self) -> int:
-        """Bytes of the pool that plans use (the rest is never touched: not resident)."""
-        return sum(self.ends)
+    def nbytes(self) -> int:
+        """Bytes reserved (resident only where `held`)."""
+        return 0 if self.arena is None else self.arena.nbytes
 
     def take(self, size: int, used: dict[int, int]) -> np.ndarray | None:
-        """`size` raw bytes of a chunk past the plan's earlier ones (`used`: chunk -> bytes
-        the plan holds of it, updated; a new plan's is empty), 64-byte aligned within the
-        chunk; None past the limit."""
+        """`size` raw bytes past the plan's earlier ones (`used[0]`: bytes the plan holds,
+        updated; a new plan's is empty), 64-byte aligned; None past the limit."""
         size = -(-max(size, 1) // ALIGN) * ALIGN
-        chunk = next((i for i, c in enumerate(self.chunks)
-                      if used.get(i, 0) + size <= c.nbytes), None)
-        if chunk is None:
-            if self.nbytes + size > self.limit:
-                return None
-            grown = min(max(size, self.nbytes), self.limit - self.nbytes)
-            chunk = len(self.chunks)
-            self.chunks.append(np.empty(grown, np.uint8))
-            self.ends.append(0)
-            self.nbytes += grown
-        offset = used.get(chunk, 0)
-        used[chunk] = offset + size
-        self.ends[chunk] = max(self.ends[chunk], offset + size)
-        return self.chunks[chunk][offset:offset + size]
+        offset = used.get(0, 0)
+        if offset + size > self.limit:
+            return None
+        if self.arena is None:
+            self.arena = np.empty(self.limit, np.uint8)
+        used[0] = offset + size
+        self.held = max(self.held, offset + size)
+        return self.arena[offset:offset + size]
 
 
 @dataclass

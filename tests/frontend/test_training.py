@@ -15,6 +15,7 @@ key bias: softmax ignores a shift shared by every key) is its terms' rounding, n
 from __future__ import annotations
 
 import copy
+import gc
 
 import numpy as np
 import pytest
@@ -465,6 +466,38 @@ def test_forward_and_backward_take_turns_with_one_set_of_buffers() -> None:
     used = [p.shared_bytes for c in compiled for p in c._plans.values()]
     assert len(used) == 2 and min(used) > 0
     assert max(used) <= shared.held < sum(used), (shared.held, used)
+
+
+class Broken(torch.nn.Module):
+    """The MLP with a graph break between its layers: Dynamo graphs on either side."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = MLP()
+
+    def forward(self, x):
+        x = F.relu(self.mlp.layers[0](x))
+        torch._dynamo.graph_break()
+        for layer in self.mlp.layers[1:-1]:
+            x = torch.tanh(layer(x))
+        return self.mlp.layers[-1](x)
+
+
+def test_the_pieces_of_a_graph_break_share_one_pool() -> None:
+    """Every training graph of a step takes its intermediates from one pool (a step runs
+    them one at a time), each plan's buffers laid from its start: the pool holds what the
+    largest plan uses, not the sum of the pieces' (GPT-2's transformer and loss graphs)."""
+    torch._dynamo.reset()
+    gc.collect()  # earlier tests' graphs, and the pool they held, go
+    x = torch.randn(64, 13, requires_grad=True)
+    train_and_compare(WithLoss(Broken(), F.mse_loss), [x, torch.randn(64, 7)],
+                      reduced=13 + 4 * 33 + 2 * 7)
+    compiled = [e.runner.run.compiled for g in report.reports() for e in g.executors]
+    assert len(compiled) >= 4  # a forward and a backward per piece
+    shared = compiled[0].shared
+    assert shared is not None and all(c.shared is shared for c in compiled)
+    used = [p.shared_bytes for c in compiled for p in c._plans.values()]
+    assert max(used) == shared.held, (shared.held, used)
 
 
 def test_saved_weights_and_activations_are_not_copied() -> None:

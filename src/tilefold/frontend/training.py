@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,28 @@ def _after_pytorch(runner: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+_POOL: weakref.ref | None = None
+# the training pool's arena: virtual memory, resident where plans write (GPT-2's largest
+# backward writes 388 MB)
+TRAINING_POOL_BYTES = 1 << 30
+
+
+def _training_pool() -> Any:
+    """The intermediate buffers every live training graph shares (`compiler.SharedBuffers`):
+    a step runs its graphs one at a time (each Dynamo graph's forward, then the backwards, the
+    pieces of a graph break included), so they need what the largest plan needs, not the sum
+    (GPT-2's transformer and loss graphs had 243 and 196 MB pools of their own). Held by the
+    graphs alone: it goes with the last of them."""
+    global _POOL
+    from tilefold.compiler import SharedBuffers
+
+    pool = _POOL() if _POOL is not None else None
+    if pool is None:
+        pool = SharedBuffers(TRAINING_POOL_BYTES)
+        _POOL = weakref.ref(pool)
+    return pool
+
+
 def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
                      flag: bool | None, weights: str | None, lower: Lower, cached: Cached
                      ) -> Callable[..., Any]:
@@ -103,9 +126,7 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
             f"graph {graph}: training runs on CPU tensors only for now; the GPU path compiles "
             "inference (run it under torch.no_grad())")
     started = time.perf_counter()
-    from tilefold.compiler import SharedBuffers
-
-    shared = SharedBuffers()  # the forward and backward never run at once: one set of buffers
+    shared = _training_pool()
     key = training_cache.key(gm, example_inputs, weights)
     stored = training_cache.load(key) if key else None
     if stored is not None:
