@@ -182,6 +182,28 @@ def _batch_reshape_first(s: Site) -> Value | None:
     return s.new("transpose", joined, perm=(*range(len(out) - 2), len(out) - 1, len(out) - 2))
 
 
+def _zeros(value: Value) -> bool:
+    """`value` is all zeros: a zero constant, or one broadcast."""
+    op = value.defining_op
+    if op is not None and op.name == "broadcast_to":
+        value = op.operands[0]
+    found = splat_of(value)
+    return found is not None and found == 0
+
+
+def _accumulate_into(s: Site) -> Value | None:
+    """index_put(zeros, v, idx, accumulate) + y -> index_put(y, v, idx, accumulate): the rows
+    are added into y itself, not into a zero tensor of y's size then added to y (a tied
+    embedding's gradient, the LM head's plus the lookup's: GPT-2's 147 MB held twice). The
+    sum is reassociated: y first, then each row, rounding as a sum in that order does."""
+    for a, b in ((0, 1), (1, 0)):
+        put = s.defined_by(s[a], "index_put")
+        if put is not None and put.attr("accumulate") and _zeros(put.operands[0]) and \
+                s[b].type == s.type and put.results[0].type == s.type:
+            return s.new("index_put", s[b], *put.operands[1:], **put.attrs)
+    return None
+
+
 def _repeated_heads(s: Site, value: Value) -> tuple[Value, int, bool] | None:
     """(x, n, whether x needs a reshape to drop its unit dim) when `value` repeats each head of
     k n times in a row: reshape(broadcast_to(x)) of [..., H*n, S, E] from x = [..., H, 1, S, E],
@@ -228,6 +250,8 @@ R = Rule
 RULES: tuple[Rule, ...] = (
     R(COMMUTATIVE, "c op x -> x op c  (constants go right)", _swap_constant),
     R("add", "x + 0 -> x", lambda s: s.keep(s[0], s.zero(s[1], exact_sign=-0.0))),
+    R("add", "index_put(0, v, i, accumulate) + y -> index_put(y, v, i, accumulate)",
+      _accumulate_into),
     R("sub", "x - 0 -> x", lambda s: s.keep(s[0], s.zero(s[1], exact_sign=0.0))),
     R("sub", "x - x -> 0  (integers)", lambda s: s.zeros_if(s.integral and s[0] is s[1])),
     R("mul", "x * 1 -> x", lambda s: s.keep(s[0], s.splat(s[1], 1))),
