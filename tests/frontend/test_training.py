@@ -15,7 +15,6 @@ key bias: softmax ignores a shift shared by every key) is its terms' rounding, n
 from __future__ import annotations
 
 import copy
-import gc
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from frontend_helpers import assert_native
 from tolerances import assert_close, tolerance
 
-from tilefold.frontend import report
+from tilefold.frontend import report, training
 
 transformers = pytest.importorskip("transformers")
 
@@ -452,10 +451,11 @@ def test_a_step_keeps_nothing_of_its_tensors_alive() -> None:
     _assert_training_native()
 
 
-def test_forward_and_backward_take_turns_with_one_set_of_buffers() -> None:
+def test_forward_and_backward_take_turns_with_one_set_of_buffers(monkeypatch) -> None:
     """The forward's and the backward's plans take their intermediates from one
     `SharedBuffers` (they never run at once): the pool holds less than the two plans use,
     each laying its buffers out from the pool's start whatever their shapes."""
+    monkeypatch.setattr(training, "_POOL", None)  # a pool of this test's graphs alone
     module = WithLoss(MLP(), F.mse_loss)
     x = torch.randn(64, 13, requires_grad=True)
     train_and_compare(module, [x, torch.randn(64, 7)], reduced=13 + 4 * 33 + 2 * 7)
@@ -483,12 +483,11 @@ class Broken(torch.nn.Module):
         return self.mlp.layers[-1](x)
 
 
-def test_the_pieces_of_a_graph_break_share_one_pool() -> None:
+def test_the_pieces_of_a_graph_break_share_one_pool(monkeypatch) -> None:
     """Every training graph of a step takes its intermediates from one pool (a step runs
     them one at a time), each plan's buffers laid from its start: the pool holds what the
     largest plan uses, not the sum of the pieces' (GPT-2's transformer and loss graphs)."""
-    torch._dynamo.reset()
-    gc.collect()  # earlier tests' graphs, and the pool they held, go
+    monkeypatch.setattr(training, "_POOL", None)  # a pool of this test's graphs alone
     x = torch.randn(64, 13, requires_grad=True)
     train_and_compare(WithLoss(Broken(), F.mse_loss), [x, torch.randn(64, 7)],
                       reduced=13 + 4 * 33 + 2 * 7)

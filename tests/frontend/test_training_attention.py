@@ -44,7 +44,7 @@ def test_attention_gradients_match_pytorch(shape, mask_kind, causal, monkeypatch
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               enable_gqa=q.shape[1] != k.shape[1])
 
-    grad = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype,
+    grad = torch.randn((*q.shape[:-1], v.shape[-1]), dtype=q.dtype,
                        generator=torch.Generator().manual_seed(1))
     want_out = attend(q, k, v)
     want = torch.autograd.grad(want_out, (q, k, v), grad)
