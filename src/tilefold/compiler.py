@@ -21,6 +21,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -180,6 +181,10 @@ class Plan:
     # record them; an array new every call is not kept alive for it)
     labels: list[str] = field(default_factory=list)  # per step: what it runs (for profiles)
     fresh_views: frozenset = frozenset()  # result slots viewing a fresh output (made per call)
+    # for `CompiledGraph.consume`: per step, the input slots (and views of them) it reads last;
+    # per step, the fresh outputs it writes first
+    drops: list[tuple[int, ...]] = field(default_factory=list)
+    lazy: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def held(self) -> int:
@@ -263,6 +268,18 @@ class Recording:
         return self.plan.results_of(self.env, copy_fresh=True)
 
 
+def _let_go(plan: Plan) -> None:
+    """Drop a call's arrays from `plan`'s env: the caller's inputs, views of them or of the
+    fresh outputs, the outputs themselves: none is kept past the call."""
+    env = plan.env
+    for slot in plan.input_slots:
+        env[slot] = None
+    for slot, *_ in plan.views:
+        env[slot] = None
+    for slot, _, _ in plan.output_slots:
+        env[slot] = None
+
+
 def poison(shape: tuple, dtype: np.dtype) -> np.ndarray:
     """A buffer no correct kernel leaves as it is: NaN, or the integer type's largest value
     (strict mode allocates outputs and intermediates so, where `np.empty` could hand a kernel
@@ -339,13 +356,48 @@ class CompiledGraph:
             outputs = [fresh(shape, dtype) for _, shape, dtype in plan.output_slots]
             plan.execute(plan.env, arrays, outputs, times)
             results = plan.results_of(plan.env, copy_fresh=False)
-            for slot in plan.input_slots:  # the caller's arrays: not kept past the call
-                plan.env[slot] = None
-            for slot, *_ in plan.views:  # nor views of them or of the fresh outputs
-                plan.env[slot] = None
-            for slot, _, _ in plan.output_slots:
-                plan.env[slot] = None
+            _let_go(plan)
         return results
+
+    def consume(self, arrays: list) -> list[np.ndarray]:
+        """`self(*arrays)`, taking the list's arrays over (it is emptied): each input is let
+        go after the last step reading it, and each result allocated just before the step
+        writing it, so the memory of inputs no one else holds serves the results (a training
+        backward's saved activations, freed as it goes, its gradients). Never replayed."""
+        if self.profiling is not None:
+            given = list(arrays)
+            arrays.clear()
+            return self(*given)
+        arrays[:] = [np.asarray(a, order="C") for a in arrays]
+        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                bind_symbols(self.function, arrays)
+                plan = self._keep(key, self._plan([a.shape for a in arrays]))
+            self._plans.move_to_end(key)
+            plan.last_inputs = ()
+            env, fresh = plan.env, poison if plan.poisoned else np.empty
+            try:
+                for slot, a in zip(plan.input_slots, arrays, strict=True):
+                    env[slot] = a
+                arrays.clear()
+                later = {o for outputs in plan.lazy.values() for o in outputs}
+                for o, (slot, shape, dtype) in enumerate(plan.output_slots):
+                    if o not in later:
+                        env[slot] = fresh(shape, dtype)
+                for slot, x, view, attrs in plan.views:
+                    env[slot] = view(env[x], attrs)
+                for i, (run, slots) in enumerate(plan.steps):
+                    for o in plan.lazy.get(i, ()):
+                        slot, shape, dtype = plan.output_slots[o]
+                        env[slot] = fresh(shape, dtype)
+                    run(*[env[s] for s in slots])
+                    for s in plan.drops[i]:
+                        env[s] = None
+                return plan.results_of(env, copy_fresh=False)
+            finally:
+                _let_go(plan)
 
     def share(self, shared: SharedBuffers) -> None:
         """Take new plans' intermediate buffers from `shared` (and run under its lock): the
@@ -532,7 +584,36 @@ class _Planner:
         return Plan(self.steps, self.natives, self.views, self.env,
                     [self.slot[a] for a in self.fn.args], self.fresh, results, decisions,
                     self.layout, self.alloc is poison, self.nbytes, labels=self.labels,
-                    shared_bytes=self.shared_bytes, fresh_views=frozenset(views))
+                    shared_bytes=self.shared_bytes, fresh_views=frozenset(views),
+                    **self._lifetimes({s for s, _ in results}))
+
+    def _lifetimes(self, kept: set[int]) -> dict[str, Any]:
+        """For a consuming call (`CompiledGraph.consume`): the input slots and the views made
+        of them up front, each let go after the last step reading it (but those the results
+        are), and each fresh output allocated just before the step writing it first (but
+        those a view made up front reads)."""
+        last: dict[int, int] = {}
+        first: dict[int, int] = {}
+        for i, (_, slots) in enumerate(self.steps):
+            for s in slots:
+                last[s] = i
+                first.setdefault(s, i)
+        if not self.steps:
+            return {}
+        derived = {self.slot[a] for a in self.fn.args}
+        for slot, x, _, _ in self.views:  # in order: a view's source comes before it
+            if x in derived:
+                derived.add(slot)
+        drops: list[list[int]] = [[] for _ in self.steps]
+        for s in derived - kept:
+            drops[last.get(s, 0)].append(s)
+        viewed = {x for _, x, _, _ in self.views}
+        lazy: dict[int, list[int]] = {}
+        for o, (s, _, _) in enumerate(self.fresh):
+            if s not in viewed and s in first:
+                lazy.setdefault(first[s], []).append(o)
+        return {"drops": [tuple(d) for d in drops],
+                "lazy": {i: tuple(os) for i, os in lazy.items()}}
 
     def _step(self, run: Callable[..., None], slots: list[int], native: Native | None,
               label: str) -> None:

@@ -351,6 +351,16 @@ class _Frozen(_Reported):
             _CAPTURED.append(Call(self, args, outs))
         return outs
 
+    def consume(self, args: list) -> list[Any]:
+        """`self(*args)`, emptying `args` (`GraphRunner.consume`: a training backward's
+        saved tensors let go as it goes); a plain call where weights are watched or calls
+        captured."""
+        if self.watch or _CAPTURED is not None:
+            given = list(args)
+            args.clear()
+            return self(*given)
+        return self.runner.consume(args)
+
 
 @dataclass(frozen=True)
 class Call:

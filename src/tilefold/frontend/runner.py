@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -153,6 +154,31 @@ class GraphRunner:
         outputs = self.run(*arrays)
         if self.park:
             thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
+        return self._results(args, arrays, outputs, sizes)
+
+    def consume(self, args: list) -> list[Any]:
+        """`self(*args)`, emptying `args` (AOTAutograd's boxed backward call): the compiled
+        graph lets each input go after its last use (`CompiledGraph.consume`), so a saved
+        activation no one else holds is freed as the backward goes, and the gradients reuse
+        its memory. A graph that reads its arguments after the call (state it writes back,
+        arguments it returns, size arguments, results viewing them) runs as a plain call."""
+        compiled = self.run.compiled
+        if compiled is None or self.holds_inputs or self._mutations or self._passed or \
+                self.converted.size_args or self.converted.views is not None:
+            given = list(args)
+            args.clear()
+            return self(*given)
+        arrays = [_array(a) for a in self.converted.arguments(args)]
+        args.clear()
+        sizes = bind_symbols(self.function, arrays)
+        outputs = compiled.consume(arrays)
+        if self.park:
+            thread_pool().park()
+        return self._results((), arrays, outputs, sizes)
+
+    def _results(self, args: Sequence[Any], arrays: list, outputs: list, sizes: dict
+                 ) -> list[Any]:
+        """The call's results as PyTorch sees them, state written back into `args`."""
         for r, p, a in self._mutations:  # state the graph wrote, unless in place
             if outputs[r] is not arrays[a]:
                 args[p].copy_(to_torch(outputs[r]))

@@ -115,6 +115,30 @@ def _training_pool() -> Any:
     return pool
 
 
+def _consuming(report: GraphReport, runner: Callable[..., Any]) -> Callable[[list], Any]:
+    """The backward's boxed call: AOTAutograd hands the saved tensors over in a list, which
+    the whole graph's runner takes over (`GraphRunner.consume`), letting each go after its
+    last use so that the gradients reuse its memory, as eager autograd frees a node's saved
+    tensors once it ran (without it, all of a step's activations stayed alive beside all of
+    its gradients at the backward's end: MiniLM's peak)."""
+    from tilefold.frontend import openmp
+
+    executors = report.executors
+    whole = report.mode == "tilefold" and report.partitions == 1 and len(executors) == 1
+    consume = getattr(executors[0], "consume", None) if whole else None
+
+    def run(args: list) -> Any:
+        openmp.pause_workers()
+        if consume is not None:
+            return consume(args)
+        given = list(args)
+        args.clear()
+        return runner(*given)
+
+    run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd's boxed convention
+    return run
+
+
 def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
                      flag: bool | None, weights: str | None, lower: Lower, cached: Cached
                      ) -> Callable[..., Any]:
@@ -161,6 +185,8 @@ def training_backend(gm: fx.GraphModule, example_inputs: list[Any], graph: str,
                 left_to_pytorch(report, f"graph {graph} ({part})", exc, flag)
                 runner = aten_gm.forward
             record(report)
+            if part == training_cache.BACKWARD:
+                return _consuming(report, runner)
             return make_boxed_func(_after_pytorch(runner))
 
         return compile_part
@@ -212,6 +238,7 @@ def _from_cache(stored: tuple[training_cache.Joint, graph_cache.Entry, graph_cac
         run = cached(entry, real, report, flag, weights)
         for executor in report.executors:
             executor.runner.transient(shared)
-        runners.append(_after_pytorch(run))
+        runners.append(_after_pytorch(run) if part == training_cache.FORWARD
+                       else _consuming(report, run))
     call = training_cache.function(joint, *runners)
     return (lambda *args: call(*attributes, *args)) if attributes else call

@@ -181,7 +181,8 @@ def _coerced(grad: Any, size: list[int], stride: list[int]) -> Any:
 def function(joint: Joint, forward: Callable[..., Any], backward: Callable[..., Any]
              ) -> Callable[..., list[Any]]:
     """The compiled callable (all inputs, the lifted attributes first) running `forward` and,
-    through autograd, `backward`, as AOTAutograd's `CompiledFunction` calls them."""
+    through autograd, `backward`, as AOTAutograd's `CompiledFunction` calls them (`backward`
+    boxed: one list of the saved tensors and the gradients, which it takes over)."""
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -201,10 +202,10 @@ def function(joint: Joint, forward: Callable[..., Any], backward: Callable[..., 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-            saved = ctx.saved_tensors
+            args = list(ctx.saved_tensors)  # handed over: `backward` empties the list
             ctx.maybe_clear_saved_tensors()
-            tangents = [_coerced(grads[i], size, stride) for i, size, stride in joint.tangents]
-            return tuple(backward(*saved, *tangents))
+            args += [_coerced(grads[i], size, stride) for i, size, stride in joint.tangents]
+            return tuple(backward(args))
 
     def call(*args: Any) -> list[Any]:
         args_ = list(args)
