@@ -109,26 +109,12 @@ def main() -> None:
 
 def _saved_bytes(loss, owned: list) -> int:
     """Bytes of the distinct storages autograd saved for `loss`'s backward, but those of
-    `owned` (the parameters and the step's inputs): walks the graph's nodes."""
+    `owned` (the parameters and the step's inputs)."""
+    from tilefold.frontend.training import saved_tensors
+
     skip = {t.untyped_storage().data_ptr() for t in owned}
-    seen: dict[int, int] = {}
-    stack, visited = [loss.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in visited:
-            continue
-        visited.add(node)
-        for name in dir(node):
-            if name.startswith("_saved_") or name == "saved_tensors":
-                try:
-                    value = getattr(node, name)
-                except RuntimeError:  # freed, or not a tensor
-                    continue
-                for t in value if isinstance(value, tuple) else (value,):
-                    if hasattr(t, "untyped_storage"):
-                        storage = t.untyped_storage()
-                        seen[storage.data_ptr()] = storage.nbytes()
-        stack.extend(f for f, _ in node.next_functions)
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in saved_tensors(loss)}
     return sum(n for ptr, n in seen.items() if ptr not in skip)
 
 

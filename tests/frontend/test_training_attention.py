@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.tolerances import assert_close
+from tilefold.frontend.training import saved_tensors
 
 CASES = [  # (batch, heads, kv heads, L, S, head dim), mask, causal
     ((2, 4, 4, 24, 24, 8), "float", False),
@@ -56,34 +57,13 @@ def test_attention_gradients_match_pytorch(shape, mask_kind, causal, monkeypatch
         assert_close(g, w, dtype="f64", reduced=reduced)
 
 
-def _saved_shapes(out: torch.Tensor) -> set[tuple[int, ...]]:
-    """The shapes of every tensor autograd saved for `out`'s backward."""
-    shapes, stack, seen = set(), [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for name in dir(node):
-            if name.startswith("_saved_") or name == "saved_tensors":
-                try:
-                    value = getattr(node, name)
-                except RuntimeError:
-                    continue
-                for t in value if isinstance(value, tuple) else (value,):
-                    if isinstance(t, torch.Tensor):
-                        shapes.add(tuple(t.shape))
-        stack.extend(f for f, _ in node.next_functions)
-    return shapes
-
-
 def test_the_forward_saves_no_probabilities(monkeypatch) -> None:
     monkeypatch.setenv("TILEFOLD_STRICT", "1")
     torch._dynamo.reset()
     q, k, v, mask = _inputs((2, 3, 3, 40, 40, 8), "float", torch.float32)
     out = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask).sum(), backend="tilefold")(q, k, v)
-    shapes = _saved_shapes(out)
+    shapes = {tuple(t.shape) for t in saved_tensors(out)}
     assert shapes, "nothing saved: the step did not run through the compiled backward"
     probabilities = [s for s in shapes - {tuple(mask.shape)} if s[-2:] == (40, 40)]
     assert not probabilities, shapes

@@ -80,6 +80,29 @@ def _var_mean(x: torch.Tensor, dim: Any = None, *, correction: Any = None,
     return var, mean if keepdim else torch.squeeze(mean, dims)
 
 
+def saved_tensors(out: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors autograd saved for `out`'s backward (each node's `_saved_*` fields and
+    `saved_tensors`, over its whole graph): what a step keeps between its two passes
+    (`benchmarks/train_rss.py`, `tests/frontend/test_training_attention.py`)."""
+    found: list[torch.Tensor] = []
+    stack, visited = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        for name in dir(node):
+            if name.startswith("_saved_") or name == "saved_tensors":
+                try:
+                    value = getattr(node, name)
+                except RuntimeError:  # freed, or not a tensor
+                    continue
+                found += [t for t in (value if isinstance(value, tuple) else (value,))
+                          if isinstance(t, torch.Tensor)]
+        stack.extend(f for f, _ in node.next_functions)
+    return found
+
+
 def _after_pytorch(runner: Callable[..., Any]) -> Callable[..., Any]:
     """`runner`, first sending PyTorch's OpenMP workers to rest: the optimizer's step (before
     a forward) and autograd's own ops (before a backward) leave them spinning for
