@@ -89,7 +89,10 @@ def flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tenso
     probs_t = torch.exp(scores_t - logsumexp.to(query.dtype).unsqueeze(-2))
     grad_v = torch.matmul(probs_t, grad_out)
     grad_probs_t = torch.matmul(v, grad_out.transpose(-2, -1))
-    row = torch.sum(grad_out * out, -1).unsqueeze(-2)  # each query row's <dO, O>
+    # each query row's <dO, O> as <P, dP> (the same sum: O = P V, dP = dO V^T): the output
+    # itself is then not saved for the backward (the attention's projection saves its own
+    # copy, laid out by tokens)
+    row = torch.sum(probs_t * grad_probs_t, -2, keepdim=True)
     grad_scores_t = probs_t * (grad_probs_t - row) * scale
     grad_k = torch.matmul(grad_scores_t, query)
     grad_q = torch.matmul(grad_scores_t.transpose(-2, -1), k)
