@@ -1,17 +1,18 @@
 """Attention in a training graph, as flash attention keeps it: the forward saves the
-query, key, value, output and one log-sum-exp per query row, and the backward recomputes
-the probabilities from them, rather than saving the probabilities (batch x heads x L x S
+query, key, value and one log-sum-exp per query row, and the backward recomputes the
+probabilities from them, rather than saving the probabilities (batch x heads x L x S
 floats: 37.7 MB of MiniLM's 8 x 128 step, more than all its other attention activations).
 
 PyTorch traces `scaled_dot_product_attention` on CPU tensors as
-`_scaled_dot_product_flash_attention_for_cpu`, whose autograd formula saves exactly those
-tensors and calls `_scaled_dot_product_flash_attention_for_cpu_backward`. Both are
+`_scaled_dot_product_flash_attention_for_cpu`, whose autograd formula saves those tensors
+and the output and calls `_scaled_dot_product_flash_attention_for_cpu_backward`. Both are
 decomposed here into the matmuls, reductions and elementwise ops the rules lower (PyTorch's
 own decomposition of the forward returns the probabilities in place of the log-sum-exp,
 which an export needs and a backward cannot use). The backward works on the transposed
 scores (key rows by query rows): the recomputed probabilities are then never the very
 expression the forward computed, which common-subexpression elimination would merge into
-one value, saved again.
+one value, saved again. It reads no output either (each row's <dO, O> is <P, dP>), so the
+partitioner saves none: the projection after attention keeps its own copy of it.
 """
 
 from __future__ import annotations
