@@ -268,6 +268,14 @@ class Recording:
         return self.plan.results_of(self.env, copy_fresh=True)
 
 
+def handed_over(call: Callable[..., Any], args: list) -> Any:
+    """`call(*args)`, emptying `args` first: the plain form of a call that takes its inputs
+    over (`CompiledGraph.consume`), for a callee that cannot let them go one by one."""
+    given = list(args)
+    args.clear()
+    return call(*given)
+
+
 def _let_go(plan: Plan) -> None:
     """Drop a call's arrays from `plan`'s env: the caller's inputs, views of them or of the
     fresh outputs, the outputs themselves: none is kept past the call."""
@@ -365,9 +373,7 @@ class CompiledGraph:
         writing it, so the memory of inputs no one else holds serves the results (a training
         backward's saved activations, freed as it goes, its gradients). Never replayed."""
         if self.profiling is not None:
-            given = list(arrays)
-            arrays.clear()
-            return self(*given)
+            return handed_over(self, arrays)
         arrays[:] = [np.asarray(a, order="C") for a in arrays]
         key = tuple((a.shape, a.dtype.str) for a in arrays)
         with self._lock:

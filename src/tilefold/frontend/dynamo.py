@@ -356,9 +356,9 @@ class _Frozen(_Reported):
         saved tensors let go as it goes); a plain call where weights are watched or calls
         captured."""
         if self.watch or _CAPTURED is not None:
-            given = list(args)
-            args.clear()
-            return self(*given)
+            from tilefold.compiler import handed_over
+
+            return handed_over(self, args)
         return self.runner.consume(args)
 
 

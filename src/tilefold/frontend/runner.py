@@ -165,16 +165,16 @@ class GraphRunner:
         compiled = self.run.compiled
         if compiled is None or self.holds_inputs or self._mutations or self._passed or \
                 self.converted.size_args or self.converted.views is not None:
-            given = list(args)
-            args.clear()
-            return self(*given)
+            from tilefold.compiler import handed_over
+
+            return handed_over(self, args)
         arrays = [_array(a) for a in self.converted.arguments(args)]
         args.clear()
         sizes = bind_symbols(self.function, arrays)
         outputs = compiled.consume(arrays)
         if self.park:
             thread_pool().park()
-        return self._results((), arrays, outputs, sizes)
+        return self._results((), [], outputs, sizes)
 
     def _results(self, args: Sequence[Any], arrays: list, outputs: list, sizes: dict
                  ) -> list[Any]:

@@ -22,6 +22,7 @@ the backend that calls it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -144,20 +145,12 @@ def _consuming(report: GraphReport, runner: Callable[..., Any]) -> Callable[[lis
     last use so that the gradients reuse its memory, as eager autograd frees a node's saved
     tensors once it ran (without it, all of a step's activations stayed alive beside all of
     its gradients at the backward's end: MiniLM's peak)."""
-    from tilefold.frontend import openmp
+    from tilefold.compiler import handed_over
 
     executors = report.executors
     whole = report.mode == "tilefold" and report.partitions == 1 and len(executors) == 1
     consume = getattr(executors[0], "consume", None) if whole else None
-
-    def run(args: list) -> Any:
-        openmp.pause_workers()
-        if consume is not None:
-            return consume(args)
-        given = list(args)
-        args.clear()
-        return runner(*given)
-
+    run = _after_pytorch(consume or functools.partial(handed_over, runner))
     run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd's boxed convention
     return run
 
