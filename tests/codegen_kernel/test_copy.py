@@ -50,6 +50,25 @@ def test_sliced_and_broadcast_sources_and_strided_destinations():
     np.testing.assert_array_equal(out, wide)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("value", [0, 3])
+def test_fills_from_one_broadcast_value(dtype, value):
+    """A source repeating one value along contiguous runs is a fill (zeros: a memset); a
+    padded destination keeps its gaps."""
+    for shape in [(1,), (1000,), (5, 7, 129)]:
+        one = np.asarray(value, dtype)
+        out = _random(shape, dtype)
+        copy_call(out, np.broadcast_to(one, shape), status=_status())()
+        np.testing.assert_array_equal(out, np.full(shape, one))
+    base = _random((4, 40), dtype)
+    keep = base.copy()
+    row = np.broadcast_to(_random((4, 1), dtype), (4, 33))  # one value per row
+    copy_call(base[:, 3:36], row, status=_status())()
+    np.testing.assert_array_equal(base[:, 3:36], row)
+    np.testing.assert_array_equal(base[:, :3], keep[:, :3])
+    np.testing.assert_array_equal(base[:, 36:], keep[:, 36:])
+
+
 @pytest.mark.parametrize("axis", [0, 1, 2, 3])
 def test_scatter_writes_rows_in_place(axis):
     out = _random((3, 5, 7, 4), np.float32)

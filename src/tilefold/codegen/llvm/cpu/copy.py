@@ -7,7 +7,8 @@ dims from one strided array to another: element (i0, ..., in) of the source goes
 destination for a scatter, the source for a gather) is at `index[i]` instead (negative indices
 count from the end). An index outside its axis is not followed: the kernel sets the status
 word to 1 and copies the rest, so the caller can raise a clear error. The innermost dim is
-one `memcpy` when both sides are contiguous along it.
+one `memcpy` when both sides are contiguous along it, and a vectorized fill when the source
+repeats one value along it (a broadcast; zeros, an embedding gradient's, a `memset`).
 
 `tf_copy_add_<dtype>` is the same walk adding the source to the destination instead of
 overwriting it (`copy_call(..., accumulate=True)`): an accumulating `index_put`, an embedding's
@@ -77,6 +78,8 @@ def copy_ir(itemsize: int, name: str, triple: str, add: str | None = None) -> st
     elem = ir.IntType(8 * itemsize) if add is None else ADDS[add]
     memcpy = u.intrinsic(module, "llvm.memcpy.p0i8.p0i8.i64", ir.VoidType(),
                          [i8p, i8p, u.i64, ir.IntType(1)])
+    memset = u.intrinsic(module, "llvm.memset.p0i8.i64", ir.VoidType(),
+                         [i8p, u.i8, u.i64, ir.IntType(1)])
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [i64p]), name=name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     params = fn.args[0]
@@ -95,6 +98,8 @@ def copy_ir(itemsize: int, name: str, triple: str, add: str | None = None) -> st
     sstr = [param(CopyParam.SRC_STRIDES + d) for d in range(MAX_RANK)]
     inner, inner_d, inner_s = dims[-1], dstr[-1], sstr[-1]
     run_bytes = b.mul(inner, u.const(itemsize))
+    fill = b.and_(b.icmp_signed("==", inner_s, u.const(0)),
+                  b.icmp_signed("==", inner_d, u.const(itemsize)))
 
     def level(d: int, doff: ir.Value, soff: ir.Value) -> None:
         """The loop over dim `d` (outer dims nest; the innermost is a run)."""
@@ -108,14 +113,25 @@ def copy_ir(itemsize: int, name: str, triple: str, add: str | None = None) -> st
                     plus = b.fadd if isinstance(elem, (ir.FloatType, ir.DoubleType)) else b.add
                     b.store(plus(b.load(to), value), to)
                 return
-            with b.if_else(contiguous) as (whole, strided):
+            with b.if_else(contiguous) as (whole, other):
                 with whole:
                     b.call(memcpy, [dst, src, run_bytes, ir.Constant(ir.IntType(1), 0)])
-                with strided, u.for_range(b, 0, inner, name="e") as e:
-                    value = b.load(b.bitcast(b.gep(src, [b.mul(e, inner_s)]),
-                                             elem.as_pointer()))
-                    b.store(value, b.bitcast(b.gep(dst, [b.mul(e, inner_d)]),
-                                             elem.as_pointer()))
+                with other, b.if_else(fill) as (filled, strided):
+                    with filled:  # one value along a contiguous run: zeros a memset
+                        bits = b.load(b.bitcast(src, ir.IntType(8 * itemsize).as_pointer()))
+                        with b.if_else(b.icmp_unsigned("==", bits, bits.type(0))) as (
+                                zero, value):
+                            with zero:
+                                b.call(memset, [dst, ir.Constant(u.i8, 0), run_bytes,
+                                                ir.Constant(ir.IntType(1), 0)])
+                            with value, u.for_range(b, 0, inner, name="f") as e:
+                                b.store(bits, b.gep(b.bitcast(dst, bits.type.as_pointer()),
+                                                    [e]))
+                    with strided, u.for_range(b, 0, inner, name="e") as e:
+                        value = b.load(b.bitcast(b.gep(src, [b.mul(e, inner_s)]),
+                                                 elem.as_pointer()))
+                        b.store(value, b.bitcast(b.gep(dst, [b.mul(e, inner_d)]),
+                                                 elem.as_pointer()))
             return
         with u.for_range(b, 0, dims[d], name=f"d{d}") as i:
             here = b.icmp_signed("==", axis, u.const(d))
