@@ -60,3 +60,30 @@ def test_table_call_in_place_matches_numpy() -> None:
     for name in over:
         np.testing.assert_allclose(arrays[name], want[name], rtol=2e-6, atol=1e-6,
                                    err_msg=name)
+
+
+def test_repeated_calls_take_each_calls_arrays() -> None:
+    """The tables are laid out once per shapes: a second call on other arrays of the same
+    shapes (an optimizer's next step) reads and writes those, and strided inputs are read
+    through contiguous copies."""
+    fn, op = _sgd_momentum()
+    group = MultiTensorGroup(op.regions[0], op.attr("members"))
+    returned = fn.ops[-1].operands
+    over = [f"{'p' if returned.index(r) % 2 == 0 else 'b'}{returned.index(r) // 2}"
+            for r in op.results]
+    rng = np.random.default_rng(1)
+    for strided in (False, False, True):
+        arrays = {}
+        for a in fn.args:
+            n = a.type.shape
+            x = rng.standard_normal((2 * n[0],) if strided and n else n).astype(np.float32)
+            arrays[a.name] = x[::2] if strided and n else x
+        outputs = [np.empty(arrays[name].shape, np.float32) for name in over]
+        for call in group.calls(*[arrays[v.name] for v in op.operands], *outputs):
+            call()
+        for name, got in zip(over, outputs, strict=True):
+            i = int(name[1:])
+            p, g, b = (arrays[f"{x}{i}"].astype(np.float64) for x in "pgb")
+            v = b * arrays["mu"] + g
+            np.testing.assert_allclose(got, p - v * arrays["lr"] if name[0] == "p" else v,
+                                       rtol=2e-6, atol=1e-6, err_msg=name)

@@ -14,10 +14,12 @@ and moments, updated in place).
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
 
+from tilefold.codegen.backend.llvm import ARRAY_DATA_OFFSET
 from tilefold.codegen.kernel.compile import CompiledGroup
 from tilefold.errors import UnsupportedError
 from tilefold.ir import OPS, Block, Operation, Value
@@ -28,6 +30,36 @@ from tilefold.target import Target
 
 SPLIT_ELEMENTS = 1 << 15  # entries this long are split over the threads; shorter run whole
 LENGTH = SymDim("n")
+
+
+class _Table:
+    """One kernel layout's table: a row per member (its data pointers, then its parameter
+    block and its owner thread), and which argument each pointer slot takes."""
+
+    def __init__(self, multi: object, nthreads: int):
+        self.multi, self.nthreads = multi, nthreads
+        self.rows: list[list[int]] = []
+        self.slots: list[int] = []  # flat table positions taking an argument's pointer ...
+        self.which: list[int] = []  # ... and that argument's index
+        self.keep: list = []
+        self.template: np.ndarray | None = None
+
+    def add(self, ins: list[int], consts: list[np.ndarray], outs: list[int], plan, owner: int):
+        width = len(ins) + len(consts) + len(outs) + 2
+        for column, index in [*enumerate(ins), *enumerate(outs, len(ins) + len(consts))]:
+            self.slots.append(len(self.rows) * width + column)
+            self.which.append(index)
+        row = [0] * len(ins) + [c.ctypes.data for c in consts] + [0] * len(outs)
+        self.rows.append([*row, plan.params_ptr, owner])
+        self.keep += [*consts, plan.params]
+
+    def call(self, pointers: np.ndarray, keep: tuple) -> NativeCall:
+        if self.template is None:
+            self.template = np.array(self.rows, np.int64)
+        table = self.template.copy()
+        table.reshape(-1)[self.slots] = pointers[self.which]
+        return NativeCall(self.multi, (table.ctypes.data, len(self.rows), self.nthreads),
+                          (table, *keep, *self.keep))
 
 
 def member_template(region: Block, members: int) -> Block:
@@ -69,6 +101,7 @@ class MultiTensorGroup:
                                    streaming=False)
         self.kernel_text = self.group.kernel_text
         self.assembly = self.group.assembly
+        self._tables: dict[tuple, list[_Table]] = {}  # by thread count and argument layouts
 
     def _entries(self, arrays: tuple[np.ndarray, ...]) -> list[tuple[list, list]]:
         k, n_in = self.members, self.n_in
@@ -80,9 +113,32 @@ class MultiTensorGroup:
 
     def calls(self, *arrays: np.ndarray) -> list[NativeCall]:
         """One call per kernel layout among the members (one, usually): a table call over
-        their rows. Nothing runs."""
+        their rows. Nothing runs. The tables are laid out once per shapes and thread count,
+        so a repeated call (an optimizer's step) only writes the arguments' data pointers."""
+        key = (num_threads(), *[(a.shape, a.strides, a.dtype) for a in arrays])
+        tables = self._tables.get(key)
+        if tables is None:
+            tables = self._tables[key] = self._layout(arrays)
+        if all(a.flags.c_contiguous for a in arrays):  # a flat view shares the data
+            at = ctypes.c_void_p.from_address
+            keep = arrays
+            pointers = [at(id(a) + ARRAY_DATA_OFFSET).value or 0 for a in arrays]
+        else:
+            keep = tuple(self._flat(arrays))
+            pointers = [a.ctypes.data for a in keep]
+        at_ = np.array(pointers, np.int64)
+        return [t.call(at_, keep) for t in tables]
+
+    @staticmethod
+    def _flat(arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+        return [a.reshape(-1) if a.ndim else a for a in arrays]
+
+    def _layout(self, arrays: tuple[np.ndarray, ...]) -> list[_Table]:
+        """Each member's plan and thread, grouped by kernel layout: the largest members first,
+        each split over every thread or given whole to the least loaded one."""
         threads = num_threads()
-        tables: dict[int, tuple[object, int, list[list[int]], list]] = {}
+        k, n_in, n_out = self.members, self.n_in, self.n_out
+        tables: dict[int, _Table] = {}
         load = [0] * threads
         entries = self._entries(arrays)
         order = sorted(range(len(entries)), key=lambda m: -max(
@@ -101,18 +157,12 @@ class MultiTensorGroup:
             else:
                 owner = load.index(min(load))
                 load[owner] += size
-            pointers = [a.ctypes.data for a in (*ins, *plan.const_arrays, *outs)]
             parallel = compiled.schedule.parallel_axis is not None
-            _, _, rows, keep = tables.setdefault(
-                id(compiled), (compiled.multi, threads if parallel else 1, [], []))
-            rows.append([*pointers, plan.params_ptr, owner])
-            keep += [*ins, *outs, plan.params]
-        calls = []
-        for multi, nthreads, rows, keep in tables.values():
-            table = np.array(rows, np.int64)
-            calls.append(NativeCall(multi, (table.ctypes.data, len(rows), nthreads),
-                                    (table, *keep)))
-        return calls
+            table = tables.setdefault(id(compiled),
+                                      _Table(compiled.multi, threads if parallel else 1))
+            table.add([m * n_in + i for i in range(n_in)], plan.const_arrays,
+                      [k * n_in + m * n_out + i for i in range(n_out)], plan, owner)
+        return list(tables.values())
 
     def member_calls(self, *arrays: np.ndarray) -> list[NativeCall] | None:
         """The same work as one ordinary kernel call per member (an exported plan's)."""
