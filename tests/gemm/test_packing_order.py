@@ -89,3 +89,24 @@ def test_bands_and_their_leftover_rows_pack_b_in_panel_order(rng):
         if rest:
             want.append(np.pad(src[:, full * nr:nc], ((0, 0), (0, w - rest))).ravel())
         np.testing.assert_array_equal(dst, np.concatenate(want))
+
+
+@pytest.mark.parametrize("kern", _HOST, ids=lambda k: k.name)
+def test_transposed_b_packs_in_panel_order(kern, rng):
+    """pack_b on B's transpose (a weight W[n, k] read as W.T: columns contiguous along k): full
+    panels in square blocks transposed in registers, the k-steps past the last block, a narrow
+    panel and a k-stride other than 1 element by element; the same layout as from rows."""
+    module = gemm_module(host_target(), kern)
+    nr, lanes = kern.nr, kern.lanes
+    for kc, nc, k_step in ((4 * lanes + 3, 3 * nr + 5, 1), (lanes, nr, 1), (lanes - 1, nr, 1),
+                           (2 * lanes + 1, 2 * nr + 1, 2), (1, 1, 1)):
+        w_rows = rng.standard_normal((nc, kc * k_step + 3), dtype=np.float32)  # W[n, k]
+        b = w_rows[:, :kc * k_step:k_step].T  # B[k, n]: rows k_step apart, columns kc*.. apart
+        full, rest = divmod(nc, nr)
+        w = -(-rest // lanes) * lanes
+        dst = np.full(full * nr * kc + w * kc, np.nan, np.float32)
+        module.pack_b(kc, nc, w_rows.ctypes.data, k_step, w_rows.shape[1], dst.ctypes.data)
+        want = [b[:, p * nr:(p + 1) * nr].ravel() for p in range(full)]
+        if rest:
+            want.append(np.pad(b[:, full * nr:nc], ((0, 0), (0, w - rest))).ravel())
+        np.testing.assert_array_equal(dst, np.concatenate(want))
