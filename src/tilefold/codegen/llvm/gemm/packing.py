@@ -133,7 +133,8 @@ def emit_pack_a(module: ir.Module, m_sizes: tuple[int, ...], name: str = "tf_pac
 
 def _pack_a_full(b, mr_max, kc, s, rs, cs, d, row_major, src):
     """A full panel: one vector store per k; a vector load when A's columns are contiguous,
-    and for row-major A (power-of-two MR) blocks of 16 k-steps transposed in registers."""
+    and for row-major A (power-of-two MR) square blocks of MR k-steps transposed in registers
+    (`_transpose`)."""
     vty = u.vec(u.f32, mr_max)
     with b.if_else(b.icmp_signed("==", rs, u.const(1))) as (contiguous, strided):
         with contiguous, _stepping(b, kc, (s, d), (cs, mr_max)) as (sk, dk):
@@ -143,12 +144,14 @@ def _pack_a_full(b, mr_max, kc, s, rs, cs, d, row_major, src):
             k_done = u.const(0)
             if row_major and mr_max & (mr_max - 1) == 0:
                 k_blocks = b.select(b.icmp_signed("==", cs, u.const(1)),
-                                    b.mul(b.sdiv(kc, u.const(_KT)), u.const(_KT)), u.const(0))
-                with u.for_range(b, u.const(0), k_blocks, _KT, "kt") as kt:
-                    vals = [src.load(b, u.gep(b, row, kt), _KT) for row in rows]
-                    out = _interleave(b, vals)
-                    b.store(out, u.vptr(b, u.gep(b, d, b.mul(kt, u.const(mr_max))),
-                                        _KT * mr_max), align=4)
+                                    b.mul(b.sdiv(kc, u.const(mr_max)), u.const(mr_max)),
+                                    u.const(0))
+                with u.for_range(b, u.const(0), k_blocks, mr_max, "kt") as kt:
+                    block = _transpose(b, [src.load(b, u.gep(b, row, kt), mr_max)
+                                           for row in rows])
+                    for t, col in enumerate(block):  # k-step kt + t: the panel's mr rows
+                        at = u.gep(b, d, b.mul(b.add(kt, u.const(t)), u.const(mr_max)))
+                        b.store(col, u.vptr(b, at, mr_max), align=4)
                 k_done = k_blocks
             with u.for_range(b, k_done, kc, 1, "k") as k:
                 off = b.mul(k, cs)
@@ -158,27 +161,6 @@ def _pack_a_full(b, mr_max, kc, s, rs, cs, d, row_major, src):
                     val = b.insert_element(val, x, u.const(i, u.i32))
                 b.store(val, u.vptr(b, u.gep(b, d, b.mul(k, u.const(mr_max))), mr_max),
                         align=4)
-
-
-_KT = 16  # k-steps per in-register transpose of a row-major A panel
-
-
-def _interleave(b, vals: list[ir.Value]) -> ir.Value:
-    """Rows r0..r(n-1) of `_KT` floats -> [r0[0], r1[0], ..., r(n-1)[0], r0[1], ...]: merge
-    pairs level by level, each level doubling the group of consecutive elements kept together."""
-    group = 1
-    while len(vals) > 1:
-        width = vals[0].type.count
-        mask = []
-        for start in range(0, width, group):
-            mask += list(range(start, start + group))
-            mask += list(range(width + start, width + start + group))
-        merged = []
-        for x, y in zip(vals[0::2], vals[1::2], strict=True):
-            merged.append(b.shuffle_vector(x, y, ir.Constant(u.vec(u.i32, 2 * width), mask)))
-        vals = merged
-        group *= 2
-    return vals[0]
 
 
 def emit_pack_b(module: ir.Module, nr_max: int, lanes: int, name: str = "tf_pack_b",
