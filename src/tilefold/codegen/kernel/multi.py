@@ -6,9 +6,12 @@ The first member's chain, over a 1-D space of run-time length (an operand is tha
 `NAME.multi` entry (`emit._emit_multi`) walks a table whose rows are each member's data
 pointers and parameter block, in one parallel call: an entry of `SPLIT_ELEMENTS` or more is
 split over every thread, smaller ones go whole to the least loaded thread. Members whose
-lengths need another layout (a kernel per layout) make another call. Each output element
-depends only on its inputs' same element, and the kernel computes every value before storing
-(`emit._Emitter.stmts`), so an output may be an input's own memory (an optimizer's parameters
+lengths need another layout (a kernel per layout) make another call. The tables are laid out
+once per argument shapes and thread count (`_Table`); a call then only writes its arguments'
+data pointers into a copy (MiniLM's AdamW, 103 tensors: 21.4 -> 12.9 ms a step, znver4).
+Each output element depends only on its inputs' same element, and the kernel computes every
+value before storing (`emit._Emitter.stmts`), so an output may be an input's own memory (an
+optimizer's parameters
 and moments, updated in place).
 """
 
@@ -120,14 +123,13 @@ class MultiTensorGroup:
         if tables is None:
             tables = self._tables[key] = self._layout(arrays)
         if all(a.flags.c_contiguous for a in arrays):  # a flat view shares the data
-            at = ctypes.c_void_p.from_address
-            keep = arrays
-            pointers = [at(id(a) + ARRAY_DATA_OFFSET).value or 0 for a in arrays]
+            keep, field = arrays, ctypes.c_void_p.from_address  # 8x `a.ctypes.data`'s speed
+            data = [field(id(a) + ARRAY_DATA_OFFSET).value or 0 for a in arrays]
         else:
             keep = tuple(self._flat(arrays))
-            pointers = [a.ctypes.data for a in keep]
-        at_ = np.array(pointers, np.int64)
-        return [t.call(at_, keep) for t in tables]
+            data = [a.ctypes.data for a in keep]
+        pointers = np.array(data, np.int64)
+        return [t.call(pointers, keep) for t in tables]
 
     @staticmethod
     def _flat(arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
