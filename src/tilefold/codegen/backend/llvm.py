@@ -12,14 +12,13 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-import numpy as np
-
 from tilefold.codegen.backend.base import Backend, Executable, register_backend
 from tilefold.codegen.kernel.ir import DTYPES, Kernel
 from tilefold.codegen.kernel.printer import print_kernel
 from tilefold.codegen.kernel.schedule import Schedule
 from tilefold.codegen.llvm.kernel import emit_kernel
 from tilefold.runtime import compile_generated, emit_assembly, source_digest
+from tilefold.runtime.arrays import DATA_OFFSET
 from tilefold.target import Target
 
 OPT_LEVEL = 2  # loop-invariant address arithmetic and SROA of the accumulators need the pipeline
@@ -28,17 +27,9 @@ GENERATORS = ("tilefold.codegen.kernel", "tilefold.codegen.llvm", "tilefold.code
               "tilefold.codegen.backend")
 
 
-def _array_data_offset() -> int:
-    """Where an ndarray object keeps its data pointer (16 on CPython: after the object
-    header); found by probing, so a differently laid out build is detected, not assumed."""
-    probe = np.empty(3, np.float32)
-    for offset in range(8, 129, 8):
-        if ctypes.c_void_p.from_address(id(probe) + offset).value == probe.ctypes.data:
-            return offset
+if DATA_OFFSET < 0:
     raise RuntimeError("cannot find the data pointer in a NumPy array object")
-
-
-ARRAY_DATA_OFFSET = _array_data_offset()
+ARRAY_DATA_OFFSET = DATA_OFFSET
 
 
 @register_backend

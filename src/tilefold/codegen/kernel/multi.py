@@ -16,17 +16,16 @@ optimizer's parameters and moments, updated in place).
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
 
-from tilefold.codegen.backend.llvm import ARRAY_DATA_OFFSET
 from tilefold.codegen.kernel.compile import CompiledGroup
 from tilefold.errors import UnsupportedError
 from tilefold.ir import OPS, Block, Operation, Value
 from tilefold.ir.types import SymDim, TensorType
 from tilefold.runtime import num_threads
+from tilefold.runtime.arrays import data_pointer
 from tilefold.runtime.replay import NativeCall
 from tilefold.target import Target
 
@@ -122,8 +121,8 @@ class MultiTensorGroup:
         if tables is None:
             tables = self._tables[key] = self._layout(arrays)
         if all(a.flags.c_contiguous for a in arrays):  # a flat view shares the data
-            keep, field = arrays, ctypes.c_void_p.from_address  # 8x `a.ctypes.data`'s speed
-            data = [field(id(a) + ARRAY_DATA_OFFSET).value or 0 for a in arrays]
+            keep = arrays
+            data = list(map(data_pointer, arrays))  # 8x `a.ctypes.data`'s speed
         else:
             keep = tuple(self._flat(arrays))
             data = [a.ctypes.data for a in keep]

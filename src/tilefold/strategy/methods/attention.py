@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from tilefold.runtime import emit_assembly
+from tilefold.runtime.arrays import STRIDES_OFFSET
 from tilefold.strategy.cost import roofline, work
 from tilefold.strategy.method import Candidate, Context, Kernel, Method, register_method
 from tilefold.strategy.problem import Problem
@@ -36,6 +37,9 @@ def _refusal(problem: Problem, ctx: Context) -> str | None:
         return "more than two batch dims"
     if ctx.target.vector_bits < 128:
         return "needs a vector unit"
+    if STRIDES_OFFSET < 0:
+        return ("this NumPy lays out array objects differently; the fused kernel cannot read "
+                "their dims and strides")
     return None
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tilefold.codegen.llvm import util as u
-from tilefold.codegen.llvm.attention.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
 from tilefold.codegen.llvm.gemm.abi import PARALLEL_TYPE
+from tilefold.runtime.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
 
 PTRS = 5  # q, k, v, mask, out
 B, H, L, HK, S = range(PTRS, PTRS + 5)  # out's batch, heads, rows; k's heads, keys

@@ -18,10 +18,10 @@ from collections.abc import Callable
 import numpy as np
 
 from tilefold.codegen.llvm.attention import decode, flash
-from tilefold.codegen.llvm.attention.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
 from tilefold.codegen.llvm.attention.decode import DecodeConfig
 from tilefold.codegen.llvm.attention.flash import AttentionConfig
 from tilefold.runtime import compile_generated, source_digest
+from tilefold.runtime.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
 from tilefold.runtime.replay import NativeCall
 from tilefold.target import Target
 

@@ -21,6 +21,7 @@ from llvmlite import ir
 
 from tilefold.codegen.llvm import util as u
 from tilefold.runtime import CompiledModule, compile_llvm_ir
+from tilefold.runtime.arrays import DATA_OFFSET
 from tilefold.runtime.buffers import aligned_empty
 from tilefold.runtime.replay import NativeCall
 from tilefold.target import Target
@@ -44,17 +45,6 @@ class ParamBlock(enum.IntEnum):
         for slot, value in values.items():
             block[slot] = value
         return block
-
-
-def _data_offset() -> int:
-    """Where CPython/NumPy keep an array's data pointer inside the object, or -1 if unknown."""
-    probe = np.arange(4, dtype=np.float32)[::-1]
-    offset = 2 * ctypes.sizeof(ctypes.c_void_p)  # after PyObject_HEAD
-    found = ctypes.c_void_p.from_address(id(probe) + offset).value
-    return offset if found == probe.ctypes.data else -1
-
-
-DATA_OFFSET = _data_offset()
 
 
 class _Workspace(threading.local):
