@@ -14,6 +14,7 @@ from tilefold.errors import FallbackError, TilefoldError, strict
 from tilefold.frontend.converter import Converted, SizeOutput
 from tilefold.frontend.tensors import to_numpy, to_torch
 from tilefold.ir import Module, interpret
+from tilefold.ir.dims import Bindings
 from tilefold.ir.interpreter import bind_symbols
 from tilefold.ir.types import SymDim
 from tilefold.runtime.thread_pool import thread_pool
@@ -101,7 +102,8 @@ class GraphRunner:
                  weights: str | None = None):
         self.converted = converted
         self.function = converted.module.functions[next(iter(converted.module.functions))]
-        # Without symbolic dims there are no sizes to bind: the executor checks the inputs
+        # Without symbolic dims in its inputs there are no sizes to bind (the executor checks
+        # the inputs); size arguments and the dims derived from them still evaluate
         self._symbolic = any(isinstance(d, SymDim) for a in self.function.args
                              for d in a.type.shape)
         # Dynamo specializes sizes 0 and 1: a symbolic dim of its graphs is at least 2
@@ -154,7 +156,7 @@ class GraphRunner:
         given = self.converted.arguments(args)  # size inputs come as arrays
         arrays = ([stable.array_of(a) for stable, a in zip(self._inputs, given, strict=True)]
                   if self.holds_inputs else [_array(a) for a in given])
-        sizes = bind_symbols(self.function, arrays) if self._symbolic else {}
+        sizes = bind_symbols(self.function, arrays) if self._symbolic else Bindings()
         outputs = self.run(*arrays)
         if self.park:
             thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
@@ -174,7 +176,7 @@ class GraphRunner:
             return handed_over(self, args)
         arrays = [_array(a) for a in self.converted.arguments(args)]
         args.clear()
-        sizes = bind_symbols(self.function, arrays) if self._symbolic else {}
+        sizes = bind_symbols(self.function, arrays) if self._symbolic else Bindings()
         outputs = compiled.consume(arrays)
         if self.park:
             thread_pool().park()
