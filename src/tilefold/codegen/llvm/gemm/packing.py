@@ -223,19 +223,18 @@ def _transpose(b, rows: list[ir.Value]) -> list[ir.Value]:
     n = len(rows)
     h = n // 2
     while h:
+        lo = [base + t for c in range(0, n, 2 * h) for base in (c, n + c) for t in range(h)]
+        lo_mask = ir.Constant(u.vec(u.i32, n), lo)
+        hi_mask = ir.Constant(u.vec(u.i32, n), [m + h for m in lo])
         out = list(rows)
-        for i in range(n):
-            if i // h % 2:
-                continue
-            x, y = rows[i], rows[i + h]
-            lo = [base + t for c in range(0, n, 2 * h) for base in (c, n + c) for t in range(h)]
-            hi = [m + h for m in lo]
-            mask = ir.Constant(u.vec(u.i32, n), lo)
-            out[i] = b.shuffle_vector(x, y, mask)
-            out[i + h] = b.shuffle_vector(x, y, ir.Constant(u.vec(u.i32, n), hi))
+        for i in (i for i in range(n) if i // h % 2 == 0):
+            out[i] = b.shuffle_vector(rows[i], rows[i + h], lo_mask)
+            out[i + h] = b.shuffle_vector(rows[i], rows[i + h], hi_mask)
         rows = out
         h //= 2
     return rows
+
+
 def _pack_b_rows(b, nr_max, lanes, kc, nc, bsrc, rs, dst, src):
     """Contiguous rows, in bands of `BAND_ROWS` rows (then the last rows one by one): a band is
     walked panel by panel, so each of its rows is read front to back (a few sequential
