@@ -530,7 +530,6 @@ class _Planner:
         self.views: list[tuple] = []
         self.layout: dict[str, str] = {}
         self.fresh: list[tuple[int, tuple, np.dtype]] = []
-        self.raw: dict[int, np.ndarray] = {}  # id of a buffer handed out -> its raw bytes
         self.owned: dict[Value, np.ndarray] = {}  # planned intermediate -> its (base) buffer
         # a reshape's copies, by the value owning the memory they were copied from: freed
         # with it (a copy and its own views share that value's last use)
@@ -826,7 +825,6 @@ class _Planner:
         buffer = raw[:size].view(dtype).reshape(shape)
         if self.alloc is not np.empty and (self.placement is not None or not self.reuse):
             buffer[...] = self.alloc(shape, dtype)  # strict mode's poison (not while learning)
-        self.raw[id(buffer)] = raw
         if self.reuse:
             self.asked[id(buffer)] = ask
         return buffer

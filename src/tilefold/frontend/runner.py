@@ -156,7 +156,7 @@ class GraphRunner:
         given = self.converted.arguments(args)  # size inputs come as arrays
         arrays = ([stable.array_of(a) for stable, a in zip(self._inputs, given, strict=True)]
                   if self.holds_inputs else [_array(a) for a in given])
-        sizes = bind_symbols(self.function, arrays) if self._symbolic else Bindings()
+        sizes = self._sizes(arrays)
         outputs = self.run(*arrays)
         if self.park:
             thread_pool().park()  # PyTorch runs next: its threads get the CPUs, not our spinners
@@ -176,11 +176,15 @@ class GraphRunner:
             return handed_over(self, args)
         arrays = [_array(a) for a in self.converted.arguments(args)]
         args.clear()
-        sizes = bind_symbols(self.function, arrays) if self._symbolic else Bindings()
+        sizes = self._sizes(arrays)
         outputs = compiled.consume(arrays)
         if self.park:
             thread_pool().park()
         return self._results((), [], outputs, sizes)
+
+    def _sizes(self, arrays: list) -> Bindings:
+        """The symbolic dims' sizes the inputs bind (none to bind without symbolic inputs)."""
+        return bind_symbols(self.function, arrays) if self._symbolic else Bindings()
 
     def _results(self, args: Sequence[Any], arrays: list, outputs: list, sizes: dict
                  ) -> list[Any]:

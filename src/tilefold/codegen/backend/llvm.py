@@ -3,7 +3,7 @@ native code through llvmlite's JIT and the on-disk object cache.
 
 The entry it returns is `NAME.arrays(obj0, ..., objN, i64* params, i32 nthreads)`: the
 buffers are NumPy array objects (their `id`), whose data pointers the native code reads at
-`ARRAY_DATA_OFFSET`, so one call is one ctypes dispatch; `multi` is `NAME.multi(i64* table,
+`runtime.arrays.DATA_OFFSET`, so one call is one ctypes dispatch; `multi` is `NAME.multi(i64* table,
 i64 entries, i32 nthreads)`, the same kernel over a table of tensors (`emit._emit_multi`).
 """
 
@@ -29,7 +29,6 @@ GENERATORS = ("tilefold.codegen.kernel", "tilefold.codegen.llvm", "tilefold.code
 
 if DATA_OFFSET < 0:
     raise RuntimeError("cannot find the data pointer in a NumPy array object")
-ARRAY_DATA_OFFSET = DATA_OFFSET
 
 
 @register_backend
@@ -46,10 +45,10 @@ class LLVMBackend(Backend):
         return None
 
     def fingerprint(self) -> str:
-        return f"{self.name}:{source_digest(*GENERATORS)}:{ARRAY_DATA_OFFSET}"
+        return f"{self.name}:{source_digest(*GENERATORS)}:{DATA_OFFSET}"
 
     def _emit(self, kernel: Kernel, schedule: Schedule, target: Target) -> str:
-        return emit_kernel(kernel, schedule, target.features, ARRAY_DATA_OFFSET)
+        return emit_kernel(kernel, schedule, target.features, DATA_OFFSET)
 
     def compile(self, kernel: Kernel, schedule: Schedule, target: Target) -> Executable:
         # The printed kernel and schedule determine the LLVM IR: a warm cache skips emitting.
