@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.tolerances import assert_close
+from tilefold.frontend import report
 from tilefold.frontend.training import saved_tensors
 
 CASES = [  # (batch, heads, kv heads, L, S, head dim), mask, causal
@@ -55,6 +56,35 @@ def test_attention_gradients_match_pytorch(shape, mask_kind, causal, monkeypatch
     assert_close(got_out.detach(), want_out.detach(), dtype="f64", reduced=reduced)
     for g, w in zip(got, want, strict=True):
         assert_close(g, w, dtype="f64", reduced=reduced)
+
+
+@pytest.mark.parametrize("shape, mask_kind, causal", CASES)
+def test_float32_backward_is_the_fused_op(shape, mask_kind, causal, monkeypatch) -> None:
+    """In float32 the backward graph is one `attention_backward` (the fused kernel, strict),
+    and its gradients are PyTorch's float64 ones within float32's tolerance."""
+    monkeypatch.setenv("TILEFOLD_STRICT", "1")
+    torch._dynamo.reset()
+    q, k, v, mask = _inputs(shape, mask_kind)
+    grad = torch.randn((*q.shape[:-1], v.shape[-1]), dtype=q.dtype,
+                       generator=torch.Generator().manual_seed(1))
+
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+    want = torch.autograd.grad(attend(q, k, v, mask), (q, k, v), grad)
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    mask32 = mask if mask is None or mask.dtype == torch.bool else mask.float()
+    report.REPORTS.clear()
+    got = torch.autograd.grad(torch.compile(attend, backend="tilefold")(*leaves, mask32),
+                              leaves, grad.float())
+    backward = [e.runner.run.compiled for g in report.reports() for e in g.executors
+                if g.graph.endswith("backward")]
+    assert [op.name for c in backward for op in c.function.ops
+            if op.name == "attention_backward"] == ["attention_backward"]
+    reduced = shape[4] * shape[5]
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, dtype="f32", reduced=reduced, scale=w.abs().max())
 
 
 def test_the_forward_saves_no_probabilities(monkeypatch) -> None:

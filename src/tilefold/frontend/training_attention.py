@@ -13,6 +13,12 @@ scores (key rows by query rows): the recomputed probabilities are then never the
 expression the forward computed, which common-subexpression elimination would merge into
 one value, saved again. It reads no output either (each row's <dO, O> is <P, dP>), so the
 partitioner saves none: the projection after attention keeps its own copy of it.
+
+In float32 (every shape the kernel takes: up to two batch dims) the backward is instead one
+`tilefold::attention_backward` op, which the rules lower to the IR's `attention_backward` and
+the fused kernel runs: per key block, the probabilities and score gradients stay in L1 and are
+never written out. It takes each row's <dO, O> as `delta` (a [B, H, L] sum here), so the
+forward's output is saved too (B x H x L x Ev, a 32nd of MiniLM's probabilities).
 """
 
 from __future__ import annotations
@@ -74,6 +80,28 @@ def flash_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out, lse.to(torch.promote_types(query.dtype, torch.float32))
 
 
+@torch.library.custom_op("tilefold::attention_backward", mutates_args=())
+def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       lse: torch.Tensor, delta: torch.Tensor, bias: torch.Tensor | None = None,
+                       scale: float | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The IR's `attention_backward` in PyTorch (where the graph is left to it): the grads of
+    q, k, v from each query row's log-sum-exp `lse` and <dout, out> `delta`."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if bias is not None:
+        scores = scores + bias
+    probs = torch.nan_to_num(torch.exp(scores - lse.unsqueeze(-1)), nan=0.0)
+    grad_scores = probs * (torch.matmul(dout, v.transpose(-2, -1)) - delta.unsqueeze(-1)) * scale
+    return (torch.matmul(grad_scores, k), torch.matmul(grad_scores.transpose(-2, -1), q),
+            torch.matmul(probs.transpose(-2, -1), dout))
+
+
+@attention_backward.register_fake
+def _(dout, q, k, v, lse, delta, bias=None, scale=None):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                    value: torch.Tensor, out: torch.Tensor, logsumexp: torch.Tensor,
                    dropout_p: float, is_causal: bool, *, attn_mask: torch.Tensor | None = None,
@@ -83,8 +111,13 @@ def flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tenso
     log-sum-exp."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     k, v = _heads(query, key), _heads(query, value)
-    scores_t = torch.matmul(k, query.transpose(-2, -1)) * scale  # keys x queries
     bias = _bias(attn_mask, is_causal, query, key)
+    if query.dtype == torch.float32 and query.dim() <= 4:  # the fused kernel's
+        delta = torch.sum(grad_out * out, -1)
+        grad_q, grad_k, grad_v = attention_backward(grad_out, query, k, v, logsumexp, delta,
+                                                    bias, scale)
+        return grad_q, _grouped(grad_k, key), _grouped(grad_v, value)
+    scores_t = torch.matmul(k, query.transpose(-2, -1)) * scale  # keys x queries
     if bias is not None:
         scores_t = scores_t + bias.transpose(-2, -1)
     probs_t = torch.exp(scores_t - logsumexp.to(query.dtype).unsqueeze(-2))

@@ -104,7 +104,7 @@ def work(problem: Problem) -> Work:
         gemm += products
         if not products:
             flops += op_flops(op.name) * _prod(problem.shape(op.results[0]))
-        elif op.name == "scaled_dot_product_attention":
+        elif op.name in ("scaled_dot_product_attention", "attention_backward"):
             flops += op_flops("softmax") * products / (2 * problem.shape(op.operands[0])[-1])
         unfused += sum(_nbytes(problem, v) for v in (*op.operands, *op.results))
     fused = sum(_nbytes(problem, v) for v in (*problem.inputs, *problem.outputs))
@@ -121,6 +121,10 @@ def product_flops(problem: Problem, op: Operation) -> float:
         q, k, v = (problem.shape(x) for x in op.operands[:3])
         scores = _prod(problem.shape(op.results[0])[:-1]) * k[-2]
         return 2.0 * scores * (q[-1] + v[-1])
+    if op.name == "attention_backward":  # scores, dp, dv, dk, dq
+        q, k, v = (problem.shape(x) for x in op.operands[1:4])
+        scores = _prod(q[:-1]) * k[-2]
+        return 2.0 * scores * (3 * q[-1] + 2 * v[-1])
     return 0.0
 
 

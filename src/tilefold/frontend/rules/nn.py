@@ -12,6 +12,7 @@ from tilefold import dtypes
 from tilefold.frontend.context import LoweringContext, Merged, Unavailable
 from tilefold.frontend.lowering import NotApplicable, lowering
 from tilefold.frontend.preserved import linear as _opaque_linear  # noqa: F401  (defines the ops)
+from tilefold.frontend.training_attention import attention_backward as _attention_backward  # noqa: F401
 
 aten = torch.ops.aten
 SAVED = "a statistic saved for backward (not computed at inference)"
@@ -114,6 +115,17 @@ def sdpa_flash_cpu(
     """the CPU flash-attention form AOTAutograd produces; its logsumexp is not computed"""
     out = _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, False)
     return [out, Unavailable(SAVED)]
+
+
+@lowering(torch.ops.tilefold.attention_backward.default)
+def attention_backward(ctx: LoweringContext, dout: Any, q: Any, k: Any, v: Any, lse: Any,
+                       delta: Any, bias: Any = None, scale: float | None = None) -> list[Any]:
+    """the flash-attention backward of a training graph (`frontend/training_attention.py`)"""
+    ts = [ctx.tensor(x) for x in (dout, q, k, v, lse, delta)]
+    if bias is not None:
+        ts.append(ctx.cast(ctx.tensor(bias), ts[1].dtype))
+    attrs = {} if scale is None else {"scale": float(scale)}
+    return ctx.op("attention_backward", *ts, **attrs)
 
 
 def _attention(ctx, q, k, v, mask, dropout_p, is_causal, scale, enable_gqa) -> Any:

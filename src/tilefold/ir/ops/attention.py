@@ -10,7 +10,7 @@ import numpy as np
 from tilefold import dtypes
 from tilefold.errors import DTypeError, ShapeError
 from tilefold.ir.opdef import Attr, OpDef, attr_table, register
-from tilefold.ir.ops.common import evaluate, require, same_dtype
+from tilefold.ir.ops.common import evaluate, require, round_to, same_dtype, widen
 from tilefold.ir.shapes import broadcast_shapes
 from tilefold.ir.types import TensorType
 
@@ -95,3 +95,73 @@ class ScaledDotProductAttention(OpDef):
             return np.matmul(np.where(total > 0, e / np.where(total > 0, total, 1), 0), v)
 
         return evaluate(fn, args, dtypes.dtype(args[0].dtype))
+
+
+@register
+class AttentionBackward(OpDef):
+    """The gradients of attention's q, k and v, recomputing the probabilities from one
+    log-sum-exp per query row (the flash-attention backward):
+
+        p  = exp(q @ k^T * scale + bias - lse)      0 where both are -inf (no key kept)
+        dv = p^T @ dout
+        ds = p * (dout @ v^T - delta) * scale       delta: each row's <dout, out>
+        dq = ds @ k,  dk = ds^T @ q
+
+    dout [..., L, Ev], q [..., L, E], k [..., S, E], v [..., S, Ev], lse and delta [..., L]
+    (one batch shape: grouped-query heads are repeated before and summed after); the optional
+    float `bias` broadcasts to [..., L, S] (masks and the causal triangle as 0 / -inf).
+    `scale` defaults to 1/sqrt(E).
+    `%dq, %dk, %dv = attention_backward(%do, %q, %k, %v, %lse, %delta, %bias) {scale = 0.125}`
+    """
+
+    name = "attention_backward"
+    operands = ("dout", "q", "k", "v", "lse", "delta", "*bias")
+    attributes = attr_table(scale=Attr("float", None, doc="None means 1/sqrt(E)"))
+
+    @classmethod
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+        dout, q, k, v, lse, delta, *bias = types
+        name = cls.name
+        require(name, q, "float")
+        same_dtype(name, [dout, q, k, v, lse, delta, *bias])
+        if len(bias) > 1:
+            raise ShapeError(f"{name}: takes at most one bias, got {len(bias)}")
+        if not dout.rank == q.rank == k.rank == v.rank == lse.rank + 1 == delta.rank + 1 >= 2:
+            raise ShapeError(f"{name}: dout, q, k, v need one rank >= 2 and lse, delta one "
+                             f"less, got {dout}, {q}, {k}, {v}, {lse}, {delta}")
+        batch = q.shape[:-2]
+        if k.shape[:-2] != batch or v.shape[:-2] != batch or dout.shape[:-2] != batch:
+            raise ShapeError(f"{name}: q, k, v and dout need one batch shape, got "
+                             f"{q}, {k}, {v}, {dout}")
+        rows = (*batch, q.shape[-2])
+        if (q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]
+                or dout.shape[-1] != v.shape[-1] or dout.shape[-2] != q.shape[-2]
+                or lse.shape != rows or delta.shape != rows):
+            raise ShapeError(f"{name}: the dims of {dout}, {q}, {k}, {v}, {lse}, {delta} do "
+                             f"not line up as attention's")
+        if bias:
+            scores = (*rows, k.shape[-2])
+            if broadcast_shapes(name, bias[0].shape, scores) != scores:
+                raise ShapeError(f"{name}: bias {bias[0]} does not broadcast to the scores "
+                                 f"{scores}")
+        return [q, k, v]
+
+    @classmethod
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
+        dt = dtypes.dtype(args[1].dtype)
+        scale = attrs["scale"]
+        if scale is None:
+            scale = 1 / math.sqrt(args[1].shape[-1]) if args[1].shape[-1] else 1.0
+
+        def grads(dout, q, k, v, lse, delta, *bias):
+            s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+            if bias:
+                s = s + bias[0]
+            p = np.exp(s - lse[..., None])
+            p = np.where(np.isnan(p), 0.0, p)
+            ds = p * (np.matmul(dout, np.swapaxes(v, -1, -2)) - delta[..., None]) * scale
+            return [np.matmul(ds, k), np.matmul(np.swapaxes(ds, -1, -2), q),
+                    np.matmul(np.swapaxes(p, -1, -2), dout)]
+
+        with np.errstate(all="ignore"):
+            return [round_to(g, dt) for g in grads(*(widen(a) for a in args))]

@@ -1,5 +1,6 @@
 """Hand-written fused attention (`codegen/llvm/attention`) for `scaled_dot_product_attention`: the
-flash kernel for prompts, the decode kernel for a few query rows against a long cache."""
+flash kernel for prompts, the decode kernel for a few query rows against a long cache; and for
+`attention_backward`, the flash backward (a training step's)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,62 @@ class DecodeAttention(Method):
             ctx.machine.call_s
         return [self.candidate({}, estimate, lambda: build(problem, ctx, decode=True),
                                "K/V read once per key/value head, split over threads by key")]
+
+
+@register_method
+class FlashAttentionBackward(Method):
+    name = "handwritten.attention_backward"
+    family = "hand-written"
+    generators = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath")
+
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
+        if reason := problem.not_lone("attention_backward"):
+            return reason
+        op = problem.body[0]
+        types = [problem.types[v] for v in op.operands]
+        if any(str(t.dtype) != "f32" for t in types):
+            return "written for f32"
+        if types[1].rank > 4:
+            return "more than two batch dims"
+        if ctx.target.vector_bits < 128:
+            return "needs a vector unit"
+        if STRIDES_OFFSET < 0:
+            return ("this NumPy lays out array objects differently; the fused kernel cannot read "
+                    "their dims and strides")
+        w = work(problem)
+        estimate = roofline(w.flops, w.bytes_fused, ctx.machine, EFFICIENCY) + ctx.machine.call_s
+        return [self.candidate({}, estimate, lambda: build_backward(problem, ctx),
+                               "probabilities recomputed per key block, in L1")]
+
+
+def build_backward(problem: Problem, ctx: Context) -> Kernel:
+    from tilefold.codegen.llvm.attention import BackwardConfig, backward_kernel
+
+    op = problem.body[0]
+    e, ev = problem.shape(op.operands[1])[-1], problem.shape(op.operands[3])[-1]
+    scale = problem.attrs(op)["scale"]
+    if scale is None:
+        scale = 1 / math.sqrt(e) if e else 1.0
+    bias = len(op.operands) > 6
+    cfg = BackwardConfig(e, ev, bias, ctx.target.vector_bits // 32, ctx.threads,
+                         ctx.target.vector_registers)
+    kernel = backward_kernel(cfg, ctx.target)
+
+    def split(arrays: tuple) -> tuple:
+        """(dout, q, k, v, lse, delta, bias or None, dq, dk, dv)"""
+        return (*arrays[:6], arrays[6] if bias else None, *arrays[-3:])
+
+    def run(*arrays: np.ndarray) -> None:
+        kernel(*split(arrays), scale=scale)
+
+    def calls(*arrays: np.ndarray):
+        return kernel.calls(*split(arrays), scale=scale)
+
+    def asm() -> str:
+        return emit_assembly(kernel.source(), ctx.target, opt_level=2)
+
+    return Kernel(run, f"// fused attention backward for {cfg} (LLVM IR: see the assembly)", asm,
+                  strided=True, strided_out=True, calls=calls)
 
 
 def build(problem: Problem, ctx: Context, decode: bool) -> Kernel:

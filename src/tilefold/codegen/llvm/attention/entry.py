@@ -34,40 +34,47 @@ def emit_entry(module: ir.Module, name: str, mask: str, threads: int, worker: ir
     objs = dict(zip(("q", "k", "v", "mask", "out") if nobj == 5 else ("q", "k", "v", "out"),
                     fn.args, strict=False))
 
-    def field(obj, offset: int, ty: ir.Type):
-        return b.load(b.bitcast(b.gep(obj, [u.const(offset)]), ty.as_pointer()))
-
     def put(slot: int, value) -> None:
         b.store(value, u.gep(b, slots, slot))
 
-    def dims(obj):
-        p = field(obj, DIMS_OFFSET, u.i64.as_pointer())
-        return [b.load(u.gep(b, p, i)) for i in range(4)]
-
-    def strides(obj, itemsize: int):
-        """Element strides; a size-1 dim broadcasts (stride 0)."""
-        p = field(obj, STRIDES_OFFSET, u.i64.as_pointer())
-        sizes = dims(obj)
-        return [b.select(b.icmp_signed("==", sizes[i], u.const(1)), u.const(0),
-                         b.sdiv(b.load(u.gep(b, p, i)), u.const(itemsize))) for i in range(4)]
-
+    fields = {key: read_array(b, obj, 1 if key == "mask" and mask == "bool" else 4)
+              for key, obj in objs.items()}
     for slot, key in enumerate(("q", "k", "v", "mask", "out")):
-        put(slot, field(objs[key], DATA_OFFSET, u.i64) if key in objs else u.const(0))
-    out_dims, k_dims = dims(objs["out"]), dims(objs["k"])
+        put(slot, fields[key][0] if key in fields else u.const(0))
+    out_dims, k_dims = fields["out"][1], fields["k"][1]
     for slot, value in ((B, out_dims[0]), (H, out_dims[1]), (L, out_dims[2]), (HK, k_dims[1]),
                         (S, k_dims[2])):
         put(slot, value)
-    for base, key, itemsize in ((Q_STRIDES, "q", 4), (K_STRIDES, "k", 4), (V_STRIDES, "v", 4),
-                                (M_STRIDES, "mask", 1 if mask == "bool" else 4),
-                                (O_STRIDES, "out", 4)):
-        if key in objs:
-            for i, s in enumerate(strides(objs[key], itemsize)):
+    for base, key in ((Q_STRIDES, "q"), (K_STRIDES, "k"), (V_STRIDES, "v"),
+                      (M_STRIDES, "mask"), (O_STRIDES, "out")):
+        if key in fields:
+            for i, s in enumerate(fields[key][2]):
                 put(base + i, s)
     put(SCALE, b.zext(b.bitcast(fn.args[-1], u.i32), u.i64))
-    ctx8 = b.bitcast(ctx, i8p)
-    if threads > 1:
-        par = u.intrinsic(module, "tilefold_parallel", u.void, list(PARALLEL_TYPE.args))
-        b.call(par, [worker, ctx8, u.const(threads, u.i32)])
-    else:
-        b.call(worker, [ctx8, u.const(0, u.i32), u.const(1, u.i32)])
+    run_worker(b, worker, b.bitcast(ctx, i8p), threads)
     b.ret_void()
+
+
+def read_array(b: ir.IRBuilder, obj: ir.Value, itemsize: int
+               ) -> tuple[ir.Value, list[ir.Value], list[ir.Value]]:
+    """(data pointer as an i64, dims, element strides) of a rank-4 NumPy array object; a
+    size-1 dim reads with stride 0 (it broadcasts)."""
+    def field(offset: int, ty: ir.Type):
+        return b.load(b.bitcast(b.gep(obj, [u.const(offset)]), ty.as_pointer()))
+
+    dims_at, strides_at = field(DIMS_OFFSET, u.i64.as_pointer()), field(STRIDES_OFFSET,
+                                                                        u.i64.as_pointer())
+    dims = [b.load(u.gep(b, dims_at, i)) for i in range(4)]
+    strides = [b.select(b.icmp_signed("==", dims[i], u.const(1)), u.const(0),
+                        b.sdiv(b.load(u.gep(b, strides_at, i)), u.const(itemsize)))
+               for i in range(4)]
+    return field(DATA_OFFSET, u.i64), dims, strides
+
+
+def run_worker(b: ir.IRBuilder, worker: ir.Function, ctx: ir.Value, threads: int) -> None:
+    """`worker(ctx, tid, n)` on the native pool's `threads` threads, or inline for one."""
+    if threads > 1:
+        par = u.intrinsic(b.module, "tilefold_parallel", u.void, list(PARALLEL_TYPE.args))
+        b.call(par, [worker, ctx, u.const(threads, u.i32)])
+    else:
+        b.call(worker, [ctx, u.const(0, u.i32), u.const(1, u.i32)])

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tilefold.codegen.llvm.attention import decode, flash
+from tilefold.codegen.llvm.attention import backward, decode, flash
+from tilefold.codegen.llvm.attention.backward import BackwardConfig
 from tilefold.codegen.llvm.attention.decode import DecodeConfig
 from tilefold.codegen.llvm.attention.flash import AttentionConfig
 from tilefold.runtime import compile_generated, source_digest
@@ -69,6 +70,53 @@ class AttentionKernel:
         return (q, k, v, mask, out), copied
 
 
+class BackwardKernel:
+    """`kernel(dout, q, k, v, lse, delta, bias, dq, dk, dv, scale)` fills dq, dk and dv (bias
+    None when the config has none)."""
+
+    def __init__(self, cfg: BackwardConfig, fn: Callable[..., None],
+                 source: Callable[[], str]) -> None:
+        self.cfg = cfg
+        self.source = source
+        self._fn = fn
+
+    def __call__(self, *arrays: np.ndarray | None, scale: float) -> None:
+        operands, outs, _ = self._operands(*arrays)
+        self._fn(*operands, scale)
+        for given, used in zip(arrays[-3:], outs, strict=True):
+            if not np.may_share_memory(given, used):  # written to a copy
+                _rank4(given)[...] = used
+
+    def calls(self, *arrays: np.ndarray | None, scale: float) -> list[NativeCall] | None:
+        """The native call `self(...)` makes, for replay; None where it would copy first."""
+        operands, _, copied = self._operands(*arrays)
+        return None if copied else [NativeCall(self._fn, (*operands, scale))]
+
+    def _operands(self, dout, q, k, v, lse, delta, bias, dq, dk, dv):
+        """The entry's operands at rank 4 (lse and delta with a trailing 1), every row
+        contiguous; the outputs among them; whether any is a copy."""
+        copied = False
+
+        def rows(x: np.ndarray, out: bool = False) -> np.ndarray:
+            nonlocal copied
+            x = _rank4(x)
+            if x.strides[-1] != 4 and x.shape[-1] > 1:
+                copied = True
+                return np.empty(x.shape, np.float32) if out else np.ascontiguousarray(x)
+            return x
+
+        ins = [rows(x) for x in (dout, q, k, v)] + [_rank4(x[..., None]) for x in (lse, delta)]
+        if bias is not None:
+            bias = _rank4(bias)
+            if bias.shape[-1] != k.shape[-2] or bias.strides[-1] != 4:
+                bias = np.ascontiguousarray(np.broadcast_to(bias, (*bias.shape[:-1],
+                                                                   k.shape[-2])))
+                copied = True
+            ins.append(bias)
+        outs = [rows(x, out=True) for x in (dq, dk, dv)]
+        return (*ins, *outs), outs, copied
+
+
 def _rank4(x: np.ndarray) -> np.ndarray:
     if x.ndim == 4:
         return x
@@ -97,3 +145,19 @@ def attention_kernel(cfg: AttentionConfig | DecodeConfig, target: Target) -> Att
     nobj = 5 if cfg.mask != "none" else 4
     fn = compiled.function(name, None, *([ctypes.py_object] * nobj), ctypes.c_float)
     return AttentionKernel(cfg, fn, make_ir)
+
+
+@functools.cache
+def backward_kernel(cfg: BackwardConfig, target: Target) -> BackwardKernel:
+    """The compiled attention backward for `cfg` (cached like `attention_kernel`)."""
+    name = f"tf_attention_bw_{hashlib.sha256(repr(cfg).encode()).hexdigest()[:12]}"
+
+    def make_ir() -> str:
+        return backward.backward_ir(cfg, name, target.triple, target.features)
+
+    layout = (DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET)
+    compiled = compile_generated(f"{source_digest(*_GENERATORS)}|{cfg!r}|{layout}", make_ir, target,
+                                 name=name, uses_pool=cfg.threads > 1, opt_level=2)
+    nobj = 10 if cfg.bias else 9
+    fn = compiled.function(name, None, *([ctypes.py_object] * nobj), ctypes.c_float)
+    return BackwardKernel(cfg, fn, make_ir)
