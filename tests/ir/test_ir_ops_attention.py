@@ -1,6 +1,7 @@
 """scaled_dot_product_attention's reference on empty dims, against NumPy and PyTorch's answer:
-no features makes every score 0 (a plain mean of v); no keys gives zeros. attention_backward's
-against PyTorch's autograd, and its shape errors."""
+no features makes every score 0 (a plain mean of v); no keys gives zeros. attention_forward's
+and attention_backward's against PyTorch (its output and log-sum-exp, its autograd), and their
+shape errors."""
 
 from __future__ import annotations
 
@@ -57,3 +58,29 @@ def test_attention_backward_shape_errors_name_the_op():
         run_op("attention_backward", np.zeros((2, 5, 3)), q, k, np.zeros((2, 7, 4)), rows, rows)
     with pytest.raises(ShapeError, match="attention_backward"):  # a bias not of the scores
         run_op("attention_backward", q, q, k, k, rows, rows, np.zeros((2, 5, 6)))
+
+
+def test_attention_forward_is_pytorchs_output_and_logsumexp():
+    """A row the bias masks whole gives zeros and -inf (PyTorch's SDPA gives NaN there)."""
+    q, k, v = (RNG.standard_normal(s) for s in ((2, 3, 11, 8), (2, 3, 13, 8), (2, 3, 13, 6)))
+    bias = np.where(RNG.random((2, 1, 11, 13)) > 0.2, RNG.standard_normal((2, 1, 11, 13)),
+                    -np.inf)
+    bias[..., 0] = 0.0
+    bias[1, 0, 4] = -np.inf
+    out, lse = run_op("attention_forward", q, k, v, bias, scale=0.3)
+    tq, tk, tv, tb = (torch.tensor(x) for x in (q, k, v, bias))
+    want = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tb, scale=0.3)
+    want_lse = torch.logsumexp(tq @ tk.transpose(-1, -2) * 0.3 + tb, -1)
+    kept = np.ones(out.shape[:-1], bool)
+    kept[1, :, 4] = False
+    np.testing.assert_allclose(out[kept], want.numpy()[kept], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse.numpy(), rtol=1e-12, atol=1e-12)
+    assert not out[~kept].any() and (lse[~kept] == -np.inf).all()
+
+
+def test_attention_forward_shape_errors_name_the_op():
+    q, k = np.zeros((2, 5, 8)), np.zeros((2, 7, 8))
+    with pytest.raises(ShapeError, match="attention_forward"):  # k and v lengths differ
+        run_op("attention_forward", q, k, np.zeros((2, 6, 4)))
+    with pytest.raises(ShapeError, match="attention_forward"):  # batch shapes differ (no GQA)
+        run_op("attention_forward", q, np.zeros((1, 7, 8)), np.zeros((1, 7, 4)))

@@ -12,7 +12,7 @@ from tests.tolerances import assert_close
 from tilefold.codegen.llvm.attention import AttentionConfig, attention_kernel
 from tilefold.compiler import compile
 from tilefold.ir import interpret, parse_module
-from tilefold.ir.ops.attention import ScaledDotProductAttention
+from tilefold.ir.ops.attention import AttentionForward, ScaledDotProductAttention
 from tilefold.target import host_target
 
 RNG = np.random.default_rng(3)
@@ -52,6 +52,36 @@ def test_kernel_matches_reference(case, threads, registers):
     kernel(q, k, v, mask, out, scale)
     want = _reference(q, k, v, mask, is_causal=causal, scale=scale, enable_gqa=hk != h)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(("threads", "registers"), [(2, 16), (1, 32)])
+@pytest.mark.parametrize("case", [c for c in CASES if c[1] == c[2] and c[7] != "bool"])
+def test_kernel_gives_the_log_sum_exp(case, threads, registers):
+    """`AttentionConfig.lse` (attention_forward's): the output as without it, and each row's
+    log-sum-exp, -inf where the mask keeps no key, written through a strided view."""
+    b, h, _, lq, lk, e, ev, mask_kind, causal = case
+    target = host_target()
+    kernel = attention_kernel(AttentionConfig(e, ev, mask_kind, causal, target.vector_bits // 32,
+                                              threads, registers, lse=True), target)
+    q = RNG.standard_normal((b, h, lq, e), np.float32)
+    k = RNG.standard_normal((b, h, lk, e), np.float32)
+    v = RNG.standard_normal((b, h, lk, ev), np.float32)
+    mask = None
+    if mask_kind == "float":
+        mask = np.where(RNG.random((1, h, lq, lk)) > 0.2, RNG.standard_normal((1, h, lq, lk)),
+                        -np.inf).astype(np.float32)
+        mask[0, 0, 0] = -np.inf
+    out = np.full((b, h, lq, ev), np.nan, np.float32)
+    lse = np.full((b, h, lq, 2), np.nan, np.float32)
+    kernel(q, k, v, mask, out, 1 / math.sqrt(e), lse[..., 1])
+    args = [q, k, v] + ([mask] if mask is not None else [])
+    if causal:
+        tri = np.where(np.tril(np.ones((lq, lk), bool)), 0, -np.inf).astype(np.float32)
+        args = [q, k, v, tri if mask is None else mask + tri]
+    want_out, want_lse = AttentionForward.reference(args, {"scale": 1 / math.sqrt(e)})
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(lse[..., 1], want_lse, rtol=1e-5, atol=2e-6)
+    assert np.isnan(lse[..., 0]).all()
 
 
 def test_strided_views_in_and_out():

@@ -1,4 +1,5 @@
-"""The fused attention backward (`attention_backward`) against the op's reference (itself checked
+"""The fused attention backward (`attention_backward`, and `attention_forward` compiled) against
+the op's reference (itself checked
 against PyTorch's autograd in `tests/ir/test_ir_ops_attention.py`) on every tail (key and query
 blocks, features not a whole vector, both register tiles, one and two threads), masked rows,
 views, and the op compiled strict from the IR."""
@@ -122,3 +123,26 @@ def test_compiled_op_runs_the_kernel(b, s, monkeypatch):
         assert_close(g, w, dtype="f32", reduced=s * 16, scale=np.abs(w).max())
     plan = compiled.plan_for(*(x.shape for x in args))
     assert [d.winner.method for d in plan.decisions] == ["handwritten.attention_backward"]
+
+
+FORWARD = f"""func @main(%q: {T}, %k: {T}, %v: {T}, %m: f32[?b,1,?s,?s]) -> ({T}, {ROWS}) {{
+  %o, %lse = attention_forward(%q, %k, %v, %m) {{scale = 0.25}} : ({T}, {ROWS})
+  return(%o, %lse)
+}}"""
+
+
+@pytest.mark.parametrize(("b", "s"), [(1, 5), (2, 77)])
+def test_compiled_forward_runs_the_kernel(b, s, monkeypatch):
+    """attention_forward, the backward's partner, likewise: the flash kernel with its
+    log-sum-exp, against the interpreter."""
+    monkeypatch.setenv("TILEFOLD_STRICT", "1")
+    module = parse_module(FORWARD)
+    compiled = compile(module)
+    rng = np.random.default_rng(s)
+    _, q, k, v, _, _, mask = _inputs(rng, b, 4, s, s, 16, 16, True)
+    got = compiled(q, k, v, mask)
+    want = interpret(module, q, k, v, mask)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, dtype="f32", reduced=s * 16, scale=np.abs(w[np.isfinite(w)]).max())
+    plan = compiled.plan_for(q.shape, k.shape, v.shape, mask.shape)
+    assert [d.winner.method for d in plan.decisions] == ["handwritten.attention_forward"]

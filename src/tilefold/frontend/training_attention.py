@@ -5,20 +5,22 @@ floats: 37.7 MB of MiniLM's 8 x 128 step, more than all its other attention acti
 
 PyTorch traces `scaled_dot_product_attention` on CPU tensors as
 `_scaled_dot_product_flash_attention_for_cpu`, whose autograd formula saves those tensors
-and the output and calls `_scaled_dot_product_flash_attention_for_cpu_backward`. Both are
-decomposed here into the matmuls, reductions and elementwise ops the rules lower (PyTorch's
-own decomposition of the forward returns the probabilities in place of the log-sum-exp,
-which an export needs and a backward cannot use). The backward works on the transposed
-scores (key rows by query rows): the recomputed probabilities are then never the very
-expression the forward computed, which common-subexpression elimination would merge into
+and the output and calls `_scaled_dot_product_flash_attention_for_cpu_backward`. In float32
+(every shape the fused kernels take: up to two batch dims) each is one opaque op,
+`tilefold::attention_forward` (the output and the log-sum-exp) and
+`tilefold::attention_backward`, which the rules lower to the IR's ops of those names and the
+fused kernels run: the scores, probabilities and their gradients stay in L1, block by block,
+and are never written out. The backward takes each row's <dO, O> as `delta` (a [B, H, L] sum
+here), so the forward's output is saved too (B x H x L x Ev, a 32nd of MiniLM's
+probabilities).
+
+In other dtypes both are decomposed here into the matmuls, reductions and elementwise ops the
+rules lower (PyTorch's own decomposition of the forward returns the probabilities in place of
+the log-sum-exp, which an export needs and a backward cannot use). That backward works on the
+transposed scores (key rows by query rows): the recomputed probabilities are then never the
+very expression the forward computed, which common-subexpression elimination would merge into
 one value, saved again. It reads no output either (each row's <dO, O> is <P, dP>), so the
 partitioner saves none: the projection after attention keeps its own copy of it.
-
-In float32 (every shape the kernel takes: up to two batch dims) the backward is instead one
-`tilefold::attention_backward` op, which the rules lower to the IR's `attention_backward` and
-the fused kernel runs: per key block, the probabilities and score gradients stay in L1 and are
-never written out. It takes each row's <dO, O> as `delta` (a [B, H, L] sum here), so the
-forward's output is saved too (B x H x L x Ev, a 32nd of MiniLM's probabilities).
 """
 
 from __future__ import annotations
@@ -59,6 +61,26 @@ def _grouped(grad: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     return grad if heads == h else grad.reshape(b, heads, h // heads, s, e).sum(2)
 
 
+@torch.library.custom_op("tilefold::attention_forward", mutates_args=())
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      bias: torch.Tensor | None = None, scale: float | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The IR's `attention_forward` in PyTorch (where the graph is left to it): the output and
+    each query row's log-sum-exp (-inf, and zeros out, where the bias masks the row whole)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if bias is not None:
+        scores = scores + bias
+    lse = torch.logsumexp(scores, -1)
+    probs = torch.nan_to_num(torch.exp(scores - lse.unsqueeze(-1)), nan=0.0)
+    return torch.matmul(probs, v), lse
+
+
+@attention_forward.register_fake
+def _(q, k, v, bias=None, scale=None):
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1])
+
+
 def flash_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   dropout_p: float = 0.0, is_causal: bool = False, *,
                   attn_mask: torch.Tensor | None = None, scale: float | None = None
@@ -68,8 +90,10 @@ def flash_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         raise RuntimeError("flash attention on CPU takes no dropout")  # PyTorch picks math
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     k, v = _heads(query, key), _heads(query, value)
-    scores = torch.matmul(query, k.transpose(-2, -1)) * scale
     bias = _bias(attn_mask, is_causal, query, key)
+    if _fused(query):
+        return attention_forward(query, k, v, bias, scale)
+    scores = torch.matmul(query, k.transpose(-2, -1)) * scale
     if bias is not None:
         scores = scores + bias
     top = torch.amax(scores, -1, keepdim=True)
@@ -112,7 +136,7 @@ def flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tenso
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     k, v = _heads(query, key), _heads(query, value)
     bias = _bias(attn_mask, is_causal, query, key)
-    if query.dtype == torch.float32 and query.dim() <= 4:  # the fused kernel's
+    if _fused(query):
         delta = torch.sum(grad_out * out, -1)
         grad_q, grad_k, grad_v = attention_backward(grad_out, query, k, v, logsumexp, delta,
                                                     bias, scale)
@@ -131,6 +155,11 @@ def flash_backward(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tenso
     grad_k = torch.matmul(grad_scores_t, query)
     grad_q = torch.matmul(grad_scores_t.transpose(-2, -1), k)
     return grad_q, _grouped(grad_k, key), _grouped(grad_v, value)
+
+
+def _fused(query: torch.Tensor) -> bool:
+    """Whether the fused kernels take attention on `query`: float32, at most two batch dims."""
+    return query.dtype == torch.float32 and query.dim() <= 4
 
 
 def decompositions() -> dict:

@@ -104,7 +104,8 @@ def work(problem: Problem) -> Work:
         gemm += products
         if not products:
             flops += op_flops(op.name) * _prod(problem.shape(op.results[0]))
-        elif op.name in ("scaled_dot_product_attention", "attention_backward"):
+        elif op.name in ("scaled_dot_product_attention", "attention_forward",
+                         "attention_backward"):
             flops += op_flops("softmax") * products / (2 * problem.shape(op.operands[0])[-1])
         unfused += sum(_nbytes(problem, v) for v in (*op.operands, *op.results))
     fused = sum(_nbytes(problem, v) for v in (*problem.inputs, *problem.outputs))
@@ -117,7 +118,7 @@ def product_flops(problem: Problem, op: Operation) -> float:
         out = problem.shape(op.results[0])
         k = problem.shape(op.operands[0])[-1 if not op.attr("transpose_a") else -2]
         return 2.0 * _prod(out) * k
-    if op.name == "scaled_dot_product_attention":
+    if op.name in ("scaled_dot_product_attention", "attention_forward"):
         q, k, v = (problem.shape(x) for x in op.operands[:3])
         scores = _prod(problem.shape(op.results[0])[:-1]) * k[-2]
         return 2.0 * scores * (q[-1] + v[-1])

@@ -13,6 +13,7 @@ from tilefold.frontend.context import LoweringContext, Merged, Unavailable
 from tilefold.frontend.lowering import NotApplicable, lowering
 from tilefold.frontend.preserved import linear as _opaque_linear  # noqa: F401  (defines the ops)
 from tilefold.frontend.training_attention import attention_backward as _attention_backward  # noqa: F401
+from tilefold.frontend.training_attention import attention_forward as _attention_forward  # noqa: F401
 
 aten = torch.ops.aten
 SAVED = "a statistic saved for backward (not computed at inference)"
@@ -115,6 +116,17 @@ def sdpa_flash_cpu(
     """the CPU flash-attention form AOTAutograd produces; its logsumexp is not computed"""
     out = _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, False)
     return [out, Unavailable(SAVED)]
+
+
+@lowering(torch.ops.tilefold.attention_forward.default)
+def attention_forward(ctx: LoweringContext, q: Any, k: Any, v: Any, bias: Any = None,
+                      scale: float | None = None) -> list[Any]:
+    """the flash-attention forward of a training graph, with its log-sum-exp, as one op"""
+    ts = [ctx.tensor(x) for x in (q, k, v)]
+    if bias is not None:
+        ts.append(ctx.cast(ctx.tensor(bias), ts[0].dtype))
+    attrs = {} if scale is None else {"scale": float(scale)}
+    return ctx.op("attention_forward", *ts, **attrs)
 
 
 @lowering(torch.ops.tilefold.attention_backward.default)

@@ -98,6 +98,74 @@ class ScaledDotProductAttention(OpDef):
 
 
 @register
+class AttentionForward(OpDef):
+    """Attention that also gives each query row's log-sum-exp, as a training forward saves it
+    for `attention_backward` (the flash-attention forward):
+
+        s   = q @ k^T * scale + bias
+        out = softmax(s) @ v,  lse = log(sum(exp(s)))     zeros and -inf where no key is kept
+
+    q [..., L, E], k [..., S, E], v [..., S, Ev], one batch shape (grouped-query heads are
+    repeated before); the optional float `bias` broadcasts to [..., L, S] (masks and the causal
+    triangle as 0 / -inf). `scale` defaults to 1/sqrt(E).
+    `%o, %lse = attention_forward(%q, %k, %v, %bias) {scale = 0.125}`
+    """
+
+    name = "attention_forward"
+    operands = ("q", "k", "v", "*bias")
+    attributes = attr_table(scale=Attr("float", None, doc="None means 1/sqrt(E)"))
+
+    @classmethod
+    def infer(cls, types: list[TensorType], attrs: dict[str, Any]) -> list[TensorType]:
+        q, k, v, *bias = types
+        name = cls.name
+        require(name, q, "float")
+        dt = same_dtype(name, [q, k, v, *bias])
+        if len(bias) > 1:
+            raise ShapeError(f"{name}: takes at most one bias, got {len(bias)}")
+        if not q.rank == k.rank == v.rank >= 2:
+            raise ShapeError(f"{name}: q, k, v need one rank >= 2, got {q}, {k}, {v}")
+        batch = q.shape[:-2]
+        if k.shape[:-2] != batch or v.shape[:-2] != batch:
+            raise ShapeError(f"{name}: q, k and v need one batch shape, got {q}, {k}, {v}")
+        if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+            raise ShapeError(f"{name}: q/k feature dims or k/v sequence dims differ: "
+                             f"{q}, {k}, {v}")
+        rows = (*batch, q.shape[-2])
+        if bias:
+            scores = (*rows, k.shape[-2])
+            if broadcast_shapes(name, bias[0].shape, scores) != scores:
+                raise ShapeError(f"{name}: bias {bias[0]} does not broadcast to the scores "
+                                 f"{scores}")
+        return [TensorType((*rows, v.shape[-1]), dt), TensorType(rows, dt)]
+
+    @classmethod
+    def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
+        dt = dtypes.dtype(args[0].dtype)
+        scale = _scale(attrs, args[0])
+
+        def forward(q, k, v, *bias):
+            s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+            if bias:
+                s = s + bias[0]
+            top = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+            e = np.exp(s - np.where(np.isfinite(top), top, 0))
+            total = np.sum(e, axis=-1, keepdims=True)
+            out = np.matmul(np.where(total > 0, e / np.where(total > 0, total, 1), 0), v)
+            return [out, np.where(total > 0, np.log(total) + top, -np.inf)[..., 0]]
+
+        with np.errstate(all="ignore"):
+            return [round_to(x, dt) for x in forward(*(widen(a) for a in args))]
+
+
+def _scale(attrs: dict[str, Any], q: np.ndarray) -> float:
+    """The attribute, or 1/sqrt(E) (any scale where there are no features: every score is 0)."""
+    if attrs["scale"] is not None:
+        return attrs["scale"]
+    return 1 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+
+
+@register
 class AttentionBackward(OpDef):
     """The gradients of attention's q, k and v, recomputing the probabilities from one
     log-sum-exp per query row (the flash-attention backward):
@@ -149,9 +217,7 @@ class AttentionBackward(OpDef):
     @classmethod
     def reference(cls, args: list[np.ndarray], attrs: dict[str, Any]) -> Any:
         dt = dtypes.dtype(args[1].dtype)
-        scale = attrs["scale"]
-        if scale is None:
-            scale = 1 / math.sqrt(args[1].shape[-1]) if args[1].shape[-1] else 1.0
+        scale = _scale(attrs, args[1])
 
         def grads(dout, q, k, v, lse, delta, *bias):
             s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale

@@ -24,17 +24,20 @@ DECODE_ROWS = 8  # query rows per head the decode kernel takes; longer queries a
 DECODE_EFFICIENCY = 0.5
 
 
-def _refusal(problem: Problem, ctx: Context) -> str | None:
-    """Why neither attention kernel takes the problem, or None."""
-    if reason := problem.not_lone("scaled_dot_product_attention"):
+def _refusal(problem: Problem, ctx: Context, op_name: str = "scaled_dot_product_attention"
+             ) -> str | None:
+    """Why no attention kernel takes the problem (a lone `op_name`), or None."""
+    if reason := problem.not_lone(op_name):
         return reason
     op = problem.body[0]
     types = [problem.types[v] for v in op.operands]
-    if any(str(t.dtype) != "f32" for t in types[:3]):
-        return "written for f32 q, k, v"
-    if len(types) > 3 and str(types[3].dtype) not in ("f32", "bool"):
-        return f"mask of {types[3].dtype} (bool and f32 masks only)"
-    if any(len(t.shape) > 4 for t in types[:3]):
+    if op_name == "scaled_dot_product_attention":
+        if len(types) > 3 and str(types[3].dtype) not in ("f32", "bool"):
+            return f"mask of {types[3].dtype} (bool and f32 masks only)"
+        types = types[:3]
+    if any(str(t.dtype) != "f32" for t in types):
+        return "written for f32"
+    if any(len(t.shape) > 4 for t in types):
         return "more than two batch dims"
     if ctx.target.vector_bits < 128:
         return "needs a vector unit"
@@ -84,25 +87,56 @@ class DecodeAttention(Method):
 
 
 @register_method
+class FlashAttentionForward(Method):
+    name = "handwritten.attention_forward"
+    family = "hand-written"
+    generators = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath")
+
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
+        if reason := _refusal(problem, ctx, "attention_forward"):
+            return reason
+        w = work(problem)
+        estimate = roofline(w.flops, w.bytes_fused, ctx.machine, EFFICIENCY) + ctx.machine.call_s
+        return [self.candidate({}, estimate, lambda: build_forward(problem, ctx),
+                               "the flash kernel, with each row's log-sum-exp")]
+
+
+def build_forward(problem: Problem, ctx: Context) -> Kernel:
+    from tilefold.codegen.llvm.attention import AttentionConfig, attention_kernel
+
+    op = problem.body[0]
+    e, ev = problem.shape(op.operands[0])[-1], problem.shape(op.operands[2])[-1]
+    scale = _scale(problem.attrs(op)["scale"], e)
+    bias = len(op.operands) > 3
+    cfg = AttentionConfig(e, ev, "float" if bias else "none", False,
+                          ctx.target.vector_bits // 32, ctx.threads, ctx.target.vector_registers,
+                          lse=True)
+    kernel = attention_kernel(cfg, ctx.target)
+
+    def split(arrays: tuple) -> tuple:
+        """(q, k, v, bias or None, out), lse"""
+        return (*arrays[:3], arrays[3] if bias else None, arrays[-2]), arrays[-1]
+
+    def run(*arrays: np.ndarray) -> None:
+        operands, lse = split(arrays)
+        kernel(*operands, scale, lse)
+
+    def calls(*arrays: np.ndarray):
+        operands, lse = split(arrays)
+        return kernel.calls(*operands, scale, lse)
+
+    return _kernel(kernel, ctx, "fused attention with log-sum-exp", run, calls)
+
+
+@register_method
 class FlashAttentionBackward(Method):
     name = "handwritten.attention_backward"
     family = "hand-written"
     generators = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath")
 
     def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
-        if reason := problem.not_lone("attention_backward"):
+        if reason := _refusal(problem, ctx, "attention_backward"):
             return reason
-        op = problem.body[0]
-        types = [problem.types[v] for v in op.operands]
-        if any(str(t.dtype) != "f32" for t in types):
-            return "written for f32"
-        if types[1].rank > 4:
-            return "more than two batch dims"
-        if ctx.target.vector_bits < 128:
-            return "needs a vector unit"
-        if STRIDES_OFFSET < 0:
-            return ("this NumPy lays out array objects differently; the fused kernel cannot read "
-                    "their dims and strides")
         w = work(problem)
         estimate = roofline(w.flops, w.bytes_fused, ctx.machine, EFFICIENCY) + ctx.machine.call_s
         return [self.candidate({}, estimate, lambda: build_backward(problem, ctx),
@@ -114,9 +148,7 @@ def build_backward(problem: Problem, ctx: Context) -> Kernel:
 
     op = problem.body[0]
     e, ev = problem.shape(op.operands[1])[-1], problem.shape(op.operands[3])[-1]
-    scale = problem.attrs(op)["scale"]
-    if scale is None:
-        scale = 1 / math.sqrt(e) if e else 1.0
+    scale = _scale(problem.attrs(op)["scale"], e)
     bias = len(op.operands) > 6
     cfg = BackwardConfig(e, ev, bias, ctx.target.vector_bits // 32, ctx.threads,
                          ctx.target.vector_registers)
@@ -132,10 +164,25 @@ def build_backward(problem: Problem, ctx: Context) -> Kernel:
     def calls(*arrays: np.ndarray):
         return kernel.calls(*split(arrays), scale=scale)
 
+    return _kernel(kernel, ctx, "fused attention backward", run, calls)
+
+
+def _scale(scale: float | None, e: int) -> float:
+    """The op's scale, or 1/sqrt(E) (no features: every score is an empty sum, 0, at any
+    scale)."""
+    if scale is None:
+        return 1 / math.sqrt(e) if e else 1.0
+    return scale
+
+
+def _kernel(kernel, ctx: Context, what: str, run, calls) -> Kernel:
+    """The method's kernel: any layout in and out (the kernel copies where it must)."""
+    cfg = kernel.cfg
+
     def asm() -> str:
         return emit_assembly(kernel.source(), ctx.target, opt_level=2)
 
-    return Kernel(run, f"// fused attention backward for {cfg} (LLVM IR: see the assembly)", asm,
+    return Kernel(run, f"// {what} kernel for {cfg} (LLVM IR: see the assembly)", asm,
                   strided=True, strided_out=True, calls=calls)
 
 
@@ -149,9 +196,7 @@ def build(problem: Problem, ctx: Context, decode: bool) -> Kernel:
     mask = "none"
     if len(op.operands) > 3:
         mask = "bool" if str(problem.types[op.operands[3]].dtype) == "bool" else "float"
-    scale = attrs["scale"]
-    if scale is None:  # no features: every score is an empty sum, 0, at any scale
-        scale = 1 / math.sqrt(q[-1]) if q[-1] else 1.0
+    scale = _scale(attrs["scale"], q[-1])
     lanes = ctx.target.vector_bits // 32
     if decode:
         cfg = DecodeConfig(q[-1], v[-1], mask, attrs["is_causal"], lanes, ctx.threads,
@@ -176,8 +221,4 @@ def build(problem: Problem, ctx: Context, decode: bool) -> Kernel:
                   out: np.ndarray):
             return kernel.calls(q, k, v, m, out, scale)
 
-    def asm() -> str:
-        return emit_assembly(kernel.source(), ctx.target, opt_level=2)
-
-    return Kernel(run, f"// fused attention kernel for {cfg} (LLVM IR: see the assembly)", asm,
-                  strided=True, strided_out=True, calls=calls)
+    return _kernel(kernel, ctx, "fused attention", run, calls)

@@ -1,8 +1,9 @@
 """The native entry both attention kernels share: array objects in, a context of i64 slots out.
 
-`name(q, k, v, [mask], out, float scale)` takes rank-4 NumPy array objects, reads their data
-pointers, dims and strides (`arrays.py`) into the slots below, and runs the worker on the
-native pool (or inline for one thread). A size-1 dim reads with stride 0 (it broadcasts).
+`name(q, k, v, [mask], out, [lse], float scale)` takes rank-4 NumPy array objects (lse, one
+log-sum-exp per query row, with a trailing dim of 1), reads their data pointers, dims and
+strides (`arrays.py`) into the slots below, and runs the worker on the native pool (or inline
+for one thread). A size-1 dim reads with stride 0 (it broadcasts).
 Slots from `SLOTS` on are the worker's own (`extra`): the decode kernel's threads publish
 their partial results there.
 """
@@ -19,20 +20,21 @@ PTRS = 5  # q, k, v, mask, out
 B, H, L, HK, S = range(PTRS, PTRS + 5)  # out's batch, heads, rows; k's heads, keys
 Q_STRIDES, K_STRIDES, V_STRIDES, M_STRIDES, O_STRIDES = 10, 14, 18, 22, 26  # b, h, row, col
 SCALE = 30
-SLOTS = 31
+LSE, LSE_STRIDES = 31, 32  # the log-sum-exp output (0 where the kernel gives none)
+SLOTS = 36
 
 
 def emit_entry(module: ir.Module, name: str, mask: str, threads: int, worker: ir.Function,
-               extra: int = 0) -> None:
+               extra: int = 0, lse: bool = False) -> None:
     """Define `name`, filling a context of `SLOTS + extra` slots for `worker(ctx, tid, n)`."""
     i8p = u.i8.as_pointer()
-    nobj = 5 if mask != "none" else 4
-    fn = ir.Function(module, ir.FunctionType(u.void, [i8p] * nobj + [u.f32]), name=name)
+    names = [n for n in ("q", "k", "v", "mask", "out", "lse")
+             if (n != "mask" or mask != "none") and (n != "lse" or lse)]
+    fn = ir.Function(module, ir.FunctionType(u.void, [i8p] * len(names) + [u.f32]), name=name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     ctx = b.alloca(ir.ArrayType(u.i64, SLOTS + extra), name="ctx")
     slots = b.bitcast(ctx, u.i64.as_pointer())
-    objs = dict(zip(("q", "k", "v", "mask", "out") if nobj == 5 else ("q", "k", "v", "out"),
-                    fn.args, strict=False))
+    objs = dict(zip(names, fn.args, strict=False))
 
     def put(slot: int, value) -> None:
         b.store(value, u.gep(b, slots, slot))
@@ -45,8 +47,9 @@ def emit_entry(module: ir.Module, name: str, mask: str, threads: int, worker: ir
     for slot, value in ((B, out_dims[0]), (H, out_dims[1]), (L, out_dims[2]), (HK, k_dims[1]),
                         (S, k_dims[2])):
         put(slot, value)
+    put(LSE, fields["lse"][0] if "lse" in fields else u.const(0))
     for base, key in ((Q_STRIDES, "q"), (K_STRIDES, "k"), (V_STRIDES, "v"),
-                      (M_STRIDES, "mask"), (O_STRIDES, "out")):
+                      (M_STRIDES, "mask"), (O_STRIDES, "out"), (LSE_STRIDES, "lse")):
         if key in fields:
             for i, s in enumerate(fields[key][2]):
                 put(base + i, s)

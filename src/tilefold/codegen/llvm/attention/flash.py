@@ -9,6 +9,7 @@ block of KB keys (`AttentionConfig.tile`: 4 vectors with 32 vector registers, 2 
         m' = max(m, max s); a = exp(m - m'); p = exp(s - m'); l = l * a + sum p
         O = O * a + p · V[block]           register tiles of ROWS x (up to ACCS / ROWS) vectors
     out = O / l                            rows with every key masked give zeros (as PyTorch)
+    lse = m + log(l)                       with `AttentionConfig.lse` (a training forward's)
 
 Vectors run along keys (scores) and along Ev (outputs), so the only horizontal reductions are
 one max and one sum per row and key block. A block the mask excludes for every row of the task
@@ -28,6 +29,8 @@ from tilefold.codegen.llvm import util as u
 from tilefold.codegen.llvm.attention.entry import (
     HK,
     K_STRIDES,
+    LSE,
+    LSE_STRIDES,
     M_STRIDES,
     O_STRIDES,
     Q_STRIDES,
@@ -43,7 +46,7 @@ from tilefold.codegen.llvm.attention.entry import (
 from tilefold.codegen.llvm.attention.liveness import block_live_fn, masked_load
 from tilefold.codegen.llvm.gemm.abi import WORKER_TYPE
 from tilefold.codegen.llvm.vecmath.builder import MathBuilder
-from tilefold.codegen.llvm.vecmath.exp_log import exp_nonpositive
+from tilefold.codegen.llvm.vecmath.exp_log import exp_nonpositive, log
 
 QB = 128  # query rows per task
 # (ROWS query rows, KB key vectors, ACCS accumulators) per register tile, by the vector
@@ -66,6 +69,7 @@ class AttentionConfig:
     lanes: int  # f32 lanes per vector
     threads: int
     registers: int = 32  # vector registers of the ISA
+    lse: bool = False  # also write each query row's log-sum-exp of its scaled, masked scores
 
     @property
     def tile(self) -> tuple[int, int, int]:
@@ -86,11 +90,12 @@ class AttentionConfig:
 
 
 def attention_ir(cfg: AttentionConfig, name: str, triple: str, features: frozenset[str]) -> str:
-    """The module holding `name(q, k, v, [mask], out, float scale)` on rank-4 array objects."""
+    """The module holding `name(q, k, v, [mask], out, [lse], float scale)` on rank-4 array
+    objects."""
     module = ir.Module(name=name)
     module.triple = triple
     worker = _Worker(module, cfg, f"{name}_worker", features).emit()
-    emit_entry(module, name, cfg.mask, cfg.threads, worker)
+    emit_entry(module, name, cfg.mask, cfg.threads, worker, lse=cfg.lse)
     return str(module)
 
 
@@ -172,6 +177,8 @@ class _Worker:
             mty = u.i8 if cfg.mask == "bool" else u.f32
             self.m = u.gep(b, self._ptr(3, mty), self._offset(M_STRIDES, bi, h, i0))
         out = u.gep(b, self._ptr(4, u.f32), self._offset(O_STRIDES, bi, h, i0))
+        if cfg.lse:
+            self.lse = u.gep(b, self._ptr(LSE, u.f32), self._offset(LSE_STRIDES, bi, h, i0))
         zero = ir.Constant(self.vty, [0.0] * cfg.lanes)
         with u.for_range(b, u.const(0), b.mul(self.nrows, u.const(cfg.evv)), name="zo") as i:
             b.store(zero, u.vptr(b, u.gep(b, self.obuf, b.mul(i, u.const(cfg.lanes))),
@@ -191,6 +198,8 @@ class _Worker:
                 with b.if_then(self._block_live()):
                     self._block()
         self._store(out)
+        if cfg.lse:
+            self._store_lse()
 
     def _block(self) -> None:
         b, cfg = self.b, self.cfg
@@ -370,3 +379,22 @@ class _Worker:
                     b.store(value, dst, align=4)
                 else:
                     u.masked_store(b, value, dst, mask)
+
+    def _store_lse(self) -> None:
+        """lse[i0 + r] = m[r] + log(l[r]), a vector of rows at a time (-inf where every key
+        was masked: m is -inf and l is 0)."""
+        b, cfg = self.b, self.cfg
+        lanes = cfg.lanes
+        math = MathBuilder(b, self.vty, self.features)
+        stride = self.slot[LSE_STRIDES + 2]
+        with u.for_range(b, u.const(0), self.nrows, lanes, name="lse") as r0:
+            top = b.load(u.vptr(b, u.gep(b, self.mrow, r0), lanes), align=4)
+            total = b.load(u.vptr(b, u.gep(b, self.lrow, r0), lanes), align=4)
+            kept = b.fcmp_ordered(">", total, ir.Constant(self.vty, [0.0] * lanes))
+            value = b.select(kept, b.fadd(top, log(math, total)),
+                             ir.Constant(self.vty, [NEG_INF] * lanes))
+            for i in range(lanes):
+                row = b.add(r0, u.const(i))
+                with b.if_then(b.icmp_signed("<", row, self.nrows)):
+                    b.store(b.extract_element(value, u.const(i, u.i32)),
+                            u.gep(b, self.lse, b.mul(row, stride)))

@@ -28,7 +28,8 @@ from tilefold.target import Target
 
 
 class AttentionKernel:
-    """`kernel(q, k, v, mask, out, scale)` fills `out` (mask None when the config has none)."""
+    """`kernel(q, k, v, mask, out, scale[, lse])` fills `out` (mask None when the config has
+    none) and, with `AttentionConfig.lse`, each query row's log-sum-exp in `lse`."""
 
     def __init__(self, cfg: AttentionConfig | DecodeConfig, fn: Callable[..., None],
                  source: Callable[[], str]) -> None:
@@ -37,22 +38,28 @@ class AttentionKernel:
         self._fn = fn
 
     def __call__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-                 out: np.ndarray, scale: float) -> None:
-        operands, _ = self._operands(q, k, v, mask, out)
+                 out: np.ndarray, scale: float, lse: np.ndarray | None = None) -> None:
+        operands, _ = self._operands(q, k, v, mask, out, lse)
         self._fn(*operands, scale)
-        if not np.may_share_memory(operands[-1], out):  # written to a copy
-            _rank4(out)[...] = operands[-1]
+        written = operands[-2] if lse is not None else operands[-1]
+        if not np.may_share_memory(written, out):  # written to a copy
+            _rank4(out)[...] = written
 
     def calls(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-              out: np.ndarray, scale: float) -> list[NativeCall] | None:
+              out: np.ndarray, scale: float, lse: np.ndarray | None = None
+              ) -> list[NativeCall] | None:
         """The native call `self(...)` makes, for replay; None where it would copy first."""
-        operands, copied = self._operands(q, k, v, mask, out)
+        operands, copied = self._operands(q, k, v, mask, out, lse)
         return None if copied else [NativeCall(self._fn, (*operands, scale))]
 
     def _operands(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-                  out: np.ndarray) -> tuple[tuple[np.ndarray, ...], bool]:
-        """The entry's array operands (q, k, v, [mask,] out) at rank 4 in layouts it reads with
-        vectors, and whether any of them had to be a copy."""
+                  out: np.ndarray, lse: np.ndarray | None = None
+                  ) -> tuple[tuple[np.ndarray, ...], bool]:
+        """The entry's array operands (q, k, v, [mask,] out[, lse]) at rank 4 in layouts it
+        reads with vectors, and whether any of them had to be a copy."""
+        if lse is not None:  # strided as it comes: written one row at a time
+            operands, copied = self._operands(q, k, v, mask, out)
+            return (*operands, _rank4(lse[..., None])), copied
         q, k, v, out = (_rank4(x) for x in (q, k, v, out))
         copied = False
         if v.strides[-1] != 4:
@@ -142,7 +149,7 @@ def attention_kernel(cfg: AttentionConfig | DecodeConfig, target: Target) -> Att
     layout = (DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET)
     compiled = compile_generated(f"{source_digest(*_GENERATORS)}|{cfg!r}|{layout}", make_ir, target,
                                  name=name, uses_pool=cfg.threads > 1, opt_level=2)
-    nobj = 5 if cfg.mask != "none" else 4
+    nobj = 4 + (cfg.mask != "none") + (isinstance(cfg, AttentionConfig) and cfg.lse)
     fn = compiled.function(name, None, *([ctypes.py_object] * nobj), ctypes.c_float)
     return AttentionKernel(cfg, fn, make_ir)
 
