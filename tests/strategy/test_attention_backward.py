@@ -69,7 +69,7 @@ def test_kernel_matches_reference(case, threads, registers):
     dout, q, k, v, lse, delta, mask = _inputs(rng, *case)
     scale = 1 / math.sqrt(e)
     outs = [np.full(x.shape, np.nan, np.float32) for x in (q, k, v)]
-    kernel(dout, q, k, v, lse, delta, mask, *outs, scale=scale)
+    kernel(dout, q, k, v, lse, delta, mask, *outs, scale)
     want = _reference(dout, q, k, v, lse, delta, mask, scale)
     for got, w in zip(outs, want, strict=True):
         assert_close(got, w, dtype="f32", reduced=max(lq, lk) * max(e, ev),
@@ -89,8 +89,7 @@ def test_views_in_and_out():
     mask_t = np.ascontiguousarray(np.swapaxes(mask, -1, -2)).swapaxes(-1, -2)
     lse_v = np.repeat(lse[..., None], 2, -1)[..., 0]
     outs = [np.full((2, 9, 2, 8), np.nan, np.float32) for _ in range(3)]
-    kernel(dout, q, k, v, lse_v, delta, mask_t, *(o.transpose(0, 2, 1, 3) for o in outs),
-           scale=0.3)
+    kernel(dout, q, k, v, lse_v, delta, mask_t, *(o.transpose(0, 2, 1, 3) for o in outs), 0.3)
     want = _reference(dout, q, k, v, lse, delta, mask, 0.3)
     for got, w in zip(outs, want, strict=True):
         assert_close(got.transpose(0, 2, 1, 3), w, dtype="f32", reduced=72,

@@ -215,6 +215,13 @@ def gep(b: ir.IRBuilder, ptr: ir.Value, offset: ir.Value | int) -> ir.Value:
     return b.gep(ptr, [offset], inbounds=True)
 
 
+def float_buffer(b: ir.IRBuilder, floats: int, name: str) -> ir.Value:
+    """A 64-byte aligned stack buffer of `floats` f32s, as a float pointer."""
+    ptr = b.alloca(ir.ArrayType(f32, floats), name=name)
+    ptr.align = 64
+    return b.bitcast(ptr, f32.as_pointer())
+
+
 def vptr(b: ir.IRBuilder, ptr: ir.Value, lanes: int) -> ir.Value:
     """View a float pointer as a pointer to <lanes x float>."""
     return b.bitcast(ptr, vec(f32, lanes).as_pointer())

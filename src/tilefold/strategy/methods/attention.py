@@ -5,6 +5,7 @@ flash kernel for prompts, the decode kernel for a few query rows against a long 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -86,104 +87,62 @@ class DecodeAttention(Method):
                                "K/V read once per key/value head, split over threads by key")]
 
 
+class _TrainingAttention(Method):
+    """A training graph's attention op (`op`) as its fused kernel, made by `make`."""
+
+    family = "hand-written"
+    generators = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath")
+    op: str
+    note: str
+
+    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
+        if reason := _refusal(problem, ctx, self.op):
+            return reason
+        w = work(problem)
+        estimate = roofline(w.flops, w.bytes_fused, ctx.machine, EFFICIENCY) + ctx.machine.call_s
+        return [self.candidate({}, estimate, lambda: self.make(problem, ctx), self.note)]
+
+    def make(self, problem: Problem, ctx: Context) -> Kernel:
+        raise NotImplementedError
+
+
 @register_method
-class FlashAttentionForward(Method):
+class FlashAttentionForward(_TrainingAttention):
     name = "handwritten.attention_forward"
-    family = "hand-written"
-    generators = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath")
+    op = "attention_forward"
+    note = "the flash kernel, with each row's log-sum-exp"
 
-    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
-        if reason := _refusal(problem, ctx, "attention_forward"):
-            return reason
-        w = work(problem)
-        estimate = roofline(w.flops, w.bytes_fused, ctx.machine, EFFICIENCY) + ctx.machine.call_s
-        return [self.candidate({}, estimate, lambda: build_forward(problem, ctx),
-                               "the flash kernel, with each row's log-sum-exp")]
+    def make(self, problem: Problem, ctx: Context) -> Kernel:
+        from tilefold.codegen.llvm.attention import AttentionConfig, attention_kernel
 
-
-def build_forward(problem: Problem, ctx: Context) -> Kernel:
-    from tilefold.codegen.llvm.attention import AttentionConfig, attention_kernel
-
-    op = problem.body[0]
-    e, ev = problem.shape(op.operands[0])[-1], problem.shape(op.operands[2])[-1]
-    scale = _scale(problem.attrs(op)["scale"], e)
-    bias = len(op.operands) > 3
-    cfg = AttentionConfig(e, ev, "float" if bias else "none", False,
-                          ctx.target.vector_bits // 32, ctx.threads, ctx.target.vector_registers,
-                          lse=True)
-    kernel = attention_kernel(cfg, ctx.target)
-
-    def split(arrays: tuple) -> tuple:
-        """(q, k, v, bias or None, out), lse"""
-        return (*arrays[:3], arrays[3] if bias else None, arrays[-2]), arrays[-1]
-
-    def run(*arrays: np.ndarray) -> None:
-        operands, lse = split(arrays)
-        kernel(*operands, scale, lse)
-
-    def calls(*arrays: np.ndarray):
-        operands, lse = split(arrays)
-        return kernel.calls(*operands, scale, lse)
-
-    return _kernel(kernel, ctx, "fused attention with log-sum-exp", run, calls)
+        op = problem.body[0]
+        e, ev = problem.shape(op.operands[0])[-1], problem.shape(op.operands[2])[-1]
+        scale = _scale(problem.attrs(op)["scale"], e)
+        bias = len(op.operands) > 3
+        cfg = AttentionConfig(e, ev, "float" if bias else "none", False,
+                              ctx.target.vector_bits // 32, ctx.threads,
+                              ctx.target.vector_registers, lse=True)
+        return _bound(attention_kernel(cfg, ctx.target), ctx, "fused attention with log-sum-exp",
+                      lambda a: (*a[:3], a[3] if bias else None, a[-2], scale, a[-1]))
 
 
 @register_method
-class FlashAttentionBackward(Method):
+class FlashAttentionBackward(_TrainingAttention):
     name = "handwritten.attention_backward"
-    family = "hand-written"
-    generators = ("tilefold.codegen.llvm.attention", "tilefold.codegen.llvm.vecmath")
+    op = "attention_backward"
+    note = "probabilities recomputed per key block, in L1"
 
-    def propose(self, problem: Problem, ctx: Context) -> list[Candidate] | str:
-        if reason := _refusal(problem, ctx, "attention_backward"):
-            return reason
-        w = work(problem)
-        estimate = roofline(w.flops, w.bytes_fused, ctx.machine, EFFICIENCY) + ctx.machine.call_s
-        return [self.candidate({}, estimate, lambda: build_backward(problem, ctx),
-                               "probabilities recomputed per key block, in L1")]
+    def make(self, problem: Problem, ctx: Context) -> Kernel:
+        from tilefold.codegen.llvm.attention import BackwardConfig, backward_kernel
 
-
-def build_backward(problem: Problem, ctx: Context) -> Kernel:
-    from tilefold.codegen.llvm.attention import BackwardConfig, backward_kernel
-
-    op = problem.body[0]
-    e, ev = problem.shape(op.operands[1])[-1], problem.shape(op.operands[3])[-1]
-    scale = _scale(problem.attrs(op)["scale"], e)
-    bias = len(op.operands) > 6
-    cfg = BackwardConfig(e, ev, bias, ctx.target.vector_bits // 32, ctx.threads,
-                         ctx.target.vector_registers)
-    kernel = backward_kernel(cfg, ctx.target)
-
-    def split(arrays: tuple) -> tuple:
-        """(dout, q, k, v, lse, delta, bias or None, dq, dk, dv)"""
-        return (*arrays[:6], arrays[6] if bias else None, *arrays[-3:])
-
-    def run(*arrays: np.ndarray) -> None:
-        kernel(*split(arrays), scale=scale)
-
-    def calls(*arrays: np.ndarray):
-        return kernel.calls(*split(arrays), scale=scale)
-
-    return _kernel(kernel, ctx, "fused attention backward", run, calls)
-
-
-def _scale(scale: float | None, e: int) -> float:
-    """The op's scale, or 1/sqrt(E) (no features: every score is an empty sum, 0, at any
-    scale)."""
-    if scale is None:
-        return 1 / math.sqrt(e) if e else 1.0
-    return scale
-
-
-def _kernel(kernel, ctx: Context, what: str, run, calls) -> Kernel:
-    """The method's kernel: any layout in and out (the kernel copies where it must)."""
-    cfg = kernel.cfg
-
-    def asm() -> str:
-        return emit_assembly(kernel.source(), ctx.target, opt_level=2)
-
-    return Kernel(run, f"// {what} kernel for {cfg} (LLVM IR: see the assembly)", asm,
-                  strided=True, strided_out=True, calls=calls)
+        op = problem.body[0]
+        e, ev = problem.shape(op.operands[1])[-1], problem.shape(op.operands[3])[-1]
+        scale = _scale(problem.attrs(op)["scale"], e)
+        bias = len(op.operands) > 6
+        cfg = BackwardConfig(e, ev, bias, ctx.target.vector_bits // 32, ctx.threads,
+                             ctx.target.vector_registers)
+        return _bound(backward_kernel(cfg, ctx.target), ctx, "fused attention backward",
+                      lambda a: (*a[:6], a[6] if bias else None, *a[-3:], scale))
 
 
 def build(problem: Problem, ctx: Context, decode: bool) -> Kernel:
@@ -204,21 +163,31 @@ def build(problem: Problem, ctx: Context, decode: bool) -> Kernel:
     else:
         cfg = AttentionConfig(q[-1], v[-1], mask, attrs["is_causal"], lanes, ctx.threads,
                               ctx.target.vector_registers)
-    kernel = attention_kernel(cfg, ctx.target)
+    return _bound(attention_kernel(cfg, ctx.target), ctx, "fused attention",
+                  lambda a: (*a[:3], a[3] if mask != "none" else None, a[-1], scale))
 
-    if mask == "none":
-        def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
-            kernel(q, k, v, None, out, scale)
 
-        def calls(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray):
-            return kernel.calls(q, k, v, None, out, scale)
-    else:
-        def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray,
-                out: np.ndarray) -> None:
-            kernel(q, k, v, m, out, scale)
+def _scale(scale: float | None, e: int) -> float:
+    """The op's scale, or 1/sqrt(E) (no features: every score is an empty sum, 0, at any
+    scale)."""
+    if scale is None:
+        return 1 / math.sqrt(e) if e else 1.0
+    return scale
 
-        def calls(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray,
-                  out: np.ndarray):
-            return kernel.calls(q, k, v, m, out, scale)
 
-    return _kernel(kernel, ctx, "fused attention", run, calls)
+def _bound(kernel, ctx: Context, what: str, args: Callable[[tuple], tuple]) -> Kernel:
+    """The method's kernel calling `kernel(*args(arrays))` on the group's arrays (inputs, then
+    outputs), any layout in and out (the kernel copies where it must)."""
+    cfg = kernel.cfg
+
+    def run(*arrays: np.ndarray) -> None:
+        kernel(*args(arrays))
+
+    def calls(*arrays: np.ndarray):
+        return kernel.calls(*args(arrays))
+
+    def asm() -> str:
+        return emit_assembly(kernel.source(), ctx.target, opt_level=2)
+
+    return Kernel(run, f"// {what} kernel for {cfg} (LLVM IR: see the assembly)", asm,
+                  strided=True, strided_out=True, calls=calls)

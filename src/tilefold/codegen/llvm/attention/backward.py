@@ -122,12 +122,12 @@ class _Worker:
         slots = b.bitcast(ctx, u.i64.as_pointer())
         self.slot = {i: b.load(u.gep(b, slots, i), name=f"s{i}") for i in range(SLOTS)}
         kb = cfg.kb
-        self.kt = self._buffer(cfg.e * kb, "kt")
-        self.vt = self._buffer(cfg.ev * kb, "vt")
-        self.pbuf = self._buffer(QB * kb, "pbuf")
-        self.sbuf = self._buffer(QB * kb, "sbuf")
-        self.dkb = self._buffer(kb * cfg.width(cfg.e), "dkb")
-        self.dvb = self._buffer(kb * cfg.width(cfg.ev), "dvb")
+        self.kt = u.float_buffer(b, cfg.e * kb, "kt")
+        self.vt = u.float_buffer(b, cfg.ev * kb, "vt")
+        self.pbuf = u.float_buffer(b, QB * kb, "pbuf")
+        self.sbuf = u.float_buffer(b, QB * kb, "sbuf")
+        self.dkb = u.float_buffer(b, kb * cfg.width(cfg.e), "dkb")
+        self.dvb = u.float_buffer(b, kb * cfg.width(cfg.ev), "dvb")
         self.scale = b.bitcast(b.trunc(self.slot[SCALE], u.i32), u.f32)
         s = self.slot
         tasks = b.mul(s[B], s[H])
@@ -138,11 +138,6 @@ class _Worker:
             self._task(b.sdiv(task, s[H]), b.srem(task, s[H]))
         b.ret_void()
         return fn
-
-    def _buffer(self, floats: int, name: str) -> ir.Value:
-        ptr = self.b.alloca(ir.ArrayType(u.f32, floats), name=name)
-        ptr.align = 64
-        return self.b.bitcast(ptr, FP)
 
     def _stride(self, array: str, dim: int) -> ir.Value:
         return self.slot[STRIDES + 4 * _AT[array] + dim]

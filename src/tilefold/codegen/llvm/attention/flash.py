@@ -132,11 +132,11 @@ class _Worker:
         b = self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         slots = b.bitcast(ctx, u.i64.as_pointer())
         self.slot = {i: b.load(u.gep(b, slots, i), name=f"s{i}") for i in range(SLOTS)}
-        self.kt = self._buffer(cfg.e * cfg.kb, "kt")
-        self.obuf = self._buffer(QB * self.evp, "obuf")
-        self.pbuf = self._buffer(cfg.rows * cfg.kb, "pbuf")
-        self.mrow = self._buffer(QB, "mrow")
-        self.lrow = self._buffer(QB, "lrow")
+        self.kt = u.float_buffer(b, cfg.e * cfg.kb, "kt")
+        self.obuf = u.float_buffer(b, QB * self.evp, "obuf")
+        self.pbuf = u.float_buffer(b, cfg.rows * cfg.kb, "pbuf")
+        self.mrow = u.float_buffer(b, QB, "mrow")
+        self.lrow = u.float_buffer(b, QB, "lrow")
         self.scale = b.bitcast(b.trunc(self.slot[SCALE], u.i32), u.f32)
         s = self.slot
         nqb = b.sdiv(b.add(s[L], u.const(QB - 1)), u.const(QB))
@@ -150,11 +150,6 @@ class _Worker:
                                                                  u.const(QB)))
         b.ret_void()
         return fn
-
-    def _buffer(self, floats: int, name: str) -> ir.Value:
-        ptr = self.b.alloca(ir.ArrayType(u.f32, floats), name=name)
-        ptr.align = 64
-        return self.b.bitcast(ptr, FP)
 
     def _ptr(self, slot: int, ty: ir.Type) -> ir.Value:
         return self.b.inttoptr(self.slot[slot], ty.as_pointer())

@@ -87,15 +87,17 @@ class BackwardKernel:
         self.source = source
         self._fn = fn
 
-    def __call__(self, *arrays: np.ndarray | None, scale: float) -> None:
+    def __call__(self, *arrays: np.ndarray | float | None) -> None:
+        *arrays, scale = arrays
         operands, outs, _ = self._operands(*arrays)
         self._fn(*operands, scale)
         for given, used in zip(arrays[-3:], outs, strict=True):
             if not np.may_share_memory(given, used):  # written to a copy
                 _rank4(given)[...] = used
 
-    def calls(self, *arrays: np.ndarray | None, scale: float) -> list[NativeCall] | None:
+    def calls(self, *arrays: np.ndarray | float | None) -> list[NativeCall] | None:
         """The native call `self(...)` makes, for replay; None where it would copy first."""
+        *arrays, scale = arrays
         operands, _, copied = self._operands(*arrays)
         return None if copied else [NativeCall(self._fn, (*operands, scale))]
 
