@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from tilefold.codegen.llvm import util as u
-from tilefold.codegen.llvm.attention.entry import read_array, run_worker
+from tilefold.codegen.llvm.attention.entry import begin_worker, read_array, run_worker
 from tilefold.codegen.llvm.attention.flash import TILES
-from tilefold.codegen.llvm.gemm.abi import WORKER_TYPE
 from tilefold.codegen.llvm.vecmath.builder import MathBuilder
 from tilefold.codegen.llvm.vecmath.exp_log import exp_nonpositive
 
@@ -115,12 +114,9 @@ class _Worker:
 
     def emit(self) -> ir.Function:
         cfg = self.cfg
-        fn = ir.Function(self.module, WORKER_TYPE, name=self.name)
-        fn.linkage = "internal"
-        ctx, tid, nth = fn.args
-        b = self.b = ir.IRBuilder(fn.append_basic_block("entry"))
-        slots = b.bitcast(ctx, u.i64.as_pointer())
-        self.slot = {i: b.load(u.gep(b, slots, i), name=f"s{i}") for i in range(SLOTS)}
+        fn, b, self.slot = begin_worker(self.module, self.name, SLOTS)
+        self.b = b
+        _, tid, nth = fn.args
         kb = cfg.kb
         self.kt = u.float_buffer(b, cfg.e * kb, "kt")
         self.vt = u.float_buffer(b, cfg.ev * kb, "vt")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tilefold.codegen.llvm import util as u
-from tilefold.codegen.llvm.gemm.abi import PARALLEL_TYPE
+from tilefold.codegen.llvm.gemm.abi import PARALLEL_TYPE, WORKER_TYPE
 from tilefold.runtime.arrays import DATA_OFFSET, DIMS_OFFSET, STRIDES_OFFSET
 
 PTRS = 5  # q, k, v, mask, out
@@ -81,3 +81,14 @@ def run_worker(b: ir.IRBuilder, worker: ir.Function, ctx: ir.Value, threads: int
         b.call(par, [worker, ctx, u.const(threads, u.i32)])
     else:
         b.call(worker, [ctx, u.const(0, u.i32), u.const(1, u.i32)])
+
+
+def begin_worker(module: ir.Module, name: str, slots: int
+                 ) -> tuple[ir.Function, ir.IRBuilder, dict[int, ir.Value]]:
+    """An internal `name(ctx, tid, nthreads)`, its builder at the entry and the context's first
+    `slots` slots loaded there (by index)."""
+    fn = ir.Function(module, WORKER_TYPE, name=name)
+    fn.linkage = "internal"
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    ctx = b.bitcast(fn.args[0], u.i64.as_pointer())
+    return fn, b, {i: b.load(u.gep(b, ctx, i), name=f"s{i}") for i in range(slots)}

@@ -41,10 +41,10 @@ from tilefold.codegen.llvm.attention.entry import (
     H,
     L,
     S,
+    begin_worker,
     emit_entry,
 )
 from tilefold.codegen.llvm.attention.liveness import block_live_fn, masked_load
-from tilefold.codegen.llvm.gemm.abi import WORKER_TYPE
 from tilefold.codegen.llvm.vecmath.builder import MathBuilder
 from tilefold.codegen.llvm.vecmath.exp_log import exp_nonpositive, log
 
@@ -126,12 +126,9 @@ class _Worker:
         if cfg.mask != "none":
             self.live = block_live_fn(self.module, f"{self.name}_live", cfg.mask, cfg.causal,
                                       cfg.lanes, cfg.kb)
-        fn = ir.Function(self.module, WORKER_TYPE, name=self.name)
-        fn.linkage = "internal"
-        ctx, tid, nth = fn.args
-        b = self.b = ir.IRBuilder(fn.append_basic_block("entry"))
-        slots = b.bitcast(ctx, u.i64.as_pointer())
-        self.slot = {i: b.load(u.gep(b, slots, i), name=f"s{i}") for i in range(SLOTS)}
+        fn, b, self.slot = begin_worker(self.module, self.name, SLOTS)
+        self.b = b
+        _, tid, nth = fn.args
         self.kt = u.float_buffer(b, cfg.e * cfg.kb, "kt")
         self.obuf = u.float_buffer(b, QB * self.evp, "obuf")
         self.pbuf = u.float_buffer(b, cfg.rows * cfg.kb, "pbuf")
