@@ -14,7 +14,7 @@ forward kernel's) and block of QB query rows:
 
 The probabilities are recomputed from each row's log-sum-exp and never leave L1; `delta` (each
 row's <dout, out>) comes in, so the kernel makes one pass. Every product is the same register
-tile (`_Tiles.product`): rows of C += a broadcast scalar of A times vectors of B's rows.
+tile (`_Worker._product`): rows of C += a broadcast scalar of A times vectors of B's rows.
 Dims and strides are read from the array objects at run time; the last dim of every operand
 but lse and delta is contiguous (the Python side copies where it is not).
 """
@@ -199,17 +199,16 @@ class _Worker:
         with u.for_range(b, full, self.nrows, name="row") as r0:
             self._scores(r0, 1)
         kb, i0, j0 = cfg.kb, self.i0, self.j0
-        tiles = _Tiles(self)
         for buf, src, out, n in ((self.pbuf, "dout", self.dvb, cfg.ev),
                                  (self.sbuf, "q", self.dkb, cfg.e)):
             # out[jj] += sum over rows r of buf[r, jj] * src[i0 + r]
-            tiles.product(
+            self._product(
                 self.kn, lambda jj, out=out, n=n: u.gep(b, out, b.mul(jj, u.const(cfg.width(n)))),
                 lambda jj, r, buf=buf: u.gep(b, buf, b.add(b.mul(r, u.const(kb)), jj)),
                 lambda r, src=src: self._row(src, self.at[src], b.add(i0, r)),
                 self.nrows, n)
         # dq[i0 + r] += sum over keys jj of sbuf[r, jj] * k[j0 + jj]
-        tiles.product(
+        self._product(
             self.nrows, lambda r: self._row("dq", self.at["dq"], b.add(i0, r)),
             lambda r, jj: u.gep(b, self.sbuf, b.add(b.mul(r, u.const(kb)), jj)),
             lambda jj: self._row("k", self.at["k"], b.add(j0, jj)),
@@ -294,39 +293,32 @@ class _Worker:
         else:
             u.masked_store(self.b, value, vp, mask)
 
-
-class _Tiles:
-    """C[i] += sum over k of A(i, k) * B[k] in register tiles of rows x vectors."""
-
-    def __init__(self, worker: _Worker):
-        self.w = worker
-
-    def product(self, count: ir.Value, c_row, a_at, b_row, depth: ir.Value, n: int) -> None:
+    def _product(self, count: ir.Value, c_row, a_at, b_row, depth: ir.Value, n: int) -> None:
         """For i < count: row c_row(i) (n floats) += sum over k < depth of *a_at(i, k) times
-        row b_row(k) (n floats)."""
-        w, b = self.w, self.w.b
-        vectors = -(-n // w.cfg.lanes)
-        budget = w.cfg.tile[2]
+        row b_row(k) (n floats), in register tiles of rows x vectors."""
+        b = self.b
+        vectors = -(-n // self.cfg.lanes)
+        budget = self.cfg.tile[2]
         chunk = min(vectors, budget)
         rows = max(1, budget // chunk)
         for c0 in range(0, vectors, chunk):
             cs = range(c0, min(vectors, c0 + chunk))
             full = b.sub(count, b.srem(count, u.const(rows)))
             with u.for_range(b, u.const(0), full, rows, name="ti") as i0:
-                self._tile(i0, rows, cs, c_row, a_at, b_row, depth, n)
+                self._product_tile(i0, rows, cs, c_row, a_at, b_row, depth, n)
             with u.for_range(b, full, count, name="tr") as i0:
-                self._tile(i0, 1, cs, c_row, a_at, b_row, depth, n)
+                self._product_tile(i0, 1, cs, c_row, a_at, b_row, depth, n)
 
-    def _tile(self, i0, rows: int, cs: range, c_row, a_at, b_row, depth, n: int) -> None:
-        w, b = self.w, self.w.b
-        lanes = w.cfg.lanes
+    def _product_tile(self, i0, rows: int, cs: range, c_row, a_at, b_row, depth, n: int) -> None:
+        b = self.b
+        lanes = self.cfg.lanes
         idx = [b.add(i0, u.const(r)) for r in range(rows)]
         cptrs = [[u.gep(b, c_row(i), c * lanes) for c in cs] for i in idx]
-        inits = [w._load(p, n, c) for ps in cptrs for p, c in zip(ps, cs, strict=True)]
+        inits = [self._load(p, n, c) for ps in cptrs for p, c in zip(ps, cs, strict=True)]
         with u.for_range_carry(b, u.const(0), depth, 1, inits, name="tk") as loop:
             k = loop.index
             brow = b_row(k)
-            bv = [w._load(u.gep(b, brow, c * lanes), n, c) for c in cs]
+            bv = [self._load(u.gep(b, brow, c * lanes), n, c) for c in cs]
             nxt = []
             for i in idx:
                 a = u.splat(b, b.load(a_at(i, k)), lanes)
@@ -335,4 +327,4 @@ class _Tiles:
             loop.next = nxt
         for p, c, value in zip([p for ps in cptrs for p in ps], list(cs) * rows, loop.result,
                                strict=True):
-            w._store(value, p, n, c)
+            self._store(value, p, n, c)
