@@ -77,10 +77,7 @@ class ScaledDotProductAttention(OpDef):
             if attrs["enable_gqa"] and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
                 rep = q.shape[-3] // k.shape[-3]
                 k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)
-            scale = attrs["scale"]
-            if scale is None:  # no features: every score is an empty sum, 0, at any scale
-                scale = 1 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
-            scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+            scores = np.matmul(q, np.swapaxes(k, -1, -2)) * _scale(attrs, q)
             keep = np.ones(scores.shape[-2:], dtype=bool)
             if attrs["is_causal"]:
                 keep = np.tril(keep)
@@ -88,11 +85,7 @@ class ScaledDotProductAttention(OpDef):
                 keep = keep & mask[0]
             elif mask:
                 scores = scores + mask[0]
-            scores = np.where(keep, scores, -np.inf)
-            top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)  # no keys: zeros
-            e = np.exp(scores - np.where(np.isfinite(top), top, 0))
-            total = np.sum(e, axis=-1, keepdims=True)
-            return np.matmul(np.where(total > 0, e / np.where(total > 0, total, 1), 0), v)
+            return _attend(np.where(keep, scores, -np.inf), v)[0]
 
         return evaluate(fn, args, dtypes.dtype(args[0].dtype))
 
@@ -146,16 +139,20 @@ class AttentionForward(OpDef):
 
         def forward(q, k, v, *bias):
             s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
-            if bias:
-                s = s + bias[0]
-            top = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
-            e = np.exp(s - np.where(np.isfinite(top), top, 0))
-            total = np.sum(e, axis=-1, keepdims=True)
-            out = np.matmul(np.where(total > 0, e / np.where(total > 0, total, 1), 0), v)
-            return [out, np.where(total > 0, np.log(total) + top, -np.inf)[..., 0]]
+            return _attend(s + bias[0] if bias else s, v)
 
         with np.errstate(all="ignore"):
             return [round_to(x, dt) for x in forward(*(widen(a) for a in args))]
+
+
+def _attend(scores: np.ndarray, v: np.ndarray) -> list[np.ndarray]:
+    """softmax(scores) @ v and each row's log-sum-exp; a row that keeps no key (all -inf, or
+    no keys at all) gives zeros and -inf."""
+    top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0))
+    total = np.sum(e, axis=-1, keepdims=True)
+    out = np.matmul(np.where(total > 0, e / np.where(total > 0, total, 1), 0), v)
+    return [out, np.where(total > 0, np.log(total) + top, -np.inf)[..., 0]]
 
 
 def _scale(attrs: dict[str, Any], q: np.ndarray) -> float:
