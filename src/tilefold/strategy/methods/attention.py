@@ -1,6 +1,7 @@
 """Hand-written fused attention (`codegen/llvm/attention`) for `scaled_dot_product_attention`: the
-flash kernel for prompts, the decode kernel for a few query rows against a long cache; and for
-`attention_backward`, the flash backward (a training step's)."""
+flash kernel for prompts, the decode kernel for a few query rows against a long cache; and a
+training step's `attention_forward` (the flash kernel, with each row's log-sum-exp) and
+`attention_backward` (the flash backward)."""
 
 from __future__ import annotations
 
