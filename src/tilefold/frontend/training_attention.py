@@ -9,7 +9,7 @@ and the output and calls `_scaled_dot_product_flash_attention_for_cpu_backward`.
 (every shape the fused kernels take: up to two batch dims) each is one opaque op,
 `tilefold::attention_forward` (the output and the log-sum-exp) and
 `tilefold::attention_backward`, which the rules lower to the IR's ops of those names and the
-fused kernels run: the scores, probabilities and their gradients stay in L1, block by block,
+fused kernels run: the scores, probabilities and their gradients stay in cache, block by block,
 and are never written out. The backward takes each row's <dO, O> as `delta` (a [B, H, L] sum
 here), so the forward's output is saved too (B x H x L x Ev, a 32nd of MiniLM's
 probabilities).

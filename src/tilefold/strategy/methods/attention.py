@@ -131,7 +131,7 @@ class FlashAttentionForward(_TrainingAttention):
 class FlashAttentionBackward(_TrainingAttention):
     name = "handwritten.attention_backward"
     op = "attention_backward"
-    note = "probabilities recomputed per key block, in L1"
+    note = "probabilities recomputed per key block, in cache"
 
     def make(self, problem: Problem, ctx: Context) -> Kernel:
         from tilefold.codegen.llvm.attention import BackwardConfig, backward_kernel
